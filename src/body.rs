@@ -1,0 +1,394 @@
+//! The bodies the layer hands on: [`RequestBody`] to the inner service, [`ResponseBody`] to the
+//! client.
+//!
+//! The inner service sees the exact bytes that arrived: a buffered body is replayed as the
+//! single chunk that arrived (no copy) or the concatenation of the chunks, followed by the
+//! original trailers. A body that did not need buffering is streamed through, still bounded by
+//! the layer's body limit.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http_body_util::BodyExt;
+//! use tower_idempotency::body::RequestBody;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let body: RequestBody<http_body_util::Empty<Bytes>> =
+//!     RequestBody::buffered(Bytes::from_static(b"{\"id\":1}"), None);
+//! let collected = body.collect().await.unwrap();
+//! assert_eq!(collected.to_bytes(), Bytes::from_static(b"{\"id\":1}"));
+//! # }
+//! ```
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::future::BoxFuture;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Limited;
+use pin_project_lite::pin_project;
+
+use crate::lease::Lease;
+use crate::store::BoxError;
+
+pin_project! {
+    /// The request body the inner service receives.
+    #[derive(Debug)]
+    pub struct RequestBody<B> {
+        #[pin]
+        kind: RequestKind<B>,
+    }
+}
+
+pin_project! {
+    #[project = RequestKindProj]
+    #[derive(Debug)]
+    enum RequestKind<B> {
+        Streaming {
+            #[pin]
+            body: B,
+        },
+        Limited {
+            #[pin]
+            body: Limited<B>,
+        },
+        Buffered {
+            data: Option<Bytes>,
+            trailers: Option<HeaderMap>,
+        },
+    }
+}
+
+impl<B> RequestBody<B> {
+    /// The original body, streamed through untouched.
+    pub fn streaming(body: B) -> Self {
+        RequestBody {
+            kind: RequestKind::Streaming { body },
+        }
+    }
+
+    /// The original body streamed through, failing with
+    /// [`LengthLimitError`](http_body_util::LengthLimitError) past `limit` bytes.
+    pub fn limited(body: B, limit: usize) -> Self {
+        RequestBody {
+            kind: RequestKind::Limited {
+                body: Limited::new(body, limit),
+            },
+        }
+    }
+
+    /// A body that was read in full: its bytes, then its trailers.
+    pub fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        RequestBody {
+            kind: RequestKind::Buffered {
+                data: (!data.is_empty()).then_some(data),
+                trailers,
+            },
+        }
+    }
+}
+
+impl<B> Body for RequestBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project().kind.project() {
+            RequestKindProj::Streaming { body } => body.poll_frame(cx).map_err(Into::into),
+            RequestKindProj::Limited { body } => body.poll_frame(cx),
+            RequestKindProj::Buffered { data, trailers } => Poll::Ready(
+                data.take()
+                    .map(Frame::data)
+                    .or_else(|| trailers.take().map(Frame::trailers))
+                    .map(Ok),
+            ),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            RequestKind::Streaming { body } => body.is_end_stream(),
+            RequestKind::Limited { body } => body.is_end_stream(),
+            RequestKind::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            RequestKind::Streaming { body } => body.size_hint(),
+            RequestKind::Limited { body } => body.size_hint(),
+            RequestKind::Buffered { data, .. } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}
+
+/// A request or response body read in full: its data (without copying a single chunk) and its
+/// trailers.
+#[derive(Debug, Default)]
+pub(crate) struct Collected {
+    chunks: VecDeque<Bytes>,
+    len: usize,
+    trailers: Option<HeaderMap>,
+}
+
+impl Collected {
+    /// Adds one frame; returns the new data length.
+    pub(crate) fn push(&mut self, frame: Frame<Bytes>) -> usize {
+        match frame.into_data() {
+            Ok(data) => {
+                self.len += data.len();
+                if !data.is_empty() {
+                    self.chunks.push_back(data);
+                }
+            }
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    match &mut self.trailers {
+                        Some(existing) => existing.extend(trailers),
+                        None => self.trailers = Some(trailers),
+                    }
+                }
+            }
+        }
+        self.len
+    }
+
+    pub(crate) fn trailers(&self) -> Option<&HeaderMap> {
+        self.trailers.as_ref()
+    }
+
+    /// The data chunks as they arrived, and the trailers.
+    pub(crate) fn into_chunks(self) -> (VecDeque<Bytes>, Option<HeaderMap>) {
+        (self.chunks, self.trailers)
+    }
+
+    /// The data as one `Bytes`: the single chunk itself when there is one.
+    pub(crate) fn into_parts(mut self) -> (Bytes, Option<HeaderMap>) {
+        let data = match self.chunks.len() {
+            0 => Bytes::new(),
+            1 => self.chunks.pop_front().unwrap_or_default(),
+            _ => {
+                let mut out = BytesMut::with_capacity(self.len);
+                for chunk in &self.chunks {
+                    out.extend_from_slice(chunk);
+                }
+                out.freeze()
+            }
+        };
+        (data, self.trailers)
+    }
+}
+
+pin_project! {
+    /// The response body the client receives: the inner service's body (untouched, or guarded
+    /// until the claim is settled), a buffered copy of it, a replayed response or a rejection.
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: ResponseKind<B>,
+    }
+}
+
+pin_project! {
+    #[project = ResponseKindProj]
+    enum ResponseKind<B> {
+        Inner {
+            #[pin]
+            body: B,
+        },
+        Buffered {
+            data: Option<Bytes>,
+            trailers: Option<HeaderMap>,
+        },
+        Failed {
+            data: Option<Bytes>,
+            error: Option<BoxError>,
+        },
+        Guarded {
+            body: Pin<Box<B>>,
+            prefix: VecDeque<Bytes>,
+            lease: Option<Lease>,
+            settling: Option<BoxFuture<'static, ()>>,
+            held_trailers: Option<HeaderMap>,
+            done: bool,
+        },
+    }
+}
+
+impl<B> std::fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.kind {
+            ResponseKind::Inner { .. } => "Inner",
+            ResponseKind::Buffered { .. } => "Buffered",
+            ResponseKind::Failed { .. } => "Failed",
+            ResponseKind::Guarded { .. } => "Guarded",
+        };
+        f.debug_struct("ResponseBody").field("kind", &kind).finish()
+    }
+}
+
+impl<B> ResponseBody<B> {
+    /// The inner service's body, untouched.
+    pub(crate) fn inner(body: B) -> Self {
+        ResponseBody {
+            kind: ResponseKind::Inner { body },
+        }
+    }
+
+    /// A body that is already in memory: a buffered response, a replay or a rejection.
+    pub(crate) fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        ResponseBody {
+            kind: ResponseKind::Buffered {
+                data: (!data.is_empty()).then_some(data),
+                trailers,
+            },
+        }
+    }
+
+    /// A body that failed while it was being buffered: the data read so far, then the error.
+    pub(crate) fn failed(data: Bytes, error: BoxError) -> Self {
+        ResponseBody {
+            kind: ResponseKind::Failed {
+                data: (!data.is_empty()).then_some(data),
+                error: Some(error),
+            },
+        }
+    }
+
+    /// A body too large to buffer: `prefix` (already read), then the rest of `body`; the claim
+    /// is settled when the stream ends (completed on success, released on error or drop).
+    pub(crate) fn guarded(prefix: VecDeque<Bytes>, body: Pin<Box<B>>, lease: Lease) -> Self {
+        ResponseBody {
+            kind: ResponseKind::Guarded {
+                body,
+                prefix,
+                lease: Some(lease),
+                settling: None,
+                held_trailers: None,
+                done: false,
+            },
+        }
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project().kind.project() {
+            ResponseKindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
+            ResponseKindProj::Buffered { data, trailers } => Poll::Ready(
+                data.take()
+                    .map(Frame::data)
+                    .or_else(|| trailers.take().map(Frame::trailers))
+                    .map(Ok),
+            ),
+            ResponseKindProj::Failed { data, error } => Poll::Ready(match data.take() {
+                Some(data) => Some(Ok(Frame::data(data))),
+                None => error.take().map(Err),
+            }),
+            ResponseKindProj::Guarded {
+                body,
+                prefix,
+                lease,
+                settling,
+                held_trailers,
+                done,
+            } => loop {
+                if let Some(fut) = settling {
+                    ready!(fut.as_mut().poll(cx));
+                    *settling = None;
+                    *done = true;
+                }
+                if *done {
+                    return Poll::Ready(held_trailers.take().map(|t| Ok(Frame::trailers(t))));
+                }
+                if let Some(data) = prefix.pop_front() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                match ready!(body.as_mut().poll_frame(cx)) {
+                    Some(Ok(frame)) if frame.is_data() => return Poll::Ready(Some(Ok(frame))),
+                    Some(Ok(frame)) => {
+                        // Trailers end the stream: hold them until the claim is settled, so
+                        // the client never sees the end of a response that was not recorded.
+                        let trailers = frame.into_trailers().unwrap_or_default();
+                        *settling = lease.take().map(|lease| lease.settle(Some(&trailers)));
+                        *held_trailers = Some(trailers);
+                        if settling.is_none() {
+                            *done = true;
+                        }
+                    }
+                    Some(Err(err)) => {
+                        if let Some(lease) = lease.take() {
+                            lease.release_in_background();
+                        }
+                        return Poll::Ready(Some(Err(err.into())));
+                    }
+                    None => {
+                        *settling = lease.take().map(|lease| lease.settle(None));
+                        if settling.is_none() {
+                            *done = true;
+                        }
+                    }
+                }
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            ResponseKind::Inner { body } => body.is_end_stream(),
+            ResponseKind::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
+            ResponseKind::Failed { data, error } => data.is_none() && error.is_none(),
+            // Never report the end early: the stream must be polled to its end for the claim
+            // to be settled.
+            ResponseKind::Guarded {
+                done,
+                held_trailers,
+                ..
+            } => *done && held_trailers.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            ResponseKind::Inner { body } => body.size_hint(),
+            ResponseKind::Buffered { data, .. } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            ResponseKind::Failed { data, .. } => {
+                let mut hint = SizeHint::new();
+                hint.set_lower(data.as_ref().map_or(0, |d| d.len() as u64));
+                hint
+            }
+            // An exact hint would let HTTP/1 servers stop polling after the last byte, before
+            // the claim is settled; announce a lower bound only.
+            ResponseKind::Guarded { prefix, body, .. } => {
+                let mut hint = SizeHint::new();
+                hint.set_lower(
+                    prefix.iter().map(|b| b.len() as u64).sum::<u64>() + body.size_hint().lower(),
+                );
+                hint
+            }
+        }
+    }
+}

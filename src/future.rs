@@ -1,0 +1,285 @@
+//! [`ResponseFuture`]: the response future of [`Idempotency`](crate::Idempotency), a state
+//! machine over a private state enum: prelude (read, key, claim) → calling the inner service →
+//! finishing (decide success, record or release) → done.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::BodyExt;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::body::{Collected, RequestBody, ResponseBody};
+use crate::layer::{Mode, Settings};
+use crate::lease::{Lease, Verdict};
+use crate::outcome::Outcome;
+use crate::record::{Record, StoredResponse};
+use crate::service::is_grpc;
+use crate::store::BoxError;
+
+/// What the prelude decided: answer now, or call the inner service.
+pub(crate) enum Prelude<B, ResBody> {
+    Respond(Response<ResponseBody<ResBody>>),
+    Call {
+        request: Request<RequestBody<B>>,
+        lease: Option<Lease>,
+        outcome: Outcome,
+    },
+}
+
+type Finish<ResBody, E> = BoxFuture<'static, Result<Response<ResponseBody<ResBody>>, E>>;
+
+pin_project! {
+    /// The response future of [`Idempotency`](crate::Idempotency).
+    pub struct ResponseFuture<S, ReqBody, ResBody>
+    where
+        S: Service<Request<RequestBody<ReqBody>>>,
+    {
+        #[pin]
+        state: State<S, ReqBody, ResBody>,
+        settings: Option<Arc<Settings>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody, ResBody>
+    where
+        S: Service<Request<RequestBody<ReqBody>>>,
+    {
+        Prelude {
+            fut: BoxFuture<'static, Prelude<ReqBody, ResBody>>,
+            inner: Option<S>,
+        },
+        Calling {
+            #[pin]
+            fut: S::Future,
+            lease: Option<Lease>,
+            outcome: Outcome,
+        },
+        Finishing {
+            fut: Finish<ResBody, S::Error>,
+        },
+        Ready {
+            response: Option<Response<ResponseBody<ResBody>>>,
+        },
+    }
+}
+
+impl<S, ReqBody, ResBody> ResponseFuture<S, ReqBody, ResBody>
+where
+    S: Service<Request<RequestBody<ReqBody>>>,
+{
+    pub(crate) fn new(
+        prelude: BoxFuture<'static, Prelude<ReqBody, ResBody>>,
+        inner: S,
+        settings: Arc<Settings>,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Prelude {
+                fut: prelude,
+                inner: Some(inner),
+            },
+            settings: Some(settings),
+        }
+    }
+
+    pub(crate) fn pass_through(fut: S::Future) -> Self {
+        ResponseFuture {
+            state: State::Calling {
+                fut,
+                lease: None,
+                outcome: Outcome::PassThrough,
+            },
+            settings: None,
+        }
+    }
+
+    pub(crate) fn ready(response: Response<ResponseBody<ResBody>>) -> Self {
+        ResponseFuture {
+            state: State::Ready {
+                response: Some(response),
+            },
+            settings: None,
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody, ResBody>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+    S::Error: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Prelude { fut, inner } => match ready!(fut.as_mut().poll(cx)) {
+                    Prelude::Respond(response) => {
+                        this.state.set(State::Ready { response: None });
+                        return Poll::Ready(Ok(response));
+                    }
+                    Prelude::Call {
+                        request,
+                        lease,
+                        outcome,
+                    } => {
+                        let mut inner = inner.take().expect("polled after the inner call");
+                        let fut = inner.call(request);
+                        this.state.set(State::Calling {
+                            fut,
+                            lease,
+                            outcome,
+                        });
+                    }
+                },
+                StateProj::Calling {
+                    fut,
+                    lease,
+                    outcome,
+                } => {
+                    let result = ready!(fut.poll(cx));
+                    let outcome = *outcome;
+                    let fut: Finish<ResBody, S::Error> = match (result, lease.take()) {
+                        (Ok(response), None) => {
+                            let mut response = response.map(ResponseBody::inner);
+                            response.extensions_mut().insert(outcome);
+                            return Poll::Ready(Ok(response));
+                        }
+                        (Err(err), None) => return Poll::Ready(Err(err)),
+                        (Ok(response), Some(lease)) => {
+                            let settings = this.settings.clone().unwrap_or_default();
+                            Box::pin(async move { Ok(finish(lease, &settings, response).await) })
+                        }
+                        (Err(err), Some(lease)) => Box::pin(async move {
+                            lease.release().await;
+                            Err(err)
+                        }),
+                    };
+                    this.state.set(State::Finishing { fut });
+                }
+                StateProj::Finishing { fut } => {
+                    let output = ready!(fut.as_mut().poll(cx));
+                    this.state.set(State::Ready { response: None });
+                    return Poll::Ready(output);
+                }
+                StateProj::Ready { response } => {
+                    let response = response.take().expect("polled after completion");
+                    return Poll::Ready(Ok(response));
+                }
+            }
+        }
+    }
+}
+
+/// Decides whether the attempt succeeded, then records or releases the claim, then hands the
+/// response on. Responses up to the buffer limit are read in full first, so that the client
+/// never receives the end of a response that was not recorded.
+async fn finish<B>(
+    mut lease: Lease,
+    settings: &Settings,
+    response: Response<B>,
+) -> Response<ResponseBody<B>>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (mut parts, body) = response.into_parts();
+    let grpc = lease.is_grpc() || is_grpc(&parts.headers);
+    lease.set_grpc(grpc);
+
+    // What the head says: a failure is final; a success still needs a complete body (and, for
+    // gRPC, a final `grpc-status`, which may be in the headers of a trailers-only response).
+    let head = if grpc {
+        if parts.status != StatusCode::OK {
+            Some(Verdict::Failure)
+        } else {
+            Verdict::grpc(Some(&parts.headers))
+        }
+    } else if settings.is_success(parts.status, &parts.headers) {
+        None
+    } else {
+        Some(Verdict::Failure)
+    };
+    if head == Some(Verdict::Failure) {
+        lease.release().await;
+        parts.extensions.insert(Outcome::Released);
+        return Response::from_parts(parts, ResponseBody::inner(body));
+    }
+
+    let mut body = Box::pin(body);
+    let mut collected = Collected::default();
+    loop {
+        let frame = body
+            .frame()
+            .await
+            .map(|r| r.map_err(Into::<BoxError>::into));
+        match frame {
+            None => break,
+            Some(Ok(frame)) => {
+                if collected.push(frame) > settings.response_buffer_limit {
+                    // Too large to hold: stream it, and settle the claim at its end.
+                    parts.extensions.insert(Outcome::First);
+                    let (chunks, _) = collected.into_chunks();
+                    return Response::from_parts(parts, ResponseBody::guarded(chunks, body, lease));
+                }
+            }
+            Some(Err(err)) => {
+                lease.release().await;
+                parts.extensions.insert(Outcome::Released);
+                let (data, _) = collected.into_parts();
+                return Response::from_parts(parts, ResponseBody::failed(data, err));
+            }
+        }
+    }
+
+    let verdict = if grpc {
+        Verdict::grpc(collected.trailers())
+            .or(head)
+            .unwrap_or(Verdict::Failure)
+    } else {
+        Verdict::Success
+    };
+    let (data, trailers) = collected.into_parts();
+    match verdict {
+        Verdict::Success => {
+            let record = if settings.mode == Mode::Replay || grpc {
+                let headers = replay_headers(&parts.headers, &settings.replay_headers, grpc);
+                Record::replay(
+                    lease.fingerprint(),
+                    StoredResponse::new(parts.status, headers, data.clone(), trailers.clone()),
+                )
+            } else {
+                Record::ack(lease.fingerprint())
+            };
+            lease.complete(record).await;
+            parts.extensions.insert(Outcome::First);
+        }
+        Verdict::Failure => {
+            lease.release().await;
+            parts.extensions.insert(Outcome::Released);
+        }
+    }
+    Response::from_parts(parts, ResponseBody::buffered(data, trailers))
+}
+
+/// The headers kept for replay: the allow-list, and for gRPC the `grpc-*` headers too.
+fn replay_headers(headers: &HeaderMap, allow: &[http::HeaderName], grpc: bool) -> HeaderMap {
+    let mut kept = HeaderMap::new();
+    for (name, value) in headers {
+        if allow.contains(name) || (grpc && name.as_str().starts_with("grpc-")) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
+}

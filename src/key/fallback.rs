@@ -1,0 +1,32 @@
+use super::{ExtractKey, IdempotencyKey, KeyError, KeyInput};
+
+/// Tries `A`, then `B` when `A` finds no key; built by
+/// [`ExtractKeyExt::or`](super::ExtractKeyExt::or).
+///
+/// The key is the value itself, whichever extractor found it: the same event id sent once in a
+/// header and once only in the body is the same key.
+#[derive(Clone, Debug)]
+pub struct Fallback<A, B> {
+    first: A,
+    second: B,
+}
+
+impl<A, B> Fallback<A, B> {
+    /// `first`, else `second`.
+    pub fn new(first: A, second: B) -> Self {
+        Fallback { first, second }
+    }
+}
+
+impl<A: ExtractKey, B: ExtractKey> ExtractKey for Fallback<A, B> {
+    fn extract_key(&self, input: &KeyInput<'_>) -> Result<Option<IdempotencyKey>, KeyError> {
+        match self.first.extract_key(input)? {
+            Some(key) => Ok(Some(key)),
+            None => self.second.extract_key(input),
+        }
+    }
+
+    fn needs_body(&self) -> bool {
+        self.first.needs_body() || self.second.needs_body()
+    }
+}

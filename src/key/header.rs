@@ -1,0 +1,76 @@
+use http::HeaderName;
+
+use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput};
+
+/// Takes the key from one request header (or gRPC metadata entry).
+///
+/// The header must appear at most once and be visible ASCII; its value is validated like every
+/// key (1 to 255 bytes, no control characters).
+///
+/// ```
+/// use tower_idempotency::key::HeaderKey;
+///
+/// let stripe_style = HeaderKey::idempotency_key();
+/// let kalipto = HeaderKey::new("X-Kalipto-Delivery-Id");
+/// let standard_webhooks = HeaderKey::new("webhook-id");
+/// assert_eq!(kalipto.name().as_str(), "x-kalipto-delivery-id");
+/// ```
+#[derive(Clone, Debug)]
+pub struct HeaderKey {
+    name: HeaderName,
+}
+
+impl HeaderKey {
+    /// The key from header `name` (case-insensitive).
+    ///
+    /// # Panics
+    ///
+    /// When `name` is not a valid header name: a configuration error, caught at start-up.
+    pub fn new(name: &str) -> Self {
+        let name = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+            .unwrap_or_else(|_| panic!("invalid header name for HeaderKey: {name:?}"));
+        HeaderKey { name }
+    }
+
+    /// The key from an already parsed header name.
+    pub fn from_name(name: HeaderName) -> Self {
+        HeaderKey { name }
+    }
+
+    /// The key from `Idempotency-Key` (IETF draft-ietf-httpapi-idempotency-key-header, Stripe).
+    pub fn idempotency_key() -> Self {
+        HeaderKey {
+            name: HeaderName::from_static("idempotency-key"),
+        }
+    }
+
+    /// The header this extractor reads.
+    pub fn name(&self) -> &HeaderName {
+        &self.name
+    }
+}
+
+impl ExtractKey for HeaderKey {
+    fn extract_key(&self, input: &KeyInput<'_>) -> Result<Option<IdempotencyKey>, KeyError> {
+        let mut values = input.parts().headers.get_all(&self.name).iter();
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(KeyError::new(
+                KeyErrorKind::InvalidHeader,
+                format!("the {} header appears more than once", self.name),
+            ));
+        }
+        let value = value.to_str().map_err(|_| {
+            KeyError::new(
+                KeyErrorKind::InvalidHeader,
+                format!(
+                    "the {} header is not visible ASCII (control characters or non-ASCII bytes)",
+                    self.name
+                ),
+            )
+        })?;
+        IdempotencyKey::new(value).map(Some)
+    }
+}

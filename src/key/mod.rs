@@ -1,0 +1,250 @@
+//! Where the idempotency key comes from: the [`ExtractKey`] trait and its implementations.
+//!
+//! - [`HeaderKey`]: a request header (`Idempotency-Key`, `X-Kalipto-Delivery-Id`, `webhook-id`,
+//!   gRPC metadata such as `idempotency-key`). Header-only extractors never make the layer parse
+//!   the body.
+//! - [`JsonPathKey`]: one or many values in the JSON body, selected by an RFC 9535 JSONPath.
+//! - [`FieldsFingerprintKey`]: a canonical hash of chosen trusted JSON fields, for senders
+//!   without a stable id.
+//! - [`Fallback`] (via [`ExtractKeyExt::or`]): try extractors in order.
+//! - closures: any `Fn(&http::request::Parts) -> Option<String>` is an extractor; [`from_body_fn`]
+//!   wraps a closure that reads the buffered body bytes.
+//!
+//! ```
+//! use http::Request;
+//! use tower_idempotency::key::{ExtractKey, ExtractKeyExt, HeaderKey, JsonPathKey, KeyInput};
+//!
+//! let sangho = HeaderKey::new("Sangho-Event-ID").or(JsonPathKey::new("$.id").unwrap());
+//!
+//! let (parts, ()) = Request::post("/").body(()).unwrap().into_parts();
+//! let body = bytes::Bytes::from_static(br#"{"id":"evt_1"}"#);
+//! let key = sangho.extract_key(&KeyInput::new(&parts, Some(&body))).unwrap().unwrap();
+//! assert_eq!(key.as_str(), "evt_1");
+//! ```
+
+mod error;
+mod fallback;
+mod fields;
+mod func;
+mod header;
+mod json;
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use http::request::Parts;
+
+pub use self::error::{KeyError, KeyErrorKind};
+pub use self::fallback::Fallback;
+pub use self::fields::FieldsFingerprintKey;
+pub use self::func::{BodyFn, from_body_fn};
+pub use self::header::HeaderKey;
+pub use self::json::JsonPathKey;
+
+/// The longest accepted key part, in bytes (Stripe's limit).
+pub const MAX_KEY_LEN: usize = 255;
+
+/// The most values one composite key may hold (a batch with more ids is rejected with 400).
+pub const MAX_KEY_PARTS: usize = 1000;
+
+/// The separator between the parts of a composite key. A control character, so it can never
+/// occur inside a valid part.
+const PART_SEPARATOR: char = '\n';
+
+/// A validated idempotency key: one value, or the sorted, de-duplicated values of a batch.
+///
+/// The layer puts it into the request extensions, so the inner service can read it.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// Validates one key value: 1 to [`MAX_KEY_LEN`] bytes, no control characters.
+    pub fn new(value: impl Into<String>) -> Result<Self, KeyError> {
+        let value = value.into();
+        validate_part(&value)?;
+        Ok(IdempotencyKey(value))
+    }
+
+    /// A composite key from many values: order-independent and de-duplicated, each value
+    /// validated. An empty iterator yields `Ok(None)` (no key).
+    pub fn composite<I, S>(values: I) -> Result<Option<Self>, KeyError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut parts: Vec<String> = Vec::new();
+        for value in values {
+            let value = value.into();
+            validate_part(&value)?;
+            parts.push(value);
+            if parts.len() > MAX_KEY_PARTS {
+                return Err(KeyError::too_many_parts(MAX_KEY_PARTS));
+            }
+        }
+        if parts.is_empty() {
+            return Ok(None);
+        }
+        parts.sort_unstable();
+        parts.dedup();
+        let mut joined = String::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                joined.push(PART_SEPARATOR);
+            }
+            joined.push_str(part);
+        }
+        Ok(Some(IdempotencyKey(joined)))
+    }
+
+    /// The key (parts of a composite key are separated by `'\n'`).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The values of the key: one, or each value of a composite key, sorted.
+    pub fn parts(&self) -> impl Iterator<Item = &str> {
+        self.0.split(PART_SEPARATOR)
+    }
+}
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Keys may be sensitive (some senders use signed tokens as delivery ids): keep them out
+        // of logs by default.
+        write!(f, "IdempotencyKey(<{} bytes>)", self.0.len())
+    }
+}
+
+fn validate_part(value: &str) -> Result<(), KeyError> {
+    if value.is_empty() {
+        return Err(KeyError::empty());
+    }
+    if value.len() > MAX_KEY_LEN {
+        return Err(KeyError::too_long(value.len(), MAX_KEY_LEN));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(KeyError::control_character());
+    }
+    Ok(())
+}
+
+/// What an extractor sees: the request head and, when some extractor needs it, the buffered
+/// body, with its JSON parsed at most once and only on demand.
+pub struct KeyInput<'a> {
+    parts: &'a Parts,
+    body: Option<&'a Bytes>,
+    json: OnceLock<Result<serde_json::Value, KeyError>>,
+}
+
+impl<'a> KeyInput<'a> {
+    /// The input of one request. `body` is `None` when no extractor asked for the body.
+    pub fn new(parts: &'a Parts, body: Option<&'a Bytes>) -> Self {
+        KeyInput {
+            parts,
+            body,
+            json: OnceLock::new(),
+        }
+    }
+
+    /// The request head: method, URI, version, headers, extensions.
+    pub fn parts(&self) -> &'a Parts {
+        self.parts
+    }
+
+    /// The buffered request body, if it was buffered.
+    pub fn body(&self) -> Option<&'a Bytes> {
+        self.body
+    }
+
+    /// The body parsed as JSON (parsed once, on first use).
+    ///
+    /// A body that is not JSON is [`KeyError`] `body is not valid JSON`. Nesting is limited by
+    /// `serde_json`'s recursion limit (128), so hostile deeply nested bodies are rejected, never
+    /// a stack overflow.
+    pub fn json(&self) -> Result<&serde_json::Value, KeyError> {
+        self.json
+            .get_or_init(|| {
+                let body = self.body.ok_or_else(KeyError::body_not_buffered)?;
+                serde_json::from_slice(body).map_err(KeyError::not_json)
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+/// Derives the idempotency key of a request.
+///
+/// Return `Ok(None)` when the request carries no key (the layer then applies its missing-key
+/// policy), `Err` when it carries a malformed one (answered 400 with the error's message).
+///
+/// Any `Fn(&http::request::Parts) -> Option<String>` closure implements this trait.
+pub trait ExtractKey: Send + Sync + 'static {
+    /// Extracts the key of one request.
+    fn extract_key(&self, input: &KeyInput<'_>) -> Result<Option<IdempotencyKey>, KeyError>;
+
+    /// Whether this extractor reads the body. When no extractor does (and payload
+    /// fingerprinting is off) the layer streams the body to the inner service without
+    /// buffering it.
+    fn needs_body(&self) -> bool {
+        false
+    }
+}
+
+impl<F> ExtractKey for F
+where
+    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+{
+    fn extract_key(&self, input: &KeyInput<'_>) -> Result<Option<IdempotencyKey>, KeyError> {
+        self(input.parts()).map(IdempotencyKey::new).transpose()
+    }
+}
+
+/// Combinators for every [`ExtractKey`].
+pub trait ExtractKeyExt: ExtractKey + Sized {
+    /// Tries `self`, and `other` when `self` finds no key. An error from `self` (a malformed
+    /// key) is returned as is: a malformed header is not silently replaced by a body value.
+    fn or<O: ExtractKey>(self, other: O) -> Fallback<Self, O> {
+        Fallback::new(self, other)
+    }
+}
+
+impl<K: ExtractKey> ExtractKeyExt for K {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation() {
+        assert!(IdempotencyKey::new("pd_01JD8Q4M7T0XK3").is_ok());
+        assert!(IdempotencyKey::new("a".repeat(255)).is_ok());
+        let err = IdempotencyKey::new("a".repeat(256)).unwrap_err();
+        assert!(err.to_string().contains("256 bytes"), "{err}");
+        assert!(
+            IdempotencyKey::new("a\u{7}b")
+                .unwrap_err()
+                .to_string()
+                .contains("control")
+        );
+        assert!(IdempotencyKey::new("").is_err());
+    }
+
+    #[test]
+    fn composite_is_order_independent_and_deduplicated() {
+        let a = IdempotencyKey::composite(["b", "a", "b"]).unwrap().unwrap();
+        let b = IdempotencyKey::composite(["a", "b"]).unwrap().unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.parts().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(
+            IdempotencyKey::composite(Vec::<String>::new()).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn debug_does_not_leak_the_key() {
+        let key = IdempotencyKey::new("secret-token").unwrap();
+        assert!(!format!("{key:?}").contains("secret"));
+    }
+}

@@ -1,0 +1,498 @@
+//! [`IdempotencyLayer`]: the configuration of the middleware. Cheap to clone (one `Arc`),
+//! configured with by-value builder methods.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_idempotency::{IdempotencyLayer, MissingKey, Mode};
+//! use tower_idempotency::key::HeaderKey;
+//! use tower_idempotency::store::MemoryStore;
+//!
+//! let layer = IdempotencyLayer::new(MemoryStore::new())
+//!     .namespace("kalipto")
+//!     .key(HeaderKey::new("X-Kalipto-Delivery-Id"))
+//!     .retention(Duration::from_secs(72 * 3600))
+//!     .lease(Duration::from_secs(30))
+//!     .missing_key(MissingKey::Reject)
+//!     .mode(Mode::Ack);
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use tower_layer::Layer;
+
+use crate::key::{ExtractKey, HeaderKey};
+use crate::service::Idempotency;
+use crate::store::IdempotencyStore;
+
+/// The default body limit: 1 MiB, ample for webhooks.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+/// The default lease: how long a claim stays "in flight" if its holder never finishes.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The default retention of completed keys: 72 hours, a common provider retry window.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(72 * 3600);
+/// The default timeout of each store call.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default limit of a response kept in memory (and so replayable): 64 KiB.
+pub const DEFAULT_RESPONSE_BUFFER_LIMIT: usize = 64 * 1024;
+
+/// What to do with a covered request that carries no key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MissingKey {
+    /// Answer 400 problem+json (the default): a request that should be protected is not
+    /// processed unprotected.
+    #[default]
+    Reject,
+    /// Pass the request to the inner service without protection.
+    PassThrough,
+}
+
+/// How a duplicate of a completed key is answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// The configured acknowledgement (default `200 {"ok":true,"duplicate":true}`): what
+    /// webhook senders need. Records cost a few bytes.
+    #[default]
+    Ack,
+    /// The original status, allow-listed headers, body and trailers: what API clients need
+    /// (the retry of a `POST /orders` gets the same order id). Responses larger than the
+    /// response buffer limit are recorded as ack only. gRPC calls are always recorded for
+    /// replay, since a gRPC client cannot decode an HTTP acknowledgement.
+    Replay,
+}
+
+/// What to do when a key is reused with a different payload fingerprint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnMismatch {
+    /// Answer 422 problem+json (the default, as the IETF draft and Stripe do).
+    #[default]
+    Reject,
+    /// Answer like a duplicate and log a warning (some webhook senders change a timestamp
+    /// field between retries).
+    Ack,
+}
+
+/// What to do when the store cannot be reached or times out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Answer 503 with `Retry-After` (the default): the sender retries later, nothing is
+    /// processed unprotected.
+    #[default]
+    Closed,
+    /// Pass the request to the inner service without protection, logging an error.
+    Open,
+}
+
+/// The per-request part of the key scope, on top of the layer's namespace.
+///
+/// The default is [`Scope::path`]: one layer on a router never mixes the keys of two routes.
+#[derive(Clone)]
+pub struct Scope(ScopeKind);
+
+#[derive(Clone)]
+enum ScopeKind {
+    None,
+    Path,
+    Header(HeaderName),
+    Fn(Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>),
+}
+
+impl Scope {
+    /// No per-request scope: keys are scoped by the namespace only.
+    pub fn none() -> Self {
+        Scope(ScopeKind::None)
+    }
+
+    /// The request path (without the query): the default.
+    pub fn path() -> Self {
+        Scope(ScopeKind::Path)
+    }
+
+    /// The value of a header, such as a tenant id (`x-tenant-id`). Requests without it share
+    /// the "no tenant" scope.
+    ///
+    /// # Panics
+    ///
+    /// When `name` is not a valid header name.
+    pub fn header(name: &str) -> Self {
+        let name = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+            .unwrap_or_else(|_| panic!("invalid header name for Scope::header: {name:?}"));
+        Scope(ScopeKind::Header(name))
+    }
+
+    /// Any function of the request head.
+    pub fn from_fn(f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        Scope(ScopeKind::Fn(Arc::new(f)))
+    }
+
+    pub(crate) fn of(&self, parts: &Parts) -> Option<String> {
+        match &self.0 {
+            ScopeKind::None => None,
+            ScopeKind::Path => Some(parts.uri.path().to_owned()),
+            ScopeKind::Header(name) => parts
+                .headers
+                .get(name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+            ScopeKind::Fn(f) => f(parts),
+        }
+    }
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            ScopeKind::None => f.write_str("Scope::none()"),
+            ScopeKind::Path => f.write_str("Scope::path()"),
+            ScopeKind::Header(name) => write!(f, "Scope::header({name:?})"),
+            ScopeKind::Fn(_) => f.write_str("Scope::from_fn(..)"),
+        }
+    }
+}
+
+/// The answer to a duplicate in [`Mode::Ack`].
+#[derive(Clone, Debug)]
+pub struct AckResponse {
+    status: StatusCode,
+    content_type: HeaderValue,
+    body: Bytes,
+}
+
+impl AckResponse {
+    /// An acknowledgement with `status`, `content_type` and `body`.
+    pub fn new(status: StatusCode, content_type: HeaderValue, body: impl Into<Bytes>) -> Self {
+        AckResponse {
+            status,
+            content_type,
+            body: body.into(),
+        }
+    }
+
+    pub(crate) fn parts(&self) -> (StatusCode, &HeaderValue, &Bytes) {
+        (self.status, &self.content_type, &self.body)
+    }
+}
+
+impl Default for AckResponse {
+    /// `200 application/json {"ok":true,"duplicate":true}`.
+    fn default() -> Self {
+        AckResponse::new(
+            StatusCode::OK,
+            HeaderValue::from_static("application/json"),
+            Bytes::from_static(br#"{"ok":true,"duplicate":true}"#),
+        )
+    }
+}
+
+type SuccessFn = Arc<dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync>;
+
+/// Everything but the store and the extractor; shared by every service and future of a layer.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) namespace: String,
+    pub(crate) scope: Scope,
+    pub(crate) body_limit: usize,
+    pub(crate) body_timeout: Option<Duration>,
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) store_timeout: Duration,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) methods: Option<Vec<Method>>,
+    pub(crate) mode: Mode,
+    pub(crate) ack: AckResponse,
+    pub(crate) replay_headers: Vec<HeaderName>,
+    pub(crate) on_mismatch: OnMismatch,
+    pub(crate) failure_mode: FailureMode,
+    pub(crate) in_flight_retry_after: Duration,
+    pub(crate) store_retry_after: Duration,
+    pub(crate) wait_in_flight: Option<Duration>,
+    pub(crate) fingerprint: bool,
+    pub(crate) response_buffer_limit: usize,
+    pub(crate) success: SuccessFn,
+}
+
+impl Settings {
+    /// Whether requests with `method` are protected.
+    pub(crate) fn covers(&self, method: &Method) -> bool {
+        match &self.methods {
+            Some(methods) => methods.contains(method),
+            None => !matches!(
+                *method,
+                Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+            ),
+        }
+    }
+
+    pub(crate) fn is_success(&self, status: StatusCode, headers: &HeaderMap) -> bool {
+        (self.success)(status, headers)
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            namespace: "default".to_owned(),
+            scope: Scope::path(),
+            body_limit: DEFAULT_BODY_LIMIT,
+            body_timeout: None,
+            lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
+            missing_key: MissingKey::Reject,
+            methods: None,
+            mode: Mode::Ack,
+            ack: AckResponse::default(),
+            replay_headers: [
+                "content-type",
+                "content-language",
+                "location",
+                "etag",
+                "last-modified",
+            ]
+            .into_iter()
+            .map(HeaderName::from_static)
+            .collect(),
+            on_mismatch: OnMismatch::Reject,
+            failure_mode: FailureMode::Closed,
+            in_flight_retry_after: Duration::from_secs(1),
+            store_retry_after: Duration::from_secs(5),
+            wait_in_flight: None,
+            fingerprint: true,
+            response_buffer_limit: DEFAULT_RESPONSE_BUFFER_LIMIT,
+            success: Arc::new(|status, _| status.is_success()),
+        }
+    }
+}
+
+pub(crate) struct Config<St, K> {
+    pub(crate) store: St,
+    pub(crate) extractor: K,
+    pub(crate) settings: Arc<Settings>,
+}
+
+/// Makes the wrapped service idempotent: see the [crate docs](crate) for the behaviour and
+/// every status code.
+///
+/// `St` is the store, `K` the key extractor (default: the `Idempotency-Key` header).
+pub struct IdempotencyLayer<St, K = HeaderKey> {
+    config: Arc<Config<St, K>>,
+}
+
+impl<St, K> Clone for IdempotencyLayer<St, K> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer {
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<St, K> fmt::Debug for IdempotencyLayer<St, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.config.settings;
+        f.debug_struct("IdempotencyLayer")
+            .field("namespace", &s.namespace)
+            .field("scope", &s.scope)
+            .field("body_limit", &s.body_limit)
+            .field("lease", &s.lease)
+            .field("retention", &s.retention)
+            .field("mode", &s.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
+    /// A layer on `store`, keyed by the `Idempotency-Key` header, with the defaults: 1 MiB body
+    /// limit, 30 s lease, 72 h retention, 2 s store timeout, missing key → 400, ack mode,
+    /// mismatch → 422, fail closed, POST/PUT/PATCH/DELETE (every non-safe method) covered,
+    /// keys scoped by namespace `default` and the request path.
+    pub fn new(store: St) -> Self {
+        IdempotencyLayer {
+            config: Arc::new(Config {
+                store,
+                extractor: HeaderKey::idempotency_key(),
+                settings: Arc::new(Settings::default()),
+            }),
+        }
+    }
+}
+
+impl<St: IdempotencyStore, K> IdempotencyLayer<St, K> {
+    /// Sets where the key comes from: a [`HeaderKey`], a [`JsonPathKey`](crate::key::JsonPathKey),
+    /// a fallback chain, a closure, …
+    pub fn key<K2: ExtractKey>(self, extractor: K2) -> IdempotencyLayer<St, K2> {
+        let (store, settings) = match Arc::try_unwrap(self.config) {
+            Ok(config) => (config.store, config.settings),
+            Err(shared) => (shared.store.clone(), shared.settings.clone()),
+        };
+        IdempotencyLayer {
+            config: Arc::new(Config {
+                store,
+                extractor,
+                settings,
+            }),
+        }
+    }
+
+    fn with(self, f: impl FnOnce(&mut Settings)) -> Self
+    where
+        K: Clone,
+    {
+        let config = Arc::try_unwrap(self.config).unwrap_or_else(|shared| Config {
+            store: shared.store.clone(),
+            extractor: shared.extractor.clone(),
+            settings: shared.settings.clone(),
+        });
+        let mut settings = Arc::unwrap_or_clone(config.settings);
+        f(&mut settings);
+        IdempotencyLayer {
+            config: Arc::new(Config {
+                store: config.store,
+                extractor: config.extractor,
+                settings: Arc::new(settings),
+            }),
+        }
+    }
+}
+
+impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
+    /// Sets the namespace that keeps this layer's keys apart from other layers' (and other
+    /// applications') on a shared store. Letters, digits, `-`, `_` and `.` only.
+    ///
+    /// # Panics
+    ///
+    /// When `namespace` is empty or has other characters (it becomes part of store keys).
+    pub fn namespace(self, namespace: impl Into<String>) -> Self {
+        let namespace = namespace.into();
+        assert!(
+            !namespace.is_empty()
+                && namespace
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')),
+            "invalid idempotency namespace {namespace:?}: use letters, digits, '-', '_' and '.'"
+        );
+        self.with(|s| s.namespace = namespace)
+    }
+
+    /// Sets the per-request part of the scope (default: [`Scope::path`]).
+    pub fn scope(self, scope: Scope) -> Self {
+        self.with(|s| s.scope = scope)
+    }
+
+    /// Sets the request body limit (default 1 MiB). Larger bodies get 413.
+    pub fn body_limit(self, bytes: usize) -> Self {
+        self.with(|s| s.body_limit = bytes)
+    }
+
+    /// Sets a timeout for reading the request body (default: none). A body that trickles in
+    /// slower gets 408, and no claim is taken.
+    pub fn body_timeout(self, timeout: Duration) -> Self {
+        self.with(|s| s.body_timeout = Some(timeout))
+    }
+
+    /// Sets the lease: how long a claim blocks duplicates if its holder never finishes (a
+    /// crashed worker). Make it longer than the inner service's timeout (default 30 s).
+    pub fn lease(self, lease: Duration) -> Self {
+        self.with(|s| s.lease = lease)
+    }
+
+    /// Sets how long completed keys are kept (default 72 h): at least the sender's retry
+    /// window.
+    pub fn retention(self, retention: Duration) -> Self {
+        self.with(|s| s.retention = retention)
+    }
+
+    /// Sets the timeout of each store call (default 2 s). A timeout is a store error.
+    pub fn store_timeout(self, timeout: Duration) -> Self {
+        self.with(|s| s.store_timeout = timeout)
+    }
+
+    /// Sets what happens to requests without a key (default [`MissingKey::Reject`]).
+    pub fn missing_key(self, policy: MissingKey) -> Self {
+        self.with(|s| s.missing_key = policy)
+    }
+
+    /// Protects only requests with these methods (default: every method but GET, HEAD,
+    /// OPTIONS and TRACE).
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.with(|s| s.methods = Some(methods))
+    }
+
+    /// Sets how duplicates of completed keys are answered (default [`Mode::Ack`]).
+    pub fn mode(self, mode: Mode) -> Self {
+        self.with(|s| s.mode = mode)
+    }
+
+    /// Sets the acknowledgement of [`Mode::Ack`].
+    pub fn ack_response(self, ack: AckResponse) -> Self {
+        self.with(|s| s.ack = ack)
+    }
+
+    /// Sets the response headers kept for replay (default: `content-type`,
+    /// `content-language`, `location`, `etag`, `last-modified`). Other headers, such as
+    /// `set-cookie`, are never stored.
+    pub fn replay_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names = names.into_iter().collect();
+        self.with(|s| s.replay_headers = names)
+    }
+
+    /// Sets what a key reused with a different payload gets (default [`OnMismatch::Reject`]).
+    pub fn on_mismatch(self, on_mismatch: OnMismatch) -> Self {
+        self.with(|s| s.on_mismatch = on_mismatch)
+    }
+
+    /// Sets what happens when the store is down (default [`FailureMode::Closed`]).
+    pub fn failure_mode(self, mode: FailureMode) -> Self {
+        self.with(|s| s.failure_mode = mode)
+    }
+
+    /// Sets the `Retry-After` of 409 in-flight answers (default 1 s).
+    pub fn in_flight_retry_after(self, after: Duration) -> Self {
+        self.with(|s| s.in_flight_retry_after = after)
+    }
+
+    /// Sets the `Retry-After` of 503 store-unavailable answers (default 5 s).
+    pub fn store_retry_after(self, after: Duration) -> Self {
+        self.with(|s| s.store_retry_after = after)
+    }
+
+    /// Lets a duplicate wait up to `max` for an in-flight original to finish, then get its
+    /// answer (the ack or the replay) instead of a 409. Off by default.
+    pub fn wait_for_in_flight(self, max: Duration) -> Self {
+        self.with(|s| s.wait_in_flight = Some(max))
+    }
+
+    /// Turns the payload fingerprint on (default) or off. Off: a reused key is never a
+    /// mismatch, and header-keyed requests are streamed to the inner service unbuffered.
+    pub fn fingerprint(self, on: bool) -> Self {
+        self.with(|s| s.fingerprint = on)
+    }
+
+    /// Sets how much of a response is held in memory before it is sent (default 64 KiB).
+    /// Responses up to this size are recorded before the client sees them, and can be
+    /// replayed; larger ones are streamed and recorded (ack only) when their stream ends.
+    pub fn response_buffer_limit(self, bytes: usize) -> Self {
+        self.with(|s| s.response_buffer_limit = bytes)
+    }
+
+    /// Sets which responses count as success (default: 2xx). gRPC responses are always judged
+    /// by their final `grpc-status`.
+    pub fn success_when(
+        self,
+        classify: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        let classify: SuccessFn = Arc::new(classify);
+        self.with(|s| s.success = classify)
+    }
+}
+
+impl<S, St: Clone, K> Layer<S> for IdempotencyLayer<St, K> {
+    type Service = Idempotency<S, St, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::from_config(inner, self.config.clone())
+    }
+}

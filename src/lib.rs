@@ -1,0 +1,120 @@
+//! Tower middleware that makes HTTP and gRPC receivers idempotent.
+//!
+//! Webhook senders and API clients deliver **at least once**: network retries, timeouts, a
+//! worker that crashed after doing the work. [`IdempotencyLayer`] turns that into an
+//! exactly-once effect:
+//!
+//! 1. it buffers the request body (bounded, 413 past the limit) and derives a key from a header,
+//!    JSON paths in the body, a fingerprint of chosen fields, a fallback chain or a closure
+//!    ([`key`]);
+//! 2. it **claims** the key atomically in a [`store`] (in-memory, Redis via `fred`) with a short
+//!    lease;
+//! 3. it calls the inner service once, and **records** the key only when the response
+//!    succeeded (2xx; `grpc-status: 0` for gRPC) and its body completed; any other outcome
+//!    (error status, `Err`, panic, dropped future, failed body) **releases** the claim so the
+//!    sender's retry is processed again;
+//! 4. duplicates are short-circuited: `200 {"ok":true,"duplicate":true}` (ack mode) or the
+//!    original response (replay mode), with `Idempotent-Replayed: true`; a duplicate while
+//!    the first is still in flight gets 409 with `Retry-After`, never a 2xx.
+//!
+//! | situation | response | inner service called |
+//! |---|---|---|
+//! | method not covered (GET/HEAD/OPTIONS/TRACE by default) | passes through untouched | yes |
+//! | body over the limit (`Content-Length` first, then while reading) | 413 problem+json | no |
+//! | body slower than the read timeout (when set) | 408 problem+json | no |
+//! | key missing | 400 problem+json (default) or pass through, [`MissingKey`] | no / yes |
+//! | key malformed (too long, control characters, body not JSON) | 400 problem+json | no |
+//! | first time | the inner response, unchanged | once |
+//! | duplicate of a completed key, same payload | ack or replay, `Idempotent-Replayed: true` | no |
+//! | duplicate while the first is in flight | 409 problem+json + `Retry-After` | no |
+//! | key reused with a different payload | 422 problem+json (or ack, [`OnMismatch`]) | no |
+//! | store unreachable or timed out | 503 + `Retry-After` (or fail open, [`FailureMode`]) | no / yes |
+//!
+//! gRPC requests (`content-type: application/grpc*`) get the same protection with gRPC
+//! statuses instead (see [`rejection`]).
+//!
+//! # axum
+//!
+//! ```
+//! use axum::{routing::post, Router};
+//! use tower_idempotency::{IdempotencyLayer, key::HeaderKey, store::MemoryStore};
+//!
+//! async fn kalipto_webhook(body: axum::body::Bytes) -> &'static str {
+//!     // ... apply the event exactly once ...
+//!     "ok"
+//! }
+//!
+//! let store = MemoryStore::new();
+//! let app: Router = Router::new()
+//!     .route("/webhooks/kalipto", post(kalipto_webhook))
+//!     // route_layer: unknown paths stay 404 instead of being asked for a key.
+//!     .route_layer(
+//!         IdempotencyLayer::new(store)
+//!             .namespace("kalipto")
+//!             .key(HeaderKey::new("X-Kalipto-Delivery-Id")),
+//!     );
+//! ```
+//!
+//! # hyper
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::Full;
+//! use tower::ServiceBuilder;
+//! use tower_idempotency::{IdempotencyLayer, RequestBody, store::MemoryStore};
+//!
+//! async fn handle(_req: Request<RequestBody<hyper::body::Incoming>>) -> Result<Response<Full<Bytes>>, Infallible> {
+//!     Ok(Response::new(Full::new(Bytes::from_static(b"charged"))))
+//! }
+//!
+//! let service = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .service_fn(handle);
+//! // Serve `service` with hyper-util's `TowerToHyperService` and `auto::Builder`.
+//! # let _ = service;
+//! ```
+//!
+//! # Guarantees and limits
+//!
+//! - Two concurrent identical requests never both reach the inner service while the first
+//!   lease is alive.
+//! - A duplicate is never answered 2xx before the first attempt has succeeded and been recorded.
+//! - If the inner service outlives the lease, a retry may be processed a second time (the late
+//!   completion of the first never overwrites the newer holder): set the lease above the inner
+//!   service's timeout.
+//! - If recording fails after success (the store went down in between), the response still
+//!   goes out and the claim expires with its lease.
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod body;
+pub mod fingerprint;
+mod future;
+pub mod key;
+mod layer;
+mod lease;
+mod outcome;
+pub mod record;
+pub mod rejection;
+mod service;
+pub mod store;
+mod util;
+
+pub use self::body::{RequestBody, ResponseBody};
+pub use self::future::ResponseFuture;
+pub use self::key::IdempotencyKey;
+pub use self::layer::{
+    AckResponse, DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_RESPONSE_BUFFER_LIMIT,
+    DEFAULT_RETENTION, DEFAULT_STORE_TIMEOUT, FailureMode, IdempotencyLayer, MissingKey, Mode,
+    OnMismatch, Scope,
+};
+pub use self::outcome::Outcome;
+pub use self::service::{IDEMPOTENT_REPLAYED, Idempotency};
+pub use self::store::{IdempotencyStore, MemoryStore};
+
+#[cfg(feature = "redis")]
+pub use self::store::redis::RedisStore;
+#[cfg(feature = "redis")]
+pub use fred;

@@ -1,0 +1,344 @@
+//! What is kept for a completed key, and the compact, versioned byte encoding that shared stores
+//! (Redis, SQL) write.
+//!
+//! In ack mode a record is only the request fingerprint: 17 bytes encoded. In replay mode it also
+//! holds the original status, the allow-listed headers, the body and the trailers.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{HeaderMap, StatusCode};
+//! use tower_idempotency::fingerprint::Fingerprint;
+//! use tower_idempotency::record::{Record, StoredResponse, StoredValue};
+//!
+//! let fp = Fingerprint::of_bytes(b"{}");
+//! let ack = Record::ack(fp);
+//! assert_eq!(ack.encode().len(), 17);
+//!
+//! let replay = Record::replay(
+//!     fp,
+//!     StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), Bytes::from_static(b"{\"id\":1}"), None),
+//! );
+//! let decoded = StoredValue::decode(&replay.encode()).unwrap();
+//! assert_eq!(decoded, StoredValue::Completed(replay));
+//! ```
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+use crate::fingerprint::Fingerprint;
+use crate::store::{StoreError, StoreErrorKind, Token};
+
+const TAG_IN_FLIGHT: u8 = 0x01;
+const TAG_ACK: u8 = 0x02;
+const TAG_REPLAY: u8 = 0x03;
+
+/// The length of an encoded in-flight value: tag, token, fingerprint.
+pub const IN_FLIGHT_LEN: usize = 1 + 16 + 16;
+
+/// A response kept for replay: status, allow-listed headers, body and trailers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+}
+
+impl StoredResponse {
+    /// A stored response from its parts. `headers` should already be filtered to the allow-list.
+    pub fn new(
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+        trailers: Option<HeaderMap>,
+    ) -> Self {
+        StoredResponse {
+            status,
+            headers,
+            body,
+            trailers,
+        }
+    }
+
+    /// The original status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The stored (allow-listed) headers.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// The original body.
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// The original trailers, if the response had any.
+    pub fn trailers(&self) -> Option<&HeaderMap> {
+        self.trailers.as_ref()
+    }
+
+    /// Splits the stored response into its parts.
+    pub fn into_parts(self) -> (StatusCode, HeaderMap, Bytes, Option<HeaderMap>) {
+        (self.status, self.headers, self.body, self.trailers)
+    }
+}
+
+/// The record of a completed key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    fingerprint: Fingerprint,
+    response: Option<StoredResponse>,
+}
+
+impl Record {
+    /// An ack-mode record: duplicates get the configured acknowledgement.
+    pub fn ack(fingerprint: Fingerprint) -> Self {
+        Record {
+            fingerprint,
+            response: None,
+        }
+    }
+
+    /// A replay-mode record: duplicates get `response` again.
+    pub fn replay(fingerprint: Fingerprint, response: StoredResponse) -> Self {
+        Record {
+            fingerprint,
+            response: Some(response),
+        }
+    }
+
+    /// The fingerprint of the request that completed the key.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// The stored response, in replay mode.
+    pub fn response(&self) -> Option<&StoredResponse> {
+        self.response.as_ref()
+    }
+
+    /// Takes the stored response out of the record.
+    pub fn into_response(self) -> Option<StoredResponse> {
+        self.response
+    }
+
+    /// The encoded record, as written by shared stores.
+    pub fn encode(&self) -> Bytes {
+        let Some(response) = &self.response else {
+            let mut out = BytesMut::with_capacity(17);
+            out.put_u8(TAG_ACK);
+            out.put_slice(self.fingerprint.as_bytes());
+            return out.freeze();
+        };
+        let mut out = BytesMut::with_capacity(64 + response.body.len());
+        out.put_u8(TAG_REPLAY);
+        out.put_slice(self.fingerprint.as_bytes());
+        out.put_u16(response.status.as_u16());
+        put_headers(&mut out, &response.headers);
+        out.put_u32(response.body.len() as u32);
+        out.put_slice(&response.body);
+        match &response.trailers {
+            None => out.put_u8(0),
+            Some(trailers) => {
+                out.put_u8(1);
+                put_headers(&mut out, trailers);
+            }
+        }
+        out.freeze()
+    }
+}
+
+fn put_headers(out: &mut BytesMut, headers: &HeaderMap) {
+    out.put_u16(headers.len() as u16);
+    for (name, value) in headers {
+        out.put_u16(name.as_str().len() as u16);
+        out.put_slice(name.as_str().as_bytes());
+        out.put_u32(value.len() as u32);
+        out.put_slice(value.as_bytes());
+    }
+}
+
+/// A decoded store value: an in-flight claim or a completed record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoredValue {
+    /// A claim whose owner has not finished.
+    InFlight {
+        /// The owner's token.
+        token: Token,
+        /// The fingerprint of the owner's request.
+        fingerprint: Fingerprint,
+    },
+    /// A completed record.
+    Completed(Record),
+}
+
+impl StoredValue {
+    /// Encodes an in-flight claim: `[0x01][token: 16][fingerprint: 16]`.
+    ///
+    /// Shared stores compare the first 17 bytes ([`StoredValue::owner_prefix`]) to check the
+    /// token in complete and release.
+    pub fn encode_in_flight(token: &Token, fingerprint: &Fingerprint) -> Bytes {
+        let mut out = BytesMut::with_capacity(IN_FLIGHT_LEN);
+        out.put_u8(TAG_IN_FLIGHT);
+        out.put_slice(token.as_bytes());
+        out.put_slice(fingerprint.as_bytes());
+        out.freeze()
+    }
+
+    /// The first 17 bytes of the in-flight value of `token`: what a token check compares.
+    pub fn owner_prefix(token: &Token) -> Bytes {
+        let mut out = BytesMut::with_capacity(17);
+        out.put_u8(TAG_IN_FLIGHT);
+        out.put_slice(token.as_bytes());
+        out.freeze()
+    }
+
+    /// Decodes a value written by [`Record::encode`] or [`StoredValue::encode_in_flight`].
+    ///
+    /// Never panics: truncated or unknown data is a [`StoreErrorKind::Corrupt`] error.
+    pub fn decode(bytes: &[u8]) -> Result<StoredValue, StoreError> {
+        let mut r = Reader(bytes);
+        let value = match r.u8()? {
+            TAG_IN_FLIGHT => StoredValue::InFlight {
+                token: Token::from_bytes(r.array()?),
+                fingerprint: Fingerprint::from_bytes(r.array()?),
+            },
+            TAG_ACK => StoredValue::Completed(Record::ack(Fingerprint::from_bytes(r.array()?))),
+            TAG_REPLAY => {
+                let fingerprint = Fingerprint::from_bytes(r.array()?);
+                let status = StatusCode::from_u16(r.u16()?).map_err(corrupt)?;
+                let headers = r.headers()?;
+                let len = r.u32()? as usize;
+                let body = Bytes::copy_from_slice(r.take(len)?);
+                let trailers = match r.u8()? {
+                    0 => None,
+                    1 => Some(r.headers()?),
+                    _ => return Err(StoreError::new(StoreErrorKind::Corrupt)),
+                };
+                StoredValue::Completed(Record::replay(
+                    fingerprint,
+                    StoredResponse::new(status, headers, body, trailers),
+                ))
+            }
+            _ => return Err(StoreError::new(StoreErrorKind::Corrupt)),
+        };
+        if !r.0.is_empty() {
+            return Err(StoreError::new(StoreErrorKind::Corrupt));
+        }
+        Ok(value)
+    }
+}
+
+fn corrupt<E: std::error::Error + Send + Sync + 'static>(e: E) -> StoreError {
+    StoreError::with_source(StoreErrorKind::Corrupt, e)
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
+        if self.0.len() < n {
+            return Err(StoreError::new(StoreErrorKind::Corrupt));
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], StoreError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+
+    fn u8(&mut self) -> Result<u8, StoreError> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, StoreError> {
+        Ok(u16::from_be_bytes(self.array()?))
+    }
+
+    fn u32(&mut self) -> Result<u32, StoreError> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
+
+    fn headers(&mut self) -> Result<HeaderMap, StoreError> {
+        let count = self.u16()? as usize;
+        let mut headers = HeaderMap::with_capacity(count.min(64));
+        for _ in 0..count {
+            let len = self.u16()? as usize;
+            let name = HeaderName::from_bytes(self.take(len)?).map_err(corrupt)?;
+            let len = self.u32()? as usize;
+            let value = HeaderValue::from_bytes(self.take(len)?).map_err(corrupt)?;
+            headers.append(name, value);
+        }
+        Ok(headers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Record {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        headers.append("x-multi", HeaderValue::from_static("a"));
+        headers.append("x-multi", HeaderValue::from_static("b"));
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        Record::replay(
+            Fingerprint::of_bytes(b"x"),
+            StoredResponse::new(
+                StatusCode::CREATED,
+                headers,
+                Bytes::from_static(b"{\"order\":\"ord_1\"}"),
+                Some(trailers),
+            ),
+        )
+    }
+
+    #[test]
+    fn round_trips() {
+        let record = sample();
+        assert_eq!(
+            StoredValue::decode(&record.encode()).unwrap(),
+            StoredValue::Completed(record)
+        );
+        let ack = Record::ack(Fingerprint::of_bytes(b"y"));
+        assert_eq!(ack.encode().len(), 17);
+        assert_eq!(
+            StoredValue::decode(&ack.encode()).unwrap(),
+            StoredValue::Completed(ack)
+        );
+        let token = Token::random();
+        let fp = Fingerprint::of_bytes(b"z");
+        let in_flight = StoredValue::encode_in_flight(&token, &fp);
+        assert_eq!(in_flight.len(), IN_FLIGHT_LEN);
+        assert!(in_flight.starts_with(&StoredValue::owner_prefix(&token)));
+        assert_eq!(
+            StoredValue::decode(&in_flight).unwrap(),
+            StoredValue::InFlight {
+                token,
+                fingerprint: fp
+            }
+        );
+    }
+
+    #[test]
+    fn truncated_or_garbage_is_corrupt_not_a_panic() {
+        let encoded = sample().encode();
+        for len in 0..encoded.len() {
+            let err = StoredValue::decode(&encoded[..len]).unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        }
+        assert!(StoredValue::decode(&[0x7f, 1, 2]).is_err());
+        let mut extra = encoded.to_vec();
+        extra.push(0);
+        assert!(StoredValue::decode(&extra).is_err());
+    }
+}

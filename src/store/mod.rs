@@ -1,0 +1,274 @@
+//! Where claims and records live: the [`IdempotencyStore`] trait and its backends.
+//!
+//! A store keeps, per scoped and hashed key, one of two states (see the state machine in the
+//! crate docs):
+//!
+//! - **in flight**: an owner [`Token`] and the request [`Fingerprint`], until the lease expires;
+//! - **completed**: a [`Record`] (the fingerprint plus, in replay mode, the stored response),
+//!   until the retention period expires.
+//!
+//! Every backend must make [`reserve`](IdempotencyStore::reserve) atomic (one `SET NX`, one
+//! `INSERT ... ON CONFLICT DO NOTHING`, one critical section) and must compare the owner token
+//! in [`complete`](IdempotencyStore::complete) and [`release`](IdempotencyStore::release), so that
+//! a slow original whose lease expired never overwrites or deletes a newer holder's claim.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_idempotency::store::{Claim, IdempotencyStore, MemoryStore, Reservation, StoreKey};
+//! use tower_idempotency::record::Record;
+//! use tower_idempotency::fingerprint::Fingerprint;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let store = MemoryStore::new();
+//! let key = StoreKey::new("docs", None, "evt_1");
+//! let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
+//! let lease = Duration::from_secs(30);
+//!
+//! assert!(matches!(store.reserve(&key, &claim, lease).await.unwrap(), Reservation::Acquired));
+//! // A second claim on the same key sees the first one in flight.
+//! let other = Claim::new(Fingerprint::of_bytes(b"{}"));
+//! assert!(matches!(store.reserve(&key, &other, lease).await.unwrap(), Reservation::InFlight { .. }));
+//!
+//! let record = Record::ack(claim.fingerprint());
+//! assert!(store.complete(&key, &claim, &record, Duration::from_secs(3600)).await.unwrap());
+//! assert!(matches!(store.reserve(&key, &other, lease).await.unwrap(), Reservation::Completed(_)));
+//! # }
+//! ```
+
+mod error;
+pub use self::error::BoxError;
+mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+pub use self::error::{StoreError, StoreErrorKind};
+pub use self::memory::MemoryStore;
+use crate::fingerprint::Fingerprint;
+use crate::record::Record;
+
+/// The prefix of every key this crate writes to a shared store.
+pub const KEY_PREFIX: &str = "idem:";
+
+/// A scoped, hashed key as written to a store.
+///
+/// Built from the layer's namespace, the optional per-request scope (for example a tenant) and
+/// the idempotency key itself, hashed with SHA-256 so that no raw user bytes reach the store and
+/// every key has the same short length: `idem:<namespace>:<32 hex digits>`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StoreKey(String);
+
+impl StoreKey {
+    /// Builds the store key of `key` within `namespace` and the optional request `scope`.
+    pub fn new(namespace: &str, scope: Option<&str>, key: &str) -> Self {
+        let mut hasher = Sha256::new();
+        // Length-prefix each part so that ("a", "bc") and ("ab", "c") never collide.
+        for part in [Some(namespace), scope, Some(key)] {
+            match part {
+                Some(part) => {
+                    hasher.update((part.len() as u64 + 1).to_be_bytes());
+                    hasher.update(part.as_bytes());
+                }
+                None => hasher.update(0u64.to_be_bytes()),
+            }
+        }
+        let digest = hasher.finalize();
+        let mut out = String::with_capacity(KEY_PREFIX.len() + namespace.len() + 1 + 32);
+        out.push_str(KEY_PREFIX);
+        out.push_str(namespace);
+        out.push(':');
+        crate::util::push_hex(&mut out, &digest[..16]);
+        StoreKey(out)
+    }
+
+    /// The key as written to the store.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for StoreKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("StoreKey").field(&self.0).finish()
+    }
+}
+
+impl fmt::Display for StoreKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The random owner token of one claim: 128 bits from the operating system's generator.
+///
+/// Never logged: its `Debug` output is redacted.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Token([u8; 16]);
+
+impl Token {
+    /// A fresh random token.
+    pub fn random() -> Self {
+        let mut bytes = [0u8; 16];
+        if getrandom::fill(&mut bytes).is_err() {
+            // The OS generator is unavailable; fall back to a per-process unique value.
+            bytes = fallback_token();
+        }
+        Token(bytes)
+    }
+
+    /// A token from raw bytes (for store implementations decoding their own encoding).
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        Token(bytes)
+    }
+
+    /// The raw bytes of the token.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+fn fallback_token() -> [u8; 16] {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = Sha256::new();
+    hasher.update(COUNTER.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+    hasher.update(std::process::id().to_be_bytes());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    hasher.update(now.as_nanos().to_be_bytes());
+    let digest = hasher.finalize();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&digest[..16]);
+    out
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// One attempt's claim on a key: its owner token and the request fingerprint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    token: Token,
+    fingerprint: Fingerprint,
+}
+
+impl Claim {
+    /// A claim with a fresh random token.
+    pub fn new(fingerprint: Fingerprint) -> Self {
+        Claim {
+            token: Token::random(),
+            fingerprint,
+        }
+    }
+
+    /// A claim with an explicit token (for store implementations and tests).
+    pub fn with_token(token: Token, fingerprint: Fingerprint) -> Self {
+        Claim { token, fingerprint }
+    }
+
+    /// The owner token.
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// The fingerprint of the request that made the claim.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+}
+
+/// What [`IdempotencyStore::reserve`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reservation {
+    /// The key was absent (or its lease had expired): the claim is ours.
+    Acquired,
+    /// Another attempt holds the key and has not finished.
+    InFlight {
+        /// The fingerprint of the request holding the key.
+        fingerprint: Fingerprint,
+    },
+    /// The key was completed earlier; here is its record.
+    Completed(Record),
+}
+
+/// A store of claims and records. Implemented by [`MemoryStore`], the Redis store (feature
+/// `redis`) and the SQL stores.
+///
+/// Implementations must be cheap to clone (an `Arc` or a client handle inside): the layer clones
+/// the store into every response future.
+pub trait IdempotencyStore: Clone + Send + Sync + 'static {
+    /// Atomically claims `key` for `claim` with a lease of `lease`, or reports what holds it.
+    ///
+    /// Must be a single atomic step: two concurrent calls for one key never both get
+    /// [`Reservation::Acquired`] while the first lease is alive.
+    fn reserve(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Reservation, StoreError>> + Send;
+
+    /// Replaces our in-flight claim with the completed `record`, kept for `retention`.
+    ///
+    /// Returns `Ok(false)` and writes nothing when the key is no longer held by `claim`'s token
+    /// (the lease expired and another attempt took it, or it was released).
+    fn complete(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Deletes our in-flight claim so that a retry is processed again.
+    ///
+    /// Returns `Ok(false)` and deletes nothing when the key is not held by `claim`'s token.
+    fn release(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_keys_are_scoped_hashed_and_short() {
+        let a = StoreKey::new("kalipto", None, "pd_1");
+        assert!(a.as_str().starts_with("idem:kalipto:"));
+        assert_eq!(a.as_str().len(), "idem:kalipto:".len() + 32);
+        assert!(!a.as_str().contains("pd_1"));
+        assert_ne!(a, StoreKey::new("other", None, "pd_1"));
+        assert_ne!(a, StoreKey::new("kalipto", Some("tenant-a"), "pd_1"));
+        assert_ne!(
+            StoreKey::new("n", Some("a"), "bc"),
+            StoreKey::new("n", Some("ab"), "c")
+        );
+        assert_ne!(
+            StoreKey::new("n", Some(""), "k"),
+            StoreKey::new("n", None, "k")
+        );
+        assert_eq!(a, StoreKey::new("kalipto", None, "pd_1"));
+    }
+
+    #[test]
+    fn tokens_are_random_and_redacted() {
+        let a = Token::random();
+        let b = Token::random();
+        assert_ne!(a, b);
+        assert_eq!(format!("{a:?}"), "Token(<redacted>)");
+    }
+}

@@ -1,0 +1,137 @@
+//! The service contract: readiness, and the request the inner service sees.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full, StreamBody};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, RequestBody};
+use tower_test::mock;
+
+type Req = Request<RequestBody<Full<Bytes>>>;
+
+/// The instance that `poll_ready` made ready is the one called: `tower_test`'s mock panics
+/// when an unready clone is called.
+#[tokio::test]
+async fn the_ready_instance_is_the_one_called() {
+    let (mut service, mut handle) = mock::spawn_layer::<Req, Response<Full<Bytes>>, _>(
+        IdempotencyLayer::new(MemoryStore::new()).fingerprint(false),
+    );
+    handle.allow(1);
+    assert!(service.poll_ready().is_ready());
+    let request = Request::post("/x")
+        .header("idempotency-key", "k")
+        .body(Full::new(Bytes::from_static(b"hello")))
+        .unwrap();
+    let response = service.call(request);
+    let responder = tokio::spawn(async move {
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.uri(), "/x");
+        send.send_response(Response::new(Full::new(Bytes::from_static(b"ok"))));
+    });
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    responder.await.unwrap();
+}
+
+/// A service whose readiness is observed: not ready until the mock allows it.
+#[tokio::test]
+async fn poll_ready_is_delegated() {
+    let (mut service, mut handle) = mock::spawn_layer::<Req, Response<Full<Bytes>>, _>(
+        IdempotencyLayer::new(MemoryStore::new()),
+    );
+    handle.allow(0);
+    assert!(service.poll_ready().is_pending());
+    handle.allow(1);
+    assert!(service.poll_ready().is_ready());
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Marker(&'static str);
+
+/// The inner service sees the exact bytes, method, URI, version, headers, extensions and
+/// trailers, plus the derived key in the extensions.
+#[tokio::test]
+async fn inner_sees_the_exact_request() {
+    type Seen = (http::request::Parts, Bytes, Option<HeaderMap>);
+    let seen: Arc<Mutex<Option<Seen>>> = Arc::default();
+    let seen2 = seen.clone();
+    let service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(MemoryStore::new()))
+        .service_fn(move |req: Request<RequestBody<_>>| {
+            let seen = seen2.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let collected = body.collect().await.unwrap();
+                let trailers = collected.trailers().cloned();
+                *seen.lock().unwrap() = Some((parts, collected.to_bytes(), trailers));
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+            }
+        });
+
+    let raw: &[&[u8]] = &[b"{\"a\":", b" 1,\r\n \"b\": \"\xc3\xa9\"", b"}\x00\xff"];
+    let mut trailers = HeaderMap::new();
+    trailers.insert("x-signature", "sig".parse().unwrap());
+    let mut frames: Vec<Result<Frame<Bytes>, Infallible>> = raw
+        .iter()
+        .map(|c| Ok(Frame::data(Bytes::from_static(c))))
+        .collect();
+    frames.push(Ok(Frame::trailers(trailers.clone())));
+    let mut request = Request::put("/path?q=1")
+        .version(http::Version::HTTP_2)
+        .header("idempotency-key", "evt_1")
+        .header("x-kalipto-signature", "sha256=abc")
+        .body(StreamBody::new(futures_util::stream::iter(frames)))
+        .unwrap();
+    request.extensions_mut().insert(Marker("kept"));
+
+    let response = service.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let (parts, body, seen_trailers) = seen.lock().unwrap().take().unwrap();
+    assert_eq!(body, raw.concat(), "byte-identical body");
+    assert_eq!(seen_trailers, Some(trailers));
+    assert_eq!(parts.method, http::Method::PUT);
+    assert_eq!(parts.uri, "/path?q=1");
+    assert_eq!(parts.version, http::Version::HTTP_2);
+    assert_eq!(parts.headers["x-kalipto-signature"], "sha256=abc");
+    assert_eq!(parts.extensions.get::<Marker>(), Some(&Marker("kept")));
+    assert_eq!(
+        parts.extensions.get::<IdempotencyKey>().map(|k| k.as_str()),
+        Some("evt_1")
+    );
+}
+
+/// gRPC requests get gRPC statuses, not HTTP problem documents.
+#[tokio::test]
+async fn grpc_requests_get_grpc_statuses() {
+    let service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(MemoryStore::new()).body_limit(4))
+        .service_fn(|_req: Request<RequestBody<Full<Bytes>>>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        });
+    let request = |key: Option<&str>, body: &'static [u8]| {
+        let mut b = Request::post("/pkg.Svc/Method").header("content-type", "application/grpc");
+        if let Some(key) = key {
+            b = b.header("idempotency-key", key);
+        }
+        b.body(Full::new(Bytes::from_static(body))).unwrap()
+    };
+    let response = service.clone().oneshot(request(None, b"")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["grpc-status"], "3");
+    assert!(
+        response.headers()["grpc-message"]
+            .to_str()
+            .unwrap()
+            .contains("no idempotency key")
+    );
+    let response = service
+        .clone()
+        .oneshot(request(Some("k"), b"too large"))
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["grpc-status"], "8");
+}

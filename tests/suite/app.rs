@@ -1,0 +1,118 @@
+//! The inner service of the suite: axum handlers with a visible, counted side effect.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use http_body::Frame;
+use http_body_util::StreamBody;
+use tower_idempotency::{IdempotencyLayer, IdempotencyStore, key::ExtractKey};
+
+/// Side effects performed by the handlers.
+#[derive(Clone, Default)]
+pub struct Effects {
+    started: Arc<AtomicUsize>,
+    completed: Arc<AtomicUsize>,
+}
+
+impl Effects {
+    /// How many times an effect handler ran (started).
+    pub fn total(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// How many effect handlers ran to their end.
+    pub fn completed(&self) -> usize {
+        self.completed.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` handlers have started.
+    pub async fn wait_started(&self, n: usize) {
+        for _ in 0..500 {
+            if self.total() >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("handler never started");
+    }
+}
+
+async fn effect(State(effects): State<Effects>, headers: HeaderMap, _body: Bytes) -> Response {
+    let n = effects.started.fetch_add(1, Ordering::SeqCst) + 1;
+    if let Some(ms) = headers
+        .get("x-demo-delay-ms")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+    {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if headers.contains_key("x-demo-panic") {
+        panic!("handler panicked on purpose");
+    }
+    effects.completed.fetch_add(1, Ordering::SeqCst);
+    if headers.contains_key("x-demo-fail") {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "failed on purpose").into_response();
+    }
+    (
+        StatusCode::CREATED,
+        [("x-handler", "effect")],
+        format!("effect {n}"),
+    )
+        .into_response()
+}
+
+async fn trailers(State(effects): State<Effects>) -> Response {
+    let n = effects.started.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut trailers = HeaderMap::new();
+    trailers.insert("x-checksum", format!("sum-{n}").parse().unwrap());
+    let frames = futures_util::stream::iter([
+        Ok::<_, std::io::Error>(Frame::data(Bytes::from(format!("order {n}")))),
+        Ok(Frame::trailers(trailers)),
+    ]);
+    Response::builder()
+        .status(StatusCode::CREATED)
+        .header("content-type", "text/plain")
+        .header("location", "/orders/1")
+        .header("set-cookie", "session=secret")
+        .body(Body::new(StreamBody::new(frames)))
+        .unwrap()
+}
+
+async fn broken_body(State(effects): State<Effects>) -> Response {
+    effects.started.fetch_add(1, Ordering::SeqCst);
+    let frames = futures_util::stream::iter([
+        Ok(Frame::data(Bytes::from_static(b"partial"))),
+        Err(std::io::Error::other("the handler's stream broke")),
+    ]);
+    Response::new(Body::new(StreamBody::new(frames)))
+}
+
+async fn large(State(effects): State<Effects>) -> Response {
+    effects.started.fetch_add(1, Ordering::SeqCst);
+    let frames = futures_util::stream::iter(
+        (0..64).map(|_| Ok::<_, std::io::Error>(Frame::data(Bytes::from(vec![b'x'; 1024])))),
+    );
+    Response::new(Body::new(StreamBody::new(frames)))
+}
+
+/// The suite's router: the layer on every covered route (route_layer: unknown paths stay 404).
+pub fn router<St: IdempotencyStore, K: ExtractKey + Clone>(
+    layer: IdempotencyLayer<St, K>,
+    effects: &Effects,
+) -> Router {
+    Router::new()
+        .route("/effect", post(effect))
+        .route("/trailers", post(trailers))
+        .route("/broken-body", post(broken_body))
+        .route("/large", post(large))
+        .route("/echo", get(|| async { "get ok" }))
+        .route_layer(layer)
+        .with_state(effects.clone())
+}

@@ -1,0 +1,607 @@
+//! The behaviour suite every store must pass, driven through a real axum `Router`.
+//!
+//! Each store's test file instantiates it with `store_suite!(async { (store, guard) })`, where
+//! `guard` keeps whatever the store needs (a redis-server) alive for the test.
+
+#![allow(dead_code)]
+
+pub mod app;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+use tower_idempotency::key::JsonPathKey;
+use tower_idempotency::{
+    FailureMode, IdempotencyLayer, IdempotencyStore, MissingKey, Mode, OnMismatch, Outcome, Scope,
+};
+
+use self::app::{Effects, router};
+
+/// A request to `path` with key header `key` and `body`.
+pub fn post(path: &str, key: Option<&str>, body: &'static str) -> Request<Body> {
+    let mut builder = Request::post(path).header("content-type", "application/json");
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder.body(Body::from(body)).unwrap()
+}
+
+/// Sends `req` and returns status, headers and body.
+pub async fn send(app: &Router, req: Request<Body>) -> (StatusCode, http::HeaderMap, Bytes) {
+    let response = app.clone().oneshot(req).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (parts.status, parts.headers, body)
+}
+
+fn problem(body: &Bytes) -> serde_json::Value {
+    serde_json::from_slice(body).expect("problem+json body")
+}
+
+fn assert_problem(headers: &http::HeaderMap, body: &Bytes, status: u16, code: &str) {
+    assert_eq!(headers["content-type"], "application/problem+json");
+    let doc = problem(body);
+    assert_eq!(doc["status"], status, "{doc}");
+    assert_eq!(doc["code"], code, "{doc}");
+    assert!(doc["detail"].as_str().is_some_and(|d| !d.is_empty()));
+}
+
+/// A unique namespace per test, so tests sharing a store never see each other's keys.
+pub fn ns(test: &str) -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "{test}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub fn layer<St: IdempotencyStore>(store: St, test: &str) -> IdempotencyLayer<St> {
+    IdempotencyLayer::new(store).namespace(ns(test))
+}
+
+pub async fn safe_methods_pass_through<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "safe"), &effects);
+    let (status, _, body) = send(&app, Request::get("/echo").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "get ok");
+    // Unknown paths stay 404 (route_layer), even for covered methods without a key.
+    let (status, _, _) = send(&app, post("/nowhere", None, "{}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+pub async fn first_time_is_the_inner_response_unchanged<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "first"), &effects);
+    let (status, headers, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["x-handler"], "effect");
+    assert!(headers.get("idempotent-replayed").is_none());
+    assert_eq!(body, "effect 1");
+    assert_eq!(effects.total(), 1);
+}
+
+pub async fn duplicate_of_completed_key_is_acknowledged<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "dup"), &effects);
+    send(&app, post("/effect", Some("k1"), r#"{"a":1}"#)).await;
+    let response = app
+        .clone()
+        .oneshot(post("/effect", Some("k1"), r#"{"a":1}"#))
+        .await
+        .unwrap();
+    assert_eq!(
+        response.extensions().get::<Outcome>(),
+        Some(&Outcome::Replayed)
+    );
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    assert_eq!(parts.status, StatusCode::OK);
+    assert_eq!(parts.headers["idempotent-replayed"], "true");
+    assert_eq!(parts.headers["content-type"], "application/json");
+    assert_eq!(body, r#"{"ok":true,"duplicate":true}"#);
+    assert_eq!(effects.total(), 1);
+}
+
+pub async fn body_over_limit_is_413<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "limit").body_limit(16), &effects);
+    // By Content-Length.
+    let (status, headers, body) = send(
+        &app,
+        post(
+            "/effect",
+            Some("k1"),
+            r#"{"much":"too long for the limit"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_problem(&headers, &body, 413, "payload_too_large");
+    // While reading a chunked body without Content-Length.
+    let chunks = futures_util::stream::iter(
+        ["0123456789", "0123456789"]
+            .map(|c| Ok::<_, std::io::Error>(Bytes::from_static(c.as_bytes()))),
+    );
+    let req = Request::post("/effect")
+        .header("idempotency-key", "k2")
+        .body(Body::from_stream(chunks))
+        .unwrap();
+    let (status, headers, body) = send(&app, req).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_problem(&headers, &body, 413, "payload_too_large");
+    assert_eq!(effects.total(), 0);
+}
+
+pub async fn missing_key_is_400_or_passes_through<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store.clone(), "missing"), &effects);
+    let (status, headers, body) = send(&app, post("/effect", None, "{}")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_problem(&headers, &body, 400, "missing_key");
+    assert_eq!(effects.total(), 0);
+
+    let app = router(
+        layer(store, "missing-pass").missing_key(MissingKey::PassThrough),
+        &effects,
+    );
+    let (status, _, _) = send(&app, post("/effect", None, "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _, _) = send(&app, post("/effect", None, "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(effects.total(), 2, "unprotected requests are all processed");
+}
+
+pub async fn malformed_keys_are_400_saying_why<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "malformed"), &effects);
+    let long = "k".repeat(256);
+    let (status, headers, body) = send(&app, post("/effect", Some(&long), "{}")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_problem(&headers, &body, 400, "malformed_key");
+    assert!(
+        problem(&body)["detail"]
+            .as_str()
+            .unwrap()
+            .contains("256 bytes")
+    );
+    // The longest allowed key is fine.
+    let (status, _, _) = send(&app, post("/effect", Some(&"k".repeat(255)), "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    // A tab is a control character.
+    let (status, _, body) = send(&app, post("/effect", Some("a\tb"), "{}")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        problem(&body)["detail"]
+            .as_str()
+            .unwrap()
+            .contains("control")
+    );
+    // Non-ASCII bytes.
+    let req = Request::post("/effect")
+        .header(
+            "idempotency-key",
+            http::HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+        )
+        .body(Body::from("{}"))
+        .unwrap();
+    let (status, _, body) = send(&app, req).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        problem(&body)["detail"]
+            .as_str()
+            .unwrap()
+            .contains("visible ASCII")
+    );
+    // Twice the header.
+    let req = Request::post("/effect")
+        .header("idempotency-key", "a")
+        .header("idempotency-key", "b")
+        .body(Body::from("{}"))
+        .unwrap();
+    let (status, _, body) = send(&app, req).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        problem(&body)["detail"]
+            .as_str()
+            .unwrap()
+            .contains("more than once")
+    );
+    // The body is not echoed, the key is not echoed.
+    assert!(!String::from_utf8_lossy(&body).contains("\"a\""));
+    assert_eq!(effects.total(), 1);
+}
+
+pub async fn duplicate_in_flight_is_409_with_retry_after<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "inflight"), &effects);
+    let slow = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let mut req = post("/effect", Some("k1"), "{}");
+            req.headers_mut()
+                .insert("x-demo-delay-ms", "300".parse().unwrap());
+            send(&app, req).await
+        })
+    };
+    effects.wait_started(1).await;
+    let (status, headers, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(headers["retry-after"], "1");
+    assert_problem(&headers, &body, 409, "in_flight");
+    let (status, _, _) = slow.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, headers, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(effects.total(), 1);
+}
+
+pub async fn wait_for_in_flight_then_answer<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(
+        layer(store, "wait").wait_for_in_flight(Duration::from_secs(3)),
+        &effects,
+    );
+    let slow = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let mut req = post("/effect", Some("k1"), "{}");
+            req.headers_mut()
+                .insert("x-demo-delay-ms", "200".parse().unwrap());
+            send(&app, req).await
+        })
+    };
+    effects.wait_started(1).await;
+    let (status, headers, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    slow.await.unwrap();
+    assert_eq!(effects.total(), 1);
+}
+
+pub async fn key_reused_with_other_payload_is_422<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store.clone(), "mismatch"), &effects);
+    send(&app, post("/effect", Some("k1"), r#"{"amount":1}"#)).await;
+    let (status, headers, body) = send(&app, post("/effect", Some("k1"), r#"{"amount":2}"#)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_problem(&headers, &body, 422, "mismatch");
+
+    let app = router(
+        layer(store, "mismatch-ack").on_mismatch(OnMismatch::Ack),
+        &effects,
+    );
+    send(&app, post("/effect", Some("k1"), r#"{"amount":1}"#)).await;
+    let (status, headers, _) = send(&app, post("/effect", Some("k1"), r#"{"amount":2}"#)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(effects.total(), 2);
+}
+
+pub async fn fingerprint_off_never_mismatches<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "nofp").fingerprint(false), &effects);
+    send(&app, post("/effect", Some("k1"), r#"{"amount":1}"#)).await;
+    let (status, headers, _) = send(&app, post("/effect", Some("k1"), r#"{"amount":2}"#)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(effects.total(), 1);
+}
+
+pub async fn hundred_concurrent_duplicates_run_once<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "hundred"), &effects);
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut req = post("/effect", Some("same"), "{}");
+            req.headers_mut()
+                .insert("x-demo-delay-ms", "100".parse().unwrap());
+            send(&app, req).await
+        }));
+    }
+    let (mut created, mut conflict, mut acked) = (0, 0, 0);
+    for task in tasks {
+        let (status, headers, _) = task.await.unwrap();
+        match status {
+            StatusCode::CREATED => created += 1,
+            StatusCode::CONFLICT => conflict += 1,
+            StatusCode::OK => {
+                assert_eq!(headers["idempotent-replayed"], "true");
+                acked += 1
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!(created, 1);
+    assert_eq!(created + conflict + acked, 100);
+    assert_eq!(effects.total(), 1, "the inner handler ran exactly once");
+}
+
+pub async fn failed_attempt_is_processed_again<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "retry"), &effects);
+    let mut req = post("/effect", Some("k1"), "{}");
+    req.headers_mut()
+        .insert("x-demo-fail", "true".parse().unwrap());
+    let (status, _, _) = send(&app, req).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    let (status, headers, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "the retry after an error is processed"
+    );
+    assert!(headers.get("idempotent-replayed").is_none());
+    assert_eq!(body, "effect 2");
+    assert_eq!(effects.total(), 2);
+}
+
+pub async fn dropped_future_releases_the_claim<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "dropped"), &effects);
+    let task = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let mut req = post("/effect", Some("k1"), "{}");
+            req.headers_mut()
+                .insert("x-demo-delay-ms", "10000".parse().unwrap());
+            send(&app, req).await
+        })
+    };
+    effects.wait_started(1).await;
+    task.abort(); // the client disconnected
+    let _ = task.await;
+    // The release runs in a spawned task: give it a moment, far less than the 30 s lease.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let (status, _, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
+        if status == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(tokio::time::Instant::now() < deadline, "claim not released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(effects.completed(), 1);
+}
+
+pub async fn panic_in_handler_releases_the_claim<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "panic"), &effects);
+    let mut req = post("/effect", Some("k1"), "{}");
+    req.headers_mut()
+        .insert("x-demo-panic", "true".parse().unwrap());
+    let app2 = app.clone();
+    let joined = tokio::spawn(async move { send(&app2, req).await }).await;
+    assert!(joined.unwrap_err().is_panic());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let (status, _, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
+        if status == StatusCode::CREATED {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "claim not released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub async fn lease_expiry_unblocks_and_late_completion_loses<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(
+        layer(store, "lease")
+            .lease(Duration::from_millis(300))
+            .mode(Mode::Replay),
+        &effects,
+    );
+    let slow = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let mut req = post("/effect", Some("k1"), "{}");
+            req.headers_mut()
+                .insert("x-demo-delay-ms", "1200".parse().unwrap());
+            send(&app, req).await
+        })
+    };
+    effects.wait_started(1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The lease expired: the newer attempt is processed (documented double effect).
+    let (status, _, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body, "effect 2");
+    let (status, _, body) = slow.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body, "effect 1");
+    // The late completion of the first did not overwrite the newer holder's record.
+    let (status, headers, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(body, "effect 2");
+    assert_eq!(effects.total(), 2);
+}
+
+pub async fn replay_mode_replays_status_headers_body_and_trailers<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "replay").mode(Mode::Replay), &effects);
+    let first = app
+        .clone()
+        .oneshot(post("/trailers", Some("k1"), "{}"))
+        .await
+        .unwrap();
+    let (first_parts, first_body) = first.into_parts();
+    let first_body = first_body.collect().await.unwrap();
+    let first_trailers = first_body.trailers().cloned();
+    assert!(first_trailers.is_some());
+    let second = app
+        .clone()
+        .oneshot(post("/trailers", Some("k1"), "{}"))
+        .await
+        .unwrap();
+    let (parts, body) = second.into_parts();
+    let body = body.collect().await.unwrap();
+    assert_eq!(parts.status, first_parts.status);
+    assert_eq!(parts.headers["idempotent-replayed"], "true");
+    assert_eq!(parts.headers["content-type"], "text/plain");
+    assert_eq!(parts.headers["location"], "/orders/1");
+    assert!(
+        parts.headers.get("set-cookie").is_none(),
+        "not allow-listed"
+    );
+    assert_eq!(body.trailers().cloned(), first_trailers);
+    assert_eq!(body.to_bytes(), first_body.to_bytes());
+    assert_eq!(effects.total(), 1);
+}
+
+pub async fn failing_response_body_is_not_recorded<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "bodyfail"), &effects);
+    let response = app
+        .clone()
+        .oneshot(post("/broken-body", Some("k1"), "{}"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.into_body().collect().await.is_err());
+    let response = app
+        .clone()
+        .oneshot(post("/broken-body", Some("k1"), "{}"))
+        .await
+        .unwrap();
+    assert!(response.headers().get("idempotent-replayed").is_none());
+    assert_eq!(effects.total(), 2, "the retry ran again");
+}
+
+pub async fn large_streamed_response_is_recorded_at_its_end<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(layer(store, "large").response_buffer_limit(1024), &effects);
+    let (status, _, body) = send(&app, post("/large", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body.len(), 64 * 1024);
+    // Recorded when the stream ended, in the background of the body's last poll.
+    let (status, headers, _) = send(&app, post("/large", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(effects.total(), 1);
+}
+
+pub async fn scopes_keep_routes_and_tenants_apart<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    // Default scope: the path. The same key on two routes is two keys.
+    let app = router(layer(store.clone(), "scope-path"), &effects);
+    send(&app, post("/effect", Some("k1"), "{}")).await;
+    let (status, _, _) = send(&app, post("/trailers", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(effects.total(), 2);
+
+    let app = router(
+        layer(store, "scope-tenant").scope(Scope::header("x-tenant-id")),
+        &effects,
+    );
+    for tenant in ["a", "b", "a"] {
+        let mut req = post("/effect", Some("k1"), "{}");
+        req.headers_mut()
+            .insert("x-tenant-id", tenant.parse().unwrap());
+        send(&app, req).await;
+    }
+    assert_eq!(
+        effects.total(),
+        4,
+        "tenant a and tenant b each processed once"
+    );
+}
+
+pub async fn json_path_key_from_body<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(
+        layer(store, "json").key(JsonPathKey::new("$.event.id").unwrap()),
+        &effects,
+    );
+    let (status, _, _) = send(&app, post("/effect", None, r#"{"event":{"id":"e1"}}"#)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, headers, _) =
+        send(&app, post("/effect", None, r#"{"event": {"id": "e1"}}"#)).await;
+    // Same id, different bytes: a different payload fingerprint.
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{headers:?}");
+    let (status, headers, _) = send(&app, post("/effect", None, r#"{"event":{"id":"e1"}}"#)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    let (status, _, body) = send(&app, post("/effect", None, "not json")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        problem(&body)["detail"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON")
+    );
+    assert_eq!(effects.total(), 1);
+}
+
+pub async fn fail_open_processes_without_protection<St: IdempotencyStore>(
+    store: St,
+    break_store: impl AsyncFnOnce(),
+) {
+    let effects = Effects::default();
+    let closed = router(layer(store.clone(), "closed"), &effects);
+    let open = router(
+        layer(store, "open").failure_mode(FailureMode::Open),
+        &effects,
+    );
+    break_store().await;
+    let (status, headers, body) = send(&closed, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["retry-after"], "5");
+    assert_problem(&headers, &body, 503, "store_unavailable");
+    assert_eq!(effects.total(), 0, "nothing processed while failing closed");
+    let (status, _, _) = send(&open, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(effects.total(), 1);
+}
+
+/// Instantiates the suite for one store. `$make` is an async block yielding `(store, guard)`.
+#[macro_export]
+macro_rules! store_suite {
+    ($make:expr) => {
+        $crate::store_suite!(@tests $make;
+            safe_methods_pass_through,
+            first_time_is_the_inner_response_unchanged,
+            duplicate_of_completed_key_is_acknowledged,
+            body_over_limit_is_413,
+            missing_key_is_400_or_passes_through,
+            malformed_keys_are_400_saying_why,
+            duplicate_in_flight_is_409_with_retry_after,
+            wait_for_in_flight_then_answer,
+            key_reused_with_other_payload_is_422,
+            fingerprint_off_never_mismatches,
+            hundred_concurrent_duplicates_run_once,
+            failed_attempt_is_processed_again,
+            dropped_future_releases_the_claim,
+            panic_in_handler_releases_the_claim,
+            lease_expiry_unblocks_and_late_completion_loses,
+            replay_mode_replays_status_headers_body_and_trailers,
+            failing_response_body_is_not_recorded,
+            large_streamed_response_is_recorded_at_its_end,
+            scopes_keep_routes_and_tenants_apart,
+            json_path_key_from_body,
+        );
+    };
+    (@tests $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let (store, _guard) = $make.await;
+                suite::$name(store).await;
+            }
+        )*
+    };
+}
+
+pub use store_suite;
