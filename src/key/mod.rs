@@ -200,6 +200,17 @@ where
     }
 }
 
+/// A shared extractor, for extractors chosen at run time (`Arc<dyn ExtractKey>`).
+impl<K: ExtractKey + ?Sized> ExtractKey for std::sync::Arc<K> {
+    fn extract_key(&self, input: &KeyInput<'_>) -> Result<Option<IdempotencyKey>, KeyError> {
+        (**self).extract_key(input)
+    }
+
+    fn needs_body(&self) -> bool {
+        (**self).needs_body()
+    }
+}
+
 /// Combinators for every [`ExtractKey`].
 pub trait ExtractKeyExt: ExtractKey + Sized {
     /// Tries `self`, and `other` when `self` finds no key. An error from `self` (a malformed

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::key::JsonPathKey;
+use tower_idempotency::key::{ExtractKeyExt, FieldsFingerprintKey, HeaderKey, JsonPathKey};
 use tower_idempotency::{
     FailureMode, IdempotencyLayer, IdempotencyStore, MissingKey, Mode, OnMismatch, Outcome, Scope,
 };
@@ -545,6 +545,133 @@ pub async fn json_path_key_from_body<St: IdempotencyStore>(store: St) {
     assert_eq!(effects.total(), 1);
 }
 
+const WHATSAPP_BATCH: &str = r#"{"object":"whatsapp_business_account","entry":[{"id":"1","changes":[{"field":"messages","value":{"messages":[{"id":"wamid.A","type":"text"},{"id":"wamid.B","type":"image"}]}}]}]}"#;
+const WHATSAPP_BATCH_REVERSED: &str = r#"{"object":"whatsapp_business_account","entry":[{"id":"1","changes":[{"field":"messages","value":{"messages":[{"id":"wamid.B","type":"image"},{"id":"wamid.A","type":"text"}]}}]}]}"#;
+
+pub async fn whatsapp_batch_is_one_composite_key<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let path = JsonPathKey::new("$.entry[*].changes[*].value.messages[*].id").unwrap();
+    let app = router(layer(store.clone(), "wa").key(path.clone()), &effects);
+    let (status, _, _) = send(&app, post("/effect", None, WHATSAPP_BATCH)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, headers, _) = send(&app, post("/effect", None, WHATSAPP_BATCH)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    // The same ids in another order: the same key; other bytes, so a payload mismatch.
+    let (status, _, _) = send(&app, post("/effect", None, WHATSAPP_BATCH_REVERSED)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let lenient = router(
+        layer(store, "wa-nofp").key(path).fingerprint(false),
+        &effects,
+    );
+    send(&lenient, post("/effect", None, WHATSAPP_BATCH)).await;
+    let (status, headers, _) = send(&lenient, post("/effect", None, WHATSAPP_BATCH_REVERSED)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(effects.total(), 2);
+}
+
+pub async fn numeric_ids_keep_every_digit<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(
+        layer(store, "numeric").key(JsonPathKey::new("$.delivery.id").unwrap()),
+        &effects,
+    );
+    let body_a = r#"{"delivery":{"id":9007199254740993,"attempt":2}}"#;
+    let body_b = r#"{"delivery":{"id":9007199254740992,"attempt":2}}"#;
+    let (status, _, _) = send(&app, post("/effect", None, body_a)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    // 2^53 + 1 and 2^53 are equal as f64: they must still be two keys.
+    let (status, _, _) = send(&app, post("/effect", None, body_b)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(effects.total(), 2);
+}
+
+pub async fn bad_json_bodies_are_400_saying_why<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(
+        layer(store, "badjson").key(JsonPathKey::new("$.event.id").unwrap()),
+        &effects,
+    );
+    let cases: Vec<(Body, &str)> = vec![
+        (
+            Body::from(r#"{"event":{"id":{"nested":1}}}"#),
+            "is an object",
+        ),
+        (Body::from(r#"{"event":{"id":[1,2]}}"#), "is an array"),
+        (Body::from(r#"{"event":{"id":true}}"#), "is a boolean"),
+        (Body::from(r#"{"event":{"id":""}}"#), "empty"),
+        (
+            Body::from(&b"{\"event\":{\"id\":\"\xff\xfe\"}}"[..]),
+            "not valid JSON",
+        ),
+        (
+            Body::from("[".repeat(10_000) + &"]".repeat(10_000)),
+            "not valid JSON",
+        ),
+        (Body::from("{\"event\":"), "not valid JSON"),
+    ];
+    for (body, why) in cases {
+        let req = Request::post("/effect").body(body).unwrap();
+        let (status, headers, body) = send(&app, req).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{why}");
+        assert_problem(&headers, &body, 400, "malformed_key");
+        let detail = problem(&body)["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains(why), "{detail} should say {why}");
+    }
+    // No match: the missing-key policy.
+    let (status, _, body) = send(&app, post("/effect", None, r#"{"other":1}"#)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(problem(&body)["code"], "missing_key");
+    assert_eq!(effects.total(), 0);
+}
+
+pub async fn header_else_body_fallback_is_one_key<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(
+        layer(store, "sangho")
+            .key(HeaderKey::new("Sangho-Event-ID").or(JsonPathKey::new("$.id").unwrap())),
+        &effects,
+    );
+    let body = r#"{"id":"evt_1QbR8m2eZvKYlo2C","type":"payment_intent.succeeded"}"#;
+    let req = Request::post("/effect")
+        .header("Sangho-Event-ID", "evt_1QbR8m2eZvKYlo2C")
+        .body(Body::from(body))
+        .unwrap();
+    let (status, _, _) = send(&app, req).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, headers, _) = send(&app, post("/effect", None, body)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(effects.total(), 1);
+}
+
+pub async fn fields_fingerprint_key_ignores_other_fields<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let key = FieldsFingerprintKey::new(["$.message_id", "$.type", "$.occurred_at"]).unwrap();
+    let app = router(
+        layer(store, "fields").key(key).on_mismatch(OnMismatch::Ack),
+        &effects,
+    );
+    let first = r#"{"message_id":"msg_7f31","type":"email.opened","occurred_at":"2026-10-29T14:05:00Z","user_agent":"Mozilla/5.0"}"#;
+    let again = r#"{"occurred_at": "2026-10-29T14:05:00Z", "type": "email.opened", "message_id": "msg_7f31", "user_agent": "other client"}"#;
+    let other =
+        r#"{"message_id":"msg_7f31","type":"email.clicked","occurred_at":"2026-10-29T14:05:00Z"}"#;
+    assert_eq!(
+        send(&app, post("/effect", None, first)).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        send(&app, post("/effect", None, again)).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, post("/effect", None, other)).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(effects.total(), 2);
+}
+
 pub async fn fail_open_processes_without_protection<St: IdempotencyStore>(
     store: St,
     break_store: impl AsyncFnOnce(),
@@ -591,6 +718,11 @@ macro_rules! store_suite {
             large_streamed_response_is_recorded_at_its_end,
             scopes_keep_routes_and_tenants_apart,
             json_path_key_from_body,
+            whatsapp_batch_is_one_composite_key,
+            numeric_ids_keep_every_digit,
+            bad_json_bodies_are_400_saying_why,
+            header_else_body_fallback_is_one_key,
+            fields_fingerprint_key_ignores_other_fields,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

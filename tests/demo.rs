@@ -1,0 +1,275 @@
+//! The demo receiver (`examples/webhook_receiver.rs`) driven over real HTTP on loopback.
+//!
+//! `cargo test` builds the examples; this test starts the built binary with `BIND=127.0.0.1:0`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+struct Demo {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_demo(envs: &[(&str, &str)]) -> Demo {
+    // target/debug/deps/demo-<hash> → target/debug/examples/webhook_receiver
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join("examples")
+        .join(format!("webhook_receiver{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        path.exists(),
+        "build the examples first: {}",
+        path.display()
+    );
+    let mut command = Command::new(path);
+    command
+        .env("BIND", "127.0.0.1:0")
+        .env_remove("REDIS_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for (k, v) in envs {
+        command.env(k, v);
+    }
+    let mut child = command.spawn().unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let base = first
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_owned();
+    Demo { child, base }
+}
+
+struct Http {
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    base: String,
+}
+
+impl Http {
+    fn new(demo: &Demo) -> Self {
+        Http {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            base: demo.base.clone(),
+        }
+    }
+
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (StatusCode, http::HeaderMap, Value) {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header("content-type", "application/json");
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        let request = builder
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .unwrap();
+        let response = tokio::time::timeout(Duration::from_secs(10), self.client.request(request))
+            .await
+            .unwrap()
+            .unwrap();
+        let (parts, body) = response.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (parts.status, parts.headers, value)
+    }
+
+    async fn effects(&self) -> Value {
+        self.send("GET", "/effects", &[], "").await.2
+    }
+}
+
+#[tokio::test]
+async fn kalipto_retry_after_error_and_duplicates() {
+    let demo = start_demo(&[]);
+    let http = Http::new(&demo);
+    let id = [("X-Kalipto-Delivery-Id", "pd_01JD8Q4M7T0XK3")];
+    let fail = [
+        ("X-Kalipto-Delivery-Id", "pd_01JD8Q4M7T0XK3"),
+        ("x-demo-fail", "true"),
+    ];
+    let (status, _, _) = http.send("POST", "/webhooks/kalipto", &fail, "{}").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(http.effects().await["total"], 0);
+    let (status, headers, _) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.get("idempotent-replayed").is_none());
+    let (status, headers, body) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(body, json!({"ok": true, "duplicate": true}));
+    assert_eq!(
+        http.effects().await,
+        json!({"total": 1, "by_key": {"pd_01JD8Q4M7T0XK3": 1}})
+    );
+    // Missing key: 400 problem+json.
+    let (status, headers, body) = http.send("POST", "/webhooks/kalipto", &[], "{}").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert_eq!(body["code"], "missing_key");
+}
+
+#[tokio::test]
+async fn concurrent_duplicates_get_409_then_ack() {
+    let demo = start_demo(&[]);
+    let http = std::sync::Arc::new(Http::new(&demo));
+    let slow = {
+        let http = http.clone();
+        tokio::spawn(async move {
+            http.send(
+                "POST",
+                "/webhooks/kalipto",
+                &[
+                    ("X-Kalipto-Delivery-Id", "pd_slow"),
+                    ("x-demo-delay-ms", "500"),
+                ],
+                "{}",
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (status, headers, body) = http
+        .send(
+            "POST",
+            "/webhooks/kalipto",
+            &[("X-Kalipto-Delivery-Id", "pd_slow")],
+            "{}",
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(headers.contains_key("retry-after"));
+    assert_eq!(body["code"], "in_flight");
+    assert_eq!(slow.await.unwrap().0, StatusCode::OK);
+    assert_eq!(http.effects().await["total"], 1);
+}
+
+#[tokio::test]
+async fn meta_batches_sangho_fallback_and_orders() {
+    let demo = start_demo(&[]);
+    let http = Http::new(&demo);
+    let fixtures: Value = serde_json::from_str(include_str!("fixtures/webhooks.json")).unwrap();
+    let case = |name: &str| {
+        fixtures["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let whatsapp = case("whatsapp-batch-two-messages")["body"].to_string();
+    let instagram = case("instagram-messaging")["body"].to_string();
+    for body in [&whatsapp, &whatsapp, &instagram, &instagram] {
+        let (status, _, _) = http.send("POST", "/webhooks/meta", &[], body).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let effects = http.effects().await;
+    assert_eq!(effects["total"], 2);
+    assert_eq!(
+        effects["by_key"]["wamid.HBgLMTU1NTAxMjM0NTYVAgASGBQzQTdGNkY5"],
+        1
+    );
+    assert_eq!(
+        effects["by_key"]["wamid.HBgLMTU1NTAxMjM0NTYVAgASGBQzQUJDMTIz"],
+        1
+    );
+    assert_eq!(
+        effects["by_key"]["aWdfZAG1faXRlbToxOklHTWVzc2FnZAUlEOjE3ODQx"],
+        1
+    );
+
+    let sangho = case("sangho-header")["body"].to_string();
+    let (status, headers, _) = http
+        .send(
+            "POST",
+            "/webhooks/sangho",
+            &[("Sangho-Event-ID", "evt_1QbR8m2eZvKYlo2C")],
+            &sangho,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.get("idempotent-replayed").is_none());
+    let (status, headers, _) = http.send("POST", "/webhooks/sangho", &[], &sangho).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+
+    let key = [("Idempotency-Key", "order-1")];
+    let (status, headers, first) = http
+        .send("POST", "/api/orders", &key, r#"{"sku":"a"}"#)
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(headers.get("idempotent-replayed").is_none());
+    let (status, headers, again) = http
+        .send("POST", "/api/orders", &key, r#"{"sku":"a"}"#)
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(
+        headers["location"],
+        format!("/api/orders/{}", first["order_id"].as_str().unwrap())
+    );
+    assert_eq!(again, first, "the retry gets the same order id");
+    let (status, _, body) = http
+        .send("POST", "/api/orders", &key, r#"{"sku":"b"}"#)
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["code"], "mismatch");
+    assert_eq!(http.effects().await["total"], 4);
+}
+
+#[tokio::test]
+async fn email_status_never_moves_back() {
+    let demo = start_demo(&[]);
+    let http = Http::new(&demo);
+    let event = |id: &str, kind: &str| {
+        json!({"event_id": id, "message_id": "msg_7f31", "type": kind, "occurred_at": "2026-10-29T14:00:00Z"})
+            .to_string()
+    };
+    let status_of =
+        async || http.send("GET", "/messages/msg_7f31", &[], "").await.2["status"].clone();
+    for (id, kind, expected) in [
+        ("evt_1", "email.received", "received"),
+        ("evt_3", "email.delivered", "delivered"),
+        // Out of order: processed arrives after delivered; acknowledged, not applied.
+        ("evt_2", "email.processed", "delivered"),
+        // A redelivery of the delivered event is a duplicate.
+        ("evt_3", "email.delivered", "delivered"),
+    ] {
+        let (status, _, _) = http
+            .send("POST", "/webhooks/email", &[], &event(id, kind))
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(status_of().await, expected, "after {id} {kind}");
+    }
+    assert_eq!(http.effects().await["total"], 3);
+    let (status, _, _) = http.send("GET", "/messages/unknown", &[], "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
