@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -43,7 +44,12 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqBody, ResBody>,
+        // `None` on the uncovered fast path: nothing to observe.
         settings: Option<Arc<Settings>>,
+        span: tracing::Span,
+        started: Instant,
+        // The outcome to report if the inner service returns `Err`.
+        outcome_on_err: Outcome,
     }
 }
 
@@ -62,6 +68,7 @@ pin_project! {
             fut: S::Future,
             lease: Option<Lease>,
             outcome: Outcome,
+            called_at: Instant,
         },
         Finishing {
             fut: Finish<ResBody, S::Error>,
@@ -80,6 +87,8 @@ where
         prelude: BoxFuture<'static, Prelude<ReqBody, ResBody>>,
         inner: S,
         settings: Arc<Settings>,
+        span: tracing::Span,
+        started: Instant,
     ) -> Self {
         ResponseFuture {
             state: State::Prelude {
@@ -87,6 +96,9 @@ where
                 inner: Some(inner),
             },
             settings: Some(settings),
+            span,
+            started,
+            outcome_on_err: Outcome::Released,
         }
     }
 
@@ -96,17 +108,29 @@ where
                 fut,
                 lease: None,
                 outcome: Outcome::PassThrough,
+                called_at: Instant::now(),
             },
             settings: None,
+            span: tracing::Span::none(),
+            started: Instant::now(),
+            outcome_on_err: Outcome::PassThrough,
         }
     }
 
-    pub(crate) fn ready(response: Response<ResponseBody<ResBody>>) -> Self {
+    pub(crate) fn ready(
+        response: Response<ResponseBody<ResBody>>,
+        settings: Arc<Settings>,
+        span: tracing::Span,
+        started: Instant,
+    ) -> Self {
         ResponseFuture {
             state: State::Ready {
                 response: Some(response),
             },
-            settings: None,
+            settings: Some(settings),
+            span,
+            started,
+            outcome_on_err: Outcome::PassThrough,
         }
     }
 }
@@ -121,62 +145,108 @@ where
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        loop {
-            match this.state.as_mut().project() {
-                StateProj::Prelude { fut, inner } => match ready!(fut.as_mut().poll(cx)) {
-                    Prelude::Respond(response) => {
-                        this.state.set(State::Ready { response: None });
-                        return Poll::Ready(Ok(response));
-                    }
-                    Prelude::Call {
-                        request,
-                        lease,
-                        outcome,
-                    } => {
-                        let mut inner = inner.take().expect("polled after the inner call");
-                        let fut = inner.call(request);
-                        this.state.set(State::Calling {
-                            fut,
-                            lease,
-                            outcome,
-                        });
-                    }
-                },
-                StateProj::Calling {
-                    fut,
+        let this = self.project();
+        let _entered = this.span.enter();
+        let output = ready!(poll_state(
+            this.state,
+            this.settings,
+            this.outcome_on_err,
+            cx
+        ));
+        if let Some(settings) = this.settings {
+            let (outcome, status) = match &output {
+                Ok(response) => (
+                    response
+                        .extensions()
+                        .get::<Outcome>()
+                        .copied()
+                        .unwrap_or(Outcome::PassThrough),
+                    Some(response.status()),
+                ),
+                Err(_) => (*this.outcome_on_err, None),
+            };
+            settings
+                .observer
+                .outcome(outcome, status, this.started.elapsed());
+        }
+        Poll::Ready(output)
+    }
+}
+
+fn poll_state<S, ReqBody, ResBody>(
+    mut state: Pin<&mut State<S, ReqBody, ResBody>>,
+    settings: &Option<Arc<Settings>>,
+    outcome_on_err: &mut Outcome,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Response<ResponseBody<ResBody>>, S::Error>>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+    S::Error: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    loop {
+        match state.as_mut().project() {
+            StateProj::Prelude { fut, inner } => match ready!(fut.as_mut().poll(cx)) {
+                Prelude::Respond(response) => {
+                    state.set(State::Ready { response: None });
+                    return Poll::Ready(Ok(response));
+                }
+                Prelude::Call {
+                    request,
                     lease,
                     outcome,
                 } => {
-                    let result = ready!(fut.poll(cx));
-                    let outcome = *outcome;
-                    let fut: Finish<ResBody, S::Error> = match (result, lease.take()) {
-                        (Ok(response), None) => {
-                            let mut response = response.map(ResponseBody::inner);
-                            response.extensions_mut().insert(outcome);
-                            return Poll::Ready(Ok(response));
-                        }
-                        (Err(err), None) => return Poll::Ready(Err(err)),
-                        (Ok(response), Some(lease)) => {
-                            let settings = this.settings.clone().unwrap_or_default();
-                            Box::pin(async move { Ok(finish(lease, &settings, response).await) })
-                        }
-                        (Err(err), Some(lease)) => Box::pin(async move {
-                            lease.release().await;
-                            Err(err)
-                        }),
-                    };
-                    this.state.set(State::Finishing { fut });
+                    if lease.is_none() {
+                        *outcome_on_err = outcome;
+                    }
+                    let mut inner = inner.take().expect("polled after the inner call");
+                    let fut = inner.call(request);
+                    state.set(State::Calling {
+                        fut,
+                        lease,
+                        outcome,
+                        called_at: Instant::now(),
+                    });
                 }
-                StateProj::Finishing { fut } => {
-                    let output = ready!(fut.as_mut().poll(cx));
-                    this.state.set(State::Ready { response: None });
-                    return Poll::Ready(output);
+            },
+            StateProj::Calling {
+                fut,
+                lease,
+                outcome,
+                called_at,
+            } => {
+                let result = ready!(fut.poll(cx));
+                if let Some(settings) = settings {
+                    settings.observer.inner_duration(called_at.elapsed());
                 }
-                StateProj::Ready { response } => {
-                    let response = response.take().expect("polled after completion");
-                    return Poll::Ready(Ok(response));
-                }
+                let outcome = *outcome;
+                let fut: Finish<ResBody, S::Error> = match (result, lease.take()) {
+                    (Ok(response), None) => {
+                        let mut response = response.map(ResponseBody::inner);
+                        response.extensions_mut().insert(outcome);
+                        return Poll::Ready(Ok(response));
+                    }
+                    (Err(err), None) => return Poll::Ready(Err(err)),
+                    (Ok(response), Some(lease)) => {
+                        let settings = settings.clone().unwrap_or_default();
+                        Box::pin(async move { Ok(finish(lease, &settings, response).await) })
+                    }
+                    (Err(err), Some(lease)) => Box::pin(async move {
+                        lease.release().await;
+                        Err(err)
+                    }),
+                };
+                state.set(State::Finishing { fut });
+            }
+            StateProj::Finishing { fut } => {
+                let output = ready!(fut.as_mut().poll(cx));
+                state.set(State::Ready { response: None });
+                return Poll::Ready(output);
+            }
+            StateProj::Ready { response } => {
+                let response = response.take().expect("polled after completion");
+                return Poll::Ready(Ok(response));
             }
         }
     }

@@ -26,6 +26,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use tower_layer::Layer;
 
 use crate::key::{ExtractKey, HeaderKey};
+use crate::observe::{Observer, OutcomeEvent};
 use crate::service::Idempotency;
 use crate::store::IdempotencyStore;
 
@@ -93,12 +94,14 @@ pub enum FailureMode {
 #[derive(Clone)]
 pub struct Scope(ScopeKind);
 
+type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
 #[derive(Clone)]
 enum ScopeKind {
     None,
     Path,
     Header(HeaderName),
-    Fn(Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>),
+    Fn(ScopeFn),
 }
 
 impl Scope {
@@ -192,7 +195,7 @@ type SuccessFn = Arc<dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync>;
 /// Everything but the store and the extractor; shared by every service and future of a layer.
 #[derive(Clone)]
 pub(crate) struct Settings {
-    pub(crate) namespace: String,
+    pub(crate) observer: Observer,
     pub(crate) scope: Scope,
     pub(crate) body_limit: usize,
     pub(crate) body_timeout: Option<Duration>,
@@ -234,7 +237,7 @@ impl Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            namespace: "default".to_owned(),
+            observer: Observer::new("default"),
             scope: Scope::path(),
             body_limit: DEFAULT_BODY_LIMIT,
             body_timeout: None,
@@ -293,7 +296,7 @@ impl<St, K> fmt::Debug for IdempotencyLayer<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.config.settings;
         f.debug_struct("IdempotencyLayer")
-            .field("namespace", &s.namespace)
+            .field("namespace", &s.observer.namespace())
             .field("scope", &s.scope)
             .field("body_limit", &s.body_limit)
             .field("lease", &s.lease)
@@ -373,7 +376,7 @@ impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')),
             "invalid idempotency namespace {namespace:?}: use letters, digits, '-', '_' and '.'"
         );
-        self.with(|s| s.namespace = namespace)
+        self.with(|s| s.observer.set_namespace(&namespace))
     }
 
     /// Sets the per-request part of the scope (default: [`Scope::path`]).
@@ -476,6 +479,13 @@ impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
     /// replayed; larger ones are streamed and recorded (ack only) when their stream ends.
     pub fn response_buffer_limit(self, bytes: usize) -> Self {
         self.with(|s| s.response_buffer_limit = bytes)
+    }
+
+    /// Calls `hook` once per covered request with its [`Outcome`](crate::Outcome), status
+    /// and duration: to count, log or alert in the application's own terms.
+    pub fn on_outcome(self, hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
+        let hook = Arc::new(hook);
+        self.with(|s| s.observer.set_hook(hook))
     }
 
     /// Sets which responses count as success (default: 2xx). gRPC responses are always judged

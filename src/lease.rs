@@ -3,11 +3,12 @@
 //! body that fails or is dropped).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use http::HeaderMap;
 
+use crate::observe::{Observer, StoreOp};
 use crate::record::Record;
 use crate::store::{Claim, IdempotencyStore, StoreError, StoreErrorKind, StoreKey};
 
@@ -30,6 +31,7 @@ trait LeaseOps: Send + Sync + 'static {
 }
 
 struct StoreLease<St> {
+    observer: Observer,
     store: St,
     key: StoreKey,
     claim: Claim,
@@ -41,15 +43,25 @@ impl<St: IdempotencyStore> LeaseOps for StoreLease<St> {
     fn complete(&self, record: Record) -> BoxFuture<'static, Result<bool, StoreError>> {
         let (store, key, claim) = (self.store.clone(), self.key.clone(), self.claim.clone());
         let (retention, timeout) = (self.retention, self.timeout);
-        Box::pin(
-            async move { timed(timeout, store.complete(&key, &claim, &record, retention)).await },
-        )
+        let observer = self.observer.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = timed(timeout, store.complete(&key, &claim, &record, retention)).await;
+            observer.store_call(StoreOp::Complete, started.elapsed(), result.is_ok());
+            result
+        })
     }
 
     fn release(&self) -> BoxFuture<'static, Result<bool, StoreError>> {
         let (store, key, claim) = (self.store.clone(), self.key.clone(), self.claim.clone());
         let timeout = self.timeout;
-        Box::pin(async move { timed(timeout, store.release(&key, &claim)).await })
+        let observer = self.observer.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = timed(timeout, store.release(&key, &claim)).await;
+            observer.store_call(StoreOp::Release, started.elapsed(), result.is_ok());
+            result
+        })
     }
 }
 
@@ -99,10 +111,12 @@ impl Lease {
         claim: Claim,
         retention: Duration,
         timeout: Duration,
+        observer: Observer,
     ) -> Self {
         let claim_fingerprint = claim.fingerprint();
         Lease {
             ops: Arc::new(StoreLease {
+                observer,
                 store,
                 key,
                 claim,

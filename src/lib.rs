@@ -95,6 +95,7 @@ mod future;
 pub mod key;
 mod layer;
 mod lease;
+pub mod observe;
 mod outcome;
 pub mod record;
 pub mod rejection;
@@ -110,6 +111,7 @@ pub use self::layer::{
     DEFAULT_RETENTION, DEFAULT_STORE_TIMEOUT, FailureMode, IdempotencyLayer, MissingKey, Mode,
     OnMismatch, Scope,
 };
+pub use self::observe::OutcomeEvent;
 pub use self::outcome::Outcome;
 pub use self::service::{IDEMPOTENT_REPLAYED, Idempotency};
 pub use self::store::{IdempotencyStore, MemoryStore};

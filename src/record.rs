@@ -1,7 +1,7 @@
 //! What is kept for a completed key, and the compact, versioned byte encoding that shared stores
 //! (Redis, SQL) write.
 //!
-//! In ack mode a record is only the request fingerprint: 17 bytes encoded. In replay mode it also
+//! In ack mode a record is only the request fingerprint: 9 bytes encoded. In replay mode it also
 //! holds the original status, the allow-listed headers, the body and the trailers.
 //!
 //! ```
@@ -12,7 +12,7 @@
 //!
 //! let fp = Fingerprint::of_bytes(b"{}");
 //! let ack = Record::ack(fp);
-//! assert_eq!(ack.encode().len(), 17);
+//! assert_eq!(ack.encode().len(), 9);
 //!
 //! let replay = Record::replay(
 //!     fp,
@@ -33,7 +33,7 @@ const TAG_ACK: u8 = 0x02;
 const TAG_REPLAY: u8 = 0x03;
 
 /// The length of an encoded in-flight value: tag, token, fingerprint.
-pub const IN_FLIGHT_LEN: usize = 1 + 16 + 16;
+pub const IN_FLIGHT_LEN: usize = 1 + 16 + Fingerprint::LEN;
 
 /// A response kept for replay: status, allow-listed headers, body and trailers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,7 +90,7 @@ impl StoredResponse {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     fingerprint: Fingerprint,
-    response: Option<StoredResponse>,
+    response: Option<Box<StoredResponse>>,
 }
 
 impl Record {
@@ -106,7 +106,7 @@ impl Record {
     pub fn replay(fingerprint: Fingerprint, response: StoredResponse) -> Self {
         Record {
             fingerprint,
-            response: Some(response),
+            response: Some(Box::new(response)),
         }
     }
 
@@ -117,18 +117,18 @@ impl Record {
 
     /// The stored response, in replay mode.
     pub fn response(&self) -> Option<&StoredResponse> {
-        self.response.as_ref()
+        self.response.as_deref()
     }
 
     /// Takes the stored response out of the record.
     pub fn into_response(self) -> Option<StoredResponse> {
-        self.response
+        self.response.map(|r| *r)
     }
 
     /// The encoded record, as written by shared stores.
     pub fn encode(&self) -> Bytes {
         let Some(response) = &self.response else {
-            let mut out = BytesMut::with_capacity(17);
+            let mut out = BytesMut::with_capacity(1 + Fingerprint::LEN);
             out.put_u8(TAG_ACK);
             out.put_slice(self.fingerprint.as_bytes());
             return out.freeze();
@@ -310,7 +310,7 @@ mod tests {
             StoredValue::Completed(record)
         );
         let ack = Record::ack(Fingerprint::of_bytes(b"y"));
-        assert_eq!(ack.encode().len(), 17);
+        assert_eq!(ack.encode().len(), 9);
         assert_eq!(
             StoredValue::decode(&ack.encode()).unwrap(),
             StoredValue::Completed(ack)

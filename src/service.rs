@@ -45,6 +45,7 @@ use crate::future::{Prelude, ResponseFuture};
 use crate::key::{ExtractKey, KeyInput};
 use crate::layer::{Config, FailureMode, MissingKey, OnMismatch, Settings};
 use crate::lease::{Lease, timed};
+use crate::observe::StoreOp;
 use crate::outcome::Outcome;
 use crate::record::Record;
 use crate::rejection::Rejection;
@@ -93,7 +94,7 @@ impl<S: fmt::Debug, St, K> fmt::Debug for Idempotency<S, St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Idempotency")
             .field("inner", &self.inner)
-            .field("namespace", &self.config.settings.namespace)
+            .field("namespace", &self.config.settings.observer.namespace())
             .finish_non_exhaustive()
     }
 }
@@ -127,21 +128,21 @@ where
             // Fast path: nothing to buffer, key or claim.
             return ResponseFuture::pass_through(self.inner.call(req.map(RequestBody::streaming)));
         }
+        let started = Instant::now();
+        let span = settings.observer.span(req.method());
         let grpc = is_grpc(req.headers());
         if content_length(req.headers()).is_some_and(|len| len > settings.body_limit as u64) {
-            return ResponseFuture::ready(reject(
-                Rejection::PayloadTooLarge {
-                    limit: settings.body_limit,
-                },
-                grpc,
-            ));
+            let rejection = Rejection::PayloadTooLarge {
+                limit: settings.body_limit,
+            };
+            return ResponseFuture::ready(reject(rejection, grpc), settings.clone(), span, started);
         }
         // Clone-and-swap: the instance `poll_ready` made ready is the one that will be called.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let (parts, body) = req.into_parts();
         let prelude = prelude(self.config.clone(), parts, body, grpc);
-        ResponseFuture::new(Box::pin(prelude), inner, settings.clone())
+        ResponseFuture::new(Box::pin(prelude), inner, settings.clone(), span, started)
     }
 }
 
@@ -162,7 +163,6 @@ pub(crate) fn reject<B>(rejection: Rejection, grpc: bool) -> Response<ResponseBo
         Rejection::StoreUnavailable { .. } => Outcome::StoreError,
         other => Outcome::Rejected(other.code()),
     };
-    tracing::debug!(outcome = outcome.as_str(), "idempotency rejection");
     let mut response = if grpc {
         rejection.into_grpc_response()
     } else {
@@ -252,7 +252,12 @@ where
         _ => Fingerprint::NONE,
     };
     let scope = settings.scope.of(&parts);
-    let store_key = StoreKey::new(&settings.namespace, scope.as_deref(), key.as_str());
+    let store_key = StoreKey::new(
+        settings.observer.namespace(),
+        scope.as_deref(),
+        key.as_str(),
+    );
+    tracing::Span::current().record("key", store_key.as_str());
     parts.extensions.insert(key);
     let claim = Claim::new(fingerprint);
 
@@ -265,7 +270,9 @@ where
             config.store.reserve(&store_key, &claim, settings.lease),
         )
         .await;
-        tracing::trace!(elapsed = ?started.elapsed(), "idempotency reserve");
+        settings
+            .observer
+            .store_call(StoreOp::Reserve, started.elapsed(), result.is_ok());
         match result {
             Ok(Reservation::InFlight { fingerprint: held })
                 if held.matches(&fingerprint)
@@ -286,6 +293,7 @@ where
                 claim,
                 settings.retention,
                 settings.store_timeout,
+                settings.observer.clone(),
             );
             lease.set_grpc(grpc);
             Prelude::Call {
@@ -314,25 +322,63 @@ where
             }
             Prelude::Respond(duplicate(record, settings, grpc))
         }
-        Err(err) => match settings.failure_mode {
-            FailureMode::Closed => {
-                tracing::error!(error = %err, "idempotency store error; failing closed");
-                Prelude::Respond(reject(
-                    Rejection::StoreUnavailable {
-                        retry_after: settings.store_retry_after,
-                    },
-                    grpc,
-                ))
+        Err(err) => {
+            // A reserve that timed out or lost its connection may still be applied later (a
+            // client that queues and retries commands across a reconnect): undo it, token-checked,
+            // so it cannot block the sender's retries until the lease expires.
+            compensate_failed_reserve(&config, store_key, claim);
+            store_failure(err, settings, parts, body, grpc)
+        }
+    }
+}
+
+/// Releases a claim whose reserve failed, in the background, a few times with growing delays
+/// (a release of a claim that never landed, or was already released, changes nothing).
+fn compensate_failed_reserve<St: IdempotencyStore, K>(
+    config: &Config<St, K>,
+    store_key: StoreKey,
+    claim: Claim,
+) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let store = config.store.clone();
+    let timeout = config.settings.store_timeout;
+    handle.spawn(async move {
+        for factor in [1, 4, 16] {
+            tokio::time::sleep(timeout * factor).await;
+            if let Ok(true) = timed(timeout, store.release(&store_key, &claim)).await {
+                return;
             }
-            FailureMode::Open => {
-                tracing::error!(error = %err, "idempotency store error; failing open");
-                Prelude::Call {
-                    request: Request::from_parts(parts, body),
-                    lease: None,
-                    outcome: Outcome::FailOpen,
-                }
+        }
+    });
+}
+
+fn store_failure<B, ResBody>(
+    err: crate::store::StoreError,
+    settings: &Settings,
+    parts: http::request::Parts,
+    body: RequestBody<B>,
+    grpc: bool,
+) -> Prelude<B, ResBody> {
+    match settings.failure_mode {
+        FailureMode::Closed => {
+            tracing::error!(error = %err, "idempotency store error; failing closed");
+            Prelude::Respond(reject(
+                Rejection::StoreUnavailable {
+                    retry_after: settings.store_retry_after,
+                },
+                grpc,
+            ))
+        }
+        FailureMode::Open => {
+            tracing::error!(error = %err, "idempotency store error; failing open");
+            Prelude::Call {
+                request: Request::from_parts(parts, body),
+                lease: None,
+                outcome: Outcome::FailOpen,
             }
-        },
+        }
     }
 }
 
@@ -348,15 +394,23 @@ fn duplicate<B>(record: Record, settings: &Settings, grpc: bool) -> Response<Res
             response
         }
         None if grpc => {
-            // No reply was recorded (it exceeded the response buffer limit): an empty message
-            // with an OK status is the only success a gRPC client can decode.
+            // No reply was recorded (it exceeded the response buffer limit). An empty OK
+            // response would fail a unary client ("missing response message") and pass an
+            // empty stream off as the original one: answer ALREADY_EXISTS, which tells the
+            // client that the call already took effect.
             let mut response = Response::new(ResponseBody::buffered(Bytes::new(), None));
             let headers = response.headers_mut();
             headers.insert(
                 http::header::CONTENT_TYPE,
                 HeaderValue::from_static("application/grpc"),
             );
-            headers.insert("grpc-status", HeaderValue::from_static("0"));
+            headers.insert("grpc-status", HeaderValue::from_static("6"));
+            headers.insert(
+                "grpc-message",
+                HeaderValue::from_static(
+                    "this call already succeeded; its reply was too large to keep for replay",
+                ),
+            );
             response
         }
         None => {
@@ -373,6 +427,5 @@ fn duplicate<B>(record: Record, settings: &Settings, grpc: bool) -> Response<Res
         .headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response.extensions_mut().insert(Outcome::Replayed);
-    tracing::debug!(outcome = "replayed", "idempotency duplicate answered");
     response
 }

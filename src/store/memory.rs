@@ -168,6 +168,8 @@ impl IdempotencyStore for MemoryStore {
         inner.evict_expired(now);
         if let Some(entry) = inner.entries.get(key).filter(|e| e.expires_at > now) {
             return Ok(match &entry.state {
+                // Our own claim (a retried reserve): ours still, as the Redis store answers.
+                State::InFlight { token, .. } if token == claim.token() => Reservation::Acquired,
                 State::InFlight { fingerprint, .. } => Reservation::InFlight {
                     fingerprint: *fingerprint,
                 },

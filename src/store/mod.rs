@@ -54,13 +54,20 @@ use crate::fingerprint::Fingerprint;
 use crate::record::Record;
 
 /// The prefix of every key this crate writes to a shared store.
-pub const KEY_PREFIX: &str = "idem:";
+pub const KEY_PREFIX: &str = "ti:";
+
+/// The length of every store key: the prefix and 16 base64url digits.
+pub const STORE_KEY_LEN: usize = KEY_PREFIX.len() + 16;
 
 /// A scoped, hashed key as written to a store.
 ///
 /// Built from the layer's namespace, the optional per-request scope (for example a tenant) and
-/// the idempotency key itself, hashed with SHA-256 so that no raw user bytes reach the store and
-/// every key has the same short length: `idem:<namespace>:<32 hex digits>`.
+/// the idempotency key itself, hashed with SHA-256 so that no raw user bytes reach the store:
+/// `ti:` and the first 96 bits of the digest in base64url, 19 characters in all. The key is
+/// that short on purpose: a completed ack-mode key costs 96 bytes of Redis memory
+/// (`MEMORY USAGE`), where a readable `idem:<namespace>:<hex>` key would cost 136. The
+/// namespace is in the hash (and in every log line and metric), not in the key text. 96 bits
+/// make an accidental collision negligible (about 10⁻¹¹ with a billion live keys).
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct StoreKey(String);
 
@@ -79,11 +86,9 @@ impl StoreKey {
             }
         }
         let digest = hasher.finalize();
-        let mut out = String::with_capacity(KEY_PREFIX.len() + namespace.len() + 1 + 32);
+        let mut out = String::with_capacity(STORE_KEY_LEN);
         out.push_str(KEY_PREFIX);
-        out.push_str(namespace);
-        out.push(':');
-        crate::util::push_hex(&mut out, &digest[..16]);
+        crate::util::push_base64url(&mut out, &digest[..12]);
         StoreKey(out)
     }
 
@@ -248,8 +253,13 @@ mod tests {
     #[test]
     fn store_keys_are_scoped_hashed_and_short() {
         let a = StoreKey::new("kalipto", None, "pd_1");
-        assert!(a.as_str().starts_with("idem:kalipto:"));
-        assert_eq!(a.as_str().len(), "idem:kalipto:".len() + 32);
+        assert!(a.as_str().starts_with("ti:"));
+        assert_eq!(a.as_str().len(), STORE_KEY_LEN);
+        assert!(
+            a.as_str()[3..]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        );
         assert!(!a.as_str().contains("pd_1"));
         assert_ne!(a, StoreKey::new("other", None, "pd_1"));
         assert_ne!(a, StoreKey::new("kalipto", Some("tenant-a"), "pd_1"));

@@ -1,0 +1,424 @@
+//! A real `redis-server` for integration tests: one throw-away process per [`RedisServer`].
+//!
+//! Include it from any integration test with:
+//!
+//! ```ignore
+//! #[path = "support/redis_server.rs"]
+//! mod redis_server;
+//!
+//! use redis_server::RedisServer;
+//! ```
+//!
+//! (`tests/support/` is not a test crate of its own: Cargo only builds the `.rs` files directly
+//! under `tests/`.) The harness uses `fred`, an optional dependency: gate the including test
+//! file with `#![cfg(feature = "redis")]`.
+//!
+//! [`RedisServer::start`] runs `redis-server` (or `$REDIS_SERVER_BIN`) on `127.0.0.1` and a free
+//! port, without persistence (`--save "" --appendonly no`), in its own temporary directory, and
+//! returns once it answers `PING`. The process is killed when the value is dropped. If
+//! `redis-server` cannot be found the harness **panics**: a missing server is a test failure,
+//! never a silent skip. In CI it is installed by `.ci/run`; locally, `apt-get install
+//! redis-server` (Redis 7.0 or later, for `SET ... NX GET`).
+//!
+//! Helpers: [`RedisServer::connect`] builds a fred client that reconnects by itself and fails
+//! fast while the server is down; [`command_calls`], [`reset_stats`], [`memory_usage`],
+//! [`script_flush`] and [`raw`] send the introspection commands used by the tests
+//! (`INFO commandstats`, `CONFIG RESETSTAT`, `MEMORY USAGE`, `SCRIPT FLUSH`) through fred's
+//! `custom` interface. Note that `INFO commandstats` also counts the commands Lua scripts run
+//! (`redis.call('SET', ..)` inside `EVALSHA` adds to `cmdstat_set`); [`RedisServer::monitor`]
+//! records only what clients sent.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
+
+/// How long a fred client made by [`RedisServer::connect`] lets a command wait (queued while
+/// reconnecting, or unanswered) before failing it with a timeout.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// How long to wait for a freshly started server to answer `PING`.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A `redis-server` child process on `127.0.0.1`, killed on drop.
+pub struct RedisServer {
+    binary: String,
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits until it answers `PING`.
+    ///
+    /// Panics (loudly) if `redis-server` is not installed or does not come up.
+    pub fn start() -> Self {
+        let binary = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into());
+        Self::start_with_binary(&binary)
+    }
+
+    /// Like [`RedisServer::start`], with an explicit path to the `redis-server` binary.
+    pub fn start_with_binary(binary: &str) -> Self {
+        let dir = unique_temp_dir();
+        let mut last_error = String::new();
+        // The port is free when we look; another process may take it before redis binds it.
+        for _ in 0..10 {
+            let port = free_port();
+            let mut server = RedisServer {
+                binary: binary.to_owned(),
+                port,
+                dir: dir.clone(),
+                child: None,
+            };
+            match server.spawn_and_wait() {
+                Ok(()) => return server,
+                Err(e) => {
+                    // Keep the directory for the next attempt; Drop would remove it.
+                    server.dir = PathBuf::new();
+                    last_error = e;
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        panic!("could not start redis-server after 10 attempts: {last_error}");
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Whether the server process is running (started and not killed).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Kills the server with SIGKILL (no shutdown, no save) and waits for the process to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (killing it first if it still runs) and waits
+    /// until it answers `PING`. Its data set starts empty: nothing is persisted.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            match self.spawn_and_wait() {
+                Ok(()) => return,
+                Err(e) if Instant::now() >= deadline => {
+                    panic!("could not restart redis-server on port {}: {e}", self.port)
+                }
+                // The old socket may linger for a moment; try again.
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// A connected fred client for this server, built to survive restarts and to fail fast
+    /// while the server is down:
+    ///
+    /// - `ReconnectPolicy::new_constant(0, 50)`: reconnect forever, every 50 ms (plus jitter);
+    /// - `default_command_timeout` = [`COMMAND_TIMEOUT`]: commands queued while disconnected
+    ///   fail with a timeout instead of waiting for the server;
+    /// - `connection_timeout` and `internal_command_timeout` = 1 s;
+    /// - `max_command_attempts` = 2.
+    pub async fn connect(&self) -> Client {
+        let client = self
+            .builder()
+            .build()
+            .expect("fred client configuration is valid");
+        client
+            .init()
+            .await
+            .unwrap_or_else(|e| panic!("could not connect to {}: {e}", self.url()));
+        client
+    }
+
+    /// A connected fred pool of `size` clients, configured like [`RedisServer::connect`].
+    pub async fn connect_pool(&self, size: usize) -> Pool {
+        let pool = self
+            .builder()
+            .build_pool(size)
+            .expect("fred pool configuration is valid");
+        pool.init()
+            .await
+            .unwrap_or_else(|e| panic!("could not connect to {}: {e}", self.url()));
+        pool
+    }
+
+    /// The fred builder behind [`RedisServer::connect`].
+    pub fn builder(&self) -> Builder {
+        let config = Config::from_url(&self.url()).expect("valid redis url");
+        let mut builder = Builder::from_config(config);
+        builder
+            .set_policy(ReconnectPolicy::new_constant(0, 50))
+            .with_performance_config(|perf| perf.default_command_timeout = COMMAND_TIMEOUT)
+            .with_connection_config(|conn| {
+                conn.connection_timeout = Duration::from_secs(1);
+                conn.internal_command_timeout = Duration::from_secs(1);
+                conn.max_command_attempts = 2;
+            });
+        builder
+    }
+
+    /// Sends one command over a fresh TCP connection and returns the raw RESP reply. For
+    /// administration that must not go through the client under test.
+    pub fn raw_command(&self, args: &[&str]) -> std::io::Result<String> {
+        raw_command(self.addr(), args)
+    }
+
+    /// Starts a `MONITOR` on a raw connection of its own: everything clients send from now on
+    /// is recorded, until [`Monitor::finish`]. Unlike `INFO commandstats`, this tells the
+    /// commands a client sent from the ones a Lua script ran.
+    pub fn monitor(&self) -> Monitor {
+        let stream = TcpStream::connect(self.addr()).expect("connect for MONITOR");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("set read timeout");
+        let mut writer = stream.try_clone().expect("clone the MONITOR stream");
+        writer
+            .write_all(b"*1\r\n$7\r\nMONITOR\r\n")
+            .expect("send MONITOR");
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("MONITOR reply");
+        assert!(line.starts_with("+OK"), "MONITOR answered {line:?}");
+        Monitor {
+            reader,
+            addr: self.addr(),
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    fn spawn_and_wait(&mut self) -> Result<(), String> {
+        let binary = &self.binary;
+        let log = self.dir.join("redis.log");
+        let child = Command::new(binary)
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--daemonize", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn();
+        let mut child = match child {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "\n\n*** `{binary}` NOT FOUND: the Redis integration tests need a real \
+                 redis-server (7.0 or later) on PATH, or REDIS_SERVER_BIN set to one. \
+                 Install it (e.g. `apt-get install redis-server`); CI installs it in .ci/run. \
+                 This is a failure, not a skip. ***\n"
+            ),
+            Err(e) => panic!("could not run `{binary}`: {e}"),
+        };
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "redis-server on port {} exited with {status}; log:\n{}",
+                    self.port,
+                    read_log(&log)
+                ));
+            }
+            if let Ok(reply) = raw_command(self.addr(), &["PING"]) {
+                if reply.starts_with("+PONG") {
+                    self.child = Some(child);
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "redis-server on port {} did not answer PING within {STARTUP_TIMEOUT:?}; \
+                     log:\n{}",
+                    self.port,
+                    read_log(&log)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A running `MONITOR` (see [`RedisServer::monitor`]).
+pub struct Monitor {
+    reader: BufReader<TcpStream>,
+    addr: SocketAddr,
+}
+
+impl Monitor {
+    /// Stops monitoring and returns the commands clients sent since [`RedisServer::monitor`],
+    /// one entry per command, as the upper-case command name (`"SET"`, `"EVALSHA"`).
+    /// Commands run by Lua scripts are left out.
+    pub fn finish(mut self) -> Vec<String> {
+        static MARKERS: AtomicU64 = AtomicU64::new(0);
+        let marker = format!(
+            "monitor-end-{}-{}",
+            std::process::id(),
+            MARKERS.fetch_add(1, Ordering::Relaxed)
+        );
+        // Everything sent before the marker is in the stream before the marker.
+        raw_command(self.addr, &["ECHO", &marker]).expect("send the MONITOR end marker");
+        let mut commands = Vec::new();
+        loop {
+            let mut line = String::new();
+            let n = self
+                .reader
+                .read_line(&mut line)
+                .expect("read MONITOR output");
+            assert!(n > 0, "MONITOR stream closed before the end marker");
+            if line.contains(&marker) {
+                return commands;
+            }
+            // +1700000000.123456 [0 127.0.0.1:53214] "SET" "key" ...   (clients)
+            // +1700000000.123456 [0 lua] "GET" "key"                    (scripts)
+            let Some((source, rest)) = line.split_once("] ") else {
+                continue;
+            };
+            if source.ends_with(" lua") {
+                continue;
+            }
+            if let Some(name) = rest.split('"').nth(1) {
+                commands.push(name.to_ascii_uppercase());
+            }
+        }
+    }
+}
+
+/// The number of calls of `command` (lower case, e.g. `"set"`, `"evalsha"`) since the last
+/// `CONFIG RESETSTAT`, from `INFO commandstats`; 0 when it was not called.
+pub async fn command_calls<C: ClientLike>(client: &C, command: &str) -> u64 {
+    let info: String = raw(client, "INFO", &["commandstats"]).await;
+    parse_command_calls(&info, command)
+}
+
+/// Parses `cmdstat_<command>:calls=N,...` out of an `INFO commandstats` reply.
+pub fn parse_command_calls(info: &str, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{}:", command.to_ascii_lowercase());
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix(prefix.as_str()))
+        .and_then(|stats| {
+            stats
+                .split(',')
+                .find_map(|field| field.strip_prefix("calls="))
+        })
+        .map(|n| n.parse().expect("calls is a number"))
+        .unwrap_or(0)
+}
+
+/// `CONFIG RESETSTAT`: zeroes the `INFO commandstats` counters.
+pub async fn reset_stats<C: ClientLike>(client: &C) {
+    let _: Value = raw(client, "CONFIG", &["RESETSTAT"]).await;
+}
+
+/// `MEMORY USAGE key SAMPLES 0`: the bytes Redis uses for `key` and its value, or `None` when
+/// the key does not exist.
+pub async fn memory_usage<C: ClientLike>(client: &C, key: &str) -> Option<u64> {
+    raw(client, "MEMORY", &["USAGE", key, "SAMPLES", "0"]).await
+}
+
+/// `SCRIPT FLUSH SYNC`: empties the server's Lua script cache.
+pub async fn script_flush<C: ClientLike>(client: &C) {
+    let _: Value = raw(client, "SCRIPT", &["FLUSH", "SYNC"]).await;
+}
+
+/// Sends `command args...` through `client`'s `custom` interface and converts the reply.
+/// Panics on error.
+pub async fn raw<C: ClientLike, R: FromValue>(
+    client: &C,
+    command: &'static str,
+    args: &[&str],
+) -> R {
+    let cmd = CustomCommand::new_static(command, ClusterHash::Random, false);
+    let owned: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    client
+        .custom(cmd, owned)
+        .await
+        .unwrap_or_else(|e| panic!("{command} {args:?} failed: {e}"))
+}
+
+/// Finds a free port by binding port 0 and dropping the listener.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|addr| addr.port())
+        .expect("bind 127.0.0.1:0")
+}
+
+fn unique_temp_dir() -> PathBuf {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let dir = std::env::temp_dir().join(format!(
+        "tower-idempotency-redis-{}-{}-{nanos}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("create the redis-server temp dir");
+    dir
+}
+
+fn read_log(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| format!("(no log: {e})"))
+}
+
+/// One command in RESP over a fresh connection; returns the first reply line (and the bulk
+/// payload, if any).
+fn raw_command(addr: SocketAddr, args: &[&str]) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    stream.write_all(request.as_bytes())?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    if let Some(len) = line.strip_prefix('$') {
+        if let Ok(len) = len.trim().parse::<usize>() {
+            let mut payload = vec![0; len + 2];
+            reader.read_exact(&mut payload)?;
+            line.push_str(&String::from_utf8_lossy(&payload));
+        }
+    }
+    Ok(line)
+}
