@@ -17,6 +17,11 @@
 //! - `POST /api/orders`: replay mode, keyed by `Idempotency-Key`; answers 201 with an order id.
 //! - `GET /effects`: `{"total": N, "by_key": {"<id>": count}}` of side effects performed.
 //! - `GET /messages/{message_id}`: `{"message_id": .., "status": ..}`.
+//! - `GET /metrics`: Prometheus text; the layer's `idempotency_*` metrics need the crate
+//!   feature `metrics` (`--all-features` or `--features metrics`).
+//!
+//! Logs go to stderr through `tracing-subscriber`; `RUST_LOG` is respected (default
+//! `info,tower_idempotency=debug`).
 //!
 //! On every webhook route, `x-demo-fail: true` makes the handler answer 500 (no effect) and
 //! `x-demo-delay-ms: N` makes it sleep N ms first, so retries and concurrent duplicates can be
@@ -32,6 +37,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{Value, json};
 use tower_idempotency::key::{ExtractKeyExt, HeaderKey, JsonPathKey};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, IdempotencyStore, MemoryStore, Mode};
@@ -192,7 +198,7 @@ async fn effects(State(state): State<AppState>) -> Json<Value> {
 }
 
 /// The receiver's routes, every webhook protected on `store`.
-fn app<St: IdempotencyStore>(store: St) -> Router {
+fn app<St: IdempotencyStore>(store: St, metrics: PrometheusHandle) -> Router {
     let retention = Duration::from_secs(72 * 3600);
     let kalipto = IdempotencyLayer::new(store.clone())
         .namespace("kalipto")
@@ -227,6 +233,10 @@ fn app<St: IdempotencyStore>(store: St) -> Router {
         .route("/api/orders", post(create_order).route_layer(orders))
         .route("/effects", get(effects))
         .route("/messages/{message_id}", get(message))
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        )
         .with_state(AppState::default())
 }
 
@@ -243,9 +253,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bind: SocketAddr = std::env::var("BIND")
         .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
         .parse()?;
+    let metrics = PrometheusBuilder::new().install_recorder()?;
     let router = match std::env::var("REDIS_URL") {
-        Ok(url) => app(connect_redis(&url).await?),
-        Err(_) => app(MemoryStore::new()),
+        Ok(url) => app(connect_redis(&url).await?, metrics),
+        Err(_) => app(MemoryStore::new(), metrics),
     };
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!("listening on http://{}", listener.local_addr()?);

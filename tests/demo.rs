@@ -273,3 +273,34 @@ async fn email_status_never_moves_back() {
     let (status, _, _) = http.send("GET", "/messages/unknown", &[], "").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// `GET /metrics` exposes the layer's counters in Prometheus text.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn metrics_endpoint_counts_outcomes() {
+    let demo = start_demo(&[]);
+    let http = Http::new(&demo);
+    let id = [("X-Kalipto-Delivery-Id", "pd_metrics")];
+    http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+    http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+    let response = http
+        .client
+        .get(format!("{}/metrics", http.base).parse().unwrap())
+        .await
+        .unwrap();
+    let text = response.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    for outcome in ["first", "replayed"] {
+        let line = text
+            .lines()
+            .find(|l| {
+                l.starts_with("idempotency_requests_total{")
+                    && l.contains("namespace=\"kalipto\"")
+                    && l.contains(&format!("outcome=\"{outcome}\""))
+            })
+            .unwrap_or_else(|| panic!("no {outcome} counter in:\n{text}"));
+        assert!(line.ends_with(" 1"), "{line}");
+    }
+    assert!(text.contains("idempotency_store_duration_seconds"));
+    assert!(!text.contains("pd_metrics"), "no raw key in metrics");
+}

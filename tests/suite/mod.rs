@@ -736,4 +736,5 @@ macro_rules! store_suite {
     };
 }
 
+#[allow(unused_imports)]
 pub use store_suite;

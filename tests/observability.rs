@@ -1,0 +1,256 @@
+//! Each outcome emits its span fields, event and counter with the right labels; no captured log
+//! line ever holds a raw key, a body or a token.
+#![cfg(feature = "metrics")]
+
+mod suite;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::StatusCode;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use suite::app::{Effects, router};
+use suite::{post, send};
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::store::{Claim, IdempotencyStore, StoreKey};
+use tower_idempotency::{FailureMode, IdempotencyLayer, MemoryStore, Outcome, OutcomeEvent};
+
+const SECRET_KEY: &str = "whsec-delivery-7Hq2";
+const SECRET_BODY: &str = r#"{"card":"4242424242424242"}"#;
+
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Capture {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+type Counters = Vec<(String, Vec<(String, String)>, u64)>;
+
+fn counters(recorder: &DebuggingRecorder) -> Counters {
+    recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Counter(n) => {
+                let key = key.key();
+                let labels = key
+                    .labels()
+                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                    .collect();
+                Some((key.name().to_owned(), labels, n))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn count(counters: &Counters, name: &str, labels: &[(&str, &str)]) -> u64 {
+    counters
+        .iter()
+        .filter(|(n, l, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .map(|(_, _, v)| v)
+        .sum()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn every_outcome_is_traced_and_counted_without_secrets() {
+    let capture = Capture::default();
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _tracing = tracing::subscriber::set_default(subscriber);
+    let recorder = DebuggingRecorder::new();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+
+    let hooked: Arc<Mutex<Vec<Outcome>>> = Arc::default();
+    let hook = hooked.clone();
+    let store = MemoryStore::new();
+    let effects = Effects::default();
+    let app = router(
+        IdempotencyLayer::new(store.clone())
+            .namespace("obs")
+            .on_outcome(move |event: &OutcomeEvent<'_>| {
+                assert_eq!(event.namespace, "obs");
+                hook.lock().unwrap().push(event.outcome);
+            }),
+        &effects,
+    );
+
+    // first, replayed, mismatch
+    assert_eq!(
+        send(&app, post("/effect", Some(SECRET_KEY), SECRET_BODY))
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        send(&app, post("/effect", Some(SECRET_KEY), SECRET_BODY))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, post("/effect", Some(SECRET_KEY), "{}")).await.0,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    // released
+    let mut failing = post("/effect", Some("fails"), SECRET_BODY);
+    failing
+        .headers_mut()
+        .insert("x-demo-fail", "true".parse().unwrap());
+    assert_eq!(
+        send(&app, failing).await.0,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    // rejected (missing key)
+    assert_eq!(
+        send(&app, post("/effect", None, SECRET_BODY)).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    // in flight: a claim held elsewhere
+    let held = StoreKey::new("obs", Some("/effect"), "held");
+    store
+        .reserve(
+            &held,
+            &Claim::new(Fingerprint::of_bytes(b"{}")),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        send(&app, post("/effect", Some("held"), "{}")).await.0,
+        StatusCode::CONFLICT
+    );
+
+    // store_error and fail_open: a full store
+    let full = MemoryStore::new().with_max_entries(1);
+    full.reserve(
+        &StoreKey::new("x", None, "x"),
+        &Claim::new(Fingerprint::NONE),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let closed = router(
+        IdempotencyLayer::new(full.clone()).namespace("obs"),
+        &effects,
+    );
+    assert_eq!(
+        send(&closed, post("/effect", Some("k"), "{}")).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let open = router(
+        IdempotencyLayer::new(full)
+            .namespace("obs")
+            .failure_mode(FailureMode::Open),
+        &effects,
+    );
+    assert_eq!(
+        send(&open, post("/effect", Some("k"), "{}")).await.0,
+        StatusCode::CREATED
+    );
+    // Let background releases run.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let c = counters(&recorder);
+    let requests = "idempotency_requests_total";
+    for (outcome, reason) in [
+        ("first", "none"),
+        ("replayed", "none"),
+        ("mismatch", "none"),
+        ("released", "none"),
+        ("rejected", "missing_key"),
+        ("in_flight", "none"),
+        ("store_error", "none"),
+    ] {
+        assert_eq!(
+            count(
+                &c,
+                requests,
+                &[
+                    ("namespace", "obs"),
+                    ("outcome", outcome),
+                    ("reason", reason)
+                ]
+            ),
+            1,
+            "{outcome} counted once: {c:?}"
+        );
+    }
+    // fail_open: processed, and the inner outcome of the unprotected request is fail_open.
+    assert_eq!(count(&c, requests, &[("outcome", "fail_open")]), 1, "{c:?}");
+    assert!(
+        count(
+            &c,
+            "idempotency_store_errors_total",
+            &[("operation", "reserve")]
+        ) >= 2
+    );
+    assert_eq!(
+        *hooked.lock().unwrap(),
+        [
+            Outcome::First,
+            Outcome::Replayed,
+            Outcome::Mismatch,
+            Outcome::Released,
+            Outcome::Rejected("missing_key"),
+            Outcome::InFlight,
+        ]
+    );
+
+    let logs = capture.text();
+    for outcome in [
+        "first",
+        "replayed",
+        "mismatch",
+        "released",
+        "rejected",
+        "in_flight",
+        "store_error",
+        "fail_open",
+    ] {
+        assert!(
+            logs.contains(&format!("outcome=\"{outcome}\""))
+                || logs.contains(&format!("outcome={outcome}")),
+            "{outcome} not logged:\n{logs}"
+        );
+    }
+    assert!(
+        logs.contains("WARN") && logs.contains("ERROR"),
+        "mismatch warns, store errors are errors"
+    );
+    assert!(
+        logs.contains("key=\"ti:"),
+        "the hashed key is in the span:\n{logs}"
+    );
+    assert!(!logs.contains(SECRET_KEY), "raw key leaked:\n{logs}");
+    assert!(!logs.contains("4242424242424242"), "body leaked:\n{logs}");
+    assert!(
+        !logs.to_lowercase().contains("token("),
+        "token leaked:\n{logs}"
+    );
+}
