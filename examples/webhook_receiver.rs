@@ -6,7 +6,8 @@
 //!
 //! Binds `127.0.0.1:3000`, or `BIND` (`BIND=127.0.0.1:0` picks a free port); the first line on
 //! stdout is `listening on http://ADDR`. The store is the embedded memory store, or Redis when
-//! `REDIS_URL` is set (`REDIS_URL=redis://127.0.0.1:6379`).
+//! `REDIS_URL` is set (`REDIS_URL=redis://127.0.0.1:6379`), or SQL when `DATABASE_URL` is set
+//! (`postgres://user@host/db` or `sqlite://receiver.db`; features `postgres` / `sqlite`).
 //!
 //! Routes (all `POST` routes are protected; each shares the one store and the one effect
 //! counter):
@@ -254,9 +255,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
         .parse()?;
     let metrics = PrometheusBuilder::new().install_recorder()?;
-    let router = match std::env::var("REDIS_URL") {
-        Ok(url) => app(connect_redis(&url).await?, metrics),
-        Err(_) => app(MemoryStore::new(), metrics),
+    let router = match (std::env::var("REDIS_URL"), std::env::var("DATABASE_URL")) {
+        (Ok(url), _) => app(connect_redis(&url).await?, metrics),
+        (_, Ok(url)) if url.starts_with("postgres") => app(connect_postgres(&url).await?, metrics),
+        (_, Ok(url)) => app(open_sqlite(&url).await?, metrics),
+        _ => app(MemoryStore::new(), metrics),
     };
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!("listening on http://{}", listener.local_addr()?);
@@ -277,6 +280,47 @@ async fn connect_redis(
     pool.init().await?;
     tracing::info!("using the Redis store");
     Ok(tower_idempotency::RedisStore::new(pool))
+}
+
+#[cfg(feature = "postgres")]
+async fn connect_postgres(
+    url: &str,
+) -> Result<tower_idempotency::PostgresStore, Box<dyn std::error::Error>> {
+    use tower_idempotency::store::sql::sqlx::postgres::PgPoolOptions;
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(1))
+        .connect(url)
+        .await?;
+    let store = tower_idempotency::PostgresStore::new(pool);
+    store.migrate().await?;
+    // Expired rows are purged every 10 minutes, in batches.
+    drop(store.spawn_purge(Duration::from_secs(600)));
+    tracing::info!("using the PostgreSQL store");
+    Ok(store)
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn connect_postgres(_url: &str) -> Result<MemoryStore, Box<dyn std::error::Error>> {
+    Err("DATABASE_URL is a postgres:// URL but the `postgres` feature is off".into())
+}
+
+#[cfg(feature = "sqlite")]
+async fn open_sqlite(
+    url: &str,
+) -> Result<tower_idempotency::SqliteStore, Box<dyn std::error::Error>> {
+    let path = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .ok_or("DATABASE_URL must start with postgres:// or sqlite://")?;
+    let store = tower_idempotency::SqliteStore::open(path).await?;
+    drop(store.spawn_purge(Duration::from_secs(600)));
+    tracing::info!(path, "using the SQLite store");
+    Ok(store)
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn open_sqlite(_url: &str) -> Result<MemoryStore, Box<dyn std::error::Error>> {
+    Err("DATABASE_URL is a sqlite:// URL but the `sqlite` feature is off".into())
 }
 
 #[cfg(not(feature = "redis"))]

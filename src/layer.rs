@@ -61,8 +61,9 @@ pub enum Mode {
     Ack,
     /// The original status, allow-listed headers, body and trailers: what API clients need
     /// (the retry of a `POST /orders` gets the same order id). Responses larger than the
-    /// response buffer limit are recorded as ack only. gRPC calls are always recorded for
-    /// replay, since a gRPC client cannot decode an HTTP acknowledgement.
+    /// response buffer limit are recorded as ack only. gRPC replies up to that limit are
+    /// always recorded for replay, since a gRPC client cannot decode an HTTP acknowledgement;
+    /// duplicates of a larger gRPC reply get `ALREADY_EXISTS`.
     Replay,
 }
 
@@ -476,7 +477,9 @@ impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
 
     /// Sets how much of a response is held in memory before it is sent (default 64 KiB).
     /// Responses up to this size are recorded before the client sees them, and can be
-    /// replayed; larger ones are streamed and recorded (ack only) when their stream ends.
+    /// replayed; larger ones are streamed and recorded (ack only) when their stream ends. A
+    /// duplicate of a gRPC call whose reply was larger gets `ALREADY_EXISTS`, since there is no
+    /// reply to replay.
     pub fn response_buffer_limit(self, bytes: usize) -> Self {
         self.with(|s| s.response_buffer_limit = bytes)
     }

@@ -55,6 +55,30 @@
 //!     );
 //! ```
 //!
+//! # tonic
+//!
+//! gRPC metadata is a header, so the key is a [`HeaderKey`](key::HeaderKey); success is the
+//! final `grpc-status: 0`, duplicates get the original reply, and the layer's own answers are
+//! gRPC statuses. `examples/grpc_receiver.rs` is the runnable program.
+//!
+//! ```no_run
+//! use tonic::service::Routes;
+//! use tonic::transport::Server;
+//! use tower_idempotency::{IdempotencyLayer, key::HeaderKey, store::MemoryStore};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let idempotency = IdempotencyLayer::new(MemoryStore::new())
+//!     .namespace("payments")
+//!     .key(HeaderKey::new("idempotency-key"));
+//! Server::builder()
+//!     .layer(idempotency)
+//!     // .add_service(PaymentsServer::new(MyPayments::default()))
+//!     .add_routes(Routes::default())
+//!     .serve("127.0.0.1:50051".parse()?)
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
 //! # hyper
 //!
 //! ```
@@ -120,3 +144,7 @@ pub use self::store::{IdempotencyStore, MemoryStore};
 pub use self::store::redis::RedisStore;
 #[cfg(feature = "redis")]
 pub use fred;
+#[cfg(feature = "postgres")]
+pub use self::store::sql::PostgresStore;
+#[cfg(feature = "sqlite")]
+pub use self::store::sql::SqliteStore;

@@ -304,3 +304,33 @@ async fn metrics_endpoint_counts_outcomes() {
     assert!(text.contains("idempotency_store_duration_seconds"));
     assert!(!text.contains("pd_metrics"), "no raw key in metrics");
 }
+
+/// With `DATABASE_URL=sqlite://...` the demo's records survive a restart of the receiver.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn sqlite_records_survive_a_receiver_restart() {
+    let path = std::env::temp_dir().join(format!("demo-{}.db", std::process::id()));
+    let url = format!("sqlite://{}", path.display());
+    let id = [("X-Kalipto-Delivery-Id", "pd_restart")];
+    {
+        let demo = start_demo(&[("DATABASE_URL", &url)]);
+        let http = Http::new(&demo);
+        let (status, headers, _) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(headers.get("idempotent-replayed").is_none());
+    }
+    let demo = start_demo(&[("DATABASE_URL", &url)]);
+    let http = Http::new(&demo);
+    let (status, headers, _) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(
+        http.effects().await["total"],
+        0,
+        "no effect after the restart"
+    );
+    drop(demo);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}

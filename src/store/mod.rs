@@ -41,6 +41,8 @@ pub use self::error::BoxError;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub mod sql;
 
 use std::fmt;
 use std::future::Future;
@@ -49,7 +51,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 pub use self::error::{StoreError, StoreErrorKind};
-pub use self::memory::MemoryStore;
+pub use self::memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
 

@@ -1,0 +1,510 @@
+//! `PostgresStore` against a real PostgreSQL server (never a mock: `ON CONFLICT`, row locks and
+//! snapshots must be the real thing). The behaviour suite and most tests share one server per
+//! test binary; the tests that stop the server start their own.
+#![cfg(feature = "postgres")]
+
+#[path = "support/postgres_server.rs"]
+mod postgres_server;
+mod suite;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use postgres_server::PostgresServer;
+use sqlx::Row;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::record::{Record, StoredResponse};
+use tower_idempotency::store::sql::{DEFAULT_TABLE, PostgresStore};
+use tower_idempotency::store::{Claim, IdempotencyStore, Reservation, StoreErrorKind, StoreKey};
+
+const LEASE: Duration = Duration::from_secs(30);
+const RETENTION: Duration = Duration::from_secs(72 * 3600);
+
+/// The server shared by the tests that never stop it. Kept for the whole test process; its
+/// watchdog removes it when the process exits.
+fn shared_server() -> &'static PostgresServer {
+    static SERVER: OnceLock<PostgresServer> = OnceLock::new();
+    SERVER.get_or_init(PostgresServer::new)
+}
+
+async fn pool(url: &str, max_connections: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        // Below the layer's 2 s store timeout: a database that is down is "unavailable".
+        .acquire_timeout(Duration::from_secs(1))
+        .connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("could not connect to {url}: {e}"))
+}
+
+/// A migrated store on the shared server, in the default table.
+async fn shared_store() -> PostgresStore {
+    let url = tokio::task::block_in_place(|| shared_server().url());
+    let store = PostgresStore::new(pool(&url, 8).await);
+    store.migrate().await.unwrap();
+    store
+}
+
+/// A migrated store on the shared server in a table of its own, so that row counts are exact.
+async fn own_table_store(name: &str) -> PostgresStore {
+    let url = tokio::task::block_in_place(|| shared_server().url());
+    let table = format!("{name}_{}", std::process::id());
+    let store = PostgresStore::new(pool(&url, 8).await).with_table(&table);
+    sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+fn claim(body: &[u8]) -> Claim {
+    Claim::new(Fingerprint::of_bytes(body))
+}
+
+async fn count(store: &PostgresStore) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {}", store.table()))
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+suite::store_suite!(async { (shared_store().await, ()) });
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absent_in_flight_completed_transitions() {
+    let store = shared_store().await;
+    let key = StoreKey::new(&suite::ns("pg-transitions"), None, "evt_1");
+    let first = claim(b"{\"a\":1}");
+
+    assert_eq!(
+        store.reserve(&key, &first, LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+    let row = sqlx::query(
+        "SELECT state, token, fingerprint, record,
+                extract(epoch FROM expires_at - now())::float8 AS ttl
+         FROM idempotency_keys WHERE key = $1",
+    )
+    .bind(key.as_str())
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(row.get::<&str, _>("state"), "in_flight");
+    assert_eq!(row.get::<&[u8], _>("token"), first.token().as_bytes());
+    assert_eq!(
+        row.get::<&[u8], _>("fingerprint"),
+        first.fingerprint().as_bytes()
+    );
+    assert_eq!(row.get::<Option<&[u8]>, _>("record"), None);
+    let ttl: f64 = row.get("ttl");
+    assert!(ttl > 25.0 && ttl <= 30.0, "lease {ttl}");
+
+    // The same claim again (a retry of a statement whose reply was lost) is still ours.
+    assert_eq!(
+        store.reserve(&key, &first, LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+    // A duplicate while in flight sees the first fingerprint.
+    let dup = claim(b"{\"a\":1}");
+    assert_eq!(
+        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        Reservation::InFlight {
+            fingerprint: first.fingerprint()
+        }
+    );
+    // Neither complete nor release with another token touches the claim.
+    let record = Record::ack(first.fingerprint());
+    assert!(
+        !store
+            .complete(&key, &dup, &record, RETENTION)
+            .await
+            .unwrap()
+    );
+    assert!(!store.release(&key, &dup).await.unwrap());
+
+    assert!(
+        store
+            .complete(&key, &first, &record, RETENTION)
+            .await
+            .unwrap()
+    );
+    let row = sqlx::query(
+        "SELECT state, token, record, extract(epoch FROM expires_at - now())::float8 AS ttl
+         FROM idempotency_keys WHERE key = $1",
+    )
+    .bind(key.as_str())
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(row.get::<&str, _>("state"), "completed");
+    assert_eq!(row.get::<Option<&[u8]>, _>("token"), None);
+    assert_eq!(row.get::<&[u8], _>("record"), &record.encode()[..]);
+    let ttl: f64 = row.get("ttl");
+    let retention = RETENTION.as_secs_f64();
+    assert!(
+        ttl > retention - 10.0 && ttl <= retention,
+        "retention {ttl}"
+    );
+
+    // A duplicate after completion gets the record; the key is not claimed again.
+    assert_eq!(
+        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        Reservation::Completed(record.clone())
+    );
+    // Neither release nor complete applies to a completed key, not even with its old token.
+    assert!(!store.release(&key, &first).await.unwrap());
+    assert!(!store.complete(&key, &first, &record, LEASE).await.unwrap());
+
+    // Release of a live claim deletes the row, and the next attempt acquires.
+    let other = StoreKey::new(&suite::ns("pg-transitions"), None, "evt_2");
+    let a = claim(b"x");
+    assert_eq!(
+        store.reserve(&other, &a, LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+    assert!(store.release(&other, &a).await.unwrap());
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE key = $1")
+        .bind(other.as_str())
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    assert_eq!(
+        store.reserve(&other, &claim(b"x"), LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
+    let store = shared_store().await;
+    let ns = suite::ns("pg-expiry");
+    // An expired lease.
+    let key = StoreKey::new(&ns, None, "lease");
+    let old = claim(b"x");
+    store
+        .reserve(&key, &old, Duration::from_millis(50))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let new = claim(b"y");
+    assert_eq!(
+        store.reserve(&key, &new, LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+    let record = Record::ack(old.fingerprint());
+    assert!(!store.complete(&key, &old, &record, LEASE).await.unwrap());
+    assert!(!store.release(&key, &old).await.unwrap());
+    assert_eq!(
+        store.reserve(&key, &claim(b"z"), LEASE).await.unwrap(),
+        Reservation::InFlight {
+            fingerprint: new.fingerprint()
+        }
+    );
+    // An expired record.
+    let key = StoreKey::new(&ns, None, "record");
+    let first = claim(b"x");
+    store.reserve(&key, &first, LEASE).await.unwrap();
+    let record = Record::ack(first.fingerprint());
+    assert!(
+        store
+            .complete(&key, &first, &record, Duration::from_millis(50))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        Reservation::Completed(record)
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_claims_have_exactly_one_winner() {
+    let url = tokio::task::block_in_place(|| shared_server().url());
+    let store = PostgresStore::new(pool(&url, 50).await);
+    store.migrate().await.unwrap();
+    let ns = suite::ns("pg-race");
+    for round in 0..10 {
+        let key = StoreKey::new(&ns, None, &format!("evt_{round}"));
+        if round % 2 == 1 {
+            // Odd rounds race for an expired row instead of an absent one.
+            let dead = claim(b"same");
+            store
+                .reserve(&key, &dead, Duration::from_millis(1))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(50));
+        let tasks: Vec<_> = (0..50)
+            .map(|_| {
+                let store = store.clone();
+                let key = key.clone();
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.reserve(&key, &claim(b"same"), LEASE).await
+                })
+            })
+            .collect();
+        let mut acquired = 0;
+        for task in tasks {
+            match task.await.unwrap().unwrap() {
+                Reservation::Acquired => acquired += 1,
+                Reservation::InFlight { fingerprint } => {
+                    assert_eq!(fingerprint, Fingerprint::of_bytes(b"same"))
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(acquired, 1, "round {round}");
+    }
+}
+
+fn replay_record(fingerprint: Fingerprint) -> Record {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    Record::replay(
+        fingerprint,
+        StoredResponse::new(
+            StatusCode::CREATED,
+            headers,
+            Bytes::from_static(b"{\"id\":\"ord_1\"}"),
+            Some(trailers),
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_keys_survive_an_app_restart() {
+    let key = StoreKey::new(&suite::ns("pg-app-restart"), None, "evt_1");
+    let first = claim(b"body");
+    let record = replay_record(first.fingerprint());
+    {
+        let store = shared_store().await;
+        store.reserve(&key, &first, LEASE).await.unwrap();
+        assert!(
+            store
+                .complete(&key, &first, &record, RETENTION)
+                .await
+                .unwrap()
+        );
+        store.into_inner().close().await;
+    }
+    // A new process: a new pool, a new store, the same database.
+    let store = shared_store().await;
+    assert_eq!(
+        store.reserve(&key, &claim(b"body"), LEASE).await.unwrap(),
+        Reservation::Completed(record)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_keys_survive_a_database_crash_and_the_store_reconnects() {
+    let mut server = tokio::task::block_in_place(PostgresServer::new);
+    let store = PostgresStore::new(pool(&server.url(), 4).await);
+    store.migrate().await.unwrap();
+    let key = StoreKey::new("restart", None, "evt_1");
+    let first = claim(b"body");
+    let record = replay_record(first.fingerprint());
+    store.reserve(&key, &first, LEASE).await.unwrap();
+    assert!(
+        store
+            .complete(&key, &first, &record, RETENTION)
+            .await
+            .unwrap()
+    );
+
+    tokio::task::block_in_place(|| server.stop());
+    let err = store
+        .reserve(&key, &claim(b"body"), LEASE)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    tokio::task::block_in_place(|| server.start());
+
+    // The same store (the same pool) recovers by itself, and the record is still there.
+    assert_eq!(
+        store.reserve(&key, &claim(b"body"), LEASE).await.unwrap(),
+        Reservation::Completed(record)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_down_fails_closed_with_503() {
+    let mut server = tokio::task::block_in_place(PostgresServer::new);
+    let store = PostgresStore::new(pool(&server.url(), 4).await);
+    store.migrate().await.unwrap();
+    suite::fail_open_processes_without_protection(store, async move || {
+        tokio::task::block_in_place(|| server.stop());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_removes_only_expired_rows() {
+    let store = own_table_store("purge").await;
+    let table = store.table().to_owned();
+    // 2500 expired rows: in-flight claims whose worker died and completed records past their
+    // retention.
+    sqlx::query(&format!(
+        "INSERT INTO {table} (key, state, token, fingerprint, record, expires_at, created_at)
+         SELECT 'expired-' || g,
+                CASE WHEN g % 2 = 0 THEN 'in_flight' ELSE 'completed' END,
+                CASE WHEN g % 2 = 0 THEN decode(repeat('00', 16), 'hex') END,
+                decode(repeat('00', 8), 'hex'),
+                CASE WHEN g % 2 = 1 THEN decode('02' || repeat('00', 8), 'hex') END,
+                now() - interval '1 second' * g,
+                now() - interval '1 hour'
+         FROM generate_series(1, 2500) AS g"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    // 30 live rows through the store: 15 in flight, 15 completed.
+    let mut live = Vec::new();
+    for i in 0..30 {
+        let key = StoreKey::new("purge", None, &i.to_string());
+        let c = claim(b"live");
+        store.reserve(&key, &c, LEASE).await.unwrap();
+        if i % 2 == 1 {
+            store
+                .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
+                .await
+                .unwrap();
+        }
+        live.push(key);
+    }
+    assert_eq!(count(&store).await, 2530);
+
+    assert_eq!(store.purge_expired(1000).await.unwrap(), 2500);
+    assert_eq!(count(&store).await, 30);
+    assert_eq!(store.purge_expired(1000).await.unwrap(), 0);
+    for (i, key) in live.iter().enumerate() {
+        let found = store.reserve(key, &claim(b"live"), LEASE).await.unwrap();
+        if i % 2 == 1 {
+            assert!(matches!(found, Reservation::Completed(_)), "{found:?}");
+        } else {
+            assert!(matches!(found, Reservation::InFlight { .. }), "{found:?}");
+        }
+    }
+
+    // The background purge removes rows as they expire.
+    for i in 0..20 {
+        let key = StoreKey::new("purge-bg", None, &i.to_string());
+        store
+            .reserve(&key, &claim(b"x"), Duration::from_millis(1))
+            .await
+            .unwrap();
+    }
+    let purge = store.spawn_purge(Duration::from_millis(50));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while count(&store).await > 30 {
+        assert!(tokio::time::Instant::now() < deadline, "not purged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    purge.abort();
+    assert_eq!(count(&store).await, 30);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
+    let url = tokio::task::block_in_place(|| shared_server().url());
+    let pool = pool(&url, 16).await;
+    sqlx::query("CREATE SCHEMA IF NOT EXISTS app")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let table = format!("app.keys_{}", std::process::id());
+    let store = PostgresStore::new(pool.clone()).with_table(&table);
+    assert_eq!(store.table(), table);
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.migrate().await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    store.migrate().await.unwrap();
+    let key = StoreKey::new("app", None, "k");
+    assert_eq!(
+        store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = 'app' AND tablename = $1",
+    )
+    .bind(table.trim_start_matches("app."))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        indexes.iter().any(|d| d.contains("(expires_at)")),
+        "{indexes:?}"
+    );
+
+    // The published schema runs as it is (it is what `migrate` runs for the default table).
+    assert!(PostgresStore::SCHEMA.contains(DEFAULT_TABLE));
+    sqlx::raw_sql(PostgresStore::SCHEMA)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(PostgresStore::new(pool).schema(), PostgresStore::SCHEMA);
+}
+
+/// A claim that waits on another transaction's uncommitted insert of the same key: when that
+/// commits, the claim's statement conflicts with a row its snapshot cannot see, reads nothing
+/// back, and must claim again (with a fresh snapshot) to report the winner; when it rolls
+/// back, the claim wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_racing_an_uncommitted_insert_reports_the_winner() {
+    let store = shared_store().await;
+    let ns = suite::ns("pg-uncommitted");
+    for commit in [true, false] {
+        let key = StoreKey::new(&ns, None, &commit.to_string());
+        let winner = claim(b"winner");
+        let mut tx = store.pool().begin().await.unwrap();
+        sqlx::query(
+            "INSERT INTO idempotency_keys (key, state, token, fingerprint, expires_at)
+             VALUES ($1, 'in_flight', $2, $3, now() + interval '30 seconds')",
+        )
+        .bind(key.as_str())
+        .bind(&winner.token().as_bytes()[..])
+        .bind(&winner.fingerprint().as_bytes()[..])
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let waiting = {
+            let store = store.clone();
+            let key = key.clone();
+            tokio::spawn(async move { store.reserve(&key, &claim(b"loser"), LEASE).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "the claim waits for the insert");
+        if commit {
+            tx.commit().await.unwrap();
+            assert_eq!(
+                waiting.await.unwrap().unwrap(),
+                Reservation::InFlight {
+                    fingerprint: winner.fingerprint()
+                }
+            );
+        } else {
+            tx.rollback().await.unwrap();
+            assert_eq!(waiting.await.unwrap().unwrap(), Reservation::Acquired);
+        }
+    }
+}

@@ -1,0 +1,408 @@
+//! `SqliteStore` on real database files (the bundled libsqlite3: `ON CONFLICT ... DO UPDATE
+//! ... WHERE ... RETURNING`, WAL, busy timeouts are the real thing). Every test has its own
+//! file in its own temporary directory.
+#![cfg(feature = "sqlite")]
+
+mod suite;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::Row;
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::record::{Record, StoredResponse};
+use tower_idempotency::store::sql::SqliteStore;
+use tower_idempotency::store::{Claim, IdempotencyStore, Reservation, StoreErrorKind, StoreKey};
+
+const LEASE: Duration = Duration::from_secs(30);
+const RETENTION: Duration = Duration::from_secs(72 * 3600);
+
+/// A temporary directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "tower-idem-sqlite-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn db(&self) -> PathBuf {
+        self.0.join("idempotency.db")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn open(path: &Path) -> SqliteStore {
+    SqliteStore::open(path)
+        .await
+        .unwrap_or_else(|e| panic!("could not open {}: {e}", path.display()))
+}
+
+/// A fresh store on a fresh file; the directory goes with the guard.
+async fn fresh() -> (SqliteStore, TempDir) {
+    let dir = TempDir::new();
+    (open(&dir.db()).await, dir)
+}
+
+fn claim(body: &[u8]) -> Claim {
+    Claim::new(Fingerprint::of_bytes(body))
+}
+
+async fn count(store: &SqliteStore) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {}", store.table()))
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+suite::store_suite!(fresh());
+
+#[tokio::test]
+async fn absent_in_flight_completed_transitions() {
+    let (store, _dir) = fresh().await;
+    let key = StoreKey::new("orders", None, "evt_1");
+    let first = claim(b"{\"a\":1}");
+
+    assert_eq!(
+        store.reserve(&key, &first, LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+    let row = sqlx::query(
+        "SELECT state, token, fingerprint, record, expires_at - created_at AS lease
+         FROM idempotency_keys WHERE key = ?1",
+    )
+    .bind(key.as_str())
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(row.get::<&str, _>("state"), "in_flight");
+    assert_eq!(row.get::<&[u8], _>("token"), first.token().as_bytes());
+    assert_eq!(
+        row.get::<&[u8], _>("fingerprint"),
+        first.fingerprint().as_bytes()
+    );
+    assert_eq!(row.get::<Option<&[u8]>, _>("record"), None);
+    assert_eq!(row.get::<i64, _>("lease"), 30_000);
+
+    // The same claim again is still ours; a duplicate sees the first fingerprint.
+    assert_eq!(
+        store.reserve(&key, &first, LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+    let dup = claim(b"{\"a\":1}");
+    assert_eq!(
+        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        Reservation::InFlight {
+            fingerprint: first.fingerprint()
+        }
+    );
+    let record = Record::ack(first.fingerprint());
+    assert!(
+        !store
+            .complete(&key, &dup, &record, RETENTION)
+            .await
+            .unwrap()
+    );
+    assert!(!store.release(&key, &dup).await.unwrap());
+
+    assert!(
+        store
+            .complete(&key, &first, &record, RETENTION)
+            .await
+            .unwrap()
+    );
+    let row =
+        sqlx::query("SELECT state, token, record, expires_at FROM idempotency_keys WHERE key = ?1")
+            .bind(key.as_str())
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(row.get::<&str, _>("state"), "completed");
+    assert_eq!(row.get::<Option<&[u8]>, _>("token"), None);
+    assert_eq!(row.get::<&[u8], _>("record"), &record.encode()[..]);
+    let left = row.get::<i64, _>("expires_at") - now_ms();
+    let retention = RETENTION.as_millis() as i64;
+    assert!(left > retention - 10_000 && left <= retention, "{left}");
+
+    assert_eq!(
+        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        Reservation::Completed(record.clone())
+    );
+    assert!(!store.release(&key, &first).await.unwrap());
+    assert!(!store.complete(&key, &first, &record, LEASE).await.unwrap());
+
+    let other = StoreKey::new("orders", None, "evt_2");
+    let a = claim(b"x");
+    store.reserve(&other, &a, LEASE).await.unwrap();
+    assert!(store.release(&other, &a).await.unwrap());
+    assert_eq!(count(&store).await, 1);
+    assert_eq!(
+        store.reserve(&other, &claim(b"x"), LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+}
+
+#[tokio::test]
+async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
+    let (store, _dir) = fresh().await;
+    let key = StoreKey::new("t", None, "lease");
+    let old = claim(b"x");
+    store
+        .reserve(&key, &old, Duration::from_millis(30))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let new = claim(b"y");
+    assert_eq!(
+        store.reserve(&key, &new, LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+    assert!(
+        !store
+            .complete(&key, &old, &Record::ack(old.fingerprint()), LEASE)
+            .await
+            .unwrap()
+    );
+    assert!(!store.release(&key, &old).await.unwrap());
+    assert_eq!(
+        store.reserve(&key, &claim(b"z"), LEASE).await.unwrap(),
+        Reservation::InFlight {
+            fingerprint: new.fingerprint()
+        }
+    );
+
+    let key = StoreKey::new("t", None, "record");
+    let first = claim(b"x");
+    store.reserve(&key, &first, LEASE).await.unwrap();
+    let record = Record::ack(first.fingerprint());
+    store
+        .complete(&key, &first, &record, Duration::from_millis(30))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        Reservation::Completed(record)
+    );
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(
+        store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+    assert_eq!(count(&store).await, 2, "taken over in place");
+}
+
+/// 50 identical claims at once, through two pools on one file (two processes sharing it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_claims_have_exactly_one_winner() {
+    let (a, dir) = fresh().await;
+    let b = open(&dir.db()).await;
+    for round in 0..10 {
+        let key = StoreKey::new("race", None, &format!("evt_{round}"));
+        if round % 2 == 1 {
+            // Odd rounds race for an expired row instead of an absent one.
+            a.reserve(&key, &claim(b"same"), Duration::from_millis(1))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(50));
+        let tasks: Vec<_> = (0..50)
+            .map(|i| {
+                let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+                let key = key.clone();
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.reserve(&key, &claim(b"same"), LEASE).await
+                })
+            })
+            .collect();
+        let mut acquired = 0;
+        for task in tasks {
+            match task.await.unwrap().unwrap() {
+                Reservation::Acquired => acquired += 1,
+                Reservation::InFlight { fingerprint } => {
+                    assert_eq!(fingerprint, Fingerprint::of_bytes(b"same"))
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(acquired, 1, "round {round}");
+    }
+}
+
+#[tokio::test]
+async fn completed_keys_survive_an_app_restart() {
+    let dir = TempDir::new();
+    let key = StoreKey::new("restart", None, "evt_1");
+    let first = claim(b"body");
+    let mut headers = http::HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    let record = Record::replay(
+        first.fingerprint(),
+        StoredResponse::new(
+            http::StatusCode::CREATED,
+            headers,
+            bytes::Bytes::from_static(b"{\"id\":1}"),
+            None,
+        ),
+    );
+    {
+        let store = open(&dir.db()).await;
+        store.reserve(&key, &first, LEASE).await.unwrap();
+        assert!(
+            store
+                .complete(&key, &first, &record, RETENTION)
+                .await
+                .unwrap()
+        );
+        store.into_inner().close().await;
+    }
+    // A new process: a new pool on the same file; opening migrates again, harmlessly.
+    let store = open(&dir.db()).await;
+    assert_eq!(
+        store.reserve(&key, &claim(b"body"), LEASE).await.unwrap(),
+        Reservation::Completed(record)
+    );
+}
+
+#[tokio::test]
+async fn purge_removes_only_expired_rows() {
+    let (store, _dir) = fresh().await;
+    sqlx::query(
+        "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 2500)
+         INSERT INTO idempotency_keys
+             (key, state, token, fingerprint, record, expires_at, created_at)
+         SELECT 'expired-' || n,
+                CASE WHEN n % 2 = 0 THEN 'in_flight' ELSE 'completed' END,
+                CASE WHEN n % 2 = 0 THEN zeroblob(16) END,
+                zeroblob(8),
+                CASE WHEN n % 2 = 1 THEN x'020000000000000000' END,
+                ?1 - 1000 * n,
+                ?1 - 3600000
+         FROM g",
+    )
+    .bind(now_ms())
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let mut live = Vec::new();
+    for i in 0..30 {
+        let key = StoreKey::new("purge", None, &i.to_string());
+        let c = claim(b"live");
+        store.reserve(&key, &c, LEASE).await.unwrap();
+        if i % 2 == 1 {
+            store
+                .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
+                .await
+                .unwrap();
+        }
+        live.push(key);
+    }
+    assert_eq!(count(&store).await, 2530);
+
+    assert_eq!(store.purge_expired(1000).await.unwrap(), 2500);
+    assert_eq!(count(&store).await, 30);
+    assert_eq!(store.purge_expired(1000).await.unwrap(), 0);
+    for (i, key) in live.iter().enumerate() {
+        let found = store.reserve(key, &claim(b"live"), LEASE).await.unwrap();
+        if i % 2 == 1 {
+            assert!(matches!(found, Reservation::Completed(_)), "{found:?}");
+        } else {
+            assert!(matches!(found, Reservation::InFlight { .. }), "{found:?}");
+        }
+    }
+
+    for i in 0..20 {
+        let key = StoreKey::new("purge-bg", None, &i.to_string());
+        store
+            .reserve(&key, &claim(b"x"), Duration::from_millis(1))
+            .await
+            .unwrap();
+    }
+    let purge = store.spawn_purge(Duration::from_millis(50));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while count(&store).await > 30 {
+        assert!(tokio::time::Instant::now() < deadline, "not purged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    purge.abort();
+    assert_eq!(count(&store).await, 30);
+}
+
+#[tokio::test]
+async fn custom_table_and_published_schema() {
+    let (store, _dir) = fresh().await;
+    let pool = store.into_inner();
+    let custom = SqliteStore::new(pool.clone()).with_table("webhook_keys");
+    assert_eq!(custom.table(), "webhook_keys");
+    custom.migrate().await.unwrap();
+    custom.migrate().await.unwrap();
+    let key = StoreKey::new("t", None, "k");
+    assert_eq!(
+        custom.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+    let index: String = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'webhook_keys'
+         AND sql LIKE '%expires_at%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(index, "webhook_keys_expires_at_idx");
+    // The default table is untouched, and the published schema runs as it is.
+    let default = SqliteStore::new(pool.clone());
+    assert_eq!(count(&default).await, 0);
+    sqlx::raw_sql(SqliteStore::SCHEMA)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(default.schema(), SqliteStore::SCHEMA);
+}
+
+/// A store whose pool was closed (the application shutting down) answers 503 when failing
+/// closed, like a database that is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_pool_is_unavailable_and_fails_closed() {
+    let (store, _dir) = fresh().await;
+    let pool = store.pool().clone();
+    pool.close().await;
+    let err = store
+        .reserve(&StoreKey::new("t", None, "k"), &claim(b"x"), LEASE)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    let (store, _dir) = fresh().await;
+    let pool = store.pool().clone();
+    suite::fail_open_processes_without_protection(store, async move || pool.close().await).await;
+}
+
+/// A file that is not an SQLite database is reported as corrupt, not as a crash.
+#[tokio::test]
+async fn not_a_database_is_an_error() {
+    let dir = TempDir::new();
+    std::fs::write(dir.db(), vec![b'x'; 8192]).unwrap();
+    let err = SqliteStore::open(dir.db()).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+}
