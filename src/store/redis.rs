@@ -63,6 +63,112 @@
 //! Every command touches exactly one key, so the store works unchanged on Redis Cluster (no hash
 //! tags needed, no `CROSSSLOT`).
 //!
+//! # Redis Cluster and Sentinel
+//!
+//! Nothing changes but the client's configuration: a clustered client
+//! (`redis-cluster://host:port?node=host2:port2`, or
+//! [`ServerConfig::Clustered`](fred::types::config::ServerConfig::Clustered)) routes each command
+//! to the primary that owns its key's hash slot and follows `MOVED` / `ASK` redirections; a
+//! sentinel client (`redis-sentinel://host:26379?sentinelServiceName=mymaster&node=host:26380`,
+//! or [`ServerConfig::Sentinel`](fred::types::config::ServerConfig::Sentinel)) asks the sentinels
+//! for the current primary, and asks again when its connection drops after a failover. Give
+//! either a [`ReconnectPolicy`](fred::types::config::ReconnectPolicy), as above: it is what lets
+//! the same client find the new primary.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower_idempotency::store::redis::RedisStore;
+//! use tower_idempotency::store::redis::fred::prelude::*;
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), fred::error::Error> {
+//! // Any one node is enough: the client discovers the others with `CLUSTER SLOTS`.
+//! let config = Config::from_url("redis-cluster://10.0.0.1:6379?node=10.0.0.2:6379")?;
+//! // Or, behind Sentinel:
+//! // Config::from_url("redis-sentinel://10.0.0.1:26379?sentinelServiceName=mymaster&node=10.0.0.2:26379")?;
+//! let pool = Builder::from_config(config)
+//!     .set_policy(ReconnectPolicy::new_constant(0, 100))
+//!     .with_performance_config(|perf| perf.default_command_timeout = Duration::from_secs(2))
+//!     .build_pool(4)?;
+//! pool.init().await?;
+//! let store = RedisStore::new(pool);
+//! # let _ = store;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! After a failover the new primary's script cache is empty: the first `EVALSHA` there answers
+//! `NOSCRIPT` and is sent again as `EVAL` (see above), on the node that owns the key.
+//!
+//! ## What a failover costs
+//!
+//! While a primary is down and until its replica is promoted (a few seconds: the detection
+//! timeout, `cluster-node-timeout` or `down-after-milliseconds`, plus the election), the client
+//! cannot reach the keys of that primary; a cluster client reconnects as a whole, so commands for
+//! the other primaries wait too. What the layer answers meanwhile depends on the timeouts:
+//!
+//! - **store timeout (and fred's `default_command_timeout`) longer than the failover**: calls
+//!   wait in the client's queue and go to the new primary: requests are slower, none fails, and
+//!   a claim taken before the failover is completed on the promoted replica (which received it);
+//! - **shorter**: reserves fail, answered 503 (the sender retries, nothing is lost); but a
+//!   completion that fails leaves its claim in place until the lease expires, after the
+//!   response went out, so a *later* duplicate of that event is processed again.
+//!
+//! Replication in Redis is asynchronous: a write the old primary acknowledged but had not yet
+//! sent to its replica is lost when the replica is promoted. For a claim, that opens a short
+//! window in which a concurrent duplicate may be processed; for a completed record, a duplicate
+//! delivered after the failover is processed again. [Durable
+//! completion](RedisStore::durable_completion) closes the second window.
+//!
+//! # Durable completion
+//!
+//! [`RedisStore::durable_completion`]`(replicas, timeout)` makes
+//! [`complete`](IdempotencyStore::complete) send `WAIT replicas timeout` right behind the
+//! `EVALSHA` that writes the record, pipelined on the same connection of the same client (for a
+//! [`Pool`], one of its clients is picked for the pair; in a cluster both are routed by the key's
+//! hash slot, so they reach the primary that owns the key). `WAIT` answers once `replicas`
+//! replicas have acknowledged every write of that connection, or when `timeout` has passed, with
+//! the number that did. The call returns:
+//!
+//! - `Ok(true)` when the record was written *and* at least `replicas` replicas acknowledged it:
+//!   a failover to one of them keeps the record;
+//! - `Ok(false)` when the claim was no longer ours, as without the option (the `WAIT`'s answer
+//!   is then ignored);
+//! - an error of kind [`StoreErrorKind::Unavailable`] whose [`source`](std::error::Error::source)
+//!   is a [`NotReplicated`] when fewer replicas acknowledged in time. The record **was written**
+//!   on the primary, and stays there; only a failover before the replicas catch up loses it.
+//!
+//! The completion is not over before the replicas have acknowledged. If the primary dies in
+//! between, the pipeline fails with its connection (the `WAIT` is never re-sent alone on another
+//! connection, where it would count nothing), and the store sends the pair again: after the
+//! failover, it reaches the promoted replica, which holds the claim, and writes the record
+//! there. If that second attempt finds the claim gone, the first may have written the record
+//! after all: the outcome is unknown and reported as an `Unavailable` error. This is why the
+//! lease must outlive a failover (the default 30 s does), and why the store timeout should too.
+//!
+//! The layer logs a failed completion and still sends the response: the inner service's effect
+//! has happened, and answering an error would only make the sender retry and, if the record is
+//! lost, run the effect again. So durable completion does not change any response; it changes
+//! what a `2xx` is worth: after a successful durable completion, the record is on the primary
+//! and on `replicas` replicas, and a duplicate arriving after a failover is still answered from
+//! it. A [`NotReplicated`] in the logs names the events that lack this guarantee.
+//!
+//! The cost: the pair still takes one round trip, but its answer waits for the replicas'
+//! acknowledgement (about one more replication round trip: on loopback, about 0.1 to 0.2 ms
+//! at the median, see the crate README), and the connection carrying the `WAIT` serves nothing
+//! else meanwhile. When the replicas are down or lagging (after a failover, until the old
+//! primary returns as a replica), every completion waits the full `timeout`, holds its
+//! connection that long and ends in a [`NotReplicated`]: keep `timeout` short (tens of
+//! milliseconds), prefer a [`Pool`], and keep the client's `default_command_timeout` well above
+//! `timeout`. Claims and releases are never waited for.
+//!
+//! `WAIT` is not consensus. It does not stop a primary from accepting writes, and with several
+//! replicas per primary a failover may promote one that had not acknowledged. If the key's slot
+//! moves while the pair is in flight (`MOVED`), the store repeats the `WAIT` on the new owner:
+//! right after a failover to the replica that has the write, best effort during a live
+//! resharding. The `WAIT` is not flagged as a blocking command for fred (its wait is bounded by
+//! `timeout`), so fred's `Blocking` policies never interrupt it nor fail other commands for it.
+//!
 //! # When Redis is down
 //!
 //! Every call then fails with a [`StoreError`] of kind [`StoreErrorKind::Unavailable`] (connection
@@ -99,15 +205,17 @@
 //! reconnects; [`reserve`](IdempotencyStore::reserve) recognises its own claim (same token) in
 //! the reply and still reports [`Reservation::Acquired`].
 
+use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
 pub use fred;
-use fred::clients::Pool;
+use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind as FredErrorKind};
-use fred::interfaces::{KeysInterface, LuaInterface};
+use fred::interfaces::{ClientLike, ClusterInterface, KeysInterface, LuaInterface};
+use fred::types::config::{Options, Server};
 use fred::types::scripts::Script;
-use fred::types::{Expiration, SetOptions, Value};
+use fred::types::{ClusterHash, CustomCommand, Expiration, SetOptions, Value};
 
 use super::{Claim, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey};
 use crate::record::{Record, StoredValue};
@@ -143,7 +251,96 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RELEASE_LUA
 #[derive(Clone, Debug)]
 pub struct RedisStore<C = Pool> {
     client: C,
+    durability: Option<Durability<C>>,
 }
+
+/// The settings of [`RedisStore::durable_completion`].
+struct Durability<C> {
+    replicas: u32,
+    timeout: Duration,
+    /// Picks the one client that sends both the write and its `WAIT`.
+    pick: fn(&C) -> Client,
+}
+
+impl<C> Clone for Durability<C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C> Copy for Durability<C> {}
+
+impl<C> fmt::Debug for Durability<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Durability")
+            .field("replicas", &self.replicas)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A fred client type that can hand out one [`Client`], so that a write and the `WAIT` behind
+/// it travel on the same connection: a [`Client`] is itself, a [`Pool`] picks one of its clients
+/// (a connected one when it can). Needed by [`RedisStore::durable_completion`].
+pub trait PickClient {
+    /// One client, for a command sequence that must share a connection.
+    fn pick_client(&self) -> Client;
+}
+
+impl PickClient for Client {
+    fn pick_client(&self) -> Client {
+        self.clone()
+    }
+}
+
+impl PickClient for Pool {
+    fn pick_client(&self) -> Client {
+        self.next_connected().clone()
+    }
+}
+
+/// The error behind a [`StoreErrorKind::Unavailable`] from a durable
+/// [`complete`](IdempotencyStore::complete): the record was written on the primary, but fewer
+/// replicas than required acknowledged it within the timeout (see
+/// [`RedisStore::durable_completion`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotReplicated {
+    acknowledged: u32,
+    required: u32,
+    timeout: Duration,
+}
+
+impl NotReplicated {
+    /// How many replicas acknowledged the record (`WAIT`'s reply).
+    pub fn acknowledged(&self) -> u32 {
+        self.acknowledged
+    }
+
+    /// How many were required.
+    pub fn required(&self) -> u32 {
+        self.required
+    }
+
+    /// How long the primary waited for them.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+impl fmt::Display for NotReplicated {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the completed record was written on the primary but acknowledged by {} of {} \
+             required replicas within {} ms; it may not survive a failover",
+            self.acknowledged,
+            self.required,
+            self.timeout.as_millis()
+        )
+    }
+}
+
+impl std::error::Error for NotReplicated {}
 
 impl<C> RedisStore<C>
 where
@@ -153,7 +350,44 @@ where
     ///
     /// Commands use the client's own configuration (timeouts, retries, reconnection policy).
     pub fn new(client: C) -> Self {
-        RedisStore { client }
+        RedisStore {
+            client,
+            durability: None,
+        }
+    }
+
+    /// Durable completion: after writing a completed record, waits until at least `replicas`
+    /// replicas have acknowledged it (`WAIT replicas timeout`, pipelined behind the write on the
+    /// same connection), and reports an error when fewer did within `timeout`. See [Durable
+    /// completion](self#durable-completion) for the guarantees and the cost.
+    ///
+    /// `replicas` = 0 turns it off. `timeout` is rounded to whole milliseconds, at least 1
+    /// (`WAIT` with 0 would wait forever); keep it well below the client's
+    /// `default_command_timeout`. Claims and releases are not waited for.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::store::redis::RedisStore;
+    /// # fn docs(pool: fred::clients::Pool) {
+    /// // Every primary has one replica: a completed record is on both before the response.
+    /// let store = RedisStore::new(pool).durable_completion(1, Duration::from_millis(50));
+    /// # }
+    /// ```
+    pub fn durable_completion(mut self, replicas: u32, timeout: Duration) -> Self
+    where
+        C: PickClient,
+    {
+        self.durability = (replicas > 0).then_some(Durability {
+            replicas,
+            timeout,
+            pick: C::pick_client,
+        });
+        self
+    }
+
+    /// The `(replicas, timeout)` of [`durable_completion`](Self::durable_completion), if on.
+    pub fn durability(&self) -> Option<(u32, Duration)> {
+        self.durability.map(|d| (d.replicas, d.timeout))
     }
 
     /// The underlying fred client.
@@ -192,14 +426,19 @@ where
         let reply = evalsha_with_reload(&self.client, script, key, args)
             .await
             .map_err(store_error)?;
-        match reply {
-            Value::Integer(1) => Ok(true),
-            Value::Integer(0) => Ok(false),
-            other => Err(StoreError::with_source(
-                StoreErrorKind::Corrupt,
-                format!("unexpected script reply of type {:?}", other.kind()),
-            )),
-        }
+        script_outcome(reply)
+    }
+}
+
+/// The 0 / 1 reply of the `complete` and `release` scripts.
+fn script_outcome(reply: Value) -> Result<bool, StoreError> {
+    match reply {
+        Value::Integer(1) => Ok(true),
+        Value::Integer(0) => Ok(false),
+        other => Err(StoreError::with_source(
+            StoreErrorKind::Corrupt,
+            format!("unexpected script reply of type {:?}", other.kind()),
+        )),
     }
 }
 
@@ -249,7 +488,13 @@ where
             Value::Bytes(record.encode()),
             Value::Integer(millis(retention)),
         ];
-        self.run_script(&COMPLETE, key, args).await
+        match self.durability {
+            None => self.run_script(&COMPLETE, key, args).await,
+            Some(durability) => {
+                let client = (durability.pick)(&self.client);
+                complete_durably(&client, durability, key, args).await
+            }
+        }
     }
 
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
@@ -299,6 +544,171 @@ async fn evalsha_with_reload<X: LuaInterface>(
         }
         result => result,
     }
+}
+
+/// `complete` with [`Durability`]: the script and a `WAIT` pipelined on one connection of
+/// `client` (the script sent again as `EVAL` on `NOSCRIPT`), then the `WAIT` repeated on the
+/// new owner if the key's slot moved meanwhile.
+///
+/// fred answers a pipeline as a whole: when its connection closes with the `WAIT` in flight
+/// (which is never re-sent alone, see [`wait_options`]) the pipeline fails, while fred may
+/// still re-send the script on the next connection without telling anyone. The pair is then
+/// sent once more; if the script then finds the claim gone, it may be our own re-sent script
+/// that completed it, so the outcome is unknown and reported as an error.
+async fn complete_durably<C>(
+    client: &Client,
+    durability: Durability<C>,
+    key: &StoreKey,
+    args: Vec<Value>,
+) -> Result<bool, StoreError> {
+    let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+    let owner = slot_owner(client, slot);
+    let mut aborted: Option<FredError> = None;
+    for _ in 0..2 {
+        let mut pair =
+            script_then_wait(client, &COMPLETE, true, key, &args, slot, durability).await;
+        if matches!(&pair, Ok((Err(e), _)) if e.details().starts_with("NOSCRIPT")) {
+            pair = script_then_wait(client, &COMPLETE, false, key, &args, slot, durability).await;
+        }
+        let (written, mut acknowledged) = match pair {
+            Ok(replies) => replies,
+            Err(error) => {
+                let timed_out = *error.kind() == FredErrorKind::Timeout;
+                aborted = Some(error);
+                if timed_out {
+                    break;
+                }
+                continue;
+            }
+        };
+        if !script_outcome(written.map_err(store_error)?)? {
+            return match aborted {
+                None => Ok(false),
+                Some(error) => Err(StoreError::with_source(
+                    StoreErrorKind::Unavailable,
+                    format!(
+                        "a durable completion was interrupted ({error}) and its retry found \
+                         the claim gone: the interrupted attempt probably wrote the record, \
+                         unconfirmed by any replica"
+                    ),
+                )),
+            };
+        }
+        if slot_owner(client, slot) != owner {
+            // The write was redirected (MOVED) after the WAIT had left for the former owner.
+            acknowledged = wait_for_replicas(client, slot, durability).await;
+        }
+        let acknowledged = match acknowledged.map_err(store_error)? {
+            Value::Integer(n) => u32::try_from(n).unwrap_or(0),
+            other => {
+                return Err(StoreError::with_source(
+                    StoreErrorKind::Corrupt,
+                    format!("unexpected WAIT reply of type {:?}", other.kind()),
+                ));
+            }
+        };
+        if acknowledged < durability.replicas {
+            return Err(StoreError::with_source(
+                StoreErrorKind::Unavailable,
+                NotReplicated {
+                    acknowledged,
+                    required: durability.replicas,
+                    timeout: durability.timeout,
+                },
+            ));
+        }
+        return Ok(true);
+    }
+    let error = aborted.unwrap_or_else(FredError::new_canceled);
+    Err(store_error(error))
+}
+
+/// The replies of a script and the `WAIT` behind it, or the error that failed the pipeline.
+type ScriptAndWait = Result<(Result<Value, FredError>, Result<Value, FredError>), FredError>;
+
+/// `EVALSHA` (or `EVAL`) of `script` on `key`, then `WAIT`, in one pipeline: one round trip,
+/// both on the connection `client` has to the node owning `slot`.
+async fn script_then_wait<C>(
+    client: &Client,
+    script: &Script,
+    by_hash: bool,
+    key: &StoreKey,
+    args: &[Value],
+    slot: u16,
+    durability: Durability<C>,
+) -> ScriptAndWait {
+    // fred's pipelines have no Lua interface: the script goes as a custom command, routed by
+    // the key's slot like the WAIT behind it.
+    let (name, body) = if by_hash {
+        ("EVALSHA", script.sha1().clone())
+    } else {
+        ("EVAL", script.lua().cloned().unwrap_or_default())
+    };
+    let mut script_args = Vec::with_capacity(3 + args.len());
+    script_args.push(Value::from(body));
+    script_args.push(Value::Integer(1));
+    script_args.push(Value::from(key.as_str()));
+    script_args.extend_from_slice(args);
+    let pipeline = client.pipeline();
+    let cmd = CustomCommand::new_static(name, ClusterHash::Custom(slot), false);
+    let () = pipeline.custom(cmd, script_args).await?;
+    let (cmd, wait_args) = wait_command(slot, durability);
+    let () = pipeline
+        .with_options(&wait_options())
+        .custom(cmd, wait_args)
+        .await?;
+    let mut replies = pipeline.try_all::<Value>().await.into_iter();
+    match (replies.next(), replies.next()) {
+        (Some(written), Some(acknowledged)) => Ok((written, acknowledged)),
+        (Some(Err(error)), None) => Err(error),
+        _ => Err(FredError::new(
+            FredErrorKind::Protocol,
+            "missing pipeline replies",
+        )),
+    }
+}
+
+/// A lone `WAIT` to the current owner of `slot`.
+async fn wait_for_replicas<C>(
+    client: &Client,
+    slot: u16,
+    durability: Durability<C>,
+) -> Result<Value, FredError> {
+    let (cmd, args) = wait_command(slot, durability);
+    client.with_options(&wait_options()).custom(cmd, args).await
+}
+
+/// `WAIT replicas timeout`, routed like the key (a cluster client would otherwise hash its
+/// first argument). Not flagged blocking for fred: its wait is bounded by `timeout`, and fred's
+/// `Blocking::Interrupt` / `Blocking::Error` policies must not cut it short or fail the other
+/// commands sharing the connection.
+fn wait_command<C>(slot: u16, durability: Durability<C>) -> (CustomCommand, Vec<Value>) {
+    let cmd = CustomCommand::new_static("WAIT", ClusterHash::Custom(slot), false);
+    let args = vec![
+        Value::Integer(i64::from(durability.replicas)),
+        Value::Integer(millis(durability.timeout)),
+    ];
+    (cmd, args)
+}
+
+/// A `WAIT` must never be re-sent alone on a new connection, where it would count the
+/// acknowledgements of nothing (a new connection has written nothing): one write attempt only,
+/// so that it fails when its connection closes.
+fn wait_options() -> Options {
+    Options {
+        max_attempts: Some(1),
+        ..Options::default()
+    }
+}
+
+/// The primary `client` currently routes `slot` to (`None` unless clustered).
+fn slot_owner(client: &Client, slot: u16) -> Option<Server> {
+    if !client.is_clustered() {
+        return None;
+    }
+    client
+        .cached_cluster_state()
+        .and_then(|state| state.get_server(slot).cloned())
 }
 
 /// A duration as whole milliseconds for `PX`, at least 1 (Redis refuses `PX 0`).
@@ -421,6 +831,51 @@ mod tests {
             let source = error.source().expect("the fred error is the source");
             assert!(source.to_string().contains(details));
         }
+    }
+
+    #[test]
+    fn durable_completion_settings() {
+        let store = RedisStore::new(Client::default());
+        assert_eq!(store.durability(), None);
+        let store = store.durable_completion(2, Duration::from_millis(50));
+        assert_eq!(store.durability(), Some((2, Duration::from_millis(50))));
+        // Cloned along with the store; zero replicas turns it off.
+        assert_eq!(store.clone().durability(), store.durability());
+        let store = store.durable_completion(0, Duration::from_millis(50));
+        assert_eq!(store.durability(), None);
+        assert!(format!("{store:?}").contains("RedisStore"));
+    }
+
+    #[test]
+    fn wait_is_routed_like_the_key_and_never_waits_forever() {
+        let durability = Durability::<Client> {
+            replicas: 1,
+            timeout: Duration::ZERO,
+            pick: Client::pick_client,
+        };
+        let (cmd, args) = wait_command(4242, durability);
+        assert_eq!(&*cmd.cmd, "WAIT");
+        assert_eq!(cmd.cluster_hash, ClusterHash::Custom(4242));
+        assert!(!cmd.blocking);
+        // `WAIT 1 0` would block until a replica answers: the timeout is at least 1 ms.
+        assert_eq!(args, [Value::Integer(1), Value::Integer(1)]);
+        assert_eq!(wait_options().max_attempts, Some(1));
+    }
+
+    #[test]
+    fn not_replicated_says_what_was_missing() {
+        let error = NotReplicated {
+            acknowledged: 0,
+            required: 1,
+            timeout: Duration::from_millis(50),
+        };
+        assert_eq!((error.acknowledged(), error.required()), (0, 1));
+        assert_eq!(error.timeout(), Duration::from_millis(50));
+        let text = error.to_string();
+        assert!(text.contains("0 of 1") && text.contains("50 ms"), "{text}");
+        let store_error = StoreError::with_source(StoreErrorKind::Unavailable, error.clone());
+        let source = store_error.source().unwrap();
+        assert_eq!(source.downcast_ref::<NotReplicated>(), Some(&error));
     }
 
     #[test]

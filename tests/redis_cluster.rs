@@ -1,0 +1,479 @@
+//! [`RedisStore`] on a real Redis Cluster: three primaries, three replicas, six `redis-server`
+//! processes on 127.0.0.1 (see `support/redis_cluster.rs`).
+//!
+//! The behaviour suite runs twice on a shared cluster (plain, and with durable completion);
+//! the other tests start their own cluster because they kill, restart or freeze nodes.
+//! Figures (key distribution, latency, failover report) are printed: run with `--nocapture`.
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_cluster.rs"]
+mod redis_cluster;
+#[path = "support/scale_out.rs"]
+mod scale_out;
+mod suite;
+
+use std::collections::BTreeMap;
+use std::error::Error as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fred::prelude::*;
+use redis_cluster::{RedisCluster, must};
+use tower_idempotency::RedisStore;
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::record::Record;
+use tower_idempotency::store::redis::NotReplicated;
+use tower_idempotency::store::{Claim, IdempotencyStore, Reservation, StoreErrorKind, StoreKey};
+
+const LEASE: Duration = Duration::from_secs(30);
+const RETENTION: Duration = Duration::from_secs(3600);
+
+/// The suite on a clustered client.
+mod plain {
+    use super::*;
+
+    suite::store_suite!(async {
+        let cluster = RedisCluster::shared();
+        let store = RedisStore::new(cluster.connect().await);
+        (store, cluster)
+    });
+}
+
+/// The suite on a clustered pool with durable completion: every completed record waits for
+/// the replica of the primary owning its key.
+mod durable {
+    use super::*;
+
+    suite::store_suite!(async {
+        let cluster = RedisCluster::shared();
+        let store = RedisStore::new(cluster.connect_pool(2).await)
+            .durable_completion(1, Duration::from_millis(500));
+        (store, cluster)
+    });
+}
+
+fn claim() -> Claim {
+    Claim::new(Fingerprint::of_bytes(b"{}"))
+}
+
+/// A store key (namespace `test`) whose slot the primary on `primary` owns.
+fn key_on(cluster: &RedisCluster, primary: u16, label: &str) -> StoreKey {
+    let shard = cluster
+        .shards()
+        .into_iter()
+        .find(|s| s.primary == primary)
+        .expect("a primary");
+    (0..)
+        .map(|i| StoreKey::new("test", None, &format!("{label}-{i}")))
+        .find(|k| shard.owns(fred::util::redis_keyslot(k.as_str().as_bytes())))
+        .unwrap()
+}
+
+fn calls(port: u16, command: &str) -> u64 {
+    let info = must(port, &["INFO", "commandstats"]).text();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map(|n| n.parse().unwrap())
+        .unwrap_or(0)
+}
+
+/// `redis-cli` missing (or `redis-server`): a loud failure, never a skip.
+#[test]
+#[should_panic(expected = "NOT FOUND")]
+fn a_missing_redis_cli_is_a_loud_failure() {
+    RedisCluster::start_with_binaries(
+        "redis-server",
+        "/nonexistent/redis-cli",
+        Duration::from_millis(1000),
+    );
+}
+
+/// 10 000 store keys spread evenly over the three primaries: no hash tag pins them to one
+/// slot. Computed from the key slots (fred's `redis_keyslot`, checked against `CLUSTER
+/// KEYSLOT`) and measured by writing every key through the store and counting (`DBSIZE`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_keys_spread_over_every_primary() {
+    let cluster = RedisCluster::shared();
+    let shards = cluster.shards();
+    let keys: Vec<StoreKey> = (0..10_000)
+        .map(|i| StoreKey::new("distribution", None, &format!("evt_{i}")))
+        .collect();
+    for key in keys.iter().step_by(97) {
+        assert_eq!(
+            fred::util::redis_keyslot(key.as_str().as_bytes()),
+            cluster.keyslot(key.as_str()),
+            "{key}"
+        );
+    }
+    let mut per_primary: BTreeMap<u16, usize> = BTreeMap::new();
+    let mut slots = std::collections::BTreeSet::new();
+    for key in &keys {
+        let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+        slots.insert(slot);
+        let owner = shards.iter().find(|s| s.owns(slot)).unwrap().primary;
+        *per_primary.entry(owner).or_default() += 1;
+    }
+
+    // Measured: write every key through the store, count per primary.
+    let before: BTreeMap<u16, i64> = shards
+        .iter()
+        .map(|s| (s.primary, must(s.primary, &["DBSIZE"]).integer()))
+        .collect();
+    let store = RedisStore::new(cluster.connect_pool(4).await);
+    let mut tasks = Vec::new();
+    for chunk in keys.chunks(500) {
+        let (store, chunk) = (store.clone(), chunk.to_vec());
+        tasks.push(tokio::spawn(async move {
+            for key in chunk {
+                let reserved = store.reserve(&key, &claim(), Duration::from_secs(60)).await;
+                assert_eq!(reserved.unwrap(), Reservation::Acquired);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    println!(
+        "key distribution over {} primaries, 10 000 keys in {} distinct slots of 16 384:",
+        shards.len(),
+        slots.len()
+    );
+    for shard in &shards {
+        let expected = per_primary[&shard.primary];
+        let written = must(shard.primary, &["DBSIZE"]).integer() - before[&shard.primary];
+        println!(
+            "  primary :{} slots {:?} ({} slots, {:.1}%): {} keys ({:.1}%), DBSIZE +{}",
+            shard.primary,
+            shard.slots,
+            shard.slot_count(),
+            shard.slot_count() as f64 / 163.84,
+            expected,
+            expected as f64 / 100.0,
+            written
+        );
+        // Other tests may write to the shared cluster meanwhile: at least ours arrived.
+        assert!(written >= expected as i64, "{written} < {expected}");
+        // A third of the keys each, within ±10 % (the binomial σ is ±0.5 %).
+        assert!(
+            (3_000..=3_667).contains(&expected),
+            "primary {} got {expected} keys",
+            shard.primary
+        );
+    }
+}
+
+/// After a failover the promoted replica's script cache is empty: `EVALSHA` answers
+/// `NOSCRIPT` and the store sends `EVAL`, on the new owner of the key. A claim taken before
+/// the failover is completed after it (it was replicated), plain and durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_on_the_promoted_replica() {
+    let mut cluster = RedisCluster::start();
+    let client = cluster.connect().await;
+    let plain = RedisStore::new(client.clone());
+    plain.load_scripts().await.unwrap();
+    let primary = cluster.primaries()[0];
+    let key = key_on(&cluster, primary, "noscript");
+    let durable_key = key_on(&cluster, primary, "noscript-durable");
+    let (a, b) = (claim(), claim());
+    assert_eq!(
+        plain.reserve(&key, &a, LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+    assert_eq!(
+        plain.reserve(&durable_key, &b, LEASE).await.unwrap(),
+        Reservation::Acquired
+    );
+    // Both claims reached the replica before the kill.
+    let replica = cluster.replicas_of(primary)[0];
+    redis_cluster::wait_replicated(primary, replica, Duration::from_secs(5));
+
+    let killed = cluster.kill_master_of(key.as_str());
+    assert_eq!(killed, primary);
+    let promoted = cluster.wait_for_failover(killed, Duration::from_secs(20));
+    assert_eq!(promoted, replica);
+    assert_eq!(calls(promoted, "eval"), 0);
+
+    let ack = Record::ack(a.fingerprint());
+    assert!(complete_eventually(&plain, &key, &a, &ack).await);
+    assert_eq!(
+        calls(promoted, "eval"),
+        1,
+        "NOSCRIPT, then EVAL on the new owner"
+    );
+    assert!(calls(promoted, "evalsha") >= 1);
+    // The script is cached there now: the next call is a plain EVALSHA.
+    let other = key_on(&cluster, promoted, "noscript-after");
+    let c = claim();
+    plain.reserve(&other, &c, LEASE).await.unwrap();
+    assert!(
+        plain
+            .complete(&other, &c, &Record::ack(c.fingerprint()), RETENTION)
+            .await
+            .unwrap()
+    );
+    assert_eq!(calls(promoted, "eval"), 1);
+
+    // The durable path sends its script as a custom EVALSHA in a pipeline: same fallback. The
+    // promoted primary has no replica yet (its old primary is dead): `WAIT 1` falls short.
+    must(promoted, &["SCRIPT", "FLUSH", "SYNC"]);
+    let durable = RedisStore::new(client.clone()).durable_completion(1, Duration::from_millis(100));
+    let error = durable
+        .complete(&durable_key, &b, &Record::ack(b.fingerprint()), RETENTION)
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable);
+    let shortfall = error
+        .source()
+        .unwrap()
+        .downcast_ref::<NotReplicated>()
+        .unwrap();
+    assert_eq!((shortfall.acknowledged(), shortfall.required()), (0, 1));
+    assert_eq!(calls(promoted, "eval"), 2);
+    assert!(matches!(
+        durable
+            .reserve(&durable_key, &claim(), LEASE)
+            .await
+            .unwrap(),
+        Reservation::Completed(_)
+    ));
+
+    // The old primary comes back as the replica of the promoted one: WAIT is satisfied again.
+    cluster.restart(killed);
+    cluster.wait_until_healthy(Duration::from_secs(30));
+    let last = key_on(&cluster, promoted, "noscript-rejoined");
+    let d = claim();
+    durable.reserve(&last, &d, LEASE).await.unwrap();
+    assert!(
+        durable
+            .complete(&last, &d, &Record::ack(d.fingerprint()), RETENTION)
+            .await
+            .unwrap()
+    );
+}
+
+/// Completes through `store`, retrying while the client is still finding the new primary.
+async fn complete_eventually<St: IdempotencyStore>(
+    store: &St,
+    key: &StoreKey,
+    claim: &Claim,
+    record: &Record,
+) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.complete(key, claim, record, RETENTION).await {
+            Ok(done) => return done,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("complete failed, retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("complete kept failing: {e}"),
+        }
+    }
+}
+
+/// The `WAIT` goes to the primary that owns the key, on the connection of the write: with the
+/// replica of one primary frozen, only that primary's keys fall short, through a pool too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_completion_waits_on_the_primary_owning_the_key() {
+    let cluster = RedisCluster::start();
+    let timeout = Duration::from_millis(200);
+    let store = RedisStore::new(cluster.connect_pool(3).await).durable_completion(1, timeout);
+    let primaries = cluster.primaries();
+    let frozen_primary = primaries[0];
+    let frozen_replica = cluster.replicas_of(frozen_primary)[0];
+
+    // Before: every key is acknowledged by its primary's replica.
+    for &primary in &primaries {
+        let key = key_on(&cluster, primary, "healthy");
+        let c = claim();
+        store.reserve(&key, &c, LEASE).await.unwrap();
+        let record = Record::ack(c.fingerprint());
+        let done = store.complete(&key, &c, &record, RETENTION).await;
+        assert!(done.unwrap(), "primary {primary}");
+    }
+
+    let mut keys = Vec::new();
+    for &primary in &primaries {
+        for i in 0..6 {
+            let key = key_on(&cluster, primary, &format!("frozen-{i}"));
+            let c = claim();
+            store.reserve(&key, &c, LEASE).await.unwrap();
+            keys.push((primary, key, c));
+        }
+    }
+    cluster.freeze(frozen_replica);
+    let mut results = Vec::new();
+    for (primary, key, c) in &keys {
+        let started = Instant::now();
+        let result = store
+            .complete(key, c, &Record::ack(c.fingerprint()), RETENTION)
+            .await;
+        results.push((*primary, key.clone(), result, started.elapsed()));
+    }
+    cluster.thaw(frozen_replica);
+    for (primary, key, result, took) in results {
+        if primary == frozen_primary {
+            let error = result.expect_err("the frozen replica acknowledged nothing");
+            assert_eq!(error.kind(), StoreErrorKind::Unavailable);
+            let shortfall = error.source().unwrap().downcast_ref::<NotReplicated>();
+            assert_eq!(shortfall.map(|s| s.acknowledged()), Some(0), "{error}");
+            assert!(took >= timeout, "{took:?}");
+        } else {
+            assert!(result.unwrap(), "primary {primary}");
+        }
+        // Written on the primary either way.
+        assert!(matches!(
+            store.reserve(&key, &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
+    }
+}
+
+/// What durable completion costs: `complete` latency without and with `WAIT 1`, on loopback,
+/// one call at a time (printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_completion_cost() {
+    let cluster = RedisCluster::shared();
+    let client = cluster.connect().await;
+    let plain = RedisStore::new(client.clone());
+    let durable = RedisStore::new(client).durable_completion(1, Duration::from_millis(500));
+    plain.load_scripts().await.unwrap();
+    let plain_times = scale_out::complete_latencies(&plain, "cost-plain", 1000).await;
+    let durable_times = scale_out::complete_latencies(&durable, "cost-durable", 1000).await;
+    println!("cluster complete latency, 1000 sequential calls on loopback (debug build):");
+    println!("  plain   {}", scale_out::summary(&plain_times));
+    println!("  durable {}", scale_out::summary(&durable_times));
+}
+
+fn load() -> scale_out::Load {
+    scale_out::Load {
+        // Ride through the failover (about 3 s): store calls wait for the new primary rather
+        // than fail, so completions are not lost while it is elected; and claims outlive it,
+        // so that a completion delayed by the failover still finds its claim.
+        store_timeout: Duration::from_secs(10),
+        lease: Duration::from_secs(8),
+        ..scale_out::Load::default()
+    }
+}
+
+async fn ride_through_pool(mut builder: Builder) -> Pool {
+    builder
+        .with_performance_config(|perf| perf.default_command_timeout = Duration::from_secs(10))
+        .with_connection_config(|conn| conn.max_command_attempts = 10);
+    let pool = builder.build_pool(4).unwrap();
+    pool.init().await.unwrap();
+    pool
+}
+
+/// Runs the failover load on a fresh cluster, killing the primary of a third of the keys.
+async fn failover_under_load(durable: bool) -> scale_out::Report {
+    failover_under(load(), durable, true).await
+}
+
+async fn failover_under(
+    load: scale_out::Load,
+    durable: bool,
+    ride_through: bool,
+) -> scale_out::Report {
+    let cluster = Arc::new(Mutex::new(RedisCluster::start()));
+    let builder = cluster.lock().unwrap().builder();
+    let pool = if ride_through {
+        ride_through_pool(builder).await
+    } else {
+        let pool = builder.build_pool(4).unwrap();
+        pool.init().await.unwrap();
+        pool
+    };
+    let mut store = RedisStore::new(pool);
+    if durable {
+        store = store.durable_completion(1, Duration::from_millis(50));
+    }
+    let victim = StoreKey::new("anything", None, "x");
+    let fixture = cluster.clone();
+    scale_out::deliver_through_failover(store, load, move || {
+        let mut cluster = fixture.lock().unwrap();
+        let killed = cluster.kill_master_of(victim.as_str());
+        cluster.wait_for_failover(killed, Duration::from_secs(20));
+    })
+    .await
+}
+
+/// Deliveries keep flowing while the primary of a third of the keys is killed: every event
+/// acknowledged 2xx got its effect, and with durable completion none got it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_under_load_with_durable_completion() {
+    let report = failover_under_load(true).await;
+    println!("cluster failover, durable completion: {report}");
+    assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
+    assert!(report.unacknowledged.is_empty(), "{report}");
+    assert!(report.doubled.is_empty(), "doubled: {:?}", report.doubled);
+}
+
+/// The same without durable completion: nothing lost; double effects measured and printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_under_load_without_durable_completion() {
+    let report = failover_under_load(false).await;
+    println!("cluster failover, plain completion: {report}");
+    assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
+    assert!(report.unacknowledged.is_empty(), "{report}");
+}
+
+/// A failover that loses the primary's last writes, set up on purpose (see
+/// `scale_out::lost_write_failover`): the plain record dies with the primary and the duplicate
+/// is processed again; the durable completion, cut off while waiting, is sent again to the
+/// promoted replica (which holds the claim) and the duplicate is answered from the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreplicated_completion_lost_in_failover_plain_vs_durable() {
+    let plain = scale_out::lost_write_failover(RedisCluster::start(), false).await;
+    let durable = scale_out::lost_write_failover(RedisCluster::start(), true).await;
+    println!(
+        "cluster, one event across a failover that loses unreplicated writes: \
+         {plain} effects plain, {durable} durable"
+    );
+    assert_eq!(plain, 2, "the plain record was lost with the primary");
+    assert_eq!(durable, 1, "the durable record survived");
+}
+
+impl scale_out::Topology for RedisCluster {
+    fn builder(&self) -> Builder {
+        RedisCluster::builder(self)
+    }
+
+    fn primary_and_replica(&self, key: &str) -> (u16, u16) {
+        let primary = self.master_of(key);
+        (primary, self.replicas_of(primary)[0])
+    }
+
+    fn freeze(&self, port: u16) {
+        RedisCluster::freeze(self, port);
+    }
+
+    fn thaw(&self, port: u16) {
+        RedisCluster::thaw(self, port);
+    }
+
+    fn kill_primary_of(&mut self, key: &str) -> u16 {
+        self.kill_master_of(key)
+    }
+
+    fn wait_for_failover(&self, killed: u16) -> u16 {
+        RedisCluster::wait_for_failover(self, killed, Duration::from_secs(30))
+    }
+}
+
+/// With the defaults instead (store timeout 2 s, fred command timeout 1.5 s, shorter than the
+/// failover), completions attempted during the switch fail: their responses still go out
+/// (the effect happened), their claims stay until the lease expires, and the provider's
+/// duplicate is then processed again, durable completion or not. Nothing is lost; the double
+/// effects are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_with_a_store_timeout_shorter_than_the_failover() {
+    for durable in [false, true] {
+        let report = failover_under(scale_out::Load::default(), durable, false).await;
+        println!("cluster failover, default timeouts, durable completion {durable}: {report}");
+        assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
+        assert!(report.unacknowledged.is_empty(), "{report}");
+    }
+}

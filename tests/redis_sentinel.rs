@@ -1,0 +1,365 @@
+//! [`RedisStore`] behind Redis Sentinel: a primary, its replica and three sentinels (quorum 2)
+//! on 127.0.0.1 (see `support/redis_sentinel.rs`); the client finds the primary through the
+//! sentinels.
+//!
+//! The behaviour suite runs twice on a shared deployment (plain, and with durable
+//! completion); the other tests start their own because they kill, restart or freeze nodes.
+//! Figures (latency, failover report) are printed: run with `--nocapture`.
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_sentinel.rs"]
+mod redis_sentinel;
+#[path = "support/scale_out.rs"]
+mod scale_out;
+mod suite;
+
+use std::error::Error as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fred::prelude::*;
+use redis_sentinel::{RedisSentinel, must};
+use tower_idempotency::RedisStore;
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::record::Record;
+use tower_idempotency::store::redis::NotReplicated;
+use tower_idempotency::store::{Claim, IdempotencyStore, Reservation, StoreErrorKind, StoreKey};
+
+const LEASE: Duration = Duration::from_secs(30);
+const RETENTION: Duration = Duration::from_secs(3600);
+
+/// The suite on a client that finds the primary through the sentinels.
+mod plain {
+    use super::*;
+
+    suite::store_suite!(async {
+        let deployment = RedisSentinel::shared();
+        let store = RedisStore::new(deployment.connect().await);
+        (store, deployment)
+    });
+}
+
+/// The suite on a pool with durable completion: every completed record waits for the replica.
+mod durable {
+    use super::*;
+
+    suite::store_suite!(async {
+        let deployment = RedisSentinel::shared();
+        let store = RedisStore::new(deployment.connect_pool(2).await)
+            .durable_completion(1, Duration::from_millis(500));
+        (store, deployment)
+    });
+}
+
+/// `redis-server` missing: a loud failure, never a skip.
+#[test]
+#[should_panic(expected = "NOT FOUND")]
+fn a_missing_redis_server_is_a_loud_failure() {
+    RedisSentinel::start_with_binary("/nonexistent/redis-server");
+}
+
+fn claim() -> Claim {
+    Claim::new(Fingerprint::of_bytes(b"{}"))
+}
+
+fn key(label: &str) -> StoreKey {
+    StoreKey::new("sentinel", None, label)
+}
+
+fn calls(port: u16, command: &str) -> u64 {
+    let info = must(port, &["INFO", "commandstats"]).text();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map(|n| n.parse().unwrap())
+        .unwrap_or(0)
+}
+
+fn not_replicated(error: &tower_idempotency::store::StoreError) -> &NotReplicated {
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    error
+        .source()
+        .and_then(|s| s.downcast_ref::<NotReplicated>())
+        .unwrap_or_else(|| panic!("not a NotReplicated: {error}"))
+}
+
+/// Durable completion reports a replica that did not acknowledge: the record is written on
+/// the primary all the same. Through a pool, the `WAIT` runs on the client that wrote (another
+/// client's connection, with nothing unacknowledged, would answer 1 at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
+    let deployment = RedisSentinel::start();
+    let timeout = Duration::from_millis(200);
+    let pool = deployment.connect_pool(3).await;
+    let store = RedisStore::new(pool.clone()).durable_completion(1, timeout);
+    assert_eq!(store.durability(), Some((1, timeout)));
+
+    let healthy = key("healthy");
+    let c = claim();
+    store.reserve(&healthy, &c, LEASE).await.unwrap();
+    let record = Record::ack(c.fingerprint());
+    assert!(
+        store
+            .complete(&healthy, &c, &record, RETENTION)
+            .await
+            .unwrap()
+    );
+
+    let claims: Vec<(StoreKey, Claim)> = (0..9)
+        .map(|i| (key(&format!("frozen-{i}")), claim()))
+        .collect();
+    for (k, c) in &claims {
+        store.reserve(k, c, LEASE).await.unwrap();
+    }
+    let replica = deployment.replica_port();
+    deployment.freeze(replica);
+    let mut results = Vec::new();
+    for (k, c) in &claims {
+        let started = Instant::now();
+        let record = Record::ack(c.fingerprint());
+        let result = store.complete(k, c, &record, RETENTION).await;
+        results.push((result, started.elapsed()));
+    }
+    // A lease lost meanwhile is still `Ok(false)`, as without the option.
+    let lost = store
+        .complete(&key("never-claimed"), &claim(), &record, RETENTION)
+        .await;
+    deployment.thaw(replica);
+    assert!(!lost.unwrap());
+    for (result, took) in results {
+        let error = result.expect_err("the frozen replica acknowledged nothing");
+        let shortfall = not_replicated(&error);
+        assert_eq!((shortfall.acknowledged(), shortfall.required()), (0, 1));
+        assert_eq!(shortfall.timeout(), timeout);
+        assert!(took >= timeout, "{took:?}");
+        assert!(error.to_string().contains("0 of 1"), "{error}");
+    }
+    for (k, _) in &claims {
+        assert!(
+            matches!(
+                store.reserve(k, &claim(), LEASE).await.unwrap(),
+                Reservation::Completed(_)
+            ),
+            "written on the primary"
+        );
+    }
+
+    // More replicas than exist: never enough.
+    let greedy = RedisStore::new(pool).durable_completion(2, Duration::from_millis(50));
+    let (k, c) = (key("greedy"), claim());
+    greedy.reserve(&k, &c, LEASE).await.unwrap();
+    let record = Record::ack(c.fingerprint());
+    let error = greedy
+        .complete(&k, &c, &record, RETENTION)
+        .await
+        .unwrap_err();
+    let shortfall = not_replicated(&error);
+    assert_eq!((shortfall.acknowledged(), shortfall.required()), (1, 2));
+
+    // 0 replicas turns the option off.
+    let off = RedisStore::new(deployment.connect().await).durable_completion(0, timeout);
+    assert_eq!(off.durability(), None);
+}
+
+/// After a failover the promoted replica's script cache is empty: `EVALSHA` answers
+/// `NOSCRIPT` and the store sends `EVAL` there. A claim taken before the failover is completed
+/// after it, through the same client, which found the new primary through the sentinels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_on_the_promoted_replica() {
+    let mut deployment = RedisSentinel::start();
+    let client = deployment.connect().await;
+    let plain = RedisStore::new(client.clone());
+    let durable = RedisStore::new(client).durable_completion(1, Duration::from_millis(100));
+    plain.load_scripts().await.unwrap();
+    let (a, b) = (claim(), claim());
+    plain.reserve(&key("a"), &a, LEASE).await.unwrap();
+    plain.reserve(&key("b"), &b, LEASE).await.unwrap();
+    let primary = deployment.master_port();
+    let replica = deployment.replica_port();
+    // Both claims reached the replica before the kill.
+    redis_sentinel::wait_replicated(primary, replica, Duration::from_secs(5));
+
+    let killed = deployment.kill_master();
+    assert_eq!(killed, primary);
+    let promoted = deployment.wait_for_failover(killed, Duration::from_secs(30));
+    assert_eq!(promoted, replica);
+
+    let record = Record::ack(a.fingerprint());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let done = loop {
+        match plain.complete(&key("a"), &a, &record, RETENTION).await {
+            Ok(done) => break done,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("complete failed, retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("complete kept failing: {e}"),
+        }
+    };
+    assert!(done);
+    assert_eq!(calls(promoted, "eval"), 1, "NOSCRIPT, then EVAL");
+
+    // Durable: the same fallback; the promoted primary has no replica, so WAIT falls short.
+    must(promoted, &["SCRIPT", "FLUSH", "SYNC"]);
+    let record = Record::ack(b.fingerprint());
+    let error = durable
+        .complete(&key("b"), &b, &record, RETENTION)
+        .await
+        .unwrap_err();
+    assert_eq!(not_replicated(&error).acknowledged(), 0);
+    assert_eq!(calls(promoted, "eval"), 2);
+    for k in [key("a"), key("b")] {
+        assert!(matches!(
+            plain.reserve(&k, &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
+    }
+}
+
+/// What durable completion costs: `complete` latency without and with `WAIT 1`, on loopback,
+/// one call at a time (printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_completion_cost() {
+    let deployment = RedisSentinel::shared();
+    let client = deployment.connect().await;
+    let plain = RedisStore::new(client.clone());
+    let durable = RedisStore::new(client).durable_completion(1, Duration::from_millis(500));
+    plain.load_scripts().await.unwrap();
+    let plain_times = scale_out::complete_latencies(&plain, "cost-plain", 1000).await;
+    let durable_times = scale_out::complete_latencies(&durable, "cost-durable", 1000).await;
+    println!("sentinel complete latency, 1000 sequential calls on loopback (debug build):");
+    println!("  plain   {}", scale_out::summary(&plain_times));
+    println!("  durable {}", scale_out::summary(&durable_times));
+}
+
+fn load() -> scale_out::Load {
+    scale_out::Load {
+        // Ride through the failover (about 3 s): store calls wait for the new primary rather
+        // than fail, so completions are not lost while it is elected; and claims outlive it,
+        // so that a completion delayed by the failover still finds its claim.
+        store_timeout: Duration::from_secs(10),
+        lease: Duration::from_secs(8),
+        ..scale_out::Load::default()
+    }
+}
+
+async fn ride_through_pool(mut builder: Builder) -> Pool {
+    builder
+        .with_performance_config(|perf| perf.default_command_timeout = Duration::from_secs(10))
+        .with_connection_config(|conn| conn.max_command_attempts = 10);
+    let pool = builder.build_pool(4).unwrap();
+    pool.init().await.unwrap();
+    pool
+}
+
+/// Runs the failover load on a fresh deployment, killing its primary.
+async fn failover_under_load(durable: bool) -> scale_out::Report {
+    failover_under(load(), durable, true).await
+}
+
+async fn failover_under(
+    load: scale_out::Load,
+    durable: bool,
+    ride_through: bool,
+) -> scale_out::Report {
+    let deployment = Arc::new(Mutex::new(RedisSentinel::start()));
+    let builder = deployment.lock().unwrap().builder();
+    let pool = if ride_through {
+        ride_through_pool(builder).await
+    } else {
+        let pool = builder.build_pool(4).unwrap();
+        pool.init().await.unwrap();
+        pool
+    };
+    let mut store = RedisStore::new(pool);
+    if durable {
+        store = store.durable_completion(1, Duration::from_millis(50));
+    }
+    let fixture = deployment.clone();
+    scale_out::deliver_through_failover(store, load, move || {
+        let mut deployment = fixture.lock().unwrap();
+        let killed = deployment.kill_master();
+        deployment.wait_for_failover(killed, Duration::from_secs(30));
+    })
+    .await
+}
+
+/// Deliveries keep flowing while the primary is killed and a sentinel promotes its replica:
+/// every event acknowledged 2xx got its effect, and with durable completion none got it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_under_load_with_durable_completion() {
+    let report = failover_under_load(true).await;
+    println!("sentinel failover, durable completion: {report}");
+    assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
+    assert!(report.unacknowledged.is_empty(), "{report}");
+    assert!(report.doubled.is_empty(), "doubled: {:?}", report.doubled);
+}
+
+/// The same without durable completion: nothing lost; double effects measured and printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_under_load_without_durable_completion() {
+    let report = failover_under_load(false).await;
+    println!("sentinel failover, plain completion: {report}");
+    assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
+    assert!(report.unacknowledged.is_empty(), "{report}");
+}
+
+/// A failover that loses the primary's last writes, set up on purpose: the replica is frozen
+/// behind a backlog larger than the socket buffers, the record is written, the primary dies.
+/// A plain completion was acknowledged by the primary alone: the record dies with it, and the
+/// provider's duplicate is processed again. A durable completion was still waiting for the
+/// replica when the primary died: the store sends it again to the promoted replica, which
+/// holds the claim (replicated earlier), and the duplicate is answered from the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreplicated_completion_lost_in_failover_plain_vs_durable() {
+    let plain = scale_out::lost_write_failover(RedisSentinel::start(), false).await;
+    let durable = scale_out::lost_write_failover(RedisSentinel::start(), true).await;
+    println!(
+        "sentinel, one event across a failover that loses unreplicated writes: \
+         {plain} effects plain, {durable} durable"
+    );
+    assert_eq!(plain, 2, "the plain record was lost with the primary");
+    assert_eq!(durable, 1, "the durable record survived");
+}
+
+impl scale_out::Topology for RedisSentinel {
+    fn builder(&self) -> Builder {
+        RedisSentinel::builder(self)
+    }
+
+    fn primary_and_replica(&self, _key: &str) -> (u16, u16) {
+        (self.master_port(), self.replica_port())
+    }
+
+    fn freeze(&self, port: u16) {
+        RedisSentinel::freeze(self, port);
+    }
+
+    fn thaw(&self, port: u16) {
+        RedisSentinel::thaw(self, port);
+    }
+
+    fn kill_primary_of(&mut self, _key: &str) -> u16 {
+        self.kill_master()
+    }
+
+    fn wait_for_failover(&self, killed: u16) -> u16 {
+        RedisSentinel::wait_for_failover(self, killed, Duration::from_secs(30))
+    }
+}
+
+/// With the defaults instead (store timeout 2 s, fred command timeout 1.5 s, shorter than the
+/// failover), completions attempted during the switch fail: their responses still go out
+/// (the effect happened), their claims stay until the lease expires, and the provider's
+/// duplicate is then processed again, durable completion or not. Nothing is lost; the double
+/// effects are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_with_a_store_timeout_shorter_than_the_failover() {
+    for durable in [false, true] {
+        let report = failover_under(scale_out::Load::default(), durable, false).await;
+        println!("sentinel failover, default timeouts, durable completion {durable}: {report}");
+        assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
+        assert!(report.unacknowledged.is_empty(), "{report}");
+    }
+}

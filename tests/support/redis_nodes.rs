@@ -1,0 +1,429 @@
+//! Plumbing shared by the multi-process Redis fixtures (`redis_cluster.rs` and
+//! `redis_sentinel.rs`): `redis-server` child processes on free ports, killed on drop, and a
+//! small blocking RESP client for administration that must not go through the client under
+//! test.
+//!
+//! Included by the fixtures themselves (`#[path = "redis_nodes.rs"] mod nodes;`), not by test
+//! files. Like `redis_server.rs`, a missing binary is a loud panic, never a skip.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a freshly started process may take to answer `PING`.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `$REDIS_SERVER_BIN`, or `redis-server` from `PATH`.
+pub fn redis_server_binary() -> String {
+    std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// `$REDIS_CLI_BIN`, or `redis-cli` from `PATH`.
+pub fn redis_cli_binary() -> String {
+    std::env::var("REDIS_CLI_BIN").unwrap_or_else(|_| "redis-cli".into())
+}
+
+/// The panic for a binary that is not installed: a failure, not a skip.
+pub fn missing_binary(binary: &str, package: &str) -> ! {
+    panic!(
+        "\n\n*** `{binary}` NOT FOUND: the Redis Cluster / Sentinel integration tests need real \
+         Redis binaries (7.0 or later) on PATH. Install them (e.g. `apt-get install \
+         {package}`); scripts/test installs them. This is a failure, not a skip. ***\n"
+    )
+}
+
+/// A `redis-server` child process (a data node or a sentinel) on `127.0.0.1:port`, killed on
+/// drop. Its arguments are kept, so it can be killed and started again on the same port.
+pub struct Process {
+    binary: String,
+    args: Vec<String>,
+    port: u16,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Process {
+    /// Starts `binary args...`, which must listen on `port`, and waits until it answers `PING`.
+    /// `Err` when it exits or stays silent (for example: the port was taken meanwhile).
+    pub fn start(binary: &str, args: Vec<String>, port: u16, log: PathBuf) -> Result<Self, String> {
+        let mut process = Process {
+            binary: binary.to_owned(),
+            args,
+            port,
+            log,
+            child: None,
+        };
+        process.spawn_and_wait()?;
+        Ok(process)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether it runs (started and not killed).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// SIGKILL (no shutdown, no save), then reaps the process.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again with the same arguments on the same port (killing it first if it runs).
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            match self.spawn_and_wait() {
+                Ok(()) => return,
+                Err(e) if Instant::now() >= deadline => {
+                    panic!(
+                        "could not restart {} on port {}: {e}",
+                        self.binary, self.port
+                    )
+                }
+                // The old socket may linger for a moment.
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// Stops the process (SIGSTOP) without killing it: its sockets stay open but nothing is
+    /// read or answered, like a frozen or partitioned host. [`Process::thaw`] resumes it.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a process stopped by [`Process::freeze`] (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Its log file, for failure messages.
+    pub fn log(&self) -> String {
+        read_log(&self.log)
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("the process runs");
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
+    fn spawn_and_wait(&mut self) -> Result<(), String> {
+        let child = Command::new(&self.binary)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn();
+        let mut child = match child {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                missing_binary(&self.binary, "redis-server")
+            }
+            Err(e) => panic!("could not run `{}`: {e}", self.binary),
+        };
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "{} on port {} exited with {status}; log:\n{}",
+                    self.binary,
+                    self.port,
+                    read_log(&self.log)
+                ));
+            }
+            if matches!(command(self.port, &["PING"]), Ok(Resp::Simple(s)) if s == "PONG") {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "{} on port {} did not answer PING within {STARTUP_TIMEOUT:?}; log:\n{}",
+                    self.binary,
+                    self.port,
+                    read_log(&self.log)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A frozen process still dies of SIGKILL; resume it anyway so nothing lingers.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        self.kill();
+    }
+}
+
+/// Starts a process on a free port, trying other ports when one is taken between the look-up
+/// and the bind. `args` builds the arguments for a port.
+pub fn start_on_free_port(binary: &str, log: &Path, args: impl Fn(u16) -> Vec<String>) -> Process {
+    let mut last_error = String::new();
+    for _ in 0..10 {
+        let port = free_port();
+        match Process::start(binary, args(port), port, log.to_owned()) {
+            Ok(process) => return process,
+            Err(e) => last_error = e,
+        }
+    }
+    panic!("could not start {binary} after 10 attempts: {last_error}");
+}
+
+/// A temporary directory, removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// A fresh, unique directory under the system's temp dir.
+    pub fn new(prefix: &str) -> Self {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "tower-idempotency-{prefix}-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("create a temp dir");
+        TempDir(dir)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// A subdirectory, created.
+    pub fn subdir(&self, name: &str) -> PathBuf {
+        let dir = self.0.join(name);
+        std::fs::create_dir_all(&dir).expect("create a temp subdir");
+        dir
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A free port: bind port 0, read it, drop the listener.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|addr| addr.port())
+        .expect("bind 127.0.0.1:0")
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or panics after `timeout` with `what` and
+/// the last `Err` it gave.
+pub fn wait_until<T>(
+    timeout: Duration,
+    what: &str,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check() {
+            Ok(value) => return value,
+            Err(why) if Instant::now() >= deadline => {
+                panic!("timed out after {timeout:?} waiting for {what}: {why}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn read_log(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| format!("(no log: {e})"))
+}
+
+/// A RESP2 reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resp {
+    Simple(String),
+    Error(String),
+    Integer(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Option<Vec<Resp>>),
+}
+
+impl Resp {
+    /// The reply as text: a simple string, a bulk string (lossy) or an integer.
+    pub fn text(&self) -> String {
+        match self {
+            Resp::Simple(s) | Resp::Error(s) => s.clone(),
+            Resp::Bulk(Some(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+            Resp::Integer(n) => n.to_string(),
+            other => panic!("not a text reply: {other:?}"),
+        }
+    }
+
+    /// The reply as an integer (an integer reply, or a number in a string).
+    pub fn integer(&self) -> i64 {
+        match self {
+            Resp::Integer(n) => *n,
+            other => other
+                .text()
+                .parse()
+                .unwrap_or_else(|_| panic!("not an integer reply: {other:?}")),
+        }
+    }
+
+    /// The elements of an array reply.
+    pub fn array(&self) -> &[Resp] {
+        match self {
+            Resp::Array(Some(items)) => items,
+            other => panic!("not an array reply: {other:?}"),
+        }
+    }
+
+    /// A flat `[field, value, field, value ...]` array (as `SENTINEL MASTER` answers) as pairs.
+    pub fn fields(&self) -> Vec<(String, String)> {
+        self.array()
+            .chunks(2)
+            .map(|pair| (pair[0].text(), pair[1].text()))
+            .collect()
+    }
+}
+
+/// Sends one command over a fresh connection to `127.0.0.1:port` and reads its reply.
+pub fn command(port: u16, args: &[&str]) -> std::io::Result<Resp> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(300))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut request = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        request.extend_from_slice(arg.as_bytes());
+        request.extend_from_slice(b"\r\n");
+    }
+    stream.write_all(&request)?;
+    read_reply(&mut BufReader::new(stream))
+}
+
+/// Like [`command`], but panics on an I/O error or an error reply.
+pub fn must(port: u16, args: &[&str]) -> Resp {
+    match command(port, args) {
+        Ok(Resp::Error(e)) => panic!("{args:?} on port {port} answered {e}"),
+        Ok(reply) => reply,
+        Err(e) => panic!("{args:?} on port {port} failed: {e}"),
+    }
+}
+
+/// `INFO <section>` of the server on `port` as `field -> value` pairs.
+pub fn info(port: u16, section: &str) -> std::io::Result<Vec<(String, String)>> {
+    let reply = command(port, &["INFO", section])?;
+    Ok(reply
+        .text()
+        .lines()
+        .filter_map(|line| line.trim().split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect())
+}
+
+/// One field of `INFO <section>`.
+pub fn info_field(port: u16, section: &str, field: &str) -> Option<String> {
+    info(port, section)
+        .ok()?
+        .into_iter()
+        .find_map(|(k, v)| (k == field).then_some(v))
+}
+
+/// Waits until the replica on `replica` has processed everything the primary on `primary` had
+/// written when called (its `slave_repl_offset` reaches the primary's `master_repl_offset`).
+/// A `WAIT` on an administration connection would not do: it only waits for that connection's
+/// own writes.
+pub fn wait_replicated(primary: u16, replica: u16, timeout: Duration) {
+    let offset = |port: u16, field: &str| -> Result<i64, String> {
+        info_field(port, "replication", field)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("no {field} on {port}"))
+    };
+    let target = offset(primary, "master_repl_offset").unwrap_or_else(|e| panic!("{e}"));
+    wait_until(timeout, "the replica to catch up", || {
+        let done = offset(replica, "slave_repl_offset")?;
+        if done >= target {
+            Ok(())
+        } else {
+            Err(format!("replica {replica} at {done} of {target}"))
+        }
+    });
+}
+
+fn read_reply(reader: &mut impl BufRead) -> std::io::Result<Resp> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "connection closed before the reply",
+        ));
+    }
+    let line = line.trim_end_matches(['\r', '\n']);
+    let (kind, rest) = line.split_at(1);
+    let number = || -> std::io::Result<i64> {
+        rest.parse()
+            .map_err(|_| std::io::Error::other(format!("bad RESP length {rest:?}")))
+    };
+    Ok(match kind {
+        "+" => Resp::Simple(rest.to_owned()),
+        "-" => Resp::Error(rest.to_owned()),
+        ":" => Resp::Integer(number()?),
+        "$" => match number()? {
+            -1 => Resp::Bulk(None),
+            len => {
+                let mut payload = vec![0; len as usize + 2];
+                reader.read_exact(&mut payload)?;
+                payload.truncate(len as usize);
+                Resp::Bulk(Some(payload))
+            }
+        },
+        "*" => match number()? {
+            -1 => Resp::Array(None),
+            len => {
+                let mut items = Vec::with_capacity(len as usize);
+                for _ in 0..len {
+                    items.push(read_reply(reader)?);
+                }
+                Resp::Array(Some(items))
+            }
+        },
+        other => {
+            return Err(std::io::Error::other(format!(
+                "unknown RESP type {other:?}"
+            )));
+        }
+    })
+}

@@ -1,0 +1,359 @@
+//! A real Redis Sentinel deployment for integration tests: one primary, one replica and three
+//! sentinels (quorum 2), five throw-away processes per [`RedisSentinel`].
+//!
+//! Include it from an integration test with:
+//!
+//! ```ignore
+//! #[path = "support/redis_sentinel.rs"]
+//! mod redis_sentinel;
+//!
+//! use redis_sentinel::RedisSentinel;
+//! ```
+//!
+//! and gate the file with `#![cfg(feature = "redis")]` (the helpers build fred clients).
+//!
+//! [`RedisSentinel::start`] runs, on `127.0.0.1` and free ports, a primary, a replica of it
+//! (`--replicaof`), and three sentinels (`redis-server <conf> --sentinel`, so no separate
+//! `redis-sentinel` binary is needed) monitoring the service [`SERVICE`] with quorum 2,
+//! `down-after-milliseconds` 1000 and `failover-timeout` 3000; then waits until every sentinel
+//! knows the replica and the two other sentinels, which a failover needs. Nothing is persisted;
+//! everything is killed when the value is dropped. `redis-server` missing is a loud panic, never
+//! a skip.
+//!
+//! `shared()` hands the tests that break nothing one set of processes for as long as
+//! any of them runs (the behaviour suite uses it), instead of one each.
+//!
+//! Failures: [`RedisSentinel::kill_master`] SIGKILLs the current primary,
+//! [`RedisSentinel::wait_for_failover`] waits until every sentinel names the promoted replica
+//! and it runs as a primary, [`RedisSentinel::restart`] brings a killed node back (the sentinels
+//! turn it into a replica of the new primary), and [`RedisSentinel::freeze`] /
+//! [`RedisSentinel::thaw`] stop and resume a node (SIGSTOP / SIGCONT).
+#![allow(dead_code)]
+
+#[path = "redis_nodes.rs"]
+mod nodes;
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::config::ServerConfig;
+
+use self::nodes::{Process, TempDir, wait_until};
+pub use self::nodes::{Resp, command, info_field, must, wait_replicated};
+
+/// The name of the monitored service (`sentinelServiceName`).
+pub const SERVICE: &str = "mymaster";
+
+/// How long a fred client made by [`RedisSentinel::connect`] lets a command wait.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// Sentinel's `down-after-milliseconds`: how long the primary may be silent before it is
+/// considered down.
+pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
+
+/// A primary, its replica, and three sentinels.
+pub struct RedisSentinel {
+    /// Data nodes: the initial primary, then the initial replica.
+    data: Vec<Process>,
+    sentinels: Vec<Process>,
+    // Dropped after the processes (fields drop in order).
+    dir: TempDir,
+}
+
+impl RedisSentinel {
+    /// Starts the deployment and waits until it can fail over. Panics (loudly) when
+    /// `redis-server` is missing or the deployment does not come up.
+    pub fn start() -> Self {
+        Self::start_with_binary(&nodes::redis_server_binary())
+    }
+
+    /// Like [`RedisSentinel::start`], with an explicit `redis-server` binary (by default
+    /// `$REDIS_SERVER_BIN`, or from `PATH`), which also runs the sentinels.
+    pub fn start_with_binary(binary: &str) -> Self {
+        let dir = TempDir::new("redis-sentinel");
+        let data_node = |name: &str, replica_of: Option<u16>| {
+            let node_dir = dir.subdir(name);
+            let log = node_dir.join("redis.log");
+            nodes::start_on_free_port(binary, &log, |port| {
+                let mut args: Vec<String> = [
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    // Replicas sync at once rather than after the default 5 s.
+                    "--repl-diskless-sync-delay",
+                    "0",
+                    "--daemonize",
+                    "no",
+                    "--dir",
+                    &node_dir.to_string_lossy(),
+                    "--logfile",
+                    &log.to_string_lossy(),
+                ]
+                .map(String::from)
+                .to_vec();
+                if let Some(primary) = replica_of {
+                    args.extend([
+                        "--replicaof".into(),
+                        "127.0.0.1".into(),
+                        primary.to_string(),
+                    ]);
+                }
+                args
+            })
+        };
+        let primary = data_node("primary", None);
+        let replica = data_node("replica", Some(primary.port()));
+        let primary_port = primary.port();
+        wait_until(
+            Duration::from_secs(20),
+            "the replica's link",
+            || match info_field(replica.port(), "replication", "master_link_status").as_deref() {
+                Some("up") => Ok(()),
+                other => Err(format!("master_link_status {other:?}")),
+            },
+        );
+
+        let mut sentinels = Vec::new();
+        for i in 0..3 {
+            let sentinel_dir = dir.subdir(&format!("sentinel{i}"));
+            let log = sentinel_dir.join("sentinel.log");
+            let conf = sentinel_dir.join("sentinel.conf");
+            let process = nodes::start_on_free_port(binary, &log, |port| {
+                // Sentinel rewrites its configuration file: it must be writable, one each.
+                let text = format!(
+                    "port {port}\n\
+                     bind 127.0.0.1\n\
+                     daemonize no\n\
+                     dir {dir}\n\
+                     logfile {log}\n\
+                     sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n\
+                     sentinel down-after-milliseconds {SERVICE} {down}\n\
+                     sentinel failover-timeout {SERVICE} 3000\n\
+                     sentinel parallel-syncs {SERVICE} 1\n",
+                    dir = sentinel_dir.display(),
+                    log = log.display(),
+                    down = DOWN_AFTER.as_millis(),
+                );
+                std::fs::write(&conf, text).expect("write sentinel.conf");
+                vec![conf.to_string_lossy().into_owned(), "--sentinel".into()]
+            });
+            sentinels.push(process);
+        }
+        let deployment = RedisSentinel {
+            data: vec![primary, replica],
+            sentinels,
+            dir,
+        };
+        deployment.wait_until_ready(Duration::from_secs(30));
+        deployment
+    }
+
+    /// One deployment shared by the tests running at the same time (for tests that do not
+    /// kill or freeze anything): started by the first caller, stopped when the last holder
+    /// drops it.
+    pub fn shared() -> Arc<RedisSentinel> {
+        static SHARED: Mutex<Weak<RedisSentinel>> = Mutex::new(Weak::new());
+        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(deployment) = shared.upgrade() {
+            return deployment;
+        }
+        let deployment = Arc::new(RedisSentinel::start());
+        *shared = Arc::downgrade(&deployment);
+        deployment
+    }
+
+    /// Waits until every running sentinel knows the replica(s) and the other two sentinels, and
+    /// agrees on the primary.
+    pub fn wait_until_ready(&self, timeout: Duration) {
+        wait_until(timeout, "the sentinels to know each other", || {
+            let primary = self.master_port_from(self.sentinels[0].port())?;
+            for sentinel in self.running_sentinels() {
+                let reply = command(sentinel, &["SENTINEL", "MASTER", SERVICE])
+                    .map_err(|e| e.to_string())?;
+                let fields = reply.fields();
+                let field = |name: &str| {
+                    fields
+                        .iter()
+                        .find_map(|(k, v)| (k == name).then(|| v.clone()))
+                        .unwrap_or_default()
+                };
+                if field("flags") != "master" {
+                    return Err(format!("sentinel {sentinel}: flags {}", field("flags")));
+                }
+                if field("port") != primary.to_string() {
+                    return Err(format!("sentinel {sentinel} names {}", field("port")));
+                }
+                if field("num-other-sentinels") != "2" {
+                    return Err(format!(
+                        "sentinel {sentinel} knows {} others",
+                        field("num-other-sentinels")
+                    ));
+                }
+                if field("num-slaves") == "0" {
+                    return Err(format!("sentinel {sentinel} knows no replica"));
+                }
+            }
+            Ok(())
+        });
+    }
+
+    /// The ports of the three sentinels.
+    pub fn sentinel_ports(&self) -> Vec<u16> {
+        self.sentinels.iter().map(Process::port).collect()
+    }
+
+    fn running_sentinels(&self) -> Vec<u16> {
+        self.sentinels
+            .iter()
+            .filter(|s| s.is_running())
+            .map(Process::port)
+            .collect()
+    }
+
+    /// The ports of the data nodes (the initial primary, then the initial replica).
+    pub fn data_ports(&self) -> Vec<u16> {
+        self.data.iter().map(Process::port).collect()
+    }
+
+    fn master_port_from(&self, sentinel: u16) -> Result<u16, String> {
+        let reply = command(sentinel, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE])
+            .map_err(|e| e.to_string())?;
+        match &reply {
+            Resp::Array(Some(addr)) if addr.len() == 2 => Ok(addr[1].integer() as u16),
+            other => Err(format!("unexpected reply {other:?}")),
+        }
+    }
+
+    /// The port of the primary, as the first running sentinel names it.
+    pub fn master_port(&self) -> u16 {
+        let sentinel = *self
+            .running_sentinels()
+            .first()
+            .expect("a running sentinel");
+        self.master_port_from(sentinel)
+            .unwrap_or_else(|e| panic!("GET-MASTER-ADDR-BY-NAME: {e}"))
+    }
+
+    /// The port of a running data node that is not the primary.
+    pub fn replica_port(&self) -> u16 {
+        let primary = self.master_port();
+        self.data
+            .iter()
+            .find(|n| n.is_running() && n.port() != primary)
+            .map(Process::port)
+            .expect("a running replica")
+    }
+
+    fn node(&self, port: u16) -> &Process {
+        self.data
+            .iter()
+            .chain(&self.sentinels)
+            .find(|n| n.port() == port)
+            .unwrap_or_else(|| panic!("no process on port {port}"))
+    }
+
+    fn node_mut(&mut self, port: u16) -> &mut Process {
+        self.data
+            .iter_mut()
+            .chain(&mut self.sentinels)
+            .find(|n| n.port() == port)
+            .unwrap_or_else(|| panic!("no process on port {port}"))
+    }
+
+    /// SIGKILLs the current primary and returns its port. Does not wait for the failover: see
+    /// [`RedisSentinel::wait_for_failover`].
+    pub fn kill_master(&mut self) -> u16 {
+        let port = self.master_port();
+        self.node_mut(port).kill();
+        port
+    }
+
+    /// Waits until every running sentinel names a primary other than `old`, the same one, and
+    /// that node runs as a primary. Returns its port.
+    pub fn wait_for_failover(&self, old: u16, timeout: Duration) -> u16 {
+        wait_until(timeout, "the sentinel failover", || {
+            let mut named = None;
+            for sentinel in self.running_sentinels() {
+                let port = self.master_port_from(sentinel)?;
+                if port == old {
+                    return Err(format!("sentinel {sentinel} still names {old}"));
+                }
+                if named.is_some_and(|n| n != port) {
+                    return Err("the sentinels disagree".into());
+                }
+                named = Some(port);
+            }
+            let port = named.ok_or("no running sentinel")?;
+            match info_field(port, "replication", "role").as_deref() {
+                Some("master") => Ok(port),
+                other => Err(format!("{port} has role {other:?}")),
+            }
+        })
+    }
+
+    /// Starts the killed node on `port` again (the sentinels make it a replica of the current
+    /// primary within a few seconds).
+    pub fn restart(&mut self, port: u16) {
+        self.node_mut(port).restart();
+    }
+
+    /// Stops the node on `port` (SIGSTOP): its connections stay open, it answers nothing.
+    pub fn freeze(&self, port: u16) {
+        self.node(port).freeze();
+    }
+
+    /// Resumes a frozen node (SIGCONT).
+    pub fn thaw(&self, port: u16) {
+        self.node(port).thaw();
+    }
+
+    /// A fred config that finds the primary through the three sentinels.
+    pub fn config(&self) -> Config {
+        Config {
+            server: ServerConfig::new_sentinel(
+                self.sentinel_ports()
+                    .into_iter()
+                    .map(|p| ("127.0.0.1", p))
+                    .collect(),
+                SERVICE,
+            ),
+            ..Config::default()
+        }
+    }
+
+    /// A fred builder for the deployment that reconnects forever, 50 ms apart (asking the
+    /// sentinels for the primary each time), and fails commands after [`COMMAND_TIMEOUT`]
+    /// (change it with `with_performance_config`).
+    pub fn builder(&self) -> Builder {
+        let mut builder = Builder::from_config(self.config());
+        builder
+            .set_policy(ReconnectPolicy::new_constant(0, 50))
+            .with_performance_config(|perf| perf.default_command_timeout = COMMAND_TIMEOUT)
+            .with_connection_config(|conn| {
+                conn.connection_timeout = Duration::from_secs(1);
+                conn.internal_command_timeout = Duration::from_secs(1);
+                conn.max_command_attempts = 3;
+            });
+        builder
+    }
+
+    /// A connected client (see [`RedisSentinel::builder`]).
+    pub async fn connect(&self) -> Client {
+        let client = self.builder().build().expect("valid fred config");
+        client.init().await.expect("connect through the sentinels");
+        client
+    }
+
+    /// A connected pool of `size` clients.
+    pub async fn connect_pool(&self, size: usize) -> Pool {
+        let pool = self.builder().build_pool(size).expect("valid fred config");
+        pool.init().await.expect("connect through the sentinels");
+        pool
+    }
+}

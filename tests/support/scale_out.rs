@@ -1,0 +1,489 @@
+//! Scale-out measurements shared by the cluster and sentinel tests
+//! (`#[path = "support/scale_out.rs"] mod scale_out;`):
+//!
+//! - [`deliver_through_failover`]: deliveries through a failover, by senders that behave like a
+//!   webhook provider (every event is delivered until it is answered 2xx, then delivered once
+//!   more, as providers do), to an app whose handler counts its effect per event; the
+//!   [`Report`] lists lost and doubled effects;
+//! - [`lost_write_failover`]: one event across a failover that loses the primary's last,
+//!   unreplicated writes, set up on purpose on any [`Topology`];
+//! - [`complete_latencies`] and [`summary`]: the latency of `complete`, one call at a time.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::post;
+use fred::prelude::*;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::record::Record;
+use tower_idempotency::store::{Claim, StoreKey};
+use tower_idempotency::{IdempotencyLayer, IdempotencyStore, RedisStore, Scope};
+
+/// The shape of the load.
+#[derive(Clone, Debug)]
+pub struct Load {
+    /// Concurrent senders, each delivering one event at a time.
+    pub senders: usize,
+    /// How long the handler works before its effect is counted and it answers 201.
+    pub handler_time: Duration,
+    /// The layer's lease.
+    pub lease: Duration,
+    /// The layer's store timeout.
+    pub store_timeout: Duration,
+    /// How long deliveries run before the failover starts.
+    pub before: Duration,
+    /// How long new events keep coming after the failover has completed.
+    pub after: Duration,
+    /// How long a sender keeps retrying one event before giving up on it.
+    pub give_up_after: Duration,
+}
+
+impl Default for Load {
+    fn default() -> Self {
+        Load {
+            senders: 16,
+            handler_time: Duration::from_millis(5),
+            lease: Duration::from_secs(3),
+            store_timeout: Duration::from_secs(2),
+            before: Duration::from_millis(700),
+            after: Duration::from_millis(1000),
+            give_up_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What happened to the events.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Events sent (each until it was answered 2xx, or given up).
+    pub events: usize,
+    /// Events answered 2xx.
+    pub acknowledged: usize,
+    /// Deliveries made, redeliveries included.
+    pub deliveries: usize,
+    /// Statuses of the first round of deliveries, retries included.
+    pub statuses: BTreeMap<u16, usize>,
+    /// Final statuses of the redelivery of every acknowledged event.
+    pub redelivery_statuses: BTreeMap<u16, usize>,
+    /// Acknowledged events whose effect never happened.
+    pub lost: Vec<String>,
+    /// Events whose effect happened more than once.
+    pub doubled: Vec<String>,
+    /// Events never acknowledged (given up).
+    pub unacknowledged: Vec<String>,
+    /// How long the failover took (from the kill to a healthy topology, as the fixture saw it).
+    pub failover: Duration,
+    /// The longest time one event took to be acknowledged.
+    pub slowest_event: Duration,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} events, {} acknowledged, {} deliveries; failover {:?}; slowest event {:?}; \
+             statuses {:?}; redelivery statuses {:?}; lost {}; doubled {}; unacknowledged {}",
+            self.events,
+            self.acknowledged,
+            self.deliveries,
+            self.failover,
+            self.slowest_event,
+            self.statuses,
+            self.redelivery_statuses,
+            self.lost.len(),
+            self.doubled.len(),
+            self.unacknowledged.len(),
+        )
+    }
+}
+
+type Effects = Arc<Mutex<HashMap<String, u32>>>;
+
+async fn handler(
+    State((effects, work)): State<(Effects, Duration)>,
+    headers: HeaderMap,
+) -> StatusCode {
+    tokio::time::sleep(work).await;
+    let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+    *effects.lock().unwrap().entry(key).or_default() += 1;
+    StatusCode::CREATED
+}
+
+async fn deliver(app: &Router, event: &str) -> StatusCode {
+    let request = Request::post("/deliver")
+        .header("idempotency-key", event)
+        .body(Body::from("{}"))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let _ = response.into_body().collect().await;
+    status
+}
+
+/// Delivers `event` until it is answered 2xx (retrying 50 ms apart) or `give_up_after` passes.
+/// Returns the statuses seen, the last one last.
+async fn deliver_until_acknowledged(
+    app: &Router,
+    event: &str,
+    give_up_after: Duration,
+) -> Vec<StatusCode> {
+    let deadline = Instant::now() + give_up_after;
+    let mut statuses = Vec::new();
+    loop {
+        let status = deliver(app, event).await;
+        statuses.push(status);
+        if status.is_success() || Instant::now() >= deadline {
+            return statuses;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs `load` through `store` and calls `failover` (blocking: kill a primary and wait for the
+/// new one) in the middle; then redelivers every acknowledged event once and counts effects.
+pub async fn deliver_through_failover<St: IdempotencyStore>(
+    store: St,
+    load: Load,
+    failover: impl FnOnce() + Send + 'static,
+) -> Report {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let effects = Effects::default();
+    let layer = IdempotencyLayer::new(store)
+        .namespace(format!("failover-{}", std::process::id()))
+        .lease(load.lease)
+        .store_timeout(load.store_timeout);
+    let app = Router::new()
+        .route("/deliver", post(handler))
+        .route_layer(layer)
+        .with_state((effects.clone(), load.handler_time));
+
+    let producing = Arc::new(AtomicBool::new(true));
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut senders = Vec::new();
+    for _ in 0..load.senders {
+        let (app, producing, next) = (app.clone(), producing.clone(), next.clone());
+        let give_up_after = load.give_up_after;
+        senders.push(tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            while producing.load(Ordering::SeqCst) {
+                let event = format!("evt_{}", next.fetch_add(1, Ordering::SeqCst));
+                let started = Instant::now();
+                let statuses = deliver_until_acknowledged(&app, &event, give_up_after).await;
+                outcomes.push((event, statuses, started.elapsed()));
+            }
+            outcomes
+        }));
+    }
+
+    tokio::time::sleep(load.before).await;
+    let started = Instant::now();
+    tokio::task::spawn_blocking(failover).await.unwrap();
+    let failover = started.elapsed();
+    tokio::time::sleep(load.after).await;
+    producing.store(false, Ordering::SeqCst);
+
+    let mut report = Report {
+        failover,
+        ..Report::default()
+    };
+    let mut acknowledged = Vec::new();
+    for sender in senders {
+        for (event, statuses, took) in sender.await.unwrap() {
+            report.events += 1;
+            report.deliveries += statuses.len();
+            report.slowest_event = report.slowest_event.max(took);
+            for status in &statuses {
+                *report.statuses.entry(status.as_u16()).or_default() += 1;
+            }
+            if statuses.last().is_some_and(|s| s.is_success()) {
+                acknowledged.push(event);
+            } else {
+                report.unacknowledged.push(event);
+            }
+        }
+    }
+    report.acknowledged = acknowledged.len();
+
+    // The provider's duplicate of every acknowledged event, a few at a time. A claim left in
+    // flight by a completion that never reached the store answers 409 until its lease expires.
+    let give_up_after = load.lease + Duration::from_secs(10);
+    let mut redeliveries = Vec::new();
+    for chunk in acknowledged.chunks(acknowledged.len().div_ceil(load.senders).max(1)) {
+        let (app, chunk) = (app.clone(), chunk.to_vec());
+        redeliveries.push(tokio::spawn(async move {
+            let mut finals = Vec::new();
+            for event in chunk {
+                let statuses = deliver_until_acknowledged(&app, &event, give_up_after).await;
+                finals.push((statuses.len(), *statuses.last().unwrap()));
+            }
+            finals
+        }));
+    }
+    for redelivery in redeliveries {
+        for (deliveries, status) in redelivery.await.unwrap() {
+            report.deliveries += deliveries;
+            *report
+                .redelivery_statuses
+                .entry(status.as_u16())
+                .or_default() += 1;
+        }
+    }
+
+    let effects = effects.lock().unwrap();
+    for event in &acknowledged {
+        match effects.get(event).copied().unwrap_or(0) {
+            0 => report.lost.push(event.clone()),
+            1 => {}
+            _ => report.doubled.push(event.clone()),
+        }
+    }
+    for event in &report.unacknowledged {
+        if effects.get(event).copied().unwrap_or(0) > 1 {
+            report.doubled.push(event.clone());
+        }
+    }
+    report
+}
+
+/// The latency of `n` sequential `complete` calls through `store` (each on a fresh claim).
+pub async fn complete_latencies<St: IdempotencyStore>(
+    store: &St,
+    label: &str,
+    n: usize,
+) -> Vec<Duration> {
+    let mut times = Vec::with_capacity(n);
+    for i in 0..n {
+        let key = StoreKey::new(label, None, &format!("{}-{i}", std::process::id()));
+        let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
+        store
+            .reserve(&key, &claim, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let record = Record::ack(claim.fingerprint());
+        let started = Instant::now();
+        let done = store
+            .complete(&key, &claim, &record, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        times.push(started.elapsed());
+        assert!(done);
+    }
+    times
+}
+
+/// Mean, median and 99th percentile of `times`, in microseconds.
+pub fn summary(times: &[Duration]) -> String {
+    let mut sorted = times.to_vec();
+    sorted.sort();
+    let pct = |p: f64| sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)];
+    let mean = sorted.iter().sum::<Duration>() / sorted.len() as u32;
+    format!(
+        "mean {:>7.1} µs  p50 {:>7.1} µs  p99 {:>7.1} µs",
+        mean.as_secs_f64() * 1e6,
+        pct(0.5).as_secs_f64() * 1e6,
+        pct(0.99).as_secs_f64() * 1e6
+    )
+}
+
+/// A replicated deployment a scenario can break: a cluster or a sentinel deployment.
+pub trait Topology: Send + 'static {
+    /// A fred builder for it.
+    fn builder(&self) -> Builder;
+    /// The port of the primary owning `key`, and of one of its replicas.
+    fn primary_and_replica(&self, key: &str) -> (u16, u16);
+    /// Stops the process on `port` (SIGSTOP).
+    fn freeze(&self, port: u16);
+    /// Resumes it (SIGCONT).
+    fn thaw(&self, port: u16);
+    /// SIGKILLs the primary owning `key`; returns its port.
+    fn kill_primary_of(&mut self, key: &str) -> u16;
+    /// Waits until a replica of the killed primary has taken over; returns its port.
+    fn wait_for_failover(&self, killed: u16) -> u16;
+}
+
+/// One event across a failover that loses the primary's last writes, set up on purpose, through
+/// the layer and a [`RedisStore`] (durable completion with `WAIT 1` for 3 s, or not). Returns
+/// how many times the event's effect ran once its duplicate has been answered 2xx.
+///
+/// 1. The event is delivered; its claim reaches the replica, the handler waits.
+/// 2. The replica is frozen and a 16 MiB value is written, more than the socket buffers hold:
+///    the replication stream now queues in the primary's memory.
+/// 3. The handler finishes; the layer writes the record, which queues behind the value.
+/// 4. 300 ms later the primary is killed (its queue dies with it), the replica thawed; it is
+///    promoted with the claim but without the record.
+/// 5. The provider's duplicate is delivered until answered 2xx (409 while a claim is held).
+///
+/// Plain, the primary acknowledged the record and the response went out; the record is lost,
+/// the claim's lease expires and the duplicate is processed again: 2 effects. Durable, the
+/// completion was still waiting in `WAIT` when its connection died: the store sends it again,
+/// it reaches the promoted replica, which holds the claim, and writes the record there: the
+/// duplicate is answered from it, 1 effect. The lease (8 s) outlives the failover, as it must.
+pub async fn lost_write_failover<T: Topology>(topology: T, durable: bool) -> usize {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let namespace = "lost-write";
+    let store_key = StoreKey::new(namespace, None, "evt_1");
+    let (primary, replica) = topology.primary_and_replica(store_key.as_str());
+    let mut builder = topology.builder();
+    builder
+        .with_performance_config(|perf| perf.default_command_timeout = Duration::from_secs(15))
+        .with_connection_config(|conn| conn.max_command_attempts = 10);
+    let pool = builder.build_pool(2).unwrap();
+    pool.init().await.unwrap();
+    let mut store = RedisStore::new(pool);
+    if durable {
+        store = store.durable_completion(1, Duration::from_secs(3));
+    }
+    let effects = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(tokio::sync::Notify::new());
+    // Handlers wait until the gate opens.
+    let (gate, gate_rx) = tokio::sync::watch::channel(false);
+    let app = Router::new()
+        .route(
+            "/deliver",
+            post({
+                let (effects, started) = (effects.clone(), started.clone());
+                move || async move {
+                    started.notify_one();
+                    let mut gate = gate_rx.clone();
+                    gate.wait_for(|open| *open).await.unwrap();
+                    effects.fetch_add(1, Ordering::SeqCst);
+                    StatusCode::CREATED
+                }
+            }),
+        )
+        .route_layer(
+            IdempotencyLayer::new(store)
+                .namespace(namespace)
+                .scope(Scope::none())
+                // Longer than the failover: the durable completion, sent again to the
+                // promoted replica, must still find its claim there.
+                .lease(Duration::from_secs(8))
+                .store_timeout(Duration::from_secs(15)),
+        );
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { deliver(&app, "evt_1").await })
+    };
+    started.notified().await;
+    let admin = |port: u16, args: &[&str]| {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let port_args = (port, args);
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let args: Vec<&str> = port_args.1.iter().map(String::as_str).collect();
+                admin_command(port_args.0, &args)
+            })
+            .await
+            .unwrap()
+        }
+    };
+    // The replica has processed everything the primary wrote (the claim included).
+    let offset = |info: String, field: &str| -> i64 {
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {field}"))
+    };
+    let target = offset(
+        admin(primary, &["INFO", "replication"]).await,
+        "master_repl_offset",
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while offset(
+        admin(replica, &["INFO", "replication"]).await,
+        "slave_repl_offset",
+    ) < target
+    {
+        assert!(Instant::now() < deadline, "the replica does not catch up");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    topology.freeze(replica);
+    // Same slot as the store key (hash tag), so a cluster primary takes it.
+    let filler_key = format!("{{{store_key}}}:filler");
+    let filler = "x".repeat(16 << 20);
+    admin(primary, &["SET", &filler_key, &filler]).await;
+    let queued: u64 = admin(primary, &["INFO", "memory"])
+        .await
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("mem_clients_slaves:"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        queued > 1 << 20,
+        "the backlog is not queued in the primary: {queued} bytes"
+    );
+
+    gate.send_replace(true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let topology = Arc::new(Mutex::new(topology));
+    let fixture = topology.clone();
+    let key = store_key.as_str().to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut topology = fixture.lock().unwrap();
+        let killed = topology.kill_primary_of(&key);
+        assert_eq!(killed, primary);
+        topology.thaw(replica);
+        topology.wait_for_failover(killed)
+    })
+    .await
+    .unwrap();
+    assert_eq!(first.await.unwrap(), StatusCode::CREATED);
+
+    // The provider's duplicate, retried while it is answered 409 (a claim whose lease runs).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = deliver(&app, "evt_1").await;
+        if status.is_success() || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    effects.load(Ordering::SeqCst)
+}
+
+/// One command over a fresh blocking connection; the reply as text (panics on errors).
+fn admin_command(port: u16, args: &[&str]) -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut request = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        request.extend_from_slice(arg.as_bytes());
+        request.extend_from_slice(b"\r\n");
+    }
+    stream.write_all(&request).expect("send");
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("reply");
+    assert!(!line.starts_with('-'), "{args:?} on {port}: {line}");
+    match line
+        .strip_prefix('$')
+        .and_then(|n| n.trim().parse::<usize>().ok())
+    {
+        Some(len) => {
+            let mut payload = vec![0; len + 2];
+            reader.read_exact(&mut payload).expect("bulk reply");
+            String::from_utf8_lossy(&payload[..len]).into_owned()
+        }
+        None => line,
+    }
+}
