@@ -138,7 +138,10 @@ where
 /// trailers.
 #[derive(Debug, Default)]
 pub(crate) struct Collected {
-    chunks: VecDeque<Bytes>,
+    /// The first data chunk. Most bodies arrive as one chunk: kept here, it costs no
+    /// allocation (`rest` allocates on its first push only).
+    first: Option<Bytes>,
+    rest: VecDeque<Bytes>,
     len: usize,
     trailers: Option<HeaderMap>,
 }
@@ -150,7 +153,10 @@ impl Collected {
             Ok(data) => {
                 self.len += data.len();
                 if !data.is_empty() {
-                    self.chunks.push_back(data);
+                    match self.first {
+                        None => self.first = Some(data),
+                        Some(_) => self.rest.push_back(data),
+                    }
                 }
             }
             Err(frame) => {
@@ -171,17 +177,22 @@ impl Collected {
 
     /// The data chunks as they arrived, and the trailers.
     pub(crate) fn into_chunks(self) -> (VecDeque<Bytes>, Option<HeaderMap>) {
-        (self.chunks, self.trailers)
+        let mut chunks = self.rest;
+        if let Some(first) = self.first {
+            chunks.push_front(first);
+        }
+        (chunks, self.trailers)
     }
 
     /// The data as one `Bytes`: the single chunk itself when there is one.
-    pub(crate) fn into_parts(mut self) -> (Bytes, Option<HeaderMap>) {
-        let data = match self.chunks.len() {
-            0 => Bytes::new(),
-            1 => self.chunks.pop_front().unwrap_or_default(),
-            _ => {
+    pub(crate) fn into_parts(self) -> (Bytes, Option<HeaderMap>) {
+        let data = match self.first {
+            None => Bytes::new(),
+            Some(first) if self.rest.is_empty() => first,
+            Some(first) => {
                 let mut out = BytesMut::with_capacity(self.len);
-                for chunk in &self.chunks {
+                out.extend_from_slice(&first);
+                for chunk in &self.rest {
                     out.extend_from_slice(chunk);
                 }
                 out.freeze()
@@ -390,5 +401,108 @@ where
                 hint
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::{Arc, Mutex};
+
+    use http::{Request, Response};
+    use http_body_util::{BodyExt, Full, StreamBody};
+    use tower::{ServiceBuilder, ServiceExt};
+
+    use super::*;
+    use crate::{IdempotencyLayer, MemoryStore};
+
+    #[test]
+    fn a_single_chunk_is_kept_without_copying() {
+        let data = Bytes::from(vec![7u8; 4096]);
+        let mut collected = Collected::default();
+        assert_eq!(collected.push(Frame::data(data.clone())), 4096);
+        let (out, trailers) = collected.into_parts();
+        assert_eq!(out.as_ptr(), data.as_ptr(), "the chunk was copied");
+        assert_eq!(out.len(), data.len());
+        assert!(trailers.is_none());
+    }
+
+    #[test]
+    fn several_chunks_are_joined_in_order_with_their_trailers() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-checksum", http::HeaderValue::from_static("abc"));
+        let mut collected = Collected::default();
+        for chunk in [&b"ab"[..], b"", b"cd", b"e"] {
+            collected.push(Frame::data(Bytes::copy_from_slice(chunk)));
+        }
+        let (chunks, _) = collected.into_chunks();
+        assert_eq!(chunks, [&b"ab"[..], b"cd", b"e"]);
+
+        let mut collected = Collected::default();
+        for chunk in [&b"ab"[..], b"cd", b"e"] {
+            collected.push(Frame::data(Bytes::copy_from_slice(chunk)));
+        }
+        collected.push(Frame::trailers(trailers.clone()));
+        assert_eq!(collected.trailers(), Some(&trailers));
+        let (data, kept) = collected.into_parts();
+        assert_eq!(data, &b"abcde"[..]);
+        assert_eq!(kept, Some(trailers));
+    }
+
+    /// Through the layer (payload fingerprint on, so the body is buffered): the inner service
+    /// gets the very bytes that arrived in one chunk, not a copy.
+    #[tokio::test]
+    async fn the_inner_service_gets_a_single_chunk_body_uncopied() {
+        let data = Bytes::from(vec![b'x'; 64 * 1024]);
+        let seen: Arc<Mutex<Vec<(usize, usize)>>> = Arc::default();
+        let seen2 = seen.clone();
+        let service = ServiceBuilder::new()
+            .layer(IdempotencyLayer::new(MemoryStore::new()))
+            .service_fn(move |request: Request<RequestBody<Full<Bytes>>>| {
+                let seen = seen2.clone();
+                async move {
+                    let mut body = request.into_body();
+                    while let Some(frame) = body.frame().await {
+                        if let Ok(chunk) = frame.unwrap().into_data() {
+                            seen.lock()
+                                .unwrap()
+                                .push((chunk.as_ptr() as usize, chunk.len()));
+                        }
+                    }
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+                }
+            });
+        let request = Request::post("/x")
+            .header("idempotency-key", "k")
+            .body(Full::new(data.clone()))
+            .unwrap();
+        let response = service.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::OK);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [(data.as_ptr() as usize, data.len())]
+        );
+    }
+
+    /// A body that arrives in several chunks reaches the inner service whole, in order.
+    #[tokio::test]
+    async fn a_chunked_body_is_handed_on_whole() {
+        let chunks = [&b"{\"id\":"[..], b"\"evt_1\"", b"}"];
+        let stream = futures_util::stream::iter(
+            chunks.map(|c| Ok::<_, Infallible>(Frame::data(Bytes::from_static(c)))),
+        );
+        let service = ServiceBuilder::new()
+            .layer(IdempotencyLayer::new(MemoryStore::new()))
+            .service_fn(|request: Request<RequestBody<StreamBody<_>>>| async move {
+                let body = request.into_body().collect().await.unwrap().to_bytes();
+                Ok::<_, Infallible>(Response::new(Full::new(body)))
+            });
+        let request = Request::post("/x")
+            .header("idempotency-key", "k")
+            .body(StreamBody::new(stream))
+            .unwrap();
+        let response = service.oneshot(request).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, &b"{\"id\":\"evt_1\"}"[..]);
     }
 }

@@ -16,6 +16,7 @@
 //!     .mode(Mode::Ack);
 //! ```
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -133,15 +134,16 @@ impl Scope {
         Scope(ScopeKind::Fn(Arc::new(f)))
     }
 
-    pub(crate) fn of(&self, parts: &Parts) -> Option<String> {
+    /// The scope of one request, borrowed from it when possible (it is only hashed).
+    pub(crate) fn of<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, str>> {
         match &self.0 {
             ScopeKind::None => None,
-            ScopeKind::Path => Some(parts.uri.path().to_owned()),
+            ScopeKind::Path => Some(Cow::Borrowed(parts.uri.path())),
             ScopeKind::Header(name) => parts
                 .headers
                 .get(name)
-                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
-            ScopeKind::Fn(f) => f(parts),
+                .map(|v| String::from_utf8_lossy(v.as_bytes())),
+            ScopeKind::Fn(f) => f(parts).map(Cow::Owned),
         }
     }
 }

@@ -26,8 +26,9 @@ pub(crate) async fn timed<T>(
 /// The store operations of one claim, with the store type erased so that futures and bodies do
 /// not carry it.
 trait LeaseOps: Send + Sync + 'static {
-    fn complete(&self, record: Record) -> BoxFuture<'static, Result<bool, StoreError>>;
-    fn release(&self) -> BoxFuture<'static, Result<bool, StoreError>>;
+    // `Arc<Self>`: the future shares the lease's key and claim instead of cloning them.
+    fn complete(self: Arc<Self>, record: Record) -> BoxFuture<'static, Result<bool, StoreError>>;
+    fn release(self: Arc<Self>) -> BoxFuture<'static, Result<bool, StoreError>>;
 }
 
 struct StoreLease<St> {
@@ -40,26 +41,25 @@ struct StoreLease<St> {
 }
 
 impl<St: IdempotencyStore> LeaseOps for StoreLease<St> {
-    fn complete(&self, record: Record) -> BoxFuture<'static, Result<bool, StoreError>> {
-        let (store, key, claim) = (self.store.clone(), self.key.clone(), self.claim.clone());
-        let (retention, timeout) = (self.retention, self.timeout);
-        let observer = self.observer.clone();
+    fn complete(self: Arc<Self>, record: Record) -> BoxFuture<'static, Result<bool, StoreError>> {
         Box::pin(async move {
             let started = Instant::now();
-            let result = timed(timeout, store.complete(&key, &claim, &record, retention)).await;
-            observer.store_call(StoreOp::Complete, started.elapsed(), result.is_ok());
+            let call = self
+                .store
+                .complete(&self.key, &self.claim, &record, self.retention);
+            let result = timed(self.timeout, call).await;
+            self.observer
+                .store_call(StoreOp::Complete, started.elapsed(), result.is_ok());
             result
         })
     }
 
-    fn release(&self) -> BoxFuture<'static, Result<bool, StoreError>> {
-        let (store, key, claim) = (self.store.clone(), self.key.clone(), self.claim.clone());
-        let timeout = self.timeout;
-        let observer = self.observer.clone();
+    fn release(self: Arc<Self>) -> BoxFuture<'static, Result<bool, StoreError>> {
         Box::pin(async move {
             let started = Instant::now();
-            let result = timed(timeout, store.release(&key, &claim)).await;
-            observer.store_call(StoreOp::Release, started.elapsed(), result.is_ok());
+            let result = timed(self.timeout, self.store.release(&self.key, &self.claim)).await;
+            self.observer
+                .store_call(StoreOp::Release, started.elapsed(), result.is_ok());
             result
         })
     }
@@ -85,6 +85,41 @@ impl Verdict {
     }
 }
 
+/// A store call that is finished on a spawned task if it is dropped before it finished.
+struct FinishOnDrop<T: Send + 'static>(Option<BoxFuture<'static, T>>);
+
+impl<T: Send + 'static> Future for FinishOnDrop<T> {
+    type Output = T;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<T> {
+        let fut = self
+            .0
+            .as_mut()
+            .expect("FinishOnDrop polled after completion");
+        let output = std::task::ready!(fut.as_mut().poll(cx));
+        self.0 = None;
+        std::task::Poll::Ready(output)
+    }
+}
+
+impl<T: Send + 'static> Drop for FinishOnDrop<T> {
+    fn drop(&mut self) {
+        if let (Some(fut), Ok(handle)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            handle.spawn(fut);
+        }
+    }
+}
+
+fn warn_lease_lost() {
+    tracing::warn!(
+        "idempotency lease expired before completion; the key was not recorded \
+         (raise the lease above the inner service's duration)"
+    );
+}
+
 /// An acquired claim. Dropping it unsettled releases it in the background (you cannot `.await`
 /// in `Drop`); the lease TTL is the backstop when even that fails.
 pub(crate) struct Lease {
@@ -93,6 +128,8 @@ pub(crate) struct Lease {
     /// Success of a gRPC response is decided by `grpc-status` in the trailers.
     grpc: bool,
     armed: bool,
+    /// When the lease runs out (about): a failed completion is retried until then.
+    expires: Instant,
 }
 
 impl std::fmt::Debug for Lease {
@@ -109,11 +146,13 @@ impl Lease {
         store: St,
         key: StoreKey,
         claim: Claim,
+        lease: Duration,
         retention: Duration,
         timeout: Duration,
         observer: Observer,
     ) -> Self {
         let claim_fingerprint = claim.fingerprint();
+        let expires = Instant::now() + lease;
         Lease {
             ops: Arc::new(StoreLease {
                 observer,
@@ -126,6 +165,7 @@ impl Lease {
             claim_fingerprint,
             grpc: false,
             armed: true,
+            expires,
         }
     }
 
@@ -142,25 +182,59 @@ impl Lease {
     }
 
     /// Records the completed key. A store error or a lost lease is logged: the effect has
-    /// happened, so the response still goes out.
+    /// happened, so the response still goes out. A store error is retried in the background
+    /// until the lease runs out (the claim is still ours until then, so a late record is
+    /// still the right record).
     pub(crate) async fn complete(mut self, record: Record) {
         self.armed = false;
-        match self.ops.complete(record).await {
+        let retry = record.clone();
+        // The inner service has succeeded: the record must be written even if this future is
+        // dropped from here on (the client disconnected). A store call cut off mid-way would
+        // leave the claim to expire with its lease, and the retry would run the effect again.
+        let write = FinishOnDrop(Some(self.ops.clone().complete(record)));
+        match write.await {
             Ok(true) => {}
-            Ok(false) => tracing::warn!(
-                "idempotency lease expired before completion; the key was not recorded \
-                 (raise the lease above the inner service's duration)"
-            ),
+            Ok(false) => warn_lease_lost(),
             Err(err) => {
-                tracing::error!(error = %err, "could not record a completed idempotency key")
+                tracing::error!(
+                    error = %err,
+                    "could not record a completed idempotency key; retrying until the lease expires"
+                );
+                self.retry_complete(retry);
             }
         }
+    }
+
+    /// Retries a failed completion from a spawned task, with backoff, until the lease expires.
+    fn retry_complete(&self, record: Record) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (ops, expires) = (self.ops.clone(), self.expires);
+        handle.spawn(async move {
+            let mut pause = Duration::from_millis(100);
+            while Instant::now() + pause < expires {
+                tokio::time::sleep(pause).await;
+                match ops.clone().complete(record.clone()).await {
+                    Ok(true) => {
+                        tracing::info!("idempotency key recorded on a retry");
+                        return;
+                    }
+                    Ok(false) => return warn_lease_lost(),
+                    Err(_) => pause = (pause * 2).min(Duration::from_secs(2)),
+                }
+            }
+            tracing::error!(
+                "gave up recording a completed idempotency key: its lease expired; a duplicate \
+                 may run again"
+            );
+        });
     }
 
     /// Releases the claim so that a retry is processed again.
     pub(crate) async fn release(mut self) {
         self.armed = false;
-        if let Err(err) = self.ops.release().await {
+        if let Err(err) = self.ops.clone().release().await {
             tracing::error!(error = %err, "could not release an idempotency claim; it expires with its lease");
         }
     }
@@ -197,7 +271,7 @@ impl Drop for Lease {
         }
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
-                let release = self.ops.release();
+                let release = self.ops.clone().release();
                 handle.spawn(async move {
                     if let Err(err) = release.await {
                         tracing::error!(error = %err, "could not release a dropped idempotency claim; it expires with its lease");

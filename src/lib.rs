@@ -142,9 +142,9 @@ pub use self::store::{IdempotencyStore, MemoryStore};
 
 #[cfg(feature = "redis")]
 pub use self::store::redis::RedisStore;
-#[cfg(feature = "redis")]
-pub use fred;
 #[cfg(feature = "postgres")]
 pub use self::store::sql::PostgresStore;
 #[cfg(feature = "sqlite")]
 pub use self::store::sql::SqliteStore;
+#[cfg(feature = "redis")]
+pub use fred;

@@ -150,7 +150,7 @@ impl Observer {
         #[cfg(feature = "metrics")]
         metrics::counter!(
             "idempotency_requests_total",
-            "namespace" => self.namespace.to_string(),
+            "namespace" => self.namespace.clone(),
             "outcome" => outcome.as_str(),
             "reason" => reason,
         )
@@ -180,14 +180,14 @@ impl Observer {
         {
             metrics::histogram!(
                 "idempotency_store_duration_seconds",
-                "namespace" => self.namespace.to_string(),
+                "namespace" => self.namespace.clone(),
                 "operation" => op.as_str(),
             )
             .record(elapsed.as_secs_f64());
             if !ok {
                 metrics::counter!(
                     "idempotency_store_errors_total",
-                    "namespace" => self.namespace.to_string(),
+                    "namespace" => self.namespace.clone(),
                     "operation" => op.as_str(),
                 )
                 .increment(1);
@@ -202,7 +202,7 @@ impl Observer {
         #[cfg(feature = "metrics")]
         metrics::histogram!(
             "idempotency_inner_duration_seconds",
-            "namespace" => self.namespace.to_string(),
+            "namespace" => self.namespace.clone(),
         )
         .record(elapsed.as_secs_f64());
         #[cfg(not(feature = "metrics"))]

@@ -259,15 +259,23 @@ where
     );
     tracing::Span::current().record("key", store_key.as_str());
     parts.extensions.insert(key);
-    let claim = Claim::new(fingerprint);
+    // Until the reserve's answer is in, the claim may land without us knowing: if this future
+    // is dropped (the client went away) or the reserve fails, the guard undoes it.
+    let unsettled = UnsettledReserve::new(
+        config.store.clone(),
+        store_key,
+        Claim::new(fingerprint),
+        settings.store_timeout,
+    );
 
     let deadline = settings.wait_in_flight.map(|wait| Instant::now() + wait);
     let mut pause = std::time::Duration::from_millis(10);
     let reservation = loop {
         let started = Instant::now();
+        let (store_key, claim) = unsettled.parts();
         let result = timed(
             settings.store_timeout,
-            config.store.reserve(&store_key, &claim, settings.lease),
+            config.store.reserve(store_key, claim, settings.lease),
         )
         .await;
         settings
@@ -287,10 +295,12 @@ where
 
     match reservation {
         Ok(Reservation::Acquired) => {
+            let (store_key, claim) = unsettled.settle();
             let mut lease = Lease::new(
                 config.store.clone(),
                 store_key,
                 claim,
+                settings.lease,
                 settings.retention,
                 settings.store_timeout,
                 settings.observer.clone(),
@@ -303,6 +313,7 @@ where
             }
         }
         Ok(Reservation::InFlight { fingerprint: held }) => {
+            unsettled.settle();
             if !held.matches(&fingerprint) && settings.on_mismatch == OnMismatch::Reject {
                 return Prelude::Respond(reject(Rejection::Mismatch, grpc));
             }
@@ -314,6 +325,7 @@ where
             ))
         }
         Ok(Reservation::Completed(record)) => {
+            unsettled.settle();
             if !record.fingerprint().matches(&fingerprint) {
                 if settings.on_mismatch == OnMismatch::Reject {
                     return Prelude::Respond(reject(Rejection::Mismatch, grpc));
@@ -324,34 +336,63 @@ where
         }
         Err(err) => {
             // A reserve that timed out or lost its connection may still be applied later (a
-            // client that queues and retries commands across a reconnect): undo it, token-checked,
-            // so it cannot block the sender's retries until the lease expires.
-            compensate_failed_reserve(&config, store_key, claim);
+            // client that queues and retries commands across a reconnect): dropping the
+            // unsettled guard undoes it, token-checked, so it cannot block the sender's retries
+            // until the lease expires.
+            drop(unsettled);
             store_failure(err, settings, parts, body, grpc)
         }
     }
 }
 
-/// Releases a claim whose reserve failed, in the background, a few times with growing delays
-/// (a release of a claim that never landed, or was already released, changes nothing).
-fn compensate_failed_reserve<St: IdempotencyStore, K>(
-    config: &Config<St, K>,
-    store_key: StoreKey,
-    claim: Claim,
-) {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let store = config.store.clone();
-    let timeout = config.settings.store_timeout;
-    handle.spawn(async move {
-        for factor in [1, 4, 16] {
-            tokio::time::sleep(timeout * factor).await;
-            if let Ok(true) = timed(timeout, store.release(&store_key, &claim)).await {
-                return;
-            }
+/// A claim whose reserve has been sent but whose answer has not been acted on. Dropped
+/// unsettled, it releases the claim in the background, at once and again a few times with
+/// growing delays (a release of a claim that never landed, or was already released, changes
+/// nothing; a reserve still queued in a reconnecting client lands before the later releases).
+struct UnsettledReserve<St: IdempotencyStore> {
+    store: St,
+    timeout: std::time::Duration,
+    claim: Option<(StoreKey, Claim)>,
+}
+
+impl<St: IdempotencyStore> UnsettledReserve<St> {
+    fn new(store: St, key: StoreKey, claim: Claim, timeout: std::time::Duration) -> Self {
+        UnsettledReserve {
+            store,
+            timeout,
+            claim: Some((key, claim)),
         }
-    });
+    }
+
+    fn parts(&self) -> (&StoreKey, &Claim) {
+        let (key, claim) = self.claim.as_ref().expect("settled reserve");
+        (key, claim)
+    }
+
+    /// The answer is in: nothing to undo.
+    fn settle(mut self) -> (StoreKey, Claim) {
+        self.claim.take().expect("settled twice")
+    }
+}
+
+impl<St: IdempotencyStore> Drop for UnsettledReserve<St> {
+    fn drop(&mut self) {
+        let Some((key, claim)) = self.claim.take() else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, timeout) = (self.store.clone(), self.timeout);
+        handle.spawn(async move {
+            for factor in [0, 1, 4, 16] {
+                tokio::time::sleep(timeout * factor).await;
+                if let Ok(true) = timed(timeout, store.release(&key, &claim)).await {
+                    return;
+                }
+            }
+        });
+    }
 }
 
 fn store_failure<B, ResBody>(

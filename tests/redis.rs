@@ -2,9 +2,9 @@
 //! `redis-server` started on 127.0.0.1 for each test.
 #![cfg(feature = "redis")]
 
-mod suite;
 #[path = "support/redis_server.rs"]
 mod redis_server;
+mod suite;
 
 use std::time::Duration;
 
@@ -89,7 +89,10 @@ async fn two_instances_fifty_concurrent_deliveries_one_effect() {
     for task in tasks {
         statuses.push(task.await.unwrap());
     }
-    let created = statuses.iter().filter(|s| **s == StatusCode::CREATED).count();
+    let created = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::CREATED)
+        .count();
     assert_eq!(created, 1, "{statuses:?}");
     assert!(
         statuses
@@ -158,7 +161,11 @@ async fn lease_of_a_dead_instance_expires_then_processed_once() {
     // What the dead instance left behind: its claim, with a 400 ms lease, never settled.
     let key = StoreKey::new("dead", Some("/effect"), "evt_1");
     store
-        .reserve(&key, &Claim::new(Fingerprint::NONE), Duration::from_millis(400))
+        .reserve(
+            &key,
+            &Claim::new(Fingerprint::NONE),
+            Duration::from_millis(400),
+        )
         .await
         .unwrap();
     let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;

@@ -59,7 +59,7 @@ async fn absent_in_flight_completed_transitions() {
         store.reserve(&key, &first, LEASE).await.unwrap(),
         Reservation::Acquired
     );
-    // Stored: the 33-byte in-flight value, with the lease as its TTL.
+    // Stored: the 25-byte in-flight value, with the lease as its TTL.
     assert_eq!(
         get_raw(&client, &key).await.unwrap(),
         StoredValue::encode_in_flight(first.token(), &first.fingerprint())
@@ -105,6 +105,8 @@ async fn absent_in_flight_completed_transitions() {
 
     // Release after completion is refused: the key is no longer in flight.
     assert!(!store.release(&key, &first).await.unwrap());
+    // So is a second completion, even with the same record: the key is no longer in flight,
+    // and a late finisher must learn that it lost its lease.
     assert!(!store.complete(&key, &first, &record, LEASE).await.unwrap());
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
 

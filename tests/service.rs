@@ -1,14 +1,20 @@
 //! The service contract: readiness, and the request the inner service sees.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, RequestBody};
+use tower_idempotency::record::Record;
+use tower_idempotency::store::{Claim, Reservation, StoreError, StoreErrorKind, StoreKey};
+use tower_idempotency::{
+    IdempotencyKey, IdempotencyLayer, IdempotencyStore, MemoryStore, RequestBody,
+};
 use tower_test::mock;
 
 type Req = Request<RequestBody<Full<Bytes>>>;
@@ -134,4 +140,126 @@ async fn grpc_requests_get_grpc_statuses() {
         .await
         .unwrap();
     assert_eq!(response.headers()["grpc-status"], "8");
+}
+
+/// A store that answers slowly or fails on purpose, around a real `MemoryStore`: the claim
+/// lands at once, the answer comes late (a slow network), and the first completions fail (a
+/// store that went away for a moment).
+#[derive(Clone)]
+struct Flaky {
+    inner: MemoryStore,
+    reserve_delay: Duration,
+    failing_completes: Arc<AtomicUsize>,
+}
+
+impl IdempotencyStore for Flaky {
+    async fn reserve(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Reservation, StoreError> {
+        let result = self.inner.reserve(key, claim, lease).await;
+        tokio::time::sleep(self.reserve_delay).await;
+        result
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let failing = self.failing_completes.load(Ordering::SeqCst);
+        if failing > 0 {
+            self.failing_completes.store(failing - 1, Ordering::SeqCst);
+            return Err(StoreError::new(StoreErrorKind::Unavailable));
+        }
+        self.inner.complete(key, claim, record, retention).await
+    }
+
+    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
+        self.inner.release(key, claim).await
+    }
+}
+
+fn counting_service<St: IdempotencyStore>(
+    store: St,
+    runs: Arc<AtomicUsize>,
+) -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<tower_idempotency::ResponseBody<Full<Bytes>>>,
+    Error = Infallible,
+    Future: Send,
+> + Clone {
+    ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(store))
+        .service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done")))) }
+        })
+}
+
+fn keyed() -> Request<Full<Bytes>> {
+    Request::post("/x")
+        .header("idempotency-key", "k")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap()
+}
+
+/// The client goes away while the reserve is in flight: the claim that landed anyway is
+/// released at once, so the retry is processed without waiting for the lease (30 s).
+#[tokio::test]
+async fn a_request_dropped_during_its_reserve_leaves_no_claim() {
+    let store = Flaky {
+        inner: MemoryStore::new(),
+        reserve_delay: Duration::from_millis(300),
+        failing_completes: Arc::default(),
+    };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = counting_service(store.clone(), runs.clone());
+    let dropped = tokio::spawn(service.clone().oneshot(keyed()));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(store.inner.len(), 1, "the claim landed");
+    dropped.abort();
+    let _ = dropped.await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(store.inner.len(), 0, "the claim was released");
+    let response = service.oneshot(keyed()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.headers().get("idempotent-replayed").is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A completion that fails is retried in the background: the response still went out, and the
+/// duplicate that follows is acknowledged instead of running again.
+#[tokio::test]
+async fn a_failed_completion_is_retried_until_recorded() {
+    let store = Flaky {
+        inner: MemoryStore::new(),
+        reserve_delay: Duration::ZERO,
+        failing_completes: Arc::new(AtomicUsize::new(2)),
+    };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = counting_service(store.clone(), runs.clone());
+    let response = service.clone().oneshot(keyed()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "the effect happened");
+    // Retries at 100 ms, then 200 ms later.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let response = service.clone().oneshot(keyed()).await.unwrap();
+        if response.headers().get("idempotent-replayed").is_some() {
+            break;
+        }
+        assert_eq!(
+            response.status(),
+            StatusCode::CONFLICT,
+            "still in flight, never run again"
+        );
+        assert!(tokio::time::Instant::now() < deadline, "never recorded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(store.failing_completes.load(Ordering::SeqCst), 0);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
