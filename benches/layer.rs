@@ -1,0 +1,539 @@
+//! What the layer costs in process, side by side with the bare service, on the memory store.
+//!
+//! ```text
+//! cargo bench --all-features --bench layer
+//! cargo bench --all-features --bench layer -- first/        # one group
+//! ```
+//!
+//! Every request goes through `tower::ServiceExt::oneshot` on a current-thread Tokio runtime,
+//! and its response body is read to the end. The inner service reads the request body and
+//! answers `200 {"ok":true}`; the bare service is that same function without the layer.
+//!
+//! - `first/*`: first deliveries (a new key on every iteration): buffer, fingerprint, key,
+//!   reserve, inner call, record;
+//! - `duplicate/*`: the same delivery again and again: buffer, fingerprint, key, reserve → ack;
+//! - `in_flight/*`: a delivery whose key is held by an attempt still in flight: → 409;
+//! - `record/*`: the byte encoding that the Redis and SQL stores write and read.
+//!
+//! Keys come from the `Idempotency-Key` header (`header`) or from every message id of a
+//! WhatsApp-shaped batch (`json_path`, `$.entry[*].changes[*].value.messages[*].id`), on
+//! payloads of 1 KiB and 64 KiB. `header_nofp` is the header key with the payload fingerprint
+//! turned off (the body is then streamed to the inner service, not buffered).
+//!
+//! Each iteration asserts the status it expects, so a bench can never silently measure a 503.
+//!
+//! Profile mode, without criterion, for allocation counts, `perf` or `valgrind`:
+//!
+//! ```text
+//! cargo bench --all-features --bench layer --no-run     # prints the binary's path
+//! LAYER_PROFILE=20000 target/release/deps/layer-<hash>  # heap allocations per request
+//! LAYER_PROFILE=4000 LAYER_FILTER=first/layer/header/1KiB \
+//!     valgrind --tool=callgrind target/release/deps/layer-<hash>
+//! ```
+//!
+//! Results and how to read them: `benches/results/RESULTS.md`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::convert::Infallible;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use tower::util::BoxCloneService;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::key::{ExtractKey, HeaderKey, JsonPathKey};
+use tower_idempotency::record::{Record, StoredResponse, StoredValue};
+use tower_idempotency::store::{Claim, IdempotencyStore, StoreKey};
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
+
+/// The JSONPath of every WhatsApp message id of a batch.
+const WHATSAPP_IDS: &str = "$.entry[*].changes[*].value.messages[*].id";
+/// The route every request goes to (the layer's default scope is the path).
+const PATH: &str = "/webhooks/whatsapp";
+const NAMESPACE: &str = "bench";
+/// The placeholder, in the payload template, for the 16 hex digits that make ids unique.
+const MARK: &[u8; 16] = b"@@@@@@@@@@@@@@@@";
+
+type Svc = BoxCloneService<Request<Full<Bytes>>, Response<Bytes>, Infallible>;
+
+/// The inner service: reads the body, answers `200 {"ok":true}`.
+async fn handler<B>(request: Request<B>) -> Result<Response<Full<Bytes>>, Infallible>
+where
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    let body = request.into_body().collect().await.expect("request body");
+    black_box(body.to_bytes());
+    Ok(Response::new(Full::new(Bytes::from_static(
+        br#"{"ok":true}"#,
+    ))))
+}
+
+/// Reads a response in full, so that streamed bodies and recording are paid for too.
+async fn read<B>(response: Response<B>) -> Response<Bytes>
+where
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("response body").to_bytes();
+    Response::from_parts(parts, body)
+}
+
+fn bare() -> Svc {
+    BoxCloneService::new(
+        tower::service_fn(handler::<Full<Bytes>>).and_then(|r| async move { Ok(read(r).await) }),
+    )
+}
+
+/// The layer with its defaults (30 s lease, 72 h retention, ack mode), on `store`.
+fn layered<K: ExtractKey + Clone>(store: MemoryStore, key: K, fingerprint: bool) -> Svc {
+    let layer = IdempotencyLayer::new(store)
+        .namespace(NAMESPACE)
+        .key(key)
+        .fingerprint(fingerprint);
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(handler::<tower_idempotency::RequestBody<Full<Bytes>>>);
+    BoxCloneService::new(svc.and_then(|r| async move { Ok(read(r).await) }))
+}
+
+/// A memory store that never refuses a key: a bench adds a few hundred thousand.
+fn store() -> MemoryStore {
+    MemoryStore::new().with_max_entries(50_000_000)
+}
+
+/// A WhatsApp Cloud API batch of `messages` text messages, padded to about `size` bytes. Every
+/// message id holds [`MARK`], to be replaced by a counter.
+fn whatsapp_template(size: usize, messages: usize) -> Vec<u8> {
+    let overhead = 520 + messages * 190;
+    let text_len = size.saturating_sub(overhead) / messages;
+    let text: String = "Hola, ¿tienen stock del modelo 42? "
+        .chars()
+        .cycle()
+        .take(text_len)
+        .collect();
+    let mark = std::str::from_utf8(MARK).unwrap();
+    let msgs: Vec<String> = (0..messages)
+        .map(|i| {
+            format!(
+                r#"{{"from":"5491155550000","id":"wamid.HBgNNTQ5MTE1NTU1MDAwMBUCABIY{mark}{i:04}","timestamp":"1732950001","type":"text","text":{{"body":"{text}"}}}}"#
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"object":"whatsapp_business_account","entry":[{{"id":"102290129340398","changes":[{{"field":"messages","value":{{"messaging_product":"whatsapp","metadata":{{"display_phone_number":"15550783881","phone_number_id":"106540352242922"}},"contacts":[{{"profile":{{"name":"Lucía"}},"wa_id":"5491155550000"}}],"messages":[{}]}}}}]}}]}}"#,
+        msgs.join(",")
+    )
+    .into_bytes()
+}
+
+/// A payload template and where its [`MARK`]s are.
+struct Payload {
+    label: &'static str,
+    template: Vec<u8>,
+    marks: Vec<usize>,
+}
+
+impl Payload {
+    fn new(label: &'static str, size: usize, messages: usize) -> Self {
+        let template = whatsapp_template(size, messages);
+        let marks = template
+            .windows(MARK.len())
+            .enumerate()
+            .filter(|(_, w)| *w == MARK)
+            .map(|(i, _)| i)
+            .collect();
+        Payload {
+            label,
+            template,
+            marks,
+        }
+    }
+
+    /// The payload with every message id made unique by `n`.
+    fn with_ids(&self, n: u64) -> Bytes {
+        let mut body = self.template.clone();
+        let digits = format!("{n:016x}");
+        for &at in &self.marks {
+            body[at..at + MARK.len()].copy_from_slice(digits.as_bytes());
+        }
+        Bytes::from(body)
+    }
+}
+
+fn payloads() -> [Payload; 2] {
+    let small = Payload::new("1KiB", 1024, 2);
+    let large = Payload::new("64KiB", 64 * 1024, 64);
+    for p in [&small, &large] {
+        serde_json::from_slice::<serde_json::Value>(&p.with_ids(1)).expect("valid JSON payload");
+    }
+    [small, large]
+}
+
+fn request(body: Bytes, key: Option<&str>) -> Request<Full<Bytes>> {
+    let mut builder = Request::post(PATH)
+        .header("content-type", "application/json")
+        .header("content-length", body.len())
+        .header("x-hub-signature-256", "sha256=9a2b0c0e5f1c0e9a2b0c0e5f1c0e");
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder.body(Full::new(body)).expect("request")
+}
+
+/// How the key is carried: a header (constant body) or the message ids (unique body).
+#[derive(Clone, Copy)]
+enum KeyKind {
+    Header,
+    JsonPath,
+}
+
+/// The request number `n`: unique by its header key or by its message ids.
+fn nth_request(kind: KeyKind, payload: &Payload, constant: &Bytes, n: u64) -> Request<Full<Bytes>> {
+    match kind {
+        KeyKind::Header => request(constant.clone(), Some(&format!("pd_{n:016x}"))),
+        KeyKind::JsonPath => request(payload.with_ids(n), None),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+async fn call(svc: &Svc, request: Request<Full<Bytes>>) -> Response<Bytes> {
+    svc.clone().oneshot(request).await.expect("infallible")
+}
+
+/// One bench: a service, the requests it gets, and the answer each must get.
+struct Scenario {
+    /// `group/variant/payload`, as criterion names it.
+    group: &'static str,
+    variant: &'static str,
+    payload: &'static str,
+    bytes: u64,
+    svc: Svc,
+    /// The request of iteration `n`.
+    make: Box<dyn Fn(u64) -> Request<Full<Bytes>>>,
+    status: StatusCode,
+    replayed: bool,
+}
+
+impl Scenario {
+    fn name(&self) -> String {
+        format!("{}/{}/{}", self.group, self.variant, self.payload)
+    }
+
+    async fn run(&self, n: u64) -> Response<Bytes> {
+        let response = call(&self.svc, (self.make)(n)).await;
+        assert_eq!(
+            response.status(),
+            self.status,
+            "{}: {:?}",
+            self.name(),
+            response.body()
+        );
+        assert_eq!(
+            response.headers().contains_key("idempotent-replayed"),
+            self.replayed,
+            "{}",
+            self.name()
+        );
+        response
+    }
+}
+
+/// Every scenario, in bench order. Duplicate and in-flight scenarios are primed on `rt`.
+fn scenarios(rt: &tokio::runtime::Runtime) -> Vec<Scenario> {
+    let mut out = Vec::new();
+    for payload in payloads() {
+        let payload = std::rc::Rc::new(payload);
+        let label = payload.label;
+        let bytes = payload.template.len() as u64;
+        let constant = payload.with_ids(0);
+        let header = || HeaderKey::idempotency_key();
+        let json = || JsonPathKey::new(WHATSAPP_IDS).unwrap();
+
+        // First deliveries: a new key on every iteration.
+        let first: [(&'static str, KeyKind, Svc); 5] = [
+            ("bare/header", KeyKind::Header, bare()),
+            (
+                "layer/header",
+                KeyKind::Header,
+                layered(store(), header(), true),
+            ),
+            (
+                "layer/header_nofp",
+                KeyKind::Header,
+                layered(store(), header(), false),
+            ),
+            ("bare/json_path", KeyKind::JsonPath, bare()),
+            (
+                "layer/json_path",
+                KeyKind::JsonPath,
+                layered(store(), json(), true),
+            ),
+        ];
+        for (variant, kind, svc) in first {
+            let (payload, constant) = (payload.clone(), constant.clone());
+            out.push(Scenario {
+                group: "first",
+                variant,
+                payload: label,
+                bytes,
+                svc,
+                make: Box::new(move |n| nth_request(kind, &payload, &constant, n + 1)),
+                status: StatusCode::OK,
+                replayed: false,
+            });
+        }
+
+        // Duplicates of a completed key: the acknowledgement, the inner service not called.
+        let duplicate: [(&'static str, KeyKind, Svc); 2] = [
+            (
+                "layer/header",
+                KeyKind::Header,
+                layered(store(), header(), true),
+            ),
+            (
+                "layer/json_path",
+                KeyKind::JsonPath,
+                layered(store(), json(), true),
+            ),
+        ];
+        for (variant, kind, svc) in duplicate {
+            let (payload, constant) = (payload.clone(), constant.clone());
+            let make = move |_| nth_request(kind, &payload, &constant, 0);
+            let primed = rt.block_on(call(&svc, make(0)));
+            assert_eq!(primed.status(), StatusCode::OK);
+            out.push(Scenario {
+                group: "duplicate",
+                variant,
+                payload: label,
+                bytes,
+                svc,
+                make: Box::new(make),
+                status: StatusCode::OK,
+                replayed: true,
+            });
+        }
+
+        // Duplicates of a key whose first attempt is still in flight: 409.
+        for (variant, kind) in [
+            ("layer/header", KeyKind::Header),
+            ("layer/json_path", KeyKind::JsonPath),
+        ] {
+            let store = store();
+            let (svc, key) = match kind {
+                KeyKind::Header => (
+                    layered(store.clone(), header(), true),
+                    format!("pd_{:016x}", 0),
+                ),
+                KeyKind::JsonPath => {
+                    let mut ids: Vec<String> = (0..payload.marks.len())
+                        .map(|i| format!("wamid.HBgNNTQ5MTE1NTU1MDAwMBUCABIY{:016x}{i:04}", 0))
+                        .collect();
+                    ids.sort_unstable();
+                    (layered(store.clone(), json(), true), ids.join("\n"))
+                }
+            };
+            // The first attempt: a claim with an hour-long lease that is never settled.
+            let claim = Claim::new(Fingerprint::of_bytes(&constant));
+            let store_key = StoreKey::new(NAMESPACE, Some(PATH), &key);
+            rt.block_on(store.reserve(&store_key, &claim, Duration::from_secs(3600)))
+                .expect("reserve");
+            let (payload, constant) = (payload.clone(), constant.clone());
+            out.push(Scenario {
+                group: "in_flight",
+                variant,
+                payload: label,
+                bytes,
+                svc,
+                make: Box::new(move |_| nth_request(kind, &payload, &constant, 0)),
+                status: StatusCode::CONFLICT,
+                replayed: false,
+            });
+        }
+    }
+    let order = |g: &str| {
+        ["first", "duplicate", "in_flight"]
+            .iter()
+            .position(|x| *x == g)
+    };
+    out.sort_by_key(|s| order(s.group));
+    out
+}
+
+/// First deliveries, duplicates and in-flight duplicates, bare service vs layer.
+fn layer(c: &mut Criterion) {
+    let rt = runtime();
+    let scenarios = scenarios(&rt);
+    for group_name in ["first", "duplicate", "in_flight"] {
+        let mut group = c.benchmark_group(group_name);
+        for scenario in scenarios.iter().filter(|s| s.group == group_name) {
+            group.throughput(Throughput::Bytes(scenario.bytes));
+            let counter = AtomicU64::new(0);
+            group.bench_function(BenchmarkId::new(scenario.variant, scenario.payload), |b| {
+                b.to_async(&rt)
+                    .iter(|| scenario.run(counter.fetch_add(1, Ordering::Relaxed)))
+            });
+        }
+        group.finish();
+    }
+}
+
+/// The record encoding of the shared stores: ack (9 bytes) and replay of 1 KiB and 64 KiB.
+fn record(c: &mut Criterion) {
+    let mut group = c.benchmark_group("record");
+    let fingerprint = Fingerprint::of_bytes(b"payload");
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.insert(
+        "location",
+        HeaderValue::from_static("/api/orders/ord_000042"),
+    );
+    let records = [
+        ("ack", Record::ack(fingerprint)),
+        (
+            "replay_1KiB",
+            Record::replay(
+                fingerprint,
+                StoredResponse::new(
+                    StatusCode::CREATED,
+                    headers.clone(),
+                    Bytes::from(vec![b'x'; 1024]),
+                    None,
+                ),
+            ),
+        ),
+        (
+            "replay_64KiB",
+            Record::replay(
+                fingerprint,
+                StoredResponse::new(
+                    StatusCode::CREATED,
+                    headers,
+                    Bytes::from(vec![b'x'; 64 * 1024]),
+                    None,
+                ),
+            ),
+        ),
+    ];
+    for (name, record) in &records {
+        let encoded = record.encode();
+        group.throughput(Throughput::Bytes(encoded.len() as u64));
+        group.bench_function(BenchmarkId::new("encode", name), |b| {
+            b.iter(|| black_box(record).encode())
+        });
+        group.bench_function(BenchmarkId::new("decode", name), |b| {
+            b.iter(|| StoredValue::decode(black_box(&encoded)).expect("decodes"))
+        });
+    }
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(700))
+        .measurement_time(Duration::from_secs(2))
+        .configure_from_args()
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = layer, record
+}
+
+/// Counts heap allocations while [`COUNTING`] is on (profile mode only).
+struct CountingAlloc;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static ALLOC_BYTES: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+            ALLOC_BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded as is to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded as is to the system allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+            ALLOC_BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded as is to the system allocator.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+/// Profile mode, for `valgrind --tool=callgrind` or `perf`: `LAYER_PROFILE=N` runs every
+/// scenario whose name contains `LAYER_FILTER` (default: all) N times, without criterion, and
+/// prints the heap allocations per request.
+fn profile(n: u64) {
+    let filter = std::env::var("LAYER_FILTER").unwrap_or_default();
+    let rt = runtime();
+    println!("| scenario | allocations / request | allocated bytes / request |");
+    println!("|---|---:|---:|");
+    for scenario in scenarios(&rt) {
+        if !scenario.name().contains(&filter) {
+            continue;
+        }
+        // Warm up (first-touch growth of the store, lazy statics), then count.
+        rt.block_on(async {
+            for i in 0..n.min(1000) {
+                black_box(scenario.run(u64::MAX / 2 + i).await);
+            }
+        });
+        ALLOCS.store(0, Ordering::Relaxed);
+        ALLOC_BYTES.store(0, Ordering::Relaxed);
+        COUNTING.store(true, Ordering::Relaxed);
+        rt.block_on(async {
+            for i in 0..n {
+                black_box(scenario.run(i).await);
+            }
+        });
+        COUNTING.store(false, Ordering::Relaxed);
+        println!(
+            "| {} | {:.1} | {:.0} |",
+            scenario.name(),
+            ALLOCS.load(Ordering::Relaxed) as f64 / n as f64,
+            ALLOC_BYTES.load(Ordering::Relaxed) as f64 / n as f64
+        );
+    }
+}
+
+fn main() {
+    if let Some(n) = std::env::var("LAYER_PROFILE")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        profile(n);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

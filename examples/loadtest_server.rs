@@ -1,0 +1,130 @@
+//! The server behind `scripts/loadtest`: one axum router, bare or behind the idempotency
+//! layer, on the memory store or on Redis. Not a demo: see `webhook_receiver` for that.
+//!
+//! ```text
+//! VARIANT=memory cargo run --release --all-features --example loadtest_server
+//! VARIANT=redis REDIS_URL=redis://127.0.0.1:6379 cargo run --release --all-features --example loadtest_server
+//! ```
+//!
+//! - `VARIANT`: `bare` (no layer), `memory` (the layer on a `MemoryStore`) or `redis` (the
+//!   layer on a `RedisStore` over a fred pool of `REDIS_POOL` connections, default 4);
+//! - `BIND`: the address, default `127.0.0.1:0` (a free port); the first line on stdout is
+//!   `listening on http://ADDR`;
+//! - `WORKERS`: Tokio worker threads, default 1 (the load test pins the server to one core).
+//!
+//! Routes, both `POST`, keyed by the `Idempotency-Key` header with the layer's defaults (30 s
+//! lease, 72 h retention, payload fingerprint on):
+//! - `/webhook`: ack mode; reads the body, answers `200 {"ok":true}`;
+//! - `/orders`: replay mode; answers `201` with a `location` header and a small JSON order;
+//! - `GET /keys` (memory variant): the number of keys the memory store holds.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use tower_idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore, Mode};
+
+/// Every delivery the load test sends is kept: the memory store must not refuse keys.
+const MEMORY_MAX_ENTRIES: usize = 50_000_000;
+
+async fn webhook(body: Bytes) -> impl IntoResponse {
+    std::hint::black_box(body);
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        r#"{"ok":true}"#,
+    )
+}
+
+async fn order(body: Bytes) -> impl IntoResponse {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    std::hint::black_box(body);
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    (
+        StatusCode::CREATED,
+        [
+            (header::CONTENT_TYPE, "application/json".to_owned()),
+            (header::LOCATION, format!("/orders/ord_{id:08}")),
+        ],
+        format!(r#"{{"order_id":"ord_{id:08}","status":"created"}}"#),
+    )
+}
+
+fn bare() -> Router {
+    Router::new()
+        .route("/webhook", post(webhook))
+        .route("/orders", post(order))
+}
+
+fn protected<St: IdempotencyStore>(store: St) -> Router {
+    let ack = IdempotencyLayer::new(store.clone()).namespace("loadtest");
+    let replay = IdempotencyLayer::new(store)
+        .namespace("loadtest")
+        .mode(Mode::Replay);
+    Router::new()
+        .route("/webhook", post(webhook).route_layer(ack))
+        .route("/orders", post(order).route_layer(replay))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let workers = std::env::var("WORKERS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(1);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()?
+        .block_on(serve())
+}
+
+async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+    let variant = std::env::var("VARIANT").unwrap_or_else(|_| "memory".to_owned());
+    let router = match variant.as_str() {
+        "bare" => bare(),
+        "memory" => {
+            let store = MemoryStore::new().with_max_entries(MEMORY_MAX_ENTRIES);
+            let keys = store.clone();
+            protected(store).route("/keys", get(move || async move { keys.len().to_string() }))
+        }
+        "redis" => protected(redis().await?),
+        other => return Err(format!("unknown VARIANT {other:?}: bare, memory or redis").into()),
+    };
+    let bind: SocketAddr = std::env::var("BIND")
+        .unwrap_or_else(|_| "127.0.0.1:0".to_owned())
+        .parse()?;
+    let listener = tokio::net::TcpListener::bind(bind).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, router).await?;
+    Ok(())
+}
+
+#[cfg(feature = "redis")]
+async fn redis() -> Result<tower_idempotency::RedisStore, Box<dyn std::error::Error>> {
+    use std::time::Duration;
+    use tower_idempotency::fred::prelude::*;
+
+    let url = std::env::var("REDIS_URL").map_err(|_| "VARIANT=redis needs REDIS_URL")?;
+    let size = std::env::var("REDIS_POOL")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    let pool = Builder::from_config(Config::from_url(&url)?)
+        .with_connection_config(|c| c.connection_timeout = Duration::from_secs(2))
+        .with_performance_config(|p| p.default_command_timeout = Duration::from_secs(2))
+        .set_policy(ReconnectPolicy::new_constant(0, 100))
+        .build_pool(size)?;
+    pool.init().await?;
+    let store = tower_idempotency::RedisStore::new(pool);
+    // So that the first completion does not pay a NOSCRIPT round trip.
+    store.load_scripts().await?;
+    Ok(store)
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis() -> Result<MemoryStore, Box<dyn std::error::Error>> {
+    Err("VARIANT=redis needs the `redis` feature".into())
+}
