@@ -1,7 +1,7 @@
 //! The Redis store, on [`fred`]: standalone, cluster and sentinel, one round trip per call.
 //!
 //! [`RedisStore`] wraps an already connected fred client: a [`Pool`] or a
-//! [`Client`](fred::clients::Client), for a standalone, clustered or sentinel deployment alike
+//! [`Client`], for a standalone, clustered or sentinel deployment alike
 //! (they are the same types, built from another [`Config`](fred::types::config::Config)).
 //! Build and connect the client as your application already does, then hand it over:
 //!
@@ -244,7 +244,7 @@ static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COMPLETE_L
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RELEASE_LUA));
 
 /// An [`IdempotencyStore`] on Redis, through a connected [`fred`] client `C`: a [`Pool`] by
-/// default, or a [`Client`](fred::clients::Client); standalone, clustered or sentinel.
+/// default, or a [`Client`]; standalone, clustered or sentinel.
 ///
 /// Cheap to clone: fred clients are handles over shared state. See the [module
 /// docs](self) for what is stored, which commands are sent and what happens when Redis is down.
