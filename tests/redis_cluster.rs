@@ -242,6 +242,10 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     // The old primary comes back as the replica of the promoted one: WAIT is satisfied again.
     cluster.restart(killed);
     cluster.wait_until_healthy(Duration::from_secs(30));
+    // "Healthy" in CLUSTER SHARDS comes before the rejoined replica's full resync is done:
+    // wait until it has caught up, so that it can acknowledge the next write.
+    redis_cluster::wait_replicated(promoted, killed, Duration::from_secs(30));
+    let durable = RedisStore::new(client.clone()).durable_completion(1, Duration::from_secs(2));
     let last = key_on(&cluster, promoted, "noscript-rejoined");
     let d = claim();
     durable.reserve(&last, &d, LEASE).await.unwrap();
