@@ -27,7 +27,9 @@ pub(crate) async fn timed<T>(
 /// not carry it.
 trait LeaseOps: Send + Sync + 'static {
     // `Arc<Self>`: the future shares the lease's key and claim instead of cloning them.
-    fn complete(self: Arc<Self>, record: Record) -> BoxFuture<'static, Result<bool, StoreError>>;
+    /// Writes the record; after a store error, keeps retrying in the background until
+    /// `expires` (the claim is ours until then, so a late record is still the right record).
+    fn complete(self: Arc<Self>, record: Record, expires: Instant) -> BoxFuture<'static, ()>;
     fn release(self: Arc<Self>) -> BoxFuture<'static, Result<bool, StoreError>>;
 }
 
@@ -40,17 +42,55 @@ struct StoreLease<St> {
     timeout: Duration,
 }
 
+impl<St: IdempotencyStore> StoreLease<St> {
+    async fn write(&self, record: &Record) -> Result<bool, StoreError> {
+        let started = Instant::now();
+        let call = self
+            .store
+            .complete(&self.key, &self.claim, record, self.retention);
+        let result = timed(self.timeout, call).await;
+        self.observer
+            .store_call(StoreOp::Complete, started.elapsed(), result.is_ok());
+        result
+    }
+}
+
 impl<St: IdempotencyStore> LeaseOps for StoreLease<St> {
-    fn complete(self: Arc<Self>, record: Record) -> BoxFuture<'static, Result<bool, StoreError>> {
+    fn complete(self: Arc<Self>, record: Record, expires: Instant) -> BoxFuture<'static, ()> {
         Box::pin(async move {
-            let started = Instant::now();
-            let call = self
-                .store
-                .complete(&self.key, &self.claim, &record, self.retention);
-            let result = timed(self.timeout, call).await;
-            self.observer
-                .store_call(StoreOp::Complete, started.elapsed(), result.is_ok());
-            result
+            match self.write(&record).await {
+                Ok(true) => return,
+                Ok(false) => return warn_lease_lost(),
+                Err(err) if written_but_not_replicated(&err) => {
+                    // The record is on the primary: writing it again would only be refused.
+                    return tracing::error!(error = %err, "idempotency record not replicated");
+                }
+                Err(err) => tracing::error!(
+                    error = %err,
+                    "could not record a completed idempotency key; retrying until the lease expires"
+                ),
+            }
+            let Ok(handle) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            handle.spawn(async move {
+                let mut pause = Duration::from_millis(100);
+                while Instant::now() + pause < expires {
+                    tokio::time::sleep(pause).await;
+                    match self.write(&record).await {
+                        Ok(true) => {
+                            tracing::info!("idempotency key recorded on a retry");
+                            return;
+                        }
+                        Ok(false) => return warn_lease_lost(),
+                        Err(_) => pause = (pause * 2).min(Duration::from_secs(2)),
+                    }
+                }
+                tracing::error!(
+                    "gave up recording a completed idempotency key: its lease expired; a \
+                     duplicate may run again"
+                );
+            });
         })
     }
 
@@ -110,6 +150,21 @@ impl<T: Send + 'static> Drop for FinishOnDrop<T> {
         if let (Some(fut), Ok(handle)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
             handle.spawn(fut);
         }
+    }
+}
+
+/// Whether a completion failed only for want of replica acknowledgements (durable completion).
+fn written_but_not_replicated(err: &StoreError) -> bool {
+    #[cfg(feature = "redis")]
+    {
+        use std::error::Error as _;
+        err.source()
+            .is_some_and(|source| source.is::<crate::store::redis::NotReplicated>())
+    }
+    #[cfg(not(feature = "redis"))]
+    {
+        let _ = err;
+        false
     }
 }
 
@@ -187,48 +242,10 @@ impl Lease {
     /// still the right record).
     pub(crate) async fn complete(mut self, record: Record) {
         self.armed = false;
-        let retry = record.clone();
         // The inner service has succeeded: the record must be written even if this future is
         // dropped from here on (the client disconnected). A store call cut off mid-way would
         // leave the claim to expire with its lease, and the retry would run the effect again.
-        let write = FinishOnDrop(Some(self.ops.clone().complete(record)));
-        match write.await {
-            Ok(true) => {}
-            Ok(false) => warn_lease_lost(),
-            Err(err) => {
-                tracing::error!(
-                    error = %err,
-                    "could not record a completed idempotency key; retrying until the lease expires"
-                );
-                self.retry_complete(retry);
-            }
-        }
-    }
-
-    /// Retries a failed completion from a spawned task, with backoff, until the lease expires.
-    fn retry_complete(&self, record: Record) {
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (ops, expires) = (self.ops.clone(), self.expires);
-        handle.spawn(async move {
-            let mut pause = Duration::from_millis(100);
-            while Instant::now() + pause < expires {
-                tokio::time::sleep(pause).await;
-                match ops.clone().complete(record.clone()).await {
-                    Ok(true) => {
-                        tracing::info!("idempotency key recorded on a retry");
-                        return;
-                    }
-                    Ok(false) => return warn_lease_lost(),
-                    Err(_) => pause = (pause * 2).min(Duration::from_secs(2)),
-                }
-            }
-            tracing::error!(
-                "gave up recording a completed idempotency key: its lease expired; a duplicate \
-                 may run again"
-            );
-        });
+        FinishOnDrop(Some(self.ops.clone().complete(record, self.expires))).await
     }
 
     /// Releases the claim so that a retry is processed again.
