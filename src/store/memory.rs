@@ -1,31 +1,46 @@
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::hash_map::RandomState;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{
-    Claim, IdempotencyStore, Reservation, STORE_KEY_LEN, StoreError, StoreErrorKind, StoreKey,
-    Token,
+    Claim, IdempotencyStore, KEY_PREFIX, Reservation, StoreError, StoreErrorKind, StoreKey, Token,
 };
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
 
-/// The default bound on the number of keys a [`MemoryStore`] keeps: a million, about 180 MB of
-/// ack-mode records (measured: 182 bytes per retained key). With the default 72 h retention
-/// that allows about 4 first deliveries per second, sustained.
+/// The default bound on the number of keys a [`MemoryStore`] keeps: a million, about 110 MB of
+/// ack-mode records (measured: about 110 bytes per retained key). With the default 72 h
+/// retention that allows about 4 first deliveries per second, sustained.
 pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
+
+/// How many independently locked parts the key space is split into: concurrent requests on a
+/// multi-threaded runtime rarely wait for each other, and growing one part's table moves only a
+/// sixteenth of the keys at a time.
+const SHARDS: usize = 16;
+
+/// How many distinct TTLs a shard keeps a first-in, first-out expiry queue for. A layer uses two
+/// (its lease and its retention); TTLs beyond these go to a heap.
+const MAX_QUEUES: usize = 8;
 
 /// The embedded store: one process, no server. The default of the demo and of tests.
 ///
 /// - Claims are atomic (one critical section per call).
-/// - Leases and records expire; expired entries are evicted as time passes (every call pops the
-///   expired heads of an expiry heap), so memory follows the live key count.
+/// - Leases and records expire; expired entries are evicted as time passes (every call evicts
+///   the expired entries of the part of the key space it touches), so memory follows the live
+///   key count.
 /// - Memory is bounded: at most [`max_entries`](MemoryStore::with_max_entries) live keys
-///   (default [`DEFAULT_MAX_ENTRIES`]; ack-mode records cost about 182 bytes each, replay-mode
+///   (default [`DEFAULT_MAX_ENTRIES`]; ack-mode records cost about 110 bytes each, replay-mode
 ///   records their response on top). A claim beyond that bound is refused with a
 ///   [`StoreErrorKind::Capacity`] error, which the layer answers like any store error (503 and
 ///   `Retry-After` when failing closed): a completed record is never evicted early, because
 ///   forgetting it would let a duplicate through.
+/// - It is fast: the key space is split into 16 independently locked shards; expiries wait in
+///   first-in, first-out queues, one per TTL, so a claim or a record costs O(1) whatever the
+///   number of keys held.
 ///
 /// It forgets everything on restart and is not shared between processes: use the Redis or SQL
 /// stores when either matters.
@@ -38,37 +53,126 @@ pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
 /// ```
 #[derive(Clone, Debug)]
 pub struct MemoryStore {
-    inner: Arc<Mutex<Inner>>,
+    shared: Arc<Shared>,
     max_entries: usize,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    entries: HashMap<Slot, Entry>,
-    /// Expiry instants with the generation of the entry they belong to; stale heads are skipped.
-    expiries: BinaryHeap<Reverse<(Instant, u64, Slot)>>,
-    next_generation: u64,
+#[derive(Debug)]
+struct Shared {
+    shards: Box<[Shard]>,
+    /// Entries held across all shards (live, or expired and not yet evicted).
+    len: AtomicUsize,
+    /// Expiry instants are kept as nanoseconds since this instant.
+    epoch: Instant,
+    hasher: SlotHasher,
 }
 
-/// A store key as an inline array: copied into the map and the expiry heap without a heap
-/// allocation (a `StoreKey` clone is one), which matters on every claim and record.
-type Slot = [u8; STORE_KEY_LEN];
+/// One lock's worth of the key space, on its own cache line.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Shard(Mutex<Inner>);
 
-fn slot(key: &StoreKey) -> Slot {
-    // Every `StoreKey` is `STORE_KEY_LEN` bytes long (`StoreKey::new` is its only constructor).
-    let bytes = key.as_str().as_bytes();
-    debug_assert_eq!(bytes.len(), STORE_KEY_LEN);
-    let mut slot = [0u8; STORE_KEY_LEN];
-    let len = bytes.len().min(STORE_KEY_LEN);
-    slot[..len].copy_from_slice(&bytes[..len]);
-    slot
+#[derive(Debug, Default)]
+struct Inner {
+    entries: HashMap<Slot, Entry, SlotHasher>,
+    /// Expiries in insertion order, one queue per TTL: `now + ttl` grows with `now`, so each
+    /// queue is sorted and its head is the next to expire.
+    queues: Vec<Queue>,
+    /// Expiries of TTLs beyond the first [`MAX_QUEUES`].
+    heap: BinaryHeap<Reverse<(u64, Slot)>>,
+}
+
+#[derive(Debug)]
+struct Queue {
+    ttl: Duration,
+    items: VecDeque<(u64, Slot)>,
+}
+
+/// A store key without its constant prefix: 16 base64url digits of a SHA-256, as two words.
+/// Copied into the map and the expiry queues without an allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Slot([u64; 2]);
+
+impl Slot {
+    /// Marks an expiry item whose entry was re-set or removed since: it is dropped when it
+    /// reaches the head of its queue without a map lookup. No key maps to it (digits are ASCII).
+    const RETIRED: Slot = Slot([0, 0]);
+
+    fn of(key: &StoreKey) -> Slot {
+        // Every `StoreKey` is the prefix and 16 digits (`StoreKey::new` is its only constructor).
+        let digits = &key.as_str().as_bytes()[KEY_PREFIX.len()..];
+        let mut words = [0u64; 2];
+        for (word, chunk) in words.iter_mut().zip(digits.chunks(8)) {
+            let mut bytes = [0u8; 8];
+            bytes[..chunk.len()].copy_from_slice(chunk);
+            *word = u64::from_le_bytes(bytes);
+        }
+        Slot(words)
+    }
+}
+
+impl Hash for Slot {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0[0]);
+        state.write_u64(self.0[1]);
+    }
+}
+
+/// A seeded multiply-fold hash of slots. The digits are already a cryptographic hash of the
+/// key, so a cheap mix is enough; the random seed keeps an attacker who precomputes keys from
+/// aiming them at one bucket.
+#[derive(Clone, Copy, Debug)]
+struct SlotHasher {
+    seed: u64,
+}
+
+impl Default for SlotHasher {
+    fn default() -> Self {
+        SlotHasher {
+            seed: RandomState::new().hash_one(0x5EED_u64),
+        }
+    }
+}
+
+impl BuildHasher for SlotHasher {
+    type Hasher = SlotState;
+
+    fn build_hasher(&self) -> SlotState {
+        SlotState(self.seed)
+    }
+}
+
+struct SlotState(u64);
+
+/// Multiplies and folds the 128-bit product: every input bit reaches every output bit.
+fn fold(a: u64, b: u64) -> u64 {
+    let product = u128::from(a) * u128::from(b);
+    (product as u64) ^ ((product >> 64) as u64)
+}
+
+impl Hasher for SlotState {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = fold(self.0 ^ word, 0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 #[derive(Debug)]
 struct Entry {
+    /// Nanoseconds since the store's epoch.
+    expires: u64,
     state: State,
-    expires_at: Instant,
-    generation: u64,
 }
 
 #[derive(Debug)]
@@ -90,7 +194,12 @@ impl MemoryStore {
     /// An empty store bounded to [`DEFAULT_MAX_ENTRIES`] keys.
     pub fn new() -> Self {
         MemoryStore {
-            inner: Arc::default(),
+            shared: Arc::new(Shared {
+                shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+                len: AtomicUsize::new(0),
+                epoch: Instant::now(),
+                hasher: SlotHasher::default(),
+            }),
             max_entries: DEFAULT_MAX_ENTRIES,
         }
     }
@@ -103,9 +212,8 @@ impl MemoryStore {
 
     /// The number of live (unexpired) keys.
     pub fn len(&self) -> usize {
-        let mut inner = self.lock();
-        inner.evict_expired(Instant::now());
-        inner.entries.len()
+        self.evict_all();
+        self.shared.len.load(Ordering::Relaxed)
     }
 
     /// Whether the store holds no live key.
@@ -113,66 +221,179 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // A panic while holding the lock cannot leave an entry half-written (every critical
-        // section writes whole entries), so a poisoned lock is safe to keep using.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    /// Locks the shard of `slot`, evicts what has expired there, and returns it with the time.
+    fn shard(&self, slot: &Slot) -> (MutexGuard<'_, Inner>, u64) {
+        let shared = &*self.shared;
+        // Bits the map's own hash of the slot does not use (the bucket index comes from the low
+        // bits, the control tag from the top seven).
+        let index = (shared.hasher.hash_one(slot) >> 32) as usize % SHARDS;
+        let mut inner = lock(&shared.shards[index]);
+        // Read under the lock, so that each shard's clock, and each of its queues, is sorted.
+        let now = shared.now();
+        let evicted = inner.evict_expired(now);
+        shared.len.fetch_sub(evicted, Ordering::Relaxed);
+        (inner, now)
+    }
+
+    fn evict_all(&self) {
+        let shared = &*self.shared;
+        for shard in shared.shards.iter() {
+            let mut inner = lock(shard);
+            let evicted = inner.evict_expired(shared.now());
+            shared.len.fetch_sub(evicted, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a new entry in, within the bound.
+    fn admit(&self) -> Result<(), StoreError> {
+        let len = &self.shared.len;
+        if len.fetch_add(1, Ordering::Relaxed) >= self.max_entries {
+            len.fetch_sub(1, Ordering::Relaxed);
+            return Err(StoreError::new(StoreErrorKind::Capacity));
+        }
+        Ok(())
     }
 }
 
+fn lock(shard: &Shard) -> MutexGuard<'_, Inner> {
+    // A panic while holding the lock cannot leave an entry half-written (every critical section
+    // writes whole entries), so a poisoned lock is safe to keep using.
+    shard.0.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn now(&self) -> u64 {
+        nanos(self.epoch.elapsed())
+    }
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl Inner {
-    fn evict_expired(&mut self, now: Instant) {
-        while let Some(Reverse((at, generation, _))) = self.expiries.peek() {
-            if *at > now {
-                break;
+    /// Removes the entries that expired at or before `now`; returns how many.
+    fn evict_expired(&mut self, now: u64) -> usize {
+        let Inner {
+            entries,
+            queues,
+            heap,
+        } = self;
+        let mut evicted = 0;
+        // An expiry item is current when its entry still expires at that instant; entries that
+        // were re-set or removed since leave stale items, skipped here.
+        let mut remove_if_current = |at: u64, slot: &Slot| {
+            if *slot != Slot::RETIRED && entries.get(slot).is_some_and(|e| e.expires == at) {
+                entries.remove(slot);
+                evicted += 1;
             }
-            let generation = *generation;
-            let Some(Reverse((_, _, key))) = self.expiries.pop() else {
-                break;
-            };
-            if self
-                .entries
-                .get(&key)
-                .is_some_and(|e| e.generation == generation)
-            {
-                self.entries.remove(&key);
+        };
+        for queue in queues.iter_mut() {
+            while let Some(&(at, slot)) = queue.items.front().filter(|(at, _)| *at <= now) {
+                queue.items.pop_front();
+                remove_if_current(at, &slot);
             }
         }
-        // Stale heap items (entries re-set or removed) are dropped as they reach the head; keep
-        // the heap from growing far past the live set when many entries are re-set early.
-        if self.expiries.len() > 2 * self.entries.len() + 1024 {
-            let entries = &self.entries;
-            self.expiries.retain(|Reverse((_, generation, key))| {
-                entries
-                    .get(key)
-                    .is_some_and(|e| e.generation == *generation)
-            });
+        while let Some(&Reverse((at, slot))) = heap.peek().filter(|Reverse((at, _))| *at <= now) {
+            heap.pop();
+            remove_if_current(at, &slot);
         }
+        self.compact();
+        evicted
     }
 
-    fn set(&mut self, key: &StoreKey, state: State, ttl: Duration, now: Instant) {
-        let generation = self.next_generation;
-        self.next_generation += 1;
-        let expires_at = now + ttl;
-        let key = slot(key);
-        self.expiries.push(Reverse((expires_at, generation, key)));
-        self.entries.insert(
-            key,
+    /// Drops stale expiry items once they outnumber the entries (many keys released or
+    /// completed long before their lease ran out), so that memory follows the live key count.
+    fn compact(&mut self) {
+        let items = self.queues.iter().map(|q| q.items.len()).sum::<usize>() + self.heap.len();
+        if items <= 2 * self.entries.len() + 1024 {
+            return;
+        }
+        let entries = &self.entries;
+        let current = |at: &u64, slot: &Slot| {
+            *slot != Slot::RETIRED && entries.get(slot).is_some_and(|e| e.expires == *at)
+        };
+        for queue in &mut self.queues {
+            queue.items.retain(|(at, slot)| current(at, slot));
+        }
+        self.heap.retain(|Reverse((at, slot))| current(at, slot));
+        self.queues.retain(|q| !q.items.is_empty());
+    }
+
+    /// Sets `slot` to `state` until `now + ttl`.
+    fn set(&mut self, slot: Slot, state: State, ttl: Duration, now: u64) {
+        let expires = now.saturating_add(nanos(ttl));
+        let queues = self.queues.len();
+        match self.queues.iter_mut().find(|q| q.ttl == ttl) {
+            Some(queue) => queue.items.push_back((expires, slot)),
+            None if queues < MAX_QUEUES => self.queues.push(Queue {
+                ttl,
+                items: VecDeque::from([(expires, slot)]),
+            }),
+            None => self.heap.push(Reverse((expires, slot))),
+        }
+        self.entries.insert(slot, Entry { expires, state });
+    }
+
+    /// The live entry of `slot`.
+    fn live(&self, slot: &Slot, now: u64) -> Option<&Entry> {
+        self.entries.get(slot).filter(|e| e.expires > now)
+    }
+
+    /// When the live entry of `slot` expires, if `token` owns it.
+    fn owned(&self, slot: &Slot, token: &Token, now: u64) -> Option<u64> {
+        match self.live(slot, now)? {
             Entry {
-                state,
-                expires_at,
-                generation,
-            },
-        );
+                state: State::InFlight { token: t, .. },
+                expires,
+            } if t == token => Some(*expires),
+            _ => None,
+        }
     }
 
-    /// The live entry of `key` if `token` owns it.
-    fn owned(&self, key: &StoreKey, token: &Token, now: Instant) -> bool {
-        matches!(
-            self.entries.get(&slot(key)),
-            Some(Entry { state: State::InFlight { token: t, .. }, expires_at, .. })
-                if t == token && *expires_at > now
-        )
+    /// Retires the expiry item `(expires, slot)` of an entry about to be re-set or removed, so
+    /// that its eviction, much later, does not have to look the key up in the map (a cache
+    /// miss on a large store). The item was pushed moments ago: it is searched for near the
+    /// tail of its queue, which is still in cache. One that is not found is checked against
+    /// the map when it expires, as before.
+    fn retire(&mut self, expires: u64, slot: &Slot) {
+        for queue in &mut self.queues {
+            let items = &mut queue.items;
+            let (Some(first), Some(last)) = (items.front(), items.back()) else {
+                continue;
+            };
+            if expires < first.0 || expires > last.0 {
+                continue;
+            }
+            // Gallop back from the tail to bracket the first item at `expires`...
+            let (mut lo, mut hi, mut step) = (0, items.len(), 1);
+            while step <= items.len() {
+                let probe = items.len() - step;
+                if items[probe].0 < expires {
+                    lo = probe + 1;
+                    break;
+                }
+                hi = probe;
+                step *= 2;
+            }
+            // ... then binary-search the bracket.
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if items[mid].0 < expires {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            let found = items
+                .range_mut(lo..)
+                .take_while(|(at, _)| *at == expires)
+                .find(|(_, s)| s == slot);
+            if let Some(item) = found {
+                item.1 = Slot::RETIRED;
+                return;
+            }
+        }
     }
 }
 
@@ -183,28 +404,42 @@ impl IdempotencyStore for MemoryStore {
         claim: &Claim,
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
-        let now = Instant::now();
-        let mut inner = self.lock();
-        inner.evict_expired(now);
-        if let Some(entry) = inner.entries.get(&slot(key)).filter(|e| e.expires_at > now) {
-            return Ok(match &entry.state {
-                // Our own claim (a retried reserve): ours still, as the Redis store answers.
-                State::InFlight { token, .. } if token == claim.token() => Reservation::Acquired,
-                State::InFlight { fingerprint, .. } => Reservation::InFlight {
-                    fingerprint: *fingerprint,
-                },
-                State::Completed(record) => Reservation::Completed(record.clone()),
-            });
+        let slot = Slot::of(key);
+        let mut evicted_all = false;
+        loop {
+            let (mut inner, now) = self.shard(&slot);
+            if let Some(entry) = inner.live(&slot, now) {
+                return Ok(match &entry.state {
+                    // Our own claim (a retried reserve): ours still, as the Redis store answers.
+                    State::InFlight { token, .. } if token == claim.token() => {
+                        Reservation::Acquired
+                    }
+                    State::InFlight { fingerprint, .. } => Reservation::InFlight {
+                        fingerprint: *fingerprint,
+                    },
+                    State::Completed(record) => Reservation::Completed(record.clone()),
+                });
+            }
+            // The shard's expired entries were evicted: the key is new to this store.
+            match self.admit() {
+                Ok(()) => {
+                    let state = State::InFlight {
+                        token: *claim.token(),
+                        fingerprint: claim.fingerprint(),
+                    };
+                    inner.set(slot, state, lease, now);
+                    return Ok(Reservation::Acquired);
+                }
+                Err(full) if evicted_all => return Err(full),
+                Err(_) => {
+                    // Other shards may hold expired entries that nothing has touched since:
+                    // evict them, then look again, before refusing.
+                    drop(inner);
+                    self.evict_all();
+                    evicted_all = true;
+                }
+            }
         }
-        if inner.entries.len() >= self.max_entries && !inner.entries.contains_key(&slot(key)) {
-            return Err(StoreError::new(StoreErrorKind::Capacity));
-        }
-        let state = State::InFlight {
-            token: *claim.token(),
-            fingerprint: claim.fingerprint(),
-        };
-        inner.set(key, state, lease, now);
-        Ok(Reservation::Acquired)
     }
 
     async fn complete(
@@ -214,22 +449,25 @@ impl IdempotencyStore for MemoryStore {
         record: &Record,
         retention: Duration,
     ) -> Result<bool, StoreError> {
-        let now = Instant::now();
-        let mut inner = self.lock();
-        if !inner.owned(key, claim.token(), now) {
+        let slot = Slot::of(key);
+        let (mut inner, now) = self.shard(&slot);
+        let Some(expires) = inner.owned(&slot, claim.token(), now) else {
             return Ok(false);
-        }
-        inner.set(key, State::Completed(record.clone()), retention, now);
+        };
+        inner.retire(expires, &slot);
+        inner.set(slot, State::Completed(record.clone()), retention, now);
         Ok(true)
     }
 
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        let now = Instant::now();
-        let mut inner = self.lock();
-        if !inner.owned(key, claim.token(), now) {
+        let slot = Slot::of(key);
+        let (mut inner, now) = self.shard(&slot);
+        let Some(expires) = inner.owned(&slot, claim.token(), now) else {
             return Ok(false);
-        }
-        inner.entries.remove(&slot(key));
+        };
+        inner.retire(expires, &slot);
+        inner.entries.remove(&slot);
+        self.shared.len.fetch_sub(1, Ordering::Relaxed);
         Ok(true)
     }
 }
@@ -242,18 +480,97 @@ mod tests {
         Claim::new(Fingerprint::of_bytes(b"body"))
     }
 
+    fn key(i: usize) -> StoreKey {
+        StoreKey::new("t", None, &i.to_string())
+    }
+
+    fn items(store: &MemoryStore) -> usize {
+        store
+            .shared
+            .shards
+            .iter()
+            .map(|shard| {
+                let inner = lock(shard);
+                inner.queues.iter().map(|q| q.items.len()).sum::<usize>() + inner.heap.len()
+            })
+            .sum()
+    }
+
     #[tokio::test]
     async fn expired_entries_are_evicted() {
         let store = MemoryStore::new();
         let lease = Duration::from_millis(20);
         for i in 0..100 {
-            let key = StoreKey::new("t", None, &i.to_string());
-            store.reserve(&key, &claim(), lease).await.unwrap();
+            store.reserve(&key(i), &claim(), lease).await.unwrap();
         }
         assert_eq!(store.len(), 100);
         tokio::time::sleep(Duration::from_millis(40)).await;
         assert_eq!(store.len(), 0);
-        assert!(store.lock().expiries.is_empty());
+        assert_eq!(items(&store), 0);
+    }
+
+    #[tokio::test]
+    async fn many_ttls_expire_in_order_through_queues_and_heap() {
+        let store = MemoryStore::new();
+        // More distinct TTLs than a shard has queues: the rest go through the heap.
+        for i in 0..(4 * MAX_QUEUES) {
+            let ttl = Duration::from_millis(10 + (i % (2 * MAX_QUEUES)) as u64);
+            store.reserve(&key(i), &claim(), ttl).await.unwrap();
+        }
+        let long = key(1_000);
+        store
+            .reserve(&long, &claim(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(store.len(), 4 * MAX_QUEUES + 1);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(store.len(), 1);
+        assert!(matches!(
+            store
+                .reserve(&long, &claim(), Duration::from_secs(60))
+                .await,
+            Ok(Reservation::InFlight { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn stale_expiry_items_are_dropped() {
+        let store = MemoryStore::new();
+        let lease = Duration::from_secs(60);
+        // Claims released at once leave an expiry item each, due in a minute.
+        for i in 0..20_000 {
+            let claim = claim();
+            store.reserve(&key(i), &claim, lease).await.unwrap();
+            assert!(store.release(&key(i), &claim).await.unwrap());
+        }
+        assert_eq!(store.len(), 0);
+        assert!(items(&store) <= SHARDS * 1025, "{} items", items(&store));
+    }
+
+    #[tokio::test]
+    async fn a_completed_key_outlives_its_lease_and_expires_with_its_retention() {
+        let store = MemoryStore::new();
+        let (k, first) = (key(1), claim());
+        store
+            .reserve(&k, &first, Duration::from_millis(20))
+            .await
+            .unwrap();
+        let record = Record::ack(first.fingerprint());
+        assert!(
+            store
+                .complete(&k, &first, &record, Duration::from_millis(80))
+                .await
+                .unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        // The lease's expiry item is due, but the entry was re-set: it stays.
+        assert_eq!(store.len(), 1);
+        assert!(matches!(
+            store.reserve(&k, &claim(), Duration::from_secs(1)).await,
+            Ok(Reservation::Completed(_))
+        ));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(store.len(), 0);
     }
 
     #[tokio::test]
@@ -280,6 +597,86 @@ mod tests {
             store.reserve(&a, &claim(), lease).await.unwrap(),
             Reservation::Completed(_)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_full_store_takes_new_keys_once_others_expired() {
+        let store = MemoryStore::new().with_max_entries(50);
+        for i in 0..50 {
+            store
+                .reserve(&key(i), &claim(), Duration::from_millis(10))
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The expired entries sit in shards this claim does not touch: evicted before refusing.
+        for i in 50..100 {
+            store
+                .reserve(&key(i), &claim(), Duration::from_secs(60))
+                .await
+                .unwrap();
+        }
+        assert_eq!(store.len(), 50);
+    }
+
+    #[tokio::test]
+    async fn completed_and_released_claims_retire_their_lease_items() {
+        let store = MemoryStore::new();
+        let lease = Duration::from_secs(60);
+        let claims: Vec<_> = (0..2_000).map(|_| claim()).collect();
+        for (i, claim) in claims.iter().enumerate() {
+            store.reserve(&key(i), claim, lease).await.unwrap();
+        }
+        // In any order, as concurrent requests finish.
+        for (i, claim) in claims.iter().enumerate().rev() {
+            if i % 2 == 0 {
+                let record = Record::ack(claim.fingerprint());
+                assert!(
+                    store
+                        .complete(&key(i), claim, &record, lease * 2)
+                        .await
+                        .unwrap()
+                );
+            } else {
+                assert!(store.release(&key(i), claim).await.unwrap());
+            }
+        }
+        let retired = store
+            .shared
+            .shards
+            .iter()
+            .map(|shard| {
+                let inner = lock(shard);
+                inner
+                    .queues
+                    .iter()
+                    .flat_map(|q| q.items.iter())
+                    .filter(|(_, slot)| *slot == Slot::RETIRED)
+                    .count()
+            })
+            .sum::<usize>();
+        assert_eq!(retired, 2_000);
+        assert_eq!(store.len(), 1_000);
+        for i in (0..2_000).step_by(2) {
+            assert!(matches!(
+                store.reserve(&key(i), &claim(), lease).await,
+                Ok(Reservation::Completed(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn keys_spread_over_the_shards() {
+        let store = MemoryStore::new();
+        let mut counts = [0usize; SHARDS];
+        for i in 0..16_000 {
+            let slot = Slot::of(&key(i));
+            counts[(store.shared.hasher.hash_one(slot) >> 32) as usize % SHARDS] += 1;
+        }
+        assert!(
+            counts.iter().all(|&n| (800..1200).contains(&n)),
+            "{counts:?}"
+        );
     }
 
     #[tokio::test]
