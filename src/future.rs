@@ -6,7 +6,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -19,6 +18,7 @@ use tower_service::Service;
 use crate::body::{Collected, RequestBody, ResponseBody};
 use crate::layer::{Mode, Settings};
 use crate::lease::{Lease, Verdict};
+use crate::observe::Stopwatch;
 use crate::outcome::Outcome;
 use crate::record::{Record, StoredResponse};
 use crate::service::is_grpc;
@@ -47,7 +47,7 @@ pin_project! {
         // `None` on the uncovered fast path: nothing to observe.
         settings: Option<Arc<Settings>>,
         span: tracing::Span,
-        started: Instant,
+        timer: Stopwatch,
         // The outcome to report if the inner service returns `Err`.
         outcome_on_err: Outcome,
     }
@@ -68,7 +68,7 @@ pin_project! {
             fut: S::Future,
             lease: Option<Lease>,
             outcome: Outcome,
-            called_at: Instant,
+            timer: Stopwatch,
         },
         Finishing {
             fut: Finish<ResBody, S::Error>,
@@ -88,7 +88,7 @@ where
         inner: S,
         settings: Arc<Settings>,
         span: tracing::Span,
-        started: Instant,
+        timer: Stopwatch,
     ) -> Self {
         ResponseFuture {
             state: State::Prelude {
@@ -97,7 +97,7 @@ where
             },
             settings: Some(settings),
             span,
-            started,
+            timer,
             outcome_on_err: Outcome::Released,
         }
     }
@@ -108,11 +108,11 @@ where
                 fut,
                 lease: None,
                 outcome: Outcome::PassThrough,
-                called_at: Instant::now(),
+                timer: Stopwatch::OFF,
             },
             settings: None,
             span: tracing::Span::none(),
-            started: Instant::now(),
+            timer: Stopwatch::OFF,
             outcome_on_err: Outcome::PassThrough,
         }
     }
@@ -121,7 +121,7 @@ where
         response: Response<ResponseBody<ResBody>>,
         settings: Arc<Settings>,
         span: tracing::Span,
-        started: Instant,
+        timer: Stopwatch,
     ) -> Self {
         ResponseFuture {
             state: State::Ready {
@@ -129,7 +129,7 @@ where
             },
             settings: Some(settings),
             span,
-            started,
+            timer,
             outcome_on_err: Outcome::PassThrough,
         }
     }
@@ -165,9 +165,7 @@ where
                 ),
                 Err(_) => (*this.outcome_on_err, None),
             };
-            settings
-                .observer
-                .outcome(outcome, status, this.started.elapsed());
+            settings.observer.outcome(outcome, status, *this.timer);
         }
         Poll::Ready(output)
     }
@@ -202,11 +200,14 @@ where
                     }
                     let mut inner = inner.take().expect("polled after the inner call");
                     let fut = inner.call(request);
+                    let timer = settings
+                        .as_ref()
+                        .map_or(Stopwatch::OFF, |s| s.observer.stopwatch());
                     state.set(State::Calling {
                         fut,
                         lease,
                         outcome,
-                        called_at: Instant::now(),
+                        timer,
                     });
                 }
             },
@@ -214,11 +215,11 @@ where
                 fut,
                 lease,
                 outcome,
-                called_at,
+                timer,
             } => {
                 let result = ready!(fut.poll(cx));
                 if let Some(settings) = settings {
-                    settings.observer.inner_duration(called_at.elapsed());
+                    settings.observer.inner_duration(*timer);
                 }
                 let outcome = *outcome;
                 let fut: Finish<ResBody, S::Error> = match (result, lease.take()) {

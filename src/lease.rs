@@ -3,6 +3,7 @@
 //! body that fails or is dropped).
 
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
@@ -13,10 +14,18 @@ use crate::record::Record;
 use crate::store::{Claim, IdempotencyStore, StoreError, StoreErrorKind, StoreKey};
 
 /// Runs `fut` under the store timeout.
+///
+/// A store that answers on the first poll (the memory store, always) never arms a timer: the
+/// deadline is set only if the first poll is pending.
 pub(crate) async fn timed<T>(
     timeout: Duration,
     fut: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
+    let mut fut = std::pin::pin!(fut);
+    if let Poll::Ready(result) = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
+    {
+        return result;
+    }
     match tokio::time::timeout(timeout, fut).await {
         Ok(result) => result,
         Err(_) => Err(StoreError::new(StoreErrorKind::Timeout)),
@@ -44,13 +53,13 @@ struct StoreLease<St> {
 
 impl<St: IdempotencyStore> StoreLease<St> {
     async fn write(&self, record: &Record) -> Result<bool, StoreError> {
-        let started = Instant::now();
+        let timer = self.observer.stopwatch();
         let call = self
             .store
             .complete(&self.key, &self.claim, record, self.retention);
         let result = timed(self.timeout, call).await;
         self.observer
-            .store_call(StoreOp::Complete, started.elapsed(), result.is_ok());
+            .store_call(StoreOp::Complete, timer, result.is_ok());
         result
     }
 }
@@ -96,10 +105,10 @@ impl<St: IdempotencyStore> LeaseOps for StoreLease<St> {
 
     fn release(self: Arc<Self>) -> BoxFuture<'static, Result<bool, StoreError>> {
         Box::pin(async move {
-            let started = Instant::now();
+            let timer = self.observer.stopwatch();
             let result = timed(self.timeout, self.store.release(&self.key, &self.claim)).await;
             self.observer
-                .store_call(StoreOp::Release, started.elapsed(), result.is_ok());
+                .store_call(StoreOp::Release, timer, result.is_ok());
             result
         })
     }
@@ -201,13 +210,12 @@ impl Lease {
         store: St,
         key: StoreKey,
         claim: Claim,
-        lease: Duration,
+        expires: Instant,
         retention: Duration,
         timeout: Duration,
         observer: Observer,
     ) -> Self {
         let claim_fingerprint = claim.fingerprint();
-        let expires = Instant::now() + lease;
         Lease {
             ops: Arc::new(StoreLease {
                 observer,

@@ -27,7 +27,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::StatusCode;
 
@@ -54,6 +54,8 @@ type Hook = Arc<dyn Fn(&OutcomeEvent<'_>) + Send + Sync>;
 pub(crate) struct Observer {
     namespace: Arc<str>,
     hook: Option<Hook>,
+    #[cfg(feature = "metrics")]
+    metrics: Arc<MetricKeys>,
 }
 
 impl fmt::Debug for Observer {
@@ -74,6 +76,8 @@ pub(crate) enum StoreOp {
 }
 
 impl StoreOp {
+    const ALL: [StoreOp; 3] = [StoreOp::Reserve, StoreOp::Complete, StoreOp::Release];
+
     fn as_str(self) -> &'static str {
         match self {
             StoreOp::Reserve => "reserve",
@@ -83,16 +87,38 @@ impl StoreOp {
     }
 }
 
+/// Times one step, but reads the clock only when something will use the measure: metrics, the
+/// outcome hook, or a subscriber interested in this request's span or in trace events. Two
+/// clock reads per step add up on a path this short.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stopwatch(Option<Instant>);
+
+impl Stopwatch {
+    /// A stopwatch that measures nothing.
+    pub(crate) const OFF: Stopwatch = Stopwatch(None);
+
+    /// The time since the start, if measured.
+    pub(crate) fn elapsed(&self) -> Option<Duration> {
+        self.0.map(|started| started.elapsed())
+    }
+}
+
 impl Observer {
     pub(crate) fn new(namespace: &str) -> Self {
         Observer {
             namespace: namespace.into(),
             hook: None,
+            #[cfg(feature = "metrics")]
+            metrics: Arc::new(MetricKeys::new(namespace)),
         }
     }
 
     pub(crate) fn set_namespace(&mut self, namespace: &str) {
         self.namespace = namespace.into();
+        #[cfg(feature = "metrics")]
+        {
+            self.metrics = Arc::new(MetricKeys::new(namespace));
+        }
     }
 
     pub(crate) fn namespace(&self) -> &str {
@@ -101,6 +127,23 @@ impl Observer {
 
     pub(crate) fn set_hook(&mut self, hook: Hook) {
         self.hook = Some(hook);
+    }
+
+    /// Starts timing a step (see [`Stopwatch`]).
+    pub(crate) fn stopwatch(&self) -> Stopwatch {
+        Stopwatch(self.measures().then(Instant::now))
+    }
+
+    /// Times a step that started at `started` (a time the caller needed anyway).
+    pub(crate) fn stopwatch_since(&self, started: Instant) -> Stopwatch {
+        Stopwatch(self.measures().then_some(started))
+    }
+
+    fn measures(&self) -> bool {
+        cfg!(feature = "metrics")
+            || self.hook.is_some()
+            || tracing::enabled!(tracing::Level::TRACE)
+            || !tracing::Span::current().is_disabled()
     }
 
     /// The span of one covered request. Fields are filled in as the request progresses.
@@ -116,7 +159,7 @@ impl Observer {
     }
 
     /// Records the outcome of one covered request: span field, event, metric, hook.
-    pub(crate) fn outcome(&self, outcome: Outcome, status: Option<StatusCode>, elapsed: Duration) {
+    pub(crate) fn outcome(&self, outcome: Outcome, status: Option<StatusCode>, timer: Stopwatch) {
         let span = tracing::Span::current();
         span.record("outcome", outcome.as_str());
         let reason = match outcome {
@@ -148,26 +191,21 @@ impl Observer {
             ),
         }
         #[cfg(feature = "metrics")]
-        metrics::counter!(
-            "idempotency_requests_total",
-            "namespace" => self.namespace.clone(),
-            "outcome" => outcome.as_str(),
-            "reason" => reason,
-        )
-        .increment(1);
+        self.metrics.count_outcome(&self.namespace, outcome, reason);
         if let Some(hook) = &self.hook {
             hook(&OutcomeEvent {
                 namespace: &self.namespace,
                 outcome,
                 status,
-                elapsed,
+                elapsed: timer.elapsed().unwrap_or_default(),
             });
         }
     }
 
     /// Records the latency (and failure) of one store call.
-    pub(crate) fn store_call(&self, op: StoreOp, elapsed: Duration, ok: bool) {
-        if matches!(op, StoreOp::Reserve) {
+    pub(crate) fn store_call(&self, op: StoreOp, timer: Stopwatch, ok: bool) {
+        let elapsed = timer.elapsed();
+        if let (StoreOp::Reserve, Some(elapsed)) = (op, elapsed) {
             tracing::Span::current().record("store_ms", elapsed.as_secs_f64() * 1e3);
         }
         tracing::trace!(
@@ -178,34 +216,120 @@ impl Observer {
         );
         #[cfg(feature = "metrics")]
         {
-            metrics::histogram!(
-                "idempotency_store_duration_seconds",
-                "namespace" => self.namespace.clone(),
-                "operation" => op.as_str(),
-            )
-            .record(elapsed.as_secs_f64());
+            let keys = &self.metrics.store[op as usize];
+            if let Some(elapsed) = elapsed {
+                keys.duration.record(elapsed);
+            }
             if !ok {
-                metrics::counter!(
-                    "idempotency_store_errors_total",
-                    "namespace" => self.namespace.clone(),
-                    "operation" => op.as_str(),
-                )
-                .increment(1);
+                keys.errors.increment();
             }
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = (op, elapsed, ok);
     }
 
     /// Records how long the inner service took to answer.
-    pub(crate) fn inner_duration(&self, elapsed: Duration) {
+    pub(crate) fn inner_duration(&self, timer: Stopwatch) {
         #[cfg(feature = "metrics")]
-        metrics::histogram!(
-            "idempotency_inner_duration_seconds",
-            "namespace" => self.namespace.clone(),
-        )
-        .record(elapsed.as_secs_f64());
+        if let Some(elapsed) = timer.elapsed() {
+            self.metrics.inner.record(elapsed);
+        }
         #[cfg(not(feature = "metrics"))]
-        let _ = elapsed;
+        let _ = timer;
+    }
+}
+
+/// The metric keys of one layer, built once: a key built per call (the `metrics` macros with a
+/// dynamic label) costs an allocation and a hash each time, even with no recorder installed.
+/// Handles are not cached: each call asks the recorder installed at that moment.
+#[cfg(feature = "metrics")]
+struct MetricKeys {
+    store: [StoreKeys; 3],
+    inner: MetricKey,
+    /// `idempotency_requests_total` of every outcome but `Rejected` (built per call: rare).
+    outcomes: [(Outcome, MetricKey); 8],
+}
+
+#[cfg(feature = "metrics")]
+struct StoreKeys {
+    duration: MetricKey,
+    errors: MetricKey,
+}
+
+#[cfg(feature = "metrics")]
+struct MetricKey(metrics::Key);
+
+#[cfg(feature = "metrics")]
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+#[cfg(feature = "metrics")]
+impl MetricKey {
+    fn new(name: &'static str, labels: &[(&'static str, &str)]) -> Self {
+        let labels = labels
+            .iter()
+            .map(|(key, value)| metrics::Label::new(*key, value.to_string()))
+            .collect::<Vec<_>>();
+        MetricKey(metrics::Key::from_parts(name, labels))
+    }
+
+    fn increment(&self) {
+        metrics::with_recorder(|r| r.register_counter(&self.0, &METADATA)).increment(1);
+    }
+
+    fn record(&self, elapsed: Duration) {
+        metrics::with_recorder(|r| r.register_histogram(&self.0, &METADATA))
+            .record(elapsed.as_secs_f64());
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl MetricKeys {
+    fn new(namespace: &str) -> Self {
+        let store = StoreOp::ALL.map(|op| StoreKeys {
+            duration: MetricKey::new(
+                "idempotency_store_duration_seconds",
+                &[("namespace", namespace), ("operation", op.as_str())],
+            ),
+            errors: MetricKey::new(
+                "idempotency_store_errors_total",
+                &[("namespace", namespace), ("operation", op.as_str())],
+            ),
+        });
+        let outcomes = [
+            Outcome::First,
+            Outcome::Released,
+            Outcome::Replayed,
+            Outcome::InFlight,
+            Outcome::Mismatch,
+            Outcome::StoreError,
+            Outcome::FailOpen,
+            Outcome::PassThrough,
+        ]
+        .map(|outcome| (outcome, Self::outcome_key(namespace, outcome, "none")));
+        MetricKeys {
+            store,
+            inner: MetricKey::new(
+                "idempotency_inner_duration_seconds",
+                &[("namespace", namespace)],
+            ),
+            outcomes,
+        }
+    }
+
+    fn outcome_key(namespace: &str, outcome: Outcome, reason: &str) -> MetricKey {
+        MetricKey::new(
+            "idempotency_requests_total",
+            &[
+                ("namespace", namespace),
+                ("outcome", outcome.as_str()),
+                ("reason", reason),
+            ],
+        )
+    }
+
+    fn count_outcome(&self, namespace: &str, outcome: Outcome, reason: &str) {
+        match self.outcomes.iter().find(|(o, _)| *o == outcome) {
+            Some((_, key)) => key.increment(),
+            None => Self::outcome_key(namespace, outcome, reason).increment(),
+        }
     }
 }

@@ -128,21 +128,24 @@ where
             // Fast path: nothing to buffer, key or claim.
             return ResponseFuture::pass_through(self.inner.call(req.map(RequestBody::streaming)));
         }
-        let started = Instant::now();
         let span = settings.observer.span(req.method());
+        let timer = {
+            let _entered = span.enter();
+            settings.observer.stopwatch()
+        };
         let grpc = is_grpc(req.headers());
         if content_length(req.headers()).is_some_and(|len| len > settings.body_limit as u64) {
             let rejection = Rejection::PayloadTooLarge {
                 limit: settings.body_limit,
             };
-            return ResponseFuture::ready(reject(rejection, grpc), settings.clone(), span, started);
+            return ResponseFuture::ready(reject(rejection, grpc), settings.clone(), span, timer);
         }
         // Clone-and-swap: the instance `poll_ready` made ready is the one that will be called.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let (parts, body) = req.into_parts();
         let prelude = prelude(self.config.clone(), parts, body, grpc);
-        ResponseFuture::new(Box::pin(prelude), inner, settings.clone(), span, started)
+        ResponseFuture::new(Box::pin(prelude), inner, settings.clone(), span, timer)
     }
 }
 
@@ -270,8 +273,10 @@ where
 
     let deadline = settings.wait_in_flight.map(|wait| Instant::now() + wait);
     let mut pause = std::time::Duration::from_millis(10);
+    let mut reserved_at;
     let reservation = loop {
-        let started = Instant::now();
+        reserved_at = Instant::now();
+        let timer = settings.observer.stopwatch_since(reserved_at);
         let (store_key, claim) = unsettled.parts();
         let result = timed(
             settings.store_timeout,
@@ -280,7 +285,7 @@ where
         .await;
         settings
             .observer
-            .store_call(StoreOp::Reserve, started.elapsed(), result.is_ok());
+            .store_call(StoreOp::Reserve, timer, result.is_ok());
         match result {
             Ok(Reservation::InFlight { fingerprint: held })
                 if held.matches(&fingerprint)
@@ -300,7 +305,8 @@ where
                 config.store.clone(),
                 store_key,
                 claim,
-                settings.lease,
+                // The lease runs from (at the latest) the reserve that took it.
+                reserved_at + settings.lease,
                 settings.retention,
                 settings.store_timeout,
                 settings.observer.clone(),
