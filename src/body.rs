@@ -57,7 +57,8 @@ pin_project! {
         },
         Buffered {
             data: Option<Bytes>,
-            trailers: Option<HeaderMap>,
+            // Boxed (rare, and a `HeaderMap` is 96 bytes): bodies are moved with every request.
+            trailers: Option<Box<HeaderMap>>,
         },
     }
 }
@@ -85,7 +86,7 @@ impl<B> RequestBody<B> {
         RequestBody {
             kind: RequestKind::Buffered {
                 data: (!data.is_empty()).then_some(data),
-                trailers,
+                trailers: trailers.map(Box::new),
             },
         }
     }
@@ -109,7 +110,7 @@ where
             RequestKindProj::Buffered { data, trailers } => Poll::Ready(
                 data.take()
                     .map(Frame::data)
-                    .or_else(|| trailers.take().map(Frame::trailers))
+                    .or_else(|| trailers.take().map(|t| Frame::trailers(*t)))
                     .map(Ok),
             ),
         }
@@ -220,21 +221,29 @@ pin_project! {
         },
         Buffered {
             data: Option<Bytes>,
-            trailers: Option<HeaderMap>,
+            // Boxed (rare, and a `HeaderMap` is 96 bytes): responses are moved several times
+            // on their way out.
+            trailers: Option<Box<HeaderMap>>,
         },
         Failed {
             data: Option<Bytes>,
             error: Option<BoxError>,
         },
         Guarded {
-            body: Pin<Box<B>>,
-            prefix: VecDeque<Bytes>,
-            lease: Option<Lease>,
-            settling: Option<BoxFuture<'static, ()>>,
-            held_trailers: Option<HeaderMap>,
-            done: bool,
+            // Boxed for the same reason: this state is large and rare.
+            guarded: Box<Guarded<B>>,
         },
     }
+}
+
+/// A response too large to buffer, streamed until the claim is settled.
+struct Guarded<B> {
+    body: Pin<Box<B>>,
+    prefix: VecDeque<Bytes>,
+    lease: Option<Lease>,
+    settling: Option<BoxFuture<'static, ()>>,
+    held_trailers: Option<HeaderMap>,
+    done: bool,
 }
 
 impl<B> std::fmt::Debug for ResponseBody<B> {
@@ -262,7 +271,7 @@ impl<B> ResponseBody<B> {
         ResponseBody {
             kind: ResponseKind::Buffered {
                 data: (!data.is_empty()).then_some(data),
-                trailers,
+                trailers: trailers.map(Box::new),
             },
         }
     }
@@ -282,12 +291,14 @@ impl<B> ResponseBody<B> {
     pub(crate) fn guarded(prefix: VecDeque<Bytes>, body: Pin<Box<B>>, lease: Lease) -> Self {
         ResponseBody {
             kind: ResponseKind::Guarded {
-                body,
-                prefix,
-                lease: Some(lease),
-                settling: None,
-                held_trailers: None,
-                done: false,
+                guarded: Box::new(Guarded {
+                    body,
+                    prefix,
+                    lease: Some(lease),
+                    settling: None,
+                    held_trailers: None,
+                    done: false,
+                }),
             },
         }
     }
@@ -310,21 +321,22 @@ where
             ResponseKindProj::Buffered { data, trailers } => Poll::Ready(
                 data.take()
                     .map(Frame::data)
-                    .or_else(|| trailers.take().map(Frame::trailers))
+                    .or_else(|| trailers.take().map(|t| Frame::trailers(*t)))
                     .map(Ok),
             ),
             ResponseKindProj::Failed { data, error } => Poll::Ready(match data.take() {
                 Some(data) => Some(Ok(Frame::data(data))),
                 None => error.take().map(Err),
             }),
-            ResponseKindProj::Guarded {
-                body,
-                prefix,
-                lease,
-                settling,
-                held_trailers,
-                done,
-            } => loop {
+            ResponseKindProj::Guarded { guarded } => loop {
+                let Guarded {
+                    body,
+                    prefix,
+                    lease,
+                    settling,
+                    held_trailers,
+                    done,
+                } = &mut **guarded;
                 if let Some(fut) = settling {
                     ready!(fut.as_mut().poll(cx));
                     *settling = None;
@@ -372,11 +384,7 @@ where
             ResponseKind::Failed { data, error } => data.is_none() && error.is_none(),
             // Never report the end early: the stream must be polled to its end for the claim
             // to be settled.
-            ResponseKind::Guarded {
-                done,
-                held_trailers,
-                ..
-            } => *done && held_trailers.is_none(),
+            ResponseKind::Guarded { guarded } => guarded.done && guarded.held_trailers.is_none(),
         }
     }
 
@@ -393,11 +401,10 @@ where
             }
             // An exact hint would let HTTP/1 servers stop polling after the last byte, before
             // the claim is settled; announce a lower bound only.
-            ResponseKind::Guarded { prefix, body, .. } => {
+            ResponseKind::Guarded { guarded } => {
                 let mut hint = SizeHint::new();
-                hint.set_lower(
-                    prefix.iter().map(|b| b.len() as u64).sum::<u64>() + body.size_hint().lower(),
-                );
+                let prefix = guarded.prefix.iter().map(|b| b.len() as u64).sum::<u64>();
+                hint.set_lower(prefix + guarded.body.size_hint().lower());
                 hint
             }
         }

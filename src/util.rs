@@ -12,13 +12,14 @@ pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
 
 const BASE64URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
-/// Appends the unpadded base64url digits of `bytes` (a multiple of 3 bytes long) to `out`.
-pub(crate) fn push_base64url(out: &mut String, bytes: &[u8]) {
-    debug_assert!(bytes.len() % 3 == 0);
-    for chunk in bytes.chunks_exact(3) {
+/// Writes the unpadded base64url digits of `bytes` (a multiple of 3 bytes long) into `out`
+/// (4 digits per 3 bytes).
+pub(crate) fn write_base64url(out: &mut [u8], bytes: &[u8]) {
+    debug_assert!(bytes.len() % 3 == 0 && out.len() == bytes.len() / 3 * 4);
+    for (chunk, digits) in bytes.chunks_exact(3).zip(out.chunks_exact_mut(4)) {
         let n = (u32::from(chunk[0]) << 16) | (u32::from(chunk[1]) << 8) | u32::from(chunk[2]);
-        for shift in [18, 12, 6, 0] {
-            out.push(BASE64URL[((n >> shift) & 63) as usize] as char);
+        for (digit, shift) in digits.iter_mut().zip([18, 12, 6, 0]) {
+            *digit = BASE64URL[((n >> shift) & 63) as usize];
         }
     }
 }

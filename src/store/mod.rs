@@ -70,8 +70,10 @@ pub const STORE_KEY_LEN: usize = KEY_PREFIX.len() + 16;
 /// (`MEMORY USAGE`), where a readable `idem:<namespace>:<hex>` key would cost 136. The
 /// namespace is in the hash (and in every log line and metric), not in the key text. 96 bits
 /// make an accidental collision negligible (about 10⁻¹¹ with a billion live keys).
+///
+/// The key is held inline: building, cloning and dropping one never allocates.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct StoreKey(String);
+pub struct StoreKey([u8; STORE_KEY_LEN]);
 
 impl StoreKey {
     /// Builds the store key of `key` within `namespace` and the optional request `scope`.
@@ -88,27 +90,28 @@ impl StoreKey {
             }
         }
         let digest = hasher.finalize();
-        let mut out = String::with_capacity(STORE_KEY_LEN);
-        out.push_str(KEY_PREFIX);
-        crate::util::push_base64url(&mut out, &digest[..12]);
+        let mut out = [0u8; STORE_KEY_LEN];
+        out[..KEY_PREFIX.len()].copy_from_slice(KEY_PREFIX.as_bytes());
+        crate::util::write_base64url(&mut out[KEY_PREFIX.len()..], &digest[..12]);
         StoreKey(out)
     }
 
     /// The key as written to the store.
     pub fn as_str(&self) -> &str {
-        &self.0
+        // ASCII by construction: the prefix and base64url digits.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
 impl fmt::Debug for StoreKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("StoreKey").field(&self.0).finish()
+        f.debug_tuple("StoreKey").field(&self.as_str()).finish()
     }
 }
 
 impl fmt::Display for StoreKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
