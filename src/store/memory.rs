@@ -1,6 +1,6 @@
 use std::cmp::Reverse;
 use std::collections::hash_map::RandomState;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque, hash_map};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -75,10 +75,16 @@ struct Shard(Mutex<Inner>);
 #[derive(Debug, Default)]
 struct Inner {
     entries: HashMap<Slot, Entry, SlotHasher>,
-    /// Expiries in insertion order, one queue per TTL: `now + ttl` grows with `now`, so each
+    expiries: Expiries,
+}
+
+/// When each entry expires, as `(nanoseconds, slot)` items.
+#[derive(Debug, Default)]
+struct Expiries {
+    /// Items in insertion order, one queue per TTL: `now + ttl` grows with `now`, so each
     /// queue is sorted and its head is the next to expire.
     queues: Vec<Queue>,
-    /// Expiries of TTLs beyond the first [`MAX_QUEUES`].
+    /// Items of TTLs beyond the first [`MAX_QUEUES`].
     heap: BinaryHeap<Reverse<(u64, Slot)>>,
 }
 
@@ -178,7 +184,8 @@ struct Entry {
 #[derive(Debug)]
 enum State {
     InFlight {
-        token: Token,
+        /// See [`short`].
+        token: u64,
         fingerprint: Fingerprint,
     },
     Completed(Record),
@@ -273,56 +280,37 @@ fn nanos(duration: Duration) -> u64 {
 
 impl Inner {
     /// Removes the entries that expired at or before `now`; returns how many.
+    ///
+    /// Afterwards every entry of the shard is live: an entry's current expiry item is due when
+    /// the entry expires.
     fn evict_expired(&mut self, now: u64) -> usize {
-        let Inner {
-            entries,
-            queues,
-            heap,
-        } = self;
+        let entries = &mut self.entries;
         let mut evicted = 0;
         // An expiry item is current when its entry still expires at that instant; entries that
         // were re-set or removed since leave stale items, skipped here.
-        let mut remove_if_current = |at: u64, slot: &Slot| {
-            if *slot != Slot::RETIRED && entries.get(slot).is_some_and(|e| e.expires == at) {
+        self.expiries.pop_due(now, |at, slot| {
+            if entries.get(slot).is_some_and(|e| e.expires == at) {
                 entries.remove(slot);
                 evicted += 1;
             }
-        };
-        for queue in queues.iter_mut() {
-            while let Some(&(at, slot)) = queue.items.front().filter(|(at, _)| *at <= now) {
-                queue.items.pop_front();
-                remove_if_current(at, &slot);
-            }
+        });
+        // Drop stale items once they outnumber the entries (many keys released or completed
+        // long before their lease ran out), so that memory follows the live key count.
+        if self.expiries.len() > 2 * entries.len() + 1024 {
+            self.expiries
+                .retain(|at, slot| entries.get(slot).is_some_and(|e| e.expires == at));
         }
-        while let Some(&Reverse((at, slot))) = heap.peek().filter(|Reverse((at, _))| *at <= now) {
-            heap.pop();
-            remove_if_current(at, &slot);
-        }
-        self.compact();
         evicted
     }
+}
 
-    /// Drops stale expiry items once they outnumber the entries (many keys released or
-    /// completed long before their lease ran out), so that memory follows the live key count.
-    fn compact(&mut self) {
-        let items = self.queues.iter().map(|q| q.items.len()).sum::<usize>() + self.heap.len();
-        if items <= 2 * self.entries.len() + 1024 {
-            return;
-        }
-        let entries = &self.entries;
-        let current = |at: &u64, slot: &Slot| {
-            *slot != Slot::RETIRED && entries.get(slot).is_some_and(|e| e.expires == *at)
-        };
-        for queue in &mut self.queues {
-            queue.items.retain(|(at, slot)| current(at, slot));
-        }
-        self.heap.retain(|Reverse((at, slot))| current(at, slot));
-        self.queues.retain(|q| !q.items.is_empty());
+impl Expiries {
+    fn len(&self) -> usize {
+        self.queues.iter().map(|q| q.items.len()).sum::<usize>() + self.heap.len()
     }
 
-    /// Sets `slot` to `state` until `now + ttl`.
-    fn set(&mut self, slot: Slot, state: State, ttl: Duration, now: u64) {
-        let expires = now.saturating_add(nanos(ttl));
+    /// Schedules the expiry of `slot` at `expires` (`ttl` from now).
+    fn schedule(&mut self, ttl: Duration, expires: u64, slot: Slot) {
         let queues = self.queues.len();
         match self.queues.iter_mut().find(|q| q.ttl == ttl) {
             Some(queue) => queue.items.push_back((expires, slot)),
@@ -332,30 +320,43 @@ impl Inner {
             }),
             None => self.heap.push(Reverse((expires, slot))),
         }
-        self.entries.insert(slot, Entry { expires, state });
     }
 
-    /// The live entry of `slot`.
-    fn live(&self, slot: &Slot, now: u64) -> Option<&Entry> {
-        self.entries.get(slot).filter(|e| e.expires > now)
-    }
-
-    /// When the live entry of `slot` expires, if `token` owns it.
-    fn owned(&self, slot: &Slot, token: &Token, now: u64) -> Option<u64> {
-        match self.live(slot, now)? {
-            Entry {
-                state: State::InFlight { token: t, .. },
-                expires,
-            } if t == token => Some(*expires),
-            _ => None,
+    /// Hands every item due at `now` to `expire`, except retired ones.
+    fn pop_due(&mut self, now: u64, mut expire: impl FnMut(u64, &Slot)) {
+        for queue in &mut self.queues {
+            while let Some(&(at, slot)) = queue.items.front().filter(|(at, _)| *at <= now) {
+                queue.items.pop_front();
+                if slot != Slot::RETIRED {
+                    expire(at, &slot);
+                }
+            }
+        }
+        while let Some(&Reverse((at, slot))) =
+            self.heap.peek().filter(|Reverse((at, _))| *at <= now)
+        {
+            self.heap.pop();
+            if slot != Slot::RETIRED {
+                expire(at, &slot);
+            }
         }
     }
 
-    /// Retires the expiry item `(expires, slot)` of an entry about to be re-set or removed, so
-    /// that its eviction, much later, does not have to look the key up in the map (a cache
-    /// miss on a large store). The item was pushed moments ago: it is searched for near the
-    /// tail of its queue, which is still in cache. One that is not found is checked against
-    /// the map when it expires, as before.
+    /// Keeps the items `keep` accepts (never retired ones), in order; drops emptied queues.
+    fn retain(&mut self, mut keep: impl FnMut(u64, &Slot) -> bool) {
+        let mut keep = |at: u64, slot: &Slot| *slot != Slot::RETIRED && keep(at, slot);
+        for queue in &mut self.queues {
+            queue.items.retain(|(at, slot)| keep(*at, slot));
+        }
+        self.heap.retain(|Reverse((at, slot))| keep(*at, slot));
+        self.queues.retain(|q| !q.items.is_empty());
+    }
+
+    /// Retires the item `(expires, slot)` of an entry about to be re-set or removed, so that
+    /// its eviction, much later, does not have to look the key up in the map (a cache miss on
+    /// a large store). The item was pushed moments ago: it is searched for near the tail of
+    /// its queue, which is still in cache. One that is not found is checked against the map
+    /// when it is due, as any other.
     fn retire(&mut self, expires: u64, slot: &Slot) {
         for queue in &mut self.queues {
             let items = &mut queue.items;
@@ -397,6 +398,14 @@ impl Inner {
     }
 }
 
+/// The part of an owner token the memory store keeps: 64 random bits tell the claims on one
+/// key apart as surely as 128 within one process, and keep an entry at 32 bytes.
+fn short(token: &Token) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&token.as_bytes()[..8]);
+    u64::from_le_bytes(bytes)
+}
+
 impl IdempotencyStore for MemoryStore {
     async fn reserve(
         &self,
@@ -407,34 +416,43 @@ impl IdempotencyStore for MemoryStore {
         let slot = Slot::of(key);
         let mut evicted_all = false;
         loop {
-            let (mut inner, now) = self.shard(&slot);
-            if let Some(entry) = inner.live(&slot, now) {
-                return Ok(match &entry.state {
-                    // Our own claim (a retried reserve): ours still, as the Redis store answers.
-                    State::InFlight { token, .. } if token == claim.token() => {
-                        Reservation::Acquired
-                    }
-                    State::InFlight { fingerprint, .. } => Reservation::InFlight {
-                        fingerprint: *fingerprint,
-                    },
-                    State::Completed(record) => Reservation::Completed(record.clone()),
-                });
-            }
-            // The shard's expired entries were evicted: the key is new to this store.
+            let (mut guard, now) = self.shard(&slot);
+            let Inner { entries, expiries } = &mut *guard;
+            // One probe: the expired entries of the shard were evicted, so any entry is live.
+            let vacant = match entries.entry(slot) {
+                hash_map::Entry::Occupied(entry) => {
+                    return Ok(match &entry.get().state {
+                        // Our own claim (a retried reserve): ours still, as the Redis store
+                        // answers.
+                        State::InFlight { token, .. } if *token == short(claim.token()) => {
+                            Reservation::Acquired
+                        }
+                        State::InFlight { fingerprint, .. } => Reservation::InFlight {
+                            fingerprint: *fingerprint,
+                        },
+                        State::Completed(record) => Reservation::Completed(record.clone()),
+                    });
+                }
+                hash_map::Entry::Vacant(vacant) => vacant,
+            };
             match self.admit() {
                 Ok(()) => {
-                    let state = State::InFlight {
-                        token: *claim.token(),
-                        fingerprint: claim.fingerprint(),
-                    };
-                    inner.set(slot, state, lease, now);
+                    let expires = now.saturating_add(nanos(lease));
+                    expiries.schedule(lease, expires, slot);
+                    vacant.insert(Entry {
+                        expires,
+                        state: State::InFlight {
+                            token: short(claim.token()),
+                            fingerprint: claim.fingerprint(),
+                        },
+                    });
                     return Ok(Reservation::Acquired);
                 }
                 Err(full) if evicted_all => return Err(full),
                 Err(_) => {
                     // Other shards may hold expired entries that nothing has touched since:
                     // evict them, then look again, before refusing.
-                    drop(inner);
+                    drop(guard);
                     self.evict_all();
                     evicted_all = true;
                 }
@@ -450,26 +468,38 @@ impl IdempotencyStore for MemoryStore {
         retention: Duration,
     ) -> Result<bool, StoreError> {
         let slot = Slot::of(key);
-        let (mut inner, now) = self.shard(&slot);
-        let Some(expires) = inner.owned(&slot, claim.token(), now) else {
+        let (mut guard, now) = self.shard(&slot);
+        let Inner { entries, expiries } = &mut *guard;
+        let Some(entry) = entries.get_mut(&slot).filter(|e| owns(e, claim)) else {
             return Ok(false);
         };
-        inner.retire(expires, &slot);
-        inner.set(slot, State::Completed(record.clone()), retention, now);
+        expiries.retire(entry.expires, &slot);
+        entry.expires = now.saturating_add(nanos(retention));
+        entry.state = State::Completed(record.clone());
+        expiries.schedule(retention, entry.expires, slot);
         Ok(true)
     }
 
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
         let slot = Slot::of(key);
-        let (mut inner, now) = self.shard(&slot);
-        let Some(expires) = inner.owned(&slot, claim.token(), now) else {
+        let (mut guard, _) = self.shard(&slot);
+        let Inner { entries, expiries } = &mut *guard;
+        let hash_map::Entry::Occupied(entry) = entries.entry(slot) else {
             return Ok(false);
         };
-        inner.retire(expires, &slot);
-        inner.entries.remove(&slot);
+        if !owns(entry.get(), claim) {
+            return Ok(false);
+        }
+        expiries.retire(entry.get().expires, &slot);
+        entry.remove();
         self.shared.len.fetch_sub(1, Ordering::Relaxed);
         Ok(true)
     }
+}
+
+/// Whether `claim` holds the (live) `entry`.
+fn owns(entry: &Entry, claim: &Claim) -> bool {
+    matches!(entry.state, State::InFlight { token, .. } if token == short(claim.token()))
 }
 
 #[cfg(test)]
@@ -491,7 +521,7 @@ mod tests {
             .iter()
             .map(|shard| {
                 let inner = lock(shard);
-                inner.queues.iter().map(|q| q.items.len()).sum::<usize>() + inner.heap.len()
+                inner.expiries.len()
             })
             .sum()
     }
@@ -648,6 +678,7 @@ mod tests {
             .map(|shard| {
                 let inner = lock(shard);
                 inner
+                    .expiries
                     .queues
                     .iter()
                     .flat_map(|q| q.items.iter())
