@@ -10,7 +10,9 @@
 //!   layer on a `RedisStore` over a fred pool of `REDIS_POOL` connections, default 4);
 //! - `BIND`: the address, default `127.0.0.1:0` (a free port); the first line on stdout is
 //!   `listening on http://ADDR`;
-//! - `WORKERS`: Tokio worker threads, default 1 (the load test pins the server to one core).
+//! - `WORKERS`: Tokio worker threads, default 1 (the load test pins the server to one core);
+//! - `SPIN_NS` (`bare` only): nanoseconds of CPU the handler burns per request, to calibrate
+//!   what a given per-request cost does to req/s on this machine (default 0).
 //!
 //! Routes, both `POST`, keyed by the `Idempotency-Key` header with the layer's defaults (30 s
 //! lease, 72 h retention, payload fingerprint on):
@@ -54,8 +56,25 @@ async fn order(body: Bytes) -> impl IntoResponse {
 }
 
 fn bare() -> Router {
+    let spin = std::env::var("SPIN_NS")
+        .ok()
+        .and_then(|ns| ns.parse().ok())
+        .map(std::time::Duration::from_nanos)
+        .unwrap_or_default();
+    if spin.is_zero() {
+        return Router::new()
+            .route("/webhook", post(webhook))
+            .route("/orders", post(order));
+    }
+    let spinning = move |body: Bytes| async move {
+        let started = std::time::Instant::now();
+        while started.elapsed() < spin {
+            std::hint::spin_loop();
+        }
+        webhook(body).await
+    };
     Router::new()
-        .route("/webhook", post(webhook))
+        .route("/webhook", post(spinning))
         .route("/orders", post(order))
 }
 

@@ -36,7 +36,7 @@ import http.client
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 LUA = os.path.join(ROOT, "scripts", "wrk-loadtest.lua")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-VARIANTS = ("bare", "memory", "memory_baseline", "redis")
+VARIANTS = ("bare", "bare_spin", "memory", "memory_baseline", "redis")
 MIXES = {"unique": 0.0, "dup80": 0.8}
 
 
@@ -274,8 +274,8 @@ class Monitor:
 
 
 class Server:
-    def __init__(self, binary, variant, cpu, redis_url=None):
-        env = dict(os.environ, VARIANT=variant, WORKERS="1", BIND="127.0.0.1:0")
+    def __init__(self, binary, variant, cpu, redis_url=None, spin_ns=0):
+        env = dict(os.environ, VARIANT=variant, WORKERS="1", BIND="127.0.0.1:0", SPIN_NS=str(spin_ns))
         env.pop("RUST_LOG", None)
         if redis_url:
             env["REDIS_URL"] = redis_url
@@ -424,7 +424,10 @@ def markdown(results):
         f"(`dup80`). {meta['rounds']} rounds of {meta['duration']} s runs, the variants interleaved "
         f"within each round; every figure is the median over rounds, and `vs bare` the median of "
         f"the per-round ratios to bare axum at the same concurrency. Redis "
-        f"{meta.get('redis_version', '–')} on 127.0.0.1.",
+        f"{meta.get('redis_version', '–')} on 127.0.0.1."
+        + (f" `bare_spin` is bare axum whose handler burns {meta['spin_ns']} ns of CPU per request "
+           "(`--spin-ns`): a calibration of what a known per-request cost does to req/s here."
+           if meta.get("spin_ns") else ""),
         "",
         "| variant | keys | conns | req/s | req/s vs bare | p50 ms | p99 ms | non-2xx | server CPU µs/req | CPU/req vs bare | redis CPU µs/req | server CPU % | wrk CPU % |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -472,8 +475,8 @@ def markdown(results):
     return "\n".join(lines) + "\n"
 
 
-COLORS = {"bare": "#6b7280", "memory": "#2563eb", "memory_baseline": "#93c5fd", "redis": "#dc2626"}
-NAMES = {"bare": "bare axum", "memory": "layer, memory store", "memory_baseline": "layer, memory store (baseline build)",
+COLORS = {"bare": "#6b7280", "bare_spin": "#d1d5db", "memory": "#2563eb", "memory_baseline": "#93c5fd", "redis": "#dc2626"}
+NAMES = {"bare": "bare axum", "bare_spin": "bare axum + a handler burning --spin-ns of CPU", "memory": "layer, memory store", "memory_baseline": "layer, memory store (baseline build)",
          "redis": "layer, Redis store"}
 
 
@@ -513,7 +516,7 @@ def svg(results):
         x0, y0 = ml + i * (pw + 30), mt
         data = {}
         for r in runs:
-            if r["mix"] == mix or r["variant"] == "bare":
+            if r["mix"] == mix or r["variant"].startswith("bare"):
                 data[(r["variant"], r["connections"])] = r[field]
         top = nice_top(max(data.values(), default=1) * 1.1)
         out.append(f'<text x="{x0 + pw / 2}" y="{y0 - 6}" text-anchor="middle" font-weight="bold">{title}</text>')
@@ -593,6 +596,9 @@ def main():
                    help="bare,memory,redis (default), and memory_baseline with --baseline-server")
     p.add_argument("--baseline-server", help="another build of loadtest_server, run as variant memory_baseline "
                    "(VARIANT=memory), to compare two builds of the layer in one run")
+    p.add_argument("--spin-ns", type=int, default=0,
+                   help="adds variant bare_spin: bare axum whose handler burns this many ns of CPU per "
+                   "request, a calibration of what a per-request cost does to req/s on this machine")
     p.add_argument("--pool", type=int, default=10000, help="recent keys a dup80 run repeats from")
     p.add_argument("--costs", type=int, default=1000, help="requests of each kind for the Redis cost figures")
     p.add_argument("--out", default=os.path.join(ROOT, "benches", "results"))
@@ -604,6 +610,10 @@ def main():
     if args.baseline_server and "memory_baseline" not in variants:
         variants.insert(variants.index("memory") + 1 if "memory" in variants else 1, "memory_baseline")
     assert "memory_baseline" not in variants or args.baseline_server, "memory_baseline needs --baseline-server"
+    if args.spin_ns and "bare_spin" not in variants:
+        variants.insert(variants.index("bare") + 1 if "bare" in variants else 0, "bare_spin")
+    assert "bare_spin" not in variants or args.spin_ns > 0, "bare_spin needs --spin-ns"
+    NAMES["bare_spin"] = f"bare axum + {args.spin_ns / 1000:g} µs of handler CPU"
     assert variants and 1 <= args.duration <= 120 and 0 <= args.warmup <= 60 and 1 <= args.rounds <= 20
     allowed = sorted(os.sched_getaffinity(0))
     cpus = len(allowed)
@@ -630,6 +640,7 @@ def main():
             "warmup": args.warmup,
             "payload_bytes": len(body),
             "pool": args.pool,
+            "spin_ns": args.spin_ns,
             "pinning": f"server (one Tokio worker) on CPU {server_cpu}; wrk (one thread) and redis-server on CPU {client_cpu}"
             if server_cpu is not None else "unpinned (one CPU)",
         },
@@ -646,6 +657,8 @@ def main():
         for v in variants:
             if v == "memory_baseline":
                 servers[v] = Server(args.baseline_server, "memory", server_cpu)
+            elif v == "bare_spin":
+                servers[v] = Server(args.server, "bare", server_cpu, spin_ns=args.spin_ns)
             else:
                 servers[v] = Server(args.server, v, server_cpu, redis.url if v == "redis" else None)
         run_id = str(time.time_ns())
@@ -659,7 +672,7 @@ def main():
             for mix in MIXES:
                 for c in connections:
                     for v in variants:
-                        if v == "bare" and mix != "unique":
+                        if v.startswith("bare") and mix != "unique":
                             continue  # bare axum ignores keys
                         server = servers[v]
                         env = {"LT_BODY": body_path, "LT_RUN": f"{run_id}-{rnd}-{v}-{mix}-{c}",
