@@ -18,7 +18,7 @@ use std::fmt;
 /// under 100 bytes of Redis memory.
 ///
 /// XXH3 is a fast, specified and stable hash, not a cryptographic one: it reads a 1 KiB body
-/// in about 40 ns where SHA-256 takes about 600 ns (it was the costliest step of a first
+/// in about 50 ns where SHA-256 takes about 600 ns (it was the costliest step of a first
 /// delivery), and that is all this check needs. The fingerprint guards against *accidents*
 /// (a sender reusing a key for another payload); it is compared only with the fingerprint
 /// stored under the same key, so a forged collision would only let its sender be acknowledged,
