@@ -12,9 +12,10 @@ use super::{
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
 
-/// The default bound on the number of keys a [`MemoryStore`] keeps: a million, about 150 MB of
-/// ack-mode records (measured under load: 126–153 bytes per retained key, expiry queues included). With the default 72 h
-/// retention that allows about 4 first deliveries per second, sustained.
+/// The default bound on the number of keys a [`MemoryStore`] keeps: a million, about 100 MB of
+/// ack-mode records (measured under load: about 100 bytes per retained key, expiry queues
+/// included). With the default 72 h retention that allows about 4 first deliveries per second,
+/// sustained.
 pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
 
 /// How many independently locked parts the key space is split into: concurrent requests on a
@@ -33,7 +34,7 @@ const MAX_QUEUES: usize = 8;
 ///   the expired entries of the part of the key space it touches), so memory follows the live
 ///   key count.
 /// - Memory is bounded: at most [`max_entries`](MemoryStore::with_max_entries) live keys
-///   (default [`DEFAULT_MAX_ENTRIES`]; ack-mode records cost about 150 bytes each, replay-mode
+///   (default [`DEFAULT_MAX_ENTRIES`]; ack-mode records cost about 100 bytes each, replay-mode
 ///   records their response on top). A claim beyond that bound is refused with a
 ///   [`StoreErrorKind::Capacity`] error, which the layer answers like any store error (503 and
 ///   `Retry-After` when failing closed): a completed record is never evicted early, because
