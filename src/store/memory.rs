@@ -12,9 +12,9 @@ use super::{
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
 
-/// The default bound on the number of keys a [`MemoryStore`] keeps: a million, about 100 MB of
-/// ack-mode records (measured under load: about 100 bytes per retained key, expiry queues
-/// included). With the default 72 h retention that allows about 4 first deliveries per second,
+/// The default bound on the number of keys a [`MemoryStore`] keeps: a million, 100–170 MB of
+/// ack-mode records (measured under load: 100–170 bytes per retained key, expiry queues
+/// included, depending on how full the tables are since they last doubled). With the default 72 h retention that allows about 4 first deliveries per second,
 /// sustained.
 pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
 
@@ -34,7 +34,7 @@ const MAX_QUEUES: usize = 8;
 ///   the expired entries of the part of the key space it touches), so memory follows the live
 ///   key count.
 /// - Memory is bounded: at most [`max_entries`](MemoryStore::with_max_entries) live keys
-///   (default [`DEFAULT_MAX_ENTRIES`]; ack-mode records cost about 100 bytes each, replay-mode
+///   (default [`DEFAULT_MAX_ENTRIES`]; ack-mode records cost 100–170 bytes each, replay-mode
 ///   records their response on top). A claim beyond that bound is refused with a
 ///   [`StoreErrorKind::Capacity`] error, which the layer answers like any store error (503 and
 ///   `Retry-After` when failing closed): a completed record is never evicted early, because
@@ -185,8 +185,7 @@ struct Entry {
 #[derive(Debug)]
 enum State {
     InFlight {
-        /// See [`short`].
-        token: u64,
+        token: Token,
         fingerprint: Fingerprint,
     },
     Completed(Record),
@@ -387,9 +386,12 @@ impl Expiries {
                     hi = mid;
                 }
             }
+            // Items rarely share an instant, unless TTLs so long that they all saturate: bound
+            // the scan (an item not retired is checked against the map when due, as any other).
             let found = items
                 .range_mut(lo..)
                 .take_while(|(at, _)| *at == expires)
+                .take(16)
                 .find(|(_, s)| s == slot);
             if let Some(item) = found {
                 item.1 = Slot::RETIRED;
@@ -397,14 +399,6 @@ impl Expiries {
             }
         }
     }
-}
-
-/// The part of an owner token the memory store keeps: 64 random bits tell the claims on one
-/// key apart as surely as 128 within one process, and keep an entry at 32 bytes.
-fn short(token: &Token) -> u64 {
-    let mut bytes = [0u8; 8];
-    bytes.copy_from_slice(&token.as_bytes()[..8]);
-    u64::from_le_bytes(bytes)
 }
 
 impl IdempotencyStore for MemoryStore {
@@ -425,7 +419,7 @@ impl IdempotencyStore for MemoryStore {
                     return Ok(match &entry.get().state {
                         // Our own claim (a retried reserve): ours still, as the Redis store
                         // answers.
-                        State::InFlight { token, .. } if *token == short(claim.token()) => {
+                        State::InFlight { token, .. } if token == claim.token() => {
                             Reservation::Acquired
                         }
                         State::InFlight { fingerprint, .. } => Reservation::InFlight {
@@ -443,7 +437,7 @@ impl IdempotencyStore for MemoryStore {
                     vacant.insert(Entry {
                         expires,
                         state: State::InFlight {
-                            token: short(claim.token()),
+                            token: *claim.token(),
                             fingerprint: claim.fingerprint(),
                         },
                     });
@@ -500,7 +494,7 @@ impl IdempotencyStore for MemoryStore {
 
 /// Whether `claim` holds the (live) `entry`.
 fn owns(entry: &Entry, claim: &Claim) -> bool {
-    matches!(entry.state, State::InFlight { token, .. } if token == short(claim.token()))
+    matches!(&entry.state, State::InFlight { token, .. } if token == claim.token())
 }
 
 #[cfg(test)]
@@ -695,6 +689,34 @@ mod tests {
                 Ok(Reservation::Completed(_))
             ));
         }
+    }
+
+    #[tokio::test]
+    async fn tokens_are_compared_in_full() {
+        // Tokens are public (`Claim::with_token`): two that share a prefix are two owners.
+        let store = MemoryStore::new();
+        let token = |last| {
+            let mut bytes = [0u8; 16];
+            bytes[15] = last;
+            Token::from_bytes(bytes)
+        };
+        let (first, second) = (
+            Claim::with_token(token(1), Fingerprint::NONE),
+            Claim::with_token(token(2), Fingerprint::NONE),
+        );
+        let (k, lease) = (key(1), Duration::from_secs(60));
+        assert_eq!(
+            store.reserve(&k, &first, lease).await.unwrap(),
+            Reservation::Acquired
+        );
+        assert!(matches!(
+            store.reserve(&k, &second, lease).await.unwrap(),
+            Reservation::InFlight { .. }
+        ));
+        assert!(!store.release(&k, &second).await.unwrap());
+        let record = Record::ack(Fingerprint::NONE);
+        assert!(!store.complete(&k, &second, &record, lease).await.unwrap());
+        assert!(store.complete(&k, &first, &record, lease).await.unwrap());
     }
 
     #[test]
