@@ -106,15 +106,9 @@ impl Slot {
     const RETIRED: Slot = Slot([0, 0]);
 
     fn of(key: &StoreKey) -> Slot {
-        // Every `StoreKey` is the prefix and 16 digits (`StoreKey::new` is its only constructor).
-        let digits = &key.as_str().as_bytes()[KEY_PREFIX.len()..];
-        let mut words = [0u64; 2];
-        for (word, chunk) in words.iter_mut().zip(digits.chunks(8)) {
-            let mut bytes = [0u8; 8];
-            bytes[..chunk.len()].copy_from_slice(chunk);
-            *word = u64::from_le_bytes(bytes);
-        }
-        Slot(words)
+        let bytes = key.as_bytes();
+        let word = |at: usize| u64::from_le_bytes(std::array::from_fn(|i| bytes[at + i]));
+        Slot([word(KEY_PREFIX.len()), word(KEY_PREFIX.len() + 8)])
     }
 }
 

@@ -96,6 +96,11 @@ impl StoreKey {
         StoreKey(out)
     }
 
+    /// The key's bytes (ASCII), for stores that index them without going through `&str`.
+    pub(crate) fn as_bytes(&self) -> &[u8; STORE_KEY_LEN] {
+        &self.0
+    }
+
     /// The key as written to the store.
     pub fn as_str(&self) -> &str {
         // ASCII by construction: the prefix and base64url digits.
