@@ -205,7 +205,7 @@ impl Payments for PaymentsService {
 pub fn idempotency<St: IdempotencyStore>(store: St) -> IdempotencyLayer<St> {
     IdempotencyLayer::new(store)
         .namespace("payments")
-        .key(HeaderKey::new("idempotency-key"))
+        .key(HeaderKey::new("idempotency-key").unwrap())
         // Longer than any charge takes: a duplicate is told ABORTED (retry later) meanwhile.
         .lease(Duration::from_secs(30))
 }

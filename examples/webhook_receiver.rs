@@ -40,7 +40,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{Value, json};
-use tower_idempotency::key::{ExtractKeyExt, HeaderKey, JsonPathKey};
+use tower_idempotency::key::{HeaderKey, JsonPathKey};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, IdempotencyStore, MemoryStore, Mode};
 
 /// The receiver's visible state: side effects performed, and message statuses.
@@ -204,7 +204,7 @@ fn app<St: IdempotencyStore>(store: St, metrics: PrometheusHandle) -> Router {
     let kalipto = IdempotencyLayer::new(store.clone())
         .namespace("kalipto")
         .retention(retention)
-        .key(HeaderKey::new("X-Kalipto-Delivery-Id"));
+        .key(HeaderKey::new("X-Kalipto-Delivery-Id").unwrap());
     let meta = IdempotencyLayer::new(store.clone())
         .namespace("meta")
         .retention(retention)
@@ -216,7 +216,11 @@ fn app<St: IdempotencyStore>(store: St, metrics: PrometheusHandle) -> Router {
     let sangho = IdempotencyLayer::new(store.clone())
         .namespace("sangho")
         .retention(Duration::from_secs(7 * 24 * 3600))
-        .key(HeaderKey::new("Sangho-Event-ID").or(JsonPathKey::new("$.id").unwrap()));
+        .key(
+            HeaderKey::new("Sangho-Event-ID")
+                .unwrap()
+                .or(JsonPathKey::new("$.id").unwrap()),
+        );
     let email_layer = IdempotencyLayer::new(store.clone())
         .namespace("email")
         .retention(retention)

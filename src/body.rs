@@ -31,7 +31,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Limited;
 use pin_project_lite::pin_project;
 
-use crate::lease::Lease;
+use crate::classify::{Classifier, Verdict};
+use crate::guard::{ClaimGuard, Settlement};
+use crate::record::Record;
 use crate::store::BoxError;
 
 pin_project! {
@@ -240,7 +242,11 @@ pin_project! {
 struct Guarded<B> {
     body: Pin<Box<B>>,
     prefix: VecDeque<Bytes>,
-    lease: Option<Lease>,
+    guard: Option<ClaimGuard>,
+    classifier: Classifier,
+    grpc: bool,
+    /// The response headers of a gRPC reply (a trailers-only reply has its status there).
+    head: Option<HeaderMap>,
     settling: Option<BoxFuture<'static, ()>>,
     held_trailers: Option<HeaderMap>,
     done: bool,
@@ -288,13 +294,23 @@ impl<B> ResponseBody<B> {
 
     /// A body too large to buffer: `prefix` (already read), then the rest of `body`; the claim
     /// is settled when the stream ends (completed on success, released on error or drop).
-    pub(crate) fn guarded(prefix: VecDeque<Bytes>, body: Pin<Box<B>>, lease: Lease) -> Self {
+    pub(crate) fn guarded(
+        prefix: VecDeque<Bytes>,
+        body: Pin<Box<B>>,
+        guard: ClaimGuard,
+        classifier: Classifier,
+        grpc: bool,
+        head: Option<HeaderMap>,
+    ) -> Self {
         ResponseBody {
             kind: ResponseKind::Guarded {
                 guarded: Box::new(Guarded {
                     body,
                     prefix,
-                    lease: Some(lease),
+                    guard: Some(guard),
+                    classifier,
+                    grpc,
+                    head,
                     settling: None,
                     held_trailers: None,
                     done: false,
@@ -332,11 +348,26 @@ where
                 let Guarded {
                     body,
                     prefix,
-                    lease,
+                    guard,
+                    classifier,
+                    grpc,
+                    head,
                     settling,
                     held_trailers,
                     done,
                 } = &mut **guarded;
+                let mut settle = |trailers: Option<&HeaderMap>| {
+                    guard.take().map(|guard| {
+                        let verdict = classifier.end(*grpc, head.as_ref(), trailers);
+                        let settlement = match verdict {
+                            Verdict::Success => {
+                                Settlement::Success(Record::ack(guard.claim().fingerprint()))
+                            }
+                            Verdict::Failure => Settlement::Failure,
+                        };
+                        Box::pin(guard.settle(settlement)) as BoxFuture<'static, ()>
+                    })
+                };
                 if let Some(fut) = settling {
                     ready!(fut.as_mut().poll(cx));
                     *settling = None;
@@ -354,20 +385,19 @@ where
                         // Trailers end the stream: hold them until the claim is settled, so
                         // the client never sees the end of a response that was not recorded.
                         let trailers = frame.into_trailers().unwrap_or_default();
-                        *settling = lease.take().map(|lease| lease.settle(Some(&trailers)));
+                        *settling = settle(Some(&trailers));
                         *held_trailers = Some(trailers);
                         if settling.is_none() {
                             *done = true;
                         }
                     }
                     Some(Err(err)) => {
-                        if let Some(lease) = lease.take() {
-                            lease.release_in_background();
-                        }
+                        // Dropping the guard unsettled releases the claim in the background.
+                        drop(guard.take());
                         return Poll::Ready(Some(Err(err.into())));
                     }
                     None => {
-                        *settling = lease.take().map(|lease| lease.settle(None));
+                        *settling = settle(None);
                         if settling.is_none() {
                             *done = true;
                         }

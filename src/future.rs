@@ -1,6 +1,8 @@
 //! [`ResponseFuture`]: the response future of [`Idempotency`](crate::Idempotency), a state
 //! machine over a private state enum: prelude (read, key, claim) → calling the inner service →
-//! finishing (decide success, record or release) → done.
+//! finishing (decide success, record or release) → done. While the inner service runs (and
+//! while its response is being read), the claim's renewal starts once a third of the lease has
+//! passed.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,19 +11,20 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
+use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::body::{Collected, RequestBody, ResponseBody};
+use crate::classify::{Head, Verdict};
+use crate::guard::{ClaimGuard, Renewal, Settlement};
 use crate::layer::{Mode, Settings};
-use crate::lease::{Lease, Verdict};
 use crate::observe::Stopwatch;
 use crate::outcome::Outcome;
 use crate::record::{Record, StoredResponse};
-use crate::service::is_grpc;
 use crate::store::BoxError;
 
 /// What the prelude decided: answer now, or call the inner service.
@@ -29,7 +32,7 @@ pub(crate) enum Prelude<B, ResBody> {
     Respond(Response<ResponseBody<ResBody>>),
     Call {
         request: Request<RequestBody<B>>,
-        lease: Option<Lease>,
+        guard: Option<ClaimGuard>,
         outcome: Outcome,
     },
 }
@@ -44,6 +47,11 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqBody, ResBody>,
+        // When the claim's renewal starts, if the request is still in the inner service or
+        // being finished by then.
+        #[pin]
+        renew_at: Option<Sleep>,
+        renewal: Option<Renewal>,
         // `None` on the uncovered fast path: nothing to observe.
         settings: Option<Arc<Settings>>,
         span: tracing::Span,
@@ -66,7 +74,7 @@ pin_project! {
         Calling {
             #[pin]
             fut: S::Future,
-            lease: Option<Lease>,
+            guard: Option<ClaimGuard>,
             outcome: Outcome,
             timer: Stopwatch,
         },
@@ -95,6 +103,8 @@ where
                 fut: prelude,
                 inner: Some(inner),
             },
+            renew_at: None,
+            renewal: None,
             settings: Some(settings),
             span,
             timer,
@@ -106,10 +116,12 @@ where
         ResponseFuture {
             state: State::Calling {
                 fut,
-                lease: None,
+                guard: None,
                 outcome: Outcome::PassThrough,
                 timer: Stopwatch::OFF,
             },
+            renew_at: None,
+            renewal: None,
             settings: None,
             span: tracing::Span::none(),
             timer: Stopwatch::OFF,
@@ -127,6 +139,8 @@ where
             state: State::Ready {
                 response: Some(response),
             },
+            renew_at: None,
+            renewal: None,
             settings: Some(settings),
             span,
             timer,
@@ -145,14 +159,32 @@ where
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
+        let mut this = self.project();
         let _entered = this.span.enter();
-        let output = ready!(poll_state(
-            this.state,
+        let output = poll_state(
+            this.state.as_mut(),
             this.settings,
             this.outcome_on_err,
-            cx
-        ));
+            this.renewal,
+            this.renew_at.as_mut(),
+            cx,
+        );
+        let output = match output {
+            Poll::Ready(output) => output,
+            Poll::Pending => {
+                // Still busy: start renewing the claim once a third of the lease has passed.
+                if let Some(sleep) = this.renew_at.as_mut().as_pin_mut() {
+                    if sleep.poll(cx).is_ready() {
+                        if let Some(renewal) = this.renewal.take() {
+                            renewal.start();
+                        }
+                        this.renew_at.set(None);
+                    }
+                }
+                return Poll::Pending;
+            }
+        };
+        this.renew_at.set(None);
         if let Some(settings) = this.settings {
             let (outcome, status) = match &output {
                 Ok(response) => (
@@ -175,6 +207,8 @@ fn poll_state<S, ReqBody, ResBody>(
     mut state: Pin<&mut State<S, ReqBody, ResBody>>,
     settings: &Option<Arc<Settings>>,
     outcome_on_err: &mut Outcome,
+    renewal: &mut Option<Renewal>,
+    mut renew_at: Pin<&mut Option<Sleep>>,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Response<ResponseBody<ResBody>>, S::Error>>
 where
@@ -192,11 +226,16 @@ where
                 }
                 Prelude::Call {
                     request,
-                    lease,
+                    guard,
                     outcome,
                 } => {
-                    if lease.is_none() {
-                        *outcome_on_err = outcome;
+                    match &guard {
+                        None => *outcome_on_err = outcome,
+                        Some(guard) => {
+                            let handle = guard.renewal();
+                            renew_at.set(Some(tokio::time::sleep(handle.interval())));
+                            *renewal = Some(handle);
+                        }
                     }
                     let mut inner = inner.take().expect("polled after the inner call");
                     let fut = inner.call(request);
@@ -205,7 +244,7 @@ where
                         .map_or(Stopwatch::OFF, |s| s.observer.stopwatch());
                     state.set(State::Calling {
                         fut,
-                        lease,
+                        guard,
                         outcome,
                         timer,
                     });
@@ -213,7 +252,7 @@ where
             },
             StateProj::Calling {
                 fut,
-                lease,
+                guard,
                 outcome,
                 timer,
             } => {
@@ -222,19 +261,19 @@ where
                     settings.observer.inner_duration(*timer);
                 }
                 let outcome = *outcome;
-                let fut: Finish<ResBody, S::Error> = match (result, lease.take()) {
+                let fut: Finish<ResBody, S::Error> = match (result, guard.take()) {
                     (Ok(response), None) => {
                         let mut response = response.map(ResponseBody::inner);
                         response.extensions_mut().insert(outcome);
                         return Poll::Ready(Ok(response));
                     }
                     (Err(err), None) => return Poll::Ready(Err(err)),
-                    (Ok(response), Some(lease)) => {
+                    (Ok(response), Some(guard)) => {
                         let settings = settings.clone().unwrap_or_default();
-                        Box::pin(async move { Ok(finish(lease, &settings, response).await) })
+                        Box::pin(async move { Ok(finish(guard, &settings, response).await) })
                     }
-                    (Err(err), Some(lease)) => Box::pin(async move {
-                        lease.release().await;
+                    (Err(err), Some(guard)) => Box::pin(async move {
+                        guard.settle(Settlement::Failure).await;
                         Err(err)
                     }),
                 };
@@ -257,7 +296,7 @@ where
 /// response on. Responses up to the buffer limit are read in full first, so that the client
 /// never receives the end of a response that was not recorded.
 async fn finish<B>(
-    mut lease: Lease,
+    guard: ClaimGuard,
     settings: &Settings,
     response: Response<B>,
 ) -> Response<ResponseBody<B>>
@@ -266,27 +305,17 @@ where
     B::Error: Into<BoxError>,
 {
     let (mut parts, body) = response.into_parts();
-    let grpc = lease.is_grpc() || is_grpc(&parts.headers);
-    lease.set_grpc(grpc);
-
-    // What the head says: a failure is final; a success still needs a complete body (and, for
-    // gRPC, a final `grpc-status`, which may be in the headers of a trailers-only response).
-    let head = if grpc {
-        if parts.status != StatusCode::OK {
-            Some(Verdict::Failure)
-        } else {
-            Verdict::grpc(Some(&parts.headers))
+    let grpc = match settings
+        .classifier
+        .head(guard.is_grpc(), parts.status, &parts.headers)
+    {
+        Head::Final(_) => {
+            guard.settle(Settlement::Failure).await;
+            parts.extensions.insert(Outcome::Released);
+            return Response::from_parts(parts, ResponseBody::inner(body));
         }
-    } else if settings.is_success(parts.status, &parts.headers) {
-        None
-    } else {
-        Some(Verdict::Failure)
+        Head::Pending { grpc } => grpc,
     };
-    if head == Some(Verdict::Failure) {
-        lease.release().await;
-        parts.extensions.insert(Outcome::Released);
-        return Response::from_parts(parts, ResponseBody::inner(body));
-    }
 
     let mut body = Box::pin(body);
     let mut collected = Collected::default();
@@ -301,12 +330,24 @@ where
                 if collected.push(frame) > settings.response_buffer_limit {
                     // Too large to hold: stream it, and settle the claim at its end.
                     parts.extensions.insert(Outcome::First);
+                    guard.renewal().start();
                     let (chunks, _) = collected.into_chunks();
-                    return Response::from_parts(parts, ResponseBody::guarded(chunks, body, lease));
+                    let head = grpc.then(|| parts.headers.clone());
+                    return Response::from_parts(
+                        parts,
+                        ResponseBody::guarded(
+                            chunks,
+                            body,
+                            guard,
+                            settings.classifier.clone(),
+                            grpc,
+                            head,
+                        ),
+                    );
                 }
             }
             Some(Err(err)) => {
-                lease.release().await;
+                guard.settle(Settlement::Failure).await;
                 parts.extensions.insert(Outcome::Released);
                 let (data, _) = collected.into_parts();
                 return Response::from_parts(parts, ResponseBody::failed(data, err));
@@ -314,30 +355,27 @@ where
         }
     }
 
-    let verdict = if grpc {
-        Verdict::grpc(collected.trailers())
-            .or(head)
-            .unwrap_or(Verdict::Failure)
-    } else {
-        Verdict::Success
-    };
+    let verdict = settings
+        .classifier
+        .end(grpc, Some(&parts.headers), collected.trailers());
     let (data, trailers) = collected.into_parts();
     match verdict {
         Verdict::Success => {
-            let record = if settings.mode == Mode::Replay || grpc {
+            let fingerprint = guard.claim().fingerprint();
+            let record = if (settings.mode == Mode::Replay || grpc) && !guard.is_batch() {
                 let headers = replay_headers(&parts.headers, &settings.replay_headers, grpc);
                 Record::replay(
-                    lease.fingerprint(),
+                    fingerprint,
                     StoredResponse::new(parts.status, headers, data.clone(), trailers.clone()),
                 )
             } else {
-                Record::ack(lease.fingerprint())
+                Record::ack(fingerprint)
             };
-            lease.complete(record).await;
+            guard.settle(Settlement::Success(record)).await;
             parts.extensions.insert(Outcome::First);
         }
         Verdict::Failure => {
-            lease.release().await;
+            guard.settle(Settlement::Failure).await;
             parts.extensions.insert(Outcome::Released);
         }
     }

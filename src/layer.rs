@@ -9,7 +9,7 @@
 //!
 //! let layer = IdempotencyLayer::new(MemoryStore::new())
 //!     .namespace("kalipto")
-//!     .key(HeaderKey::new("X-Kalipto-Delivery-Id"))
+//!     .key(HeaderKey::new("X-Kalipto-Delivery-Id").unwrap())
 //!     .retention(Duration::from_secs(72 * 3600))
 //!     .lease(Duration::from_secs(30))
 //!     .missing_key(MissingKey::Reject)
@@ -26,6 +26,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use tower_layer::Layer;
 
+use crate::classify::Classifier;
 use crate::key::{ExtractKey, HeaderKey};
 use crate::observe::{Observer, OutcomeEvent};
 use crate::service::Idempotency;
@@ -33,8 +34,12 @@ use crate::store::IdempotencyStore;
 
 /// The default body limit: 1 MiB, ample for webhooks.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
-/// The default lease: how long a claim stays "in flight" if its holder never finishes.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The default lease: how long a claim stays "in flight" if its holder dies without
+/// finishing. 10 s: the claim of a live holder is renewed every third of the lease however long
+/// the handler runs, so the lease only bounds crash recovery (a crashed worker's key is free
+/// again within 10 s, before most providers' first retry) while tolerating a store that
+/// misses one renewal (3.3 s) without losing the claim.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 /// The default retention of completed keys: 72 hours, a common provider retry window.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(72 * 3600);
 /// The default timeout of each store call.
@@ -118,14 +123,15 @@ impl Scope {
     }
 
     /// The value of a header, such as a tenant id (`x-tenant-id`). Requests without it share
-    /// the "no tenant" scope.
-    ///
-    /// # Panics
-    ///
-    /// When `name` is not a valid header name.
-    pub fn header(name: &str) -> Self {
+    /// the "no tenant" scope. An error when `name` is not a valid header name.
+    pub fn header(name: &str) -> Result<Self, crate::key::InvalidHeaderName> {
         let name = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
-            .unwrap_or_else(|_| panic!("invalid header name for Scope::header: {name:?}"));
+            .map_err(|_| crate::key::InvalidHeaderName::new(name))?;
+        Ok(Scope(ScopeKind::Header(name)))
+    }
+
+    /// The value of an already parsed header name (see [`Scope::header`]).
+    pub fn header_name(name: HeaderName) -> Self {
         Scope(ScopeKind::Header(name))
     }
 
@@ -193,8 +199,6 @@ impl Default for AckResponse {
     }
 }
 
-type SuccessFn = Arc<dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync>;
-
 /// Everything but the store and the extractor; shared by every service and future of a layer.
 #[derive(Clone)]
 pub(crate) struct Settings {
@@ -217,7 +221,7 @@ pub(crate) struct Settings {
     pub(crate) wait_in_flight: Option<Duration>,
     pub(crate) fingerprint: bool,
     pub(crate) response_buffer_limit: usize,
-    pub(crate) success: SuccessFn,
+    pub(crate) classifier: Classifier,
 }
 
 impl Settings {
@@ -230,10 +234,6 @@ impl Settings {
                 Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
             ),
         }
-    }
-
-    pub(crate) fn is_success(&self, status: StatusCode, headers: &HeaderMap) -> bool {
-        (self.success)(status, headers)
     }
 }
 
@@ -268,7 +268,7 @@ impl Default for Settings {
             wait_in_flight: None,
             fingerprint: true,
             response_buffer_limit: DEFAULT_RESPONSE_BUFFER_LIMIT,
-            success: Arc::new(|status, _| status.is_success()),
+            classifier: Classifier::default(),
         }
     }
 }
@@ -311,7 +311,7 @@ impl<St, K> fmt::Debug for IdempotencyLayer<St, K> {
 
 impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
     /// A layer on `store`, keyed by the `Idempotency-Key` header, with the defaults: 1 MiB body
-    /// limit, 30 s lease, 72 h retention, 2 s store timeout, missing key → 400, ack mode,
+    /// limit, 10 s lease (renewed while the handler runs), 72 h retention, 2 s store timeout, missing key → 400, ack mode,
     /// mismatch → 422, fail closed, POST/PUT/PATCH/DELETE (every non-safe method) covered,
     /// keys scoped by namespace `default` and the request path.
     pub fn new(store: St) -> Self {
@@ -322,6 +322,50 @@ impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
                 settings: Arc::new(Settings::default()),
             }),
         }
+    }
+}
+
+impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
+    /// A layer for a **webhook route**: a provider never sends another event under the same id
+    /// on purpose, and a 4xx makes it retry for days or disable the endpoint. So a duplicate
+    /// is acknowledged ([`Mode::Ack`]), and so is a payload mismatch under a known id
+    /// ([`OnMismatch::Ack`]: `Idempotent-Replayed: true`, logged at warn, counted as
+    /// `mismatch_acked`), never a 4xx. Retention 72 h; set the key with [`key`](Self::key) (the
+    /// provider's delivery id header, or the event id in the body) and the retention with
+    /// [`retention`](Self::retention) to the provider's retry window.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::key::HeaderKey;
+    ///
+    /// let github = IdempotencyLayer::webhook(MemoryStore::new())
+    ///     .namespace("github")
+    ///     .key(HeaderKey::new("X-GitHub-Delivery")?)
+    ///     .retention(Duration::from_secs(7 * 24 * 3600));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn webhook(store: St) -> Self {
+        Self::new(store)
+            .mode(Mode::Ack)
+            .on_mismatch(OnMismatch::Ack)
+    }
+
+    /// A layer for an **API route** (`POST /payments`): keyed by the `Idempotency-Key`
+    /// header, the retry of a request gets the original response again ([`Mode::Replay`]),
+    /// and a key reused with another payload is a client error (422, [`OnMismatch::Reject`]),
+    /// as the IETF draft and Stripe do. Retention 24 h.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let payments = IdempotencyLayer::api(MemoryStore::new()).namespace("payments");
+    /// ```
+    pub fn api(store: St) -> Self {
+        Self::new(store)
+            .mode(Mode::Replay)
+            .on_mismatch(OnMismatch::Reject)
+            .retention(Duration::from_secs(24 * 3600))
     }
 }
 
@@ -365,20 +409,10 @@ impl<St: IdempotencyStore, K> IdempotencyLayer<St, K> {
 
 impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
     /// Sets the namespace that keeps this layer's keys apart from other layers' (and other
-    /// applications') on a shared store. Letters, digits, `-`, `_` and `.` only.
-    ///
-    /// # Panics
-    ///
-    /// When `namespace` is empty or has other characters (it becomes part of store keys).
+    /// applications') on a shared store. Any text: it is hashed into store keys, and appears
+    /// as is in logs and metric labels, so prefer a short name (`kalipto`, `orders`).
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let namespace = namespace.into();
-        assert!(
-            !namespace.is_empty()
-                && namespace
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')),
-            "invalid idempotency namespace {namespace:?}: use letters, digits, '-', '_' and '.'"
-        );
         self.with(|s| s.observer.set_namespace(&namespace))
     }
 
@@ -398,8 +432,11 @@ impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
         self.with(|s| s.body_timeout = Some(timeout))
     }
 
-    /// Sets the lease: how long a claim blocks duplicates if its holder never finishes (a
-    /// crashed worker). Make it longer than the inner service's timeout (default 30 s).
+    /// Sets the lease: how long a claim blocks duplicates if its holder dies without finishing
+    /// (default 10 s, [`DEFAULT_LEASE`]). A live holder's claim is renewed every third of the
+    /// lease for as long as the inner service runs and its response streams, so the lease
+    /// need not cover the slowest handler: it bounds how long a crashed worker's key stays
+    /// blocked. Keep it a few times the store's worst latency, so a renewal is never late.
     pub fn lease(self, lease: Duration) -> Self {
         self.with(|s| s.lease = lease)
     }
@@ -499,8 +536,8 @@ impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
         self,
         classify: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
     ) -> Self {
-        let classify: SuccessFn = Arc::new(classify);
-        self.with(|s| s.success = classify)
+        let classifier = Classifier::new(classify);
+        self.with(|s| s.classifier = classifier)
     }
 }
 

@@ -51,7 +51,7 @@
 //!     .route_layer(
 //!         IdempotencyLayer::new(store)
 //!             .namespace("kalipto")
-//!             .key(HeaderKey::new("X-Kalipto-Delivery-Id")),
+//!             .key(HeaderKey::new("X-Kalipto-Delivery-Id").unwrap()),
 //!     );
 //! ```
 //!
@@ -69,7 +69,7 @@
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let idempotency = IdempotencyLayer::new(MemoryStore::new())
 //!     .namespace("payments")
-//!     .key(HeaderKey::new("idempotency-key"));
+//!     .key(HeaderKey::new("idempotency-key").unwrap());
 //! Server::builder()
 //!     .layer(idempotency)
 //!     // .add_service(PaymentsServer::new(MyPayments::default()))
@@ -114,11 +114,13 @@
 #![forbid(unsafe_code)]
 
 pub mod body;
+mod classify;
 pub mod fingerprint;
 mod future;
+mod guard;
+mod items;
 pub mod key;
 mod layer;
-mod lease;
 pub mod observe;
 mod outcome;
 pub mod record;
@@ -129,6 +131,7 @@ mod util;
 
 pub use self::body::{RequestBody, ResponseBody};
 pub use self::future::ResponseFuture;
+pub use self::items::BatchItems;
 pub use self::key::IdempotencyKey;
 pub use self::layer::{
     AckResponse, DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_RESPONSE_BUFFER_LIMIT,

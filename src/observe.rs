@@ -9,7 +9,8 @@
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
 //! | `idempotency_requests_total` | counter | `namespace`, `outcome`, `reason` | one per covered request, by [`Outcome`] (`reason` is the rejection code, or `none`) |
-//! | `idempotency_store_duration_seconds` | histogram | `namespace`, `operation` | latency of `reserve`, `complete`, `release` |
+//! | `idempotency_store_duration_seconds` | histogram | `namespace`, `operation` | latency of `reserve`, `complete`, `release`, `renew` |
+//! | `idempotency_lease_lost_total` | counter | `namespace` | claims found lost before their owner finished (a renewal or completion that found the key taken or gone) |
 //! | `idempotency_store_errors_total` | counter | `namespace`, `operation` | failed store calls (including timeouts) |
 //! | `idempotency_inner_duration_seconds` | histogram | `namespace` | time the inner service took to answer |
 //!
@@ -73,16 +74,24 @@ pub(crate) enum StoreOp {
     Reserve,
     Complete,
     Release,
+    Renew,
 }
 
 impl StoreOp {
-    const ALL: [StoreOp; 3] = [StoreOp::Reserve, StoreOp::Complete, StoreOp::Release];
+    #[cfg(feature = "metrics")]
+    const ALL: [StoreOp; 4] = [
+        StoreOp::Reserve,
+        StoreOp::Complete,
+        StoreOp::Release,
+        StoreOp::Renew,
+    ];
 
     fn as_str(self) -> &'static str {
         match self {
             StoreOp::Reserve => "reserve",
             StoreOp::Complete => "complete",
             StoreOp::Release => "release",
+            StoreOp::Renew => "renew",
         }
     }
 }
@@ -134,11 +143,6 @@ impl Observer {
         Stopwatch(self.measures().then(Instant::now))
     }
 
-    /// Times a step that started at `started` (a time the caller needed anyway).
-    pub(crate) fn stopwatch_since(&self, started: Instant) -> Stopwatch {
-        Stopwatch(self.measures().then_some(started))
-    }
-
     fn measures(&self) -> bool {
         cfg!(feature = "metrics")
             || self.hook.is_some()
@@ -177,6 +181,11 @@ impl Observer {
                 outcome = outcome.as_str(),
                 status = status_code,
                 "idempotency key reused with a different payload"
+            ),
+            Outcome::MismatchAcked => tracing::warn!(
+                outcome = outcome.as_str(),
+                status = status_code,
+                "idempotency key reused with a different payload; acknowledged as a duplicate"
             ),
             Outcome::Replayed | Outcome::InFlight | Outcome::Released => tracing::info!(
                 outcome = outcome.as_str(),
@@ -226,6 +235,13 @@ impl Observer {
         }
     }
 
+    /// Counts a claim found lost before its owner finished (a renewal or a completion that
+    /// found another owner or none).
+    pub(crate) fn lease_lost(&self) {
+        #[cfg(feature = "metrics")]
+        self.metrics.lease_lost.increment();
+    }
+
     /// Records how long the inner service took to answer.
     pub(crate) fn inner_duration(&self, timer: Stopwatch) {
         #[cfg(feature = "metrics")]
@@ -242,10 +258,11 @@ impl Observer {
 /// Handles are not cached: each call asks the recorder installed at that moment.
 #[cfg(feature = "metrics")]
 struct MetricKeys {
-    store: [StoreKeys; 3],
+    store: [StoreKeys; 4],
+    lease_lost: MetricKey,
     inner: MetricKey,
     /// `idempotency_requests_total` of every outcome but `Rejected` (built per call: rare).
-    outcomes: [(Outcome, MetricKey); 8],
+    outcomes: [(Outcome, MetricKey); 9],
 }
 
 #[cfg(feature = "metrics")]
@@ -300,6 +317,7 @@ impl MetricKeys {
             Outcome::Replayed,
             Outcome::InFlight,
             Outcome::Mismatch,
+            Outcome::MismatchAcked,
             Outcome::StoreError,
             Outcome::FailOpen,
             Outcome::PassThrough,
@@ -307,6 +325,7 @@ impl MetricKeys {
         .map(|outcome| (outcome, Self::outcome_key(namespace, outcome, "none")));
         MetricKeys {
             store,
+            lease_lost: MetricKey::new("idempotency_lease_lost_total", &[("namespace", namespace)]),
             inner: MetricKey::new(
                 "idempotency_inner_duration_seconds",
                 &[("namespace", namespace)],

@@ -25,6 +25,9 @@ pub enum Outcome {
     InFlight,
     /// The key was reused with a different payload (422).
     Mismatch,
+    /// The key was reused with a different payload and acknowledged like a duplicate (the
+    /// webhook profile, [`OnMismatch::Ack`](crate::OnMismatch::Ack)); logged at warn.
+    MismatchAcked,
     /// Rejected before any claim, with the reason code (`missing_key`, `malformed_key`,
     /// `payload_too_large`, `body_timeout`, `body_unreadable`).
     Rejected(&'static str),
@@ -45,6 +48,7 @@ impl Outcome {
             Outcome::Replayed => "replayed",
             Outcome::InFlight => "in_flight",
             Outcome::Mismatch => "mismatch",
+            Outcome::MismatchAcked => "mismatch_acked",
             Outcome::Rejected(_) => "rejected",
             Outcome::StoreError => "store_error",
             Outcome::FailOpen => "fail_open",

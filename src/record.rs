@@ -1,7 +1,7 @@
 //! What is kept for a completed key, and the compact, versioned byte encoding that shared stores
 //! (Redis, SQL) write.
 //!
-//! In ack mode a record is only the request fingerprint: 9 bytes encoded. In replay mode it also
+//! In ack mode a record is the request fingerprint and an owner tag: 17 bytes encoded. In replay mode it also
 //! holds the original status, the allow-listed headers, the body and the trailers.
 //!
 //! ```
@@ -12,7 +12,7 @@
 //!
 //! let fp = Fingerprint::of_bytes(b"{}");
 //! let ack = Record::ack(fp);
-//! assert_eq!(ack.encode().len(), 9);
+//! assert_eq!(ack.encode().len(), 17);
 //!
 //! let replay = Record::replay(
 //!     fp,
@@ -29,8 +29,14 @@ use crate::fingerprint::Fingerprint;
 use crate::store::{StoreError, StoreErrorKind, Token};
 
 const TAG_IN_FLIGHT: u8 = 0x01;
-const TAG_ACK: u8 = 0x02;
-const TAG_REPLAY: u8 = 0x03;
+/// Records of the first format, without an owner tag: still decoded.
+const TAG_ACK_V1: u8 = 0x02;
+const TAG_REPLAY_V1: u8 = 0x03;
+const TAG_ACK: u8 = 0x04;
+const TAG_REPLAY: u8 = 0x05;
+
+/// The length of the owner tag a record keeps: the first bytes of its claim's token.
+pub const OWNER_LEN: usize = 8;
 
 /// The length of an encoded in-flight value: tag, token, fingerprint.
 pub const IN_FLIGHT_LEN: usize = 1 + 16 + Fingerprint::LEN;
@@ -90,6 +96,9 @@ impl StoredResponse {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     fingerprint: Fingerprint,
+    /// The first bytes of the token of the claim that completed the key (zero when unknown):
+    /// how a retried completion recognises its own earlier write.
+    owner: [u8; OWNER_LEN],
     response: Option<Box<StoredResponse>>,
 }
 
@@ -98,6 +107,7 @@ impl Record {
     pub fn ack(fingerprint: Fingerprint) -> Self {
         Record {
             fingerprint,
+            owner: [0; OWNER_LEN],
             response: None,
         }
     }
@@ -106,8 +116,20 @@ impl Record {
     pub fn replay(fingerprint: Fingerprint, response: StoredResponse) -> Self {
         Record {
             fingerprint,
+            owner: [0; OWNER_LEN],
             response: Some(Box::new(response)),
         }
+    }
+
+    /// The record as written by the claim of `token`.
+    pub fn owned_by(mut self, token: &Token) -> Self {
+        self.owner = owner_tag(token);
+        self
+    }
+
+    /// Whether the claim of `token` wrote this record.
+    pub fn is_owned_by(&self, token: &Token) -> bool {
+        self.owner == owner_tag(token)
     }
 
     /// The fingerprint of the request that completed the key.
@@ -127,14 +149,26 @@ impl Record {
 
     /// The encoded record, as written by shared stores.
     pub fn encode(&self) -> Bytes {
+        self.encode_with_owner(&self.owner)
+    }
+
+    /// The encoded record as completed by the claim of `token` (its owner tag set to the
+    /// token's), whatever owner the record holds: what a store writes in `complete`.
+    pub fn encode_for(&self, token: &Token) -> Bytes {
+        self.encode_with_owner(&owner_tag(token))
+    }
+
+    fn encode_with_owner(&self, owner: &[u8; OWNER_LEN]) -> Bytes {
         let Some(response) = &self.response else {
-            let mut out = BytesMut::with_capacity(1 + Fingerprint::LEN);
+            let mut out = BytesMut::with_capacity(1 + OWNER_LEN + Fingerprint::LEN);
             out.put_u8(TAG_ACK);
+            out.put_slice(owner);
             out.put_slice(self.fingerprint.as_bytes());
             return out.freeze();
         };
         let mut out = BytesMut::with_capacity(64 + response.body.len());
         out.put_u8(TAG_REPLAY);
+        out.put_slice(owner);
         out.put_slice(self.fingerprint.as_bytes());
         out.put_u16(response.status.as_u16());
         put_headers(&mut out, &response.headers);
@@ -149,6 +183,19 @@ impl Record {
         }
         out.freeze()
     }
+}
+
+/// The owner tag of `token`.
+fn owner_tag(token: &Token) -> [u8; OWNER_LEN] {
+    let mut tag = [0; OWNER_LEN];
+    tag.copy_from_slice(&token.as_bytes()[..OWNER_LEN]);
+    tag
+}
+
+/// The prefix of a record written by the claim of `token`: tag byte excluded, so it matches
+/// both ack and replay records at offset 1 (what the Redis `complete` script compares).
+pub fn encoded_owner(token: &Token) -> Bytes {
+    Bytes::copy_from_slice(&owner_tag(token))
 }
 
 fn put_headers(out: &mut BytesMut, headers: &HeaderMap) {
@@ -206,8 +253,22 @@ impl StoredValue {
                 token: Token::from_bytes(r.array()?),
                 fingerprint: Fingerprint::from_bytes(r.array()?),
             },
-            TAG_ACK => StoredValue::Completed(Record::ack(Fingerprint::from_bytes(r.array()?))),
-            TAG_REPLAY => {
+            tag @ (TAG_ACK | TAG_ACK_V1) => {
+                let owner = if tag == TAG_ACK {
+                    r.array()?
+                } else {
+                    [0; OWNER_LEN]
+                };
+                let mut record = Record::ack(Fingerprint::from_bytes(r.array()?));
+                record.owner = owner;
+                StoredValue::Completed(record)
+            }
+            tag @ (TAG_REPLAY | TAG_REPLAY_V1) => {
+                let owner = if tag == TAG_REPLAY {
+                    r.array()?
+                } else {
+                    [0; OWNER_LEN]
+                };
                 let fingerprint = Fingerprint::from_bytes(r.array()?);
                 let status = StatusCode::from_u16(r.u16()?).map_err(corrupt)?;
                 let headers = r.headers()?;
@@ -218,10 +279,12 @@ impl StoredValue {
                     1 => Some(r.headers()?),
                     _ => return Err(StoreError::new(StoreErrorKind::Corrupt)),
                 };
-                StoredValue::Completed(Record::replay(
+                let mut record = Record::replay(
                     fingerprint,
                     StoredResponse::new(status, headers, body, trailers),
-                ))
+                );
+                record.owner = owner;
+                StoredValue::Completed(record)
             }
             _ => return Err(StoreError::new(StoreErrorKind::Corrupt)),
         };
@@ -310,7 +373,7 @@ mod tests {
             StoredValue::Completed(record)
         );
         let ack = Record::ack(Fingerprint::of_bytes(b"y"));
-        assert_eq!(ack.encode().len(), 9);
+        assert_eq!(ack.encode().len(), 17);
         assert_eq!(
             StoredValue::decode(&ack.encode()).unwrap(),
             StoredValue::Completed(ack)

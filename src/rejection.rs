@@ -44,7 +44,11 @@ pub enum Rejection {
     /// Reading the body failed (the client reset the stream, a malformed chunked encoding).
     BodyUnreadable,
     /// The request carries no idempotency key and the layer requires one.
-    MissingKey,
+    MissingKey {
+        /// Where the key was expected (`in the X-GitHub-Delivery header`), when the key
+        /// extractor says.
+        expected: Option<String>,
+    },
     /// The key is malformed: too long, control characters, body not JSON, wrong JSON type.
     MalformedKey(KeyError),
     /// Another request with the same key is still being processed.
@@ -67,9 +71,9 @@ impl Rejection {
         match self {
             Rejection::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            Rejection::BodyUnreadable | Rejection::MissingKey | Rejection::MalformedKey(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            Rejection::BodyUnreadable
+            | Rejection::MissingKey { .. }
+            | Rejection::MalformedKey(_) => StatusCode::BAD_REQUEST,
             Rejection::InFlight { .. } => StatusCode::CONFLICT,
             Rejection::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Rejection::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -83,7 +87,7 @@ impl Rejection {
             Rejection::PayloadTooLarge { .. } => "payload_too_large",
             Rejection::BodyTimeout => "body_timeout",
             Rejection::BodyUnreadable => "body_unreadable",
-            Rejection::MissingKey => "missing_key",
+            Rejection::MissingKey { .. } => "missing_key",
             Rejection::MalformedKey(_) => "malformed_key",
             Rejection::InFlight { .. } => "in_flight",
             Rejection::Mismatch => "mismatch",
@@ -96,7 +100,9 @@ impl Rejection {
         match self {
             Rejection::PayloadTooLarge { .. } => 8,
             Rejection::BodyTimeout => 4,
-            Rejection::BodyUnreadable | Rejection::MissingKey | Rejection::MalformedKey(_) => 3,
+            Rejection::BodyUnreadable
+            | Rejection::MissingKey { .. }
+            | Rejection::MalformedKey(_) => 3,
             Rejection::InFlight { .. } => 10,
             Rejection::Mismatch => 9,
             Rejection::StoreUnavailable { .. } => 14,
@@ -108,7 +114,7 @@ impl Rejection {
             Rejection::PayloadTooLarge { .. } => "Request body too large",
             Rejection::BodyTimeout => "Request body timed out",
             Rejection::BodyUnreadable => "Request body unreadable",
-            Rejection::MissingKey => "Idempotency key missing",
+            Rejection::MissingKey { .. } => "Idempotency key missing",
             Rejection::MalformedKey(_) => "Idempotency key malformed",
             Rejection::InFlight { .. } => "Request in progress",
             Rejection::Mismatch => "Idempotency key reused with a different payload",
@@ -126,7 +132,12 @@ impl Rejection {
                 "the request body did not arrive within the read timeout".to_owned()
             }
             Rejection::BodyUnreadable => "the request body could not be read".to_owned(),
-            Rejection::MissingKey => "the request carries no idempotency key".to_owned(),
+            Rejection::MissingKey { expected: None } => {
+                "the request carries no idempotency key".to_owned()
+            }
+            Rejection::MissingKey {
+                expected: Some(expected),
+            } => format!("the request carries no idempotency key; it was expected {expected}"),
             Rejection::MalformedKey(err) => err.to_string(),
             Rejection::InFlight { .. } => {
                 "a request with the same idempotency key is still being processed; retry later"
@@ -139,6 +150,28 @@ impl Rejection {
                                                    request was not processed; retry later"
                 .to_owned(),
         }
+    }
+
+    /// The name of the variant, as rustdoc anchors it (`#variant.MissingKey`).
+    fn variant(&self) -> &'static str {
+        match self {
+            Rejection::PayloadTooLarge { .. } => "PayloadTooLarge",
+            Rejection::BodyTimeout => "BodyTimeout",
+            Rejection::BodyUnreadable => "BodyUnreadable",
+            Rejection::MissingKey { .. } => "MissingKey",
+            Rejection::MalformedKey(_) => "MalformedKey",
+            Rejection::InFlight { .. } => "InFlight",
+            Rejection::Mismatch => "Mismatch",
+            Rejection::StoreUnavailable { .. } => "StoreUnavailable",
+        }
+    }
+
+    /// The problem `type`: the documentation of the rejection's variant.
+    pub fn type_uri(&self) -> String {
+        format!(
+            "https://docs.rs/tower-idempotency/latest/tower_idempotency/rejection/enum.Rejection.html#variant.{}",
+            self.variant()
+        )
     }
 
     fn retry_after(&self) -> Option<Duration> {
@@ -154,7 +187,7 @@ impl Rejection {
     pub fn problem_json(&self) -> String {
         let status = self.status();
         serde_json::json!({
-            "type": format!("https://docs.rs/tower-idempotency/latest/tower_idempotency/rejection/enum.Rejection.html#{}", self.code()),
+            "type": self.type_uri(),
             "title": self.title(),
             "status": status.as_u16(),
             "detail": self.detail(),
@@ -240,7 +273,12 @@ mod tests {
         .unwrap();
         assert_eq!(doc["status"], 409);
         assert_eq!(doc["code"], "in_flight");
-        assert!(doc["type"].as_str().unwrap().starts_with("https://"));
+        assert!(
+            doc["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("enum.Rejection.html#variant.InFlight")
+        );
         assert!(doc["title"].is_string() && doc["detail"].is_string());
     }
 

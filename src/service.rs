@@ -40,16 +40,17 @@ use http_body_util::BodyExt;
 use tower_service::Service;
 
 use crate::body::{Collected, RequestBody, ResponseBody};
+use crate::classify::is_grpc;
 use crate::fingerprint::Fingerprint;
 use crate::future::{Prelude, ResponseFuture};
+use crate::guard::ClaimGuard;
+use crate::items::BatchItems;
 use crate::key::{ExtractKey, KeyInput};
 use crate::layer::{Config, FailureMode, MissingKey, OnMismatch, Settings};
-use crate::lease::{Lease, timed};
-use crate::observe::StoreOp;
 use crate::outcome::Outcome;
 use crate::record::Record;
 use crate::rejection::Rejection;
-use crate::store::{BoxError, Claim, IdempotencyStore, Reservation, StoreKey};
+use crate::store::{BoxError, Claim, IdempotencyStore, Reservation, StoreErrorKind, StoreKey};
 
 /// The header set on every answer the layer gives in place of the inner service to a duplicate.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
@@ -149,12 +150,6 @@ where
     }
 }
 
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"))
-}
-
 fn content_length(headers: &HeaderMap) -> Option<u64> {
     headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
@@ -238,11 +233,14 @@ where
     {
         Ok(Some(key)) => key,
         Ok(None) => match settings.missing_key {
-            MissingKey::Reject => return Prelude::Respond(reject(Rejection::MissingKey, grpc)),
+            MissingKey::Reject => {
+                let expected = config.extractor.expected();
+                return Prelude::Respond(reject(Rejection::MissingKey { expected }, grpc));
+            }
             MissingKey::PassThrough => {
                 return Prelude::Call {
                     request: Request::from_parts(parts, body),
-                    lease: None,
+                    guard: None,
                     outcome: Outcome::PassThrough,
                 };
             }
@@ -250,45 +248,46 @@ where
         Err(err) => return Prelude::Respond(reject(Rejection::MalformedKey(err), grpc)),
     };
 
-    let fingerprint = match (&data, settings.fingerprint) {
+    // Items of a batch are keyed one by one: an item may come again in another batch, so a
+    // payload fingerprint means nothing for them.
+    let fingerprint = match (&data, settings.fingerprint && !key.is_items()) {
         (Some(data), true) => Fingerprint::of_bytes(data),
         _ => Fingerprint::NONE,
     };
     let scope = settings.scope.of(&parts);
-    let store_key = StoreKey::new(
-        settings.observer.namespace(),
-        scope.as_deref(),
-        key.as_str(),
-    );
-    tracing::Span::current().record("key", store_key.as_str());
+    let namespace = settings.observer.namespace();
+    let store_keys: Vec<StoreKey> = key
+        .parts()
+        .map(|part| StoreKey::new(namespace, scope.as_deref(), part))
+        .collect();
+    if let [store_key] = store_keys.as_slice() {
+        tracing::Span::current().record("key", store_key.as_str());
+    }
+    let items = key
+        .is_items()
+        .then(|| key.parts().map(str::to_owned).collect::<Vec<_>>());
     parts.extensions.insert(key);
     // Until the reserve's answer is in, the claim may land without us knowing: if this future
     // is dropped (the client went away) or the reserve fails, the guard undoes it.
-    let unsettled = UnsettledReserve::new(
+    let mut guard = ClaimGuard::new(
         config.store.clone(),
-        store_key,
+        store_keys,
         Claim::new(fingerprint),
+        settings.lease,
+        settings.retention,
         settings.store_timeout,
+        settings.observer.clone(),
     );
+    guard.set_grpc(grpc);
 
     let deadline = settings.wait_in_flight.map(|wait| Instant::now() + wait);
     let mut pause = std::time::Duration::from_millis(10);
-    let mut reserved_at;
-    let reservation = loop {
-        reserved_at = Instant::now();
-        let timer = settings.observer.stopwatch_since(reserved_at);
-        let (store_key, claim) = unsettled.parts();
-        let result = timed(
-            settings.store_timeout,
-            config.store.reserve(store_key, claim, settings.lease),
-        )
-        .await;
-        settings
-            .observer
-            .store_call(StoreOp::Reserve, timer, result.is_ok());
-        match result {
-            Ok(Reservation::InFlight { fingerprint: held })
-                if held.matches(&fingerprint)
+    let reservations = loop {
+        match guard.reserve().await {
+            // A duplicate of a request in flight may wait for it (a batch retries its own
+            // claims: they answer "acquired" again).
+            Ok(answers)
+                if in_flight(&answers).is_some_and(|held| held.matches(&fingerprint))
                     && deadline.is_some_and(|d| Instant::now() + pause < d) =>
             {
                 tokio::time::sleep(pause).await;
@@ -298,107 +297,86 @@ where
         }
     };
 
-    match reservation {
-        Ok(Reservation::Acquired) => {
-            let (store_key, claim) = unsettled.settle();
-            let mut lease = Lease::new(
-                config.store.clone(),
-                store_key,
-                claim,
-                // The lease runs from (at the latest) the reserve that took it.
-                reserved_at + settings.lease,
-                settings.retention,
-                settings.store_timeout,
-                settings.observer.clone(),
-            );
-            lease.set_grpc(grpc);
-            Prelude::Call {
-                request: Request::from_parts(parts, body),
-                lease: Some(lease),
-                outcome: Outcome::First,
+    let answers = match reservations {
+        Ok(answers) => answers,
+        Err(err) => {
+            if err.kind() == StoreErrorKind::Capacity && items.is_none() {
+                // Refused before anything was written.
+                guard.forget();
+            } else {
+                // A reserve that timed out or lost its connection may still be applied later
+                // (a client that queues and retries commands across a reconnect): dropping the
+                // guard undoes it, token-checked, so it cannot block the sender's retries until
+                // the lease expires.
+                drop(guard);
             }
+            return store_failure(err, settings, parts, body, grpc);
         }
-        Ok(Reservation::InFlight { fingerprint: held }) => {
-            unsettled.settle();
-            if !held.matches(&fingerprint) && settings.on_mismatch == OnMismatch::Reject {
+    };
+
+    if let Some(held) = in_flight(&answers) {
+        let mismatch = !held.matches(&fingerprint) && settings.on_mismatch == OnMismatch::Reject;
+        // Let go of what this request claimed, so the other holder's items are not blocked.
+        guard.keep(&answers);
+        guard.release().await;
+        if mismatch {
+            return Prelude::Respond(reject(Rejection::Mismatch, grpc));
+        }
+        return Prelude::Respond(reject(
+            Rejection::InFlight {
+                retry_after: settings.in_flight_retry_after,
+            },
+            grpc,
+        ));
+    }
+
+    let acquired = answers
+        .iter()
+        .filter(|a| matches!(a, Reservation::Acquired))
+        .count();
+    if acquired == 0 {
+        guard.keep(&answers);
+        drop(guard);
+        // Every key (every item) was completed earlier: a duplicate.
+        let Some(Reservation::Completed(record)) = answers.into_iter().next() else {
+            unreachable!("neither acquired nor in flight is completed");
+        };
+        let mut outcome = Outcome::Replayed;
+        if !record.fingerprint().matches(&fingerprint) {
+            if settings.on_mismatch == OnMismatch::Reject {
                 return Prelude::Respond(reject(Rejection::Mismatch, grpc));
             }
-            Prelude::Respond(reject(
-                Rejection::InFlight {
-                    retry_after: settings.in_flight_retry_after,
-                },
-                grpc,
-            ))
+            outcome = Outcome::MismatchAcked;
         }
-        Ok(Reservation::Completed(record)) => {
-            unsettled.settle();
-            if !record.fingerprint().matches(&fingerprint) {
-                if settings.on_mismatch == OnMismatch::Reject {
-                    return Prelude::Respond(reject(Rejection::Mismatch, grpc));
-                }
-                tracing::warn!("idempotency key reused with a different payload; acknowledged");
+        return Prelude::Respond(duplicate(record, settings, grpc, outcome));
+    }
+
+    if let Some(ids) = items {
+        let (mut new, mut before) = (Vec::new(), Vec::new());
+        for (id, answer) in ids.into_iter().zip(&answers) {
+            match answer {
+                Reservation::Acquired => new.push(id),
+                _ => before.push(id),
             }
-            Prelude::Respond(duplicate(record, settings, grpc))
         }
-        Err(err) => {
-            // A reserve that timed out or lost its connection may still be applied later (a
-            // client that queues and retries commands across a reconnect): dropping the
-            // unsettled guard undoes it, token-checked, so it cannot block the sender's retries
-            // until the lease expires.
-            drop(unsettled);
-            store_failure(err, settings, parts, body, grpc)
-        }
+        let batch = BatchItems::new(new, before);
+        parts.extensions.insert(batch.clone());
+        guard.set_items(batch);
+    }
+    guard.keep(&answers);
+    Prelude::Call {
+        request: Request::from_parts(parts, body),
+        guard: Some(guard),
+        outcome: Outcome::First,
     }
 }
 
-/// A claim whose reserve has been sent but whose answer has not been acted on. Dropped
-/// unsettled, it releases the claim in the background, at once and again a few times with
-/// growing delays (a release of a claim that never landed, or was already released, changes
-/// nothing; a reserve still queued in a reconnecting client lands before the later releases).
-struct UnsettledReserve<St: IdempotencyStore> {
-    store: St,
-    timeout: std::time::Duration,
-    claim: Option<(StoreKey, Claim)>,
-}
-
-impl<St: IdempotencyStore> UnsettledReserve<St> {
-    fn new(store: St, key: StoreKey, claim: Claim, timeout: std::time::Duration) -> Self {
-        UnsettledReserve {
-            store,
-            timeout,
-            claim: Some((key, claim)),
-        }
-    }
-
-    fn parts(&self) -> (&StoreKey, &Claim) {
-        let (key, claim) = self.claim.as_ref().expect("settled reserve");
-        (key, claim)
-    }
-
-    /// The answer is in: nothing to undo.
-    fn settle(mut self) -> (StoreKey, Claim) {
-        self.claim.take().expect("settled twice")
-    }
-}
-
-impl<St: IdempotencyStore> Drop for UnsettledReserve<St> {
-    fn drop(&mut self) {
-        let Some((key, claim)) = self.claim.take() else {
-            return;
-        };
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (store, timeout) = (self.store.clone(), self.timeout);
-        handle.spawn(async move {
-            for factor in [0, 1, 4, 16] {
-                tokio::time::sleep(timeout * factor).await;
-                if let Ok(true) = timed(timeout, store.release(&key, &claim)).await {
-                    return;
-                }
-            }
-        });
-    }
+/// The fingerprint of the first key held by another attempt, if any.
+fn in_flight(answers: &[Reservation]) -> Option<Fingerprint> {
+    answers.iter().find_map(|a| match a {
+        Reservation::InFlight { fingerprint } => Some(*fingerprint),
+        _ => None,
+    })
 }
 
 fn store_failure<B, ResBody>(
@@ -422,7 +400,7 @@ fn store_failure<B, ResBody>(
             tracing::error!(error = %err, "idempotency store error; failing open");
             Prelude::Call {
                 request: Request::from_parts(parts, body),
-                lease: None,
+                guard: None,
                 outcome: Outcome::FailOpen,
             }
         }
@@ -431,7 +409,12 @@ fn store_failure<B, ResBody>(
 
 /// The answer to a duplicate of a completed key: the replay when one was recorded, else the
 /// acknowledgement.
-fn duplicate<B>(record: Record, settings: &Settings, grpc: bool) -> Response<ResponseBody<B>> {
+fn duplicate<B>(
+    record: Record,
+    settings: &Settings,
+    grpc: bool,
+    outcome: Outcome,
+) -> Response<ResponseBody<B>> {
     let mut response = match record.into_response() {
         Some(stored) => {
             let (status, headers, body, trailers) = stored.into_parts();
@@ -473,6 +456,6 @@ fn duplicate<B>(record: Record, settings: &Settings, grpc: bool) -> Response<Res
     response
         .headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    response.extensions_mut().insert(Outcome::Replayed);
+    response.extensions_mut().insert(outcome);
     response
 }

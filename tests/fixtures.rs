@@ -9,9 +9,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::Value;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::key::{
-    ExtractKey, ExtractKeyExt, FieldsFingerprintKey, HeaderKey, JsonPathKey, KeyInput,
-};
+use tower_idempotency::key::{ExtractKey, FieldsFingerprintKey, HeaderKey, JsonPathKey, KeyInput};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, RequestBody};
 
 fn cases() -> Vec<Value> {
@@ -34,8 +32,10 @@ fn extractor(spec: &Value) -> Arc<dyn ExtractKey> {
         spec["else_json_path"].as_str(),
         spec["json_path"].as_str(),
     ) {
-        (Some(h), Some(p), _) => Arc::new(HeaderKey::new(h).or(JsonPathKey::new(p).unwrap())),
-        (Some(h), None, _) => Arc::new(HeaderKey::new(h)),
+        (Some(h), Some(p), _) => {
+            Arc::new(HeaderKey::new(h).unwrap().or(JsonPathKey::new(p).unwrap()))
+        }
+        (Some(h), None, _) => Arc::new(HeaderKey::new(h).unwrap()),
         (None, _, Some(p)) => Arc::new(JsonPathKey::new(p).unwrap()),
         _ => panic!("unknown key spec {spec}"),
     }

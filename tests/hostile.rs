@@ -23,11 +23,9 @@ use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::key::{
-    ExtractKey, ExtractKeyExt, FieldsFingerprintKey, JsonPathKey, from_body_fn,
-};
+use tower_idempotency::key::{ExtractKey, FieldsFingerprintKey, JsonPathKey, from_body_fn};
 use tower_idempotency::record::Record;
-use tower_idempotency::store::{Claim, Reservation, StoreError, StoreKey};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey};
 use tower_idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore};
 
 /// One app on `127.0.0.1:0`: `POST /hook` counts its calls, and holds the request for
@@ -472,13 +470,22 @@ impl IdempotencyStore for SlowComplete {
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Completion, StoreError> {
         tokio::time::sleep(Duration::from_millis(300)).await;
         self.0.complete(key, claim, record, retention).await
     }
 
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
         self.0.release(key, claim).await
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        self.0.renew(key, claim, lease).await
     }
 }
 

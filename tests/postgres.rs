@@ -123,6 +123,7 @@ async fn absent_in_flight_completed_transitions() {
             .complete(&key, &dup, &record, RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     assert!(!store.release(&key, &dup).await.unwrap());
 
@@ -131,6 +132,7 @@ async fn absent_in_flight_completed_transitions() {
             .complete(&key, &first, &record, RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     let row = sqlx::query(
         "SELECT state, token, record, extract(epoch FROM expires_at - now())::float8 AS ttl
@@ -157,7 +159,13 @@ async fn absent_in_flight_completed_transitions() {
     );
     // Neither release nor complete applies to a completed key, not even with its old token.
     assert!(!store.release(&key, &first).await.unwrap());
-    assert!(!store.complete(&key, &first, &record, LEASE).await.unwrap());
+    assert!(
+        !store
+            .complete(&key, &first, &record, LEASE)
+            .await
+            .unwrap()
+            .is_recorded()
+    );
 
     // Release of a live claim deletes the row, and the next attempt acquires.
     let other = StoreKey::new(&suite::ns("pg-transitions"), None, "evt_2");
@@ -197,7 +205,13 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
         Reservation::Acquired
     );
     let record = Record::ack(old.fingerprint());
-    assert!(!store.complete(&key, &old, &record, LEASE).await.unwrap());
+    assert!(
+        !store
+            .complete(&key, &old, &record, LEASE)
+            .await
+            .unwrap()
+            .is_recorded()
+    );
     assert!(!store.release(&key, &old).await.unwrap());
     assert_eq!(
         store.reserve(&key, &claim(b"z"), LEASE).await.unwrap(),
@@ -215,6 +229,7 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
             .complete(&key, &first, &record, Duration::from_millis(50))
             .await
             .unwrap()
+            .is_recorded()
     );
     assert_eq!(
         store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
@@ -299,6 +314,7 @@ async fn completed_keys_survive_an_app_restart() {
                 .complete(&key, &first, &record, RETENTION)
                 .await
                 .unwrap()
+                .is_recorded()
         );
         store.into_inner().close().await;
     }
@@ -324,6 +340,7 @@ async fn completed_keys_survive_a_database_crash_and_the_store_reconnects() {
             .complete(&key, &first, &record, RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
 
     tokio::task::block_in_place(|| server.stop());

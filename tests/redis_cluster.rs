@@ -212,6 +212,7 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
             .complete(&other, &c, &Record::ack(c.fingerprint()), RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     assert_eq!(calls(promoted, "eval"), 1);
 
@@ -254,6 +255,7 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
             .complete(&last, &d, &Record::ack(d.fingerprint()), RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
 }
 
@@ -267,7 +269,7 @@ async fn complete_eventually<St: IdempotencyStore>(
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match store.complete(key, claim, record, RETENTION).await {
-            Ok(done) => return done,
+            Ok(done) => return done.is_recorded(),
             Err(e) if Instant::now() < deadline => {
                 eprintln!("complete failed, retrying: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -295,7 +297,7 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
         store.reserve(&key, &c, LEASE).await.unwrap();
         let record = Record::ack(c.fingerprint());
         let done = store.complete(&key, &c, &record, RETENTION).await;
-        assert!(done.unwrap(), "primary {primary}");
+        assert!(done.unwrap().is_recorded(), "primary {primary}");
     }
 
     let mut keys = Vec::new();
@@ -325,7 +327,7 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
             assert_eq!(shortfall.map(|s| s.acknowledged()), Some(0), "{error}");
             assert!(took >= timeout, "{took:?}");
         } else {
-            assert!(result.unwrap(), "primary {primary}");
+            assert!(result.unwrap().is_recorded(), "primary {primary}");
         }
         // Written on the primary either way.
         assert!(matches!(

@@ -104,6 +104,7 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
             .complete(&healthy, &c, &record, RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
 
     let claims: Vec<(StoreKey, Claim)> = (0..9)
@@ -126,7 +127,7 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
         .complete(&key("never-claimed"), &claim(), &record, RETENTION)
         .await;
     deployment.thaw(replica);
-    assert!(!lost.unwrap());
+    assert!(!lost.unwrap().is_recorded());
     for (result, took) in results {
         let error = result.expect_err("the frozen replica acknowledged nothing");
         let shortfall = not_replicated(&error);
@@ -197,7 +198,7 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
             Err(e) => panic!("complete kept failing: {e}"),
         }
     };
-    assert!(done);
+    assert!(done.is_recorded());
     assert_eq!(calls(promoted, "eval"), 1, "NOSCRIPT, then EVAL");
 
     // Durable: the same fallback; the promoted primary has no replica, so WAIT falls short.

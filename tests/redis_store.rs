@@ -88,6 +88,7 @@ async fn absent_in_flight_completed_transitions() {
             .complete(&key, &first, &record, RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
     let ttl = pttl(&client, &key).await;
@@ -107,7 +108,13 @@ async fn absent_in_flight_completed_transitions() {
     assert!(!store.release(&key, &first).await.unwrap());
     // So is a second completion, even with the same record: the key is no longer in flight,
     // and a late finisher must learn that it lost its lease.
-    assert!(!store.complete(&key, &first, &record, LEASE).await.unwrap());
+    assert!(
+        !store
+            .complete(&key, &first, &record, LEASE)
+            .await
+            .unwrap()
+            .is_recorded()
+    );
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
 
     // Release of a live claim deletes it, and the next attempt acquires.
@@ -178,6 +185,7 @@ async fn wrong_token_changes_nothing() {
             .complete(&key, &intruder, &record, RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     assert!(!store.release(&key, &intruder).await.unwrap());
     assert_eq!(get_raw(&client, &key).await.unwrap(), before);
@@ -191,6 +199,7 @@ async fn wrong_token_changes_nothing() {
             .complete(&absent, &owner, &record, RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     assert!(!store.release(&absent, &owner).await.unwrap());
     assert_eq!(get_raw(&client, &absent).await, None);
@@ -201,6 +210,7 @@ async fn wrong_token_changes_nothing() {
             .complete(&key, &owner, &record, RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
 }
 
@@ -233,6 +243,7 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
             .complete(&key, &old, &record, RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     assert!(!store.release(&key, &old).await.unwrap());
     assert_eq!(
@@ -244,6 +255,7 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
             .complete(&key, &new, &record, RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
 
     // Completed records expire with their retention too.
@@ -260,6 +272,7 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
             )
             .await
             .unwrap()
+            .is_recorded()
     );
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(
@@ -307,6 +320,7 @@ async fn replay_records_round_trip() {
                 .complete(&key, &first, &record, RETENTION)
                 .await
                 .unwrap()
+                .is_recorded()
         );
         assert_eq!(
             store.reserve(&key, &claim(b"dup"), LEASE).await.unwrap(),
@@ -324,6 +338,7 @@ async fn replay_records_round_trip() {
             .complete(&key, &c, &Record::ack(fp), RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     assert_eq!(
         store.reserve(&key, &claim(b"dup"), LEASE).await.unwrap(),
@@ -366,6 +381,7 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
             .complete(&warm, &c, &Record::ack(c.fingerprint()), RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     let r = claim(b"w2");
     let warm2 = StoreKey::new("cost", None, "warm-up-2");
@@ -387,6 +403,7 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
                 .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
                 .await
                 .unwrap()
+                .is_recorded()
         );
     }
     let sent = monitor.finish();
@@ -472,6 +489,7 @@ async fn an_ack_record_is_one_small_string() {
             .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     let completed = redis_server::memory_usage(&client, key.as_str())
         .await
@@ -514,7 +532,13 @@ async fn scripts_are_reloaded_after_noscript() {
     let c = claim(b"x");
     store.reserve(&key, &c, LEASE).await.unwrap();
     let record = Record::ack(c.fingerprint());
-    assert!(store.complete(&key, &c, &record, RETENTION).await.unwrap());
+    assert!(
+        store
+            .complete(&key, &c, &record, RETENTION)
+            .await
+            .unwrap()
+            .is_recorded()
+    );
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
     assert_eq!(redis_server::command_calls(&client, "eval").await, 1);
 
@@ -528,6 +552,7 @@ async fn scripts_are_reloaded_after_noscript() {
             .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     assert_eq!(redis_server::command_calls(&client, "evalsha").await, 1);
     assert_eq!(redis_server::command_calls(&client, "eval").await, 0);
@@ -612,6 +637,7 @@ async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
             .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
 }
 
@@ -687,6 +713,7 @@ async fn a_pool_and_a_client_are_both_stores() {
             .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     assert_eq!(
         pool.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),

@@ -11,7 +11,9 @@ use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::record::Record;
-use tower_idempotency::store::{Claim, Reservation, StoreError, StoreErrorKind, StoreKey};
+use tower_idempotency::store::{
+    Claim, Completion, Reservation, StoreError, StoreErrorKind, StoreKey,
+};
 use tower_idempotency::{
     IdempotencyKey, IdempotencyLayer, IdempotencyStore, MemoryStore, RequestBody,
 };
@@ -170,7 +172,7 @@ impl IdempotencyStore for Flaky {
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Completion, StoreError> {
         let failing = self.failing_completes.load(Ordering::SeqCst);
         if failing > 0 {
             self.failing_completes.store(failing - 1, Ordering::SeqCst);
@@ -181,6 +183,15 @@ impl IdempotencyStore for Flaky {
 
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
         self.inner.release(key, claim).await
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.renew(key, claim, lease).await
     }
 }
 

@@ -122,6 +122,7 @@ async fn absent_in_flight_completed_transitions() {
             .complete(&key, &dup, &record, RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     assert!(!store.release(&key, &dup).await.unwrap());
 
@@ -130,6 +131,7 @@ async fn absent_in_flight_completed_transitions() {
             .complete(&key, &first, &record, RETENTION)
             .await
             .unwrap()
+            .is_recorded()
     );
     let row =
         sqlx::query("SELECT state, token, record, expires_at FROM idempotency_keys WHERE key = ?1")
@@ -149,7 +151,13 @@ async fn absent_in_flight_completed_transitions() {
         Reservation::Completed(record.clone())
     );
     assert!(!store.release(&key, &first).await.unwrap());
-    assert!(!store.complete(&key, &first, &record, LEASE).await.unwrap());
+    assert!(
+        !store
+            .complete(&key, &first, &record, LEASE)
+            .await
+            .unwrap()
+            .is_recorded()
+    );
 
     let other = StoreKey::new("orders", None, "evt_2");
     let a = claim(b"x");
@@ -182,6 +190,7 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
             .complete(&key, &old, &Record::ack(old.fingerprint()), LEASE)
             .await
             .unwrap()
+            .is_recorded()
     );
     assert!(!store.release(&key, &old).await.unwrap());
     assert_eq!(
@@ -275,6 +284,7 @@ async fn completed_keys_survive_an_app_restart() {
                 .complete(&key, &first, &record, RETENTION)
                 .await
                 .unwrap()
+                .is_recorded()
         );
         store.into_inner().close().await;
     }

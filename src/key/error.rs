@@ -96,3 +96,57 @@ impl fmt::Display for KeyError {
 }
 
 impl std::error::Error for KeyError {}
+
+/// A JSONPath that does not parse (RFC 9535 syntax), from [`JsonPathKey`](super::JsonPathKey)
+/// or [`FieldsFingerprintKey`](super::FieldsFingerprintKey): a configuration error, reported at
+/// start-up.
+#[derive(Clone, Debug)]
+pub struct PathError {
+    path: String,
+    message: String,
+}
+
+impl PathError {
+    pub(crate) fn new(path: &str, err: impl fmt::Display) -> Self {
+        PathError {
+            path: path.to_owned(),
+            message: err.to_string(),
+        }
+    }
+
+    /// The path as written.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+}
+
+impl fmt::Display for PathError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid JSONPath {:?}: {}", self.path, self.message)
+    }
+}
+
+impl std::error::Error for PathError {}
+
+/// A header name that is not valid, from [`HeaderKey::new`](super::HeaderKey::new) or
+/// [`Scope::header`](crate::Scope::header): a configuration error, reported at start-up.
+#[derive(Clone, Debug)]
+pub struct InvalidHeaderName {
+    name: String,
+}
+
+impl InvalidHeaderName {
+    pub(crate) fn new(name: &str) -> Self {
+        InvalidHeaderName {
+            name: name.to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for InvalidHeaderName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid header name {:?}", self.name)
+    }
+}
+
+impl std::error::Error for InvalidHeaderName {}

@@ -1,7 +1,7 @@
 use super::{ExtractKey, IdempotencyKey, KeyError, KeyInput};
 
 /// Tries `A`, then `B` when `A` finds no key; built by
-/// [`ExtractKeyExt::or`](super::ExtractKeyExt::or).
+/// [`ExtractKey::or`](super::ExtractKey::or).
 ///
 /// The key is the value itself, whichever extractor found it: the same event id sent once in a
 /// header and once only in the body is the same key.
@@ -28,5 +28,12 @@ impl<A: ExtractKey, B: ExtractKey> ExtractKey for Fallback<A, B> {
 
     fn needs_body(&self) -> bool {
         self.first.needs_body() || self.second.needs_body()
+    }
+
+    fn expected(&self) -> Option<String> {
+        match (self.first.expected(), self.second.expected()) {
+            (Some(a), Some(b)) => Some(format!("{a}, or {b}")),
+            (a, b) => a.or(b),
+        }
     }
 }

@@ -2,7 +2,7 @@ use serde_json::Value;
 use serde_json_path::JsonPath;
 use sha2::{Digest, Sha256};
 
-use super::{ExtractKey, IdempotencyKey, KeyError, KeyInput};
+use super::{ExtractKey, IdempotencyKey, KeyError, KeyInput, PathError};
 
 /// A key for senders without a stable id: a canonical hash of chosen trusted JSON fields.
 ///
@@ -25,14 +25,14 @@ pub struct FieldsFingerprintKey {
 
 impl FieldsFingerprintKey {
     /// A fingerprint of the values at `paths`, in this order.
-    pub fn new<I, S>(paths: I) -> Result<Self, serde_json_path::ParseError>
+    pub fn new<I, S>(paths: I) -> Result<Self, PathError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
         let paths = paths
             .into_iter()
-            .map(|p| JsonPath::parse(p.as_ref()))
+            .map(|p| JsonPath::parse(p.as_ref()).map_err(|err| PathError::new(p.as_ref(), err)))
             .collect::<Result<_, _>>()?;
         Ok(FieldsFingerprintKey { paths })
     }

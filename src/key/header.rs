@@ -1,6 +1,6 @@
 use http::HeaderName;
 
-use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput};
+use super::{ExtractKey, IdempotencyKey, InvalidHeaderName, KeyError, KeyErrorKind, KeyInput};
 
 /// Takes the key from one request header (or gRPC metadata entry).
 ///
@@ -11,9 +11,11 @@ use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput};
 /// use tower_idempotency::key::HeaderKey;
 ///
 /// let stripe_style = HeaderKey::idempotency_key();
-/// let kalipto = HeaderKey::new("X-Kalipto-Delivery-Id");
-/// let standard_webhooks = HeaderKey::new("webhook-id");
+/// let kalipto = HeaderKey::new("X-Kalipto-Delivery-Id")?;
+/// let standard_webhooks = HeaderKey::from_name(http::HeaderName::from_static("webhook-id"));
 /// assert_eq!(kalipto.name().as_str(), "x-kalipto-delivery-id");
+/// assert!(HeaderKey::new("bad header").is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct HeaderKey {
@@ -21,15 +23,12 @@ pub struct HeaderKey {
 }
 
 impl HeaderKey {
-    /// The key from header `name` (case-insensitive).
-    ///
-    /// # Panics
-    ///
-    /// When `name` is not a valid header name: a configuration error, caught at start-up.
-    pub fn new(name: &str) -> Self {
+    /// The key from header `name` (case-insensitive); an error when `name` is not a valid
+    /// header name.
+    pub fn new(name: &str) -> Result<Self, InvalidHeaderName> {
         let name = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
-            .unwrap_or_else(|_| panic!("invalid header name for HeaderKey: {name:?}"));
-        HeaderKey { name }
+            .map_err(|_| InvalidHeaderName::new(name))?;
+        Ok(HeaderKey { name })
     }
 
     /// The key from an already parsed header name.
@@ -72,5 +71,9 @@ impl ExtractKey for HeaderKey {
             )
         })?;
         IdempotencyKey::new(value).map(Some)
+    }
+
+    fn expected(&self) -> Option<String> {
+        Some(format!("in the {} header", self.name))
     }
 }

@@ -1,66 +1,134 @@
 use serde_json::Value;
 use serde_json_path::JsonPath;
 
-use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput};
+use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput, PathError};
 
-/// Takes the key from the JSON body, selected by an RFC 9535 JSONPath (through
-/// `serde_json_path`).
+/// Takes the key from the JSON body, selected by RFC 9535 JSONPaths.
 ///
-/// - A path that selects one value (`$.event.id`, `$.id`) gives that value as the key.
-/// - A path that selects many (`$.entry[*].changes[*].value.messages[*].id` of a WhatsApp batch)
-///   gives one composite key of all of them: order-independent and de-duplicated.
-/// - Strings and numbers are accepted (numbers by their exact JSON text, so a 64-bit id such as
-///   `9007199254740993` is not rounded); objects, arrays, booleans and null are a 400.
-/// - No match is "no key" (the layer's missing-key policy applies); a body that is not JSON is
-///   a 400.
+/// - [`JsonPathKey::new`]: one path that selects one value (`$.event.id`, `$.id`) gives that
+///   value as the key; a path that selects many gives one composite key of all of them
+///   (order-independent, de-duplicated): the whole batch is one event.
+/// - [`JsonPathKey::each`] / [`JsonPathKey::each_of`]: **per-item keys**. Every value the paths
+///   select is the key of one item (every WhatsApp message id and Instagram mid of a Meta
+///   batch). The layer claims, records and releases each item on its own, and the handler
+///   sees which items are new in the [`BatchItems`](crate::BatchItems) request extension.
+///   This is what Meta asks for ("deduplicate at the message level"): `{A,B}` then `{B,C}`
+///   then `{A}` runs A, B and C once each.
+///
+/// Ids are compared by value, exactly:
+/// - strings by their decoded value (`"\u0061bc"` is `abc`);
+/// - integers by their exact digits, any length (`-0` is `0`; `18446744073709551617` is not
+///   rounded); the string `"100"` and the integer `100` are the same key, so a header → body
+///   fallback agrees;
+/// - other numbers (`1e2`, `1.0`), objects, arrays, booleans and null are a 400 saying that
+///   an id must be a string or an integer.
+///
+/// No match is "no key" (the layer's missing-key policy, or the next extractor of a fallback
+/// chain, applies); a body that is not JSON is a 400.
 ///
 /// ```
-/// use tower_idempotency::key::JsonPathKey;
+/// use tower_idempotency::key::{HeaderKey, JsonPathKey};
 ///
-/// let whatsapp = JsonPathKey::new("$.entry[*].changes[*].value.messages[*].id").unwrap();
+/// // One event per body.
+/// let sangho = JsonPathKey::new("$.id")?;
+/// // Meta: one key per message, WhatsApp and Instagram alike; status callbacks carry no
+/// // message id and fall back to the delivery id header.
+/// let meta = JsonPathKey::each_of([
+///     "$.entry[*].changes[*].value.messages[*].id",
+///     "$.entry[*].messaging[*].message.mid",
+/// ])?
+/// .or(HeaderKey::new("X-Kalipto-Delivery-Id")?);
 /// assert!(JsonPathKey::new("$.entry[").is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct JsonPathKey {
-    path: JsonPath,
+    paths: Vec<Path>,
+    items: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Path {
+    dom: JsonPath,
     source: String,
 }
 
-impl JsonPathKey {
-    /// Parses `path` (RFC 9535 syntax).
-    pub fn new(path: &str) -> Result<Self, serde_json_path::ParseError> {
-        Ok(JsonPathKey {
-            path: JsonPath::parse(path)?,
+impl Path {
+    fn parse(path: &str) -> Result<Self, PathError> {
+        Ok(Path {
+            dom: JsonPath::parse(path).map_err(|err| PathError::new(path, err))?,
             source: path.to_owned(),
         })
     }
+}
 
-    /// The path as written.
+impl JsonPathKey {
+    /// One key from `path` (RFC 9535 syntax): the selected value, or a composite of all
+    /// selected values.
+    pub fn new(path: &str) -> Result<Self, PathError> {
+        Ok(JsonPathKey {
+            paths: vec![Path::parse(path)?],
+            items: false,
+        })
+    }
+
+    /// Per-item keys: every value `path` selects is the key of one item.
+    pub fn each(path: &str) -> Result<Self, PathError> {
+        Self::each_of([path])
+    }
+
+    /// Per-item keys from several paths: the values of all of them form one item set (the
+    /// WhatsApp message ids and the Instagram mids of one Meta body).
+    pub fn each_of<I, S>(paths: I) -> Result<Self, PathError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let paths = paths
+            .into_iter()
+            .map(|p| Path::parse(p.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(JsonPathKey { paths, items: true })
+    }
+
+    /// The first path, as written.
     pub fn path(&self) -> &str {
-        &self.source
+        self.paths.first().map_or("", |p| &p.source)
+    }
+
+    /// Where the key is expected, for the `missing_key` detail: the paths, comma-separated.
+    pub(crate) fn describe(&self) -> String {
+        let paths: Vec<&str> = self.paths.iter().map(|p| p.source.as_str()).collect();
+        paths.join(", ")
     }
 }
 
-/// The key text of one selected JSON value.
+/// The key text of one selected JSON value: a string's value, an integer's digits.
 pub(super) fn scalar_text(value: &Value, path: &str) -> Result<String, KeyError> {
     match value {
         Value::String(s) => Ok(s.clone()),
-        Value::Number(n) => Ok(n.to_string()),
-        other => Err(KeyError::new(
-            KeyErrorKind::WrongType,
-            format!(
-                "the JSON value at {path} is {}; a key must be a string or a number",
-                type_name(other)
-            ),
-        )),
+        Value::Number(n) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
+        other => Err(not_an_id(path, type_name(other))),
     }
+}
+
+/// The error for a selected value that is not a string or an integer.
+pub(super) fn not_an_id(path: &str, what: &str) -> KeyError {
+    KeyError::new(
+        KeyErrorKind::WrongType,
+        format!("the JSON value at {path} is {what}; an id must be a string or an integer"),
+    )
 }
 
 fn type_name(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
+        // Integers that fit 64 bits are ids; larger ones reach here only through a DOM path
+        // (a filter): serde_json holds them as floats.
+        Value::Number(_) => {
+            "a number with a fraction or an exponent (or an integer too large for a filter path)"
+        }
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
@@ -70,17 +138,24 @@ fn type_name(value: &Value) -> &'static str {
 impl ExtractKey for JsonPathKey {
     fn extract_key(&self, input: &KeyInput<'_>) -> Result<Option<IdempotencyKey>, KeyError> {
         let json = input.json()?;
-        let values = self
-            .path
-            .query(json)
-            .all()
-            .into_iter()
-            .map(|value| scalar_text(value, &self.source))
-            .collect::<Result<Vec<_>, _>>()?;
-        IdempotencyKey::composite(values)
+        let mut values = Vec::new();
+        for path in &self.paths {
+            for value in path.dom.query(json).all() {
+                values.push(scalar_text(value, &path.source)?);
+            }
+        }
+        if self.items {
+            IdempotencyKey::items(values)
+        } else {
+            IdempotencyKey::composite(values)
+        }
     }
 
     fn needs_body(&self) -> bool {
         true
+    }
+
+    fn expected(&self) -> Option<String> {
+        Some(format!("in the JSON body at {}", self.describe()))
     }
 }

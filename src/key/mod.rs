@@ -6,20 +6,21 @@
 //! - [`JsonPathKey`]: one or many values in the JSON body, selected by an RFC 9535 JSONPath.
 //! - [`FieldsFingerprintKey`]: a canonical hash of chosen trusted JSON fields, for senders
 //!   without a stable id.
-//! - [`Fallback`] (via [`ExtractKeyExt::or`]): try extractors in order.
+//! - [`Fallback`] (via [`ExtractKey::or`]): try extractors in order.
 //! - closures: any `Fn(&http::request::Parts) -> Option<String>` is an extractor; [`from_body_fn`]
 //!   wraps a closure that reads the buffered body bytes.
 //!
 //! ```
 //! use http::Request;
-//! use tower_idempotency::key::{ExtractKey, ExtractKeyExt, HeaderKey, JsonPathKey, KeyInput};
+//! use tower_idempotency::key::{ExtractKey, HeaderKey, JsonPathKey, KeyInput};
 //!
-//! let sangho = HeaderKey::new("Sangho-Event-ID").or(JsonPathKey::new("$.id").unwrap());
+//! let sangho = HeaderKey::new("Sangho-Event-ID")?.or(JsonPathKey::new("$.id")?);
 //!
 //! let (parts, ()) = Request::post("/").body(()).unwrap().into_parts();
 //! let body = bytes::Bytes::from_static(br#"{"id":"evt_1"}"#);
 //! let key = sangho.extract_key(&KeyInput::new(&parts, Some(&body))).unwrap().unwrap();
 //! assert_eq!(key.as_str(), "evt_1");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod error;
@@ -35,7 +36,7 @@ use std::sync::OnceLock;
 use bytes::Bytes;
 use http::request::Parts;
 
-pub use self::error::{KeyError, KeyErrorKind};
+pub use self::error::{InvalidHeaderName, KeyError, KeyErrorKind, PathError};
 pub use self::fallback::Fallback;
 pub use self::fields::FieldsFingerprintKey;
 pub use self::func::{BodyFn, from_body_fn};
@@ -45,25 +46,57 @@ pub use self::json::JsonPathKey;
 /// The longest accepted key part, in bytes (Stripe's limit).
 pub const MAX_KEY_LEN: usize = 255;
 
-/// The most values one composite key may hold (a batch with more ids is rejected with 400).
+/// The most values one composite or per-item key may hold (a batch with more ids is rejected
+/// with 400).
 pub const MAX_KEY_PARTS: usize = 1000;
 
 /// The separator between the parts of a composite key. A control character, so it can never
 /// occur inside a valid part.
 const PART_SEPARATOR: char = '\n';
 
-/// A validated idempotency key: one value, or the sorted, de-duplicated values of a batch.
+/// A validated idempotency key: one value, the sorted, de-duplicated values of a batch taken as
+/// one key, or the **items** of a batch, each its own key (see [`IdempotencyKey::items`]).
 ///
-/// The layer puts it into the request extensions, so the inner service can read it.
+/// The layer puts it into the request extensions, so the inner service can read it. Behind
+/// [`MissingKey::PassThrough`](crate::MissingKey::PassThrough) a request may have no key: read
+/// it with `Option<Extension<IdempotencyKey>>` in axum.
+///
+/// [`Display`](fmt::Display) writes the key itself ([`as_str`](Self::as_str)); [`Debug`]
+/// only its length, so that keys stay out of logs by accident.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct IdempotencyKey(String);
+pub struct IdempotencyKey {
+    value: String,
+    items: bool,
+}
 
 impl IdempotencyKey {
     /// Validates one key value: 1 to [`MAX_KEY_LEN`] bytes, no control characters.
     pub fn new(value: impl Into<String>) -> Result<Self, KeyError> {
         let value = value.into();
         validate_part(&value)?;
-        Ok(IdempotencyKey(value))
+        Ok(IdempotencyKey {
+            value,
+            items: false,
+        })
+    }
+
+    /// A per-item key: every value is the key of one item of the batch (a WhatsApp message id,
+    /// an Instagram mid), claimed, recorded and released on its own. De-duplicated, each value
+    /// validated, at most [`MAX_KEY_PARTS`]. An empty iterator yields `Ok(None)` (no key).
+    pub fn items<I, S>(values: I) -> Result<Option<Self>, KeyError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Ok(Self::composite(values)?.map(|mut key| {
+            key.items = true;
+            key
+        }))
+    }
+
+    /// Whether each value is its own key ([`IdempotencyKey::items`]).
+    pub fn is_items(&self) -> bool {
+        self.items
     }
 
     /// A composite key from many values: order-independent and de-duplicated, each value
@@ -94,17 +127,20 @@ impl IdempotencyKey {
             }
             joined.push_str(part);
         }
-        Ok(Some(IdempotencyKey(joined)))
+        Ok(Some(IdempotencyKey {
+            value: joined,
+            items: false,
+        }))
     }
 
-    /// The key (parts of a composite key are separated by `'\n'`).
+    /// The key (values of a composite or per-item key are separated by `'\n'`).
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.value
     }
 
-    /// The values of the key: one, or each value of a composite key, sorted.
+    /// The values of the key: one, or each value of a composite or per-item key, sorted.
     pub fn parts(&self) -> impl Iterator<Item = &str> {
-        self.0.split(PART_SEPARATOR)
+        self.value.split(PART_SEPARATOR)
     }
 }
 
@@ -112,7 +148,13 @@ impl fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Keys may be sensitive (some senders use signed tokens as delivery ids): keep them out
         // of logs by default.
-        write!(f, "IdempotencyKey(<{} bytes>)", self.0.len())
+        write!(f, "IdempotencyKey(<{} bytes>)", self.value.len())
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.value)
     }
 }
 
@@ -173,6 +215,21 @@ impl<'a> KeyInput<'a> {
     }
 }
 
+/// `or` as an inherent method of the built-in extractors, so that `HeaderKey::new(..)?.or(..)`
+/// needs no trait import.
+macro_rules! inherent_or {
+    ($($ty:ident $(<$($g:ident),+>)?),+ $(,)?) => {$(
+        impl$(<$($g),+>)? $ty$(<$($g),+>)? where Self: ExtractKey {
+            /// Tries `self`, and `other` when `self` finds no key (see [`ExtractKey::or`]).
+            pub fn or<O: ExtractKey>(self, other: O) -> Fallback<Self, O> {
+                Fallback::new(self, other)
+            }
+        }
+    )+};
+}
+
+inherent_or!(HeaderKey, JsonPathKey, FieldsFingerprintKey, Fallback<A, B>, BodyFn<F>);
+
 /// Derives the idempotency key of a request.
 ///
 /// Return `Ok(None)` when the request carries no key (the layer then applies its missing-key
@@ -188,6 +245,29 @@ pub trait ExtractKey: Send + Sync + 'static {
     /// buffering it.
     fn needs_body(&self) -> bool {
         false
+    }
+
+    /// Where the key is expected (`"in the X-GitHub-Delivery header"`), named in the 400
+    /// answer to a request without one. `None`: the answer says only that the key is missing.
+    fn expected(&self) -> Option<String> {
+        None
+    }
+
+    /// Tries `self`, and `other` when `self` finds no key. An error from `self` (a malformed
+    /// key) is returned as is: a malformed header is not silently replaced by a body value.
+    ///
+    /// ```
+    /// use tower_idempotency::key::{ExtractKey, HeaderKey, JsonPathKey};
+    ///
+    /// let sangho = HeaderKey::new("Sangho-Event-ID")?.or(JsonPathKey::new("$.id")?);
+    /// assert!(sangho.needs_body());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn or<O: ExtractKey>(self, other: O) -> Fallback<Self, O>
+    where
+        Self: Sized,
+    {
+        Fallback::new(self, other)
     }
 }
 
@@ -209,18 +289,11 @@ impl<K: ExtractKey + ?Sized> ExtractKey for std::sync::Arc<K> {
     fn needs_body(&self) -> bool {
         (**self).needs_body()
     }
-}
 
-/// Combinators for every [`ExtractKey`].
-pub trait ExtractKeyExt: ExtractKey + Sized {
-    /// Tries `self`, and `other` when `self` finds no key. An error from `self` (a malformed
-    /// key) is returned as is: a malformed header is not silently replaced by a body value.
-    fn or<O: ExtractKey>(self, other: O) -> Fallback<Self, O> {
-        Fallback::new(self, other)
+    fn expected(&self) -> Option<String> {
+        (**self).expected()
     }
 }
-
-impl<K: ExtractKey> ExtractKeyExt for K {}
 
 #[cfg(test)]
 mod tests {

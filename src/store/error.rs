@@ -16,6 +16,9 @@ pub enum StoreErrorKind {
     Corrupt,
     /// The store is full (the memory store's bound was reached).
     Capacity,
+    /// A write landed on the primary but fewer replicas than required acknowledged it in time
+    /// (the Redis store's durable completion): writing it again would change nothing.
+    NotReplicated,
     /// Any other failure reported by the backend.
     Other,
 }
@@ -27,6 +30,7 @@ impl fmt::Display for StoreErrorKind {
             StoreErrorKind::Timeout => "store timed out",
             StoreErrorKind::Corrupt => "store returned undecodable data",
             StoreErrorKind::Capacity => "store is full",
+            StoreErrorKind::NotReplicated => "written but not acknowledged by enough replicas",
             StoreErrorKind::Other => "store error",
         })
     }

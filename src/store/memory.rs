@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{
-    Claim, IdempotencyStore, KEY_PREFIX, Reservation, StoreError, StoreErrorKind, StoreKey, Token,
+    Claim, Completion, IdempotencyStore, KEY_PREFIX, Reservation, StoreError, StoreErrorKind,
+    StoreKey, Token,
 };
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
@@ -455,18 +456,25 @@ impl IdempotencyStore for MemoryStore {
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Completion, StoreError> {
         let slot = Slot::of(key);
         let (mut guard, now) = self.shard(&slot);
         let Inner { entries, expiries } = &mut *guard;
-        let Some(entry) = entries.get_mut(&slot).filter(|e| owns(e, claim)) else {
-            return Ok(false);
+        let Some(entry) = entries.get_mut(&slot) else {
+            return Ok(Completion::Lost);
         };
+        match &entry.state {
+            State::InFlight { token, .. } if token == claim.token() => {}
+            State::Completed(held) if held.is_owned_by(claim.token()) => {
+                return Ok(Completion::AlreadyWritten);
+            }
+            _ => return Ok(Completion::Lost),
+        }
         expiries.retire(entry.expires, &slot);
         entry.expires = now.saturating_add(nanos(retention));
-        entry.state = State::Completed(record.clone());
+        entry.state = State::Completed(record.clone().owned_by(claim.token()));
         expiries.schedule(retention, entry.expires, slot);
-        Ok(true)
+        Ok(Completion::Written)
     }
 
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
@@ -482,6 +490,24 @@ impl IdempotencyStore for MemoryStore {
         expiries.retire(entry.get().expires, &slot);
         entry.remove();
         self.shared.len.fetch_sub(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let slot = Slot::of(key);
+        let (mut guard, now) = self.shard(&slot);
+        let Inner { entries, expiries } = &mut *guard;
+        let Some(entry) = entries.get_mut(&slot).filter(|e| owns(e, claim)) else {
+            return Ok(false);
+        };
+        expiries.retire(entry.expires, &slot);
+        entry.expires = now.saturating_add(nanos(lease));
+        expiries.schedule(lease, entry.expires, slot);
         Ok(true)
     }
 }
@@ -575,11 +601,12 @@ mod tests {
             .await
             .unwrap();
         let record = Record::ack(first.fingerprint());
-        assert!(
+        assert_eq!(
             store
                 .complete(&k, &first, &record, Duration::from_millis(80))
                 .await
-                .unwrap()
+                .unwrap(),
+            Completion::Written
         );
         tokio::time::sleep(Duration::from_millis(40)).await;
         // The lease's expiry item is due, but the entry was re-set: it stays.
@@ -650,11 +677,12 @@ mod tests {
         for (i, claim) in claims.iter().enumerate().rev() {
             if i % 2 == 0 {
                 let record = Record::ack(claim.fingerprint());
-                assert!(
+                assert_eq!(
                     store
                         .complete(&key(i), claim, &record, lease * 2)
                         .await
-                        .unwrap()
+                        .unwrap(),
+                    Completion::Written
                 );
             } else {
                 assert!(store.release(&key(i), claim).await.unwrap());
@@ -709,8 +737,24 @@ mod tests {
         ));
         assert!(!store.release(&k, &second).await.unwrap());
         let record = Record::ack(Fingerprint::NONE);
-        assert!(!store.complete(&k, &second, &record, lease).await.unwrap());
-        assert!(store.complete(&k, &first, &record, lease).await.unwrap());
+        assert_eq!(
+            store.complete(&k, &second, &record, lease).await.unwrap(),
+            Completion::Lost
+        );
+        assert_eq!(
+            store.complete(&k, &first, &record, lease).await.unwrap(),
+            Completion::Written
+        );
+        // A retried completion recognises its own record (by the first 8 bytes of its random
+        // token); another claim's is still lost.
+        assert_eq!(
+            store.complete(&k, &first, &record, lease).await.unwrap(),
+            Completion::AlreadyWritten
+        );
+        assert_eq!(
+            store.complete(&k, &claim(), &record, lease).await.unwrap(),
+            Completion::Lost
+        );
     }
 
     #[test]
@@ -746,13 +790,46 @@ mod tests {
             Reservation::Acquired
         );
         let record = Record::ack(old.fingerprint());
-        assert!(
-            !store
+        assert_eq!(
+            store
                 .complete(&key, &old, &record, Duration::from_secs(5))
                 .await
-                .unwrap()
+                .unwrap(),
+            Completion::Lost
         );
         assert!(!store.release(&key, &old).await.unwrap());
         assert!(store.release(&key, &new).await.unwrap());
+    }
+}
+
+#[cfg(test)]
+mod renew_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn renewal_keeps_a_claim_past_its_first_lease_and_only_for_its_owner() {
+        let store = MemoryStore::new();
+        let k = StoreKey::new("t", None, "renew");
+        let owner = Claim::new(Fingerprint::NONE);
+        let lease = Duration::from_millis(40);
+        store.reserve(&k, &owner, lease).await.unwrap();
+        for _ in 0..4 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(store.renew(&k, &owner, lease).await.unwrap());
+        }
+        // 80 ms after the claim, two leases: still held.
+        let other = Claim::new(Fingerprint::NONE);
+        assert!(matches!(
+            store.reserve(&k, &other, lease).await.unwrap(),
+            Reservation::InFlight { .. }
+        ));
+        assert!(!store.renew(&k, &other, lease).await.unwrap());
+        // Without renewal it expires within one lease.
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(!store.renew(&k, &owner, lease).await.unwrap());
+        assert_eq!(
+            store.reserve(&k, &other, lease).await.unwrap(),
+            Reservation::Acquired
+        );
     }
 }

@@ -14,7 +14,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_idempotency::store::{Claim, IdempotencyStore, MemoryStore, Reservation, StoreKey};
+//! use tower_idempotency::store::{Claim, Completion, IdempotencyStore, MemoryStore, Reservation, StoreKey};
 //! use tower_idempotency::record::Record;
 //! use tower_idempotency::fingerprint::Fingerprint;
 //!
@@ -30,8 +30,11 @@
 //! let other = Claim::new(Fingerprint::of_bytes(b"{}"));
 //! assert!(matches!(store.reserve(&key, &other, lease).await.unwrap(), Reservation::InFlight { .. }));
 //!
-//! let record = Record::ack(claim.fingerprint());
-//! assert!(store.complete(&key, &claim, &record, Duration::from_secs(3600)).await.unwrap());
+//! let record = Record::ack(claim.fingerprint()).owned_by(claim.token());
+//! let retention = Duration::from_secs(3600);
+//! assert_eq!(store.complete(&key, &claim, &record, retention).await.unwrap(), Completion::Written);
+//! // Completing is safe to retry.
+//! assert_eq!(store.complete(&key, &claim, &record, retention).await.unwrap(), Completion::AlreadyWritten);
 //! assert!(matches!(store.reserve(&key, &other, lease).await.unwrap(), Reservation::Completed(_)));
 //! # }
 //! ```
@@ -259,16 +262,44 @@ pub enum Reservation {
     Completed(Record),
 }
 
+/// What [`IdempotencyStore::complete`] did. Completing is safe to retry: a retry whose first
+/// attempt did land reports [`Completion::AlreadyWritten`], not a lost claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Completion {
+    /// The record replaced our in-flight claim.
+    Written,
+    /// The key already holds the record this claim wrote (an earlier attempt of the same
+    /// completion landed): nothing was changed.
+    AlreadyWritten,
+    /// The key is not held by this claim (its lease expired and another attempt took it, or it
+    /// was released): nothing was written.
+    Lost,
+}
+
+impl Completion {
+    /// Whether the key now holds this claim's record ([`Written`](Self::Written) or
+    /// [`AlreadyWritten`](Self::AlreadyWritten)).
+    pub fn is_recorded(self) -> bool {
+        matches!(self, Completion::Written | Completion::AlreadyWritten)
+    }
+}
+
 /// A store of claims and records. Implemented by [`MemoryStore`], the Redis store (feature
-/// `redis`) and the SQL stores.
+/// `redis`) and the SQL stores (features `postgres`, `sqlite`).
 ///
 /// Implementations must be cheap to clone (an `Arc` or a client handle inside): the layer clones
 /// the store into every response future.
+///
+/// The `*_many` methods act on the items of one batch request, all under one claim (one
+/// token). Their default implementations call the single-key method once per key, in order;
+/// shared stores override them to spend one round trip for the whole batch.
 pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     /// Atomically claims `key` for `claim` with a lease of `lease`, or reports what holds it.
     ///
     /// Must be a single atomic step: two concurrent calls for one key never both get
-    /// [`Reservation::Acquired`] while the first lease is alive.
+    /// [`Reservation::Acquired`] while the first lease is alive. A key already held by the same
+    /// claim (a retried call) is [`Reservation::Acquired`] again.
     fn reserve(
         &self,
         key: &StoreKey,
@@ -278,15 +309,16 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
 
     /// Replaces our in-flight claim with the completed `record`, kept for `retention`.
     ///
-    /// Returns `Ok(false)` and writes nothing when the key is no longer held by `claim`'s token
-    /// (the lease expired and another attempt took it, or it was released).
+    /// Writes nothing and answers [`Completion::Lost`] when the key is no longer held by
+    /// `claim`'s token (the lease expired and another attempt took it, or it was released), and
+    /// [`Completion::AlreadyWritten`] when it already holds the record of this claim.
     fn complete(
         &self,
         key: &StoreKey,
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Completion, StoreError>> + Send;
 
     /// Deletes our in-flight claim so that a retry is processed again.
     ///
@@ -296,6 +328,82 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
         key: &StoreKey,
         claim: &Claim,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Extends our in-flight claim to `lease` from now: what keeps a slow handler's claim alive.
+    ///
+    /// Returns `Ok(false)` and changes nothing when the key is not held by `claim`'s token.
+    fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// [`reserve`](Self::reserve) of every key, one answer per key, in order. Not atomic as a
+    /// whole: each key is claimed atomically on its own. After an error some keys may be held
+    /// by `claim`: the caller releases them.
+    fn reserve_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Vec<Reservation>, StoreError>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(keys.len());
+            for key in keys {
+                out.push(self.reserve(key, claim, lease).await?);
+            }
+            Ok(out)
+        }
+    }
+
+    /// [`complete`](Self::complete) of every key with the same `record`, one answer per key.
+    fn complete_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> impl Future<Output = Result<Vec<Completion>, StoreError>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(keys.len());
+            for key in keys {
+                out.push(self.complete(key, claim, record, retention).await?);
+            }
+            Ok(out)
+        }
+    }
+
+    /// [`release`](Self::release) of every key; returns how many were released.
+    fn release_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send {
+        async move {
+            let mut released = 0;
+            for key in keys {
+                released += usize::from(self.release(key, claim).await?);
+            }
+            Ok(released)
+        }
+    }
+
+    /// [`renew`](Self::renew) of every key; `Ok(true)` when every one was still ours.
+    fn renew_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async move {
+            let mut all = true;
+            for key in keys {
+                all &= self.renew(key, claim, lease).await?;
+            }
+            Ok(all)
+        }
+    }
 }
 
 #[cfg(test)]

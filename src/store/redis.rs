@@ -130,11 +130,12 @@
 //! replicas have acknowledged every write of that connection, or when `timeout` has passed, with
 //! the number that did. The call returns:
 //!
-//! - `Ok(true)` when the record was written *and* at least `replicas` replicas acknowledged it:
-//!   a failover to one of them keeps the record;
-//! - `Ok(false)` when the claim was no longer ours, as without the option (the `WAIT`'s answer
-//!   is then ignored);
-//! - an error of kind [`StoreErrorKind::Unavailable`] whose [`source`](std::error::Error::source)
+//! - `Ok(Completion::Written)` (or `AlreadyWritten`, for a retry whose first attempt landed)
+//!   when the record was written *and* at least `replicas` replicas acknowledged it: a failover
+//!   to one of them keeps the record;
+//! - `Ok(Completion::Lost)` when the claim was no longer ours, as without the option (the
+//!   `WAIT`'s answer is then ignored);
+//! - an error of kind [`StoreErrorKind::NotReplicated`] whose [`source`](std::error::Error::source)
 //!   is a [`NotReplicated`] when fewer replicas acknowledged in time. The record **was written**
 //!   on the primary, and stays there; only a failover before the replicas catch up loses it.
 //!
@@ -217,14 +218,35 @@ use fred::types::config::{Options, Server};
 use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Expiration, SetOptions, Value};
 
-use super::{Claim, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey};
-use crate::record::{Record, StoredValue};
+use super::{
+    Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey,
+};
+use crate::record::{Record, StoredValue, encoded_owner};
 
 /// `complete`: KEYS[1] = key, ARGV[1] = owner prefix (17 bytes), ARGV[2] = encoded record,
-/// ARGV[3] = retention in milliseconds. Returns 1 when the record was written, 0 otherwise.
+/// ARGV[3] = retention in milliseconds, ARGV[4] = owner tag (8 bytes). Returns 1 when the
+/// record was written, 2 when the key already holds a record of this owner (a retried
+/// completion whose first attempt landed), 0 otherwise.
 const COMPLETE_LUA: &str = r#"local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 17) == ARGV[1] then
+if not v then
+  return 0
+end
+if string.sub(v, 1, 17) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+local tag = string.byte(v, 1)
+if (tag == 4 or tag == 5) and string.sub(v, 2, 9) == ARGV[4] then
+  return 2
+end
+return 0
+"#;
+
+/// `renew`: KEYS[1] = key, ARGV[1] = owner prefix (17 bytes), ARGV[2] = lease in
+/// milliseconds. Returns 1 when the claim's lease was extended, 0 otherwise.
+const RENEW_LUA: &str = r#"local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 17) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 return 0
@@ -242,6 +264,7 @@ return 0
 
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COMPLETE_LUA));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RELEASE_LUA));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RENEW_LUA));
 
 /// An [`IdempotencyStore`] on Redis, through a connected [`fred`] client `C`: a [`Pool`] by
 /// default, or a [`Client`]; standalone, clustered or sentinel.
@@ -299,7 +322,7 @@ impl PickClient for Pool {
     }
 }
 
-/// The error behind a [`StoreErrorKind::Unavailable`] from a durable
+/// The error behind a [`StoreErrorKind::NotReplicated`] from a durable
 /// [`complete`](IdempotencyStore::complete): the record was written on the primary, but fewer
 /// replicas than required acknowledged it within the timeout (see
 /// [`RedisStore::durable_completion`]).
@@ -406,7 +429,7 @@ where
     /// Optional: a script missing from the cache is reloaded on first use anyway. Calling this
     /// at start-up only saves the first `complete` / `release` a second round trip.
     pub async fn load_scripts(&self) -> Result<(), StoreError> {
-        for script in [&*COMPLETE, &*RELEASE] {
+        for script in [&*COMPLETE, &*RELEASE, &*RENEW] {
             let lua = script.lua().cloned().unwrap_or_default();
             let _: Value = self
                 .client
@@ -422,23 +445,31 @@ where
         script: &Script,
         key: &StoreKey,
         args: Vec<Value>,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<i64, StoreError> {
         let reply = evalsha_with_reload(&self.client, script, key, args)
             .await
             .map_err(store_error)?;
-        script_outcome(reply)
+        script_reply(reply)
     }
 }
 
-/// The 0 / 1 reply of the `complete` and `release` scripts.
-fn script_outcome(reply: Value) -> Result<bool, StoreError> {
+/// The integer reply of the `complete`, `release` and `renew` scripts.
+fn script_reply(reply: Value) -> Result<i64, StoreError> {
     match reply {
-        Value::Integer(1) => Ok(true),
-        Value::Integer(0) => Ok(false),
+        Value::Integer(n @ 0..=2) => Ok(n),
         other => Err(StoreError::with_source(
             StoreErrorKind::Corrupt,
             format!("unexpected script reply of type {:?}", other.kind()),
         )),
+    }
+}
+
+/// The [`Completion`] of a `complete` script's reply.
+fn completion(reply: i64) -> Completion {
+    match reply {
+        1 => Completion::Written,
+        2 => Completion::AlreadyWritten,
+        _ => Completion::Lost,
     }
 }
 
@@ -482,14 +513,15 @@ where
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Completion, StoreError> {
         let args = vec![
             Value::Bytes(StoredValue::owner_prefix(claim.token())),
-            Value::Bytes(record.encode()),
+            Value::Bytes(record.encode_for(claim.token())),
             Value::Integer(millis(retention)),
+            Value::Bytes(encoded_owner(claim.token())),
         ];
         match self.durability {
-            None => self.run_script(&COMPLETE, key, args).await,
+            None => self.run_script(&COMPLETE, key, args).await.map(completion),
             Some(durability) => {
                 let client = (durability.pick)(&self.client);
                 complete_durably(&client, durability, key, args).await
@@ -499,7 +531,20 @@ where
 
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
         let args = vec![Value::Bytes(StoredValue::owner_prefix(claim.token()))];
-        self.run_script(&RELEASE, key, args).await
+        Ok(self.run_script(&RELEASE, key, args).await? == 1)
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let args = vec![
+            Value::Bytes(StoredValue::owner_prefix(claim.token())),
+            Value::Integer(millis(lease)),
+        ];
+        Ok(self.run_script(&RENEW, key, args).await? == 1)
     }
 }
 
@@ -560,7 +605,7 @@ async fn complete_durably<C>(
     durability: Durability<C>,
     key: &StoreKey,
     args: Vec<Value>,
-) -> Result<bool, StoreError> {
+) -> Result<Completion, StoreError> {
     let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
     let owner = slot_owner(client, slot);
     let mut aborted: Option<FredError> = None;
@@ -581,18 +626,12 @@ async fn complete_durably<C>(
                 continue;
             }
         };
-        if !script_outcome(written.map_err(store_error)?)? {
-            return match aborted {
-                None => Ok(false),
-                Some(error) => Err(StoreError::with_source(
-                    StoreErrorKind::Unavailable,
-                    format!(
-                        "a durable completion was interrupted ({error}) and its retry found \
-                         the claim gone: the interrupted attempt probably wrote the record, \
-                         unconfirmed by any replica"
-                    ),
-                )),
-            };
+        // An interrupted first attempt that did land shows as 2 (our own record): the WAIT
+        // behind the retry still counts it, since it covers every write of the connection
+        // and the replicas receive writes in order.
+        let outcome = completion(script_reply(written.map_err(store_error)?)?);
+        if outcome == Completion::Lost {
+            return Ok(Completion::Lost);
         }
         if slot_owner(client, slot) != owner {
             // The write was redirected (MOVED) after the WAIT had left for the former owner.
@@ -609,7 +648,7 @@ async fn complete_durably<C>(
         };
         if acknowledged < durability.replicas {
             return Err(StoreError::with_source(
-                StoreErrorKind::Unavailable,
+                StoreErrorKind::NotReplicated,
                 NotReplicated {
                     acknowledged,
                     required: durability.replicas,
@@ -617,7 +656,7 @@ async fn complete_durably<C>(
                 },
             ));
         }
-        return Ok(true);
+        return Ok(outcome);
     }
     let error = aborted.unwrap_or_else(FredError::new_canceled);
     Err(store_error(error))

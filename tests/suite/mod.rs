@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::key::{ExtractKeyExt, FieldsFingerprintKey, HeaderKey, JsonPathKey};
+use tower_idempotency::key::{FieldsFingerprintKey, HeaderKey, JsonPathKey};
 use tower_idempotency::{
     FailureMode, IdempotencyLayer, IdempotencyStore, MissingKey, Mode, OnMismatch, Outcome, Scope,
 };
@@ -395,7 +395,7 @@ pub async fn panic_in_handler_releases_the_claim<St: IdempotencyStore>(store: St
     }
 }
 
-pub async fn lease_expiry_unblocks_and_late_completion_loses<St: IdempotencyStore>(store: St) {
+pub async fn slow_handler_keeps_its_claim_by_renewal<St: IdempotencyStore>(store: St) {
     let effects = Effects::default();
     let app = router(
         layer(store, "lease")
@@ -407,26 +407,30 @@ pub async fn lease_expiry_unblocks_and_late_completion_loses<St: IdempotencyStor
         let app = app.clone();
         tokio::spawn(async move {
             let mut req = post("/effect", Some("k1"), "{}");
+            // Four leases long: only renewal keeps the claim.
             req.headers_mut()
                 .insert("x-demo-delay-ms", "1200".parse().unwrap());
             send(&app, req).await
         })
     };
     effects.wait_started(1).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // The lease expired: the newer attempt is processed (documented double effect).
-    let (status, _, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
-    assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(body, "effect 2");
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Past the first lease, the claim is still held: a duplicate meanwhile is a 409.
+        let (status, headers, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(headers.contains_key("retry-after"));
+        assert_problem(&headers, &body, 409, "in_flight");
+    }
     let (status, _, body) = slow.await.unwrap();
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(body, "effect 1");
-    // The late completion of the first did not overwrite the newer holder's record.
+    // The slow original recorded its response: the retry gets it replayed.
     let (status, headers, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(headers["idempotent-replayed"], "true");
-    assert_eq!(body, "effect 2");
-    assert_eq!(effects.total(), 2);
+    assert_eq!(body, "effect 1");
+    assert_eq!(effects.total(), 1);
 }
 
 pub async fn replay_mode_replays_status_headers_body_and_trailers<St: IdempotencyStore>(store: St) {
@@ -503,7 +507,7 @@ pub async fn scopes_keep_routes_and_tenants_apart<St: IdempotencyStore>(store: S
     assert_eq!(effects.total(), 2);
 
     let app = router(
-        layer(store, "scope-tenant").scope(Scope::header("x-tenant-id")),
+        layer(store, "scope-tenant").scope(Scope::header("x-tenant-id").unwrap()),
         &effects,
     );
     for tenant in ["a", "b", "a"] {
@@ -629,8 +633,11 @@ pub async fn bad_json_bodies_are_400_saying_why<St: IdempotencyStore>(store: St)
 pub async fn header_else_body_fallback_is_one_key<St: IdempotencyStore>(store: St) {
     let effects = Effects::default();
     let app = router(
-        layer(store, "sangho")
-            .key(HeaderKey::new("Sangho-Event-ID").or(JsonPathKey::new("$.id").unwrap())),
+        layer(store, "sangho").key(
+            HeaderKey::new("Sangho-Event-ID")
+                .unwrap()
+                .or(JsonPathKey::new("$.id").unwrap()),
+        ),
         &effects,
     );
     let body = r#"{"id":"evt_1QbR8m2eZvKYlo2C","type":"payment_intent.succeeded"}"#;
@@ -712,7 +719,7 @@ macro_rules! store_suite {
             failed_attempt_is_processed_again,
             dropped_future_releases_the_claim,
             panic_in_handler_releases_the_claim,
-            lease_expiry_unblocks_and_late_completion_loses,
+            slow_handler_keeps_its_claim_by_renewal,
             replay_mode_replays_status_headers_body_and_trailers,
             failing_response_body_is_not_recorded,
             large_streamed_response_is_recorded_at_its_end,

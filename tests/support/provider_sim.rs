@@ -61,7 +61,9 @@ use tokio::sync::Semaphore;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_idempotency::key::HeaderKey;
 use tower_idempotency::record::Record;
-use tower_idempotency::store::{Claim, IdempotencyStore, Reservation, StoreError, StoreKey};
+use tower_idempotency::store::{
+    Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreKey,
+};
 use tower_idempotency::{IdempotencyLayer, RedisStore};
 
 pub use self::redis_server::RedisServer;
@@ -324,7 +326,7 @@ impl<St: IdempotencyStore> IdempotencyStore for Tracked<St> {
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Completion, StoreError> {
         let mut guard = CompleteGuard {
             log: self.log.clone(),
             key: key.clone(),
@@ -336,12 +338,26 @@ impl<St: IdempotencyStore> IdempotencyStore for Tracked<St> {
             tokio::time::sleep(self.complete_delay).await;
         }
         let result = self.inner.complete(key, claim, record, retention).await;
-        guard.result = Some(result.as_ref().map(|ok| *ok).map_err(|_| ()));
+        guard.result = Some(
+            result
+                .as_ref()
+                .map(|done| *done != Completion::Lost)
+                .map_err(|_| ()),
+        );
         result
     }
 
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
         self.inner.release(key, claim).await
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.renew(key, claim, lease).await
     }
 }
 
@@ -416,7 +432,7 @@ fn app(
 ) -> Router {
     let layer = IdempotencyLayer::new(store)
         .namespace(NAMESPACE)
-        .key(HeaderKey::new(KEY_HEADER))
+        .key(HeaderKey::new(KEY_HEADER).unwrap())
         .lease(config.lease)
         .store_timeout(config.store_timeout);
     Router::new()

@@ -71,7 +71,7 @@ pub use self::postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 pub use self::sqlite::SqliteStore;
 
-use super::{Reservation, StoreError, StoreErrorKind};
+use super::{Claim, Completion, Reservation, StoreError, StoreErrorKind};
 use crate::fingerprint::Fingerprint;
 use crate::record::StoredValue;
 
@@ -170,6 +170,20 @@ fn held(state: &str, fingerprint: &[u8], record: Option<&[u8]>) -> Result<Reserv
         ("completed", None) => Err(corrupt("completed row without a record")),
         _ => Err(corrupt("unknown state")),
     }
+}
+
+/// What a `complete` that updated no row means: the key holds this claim's own record (a
+/// retried completion whose first attempt landed), or the claim was lost.
+fn completion_after_miss(record: Option<&[u8]>, claim: &Claim) -> Result<Completion, StoreError> {
+    let Some(record) = record else {
+        return Ok(Completion::Lost);
+    };
+    Ok(match StoredValue::decode(record)? {
+        StoredValue::Completed(record) if record.is_owned_by(claim.token()) => {
+            Completion::AlreadyWritten
+        }
+        _ => Completion::Lost,
+    })
 }
 
 /// The error when a claim kept conflicting with a row that vanished before it could be read.

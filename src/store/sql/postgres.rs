@@ -35,11 +35,13 @@ use sqlx::Row;
 use sqlx::postgres::PgPool;
 
 use super::{
-    DEFAULT_PURGE_BATCH, DEFAULT_TABLE, RESERVE_ATTEMPTS, bare_name, held, millis,
-    purge_in_batches, spawn_purge_task, store_error, unsettled, validate_table,
+    DEFAULT_PURGE_BATCH, DEFAULT_TABLE, RESERVE_ATTEMPTS, bare_name, completion_after_miss, held,
+    millis, purge_in_batches, spawn_purge_task, store_error, unsettled, validate_table,
 };
 use crate::record::Record;
-use crate::store::{Claim, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey};
+use crate::store::{
+    Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey,
+};
 
 /// An [`IdempotencyStore`] in a PostgreSQL table.
 ///
@@ -66,6 +68,8 @@ struct Statements {
     reserve: String,
     complete: String,
     release: String,
+    renew: String,
+    read_record: String,
     purge: String,
 }
 
@@ -103,6 +107,14 @@ WHERE key = $1 AND state = 'in_flight' AND token = $2 AND expires_at > now()"
             release: format!(
                 "DELETE FROM {table}
 WHERE key = $1 AND state = 'in_flight' AND token = $2 AND expires_at > now()"
+            ),
+            renew: format!(
+                "UPDATE {table} SET expires_at = now() + $3::bigint * interval '1 millisecond'
+WHERE key = $1 AND state = 'in_flight' AND token = $2 AND expires_at > now()"
+            ),
+            read_record: format!(
+                "SELECT record FROM {table}
+WHERE key = $1 AND state = 'completed' AND expires_at > now()"
             ),
             // SKIP LOCKED: never wait for (nor block) a claim taking an expired row over, and
             // let several purgers share the work.
@@ -286,23 +298,48 @@ impl IdempotencyStore for PostgresStore {
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Completion, StoreError> {
         let done = sqlx::query(&self.sql.complete)
             .bind(key.as_str())
             .bind(&claim.token().as_bytes()[..])
             .bind(&record.fingerprint().as_bytes()[..])
-            .bind(&record.encode()[..])
+            .bind(&record.encode_for(claim.token())[..])
             .bind(millis(retention))
             .execute(&self.pool)
             .await
             .map_err(pg_error)?;
-        Ok(done.rows_affected() == 1)
+        if done.rows_affected() == 1 {
+            return Ok(Completion::Written);
+        }
+        let row = sqlx::query(&self.sql.read_record)
+            .bind(key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(pg_error)?;
+        let record: Option<Vec<u8>> = row.map(|r| r.try_get(0)).transpose().map_err(pg_error)?;
+        completion_after_miss(record.as_deref(), claim)
     }
 
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
         let done = sqlx::query(&self.sql.release)
             .bind(key.as_str())
             .bind(&claim.token().as_bytes()[..])
+            .execute(&self.pool)
+            .await
+            .map_err(pg_error)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.sql.renew)
+            .bind(key.as_str())
+            .bind(&claim.token().as_bytes()[..])
+            .bind(millis(lease))
             .execute(&self.pool)
             .await
             .map_err(pg_error)?;

@@ -31,11 +31,13 @@ use sqlx::sqlite::{
 };
 
 use super::{
-    DEFAULT_PURGE_BATCH, DEFAULT_TABLE, RESERVE_ATTEMPTS, bare_name, held, millis,
-    purge_in_batches, spawn_purge_task, store_error, unsettled, validate_table,
+    DEFAULT_PURGE_BATCH, DEFAULT_TABLE, RESERVE_ATTEMPTS, bare_name, completion_after_miss, held,
+    millis, purge_in_batches, spawn_purge_task, store_error, unsettled, validate_table,
 };
 use crate::record::Record;
-use crate::store::{Claim, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey};
+use crate::store::{
+    Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey,
+};
 
 /// An [`IdempotencyStore`] in an SQLite table.
 ///
@@ -57,6 +59,8 @@ struct Statements {
     read: String,
     complete: String,
     release: String,
+    renew: String,
+    read_record: String,
     purge: String,
 }
 
@@ -89,6 +93,14 @@ WHERE key = ?1 AND state = 'in_flight' AND token = ?2 AND expires_at > ?5"
             release: format!(
                 "DELETE FROM {table}
 WHERE key = ?1 AND state = 'in_flight' AND token = ?2 AND expires_at > ?3"
+            ),
+            renew: format!(
+                "UPDATE {table} SET expires_at = ?3 + ?4
+WHERE key = ?1 AND state = 'in_flight' AND token = ?2 AND expires_at > ?3"
+            ),
+            read_record: format!(
+                "SELECT record FROM {table}
+WHERE key = ?1 AND state = 'completed' AND expires_at > ?2"
             ),
             purge: format!(
                 "DELETE FROM {table}
@@ -295,18 +307,31 @@ impl IdempotencyStore for SqliteStore {
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Completion, StoreError> {
         let done = sqlx::query(&self.sql.complete)
             .bind(key.as_str())
             .bind(&claim.token().as_bytes()[..])
             .bind(&record.fingerprint().as_bytes()[..])
-            .bind(&record.encode()[..])
+            .bind(&record.encode_for(claim.token())[..])
             .bind(now_ms())
             .bind(millis(retention))
             .execute(&self.pool)
             .await
             .map_err(sqlite_error)?;
-        Ok(done.rows_affected() == 1)
+        if done.rows_affected() == 1 {
+            return Ok(Completion::Written);
+        }
+        let row = sqlx::query(&self.sql.read_record)
+            .bind(key.as_str())
+            .bind(now_ms())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(sqlite_error)?;
+        let record: Option<Vec<u8>> = row
+            .map(|r| r.try_get(0))
+            .transpose()
+            .map_err(sqlite_error)?;
+        completion_after_miss(record.as_deref(), claim)
     }
 
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
@@ -314,6 +339,24 @@ impl IdempotencyStore for SqliteStore {
             .bind(key.as_str())
             .bind(&claim.token().as_bytes()[..])
             .bind(now_ms())
+            .execute(&self.pool)
+            .await
+            .map_err(sqlite_error)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let now = now_ms();
+        let done = sqlx::query(&self.sql.renew)
+            .bind(key.as_str())
+            .bind(&claim.token().as_bytes()[..])
+            .bind(now)
+            .bind(millis(lease))
             .execute(&self.pool)
             .await
             .map_err(sqlite_error)?;

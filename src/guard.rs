@@ -1,0 +1,541 @@
+//! [`ClaimGuard`]: the one owner of a request's claim (one key, or the items of a batch), from
+//! the reserve to its settlement, whatever happens in between (non-success, `Err`, panic, a
+//! dropped future, a response body that fails or is dropped).
+//!
+//! - It **renews** the lease while its owner is alive: the inner service still running, or its
+//!   streamed response still being produced. Renewal starts after a third of the lease (fast
+//!   requests never pay for it) and runs on a spawned task every third of the lease, so a slow
+//!   handler keeps its claim and a crashed one frees the key within about one lease.
+//! - It **settles once**: completes (a record) or releases (nothing), or on partial failure of a
+//!   batch both, each store call under the store timeout.
+//! - Settling the claim of a succeeded attempt runs to its end even if the request is dropped,
+//!   and store errors are retried with one [`Backoff`] while the claim is still alive; a guard
+//!   dropped unsettled releases in the background with the same policy. The lease TTL is the
+//!   backstop when everything fails.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+
+use crate::items::BatchItems;
+use crate::observe::{Observer, StoreOp};
+use crate::record::Record;
+use crate::store::{
+    Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey,
+};
+
+/// Runs `fut` under the store timeout.
+///
+/// A store that answers on the first poll (the memory store, always) never arms a timer: the
+/// deadline is set only if the first poll is pending.
+pub(crate) async fn timed<T>(
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let mut fut = std::pin::pin!(fut);
+    if let Poll::Ready(result) = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
+    {
+        return result;
+    }
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::new(StoreErrorKind::Timeout)),
+    }
+}
+
+/// The one retry policy of the guard: 100 ms, doubling, at most 2 s apart.
+#[derive(Clone, Copy, Debug)]
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(2);
+
+    fn new() -> Self {
+        Backoff { next: Self::FIRST }
+    }
+
+    /// The pause before the next try.
+    fn pause(&mut self) -> Duration {
+        let pause = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        pause
+    }
+}
+
+/// How many times a release is tried in the background before the lease TTL is left to
+/// free the key.
+const RELEASE_TRIES: usize = 4;
+
+/// The settings of one claim, shared by the guard, its store calls and its renewal task.
+struct Common {
+    observer: Observer,
+    claim: Claim,
+    lease: Duration,
+    retention: Duration,
+    timeout: Duration,
+    /// The keys this claim may hold: before the reserve answered, every key asked for; after,
+    /// those acquired.
+    held: Mutex<Vec<StoreKey>>,
+    /// Settled or dropped: the renewal task stops.
+    stopped: AtomicBool,
+    /// The renewal task was spawned.
+    renewing: AtomicBool,
+    /// Until when the claim is surely ours (nanoseconds since [`EPOCH`]): the lease from the
+    /// reserve or from the last renewal. A failed completion is retried until then.
+    alive_until: AtomicU64,
+}
+
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn nanos_since_epoch(at: Instant) -> u64 {
+    at.saturating_duration_since(*EPOCH).as_nanos() as u64
+}
+
+impl Common {
+    fn held(&self) -> Vec<StoreKey> {
+        self.held.lock().map(|h| h.clone()).unwrap_or_default()
+    }
+
+    fn alive_until(&self) -> Instant {
+        *EPOCH + Duration::from_nanos(self.alive_until.load(Ordering::Acquire))
+    }
+
+    fn extend(&self, from: Instant) {
+        self.alive_until
+            .store(nanos_since_epoch(from + self.lease), Ordering::Release);
+    }
+}
+
+/// The store calls of one claim, with the store type erased so that futures and bodies do
+/// not carry it. One box per store call.
+trait Ops: Send + Sync + 'static {
+    fn common(&self) -> &Common;
+    fn reserve(self: Arc<Self>) -> BoxFuture<'static, Result<Vec<Reservation>, StoreError>>;
+    fn complete(
+        self: Arc<Self>,
+        keys: Vec<StoreKey>,
+        record: Record,
+    ) -> BoxFuture<'static, Result<Vec<Completion>, StoreError>>;
+    fn release(
+        self: Arc<Self>,
+        keys: Vec<StoreKey>,
+    ) -> BoxFuture<'static, Result<usize, StoreError>>;
+    fn renew(self: Arc<Self>, keys: Vec<StoreKey>) -> BoxFuture<'static, Result<bool, StoreError>>;
+}
+
+struct StoreClaim<St> {
+    common: Common,
+    store: St,
+}
+
+impl<St: IdempotencyStore> StoreClaim<St> {
+    async fn call<T>(
+        &self,
+        op: StoreOp,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let timer = self.common.observer.stopwatch();
+        let result = timed(self.common.timeout, fut).await;
+        self.common.observer.store_call(op, timer, result.is_ok());
+        result
+    }
+}
+
+impl<St: IdempotencyStore> Ops for StoreClaim<St> {
+    fn common(&self) -> &Common {
+        &self.common
+    }
+
+    fn reserve(self: Arc<Self>) -> BoxFuture<'static, Result<Vec<Reservation>, StoreError>> {
+        Box::pin(async move {
+            let c = &self.common;
+            let keys = c.held();
+            if let [key] = keys.as_slice() {
+                let one = self.store.reserve(key, &c.claim, c.lease);
+                return self.call(StoreOp::Reserve, one).await.map(|r| vec![r]);
+            }
+            let many = self.store.reserve_many(&keys, &c.claim, c.lease);
+            self.call(StoreOp::Reserve, many).await
+        })
+    }
+
+    fn complete(
+        self: Arc<Self>,
+        keys: Vec<StoreKey>,
+        record: Record,
+    ) -> BoxFuture<'static, Result<Vec<Completion>, StoreError>> {
+        Box::pin(async move {
+            let c = &self.common;
+            if let [key] = keys.as_slice() {
+                let one = self.store.complete(key, &c.claim, &record, c.retention);
+                return self.call(StoreOp::Complete, one).await.map(|r| vec![r]);
+            }
+            let many = self
+                .store
+                .complete_many(&keys, &c.claim, &record, c.retention);
+            self.call(StoreOp::Complete, many).await
+        })
+    }
+
+    fn release(
+        self: Arc<Self>,
+        keys: Vec<StoreKey>,
+    ) -> BoxFuture<'static, Result<usize, StoreError>> {
+        Box::pin(async move {
+            let c = &self.common;
+            if let [key] = keys.as_slice() {
+                let one = self.store.release(key, &c.claim);
+                return self.call(StoreOp::Release, one).await.map(usize::from);
+            }
+            let many = self.store.release_many(&keys, &c.claim);
+            self.call(StoreOp::Release, many).await
+        })
+    }
+
+    fn renew(self: Arc<Self>, keys: Vec<StoreKey>) -> BoxFuture<'static, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let c = &self.common;
+            if let [key] = keys.as_slice() {
+                let one = self.store.renew(key, &c.claim, c.lease);
+                return self.call(StoreOp::Renew, one).await;
+            }
+            let many = self.store.renew_many(&keys, &c.claim, c.lease);
+            self.call(StoreOp::Renew, many).await
+        })
+    }
+}
+
+/// How a claim ends.
+pub(crate) enum Settlement {
+    /// The attempt succeeded: write `record` for every held key.
+    Success(Record),
+    /// The attempt failed: release every held key, except the batch items the handler reported
+    /// done ([`BatchItems::mark_done`]), which get an ack record.
+    Failure,
+}
+
+/// The owner of one request's claim. See the [module docs](self).
+pub(crate) struct ClaimGuard {
+    ops: Arc<dyn Ops>,
+    /// The batch items handed to the inner service, for partial failures.
+    items: Option<BatchItems>,
+    /// The request was a gRPC call (success is its final `grpc-status`).
+    grpc: bool,
+    settled: bool,
+}
+
+impl std::fmt::Debug for ClaimGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimGuard")
+            .field("settled", &self.settled)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClaimGuard {
+    /// A guard for `claim` on `keys`, not yet reserved.
+    pub(crate) fn new<St: IdempotencyStore>(
+        store: St,
+        keys: Vec<StoreKey>,
+        claim: Claim,
+        lease: Duration,
+        retention: Duration,
+        timeout: Duration,
+        observer: Observer,
+    ) -> Self {
+        let common = Common {
+            observer,
+            claim,
+            lease,
+            retention,
+            timeout,
+            held: Mutex::new(keys),
+            stopped: AtomicBool::new(false),
+            renewing: AtomicBool::new(false),
+            alive_until: AtomicU64::new(0),
+        };
+        ClaimGuard {
+            ops: Arc::new(StoreClaim { common, store }),
+            items: None,
+            grpc: false,
+            settled: false,
+        }
+    }
+
+    /// Marks the request as a gRPC call.
+    pub(crate) fn set_grpc(&mut self, grpc: bool) {
+        self.grpc = grpc;
+    }
+
+    /// Whether the request was a gRPC call.
+    pub(crate) fn is_grpc(&self) -> bool {
+        self.grpc
+    }
+
+    /// Whether the claim is on the items of a batch.
+    pub(crate) fn is_batch(&self) -> bool {
+        self.items.is_some()
+    }
+
+    /// The claim (token and fingerprint).
+    pub(crate) fn claim(&self) -> &Claim {
+        &self.ops.common().claim
+    }
+
+    /// Claims every key (again: keys this claim already holds answer
+    /// [`Reservation::Acquired`]). Until [`keep`](Self::keep) or a settlement, dropping the
+    /// guard releases them all: a reserve that failed or was cut off may still have landed.
+    pub(crate) async fn reserve(&mut self) -> Result<Vec<Reservation>, StoreError> {
+        let started = Instant::now();
+        let result = self.ops.clone().reserve().await;
+        self.ops.common().extend(started);
+        result
+    }
+
+    /// Keeps the keys whose reservation `keep` accepts (the acquired ones); the others are not
+    /// this claim's to settle.
+    pub(crate) fn keep(&mut self, reservations: &[Reservation]) {
+        if let Ok(mut held) = self.ops.common().held.lock() {
+            let mut answers = reservations.iter();
+            held.retain(|_| matches!(answers.next(), Some(Reservation::Acquired)));
+        }
+    }
+
+    /// Holds nothing any more: what a reserve that surely wrote nothing leaves (the memory
+    /// store refusing a new key when full).
+    pub(crate) fn forget(mut self) {
+        self.settled = true;
+    }
+
+    /// Hands the batch items to the guard, for [`Settlement::Failure`].
+    pub(crate) fn set_items(&mut self, items: BatchItems) {
+        self.items = Some(items);
+    }
+
+    /// A handle that starts the renewal of this claim when its owner turns out slow.
+    pub(crate) fn renewal(&self) -> Renewal {
+        Renewal(self.ops.clone())
+    }
+
+    /// Releases every held key now (one try; the background path retries).
+    pub(crate) async fn release(mut self) {
+        self.settled = true;
+        stop(&*self.ops);
+        let keys = self.ops.common().held();
+        if keys.is_empty() {
+            return;
+        }
+        if let Err(err) = self.ops.clone().release(keys.clone()).await {
+            tracing::warn!(error = %err, "could not release an idempotency claim; retrying in the background");
+            release_in_background(self.ops.clone(), keys, 1);
+        }
+    }
+
+    /// Settles the claim: records on success, releases on failure (recording the batch items
+    /// reported done). Once this is called, the settlement runs to its end even if the
+    /// returned future is dropped.
+    pub(crate) async fn settle(mut self, settlement: Settlement) {
+        self.settled = true;
+        let ops = self.ops.clone();
+        let held = ops.common().held();
+        let (record, release) = match settlement {
+            Settlement::Success(record) => (Some((held, record)), Vec::new()),
+            Settlement::Failure => {
+                let done = self.items.as_ref().map(BatchItems::done_mask);
+                let (mut keep, mut drop) = (Vec::new(), Vec::new());
+                for (i, key) in held.into_iter().enumerate() {
+                    if done
+                        .as_ref()
+                        .is_some_and(|d| d.get(i).copied().unwrap_or(false))
+                    {
+                        keep.push(key);
+                    } else {
+                        drop.push(key);
+                    }
+                }
+                let fingerprint = ops.common().claim.fingerprint();
+                let record = (!keep.is_empty()).then(|| (keep, Record::ack(fingerprint)));
+                (record, drop)
+            }
+        };
+        FinishOnDrop(Some(Box::pin(settle_in_full(ops, record, release)))).await
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        stop(&*self.ops);
+        let keys = self.ops.common().held();
+        if !keys.is_empty() {
+            release_in_background(self.ops.clone(), keys, 0);
+        }
+    }
+}
+
+/// Stops the renewal task (at its next tick).
+fn stop(ops: &dyn Ops) {
+    ops.common().stopped.store(true, Ordering::Release);
+}
+
+/// Writes `record` for its keys, retrying store errors while the claim is alive, then
+/// releases `release`; stops the renewal at the end.
+async fn settle_in_full(
+    ops: Arc<dyn Ops>,
+    record: Option<(Vec<StoreKey>, Record)>,
+    release: Vec<StoreKey>,
+) {
+    if let Some((keys, record)) = record {
+        complete_with_retries(&ops, keys, record).await;
+    }
+    stop(&*ops);
+    if !release.is_empty() {
+        if let Err(err) = ops.clone().release(release.clone()).await {
+            tracing::warn!(error = %err, "could not release an idempotency claim; retrying in the background");
+            release_in_background(ops, release, 1);
+        }
+    }
+}
+
+async fn complete_with_retries(ops: &Arc<dyn Ops>, keys: Vec<StoreKey>, record: Record) {
+    let mut backoff = Backoff::new();
+    let mut retried = false;
+    loop {
+        match ops.clone().complete(keys.clone(), record.clone()).await {
+            Ok(answers) => {
+                if answers.contains(&Completion::Lost) {
+                    tracing::warn!(
+                        "idempotency claim lost before completion (its lease expired without \
+                         renewal, or the store lost it); the key was not recorded"
+                    );
+                    ops.common().observer.lease_lost();
+                } else if retried {
+                    tracing::info!("idempotency key recorded on a retry");
+                }
+                return;
+            }
+            Err(err) if err.kind() == StoreErrorKind::NotReplicated => {
+                // Written on the primary: writing again would change nothing.
+                return tracing::error!(error = %err, "idempotency record not replicated");
+            }
+            Err(err) => {
+                let pause = backoff.pause();
+                if Instant::now() + pause >= ops.common().alive_until() {
+                    return tracing::error!(
+                        error = %err,
+                        "gave up recording a completed idempotency key: its lease ran out; a \
+                         duplicate may run again"
+                    );
+                }
+                tracing::warn!(error = %err, "could not record a completed idempotency key; retrying");
+                retried = true;
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}
+
+/// Releases `keys` from a spawned task, trying up to [`RELEASE_TRIES`] times (`tried` already
+/// done). A release of a claim that never landed, or was already released, changes nothing;
+/// a reserve still queued in a reconnecting client lands before the later tries.
+fn release_in_background(ops: Arc<dyn Ops>, keys: Vec<StoreKey>, tried: usize) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return tracing::warn!(
+            "idempotency claim dropped outside a Tokio runtime; it expires with its lease"
+        );
+    };
+    handle.spawn(async move {
+        let mut backoff = Backoff::new();
+        for attempt in tried..RELEASE_TRIES {
+            if attempt > 0 {
+                tokio::time::sleep(backoff.pause()).await;
+            }
+            if ops.clone().release(keys.clone()).await.is_ok() {
+                return;
+            }
+        }
+        tracing::error!("could not release an idempotency claim; it expires with its lease");
+    });
+}
+
+/// Starts the renewal of a claim whose owner is still busy after a third of the lease.
+#[derive(Clone)]
+pub(crate) struct Renewal(Arc<dyn Ops>);
+
+impl Renewal {
+    /// The first renewal is due this long after the claim.
+    pub(crate) fn interval(&self) -> Duration {
+        self.0.common().lease / 3
+    }
+
+    /// Spawns the renewal task, once.
+    pub(crate) fn start(&self) {
+        let common = self.0.common();
+        if common.stopped.load(Ordering::Acquire) || common.renewing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        handle.spawn(renew_while_alive(self.0.clone()));
+    }
+}
+
+async fn renew_while_alive(ops: Arc<dyn Ops>) {
+    let every = ops.common().lease / 3;
+    loop {
+        let c = ops.common();
+        if c.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        let started = Instant::now();
+        match ops.clone().renew(c.held()).await {
+            Ok(true) => c.extend(started),
+            Ok(false) if c.stopped.load(Ordering::Acquire) => return,
+            Ok(false) => {
+                tracing::error!(
+                    "idempotency claim lost while its owner was still running (the store lost \
+                     it, or a renewal came too late): a duplicate may run meanwhile"
+                );
+                c.observer.lease_lost();
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not renew an idempotency claim; retrying")
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// A store call that is finished on a spawned task if it is dropped before it finished.
+struct FinishOnDrop(Option<BoxFuture<'static, ()>>);
+
+impl Future for FinishOnDrop {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        let Some(fut) = self.0.as_mut() else {
+            return Poll::Ready(());
+        };
+        std::task::ready!(fut.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(())
+    }
+}
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        if let (Some(fut), Ok(handle)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            handle.spawn(fut);
+        }
+    }
+}
