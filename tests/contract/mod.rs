@@ -1,0 +1,340 @@
+//! The store contract every backend must honour, called on the store directly (no HTTP):
+//! state transitions, token checks, takeover of expired claims, renewal, concurrent winners,
+//! retry-safe completion and per-item (batch) claims.
+//!
+//! Each store's test file instantiates it with `store_contract!(async { (store, guard) })`,
+//! where `guard` keeps whatever the store needs (a server) alive for the test.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::record::Record;
+use tower_idempotency::store::{Claim, Completion, IdempotencyStore, Reservation, StoreKey};
+
+const RETENTION: Duration = Duration::from_secs(3600);
+const LONG: Duration = Duration::from_secs(60);
+
+/// A key no other test (nor an earlier run against the same server) uses.
+pub fn fresh_key(test: &str) -> StoreKey {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let unique = format!(
+        "{test}-{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    StoreKey::new("contract", None, &unique)
+}
+
+fn claim() -> Claim {
+    Claim::new(Fingerprint::of_bytes(b"payload"))
+}
+
+fn ack(claim: &Claim) -> Record {
+    Record::ack(claim.fingerprint()).owned_by(claim.token())
+}
+
+/// absent → in flight → completed; a second claim sees each state.
+pub async fn reserve_complete_then_duplicate<St: IdempotencyStore>(store: St) {
+    let key = fresh_key("transitions");
+    let (first, second) = (claim(), claim());
+    assert_eq!(
+        store.reserve(&key, &first, LONG).await.unwrap(),
+        Reservation::Acquired
+    );
+    // The same claim again (a retried reserve): still ours.
+    assert_eq!(
+        store.reserve(&key, &first, LONG).await.unwrap(),
+        Reservation::Acquired
+    );
+    assert_eq!(
+        store.reserve(&key, &second, LONG).await.unwrap(),
+        Reservation::InFlight {
+            fingerprint: first.fingerprint()
+        }
+    );
+    let record = ack(&first);
+    assert_eq!(
+        store
+            .complete(&key, &first, &record, RETENTION)
+            .await
+            .unwrap(),
+        Completion::Written
+    );
+    match store.reserve(&key, &second, LONG).await.unwrap() {
+        Reservation::Completed(held) => assert_eq!(held.fingerprint(), first.fingerprint()),
+        other => panic!("expected a completed record, got {other:?}"),
+    }
+}
+
+/// Completing again after a completion that landed says so; a stranger's completion is lost.
+pub async fn complete_is_safe_to_retry<St: IdempotencyStore>(store: St) {
+    let key = fresh_key("retry-complete");
+    let owner = claim();
+    store.reserve(&key, &owner, LONG).await.unwrap();
+    let record = ack(&owner);
+    assert_eq!(
+        store
+            .complete(&key, &owner, &record, RETENTION)
+            .await
+            .unwrap(),
+        Completion::Written
+    );
+    assert_eq!(
+        store
+            .complete(&key, &owner, &record, RETENTION)
+            .await
+            .unwrap(),
+        Completion::AlreadyWritten
+    );
+    let stranger = claim();
+    assert_eq!(
+        store
+            .complete(&key, &stranger, &ack(&stranger), RETENTION)
+            .await
+            .unwrap(),
+        Completion::Lost
+    );
+    // Completing a key nobody holds writes nothing.
+    let absent = fresh_key("retry-complete-absent");
+    assert_eq!(
+        store
+            .complete(&absent, &owner, &record, RETENTION)
+            .await
+            .unwrap(),
+        Completion::Lost
+    );
+    assert_eq!(
+        store.reserve(&absent, &stranger, LONG).await.unwrap(),
+        Reservation::Acquired
+    );
+}
+
+/// Release and renew compare the owner token.
+pub async fn release_and_renew_check_the_token<St: IdempotencyStore>(store: St) {
+    let key = fresh_key("tokens");
+    let (owner, stranger) = (claim(), claim());
+    store.reserve(&key, &owner, LONG).await.unwrap();
+    assert!(!store.release(&key, &stranger).await.unwrap());
+    assert!(!store.renew(&key, &stranger, LONG).await.unwrap());
+    assert!(store.renew(&key, &owner, LONG).await.unwrap());
+    assert!(store.release(&key, &owner).await.unwrap());
+    assert!(!store.release(&key, &owner).await.unwrap());
+    assert!(!store.renew(&key, &owner, LONG).await.unwrap());
+    assert_eq!(
+        store.reserve(&key, &stranger, LONG).await.unwrap(),
+        Reservation::Acquired
+    );
+}
+
+/// An expired claim (its owner died) is taken over; the old owner can no longer touch it.
+pub async fn expired_claim_is_taken_over<St: IdempotencyStore>(store: St) {
+    let key = fresh_key("takeover");
+    let (dead, next) = (claim(), claim());
+    store
+        .reserve(&key, &dead, Duration::from_millis(200))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        store.reserve(&key, &next, LONG).await.unwrap(),
+        Reservation::Acquired
+    );
+    assert_eq!(
+        store
+            .complete(&key, &dead, &ack(&dead), RETENTION)
+            .await
+            .unwrap(),
+        Completion::Lost
+    );
+    assert!(!store.release(&key, &dead).await.unwrap());
+    assert!(!store.renew(&key, &dead, LONG).await.unwrap());
+    assert_eq!(
+        store
+            .complete(&key, &next, &ack(&next), RETENTION)
+            .await
+            .unwrap(),
+        Completion::Written
+    );
+}
+
+/// Renewal keeps a claim alive past its first lease; without it the claim expires.
+pub async fn renewal_keeps_the_claim<St: IdempotencyStore>(store: St) {
+    let key = fresh_key("renewal");
+    let owner = claim();
+    let lease = Duration::from_millis(1500);
+    store.reserve(&key, &owner, lease).await.unwrap();
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(store.renew(&key, &owner, lease).await.unwrap());
+    }
+    // Two seconds in, more than a lease after the claim: still held.
+    assert!(matches!(
+        store.reserve(&key, &claim(), lease).await.unwrap(),
+        Reservation::InFlight { .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    assert_eq!(
+        store.reserve(&key, &claim(), lease).await.unwrap(),
+        Reservation::Acquired
+    );
+}
+
+/// Many concurrent claims of one key: exactly one wins.
+pub async fn one_winner_among_concurrent_claims<St: IdempotencyStore>(store: St) {
+    let key = fresh_key("race");
+    let winners = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (store, key, winners) = (store.clone(), key.clone(), winners.clone());
+        tasks.push(tokio::spawn(async move {
+            if store.reserve(&key, &claim(), LONG).await.unwrap() == Reservation::Acquired {
+                winners.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(winners.load(Ordering::SeqCst), 1);
+}
+
+/// The items of a batch: claimed, completed, released and renewed one by one, in order.
+pub async fn batch_items_are_claimed_one_by_one<St: IdempotencyStore>(store: St) {
+    let [a, b, c] = [
+        fresh_key("item-a"),
+        fresh_key("item-b"),
+        fresh_key("item-c"),
+    ];
+    let first = claim();
+    let batch = [a.clone(), b.clone()];
+    assert_eq!(
+        store.reserve_many(&batch, &first, LONG).await.unwrap(),
+        [Reservation::Acquired, Reservation::Acquired]
+    );
+    assert!(store.renew_many(&batch, &first, LONG).await.unwrap());
+    // An overlapping batch sees B in flight and C free.
+    let second = claim();
+    let overlap = [b.clone(), c.clone()];
+    let answers = store.reserve_many(&overlap, &second, LONG).await.unwrap();
+    assert!(
+        matches!(answers[0], Reservation::InFlight { .. }),
+        "{answers:?}"
+    );
+    assert_eq!(answers[1], Reservation::Acquired);
+    assert_eq!(store.release_many(&[c.clone()], &second).await.unwrap(), 1);
+    // The first batch completes; its items are done, one by one.
+    assert_eq!(
+        store
+            .complete_many(&batch, &first, &ack(&first), RETENTION)
+            .await
+            .unwrap(),
+        [Completion::Written, Completion::Written]
+    );
+    assert!(!store.renew_many(&batch, &first, LONG).await.unwrap());
+    let third = claim();
+    let answers = store
+        .reserve_many(&[a, b, c.clone()], &third, LONG)
+        .await
+        .unwrap();
+    assert!(
+        matches!(answers[0], Reservation::Completed(_)),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(answers[1], Reservation::Completed(_)),
+        "{answers:?}"
+    );
+    assert_eq!(answers[2], Reservation::Acquired);
+    assert_eq!(store.release_many(&[c], &third).await.unwrap(), 1);
+}
+
+/// Two overlapping batches racing, each retried until it goes through: every item is claimed
+/// and completed by exactly one of them.
+pub async fn overlapping_batches_race_exactly_once<St: IdempotencyStore>(store: St) {
+    let keys: Vec<StoreKey> = (0..6)
+        .map(|i| fresh_key(&format!("race-item-{i}")))
+        .collect();
+    let completed_by = Arc::new(std::sync::Mutex::new(vec![0usize; keys.len()]));
+    let batches: Vec<Vec<usize>> = vec![vec![0, 1, 2, 3], vec![2, 3, 4, 5], vec![1, 3, 5]];
+    let mut tasks = Vec::new();
+    for batch in batches {
+        let (store, keys, completed_by) = (store.clone(), keys.clone(), completed_by.clone());
+        tasks.push(tokio::spawn(async move {
+            let mine: Vec<StoreKey> = batch.iter().map(|&i| keys[i].clone()).collect();
+            loop {
+                let claim = claim();
+                let answers = store.reserve_many(&mine, &claim, LONG).await.unwrap();
+                let acquired: Vec<usize> = answers
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, a)| **a == Reservation::Acquired)
+                    .map(|(i, _)| i)
+                    .collect();
+                let held: Vec<StoreKey> = acquired.iter().map(|&i| mine[i].clone()).collect();
+                if answers
+                    .iter()
+                    .any(|a| matches!(a, Reservation::InFlight { .. }))
+                {
+                    store.release_many(&held, &claim).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                let done = store
+                    .complete_many(&held, &claim, &ack(&claim), RETENTION)
+                    .await
+                    .unwrap();
+                assert!(done.iter().all(|d| *d == Completion::Written), "{done:?}");
+                let mut counts = completed_by.lock().unwrap();
+                for &i in &acquired {
+                    counts[batch[i]] += 1;
+                }
+                return;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(*completed_by.lock().unwrap(), vec![1; 6]);
+}
+
+/// Instantiates the contract for one store. `$make` is an async block yielding
+/// `(store, guard)`.
+#[macro_export]
+macro_rules! store_contract {
+    ($make:expr) => {
+        $crate::store_contract!(@tests $make;
+            reserve_complete_then_duplicate,
+            complete_is_safe_to_retry,
+            release_and_renew_check_the_token,
+            expired_claim_is_taken_over,
+            renewal_keeps_the_claim,
+            one_winner_among_concurrent_claims,
+            batch_items_are_claimed_one_by_one,
+            overlapping_batches_race_exactly_once,
+        );
+    };
+    (@tests $make:expr; $($name:ident),* $(,)?) => {
+        mod contract_tests {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let (store, _guard) = $make.await;
+                    contract::$name(store).await;
+                }
+            )*
+        }
+    };
+}
+
+#[allow(unused_imports)]
+pub use store_contract;
