@@ -11,12 +11,18 @@
 //!
 //! Routes (all `POST` routes are protected; each shares the one store and the one effect
 //! counter):
-//! - `POST /webhooks/kalipto`: keyed by `X-Kalipto-Delivery-Id`.
-//! - `POST /webhooks/meta`: keyed by every WhatsApp message id and Instagram mid of the batch.
-//! - `POST /webhooks/sangho`: keyed by `Sangho-Event-ID`, else the body's `$.id`.
+//! - `POST /webhooks/kalipto`: keyed by `X-Kalipto-Delivery-Id`; kept 7 days.
+//! - `POST /webhooks/meta`: **one key per message**: every WhatsApp message id (wamid) and
+//!   Instagram mid of the batch is claimed and recorded on its own, and the handler applies only
+//!   the new ones; a batch without message ids (WhatsApp status callbacks: sent, delivered,
+//!   read) falls back to `X-Kalipto-Delivery-Id`. Kept 72 hours.
+//! - `POST /webhooks/sangho`: keyed by `Sangho-Event-ID`, else the body's `$.id`; kept 72
+//!   hours (Sangho never redelivers after 48).
 //! - `POST /webhooks/email`: keyed by `$.event_id`; applies the message-status transition.
-//! - `POST /api/orders`: replay mode, keyed by `Idempotency-Key`; answers 201 with an order id.
-//! - `GET /effects`: `{"total": N, "by_key": {"<id>": count}}` of side effects performed.
+//! - `POST /api/orders`: the API profile (replay mode, `Idempotency-Key`, 422 when a key is
+//!   reused with another payload); answers 201 with an order id.
+//! - `GET /effects`: `{"total": N, "by_key": {"<id>": count}}` of side effects performed
+//!   (`by_key` holds message ids for Meta batches, delivery or event ids elsewhere).
 //! - `GET /messages/{message_id}`: `{"message_id": .., "status": ..}`.
 //! - `GET /metrics`: Prometheus text; the layer's `idempotency_*` metrics need the crate
 //!   feature `metrics` (`--all-features` or `--features metrics`).
@@ -24,9 +30,15 @@
 //! Logs go to stderr through `tracing-subscriber`; `RUST_LOG` is respected (default
 //! `info,tower_idempotency=debug`).
 //!
+//! Webhook routes use the webhook profile ([`IdempotencyLayer::webhook`]: a duplicate, or a
+//! redelivery whose JSON was re-serialized, is acknowledged, never a 4xx).
+//! `IDEMPOTENCY_LEASE_MS` sets the lease (default 10 s; renewed while a handler runs).
+//!
 //! On every webhook route, `x-demo-fail: true` makes the handler answer 500 (no effect) and
 //! `x-demo-delay-ms: N` makes it sleep N ms first, so retries and concurrent duplicates can be
-//! seen with curl.
+//! seen with curl. On `/webhooks/meta`, `x-demo-fail-item: <message id>` applies the batch's
+//! new messages in order and fails (500) at that one: the messages applied before it are
+//! reported done and recorded, so the retry applies only the rest.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -41,7 +53,9 @@ use axum::{Extension, Json, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{Value, json};
 use tower_idempotency::key::{HeaderKey, JsonPathKey};
-use tower_idempotency::{IdempotencyKey, IdempotencyLayer, IdempotencyStore, MemoryStore, Mode};
+use tower_idempotency::{
+    BatchItems, IdempotencyKey, IdempotencyLayer, IdempotencyStore, MemoryStore,
+};
 
 /// The receiver's visible state: side effects performed, and message statuses.
 #[derive(Clone, Default)]
@@ -64,6 +78,13 @@ impl AppState {
         for part in key.parts() {
             *effects.by_key.entry(part.to_owned()).or_default() += 1;
         }
+    }
+
+    /// One effect per message of a batch.
+    fn record_item(&self, item: &str) {
+        let mut effects = self.effects.lock().unwrap();
+        effects.total += 1;
+        *effects.by_key.entry(item.to_owned()).or_default() += 1;
     }
 }
 
@@ -97,6 +118,39 @@ async fn webhook(
     }
     state.record(&key);
     Json(json!({"ok": true})).into_response()
+}
+
+/// Meta: applies each new message of the batch once; a status callback (no message id, keyed
+/// by its delivery id) is one effect.
+async fn meta(
+    State(state): State<AppState>,
+    Extension(key): Extension<IdempotencyKey>,
+    items: Option<Extension<BatchItems>>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(failure) = demo_behaviour(&headers).await {
+        return failure;
+    }
+    let Some(Extension(items)) = items else {
+        state.record(&key);
+        return Json(json!({"ok": true})).into_response();
+    };
+    let fail_at = headers.get("x-demo-fail-item").map(|v| v.as_bytes());
+    let mut applied = 0;
+    for item in items.new_items() {
+        if fail_at == Some(item.as_bytes()) {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(json!({"error": "x-demo-fail-item was set", "applied": applied})),
+            )
+                .into_response();
+        }
+        state.record_item(item);
+        // Reported as it goes: recorded even if a later message fails.
+        items.mark_done(item);
+        applied += 1;
+    }
+    Json(json!({"ok": true, "applied": applied})).into_response()
 }
 
 /// The rank of an email message status; a status never moves back to a lower rank.
@@ -199,40 +253,49 @@ async fn effects(State(state): State<AppState>) -> Json<Value> {
 }
 
 /// The receiver's routes, every webhook protected on `store`.
-fn app<St: IdempotencyStore>(store: St, metrics: PrometheusHandle) -> Router {
-    let retention = Duration::from_secs(72 * 3600);
-    let kalipto = IdempotencyLayer::new(store.clone())
+fn app<St: IdempotencyStore>(store: St, metrics: PrometheusHandle, lease: Duration) -> Router {
+    const HOUR: u64 = 3600;
+    let delivery_id = || HeaderKey::new("X-Kalipto-Delivery-Id").expect("a valid header name");
+    let json = |path: &str| JsonPathKey::new(path).expect("a valid JSONPath");
+    // Kalipto retries within 9 hours; ids are kept 7 days.
+    let kalipto = IdempotencyLayer::webhook(store.clone())
         .namespace("kalipto")
-        .retention(retention)
-        .key(HeaderKey::new("X-Kalipto-Delivery-Id").unwrap());
-    let meta = IdempotencyLayer::new(store.clone())
+        .lease(lease)
+        .retention(Duration::from_secs(7 * 24 * HOUR))
+        .key(delivery_id());
+    // Meta: deduplicate at the message level; status callbacks carry no message id.
+    let messages = JsonPathKey::each_of([
+        "$.entry[*].changes[*].value.messages[*].id",
+        "$.entry[*].messaging[*].message.mid",
+    ])
+    .expect("valid JSONPaths");
+    let meta_layer = IdempotencyLayer::webhook(store.clone())
         .namespace("meta")
-        .retention(retention)
-        .key(
-            JsonPathKey::new("$.entry[*].changes[*].value.messages[*].id")
-                .unwrap()
-                .or(JsonPathKey::new("$.entry[*].messaging[*].message.mid").unwrap()),
-        );
-    let sangho = IdempotencyLayer::new(store.clone())
+        .lease(lease)
+        .retention(Duration::from_secs(72 * HOUR))
+        .key(messages.or(delivery_id()));
+    // Sangho never redelivers after 48 hours; ids are kept 72.
+    let sangho = IdempotencyLayer::webhook(store.clone())
         .namespace("sangho")
-        .retention(Duration::from_secs(7 * 24 * 3600))
+        .lease(lease)
+        .retention(Duration::from_secs(72 * HOUR))
         .key(
             HeaderKey::new("Sangho-Event-ID")
-                .unwrap()
-                .or(JsonPathKey::new("$.id").unwrap()),
+                .expect("a valid header name")
+                .or(json("$.id")),
         );
-    let email_layer = IdempotencyLayer::new(store.clone())
+    let email_layer = IdempotencyLayer::webhook(store.clone())
         .namespace("email")
-        .retention(retention)
-        .key(JsonPathKey::new("$.event_id").unwrap());
-    let orders = IdempotencyLayer::new(store)
+        .lease(lease)
+        .retention(Duration::from_secs(72 * HOUR))
+        .key(json("$.event_id"));
+    let orders = IdempotencyLayer::api(store)
         .namespace("orders")
-        .retention(Duration::from_secs(24 * 3600))
-        .mode(Mode::Replay);
+        .lease(lease);
 
     Router::new()
         .route("/webhooks/kalipto", post(webhook).route_layer(kalipto))
-        .route("/webhooks/meta", post(webhook).route_layer(meta))
+        .route("/webhooks/meta", post(meta).route_layer(meta_layer))
         .route("/webhooks/sangho", post(webhook).route_layer(sangho))
         .route("/webhooks/email", post(email).route_layer(email_layer))
         .route("/api/orders", post(create_order).route_layer(orders))
@@ -259,11 +322,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
         .parse()?;
     let metrics = PrometheusBuilder::new().install_recorder()?;
+    let lease = match std::env::var("IDEMPOTENCY_LEASE_MS") {
+        Ok(ms) => Duration::from_millis(ms.parse()?),
+        Err(_) => tower_idempotency::DEFAULT_LEASE,
+    };
     let router = match (std::env::var("REDIS_URL"), std::env::var("DATABASE_URL")) {
-        (Ok(url), _) => app(connect_redis(&url).await?, metrics),
-        (_, Ok(url)) if url.starts_with("postgres") => app(connect_postgres(&url).await?, metrics),
-        (_, Ok(url)) => app(open_sqlite(&url).await?, metrics),
-        _ => app(MemoryStore::new(), metrics),
+        (Ok(url), _) => app(connect_redis(&url).await?, metrics, lease),
+        (_, Ok(url)) if url.starts_with("postgres") => {
+            app(connect_postgres(&url).await?, metrics, lease)
+        }
+        (_, Ok(url)) => app(open_sqlite(&url).await?, metrics, lease),
+        _ => app(MemoryStore::new(), metrics, lease),
     };
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!("listening on http://{}", listener.local_addr()?);

@@ -192,7 +192,8 @@ async fn meta_batches_sangho_fallback_and_orders() {
         assert_eq!(status, StatusCode::OK);
     }
     let effects = http.effects().await;
-    assert_eq!(effects["total"], 2);
+    // One effect per message id: two WhatsApp messages, one Instagram message.
+    assert_eq!(effects["total"], 3);
     assert_eq!(
         effects["by_key"]["wamid.HBgLMTU1NTAxMjM0NTYVAgASGBQzQTdGNkY5"],
         1
@@ -242,7 +243,7 @@ async fn meta_batches_sangho_fallback_and_orders() {
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["code"], "mismatch");
-    assert_eq!(http.effects().await["total"], 4);
+    assert_eq!(http.effects().await["total"], 5);
 }
 
 #[tokio::test]
@@ -333,4 +334,232 @@ async fn sqlite_records_survive_a_receiver_restart() {
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
+}
+
+/// A WhatsApp batch body with these message ids.
+fn whatsapp(ids: &[&str]) -> String {
+    let messages: Vec<Value> = ids
+        .iter()
+        .map(|id| json!({"from": "15550123456", "id": id, "type": "text", "text": {"body": "hi"}}))
+        .collect();
+    json!({
+        "object": "whatsapp_business_account",
+        "entry": [{"id": "102290129340398", "changes": [{
+            "field": "messages",
+            "value": {"messaging_product": "whatsapp", "messages": messages}
+        }]}]
+    })
+    .to_string()
+}
+
+fn by_key(effects: &Value, id: &str) -> u64 {
+    effects["by_key"][id].as_u64().unwrap_or(0)
+}
+
+/// Meta asks for deduplication at the message level: overlapping batches apply each message
+/// once, and a batch whose messages come in another order is a plain redelivery.
+#[tokio::test]
+async fn meta_overlapping_batches_apply_each_message_once() {
+    let demo = start_demo(&[]);
+    let http = Http::new(&demo);
+    for (ids, replayed) in [
+        (&["wamid.A", "wamid.B"][..], false),
+        (&["wamid.B", "wamid.C"][..], false),
+        (&["wamid.A"][..], true),
+        (&["wamid.B", "wamid.A"][..], true),
+    ] {
+        let (status, headers, _) = http
+            .send("POST", "/webhooks/meta", &[], &whatsapp(ids))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{ids:?}");
+        assert_eq!(
+            headers.get("idempotent-replayed").is_some(),
+            replayed,
+            "{ids:?}"
+        );
+    }
+    let effects = http.effects().await;
+    for id in ["wamid.A", "wamid.B", "wamid.C"] {
+        assert_eq!(by_key(&effects, id), 1, "{id}: {effects}");
+    }
+    assert_eq!(effects["total"], 3);
+}
+
+/// A body with WhatsApp messages and Instagram messaging entries: every id is an item.
+#[tokio::test]
+async fn meta_whatsapp_and_instagram_ids_of_one_body_are_all_items() {
+    let demo = start_demo(&[]);
+    let http = Http::new(&demo);
+    let body = json!({
+        "object": "page",
+        "entry": [
+            {"id": "1", "changes": [{"value": {"messages": [{"id": "wamid.W1"}]}}]},
+            {"id": "2", "messaging": [{"message": {"mid": "mid.I1"}}, {"message": {"mid": "mid.I2"}}]}
+        ]
+    })
+    .to_string();
+    let (status, _, _) = http.send("POST", "/webhooks/meta", &[], &body).await;
+    assert_eq!(status, StatusCode::OK);
+    let effects = http.effects().await;
+    for id in ["wamid.W1", "mid.I1", "mid.I2"] {
+        assert_eq!(by_key(&effects, id), 1, "{id}: {effects}");
+    }
+}
+
+/// WhatsApp status callbacks (sent, delivered, read) have no message id: they are keyed by
+/// the delivery id header, processed once, and a redelivery is acknowledged.
+#[tokio::test]
+async fn meta_status_callbacks_fall_back_to_the_delivery_id() {
+    let demo = start_demo(&[]);
+    let http = Http::new(&demo);
+    let body = json!({
+        "object": "whatsapp_business_account",
+        "entry": [{"id": "1", "changes": [{"field": "messages", "value": {
+            "statuses": [{"id": "wamid.S1", "status": "delivered", "timestamp": "1730000000"}]
+        }}]}]
+    })
+    .to_string();
+    let delivery = [("X-Kalipto-Delivery-Id", "dlv_status_1")];
+    let (status, headers, _) = http.send("POST", "/webhooks/meta", &delivery, &body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.get("idempotent-replayed").is_none());
+    let (status, headers, _) = http.send("POST", "/webhooks/meta", &delivery, &body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(by_key(&http.effects().await, "dlv_status_1"), 1);
+    // Without the header there is nothing to key it by: 400 naming both places.
+    let (status, _, problem) = http.send("POST", "/webhooks/meta", &[], &body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(problem["code"], "missing_key");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("x-kalipto-delivery-id"), "{detail}");
+    assert!(detail.contains("messages[*].id"), "{detail}");
+}
+
+/// A batch whose handler fails part-way: the messages it reported done are recorded, so the
+/// sender's retry applies only the rest.
+#[tokio::test]
+async fn meta_partial_failure_retries_only_the_rest() {
+    let demo = start_demo(&[]);
+    let http = Http::new(&demo);
+    let body = whatsapp(&["wamid.P1", "wamid.P2", "wamid.P3"]);
+    let (status, _, _) = http
+        .send(
+            "POST",
+            "/webhooks/meta",
+            &[("x-demo-fail-item", "wamid.P2")],
+            &body,
+        )
+        .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    let effects = http.effects().await;
+    assert_eq!(by_key(&effects, "wamid.P1"), 1);
+    assert_eq!(by_key(&effects, "wamid.P2"), 0);
+    let (status, headers, reply) = http.send("POST", "/webhooks/meta", &[], &body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.get("idempotent-replayed").is_none());
+    assert_eq!(reply["applied"], 2, "P2 and P3 only");
+    let effects = http.effects().await;
+    for id in ["wamid.P1", "wamid.P2", "wamid.P3"] {
+        assert_eq!(by_key(&effects, id), 1, "{id}: {effects}");
+    }
+    let (_, headers, _) = http.send("POST", "/webhooks/meta", &[], &body).await;
+    assert_eq!(headers["idempotent-replayed"], "true");
+}
+
+/// Integer ids keep every digit: two ids past 2^64 are two events; `1e2` is not an id.
+#[tokio::test]
+async fn numeric_ids_are_exact() {
+    let demo = start_demo(&[]);
+    let http = Http::new(&demo);
+    for id in ["18446744073709551616", "18446744073709551617"] {
+        let body = format!(r#"{{"id":{id},"type":"payment.succeeded"}}"#);
+        let (status, headers, _) = http.send("POST", "/webhooks/sangho", &[], &body).await;
+        assert_eq!(status, StatusCode::OK, "{id}");
+        assert!(headers.get("idempotent-replayed").is_none(), "{id}");
+    }
+    let effects = http.effects().await;
+    assert_eq!(by_key(&effects, "18446744073709551616"), 1, "{effects}");
+    assert_eq!(by_key(&effects, "18446744073709551617"), 1, "{effects}");
+    // `100` and `"100"` are one key; `1e2` is a 400 saying why.
+    let (status, _, _) = http
+        .send("POST", "/webhooks/sangho", &[], r#"{"id":100}"#)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, headers, _) = http
+        .send("POST", "/webhooks/sangho", &[], r#"{"id":"100"}"#)
+        .await;
+    assert_eq!(headers["idempotent-replayed"], "true");
+    let (status, _, problem) = http
+        .send("POST", "/webhooks/sangho", &[], r#"{"id":1e2}"#)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(problem["code"], "malformed_key");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("an id must be a string or an integer"),
+        "{problem}"
+    );
+}
+
+/// A redelivery whose JSON was re-serialized (other whitespace, member order) is a plain
+/// duplicate on a webhook route: acknowledged, never a 4xx.
+#[tokio::test]
+async fn reserialized_redelivery_is_acknowledged() {
+    let demo = start_demo(&[]);
+    let http = Http::new(&demo);
+    let (status, _, _) = http
+        .send(
+            "POST",
+            "/webhooks/sangho",
+            &[],
+            r#"{"id":"evt_reser","type":"payment.succeeded","amount":1200}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, headers, body) = http
+        .send(
+            "POST",
+            "/webhooks/sangho",
+            &[],
+            "{\n  \"amount\": 1200,\n  \"type\": \"payment.succeeded\",\n  \"id\": \"evt_reser\"\n}",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(body, json!({"ok": true, "duplicate": true}));
+    assert_eq!(by_key(&http.effects().await, "evt_reser"), 1);
+}
+
+/// A handler four times slower than the lease keeps its claim (renewed while it runs): a
+/// duplicate meanwhile gets 409, and the event takes effect once.
+#[tokio::test]
+async fn slow_handler_keeps_its_lease() {
+    let demo = start_demo(&[("IDEMPOTENCY_LEASE_MS", "300")]);
+    let http = std::sync::Arc::new(Http::new(&demo));
+    let id = ("X-Kalipto-Delivery-Id", "pd_slow_lease");
+    let slow = {
+        let http = http.clone();
+        tokio::spawn(async move {
+            http.send(
+                "POST",
+                "/webhooks/kalipto",
+                &[id, ("x-demo-delay-ms", "1200")],
+                "{}",
+            )
+            .await
+        })
+    };
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (status, _, body) = http.send("POST", "/webhooks/kalipto", &[id], "{}").await;
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    }
+    assert_eq!(slow.await.unwrap().0, StatusCode::OK);
+    let (status, headers, _) = http.send("POST", "/webhooks/kalipto", &[id], "{}").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(by_key(&http.effects().await, "pd_slow_lease"), 1);
 }
