@@ -33,8 +33,8 @@ use pin_project_lite::pin_project;
 
 use crate::classify::{Classifier, Verdict};
 use crate::guard::{ClaimGuard, Settlement};
-use crate::record::Record;
 use crate::store::BoxError;
+use crate::store::record::Record;
 
 pin_project! {
     /// The request body the inner service receives.

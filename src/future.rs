@@ -20,12 +20,12 @@ use tower_service::Service;
 
 use crate::body::{Collected, RequestBody, ResponseBody};
 use crate::classify::{Head, Verdict};
+use crate::config::{Mode, Settings};
 use crate::guard::{ClaimGuard, Renewal, Settlement};
-use crate::layer::{Mode, Settings};
 use crate::observe::Stopwatch;
 use crate::outcome::Outcome;
-use crate::record::{Record, StoredResponse};
 use crate::store::BoxError;
+use crate::store::record::{Record, StoredResponse};
 
 /// What the prelude decided: answer now, or call the inner service.
 pub(crate) enum Prelude<B, ResBody> {

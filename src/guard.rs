@@ -22,7 +22,7 @@ use futures_util::future::BoxFuture;
 
 use crate::items::BatchItems;
 use crate::observe::{Observer, StoreOp};
-use crate::record::Record;
+use crate::store::record::Record;
 use crate::store::{
     Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey,
 };

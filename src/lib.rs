@@ -115,6 +115,7 @@
 
 pub mod body;
 mod classify;
+mod config;
 pub mod fingerprint;
 mod future;
 mod guard;
@@ -123,21 +124,21 @@ pub mod key;
 mod layer;
 pub mod observe;
 mod outcome;
-pub mod record;
 pub mod rejection;
 mod service;
 pub mod store;
+pub use self::store::record;
 mod util;
 
 pub use self::body::{RequestBody, ResponseBody};
+pub use self::config::{
+    AckResponse, DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_RESPONSE_BUFFER_LIMIT,
+    DEFAULT_RETENTION, DEFAULT_STORE_TIMEOUT, FailureMode, MissingKey, Mode, OnMismatch, Scope,
+};
 pub use self::future::ResponseFuture;
 pub use self::items::BatchItems;
 pub use self::key::IdempotencyKey;
-pub use self::layer::{
-    AckResponse, DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_RESPONSE_BUFFER_LIMIT,
-    DEFAULT_RETENTION, DEFAULT_STORE_TIMEOUT, FailureMode, IdempotencyLayer, MissingKey, Mode,
-    OnMismatch, Scope,
-};
+pub use self::layer::IdempotencyLayer;
 pub use self::observe::OutcomeEvent;
 pub use self::outcome::Outcome;
 pub use self::service::{IDEMPOTENT_REPLAYED, Idempotency};

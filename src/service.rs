@@ -41,15 +41,15 @@ use tower_service::Service;
 
 use crate::body::{Collected, RequestBody, ResponseBody};
 use crate::classify::is_grpc;
+use crate::config::{Config, FailureMode, MissingKey, OnMismatch, Settings};
 use crate::fingerprint::Fingerprint;
 use crate::future::{Prelude, ResponseFuture};
 use crate::guard::ClaimGuard;
 use crate::items::BatchItems;
 use crate::key::{ExtractKey, KeyInput};
-use crate::layer::{Config, FailureMode, MissingKey, OnMismatch, Settings};
 use crate::outcome::Outcome;
-use crate::record::Record;
 use crate::rejection::Rejection;
+use crate::store::record::Record;
 use crate::store::{BoxError, Claim, IdempotencyStore, Reservation, StoreErrorKind, StoreKey};
 
 /// The header set on every answer the layer gives in place of the inner service to a duplicate.

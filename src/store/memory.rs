@@ -11,7 +11,7 @@ use super::{
     StoreKey, Token,
 };
 use crate::fingerprint::Fingerprint;
-use crate::record::Record;
+use crate::store::record::Record;
 
 /// The default bound on the number of keys a [`MemoryStore`] keeps: a million, 100–170 MB of
 /// ack-mode records (measured under load: 100–170 bytes per retained key, expiry queues

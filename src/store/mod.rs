@@ -42,10 +42,12 @@
 mod error;
 pub use self::error::BoxError;
 mod memory;
+pub mod record;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub mod sql;
+mod token;
 
 use std::fmt;
 use std::future::Future;
@@ -55,8 +57,9 @@ use sha2::{Digest, Sha256};
 
 pub use self::error::{StoreError, StoreErrorKind};
 pub use self::memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
+use self::record::Record;
+pub use self::token::Token;
 use crate::fingerprint::Fingerprint;
-use crate::record::Record;
 
 /// The prefix of every key this crate writes to a shared store.
 pub const KEY_PREFIX: &str = "ti:";
@@ -120,98 +123,6 @@ impl fmt::Debug for StoreKey {
 impl fmt::Display for StoreKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// The random owner token of one claim: 128 bits from the operating system's generator.
-///
-/// Never logged: its `Debug` output is redacted.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Token([u8; 16]);
-
-impl Token {
-    /// A fresh random token.
-    ///
-    /// The bytes come from the operating system's generator, read 64 tokens at a time into a
-    /// per-thread buffer: one `getrandom` system call per 64 claims instead of one per claim (it was the costliest single step of a first delivery on the memory store).
-    /// Each buffered token is handed out once and erased from the buffer.
-    pub fn random() -> Self {
-        TOKEN_POOL_BUFFER
-            .try_with(|pool| pool.borrow_mut().take())
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| {
-                let mut bytes = [0u8; 16];
-                if getrandom::fill(&mut bytes).is_err() {
-                    // The OS generator is unavailable; fall back to a per-process unique value.
-                    bytes = fallback_token();
-                }
-                Token(bytes)
-            })
-    }
-
-    /// A token from raw bytes (for store implementations decoding their own encoding).
-    pub fn from_bytes(bytes: [u8; 16]) -> Self {
-        Token(bytes)
-    }
-
-    /// The raw bytes of the token.
-    pub fn as_bytes(&self) -> &[u8; 16] {
-        &self.0
-    }
-}
-
-/// How many tokens [`Token::random`] reads from the OS generator at a time, per thread.
-const TOKEN_POOL: usize = 64;
-
-/// A per-thread buffer of random bytes for [`Token::random`].
-struct TokenPool {
-    bytes: [u8; 16 * TOKEN_POOL],
-    next: usize,
-}
-
-impl TokenPool {
-    /// The next unused token, refilling the buffer when it is spent; `None` when the OS
-    /// generator fails.
-    fn take(&mut self) -> Option<Token> {
-        if self.next == TOKEN_POOL {
-            getrandom::fill(&mut self.bytes).ok()?;
-            self.next = 0;
-        }
-        let slot = &mut self.bytes[self.next * 16..(self.next + 1) * 16];
-        let mut token = [0u8; 16];
-        token.copy_from_slice(slot);
-        slot.fill(0);
-        self.next += 1;
-        Some(Token(token))
-    }
-}
-
-thread_local! {
-    static TOKEN_POOL_BUFFER: std::cell::RefCell<TokenPool> = const {
-        std::cell::RefCell::new(TokenPool { bytes: [0; 16 * TOKEN_POOL], next: TOKEN_POOL })
-    };
-}
-
-fn fallback_token() -> [u8; 16] {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = Sha256::new();
-    hasher.update(COUNTER.fetch_add(1, Ordering::Relaxed).to_be_bytes());
-    hasher.update(std::process::id().to_be_bytes());
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    hasher.update(now.as_nanos().to_be_bytes());
-    let digest = hasher.finalize();
-    let mut out = [0u8; 16];
-    out.copy_from_slice(&digest[..16]);
-    out
-}
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Token(<redacted>)")
     }
 }
 
@@ -432,29 +343,5 @@ mod tests {
             StoreKey::new("n", None, "k")
         );
         assert_eq!(a, StoreKey::new("kalipto", None, "pd_1"));
-    }
-
-    #[test]
-    fn tokens_are_random_and_redacted() {
-        let a = Token::random();
-        let b = Token::random();
-        assert_ne!(a, b);
-        assert_eq!(format!("{a:?}"), "Token(<redacted>)");
-    }
-
-    #[test]
-    fn pooled_tokens_are_unique_across_refills_and_threads() {
-        let mut seen = std::collections::HashSet::new();
-        for _ in 0..10 * TOKEN_POOL {
-            assert!(seen.insert(Token::random()));
-        }
-        let other =
-            std::thread::spawn(|| (0..TOKEN_POOL).map(|_| Token::random()).collect::<Vec<_>>())
-                .join()
-                .unwrap();
-        for token in other {
-            assert!(seen.insert(token));
-        }
-        assert!(!seen.contains(&Token::from_bytes([0; 16])));
     }
 }

@@ -25,8 +25,9 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
+use super::error::{StoreError, StoreErrorKind};
+use super::token::Token;
 use crate::fingerprint::Fingerprint;
-use crate::store::{StoreError, StoreErrorKind, Token};
 
 const TAG_IN_FLIGHT: u8 = 0x01;
 /// Records of the first format, without an owner tag: still decoded.

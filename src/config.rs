@@ -1,0 +1,263 @@
+//! The configuration of a layer, a leaf module: the settings every service and future of one
+//! [`IdempotencyLayer`](crate::IdempotencyLayer) shares, and the public policy types its
+//! builder methods take.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Method, StatusCode};
+
+use crate::classify::Classifier;
+use crate::observe::Observer;
+
+/// The default body limit: 1 MiB, ample for webhooks.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+/// The default lease: how long a claim stays "in flight" if its holder dies without
+/// finishing. 10 s: the claim of a live holder is renewed every third of the lease however long
+/// the handler runs, so the lease only bounds crash recovery (a crashed worker's key is free
+/// again within 10 s, before most providers' first retry) while tolerating a store that
+/// misses one renewal (3.3 s) without losing the claim.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+/// The default retention of completed keys: 72 hours, a common provider retry window.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(72 * 3600);
+/// The default timeout of each store call.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default limit of a response kept in memory (and so replayable): 64 KiB.
+pub const DEFAULT_RESPONSE_BUFFER_LIMIT: usize = 64 * 1024;
+
+/// What to do with a covered request that carries no key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MissingKey {
+    /// Answer 400 problem+json (the default): a request that should be protected is not
+    /// processed unprotected.
+    #[default]
+    Reject,
+    /// Pass the request to the inner service without protection.
+    PassThrough,
+}
+
+/// How a duplicate of a completed key is answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// The configured acknowledgement (default `200 {"ok":true,"duplicate":true}`): what
+    /// webhook senders need. Records cost a few bytes.
+    #[default]
+    Ack,
+    /// The original status, allow-listed headers, body and trailers: what API clients need
+    /// (the retry of a `POST /orders` gets the same order id). Responses larger than the
+    /// response buffer limit are recorded as ack only. gRPC replies up to that limit are
+    /// always recorded for replay, since a gRPC client cannot decode an HTTP acknowledgement;
+    /// duplicates of a larger gRPC reply get `ALREADY_EXISTS`.
+    Replay,
+}
+
+/// What to do when a key is reused with a different payload fingerprint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnMismatch {
+    /// Answer 422 problem+json (the default, as the IETF draft and Stripe do).
+    #[default]
+    Reject,
+    /// Answer like a duplicate and log a warning (some webhook senders change a timestamp
+    /// field between retries).
+    Ack,
+}
+
+/// What to do when the store cannot be reached or times out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Answer 503 with `Retry-After` (the default): the sender retries later, nothing is
+    /// processed unprotected.
+    #[default]
+    Closed,
+    /// Pass the request to the inner service without protection, logging an error.
+    Open,
+}
+
+/// The per-request part of the key scope, on top of the layer's namespace.
+///
+/// The default is [`Scope::path`]: one layer on a router never mixes the keys of two routes.
+#[derive(Clone)]
+pub struct Scope(ScopeKind);
+
+type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
+#[derive(Clone)]
+enum ScopeKind {
+    None,
+    Path,
+    Header(HeaderName),
+    Fn(ScopeFn),
+}
+
+impl Scope {
+    /// No per-request scope: keys are scoped by the namespace only.
+    pub fn none() -> Self {
+        Scope(ScopeKind::None)
+    }
+
+    /// The request path (without the query): the default.
+    pub fn path() -> Self {
+        Scope(ScopeKind::Path)
+    }
+
+    /// The value of a header, such as a tenant id (`x-tenant-id`). Requests without it share
+    /// the "no tenant" scope. An error when `name` is not a valid header name.
+    pub fn header(name: &str) -> Result<Self, crate::key::InvalidHeaderName> {
+        let name = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+            .map_err(|_| crate::key::InvalidHeaderName::new(name))?;
+        Ok(Scope(ScopeKind::Header(name)))
+    }
+
+    /// The value of an already parsed header name (see [`Scope::header`]).
+    pub fn header_name(name: HeaderName) -> Self {
+        Scope(ScopeKind::Header(name))
+    }
+
+    /// Any function of the request head.
+    pub fn from_fn(f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        Scope(ScopeKind::Fn(Arc::new(f)))
+    }
+
+    /// The scope of one request, borrowed from it when possible (it is only hashed).
+    pub(crate) fn of<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, str>> {
+        match &self.0 {
+            ScopeKind::None => None,
+            ScopeKind::Path => Some(Cow::Borrowed(parts.uri.path())),
+            ScopeKind::Header(name) => parts
+                .headers
+                .get(name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes())),
+            ScopeKind::Fn(f) => f(parts).map(Cow::Owned),
+        }
+    }
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            ScopeKind::None => f.write_str("Scope::none()"),
+            ScopeKind::Path => f.write_str("Scope::path()"),
+            ScopeKind::Header(name) => write!(f, "Scope::header({name:?})"),
+            ScopeKind::Fn(_) => f.write_str("Scope::from_fn(..)"),
+        }
+    }
+}
+
+/// The answer to a duplicate in [`Mode::Ack`].
+#[derive(Clone, Debug)]
+pub struct AckResponse {
+    status: StatusCode,
+    content_type: HeaderValue,
+    body: Bytes,
+}
+
+impl AckResponse {
+    /// An acknowledgement with `status`, `content_type` and `body`.
+    pub fn new(status: StatusCode, content_type: HeaderValue, body: impl Into<Bytes>) -> Self {
+        AckResponse {
+            status,
+            content_type,
+            body: body.into(),
+        }
+    }
+
+    pub(crate) fn parts(&self) -> (StatusCode, &HeaderValue, &Bytes) {
+        (self.status, &self.content_type, &self.body)
+    }
+}
+
+impl Default for AckResponse {
+    /// `200 application/json {"ok":true,"duplicate":true}`.
+    fn default() -> Self {
+        AckResponse::new(
+            StatusCode::OK,
+            HeaderValue::from_static("application/json"),
+            Bytes::from_static(br#"{"ok":true,"duplicate":true}"#),
+        )
+    }
+}
+
+/// Everything but the store and the extractor; shared by every service and future of a layer.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) observer: Observer,
+    pub(crate) scope: Scope,
+    pub(crate) body_limit: usize,
+    pub(crate) body_timeout: Option<Duration>,
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) store_timeout: Duration,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) methods: Option<Vec<Method>>,
+    pub(crate) mode: Mode,
+    pub(crate) ack: AckResponse,
+    pub(crate) replay_headers: Vec<HeaderName>,
+    pub(crate) on_mismatch: OnMismatch,
+    pub(crate) failure_mode: FailureMode,
+    pub(crate) in_flight_retry_after: Duration,
+    pub(crate) store_retry_after: Duration,
+    pub(crate) wait_in_flight: Option<Duration>,
+    pub(crate) fingerprint: bool,
+    pub(crate) response_buffer_limit: usize,
+    pub(crate) classifier: Classifier,
+}
+
+impl Settings {
+    /// Whether requests with `method` are protected.
+    pub(crate) fn covers(&self, method: &Method) -> bool {
+        match &self.methods {
+            Some(methods) => methods.contains(method),
+            None => !matches!(
+                *method,
+                Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+            ),
+        }
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            observer: Observer::new("default"),
+            scope: Scope::path(),
+            body_limit: DEFAULT_BODY_LIMIT,
+            body_timeout: None,
+            lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
+            missing_key: MissingKey::Reject,
+            methods: None,
+            mode: Mode::Ack,
+            ack: AckResponse::default(),
+            replay_headers: [
+                "content-type",
+                "content-language",
+                "location",
+                "etag",
+                "last-modified",
+            ]
+            .into_iter()
+            .map(HeaderName::from_static)
+            .collect(),
+            on_mismatch: OnMismatch::Reject,
+            failure_mode: FailureMode::Closed,
+            in_flight_retry_after: Duration::from_secs(1),
+            store_retry_after: Duration::from_secs(5),
+            wait_in_flight: None,
+            fingerprint: true,
+            response_buffer_limit: DEFAULT_RESPONSE_BUFFER_LIMIT,
+            classifier: Classifier::default(),
+        }
+    }
+}
+
+/// The store, the extractor and the settings of one layer.
+pub(crate) struct Config<St, K> {
+    pub(crate) store: St,
+    pub(crate) extractor: K,
+    pub(crate) settings: Arc<Settings>,
+}
