@@ -1,25 +1,28 @@
 //! The inner service of the suite: axum handlers with a visible, counted side effect.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use http_body::Frame;
 use http_body_util::StreamBody;
-use tower_idempotency::{IdempotencyLayer, IdempotencyStore, key::ExtractKey};
+use tower_idempotency::{BatchItems, IdempotencyLayer, IdempotencyStore, key::ExtractKey};
 
 /// Side effects performed by the handlers.
 #[derive(Clone, Default)]
 pub struct Effects {
     started: Arc<AtomicUsize>,
     completed: Arc<AtomicUsize>,
+    /// Effects per batch item (`/items`).
+    items: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 impl Effects {
@@ -31,6 +34,16 @@ impl Effects {
     /// How many effect handlers ran to their end.
     pub fn completed(&self) -> usize {
         self.completed.load(Ordering::SeqCst)
+    }
+
+    /// How many times the batch item `id` was applied.
+    pub fn item(&self, id: &str) -> usize {
+        self.items.lock().unwrap().get(id).copied().unwrap_or(0)
+    }
+
+    /// Every item applied, with its count.
+    pub fn items(&self) -> HashMap<String, usize> {
+        self.items.lock().unwrap().clone()
     }
 
     /// Waits until `n` handlers have started.
@@ -66,6 +79,42 @@ async fn effect(State(effects): State<Effects>, headers: HeaderMap, _body: Bytes
         format!("effect {n}"),
     )
         .into_response()
+}
+
+/// Applies the new items of a batch once each, in order; `x-fail-item: <id>` fails at that
+/// item (500) after reporting the ones before it done.
+async fn items(
+    State(effects): State<Effects>,
+    items: Option<Extension<BatchItems>>,
+    headers: HeaderMap,
+) -> Response {
+    effects.started.fetch_add(1, Ordering::SeqCst);
+    if let Some(ms) = headers
+        .get("x-demo-delay-ms")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+    {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let Some(Extension(items)) = items else {
+        return (StatusCode::CREATED, "no items").into_response();
+    };
+    let fail_at = headers.get("x-fail-item").map(|v| v.as_bytes().to_vec());
+    let mut applied = Vec::new();
+    for item in items.new_items() {
+        if fail_at.as_deref() == Some(item.as_bytes()) {
+            return (StatusCode::INTERNAL_SERVER_ERROR, "failed on purpose").into_response();
+        }
+        *effects
+            .items
+            .lock()
+            .unwrap()
+            .entry(item.to_owned())
+            .or_default() += 1;
+        items.mark_done(item);
+        applied.push(item.to_owned());
+    }
+    effects.completed.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::CREATED, applied.join(",")).into_response()
 }
 
 async fn trailers(State(effects): State<Effects>) -> Response {
@@ -112,6 +161,7 @@ pub fn router<St: IdempotencyStore, K: ExtractKey + Clone>(
         .route("/trailers", post(trailers))
         .route("/broken-body", post(broken_body))
         .route("/large", post(large))
+        .route("/items", post(items))
         .route("/echo", get(|| async { "get ok" }))
         .route_layer(layer)
         .with_state(effects.clone())

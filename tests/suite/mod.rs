@@ -575,6 +575,150 @@ pub async fn whatsapp_batch_is_one_composite_key<St: IdempotencyStore>(store: St
     assert_eq!(effects.total(), 2);
 }
 
+/// A WhatsApp-style batch body with these message ids.
+pub fn batch(ids: &[&str]) -> String {
+    let messages: Vec<serde_json::Value> = ids
+        .iter()
+        .map(|id| serde_json::json!({"id": id, "type": "text"}))
+        .collect();
+    serde_json::json!({"entry": [{"changes": [{"value": {"messages": messages}}]}]}).to_string()
+}
+
+fn post_batch(ids: &[&str], headers: &[(&str, &str)]) -> Request<Body> {
+    let mut builder = Request::post("/items").header("content-type", "application/json");
+    for (k, v) in headers {
+        builder = builder.header(*k, *v);
+    }
+    builder.body(Body::from(batch(ids))).unwrap()
+}
+
+fn items_layer<St: IdempotencyStore>(store: St, test: &str) -> IdempotencyLayer<St, JsonPathKey> {
+    IdempotencyLayer::webhook(store)
+        .namespace(ns(test))
+        .key(JsonPathKey::each("$.entry[*].changes[*].value.messages[*].id").unwrap())
+}
+
+pub async fn batch_items_are_processed_once_each<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(items_layer(store, "items"), &effects);
+    for (ids, replayed) in [
+        (&["A", "B"][..], false),
+        (&["B", "C"][..], false),
+        (&["A"][..], true),
+        (&["B", "A"][..], true),
+        (&["C", "B", "A"][..], true),
+    ] {
+        let (status, headers, body) = send(&app, post_batch(ids, &[])).await;
+        if replayed {
+            assert_eq!(status, StatusCode::OK, "{ids:?}");
+            assert_eq!(headers["idempotent-replayed"], "true", "{ids:?}");
+        } else {
+            assert_eq!(status, StatusCode::CREATED, "{ids:?}");
+            assert!(headers.get("idempotent-replayed").is_none(), "{ids:?}");
+        }
+        if ids == ["B", "C"] {
+            assert_eq!(body, "C", "only the new item is applied");
+        }
+    }
+    for id in ["A", "B", "C"] {
+        assert_eq!(effects.item(id), 1, "{id}: {:?}", effects.items());
+    }
+}
+
+pub async fn batch_item_in_flight_elsewhere_is_409_and_releases_its_claims<St: IdempotencyStore>(
+    store: St,
+) {
+    let effects = Effects::default();
+    let app = router(items_layer(store, "items-409"), &effects);
+    let slow = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            send(&app, post_batch(&["A", "B"], &[("x-demo-delay-ms", "600")])).await
+        })
+    };
+    effects.wait_started(1).await;
+    let (status, headers, body) = send(&app, post_batch(&["B", "C"], &[])).await;
+    assert_problem(&headers, &body, 409, "in_flight");
+    assert_eq!(status, StatusCode::CONFLICT);
+    // C was claimed by the refused request and released at once: free for another batch.
+    let (status, _, body) = send(&app, post_batch(&["C"], &[])).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body, "C");
+    assert_eq!(slow.await.unwrap().0, StatusCode::CREATED);
+    let (status, _, body) = send(&app, post_batch(&["B", "C"], &[])).await;
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    for id in ["A", "B", "C"] {
+        assert_eq!(effects.item(id), 1, "{id}: {:?}", effects.items());
+    }
+}
+
+pub async fn batch_partial_failure_records_the_items_done<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(items_layer(store, "items-partial"), &effects);
+    let (status, _, _) = send(
+        &app,
+        post_batch(&["P1", "P2", "P3"], &[("x-fail-item", "P2")]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(effects.item("P1"), 1);
+    // The retry runs only what was not done.
+    let (status, _, body) = send(&app, post_batch(&["P1", "P2", "P3"], &[])).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body, "P2,P3");
+    for id in ["P1", "P2", "P3"] {
+        assert_eq!(effects.item(id), 1, "{id}: {:?}", effects.items());
+    }
+}
+
+pub async fn overlapping_batches_racing_apply_each_item_once<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(items_layer(store, "items-race"), &effects);
+    let batches: [&[&str]; 4] = [
+        &["a", "b", "c"],
+        &["b", "c", "d"],
+        &["c", "d", "e"],
+        &["a", "e"],
+    ];
+    let mut tasks = Vec::new();
+    for ids in batches {
+        for _ in 0..3 {
+            let app = app.clone();
+            tasks.push(tokio::spawn(async move {
+                // A sender retries on 409 until the batch is acknowledged.
+                for _ in 0..400 {
+                    let (status, _, _) = send(&app, post_batch(ids, &[])).await;
+                    match status {
+                        StatusCode::CREATED | StatusCode::OK => return,
+                        StatusCode::CONFLICT => tokio::time::sleep(Duration::from_millis(5)).await,
+                        other => panic!("unexpected {other}"),
+                    }
+                }
+                panic!("the batch never went through");
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    for id in ["a", "b", "c", "d", "e"] {
+        assert_eq!(effects.item(id), 1, "{id}: {:?}", effects.items());
+    }
+}
+
+pub async fn too_many_items_is_400<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(items_layer(store, "items-max"), &effects);
+    let ids: Vec<String> = (0..=tower_idempotency::key::MAX_KEY_PARTS)
+        .map(|i| format!("m{i}"))
+        .collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let (status, headers, body) = send(&app, post_batch(&ids, &[])).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_problem(&headers, &body, 400, "malformed_key");
+    assert_eq!(effects.total(), 0);
+}
+
 pub async fn numeric_ids_keep_every_digit<St: IdempotencyStore>(store: St) {
     let effects = Effects::default();
     let app = router(
@@ -726,6 +870,11 @@ macro_rules! store_suite {
             scopes_keep_routes_and_tenants_apart,
             json_path_key_from_body,
             whatsapp_batch_is_one_composite_key,
+            batch_items_are_processed_once_each,
+            batch_item_in_flight_elsewhere_is_409_and_releases_its_claims,
+            batch_partial_failure_records_the_items_done,
+            overlapping_batches_racing_apply_each_item_once,
+            too_many_items_is_400,
             numeric_ids_keep_every_digit,
             bad_json_bodies_are_400_saying_why,
             header_else_body_fallback_is_one_key,
