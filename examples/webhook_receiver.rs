@@ -313,7 +313,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,tower_idempotency=debug".into()),
+                // `info`: no line per first delivery (those are `debug`); duplicates,
+                // conflicts, releases and store errors are logged.
+                .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -322,9 +324,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
         .parse()?;
     let metrics = PrometheusBuilder::new().install_recorder()?;
+    // The recorder keeps histogram samples until they are drained: drain them regularly, so
+    // memory stays flat when nobody scrapes `/metrics`.
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
     let lease = match std::env::var("IDEMPOTENCY_LEASE_MS") {
         Ok(ms) => Duration::from_millis(ms.parse()?),
-        Err(_) => tower_idempotency::DEFAULT_LEASE,
+        Err(_) => tower_idempotency::defaults::LEASE,
     };
     let router = match (std::env::var("REDIS_URL"), std::env::var("DATABASE_URL")) {
         (Ok(url), _) => app(connect_redis(&url).await?, metrics, lease),
@@ -336,7 +348,56 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, router).await?;
+    serve(listener, router).await
+}
+
+/// Serves `router` until Ctrl-C, then lets requests in flight finish (up to 10 s): a claim is
+/// never left to expire because the process stopped mid-request. A client that does not send
+/// its request head within 10 s is disconnected, so idle half-open connections cannot starve
+/// the server of file descriptors.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto;
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(10));
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(tokio::signal::ctrl_c());
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    tracing::warn!(error = %err, "accept failed");
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection.into_owned());
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(error = %err, "connection closed with an error");
+            }
+        });
+    }
+    tracing::info!("shutting down: waiting for requests in flight");
+    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("requests still in flight after 10 s; stopping anyway");
+    }
     Ok(())
 }
 

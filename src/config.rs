@@ -12,22 +12,8 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::classify::Classifier;
+use crate::defaults;
 use crate::observe::Observer;
-
-/// The default body limit: 1 MiB, ample for webhooks.
-pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
-/// The default lease: how long a claim stays "in flight" if its holder dies without
-/// finishing. 10 s: the claim of a live holder is renewed every third of the lease however long
-/// the handler runs, so the lease only bounds crash recovery (a crashed worker's key is free
-/// again within 10 s, before most providers' first retry) while tolerating a store that
-/// misses one renewal (3.3 s) without losing the claim.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
-/// The default retention of completed keys: 72 hours, a common provider retry window.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(72 * 3600);
-/// The default timeout of each store call.
-pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(2);
-/// The default limit of a response kept in memory (and so replayable): 64 KiB.
-pub const DEFAULT_RESPONSE_BUFFER_LIMIT: usize = 64 * 1024;
 
 /// What to do with a covered request that carries no key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -224,11 +210,11 @@ impl Default for Settings {
         Settings {
             observer: Observer::new("default"),
             scope: Scope::path(),
-            body_limit: DEFAULT_BODY_LIMIT,
+            body_limit: defaults::BODY_LIMIT,
             body_timeout: None,
-            lease: DEFAULT_LEASE,
-            retention: DEFAULT_RETENTION,
-            store_timeout: DEFAULT_STORE_TIMEOUT,
+            lease: defaults::LEASE,
+            retention: defaults::RETENTION,
+            store_timeout: defaults::STORE_TIMEOUT,
             missing_key: MissingKey::Reject,
             methods: None,
             mode: Mode::Ack,
@@ -249,7 +235,7 @@ impl Default for Settings {
             store_retry_after: Duration::from_secs(5),
             wait_in_flight: None,
             fingerprint: true,
-            response_buffer_limit: DEFAULT_RESPONSE_BUFFER_LIMIT,
+            response_buffer_limit: defaults::RESPONSE_BUFFER_LIMIT,
             classifier: Classifier::default(),
         }
     }

@@ -186,7 +186,7 @@ impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
     }
 
     /// Sets the lease: how long a claim blocks duplicates if its holder dies without finishing
-    /// (default 10 s, [`DEFAULT_LEASE`]). A live holder's claim is renewed every third of the
+    /// (default 10 s, [`defaults::LEASE`](crate::defaults::LEASE)). A live holder's claim is renewed every third of the
     /// lease for as long as the inner service runs and its response streams, so the lease
     /// need not cover the slowest handler: it bounds how long a crashed worker's key stays
     /// blocked. Keep it a few times the store's worst latency, so a renewal is never late.

@@ -112,10 +112,12 @@
 //!   goes out and the claim expires with its lease.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod body;
 mod classify;
 mod config;
+pub mod defaults;
 pub mod fingerprint;
 mod future;
 mod guard;
@@ -131,10 +133,7 @@ pub use self::store::record;
 mod util;
 
 pub use self::body::{RequestBody, ResponseBody};
-pub use self::config::{
-    AckResponse, DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_RESPONSE_BUFFER_LIMIT,
-    DEFAULT_RETENTION, DEFAULT_STORE_TIMEOUT, FailureMode, MissingKey, Mode, OnMismatch, Scope,
-};
+pub use self::config::{AckResponse, FailureMode, MissingKey, Mode, OnMismatch, Scope};
 pub use self::future::ResponseFuture;
 pub use self::items::BatchItems;
 pub use self::key::IdempotencyKey;
@@ -145,10 +144,15 @@ pub use self::service::{IDEMPOTENT_REPLAYED, Idempotency};
 pub use self::store::{IdempotencyStore, MemoryStore};
 
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::store::redis::RedisStore;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use self::store::sql::PostgresStore;
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use self::store::sql::SqliteStore;
+/// The Redis client the Redis store runs on, re-exported so that its version always matches.
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use fred;

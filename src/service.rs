@@ -52,8 +52,10 @@ use crate::rejection::Rejection;
 use crate::store::record::Record;
 use crate::store::{BoxError, Claim, IdempotencyStore, Reservation, StoreErrorKind, StoreKey};
 
-/// The header set on every answer the layer gives in place of the inner service to a duplicate.
-pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+/// `Idempotent-Replayed`: the header set (to `true`) on every answer the layer gives in place
+/// of the inner service to a duplicate.
+pub const IDEMPOTENT_REPLAYED: http::HeaderName =
+    http::HeaderName::from_static("idempotent-replayed");
 
 /// The middleware service built by [`IdempotencyLayer`](crate::IdempotencyLayer).
 pub struct Idempotency<S, St, K> {
