@@ -14,6 +14,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use crate::classify::Classifier;
 use crate::defaults;
 use crate::observe::Observer;
+use crate::rejection::{ProblemJson, RenderRejection};
 
 /// What to do with a covered request that carries no key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -190,6 +191,7 @@ pub(crate) struct Settings {
     pub(crate) fingerprint: bool,
     pub(crate) response_buffer_limit: usize,
     pub(crate) classifier: Classifier,
+    pub(crate) render_rejection: Arc<dyn RenderRejection>,
 }
 
 impl Settings {
@@ -237,6 +239,7 @@ impl Default for Settings {
             fingerprint: true,
             response_buffer_limit: defaults::RESPONSE_BUFFER_LIMIT,
             classifier: Classifier::default(),
+            render_rejection: Arc::new(ProblemJson),
         }
     }
 }

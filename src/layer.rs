@@ -29,6 +29,7 @@ use crate::config::{
 };
 use crate::key::{ExtractKey, HeaderKey};
 use crate::observe::OutcomeEvent;
+use crate::rejection::RenderRejection;
 use crate::service::Idempotency;
 use crate::store::IdempotencyStore;
 
@@ -281,6 +282,13 @@ impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
     pub fn on_outcome(self, hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
         let hook = Arc::new(hook);
         self.with(|s| s.observer.set_hook(hook))
+    }
+
+    /// Sets how the layer's own answers (400, 409, 413, 422, 503, …) are rendered (default
+    /// [`ProblemJson`](crate::rejection::ProblemJson)): see [`rejection`](crate::rejection).
+    pub fn render_rejection(self, render: impl RenderRejection) -> Self {
+        let render: Arc<dyn RenderRejection> = Arc::new(render);
+        self.with(|s| s.render_rejection = render)
     }
 
     /// Sets which responses count as success (default: 2xx). gRPC responses are always judged

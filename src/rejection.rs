@@ -20,6 +20,34 @@
 //! assert_eq!(rejection.status(), StatusCode::PAYLOAD_TOO_LARGE);
 //! assert_eq!(rejection.code(), "payload_too_large");
 //! ```
+//!
+//! The answers are rendered by a [`RenderRejection`], [`ProblemJson`] by default; set your own
+//! with [`IdempotencyLayer::render_rejection`](crate::IdempotencyLayer::render_rejection) to
+//! answer in your API's error format. Every answer carries the [`Rejection`] in its response
+//! extensions, for logging or metrics in an outer middleware.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Response, header::CONTENT_TYPE};
+//! use tower_idempotency::{IdempotencyLayer, MemoryStore};
+//! use tower_idempotency::rejection::{ProblemJson, RenderRejection, Rejection};
+//!
+//! // Our API answers errors as `{"error": {"code": .., "message": ..}}`; gRPC stays standard.
+//! let layer = IdempotencyLayer::api(MemoryStore::new()).render_rejection(
+//!     |rejection: &Rejection, grpc: bool| -> Response<Bytes> {
+//!         if grpc {
+//!             return ProblemJson.render(rejection, grpc);
+//!         }
+//!         let body = serde_json::json!({
+//!             "error": {"code": rejection.code(), "message": rejection.detail()}
+//!         });
+//!         let mut response = Response::new(Bytes::from(body.to_string()));
+//!         *response.status_mut() = rejection.status();
+//!         response.headers_mut().insert(CONTENT_TYPE, "application/json".parse().unwrap());
+//!         response
+//!     },
+//! );
+//! ```
 
 use std::time::Duration;
 
@@ -29,6 +57,42 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::body::ResponseBody;
 use crate::key::KeyError;
+
+/// Renders the layer's own answers. Implemented by [`ProblemJson`] (the default) and by every
+/// `Fn(&Rejection, bool) -> Response<Bytes>` closure.
+///
+/// `grpc` is true when the request was a gRPC call: the answer should then be a gRPC status
+/// (a trailers-only response), since a gRPC client cannot read an HTTP error body. The layer
+/// keeps `Retry-After` as rendered, and adds the [`Rejection`] to the response extensions.
+pub trait RenderRejection: Send + Sync + 'static {
+    /// The response for `rejection`.
+    fn render(&self, rejection: &Rejection, grpc: bool) -> Response<Bytes>;
+}
+
+impl<F> RenderRejection for F
+where
+    F: Fn(&Rejection, bool) -> Response<Bytes> + Send + Sync + 'static,
+{
+    fn render(&self, rejection: &Rejection, grpc: bool) -> Response<Bytes> {
+        self(rejection, grpc)
+    }
+}
+
+/// The default [`RenderRejection`]: RFC 9457 `application/problem+json` for HTTP (with
+/// `Retry-After` for 409 and 503), a trailers-only response with `grpc-status` and
+/// `grpc-message` for gRPC.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProblemJson;
+
+impl RenderRejection for ProblemJson {
+    fn render(&self, rejection: &Rejection, grpc: bool) -> Response<Bytes> {
+        if grpc {
+            rejection.grpc_response()
+        } else {
+            rejection.http_response()
+        }
+    }
+}
 
 /// Why the layer answered instead of the inner service.
 #[derive(Clone, Debug)]
@@ -198,10 +262,19 @@ impl Rejection {
 
     /// The HTTP response: problem+json, with `Retry-After` where retrying helps.
     pub fn into_response<B>(self) -> Response<ResponseBody<B>> {
-        let mut response = Response::new(ResponseBody::buffered(
-            Bytes::from(self.problem_json()),
-            None,
-        ));
+        self.http_response()
+            .map(|body| ResponseBody::buffered(body, None))
+    }
+
+    /// The gRPC response: a trailers-only response (HTTP 200, `grpc-status` and `grpc-message`
+    /// in the headers), which every gRPC client decodes as a status.
+    pub fn into_grpc_response<B>(self) -> Response<ResponseBody<B>> {
+        self.grpc_response()
+            .map(|body| ResponseBody::buffered(body, None))
+    }
+
+    fn http_response(&self) -> Response<Bytes> {
+        let mut response = Response::new(Bytes::from(self.problem_json()));
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
         headers.insert(
@@ -214,10 +287,8 @@ impl Rejection {
         response
     }
 
-    /// The gRPC response: a trailers-only response (HTTP 200, `grpc-status` and `grpc-message`
-    /// in the headers), which every gRPC client decodes as a status.
-    pub fn into_grpc_response<B>(self) -> Response<ResponseBody<B>> {
-        let mut response = Response::new(ResponseBody::buffered(Bytes::new(), None));
+    fn grpc_response(&self) -> Response<Bytes> {
+        let mut response = Response::new(Bytes::new());
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         headers.insert(

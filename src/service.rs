@@ -141,7 +141,12 @@ where
             let rejection = Rejection::PayloadTooLarge {
                 limit: settings.body_limit,
             };
-            return ResponseFuture::ready(reject(rejection, grpc), settings.clone(), span, timer);
+            return ResponseFuture::ready(
+                reject(settings, rejection, grpc),
+                settings.clone(),
+                span,
+                timer,
+            );
         }
         // Clone-and-swap: the instance `poll_ready` made ready is the one that will be called.
         let clone = self.inner.clone();
@@ -156,19 +161,24 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
     headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
-pub(crate) fn reject<B>(rejection: Rejection, grpc: bool) -> Response<ResponseBody<B>> {
+pub(crate) fn reject<B>(
+    settings: &Settings,
+    rejection: Rejection,
+    grpc: bool,
+) -> Response<ResponseBody<B>> {
     let outcome = match &rejection {
         Rejection::InFlight { .. } => Outcome::InFlight,
         Rejection::Mismatch => Outcome::Mismatch,
         Rejection::StoreUnavailable { .. } => Outcome::StoreError,
         other => Outcome::Rejected(other.code()),
     };
-    let mut response = if grpc {
-        rejection.into_grpc_response()
-    } else {
-        rejection.into_response()
-    };
-    response.extensions_mut().insert(outcome);
+    let mut response = settings
+        .render_rejection
+        .render(&rejection, grpc)
+        .map(|body| ResponseBody::buffered(body, None));
+    let extensions = response.extensions_mut();
+    extensions.insert(outcome);
+    extensions.insert(rejection);
     response
 }
 
@@ -223,7 +233,7 @@ where
                 let (data, trailers) = collected.into_parts();
                 (RequestBody::buffered(data.clone(), trailers), Some(data))
             }
-            Err(rejection) => return Prelude::Respond(reject(rejection, grpc)),
+            Err(rejection) => return Prelude::Respond(reject(settings, rejection, grpc)),
         }
     } else {
         (RequestBody::limited(body, settings.body_limit), None)
@@ -237,7 +247,11 @@ where
         Ok(None) => match settings.missing_key {
             MissingKey::Reject => {
                 let expected = config.extractor.expected();
-                return Prelude::Respond(reject(Rejection::MissingKey { expected }, grpc));
+                return Prelude::Respond(reject(
+                    settings,
+                    Rejection::MissingKey { expected },
+                    grpc,
+                ));
             }
             MissingKey::PassThrough => {
                 return Prelude::Call {
@@ -247,7 +261,7 @@ where
                 };
             }
         },
-        Err(err) => return Prelude::Respond(reject(Rejection::MalformedKey(err), grpc)),
+        Err(err) => return Prelude::Respond(reject(settings, Rejection::MalformedKey(err), grpc)),
     };
 
     // Items of a batch are keyed one by one: an item may come again in another batch, so a
@@ -322,9 +336,10 @@ where
         guard.keep(&answers);
         guard.release().await;
         if mismatch {
-            return Prelude::Respond(reject(Rejection::Mismatch, grpc));
+            return Prelude::Respond(reject(settings, Rejection::Mismatch, grpc));
         }
         return Prelude::Respond(reject(
+            settings,
             Rejection::InFlight {
                 retry_after: settings.in_flight_retry_after,
             },
@@ -346,7 +361,7 @@ where
         let mut outcome = Outcome::Replayed;
         if !record.fingerprint().matches(&fingerprint) {
             if settings.on_mismatch == OnMismatch::Reject {
-                return Prelude::Respond(reject(Rejection::Mismatch, grpc));
+                return Prelude::Respond(reject(settings, Rejection::Mismatch, grpc));
             }
             outcome = Outcome::MismatchAcked;
         }
@@ -392,6 +407,7 @@ fn store_failure<B, ResBody>(
         FailureMode::Closed => {
             tracing::error!(error = %err, "idempotency store error; failing closed");
             Prelude::Respond(reject(
+                settings,
                 Rejection::StoreUnavailable {
                     retry_after: settings.store_retry_after,
                 },

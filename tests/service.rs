@@ -274,3 +274,33 @@ async fn a_failed_completion_is_retried_until_recorded() {
     assert_eq!(store.failing_completes.load(Ordering::SeqCst), 0);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// The layer's own answers go through the configured renderer, and carry the `Rejection` in
+/// their extensions.
+#[tokio::test]
+async fn rejections_are_rendered_by_the_configured_renderer() {
+    use tower_idempotency::rejection::Rejection;
+    let layer = IdempotencyLayer::new(MemoryStore::new()).render_rejection(
+        |rejection: &Rejection, _grpc: bool| {
+            let mut response = Response::new(Bytes::from(format!("custom {}", rejection.code())));
+            *response.status_mut() = rejection.status();
+            response
+        },
+    );
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|_req: Req| async {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+        });
+    let request = Request::post("/x")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let response = service.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert!(matches!(
+        response.extensions().get::<Rejection>(),
+        Some(Rejection::MissingKey { expected: Some(expected) }) if expected.contains("idempotency-key")
+    ));
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "custom missing_key");
+}
