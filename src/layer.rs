@@ -1,20 +1,5 @@
 //! [`IdempotencyLayer`]: the configuration of the middleware. Cheap to clone (one `Arc`),
 //! configured with by-value builder methods.
-//!
-//! ```
-//! use std::time::Duration;
-//! use tower_idempotency::{IdempotencyLayer, MissingKey, Mode};
-//! use tower_idempotency::key::HeaderKey;
-//! use tower_idempotency::store::MemoryStore;
-//!
-//! let layer = IdempotencyLayer::new(MemoryStore::new())
-//!     .namespace("kalipto")
-//!     .key(HeaderKey::new("X-Kalipto-Delivery-Id").unwrap())
-//!     .retention(Duration::from_secs(72 * 3600))
-//!     .lease(Duration::from_secs(30))
-//!     .missing_key(MissingKey::Reject)
-//!     .mode(Mode::Ack);
-//! ```
 
 use std::fmt;
 use std::sync::Arc;
@@ -36,7 +21,31 @@ use crate::store::IdempotencyStore;
 /// Makes the wrapped service idempotent: see the [crate docs](crate) for the behaviour and
 /// every status code.
 ///
-/// `St` is the store, `K` the key extractor (default: the `Idempotency-Key` header).
+/// `St` is the store, `K` the key extractor (default: the `Idempotency-Key` header). Start from
+/// a profile, [`webhook`](Self::webhook) or [`api`](Self::api), or from [`new`](Self::new),
+/// then set what differs. Cheap to clone: one `Arc`.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, routing::post};
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore, MissingKey};
+/// use tower_idempotency::key::{HeaderKey, JsonPathKey};
+///
+/// let store = MemoryStore::new();
+/// // A webhook: keyed by the delivery id header, else the event id in the body.
+/// let kalipto = IdempotencyLayer::webhook(store.clone())
+///     .namespace("kalipto")
+///     .key(HeaderKey::new("X-Kalipto-Delivery-Id")?.or(JsonPathKey::new("$.event.id")?))
+///     .retention(Duration::from_secs(7 * 24 * 3600))
+///     .missing_key(MissingKey::Reject);
+/// // An API route: `Idempotency-Key`, the original response replayed, 422 on reuse.
+/// let orders = IdempotencyLayer::api(store).namespace("orders");
+///
+/// let app: Router = Router::new()
+///     .route("/webhooks/kalipto", post(|| async { "ok" }).route_layer(kalipto))
+///     .route("/orders", post(|| async { "created" }).route_layer(orders));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct IdempotencyLayer<St, K = HeaderKey> {
     config: Arc<Config<St, K>>,
 }

@@ -27,7 +27,7 @@
 //! | first time | the inner response, unchanged | once |
 //! | duplicate of a completed key, same payload | ack or replay, `Idempotent-Replayed: true` | no |
 //! | duplicate while the first is in flight | 409 problem+json + `Retry-After` | no |
-//! | key reused with a different payload | 422 problem+json (or ack, [`OnMismatch`]) | no |
+//! | key reused with a different payload | 422 problem+json; ack on webhook routes ([`OnMismatch`]) | no |
 //! | store unreachable or timed out | 503 + `Retry-After` (or fail open, [`FailureMode`]) | no / yes |
 //!
 //! gRPC requests (`content-type: application/grpc*`) get the same protection with gRPC
@@ -51,8 +51,9 @@
 //!     .route_layer(
 //!         IdempotencyLayer::new(store)
 //!             .namespace("kalipto")
-//!             .key(HeaderKey::new("X-Kalipto-Delivery-Id").unwrap()),
+//!             .key(HeaderKey::new("X-Kalipto-Delivery-Id")?),
 //!     );
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! # tonic
@@ -69,7 +70,7 @@
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let idempotency = IdempotencyLayer::new(MemoryStore::new())
 //!     .namespace("payments")
-//!     .key(HeaderKey::new("idempotency-key").unwrap());
+//!     .key(HeaderKey::idempotency_key());
 //! Server::builder()
 //!     .layer(idempotency)
 //!     // .add_service(PaymentsServer::new(MyPayments::default()))
@@ -103,13 +104,16 @@
 //! # Guarantees and limits
 //!
 //! - Two concurrent identical requests never both reach the inner service while the first
-//!   lease is alive.
+//!   attempt is alive: its lease is renewed every third of the lease for as long as the inner
+//!   service runs and its response streams, however slow the handler.
+//! - A crashed owner (no more renewals) frees its key within about one lease (10 s by
+//!   default), so the sender's next retry is processed.
 //! - A duplicate is never answered 2xx before the first attempt has succeeded and been recorded.
-//! - If the inner service outlives the lease, a retry may be processed a second time (the late
-//!   completion of the first never overwrites the newer holder): set the lease above the inner
-//!   service's timeout.
-//! - If recording fails after success (the store went down in between), the response still
-//!   goes out and the claim expires with its lease.
+//! - A batch keyed per item ([`key::JsonPathKey::each`]) applies every item once, across
+//!   overlapping batches; the handler sees which items are new in [`BatchItems`].
+//! - If recording fails after success (the store went down in between), it is retried while
+//!   the claim is alive, the response still goes out, and at worst the claim expires with its
+//!   lease (a later duplicate is then processed again).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
