@@ -1,6 +1,7 @@
 use serde_json::Value;
 use serde_json_path::JsonPath;
 
+use super::scan::{ScanError, SimplePath, scan};
 use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput, PathError};
 
 /// Takes the key from the JSON body, selected by RFC 9535 JSONPaths.
@@ -26,6 +27,12 @@ use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput, PathEr
 /// No match is "no key" (the layer's missing-key policy, or the next extractor of a fallback
 /// chain, applies); a body that is not JSON is a 400.
 ///
+/// Paths made of members, indexes and wildcards (`$.a.b`, `$['a b']`, `[0]`, `[-1]`, `[*]`,
+/// `.*`: every path providers document) are read straight from the raw body, without building
+/// a DOM: a few microseconds at 1 KiB. Other RFC 9535 forms (filters, descendants, slices)
+/// query a parsed `serde_json::Value`; there, integers beyond 64 bits are a 400, since the DOM
+/// cannot hold their digits.
+///
 /// ```
 /// use tower_idempotency::key::{HeaderKey, JsonPathKey};
 ///
@@ -45,11 +52,15 @@ use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput, PathEr
 pub struct JsonPathKey {
     paths: Vec<Path>,
     items: bool,
+    /// Every path in the subset the scanner reads (members, indexes, wildcards): the ids are
+    /// found in the raw body without building a DOM, and integers keep every digit.
+    scan: bool,
 }
 
 #[derive(Clone, Debug)]
 struct Path {
     dom: JsonPath,
+    simple: Option<SimplePath>,
     source: String,
 }
 
@@ -57,6 +68,7 @@ impl Path {
     fn parse(path: &str) -> Result<Self, PathError> {
         Ok(Path {
             dom: JsonPath::parse(path).map_err(|err| PathError::new(path, err))?,
+            simple: SimplePath::parse(path),
             source: path.to_owned(),
         })
     }
@@ -66,10 +78,7 @@ impl JsonPathKey {
     /// One key from `path` (RFC 9535 syntax): the selected value, or a composite of all
     /// selected values.
     pub fn new(path: &str) -> Result<Self, PathError> {
-        Ok(JsonPathKey {
-            paths: vec![Path::parse(path)?],
-            items: false,
-        })
+        Ok(JsonPathKey::from_paths(vec![Path::parse(path)?], false))
     }
 
     /// Per-item keys: every value `path` selects is the key of one item.
@@ -88,7 +97,46 @@ impl JsonPathKey {
             .into_iter()
             .map(|p| Path::parse(p.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(JsonPathKey { paths, items: true })
+        Ok(JsonPathKey::from_paths(paths, true))
+    }
+
+    fn from_paths(paths: Vec<Path>, items: bool) -> Self {
+        let scan = paths.iter().all(|p| p.simple.is_some());
+        JsonPathKey { paths, items, scan }
+    }
+
+    /// The selected ids, found by the scanner in the raw body.
+    fn scanned(&self, body: &[u8]) -> Result<Vec<String>, KeyError> {
+        let simple: Vec<&SimplePath> = self
+            .paths
+            .iter()
+            .filter_map(|p| p.simple.as_ref())
+            .collect();
+        let mut values = Vec::new();
+        let result = scan(body, &simple, &mut |_, value| {
+            values.push(value.into_owned());
+            Ok(())
+        });
+        match result {
+            Ok(()) => Ok(values),
+            Err(ScanError::NotJson(why)) => Err(KeyError::new(
+                KeyErrorKind::BodyNotJson,
+                format!("the request body is not valid JSON: {why}"),
+            )),
+            Err(ScanError::NotAnId(what)) => Err(not_an_id(&self.describe(), what)),
+        }
+    }
+
+    /// The selected ids, from the body's DOM (paths with filters and other RFC 9535 forms).
+    fn queried(&self, input: &KeyInput<'_>) -> Result<Vec<String>, KeyError> {
+        let json = input.json()?;
+        let mut values = Vec::new();
+        for path in &self.paths {
+            for value in path.dom.query(json).all() {
+                values.push(scalar_text(value, &path.source)?);
+            }
+        }
+        Ok(values)
     }
 
     /// The first path, as written.
@@ -137,13 +185,12 @@ fn type_name(value: &Value) -> &'static str {
 
 impl ExtractKey for JsonPathKey {
     fn extract_key(&self, input: &KeyInput<'_>) -> Result<Option<IdempotencyKey>, KeyError> {
-        let json = input.json()?;
-        let mut values = Vec::new();
-        for path in &self.paths {
-            for value in path.dom.query(json).all() {
-                values.push(scalar_text(value, &path.source)?);
-            }
-        }
+        let values = if self.scan {
+            let body = input.body().ok_or_else(KeyError::body_not_buffered)?;
+            self.scanned(body)?
+        } else {
+            self.queried(input)?
+        };
         if self.items {
             IdempotencyKey::items(values)
         } else {

@@ -29,6 +29,7 @@ mod fields;
 mod func;
 mod header;
 mod json;
+mod scan;
 
 use std::fmt;
 use std::sync::OnceLock;

@@ -1,0 +1,2375 @@
+//! Finds the id values that simple JSONPath expressions name in a request
+//! body, without building a `serde_json::Value`.
+//!
+//! [`scan`] reads the body once. It validates every byte as JSON (RFC 8259,
+//! plus the limits that `serde_json` applies to a `Value`: numbers must be
+//! finite as `f64`, and nesting is bounded by [`MAX_DEPTH`]) and records the
+//! values that the given [`SimplePath`]s select. A selected value becomes a key
+//! string when it is a string or an integer.
+//!
+//! How it works:
+//! - In the accepted subset of RFC 9535 a path applies segment `d` to values
+//!   nested `d` levels deep, so the paths still alive at a value form a bit
+//!   mask. Values that no path reaches are validated by an iterative loop
+//!   ([`Scanner::skip_value`]) that keeps the kind of every open container in
+//!   one bit of a `u128`; values that some path reaches are walked by a
+//!   recursion ([`Scanner::value`]) whose depth is bounded by the nesting limit.
+//! - `serde_json` keeps the last of several members with the same name. The
+//!   scanner remembers, for every member that a path goes through, its name and
+//!   the range of results found under it; when the object closes, results under
+//!   a member that a later member with the same decoded name shadows are
+//!   dropped. Results are therefore buffered and handed over only once the
+//!   whole body is known to be JSON: `found` is never called for a body that is
+//!   not JSON.
+//! - A negative index needs the length of the array: the elements are counted
+//!   by a quick pre-scan before the array is walked.
+
+use std::borrow::Cow;
+use std::cmp::Ordering;
+use std::fmt;
+
+/// Deepest nesting of arrays and objects that a body may have.
+pub(crate) const MAX_DEPTH: usize = 127;
+
+/// Largest absolute value of an index in a path (RFC 9535 limits integers to
+/// the I-JSON range).
+const MAX_INDEX: i64 = (1 << 53) - 1;
+
+/// How many paths one pass over the body follows (one bit each in a `u64`).
+const PATHS_PER_PASS: usize = 64;
+
+/// What [`ScanError::NotAnId`] says about a number with a fraction or an
+/// exponent.
+const FRACTIONAL: &str = "a number with a fraction or an exponent";
+
+/// Error class of input that ends inside a string.
+const END_IN_STRING: &str = "unexpected end of input in a string";
+
+/// Error class of a `\u` escape that is half of a surrogate pair.
+const LONE_SURROGATE: &str = "lone surrogate in a \\u escape";
+
+/// Error class of invalid UTF-8 inside a string.
+const BAD_UTF8: &str = "invalid UTF-8 in a string";
+
+/// One step of a [`SimplePath`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    /// `.name`, `['name']` or `["name"]`: the member with this (decoded) name.
+    Name(String),
+    /// `[N]`: the element at this index; a negative index counts from the end.
+    Index(i64),
+    /// `.*` or `[*]`: every element of an array or member value of an object.
+    Wildcard,
+}
+
+/// A path in the subset providers use: `$`, then segments `.name`,
+/// `['name']` / `["name"]` (with JSON-style escapes in the quoted form), `[N]`
+/// (non-negative or negative index, negative counts from the end), `[*]` and
+/// `.*` (wildcard over array elements or object member values).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SimplePath {
+    /// The segments after `$`, in order.
+    segments: Vec<Segment>,
+}
+
+impl SimplePath {
+    /// None when `path` uses anything outside the subset (filters `?`,
+    /// descendant `..`, slices `a:b`, unions `a,b`, functions) or is
+    /// malformed; callers then fall back to a DOM-based RFC 9535
+    /// implementation.
+    ///
+    /// Blank space (space, tab, CR, LF) is accepted where RFC 9535 allows it:
+    /// before a segment and inside brackets. Where `serde_json_path` is
+    /// stricter than RFC 9535 (a high surrogate escape must be written
+    /// `\uD8..` to `\uDB..` with upper-case `D` and second digit), this parser
+    /// is as strict, so that it never accepts a path the fallback rejects.
+    pub(crate) fn parse(path: &str) -> Option<SimplePath> {
+        let mut cur = PathCursor { text: path, pos: 0 };
+        if !cur.eat(b'$') {
+            return None;
+        }
+        let mut segments = Vec::new();
+        loop {
+            let before_blank = cur.pos;
+            cur.skip_blank();
+            match cur.peek() {
+                // Blank space must be followed by a segment.
+                None if cur.pos == before_blank => return Some(SimplePath { segments }),
+                Some(b'.') => {
+                    cur.pos += 1;
+                    let segment = if cur.eat(b'*') {
+                        Segment::Wildcard
+                    } else {
+                        Segment::Name(cur.shorthand_name()?)
+                    };
+                    segments.push(segment);
+                }
+                Some(b'[') => {
+                    cur.pos += 1;
+                    cur.skip_blank();
+                    let segment = match cur.peek()? {
+                        b'*' => {
+                            cur.pos += 1;
+                            Segment::Wildcard
+                        }
+                        quote @ (b'\'' | b'"') => {
+                            cur.pos += 1;
+                            Segment::Name(cur.quoted_name(quote)?)
+                        }
+                        b'-' | b'0'..=b'9' => Segment::Index(cur.index()?),
+                        _ => return None,
+                    };
+                    cur.skip_blank();
+                    if !cur.eat(b']') {
+                        return None;
+                    }
+                    segments.push(segment);
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// A position in the text of a path being parsed.
+struct PathCursor<'s> {
+    /// The whole path.
+    text: &'s str,
+    /// Byte offset of the next unread character (always a char boundary).
+    pos: usize,
+}
+
+impl<'s> PathCursor<'s> {
+    /// The next byte, if any.
+    fn peek(&self) -> Option<u8> {
+        self.text.as_bytes().get(self.pos).copied()
+    }
+
+    /// Consumes `byte` if it comes next; tells whether it did.
+    fn eat(&mut self, byte: u8) -> bool {
+        let found = self.peek() == Some(byte);
+        if found {
+            self.pos += 1;
+        }
+        found
+    }
+
+    /// Consumes blank space as RFC 9535 defines it.
+    fn skip_blank(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.pos += 1;
+        }
+    }
+
+    /// The unread rest of the path.
+    fn rest(&self) -> &'s str {
+        self.text.get(self.pos..).unwrap_or("")
+    }
+
+    /// Reads a `member-name-shorthand`: a letter, `_` or non-ASCII character,
+    /// then also digits.
+    fn shorthand_name(&mut self) -> Option<String> {
+        let rest = self.rest();
+        let mut end = 0;
+        for (i, c) in rest.char_indices() {
+            let allowed = c.is_ascii_alphabetic()
+                || c == '_'
+                || !c.is_ascii()
+                || (i > 0 && c.is_ascii_digit());
+            if !allowed {
+                break;
+            }
+            end = i + c.len_utf8();
+        }
+        let name = rest.get(..end).filter(|name| !name.is_empty())?;
+        self.pos += end;
+        Some(name.to_owned())
+    }
+
+    /// Reads an index: `0` or `-?[1-9][0-9]*` within the I-JSON range.
+    fn index(&mut self) -> Option<i64> {
+        let negative = self.eat(b'-');
+        let start = self.pos;
+        while matches!(self.peek(), Some(b'0'..=b'9')) {
+            self.pos += 1;
+        }
+        let digits = self.text.as_bytes().get(start..self.pos)?;
+        match digits {
+            [] => None,
+            [b'0'] if !negative => Some(0),
+            [b'0', ..] => None,
+            _ if digits.len() > 16 => None,
+            _ => {
+                let value = digits
+                    .iter()
+                    .fold(0i64, |acc, d| acc * 10 + i64::from(d - b'0'));
+                (value <= MAX_INDEX).then_some(if negative { -value } else { value })
+            }
+        }
+    }
+
+    /// Reads the rest of a quoted name whose opening `quote` was consumed.
+    fn quoted_name(&mut self, quote: u8) -> Option<String> {
+        let mut name = String::new();
+        loop {
+            let c = self.rest().chars().next()?;
+            self.pos += c.len_utf8();
+            match c {
+                _ if c == char::from(quote) => return Some(name),
+                '\\' => name.push(self.escape(quote)?),
+                c if c < ' ' => return None,
+                c => name.push(c),
+            }
+        }
+    }
+
+    /// Reads an escape in a quoted name after its backslash.
+    fn escape(&mut self, quote: u8) -> Option<char> {
+        let byte = self.peek()?;
+        self.pos += 1;
+        Some(match byte {
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'/' => '/',
+            b'\\' => '\\',
+            b'u' => return self.unicode_escape(),
+            _ if byte == quote => char::from(quote),
+            _ => return None,
+        })
+    }
+
+    /// Reads the hex digits of a `\u` escape (and the low half of a surrogate
+    /// pair).
+    fn unicode_escape(&mut self) -> Option<char> {
+        let digits = self.text.as_bytes().get(self.pos..self.pos + 4)?;
+        let high = hex4(digits)?;
+        self.pos += 4;
+        match high {
+            0xD800..=0xDBFF => {
+                if !matches!(digits, [b'D', b'8' | b'9' | b'A' | b'B', ..]) {
+                    return None;
+                }
+                if !(self.eat(b'\\') && self.eat(b'u')) {
+                    return None;
+                }
+                let low = hex4(self.text.as_bytes().get(self.pos..self.pos + 4)?)?;
+                if !(0xDC00..=0xDFFF).contains(&low) {
+                    return None;
+                }
+                self.pos += 4;
+                char::from_u32(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
+            }
+            0xDC00..=0xDFFF => None,
+            _ => char::from_u32(high),
+        }
+    }
+}
+
+/// The value of four hex digits (either case), or None.
+fn hex4(digits: &[u8]) -> Option<u32> {
+    if digits.len() != 4 {
+        return None;
+    }
+    digits
+        .iter()
+        .try_fold(0u32, |acc, &d| Some(acc * 16 + char::from(d).to_digit(16)?))
+}
+
+/// How a selected value failed to be an id, or the body failed to be JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ScanError {
+    /// The body is not valid JSON (RFC 8259), is not UTF-8, or nests deeper
+    /// than 128 arrays/objects. `String` is a short message naming the byte
+    /// offset and the class of error, never quoting input.
+    NotJson(String),
+    /// A selected value is not a string or an integer. `&'static str` names
+    /// what it is: "a number with a fraction or an exponent", "an object",
+    /// "an array", "a boolean", "null".
+    NotAnId(&'static str),
+}
+
+impl fmt::Display for ScanError {
+    /// Writes a short English description, never quoting the body.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScanError::NotJson(message) => f.write_str(message),
+            ScanError::NotAnId(what) => {
+                write!(f, "selected value is {what}, not a string or an integer")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ScanError {}
+
+/// Validates the whole `body` as JSON (every byte, also outside the selected
+/// paths: bad JSON anywhere is an error) and calls `found` once per value
+/// selected by any of `paths`, in document order, with the exact key text:
+/// - strings: their decoded value (all escapes incl. `\uXXXX` and surrogate
+///   pairs; lone surrogates are NotJson) — borrowed from the body when there
+///   are no escapes (`Cow::Borrowed`), owned otherwise;
+/// - integers (`-?(0|[1-9][0-9]*)` with no fraction/exponent): their exact
+///   digits, any length, with `-0` written `0`; borrowed when already
+///   canonical;
+/// - anything else: `Err(NotAnId(..))` (a number with fraction or exponent
+///   like `1e2` or `1.0` is NOT an id).
+///
+/// Returns the error of the first problem. `found` returning Err stops the
+/// scan and that error is returned.
+///
+/// The first argument of `found` is the index of the path in `paths`; a value
+/// selected by several paths is reported once per path, in path order. The
+/// body is validated completely before `found` is first called, so a body
+/// that is not JSON yields `NotJson` (the first syntax error in the body) and
+/// no call at all; otherwise calls go in document order until the first
+/// selected value that is not an id, whose `NotAnId` is returned.
+///
+/// As with `serde_json::Value`, a later member with the same name replaces an
+/// earlier one, and a number whose magnitude overflows `f64` (such as `1e400`
+/// or an integer of more than 309 digits) makes the body NotJson.
+pub(crate) fn scan<'a>(
+    body: &'a [u8],
+    paths: &[&SimplePath],
+    found: &mut dyn FnMut(usize, Cow<'a, str>) -> Result<(), ScanError>,
+) -> Result<(), ScanError> {
+    let mut scanner = Scanner {
+        bytes: body,
+        pos: 0,
+        paths: &[],
+        first_path: 0,
+        hits: Vec::new(),
+        members: Vec::new(),
+    };
+    // One pass per group of 64 paths; almost always a single pass. An empty
+    // `paths` still takes one pass, which validates the body.
+    let mut groups = paths.chunks(PATHS_PER_PASS);
+    let mut group = groups.next().unwrap_or(&[]);
+    loop {
+        scanner.pos = 0;
+        scanner.paths = group;
+        scanner.run().map_err(Syntax::into_error)?;
+        scanner.first_path += group.len();
+        match groups.next() {
+            Some(next) => group = next,
+            None => break,
+        }
+    }
+    if paths.len() > PATHS_PER_PASS {
+        // Each pass recorded its hits in document order; merge them.
+        scanner.hits.sort_by_key(|hit| (hit.offset, hit.path));
+    }
+    for hit in scanner.hits {
+        if hit.live {
+            match hit.value {
+                Ok(key) => found(hit.path, key)?,
+                Err(what) => return Err(ScanError::NotAnId(what)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A syntax problem in the body: where it is and what kind it is.
+#[derive(Debug, Clone, Copy)]
+struct Syntax {
+    /// Byte offset in the body.
+    at: usize,
+    /// Class of the problem, in a few words.
+    what: &'static str,
+}
+
+impl Syntax {
+    /// The public error for this problem.
+    fn into_error(self) -> ScanError {
+        ScanError::NotJson(format!("invalid JSON at byte {}: {}", self.at, self.what))
+    }
+}
+
+/// Result of a step of the scanner.
+type Parsed<T> = Result<T, Syntax>;
+
+/// The contents of a JSON string in the body (between its quotes).
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    /// Offset of the first byte after the opening quote.
+    start: usize,
+    /// Offset of the closing quote.
+    end: usize,
+    /// Whether the contents contain a backslash escape.
+    escaped: bool,
+}
+
+/// A JSON number in the body.
+#[derive(Debug, Clone, Copy)]
+struct Number {
+    /// Offset of its first byte.
+    start: usize,
+    /// Offset just after its last byte.
+    end: usize,
+    /// Whether it has neither a fraction nor an exponent.
+    integer: bool,
+}
+
+/// A value selected by a path, kept until the whole body has been checked.
+#[derive(Debug)]
+struct Hit<'a> {
+    /// Index of the path in the caller's list.
+    path: usize,
+    /// Offset of the value in the body (orders the hits of several passes).
+    offset: usize,
+    /// The key, or what the value is when it is not an id.
+    value: Result<Cow<'a, str>, &'static str>,
+    /// False once a later member with the same name has shadowed the value.
+    live: bool,
+}
+
+/// A member of an open object that some path goes through or selects.
+#[derive(Debug, Clone, Copy)]
+struct Member {
+    /// The member's name in the body.
+    name: Span,
+    /// Start of the hits recorded under this member.
+    hits_start: usize,
+    /// End of the hits recorded under this member.
+    hits_end: usize,
+}
+
+/// State of one pass over the body.
+struct Scanner<'a, 'p> {
+    /// The body.
+    bytes: &'a [u8],
+    /// Offset of the next unread byte.
+    pos: usize,
+    /// The paths that this pass follows (at most 64).
+    paths: &'p [&'p SimplePath],
+    /// Index, in the caller's list, of `paths[0]`.
+    first_path: usize,
+    /// Selected values, in document order.
+    hits: Vec<Hit<'a>>,
+    /// Stack of the matched members of the open objects.
+    members: Vec<Member>,
+}
+
+impl<'a> Scanner<'a, '_> {
+    /// Scans the whole body: one value between optional blank space.
+    fn run(&mut self) -> Parsed<()> {
+        let mut mask = 0u64;
+        for (i, path) in self.paths.iter().enumerate() {
+            // No value lies deeper than the nesting limit.
+            if path.segments.len() <= MAX_DEPTH {
+                mask |= 1 << i;
+            }
+        }
+        self.skip_ws();
+        self.value(0, mask)?;
+        self.skip_ws();
+        if self.pos < self.bytes.len() {
+            return Err(self.fail("trailing characters after the top-level value"));
+        }
+        Ok(())
+    }
+
+    /// The next byte, if any.
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    /// A problem of class `what` at the current position.
+    fn fail(&self, what: &'static str) -> Syntax {
+        Syntax { at: self.pos, what }
+    }
+
+    /// A problem at the current position: `expected`, or the end of input.
+    fn unexpected(&self, expected: &'static str) -> Syntax {
+        if self.pos >= self.bytes.len() {
+            self.fail("unexpected end of input")
+        } else {
+            self.fail(expected)
+        }
+    }
+
+    /// Consumes JSON white space.
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    /// Consumes `byte`, or fails with `expected`.
+    fn expect(&mut self, byte: u8, expected: &'static str) -> Parsed<()> {
+        if self.peek() == Some(byte) {
+            self.pos += 1;
+            Ok(())
+        } else {
+            Err(self.unexpected(expected))
+        }
+    }
+
+    /// Checks that one more level of nesting stays within the limit, for a
+    /// container that starts at nesting `depth`.
+    fn check_depth(&self, depth: usize) -> Parsed<()> {
+        if depth >= MAX_DEPTH {
+            Err(self.fail("arrays/objects nested too deep"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Reads the value at the current position, which lies `depth` containers
+    /// deep and is reached by the paths in `mask`.
+    fn value(&mut self, depth: usize, mask: u64) -> Parsed<()> {
+        if mask == 0 {
+            return self.skip_value(depth);
+        }
+        let mut ends = 0u64;
+        for p in bits(mask) {
+            if self
+                .paths
+                .get(p)
+                .is_some_and(|path| path.segments.len() == depth)
+            {
+                ends |= 1 << p;
+            }
+        }
+        let rest = mask & !ends;
+        let start = self.pos;
+        match self.peek() {
+            Some(b'{') => {
+                self.record(ends, start, Err("an object"));
+                if rest == 0 {
+                    self.skip_value(depth)
+                } else {
+                    self.object(depth, rest)
+                }
+            }
+            Some(b'[') => {
+                self.record(ends, start, Err("an array"));
+                if rest == 0 {
+                    self.skip_value(depth)
+                } else {
+                    self.array(depth, rest)
+                }
+            }
+            Some(b'"') => {
+                let span = self.string()?;
+                if ends != 0 {
+                    let key = self.string_key(span)?;
+                    self.record(ends, start, Ok(key));
+                }
+                Ok(())
+            }
+            Some(b'-' | b'0'..=b'9') => {
+                let number = self.number()?;
+                if ends != 0 {
+                    let key = if number.integer {
+                        Ok(self.integer_key(number)?)
+                    } else {
+                        Err(FRACTIONAL)
+                    };
+                    self.record(ends, start, key);
+                }
+                Ok(())
+            }
+            Some(b't') => {
+                self.literal(b"true")?;
+                self.record(ends, start, Err("a boolean"));
+                Ok(())
+            }
+            Some(b'f') => {
+                self.literal(b"false")?;
+                self.record(ends, start, Err("a boolean"));
+                Ok(())
+            }
+            Some(b'n') => {
+                self.literal(b"null")?;
+                self.record(ends, start, Err("null"));
+                Ok(())
+            }
+            _ => Err(self.unexpected("expected a value")),
+        }
+    }
+
+    /// Records `value`, found at `offset`, as selected by each path in `ends`.
+    fn record(&mut self, ends: u64, offset: usize, value: Result<Cow<'a, str>, &'static str>) {
+        for p in bits(ends) {
+            self.hits.push(Hit {
+                path: self.first_path + p,
+                offset,
+                value: value.clone(),
+                live: true,
+            });
+        }
+    }
+
+    /// Reads an object, `depth` containers deep, whose members the paths in
+    /// `mask` (none of which ends here) may go into.
+    fn object(&mut self, depth: usize, mask: u64) -> Parsed<()> {
+        self.check_depth(depth)?;
+        self.pos += 1;
+        self.skip_ws();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(());
+        }
+        let base = self.members.len();
+        loop {
+            if self.peek() != Some(b'"') {
+                return Err(self.unexpected("expected a member name"));
+            }
+            let name = self.string()?;
+            self.skip_ws();
+            self.expect(b':', "expected ':'")?;
+            self.skip_ws();
+            let child = self.member_mask(depth, mask, name);
+            if child == 0 {
+                self.skip_value(depth + 1)?;
+            } else {
+                let hits_start = self.hits.len();
+                self.value(depth + 1, child)?;
+                self.members.push(Member {
+                    name,
+                    hits_start,
+                    hits_end: self.hits.len(),
+                });
+            }
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_ws();
+                }
+                Some(b'}') => {
+                    self.pos += 1;
+                    break;
+                }
+                _ => return Err(self.unexpected("expected ',' or '}'")),
+            }
+        }
+        self.drop_shadowed(base);
+        self.members.truncate(base);
+        Ok(())
+    }
+
+    /// The paths in `mask` that go into the member called `name` of an object
+    /// `depth` containers deep.
+    fn member_mask(&self, depth: usize, mask: u64, name: Span) -> u64 {
+        let mut child = 0;
+        for p in bits(mask) {
+            let matches = match self.paths.get(p).and_then(|path| path.segments.get(depth)) {
+                Some(Segment::Wildcard) => true,
+                Some(Segment::Name(wanted)) => name_is(self.bytes, name, wanted),
+                _ => false,
+            };
+            if matches {
+                child |= 1 << p;
+            }
+        }
+        child
+    }
+
+    /// Marks dead the hits under the members (from `members[base..]`, those
+    /// of the object that just closed) that a later member with the same name
+    /// shadows.
+    fn drop_shadowed(&mut self, base: usize) {
+        let bytes = self.bytes;
+        let Some(members) = self.members.get_mut(base..) else {
+            return;
+        };
+        if members.len() < 2 {
+            return;
+        }
+        members.sort_unstable_by(|a, b| {
+            compare_names(bytes, a.name, b.name).then(a.name.start.cmp(&b.name.start))
+        });
+        for pair in members.windows(2) {
+            if let [earlier, later] = pair {
+                if compare_names(bytes, earlier.name, later.name) == Ordering::Equal {
+                    if let Some(hits) = self.hits.get_mut(earlier.hits_start..earlier.hits_end) {
+                        for hit in hits {
+                            hit.live = false;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads an array, `depth` containers deep, whose elements the paths in
+    /// `mask` (none of which ends here) may go into.
+    fn array(&mut self, depth: usize, mask: u64) -> Parsed<()> {
+        self.check_depth(depth)?;
+        self.pos += 1;
+        let needs_len = bits(mask).any(|p| {
+            matches!(
+                self.paths.get(p).and_then(|path| path.segments.get(depth)),
+                Some(Segment::Index(i)) if *i < 0
+            )
+        });
+        let len = if needs_len { self.count_elements() } else { 0 };
+        self.skip_ws();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Ok(());
+        }
+        let mut index = 0usize;
+        loop {
+            let child = self.element_mask(depth, mask, index, len);
+            if child == 0 {
+                self.skip_value(depth + 1)?;
+            } else {
+                self.value(depth + 1, child)?;
+            }
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_ws();
+                    index += 1;
+                }
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                _ => return Err(self.unexpected("expected ',' or ']'")),
+            }
+        }
+    }
+
+    /// The paths in `mask` that go into element `index` of an array `depth`
+    /// containers deep and `len` elements long (`len` is only meaningful when
+    /// some path uses a negative index here).
+    fn element_mask(&self, depth: usize, mask: u64, index: usize, len: usize) -> u64 {
+        let mut child = 0;
+        for p in bits(mask) {
+            let matches = match self.paths.get(p).and_then(|path| path.segments.get(depth)) {
+                Some(Segment::Wildcard) => true,
+                Some(&Segment::Index(i)) => {
+                    let target = if i < 0 {
+                        len as i128 + i128::from(i)
+                    } else {
+                        i128::from(i)
+                    };
+                    target == index as i128
+                }
+                _ => false,
+            };
+            if matches {
+                child |= 1 << p;
+            }
+        }
+        child
+    }
+
+    /// Counts the elements of the array whose `[` was just consumed, without
+    /// moving. Exact for valid JSON; for anything else the count does not
+    /// matter, because the scan that follows fails.
+    fn count_elements(&self) -> usize {
+        let bytes = self.bytes;
+        let mut i = self.pos;
+        let mut nesting = 0usize;
+        let mut commas = 0usize;
+        let mut empty = true;
+        while let Some(&b) = bytes.get(i) {
+            match b {
+                b' ' | b'\t' | b'\n' | b'\r' => {}
+                b'"' => {
+                    empty = false;
+                    i += 1;
+                    while let Some(&c) = bytes.get(i) {
+                        match c {
+                            b'"' => break,
+                            b'\\' => i += 2,
+                            _ => i += 1,
+                        }
+                    }
+                }
+                b'[' | b'{' => {
+                    empty = false;
+                    nesting += 1;
+                }
+                b']' | b'}' => {
+                    if nesting == 0 {
+                        break;
+                    }
+                    nesting -= 1;
+                }
+                b',' if nesting == 0 => commas += 1,
+                _ => empty = false,
+            }
+            i += 1;
+        }
+        if empty { 0 } else { commas + 1 }
+    }
+
+    /// Validates the value at the current position, `depth` containers deep,
+    /// that no path selects or goes into. Iterative: the kinds of the
+    /// containers it opens are bits of a `u128` (1 for an object).
+    fn skip_value(&mut self, depth: usize) -> Parsed<()> {
+        let mut objects: u128 = 0;
+        let mut level = 0usize;
+        'value: loop {
+            match self.peek() {
+                Some(open @ (b'{' | b'[')) => {
+                    self.check_depth(depth + level)?;
+                    self.pos += 1;
+                    self.skip_ws();
+                    let close = if open == b'{' { b'}' } else { b']' };
+                    if self.peek() == Some(close) {
+                        self.pos += 1;
+                    } else {
+                        if open == b'{' {
+                            objects |= 1 << level;
+                            self.member_name()?;
+                        } else {
+                            objects &= !(1 << level);
+                        }
+                        level += 1;
+                        continue 'value;
+                    }
+                }
+                Some(b'"') => {
+                    self.string()?;
+                }
+                Some(b'-' | b'0'..=b'9') => {
+                    self.number()?;
+                }
+                Some(b't') => self.literal(b"true")?,
+                Some(b'f') => self.literal(b"false")?,
+                Some(b'n') => self.literal(b"null")?,
+                _ => return Err(self.unexpected("expected a value")),
+            }
+            // A value is complete: continue or close the enclosing containers.
+            loop {
+                if level == 0 {
+                    return Ok(());
+                }
+                self.skip_ws();
+                let in_object = (objects >> (level - 1)) & 1 == 1;
+                match self.peek() {
+                    Some(b',') => {
+                        self.pos += 1;
+                        self.skip_ws();
+                        if in_object {
+                            self.member_name()?;
+                        }
+                        continue 'value;
+                    }
+                    Some(b'}') if in_object => {
+                        self.pos += 1;
+                        level -= 1;
+                    }
+                    Some(b']') if !in_object => {
+                        self.pos += 1;
+                        level -= 1;
+                    }
+                    _ if in_object => return Err(self.unexpected("expected ',' or '}'")),
+                    _ => return Err(self.unexpected("expected ',' or ']'")),
+                }
+            }
+        }
+    }
+
+    /// Reads a member name and its `:`, leaving the position at its value.
+    fn member_name(&mut self) -> Parsed<()> {
+        if self.peek() != Some(b'"') {
+            return Err(self.unexpected("expected a member name"));
+        }
+        self.string()?;
+        self.skip_ws();
+        self.expect(b':', "expected ':'")?;
+        self.skip_ws();
+        Ok(())
+    }
+
+    /// Reads `word` (`true`, `false` or `null`).
+    fn literal(&mut self, word: &'static [u8]) -> Parsed<()> {
+        if self.bytes.get(self.pos..self.pos + word.len()) == Some(word) {
+            self.pos += word.len();
+            Ok(())
+        } else {
+            Err(self.fail("invalid literal"))
+        }
+    }
+
+    /// Reads and validates the string whose opening quote is at the current
+    /// position: escapes, UTF-8, no control characters.
+    fn string(&mut self) -> Parsed<Span> {
+        let bytes = self.bytes;
+        let start = self.pos + 1;
+        let mut i = start;
+        let mut escaped = false;
+        loop {
+            i = skip_plain(bytes, i);
+            match bytes.get(i) {
+                Some(b'"') => {
+                    self.pos = i + 1;
+                    return Ok(Span {
+                        start,
+                        end: i,
+                        escaped,
+                    });
+                }
+                Some(b'\\') => {
+                    escaped = true;
+                    i = decode_escape(bytes, i)
+                        .map_err(|what| Syntax { at: i, what })?
+                        .1;
+                }
+                Some(&b) if b < 0x20 => {
+                    return Err(Syntax {
+                        at: i,
+                        what: "control character in a string",
+                    });
+                }
+                Some(_) => {
+                    i += utf8_len(bytes, i).ok_or(Syntax {
+                        at: i,
+                        what: BAD_UTF8,
+                    })?
+                }
+                None => {
+                    return Err(Syntax {
+                        at: i,
+                        what: END_IN_STRING,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Reads and validates the number at the current position, including
+    /// serde_json's requirement that its magnitude fits in an `f64`.
+    fn number(&mut self) -> Parsed<Number> {
+        let bytes = self.bytes;
+        let start = self.pos;
+        let mut i = start;
+        if bytes.get(i) == Some(&b'-') {
+            i += 1;
+        }
+        let int_start = i;
+        match bytes.get(i) {
+            Some(b'0') => i += 1,
+            Some(b'1'..=b'9') => i = skip_digits(bytes, i + 1),
+            _ => {
+                return Err(Syntax {
+                    at: i,
+                    what: "invalid number",
+                });
+            }
+        }
+        let int_end = i;
+        let mut integer = true;
+        let mut fraction = (i, i);
+        if bytes.get(i) == Some(&b'.') {
+            integer = false;
+            let fraction_start = i + 1;
+            i = skip_digits(bytes, fraction_start);
+            if i == fraction_start {
+                return Err(Syntax {
+                    at: i,
+                    what: "invalid number",
+                });
+            }
+            fraction = (fraction_start, i);
+        }
+        let mut exponent: i64 = 0;
+        if let Some(b'e' | b'E') = bytes.get(i) {
+            integer = false;
+            i += 1;
+            let negative = match bytes.get(i) {
+                Some(b'-') => {
+                    i += 1;
+                    true
+                }
+                Some(b'+') => {
+                    i += 1;
+                    false
+                }
+                _ => false,
+            };
+            let digits_start = i;
+            while let Some(&d @ b'0'..=b'9') = bytes.get(i) {
+                // Saturate: only whether the magnitude passes 308 matters.
+                exponent = (exponent * 10 + i64::from(d - b'0')).min(1 << 40);
+                i += 1;
+            }
+            if i == digits_start {
+                return Err(Syntax {
+                    at: i,
+                    what: "invalid number",
+                });
+            }
+            if negative {
+                exponent = -exponent;
+            }
+        }
+        self.pos = i;
+        let number = Number {
+            start,
+            end: i,
+            integer,
+        };
+        if !integer || int_end - int_start > 308 {
+            self.check_magnitude(number, (int_start, int_end), fraction, exponent)?;
+        }
+        Ok(number)
+    }
+
+    /// Fails, like serde_json, when `number` is too large for an `f64`.
+    /// `int` and `fraction` are the offsets of its digits before and after the
+    /// point, `exponent` its (saturated) exponent.
+    fn check_magnitude(
+        &self,
+        number: Number,
+        int: (usize, usize),
+        fraction: (usize, usize),
+        exponent: i64,
+    ) -> Parsed<()> {
+        let bytes = self.bytes;
+        let int_digits = bytes.get(int.0..int.1).unwrap_or_default();
+        let fraction_digits = bytes.get(fraction.0..fraction.1).unwrap_or_default();
+        // The value lies in [10^(magnitude-1), 10^magnitude).
+        let magnitude = if int_digits != b"0" {
+            i64::try_from(int_digits.len()).unwrap_or(i64::MAX)
+        } else {
+            match fraction_digits.iter().position(|&d| d != b'0') {
+                // Zero is never out of range.
+                None => return Ok(()),
+                Some(zeros) => -i64::try_from(zeros).unwrap_or(i64::MAX),
+            }
+        }
+        .saturating_add(exponent);
+        let out_of_range = match magnitude {
+            ..=308 => false,
+            309 => std::str::from_utf8(bytes.get(number.start..number.end).unwrap_or_default())
+                .ok()
+                .and_then(|text| text.parse::<f64>().ok())
+                .is_some_and(f64::is_infinite),
+            _ => true,
+        };
+        if out_of_range {
+            Err(Syntax {
+                at: number.start,
+                what: "number out of range",
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The key of a selected string.
+    fn string_key(&self, span: Span) -> Parsed<Cow<'a, str>> {
+        let bytes: &'a [u8] = self.bytes;
+        let raw = bytes.get(span.start..span.end).ok_or(Syntax {
+            at: span.start,
+            what: END_IN_STRING,
+        })?;
+        if span.escaped {
+            decode_string(raw, span.start).map(Cow::Owned)
+        } else {
+            std::str::from_utf8(raw)
+                .map(Cow::Borrowed)
+                .map_err(|e| Syntax {
+                    at: span.start + e.valid_up_to(),
+                    what: BAD_UTF8,
+                })
+        }
+    }
+
+    /// The key of a selected integer: its digits, with `-0` written `0`.
+    fn integer_key(&self, number: Number) -> Parsed<Cow<'a, str>> {
+        let bytes: &'a [u8] = self.bytes;
+        let text = bytes.get(number.start..number.end).unwrap_or_default();
+        if text == b"-0" {
+            return Ok(Cow::Borrowed("0"));
+        }
+        std::str::from_utf8(text)
+            .map(Cow::Borrowed)
+            .map_err(|_| Syntax {
+                at: number.start,
+                what: "invalid number",
+            })
+    }
+}
+
+/// The indexes of the bits set in `mask`, lowest first.
+fn bits(mut mask: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        if mask == 0 {
+            return None;
+        }
+        let bit = mask.trailing_zeros() as usize;
+        mask &= mask - 1;
+        Some(bit)
+    })
+}
+
+/// The offset of the first byte at or after `i` that is not an ASCII digit.
+fn skip_digits(bytes: &[u8], mut i: usize) -> usize {
+    while let Some(b'0'..=b'9') = bytes.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// The offset of the first byte at or after `i` that ends a plain run of
+/// string contents: a quote, a backslash, a control character or a byte that
+/// is not ASCII. Looks at eight bytes at a time where it can.
+fn skip_plain(bytes: &[u8], mut i: usize) -> usize {
+    /// 0x01 in every byte.
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    /// The high bit of every byte.
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    while let Some(Ok(word)) = bytes.get(i..i + 8).map(<[u8; 8]>::try_from) {
+        let x = u64::from_le_bytes(word);
+        let quote = x ^ (ONES * u64::from(b'"'));
+        let backslash = x ^ (ONES * u64::from(b'\\'));
+        // Each term has a high bit set in some byte iff such a byte exists:
+        // below 0x20, equal to '"', equal to '\\', at least 0x80.
+        let special = (x.wrapping_sub(ONES * 0x20) & !x)
+            | (quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash)
+            | x;
+        if special & HIGHS != 0 {
+            break;
+        }
+        i += 8;
+    }
+    while let Some(&b) = bytes.get(i) {
+        if b == b'"' || b == b'\\' || !(0x20..0x80).contains(&b) {
+            break;
+        }
+        i += 1;
+    }
+    i
+}
+
+/// The length of the valid UTF-8 sequence of a non-ASCII character starting
+/// at `i`, or None when the bytes there are not one.
+fn utf8_len(bytes: &[u8], i: usize) -> Option<usize> {
+    let (len, low, high) = match *bytes.get(i)? {
+        0xC2..=0xDF => (2, 0x80, 0xBF),
+        0xE0 => (3, 0xA0, 0xBF),
+        0xE1..=0xEC | 0xEE..=0xEF => (3, 0x80, 0xBF),
+        0xED => (3, 0x80, 0x9F),
+        0xF0 => (4, 0x90, 0xBF),
+        0xF1..=0xF3 => (4, 0x80, 0xBF),
+        0xF4 => (4, 0x80, 0x8F),
+        _ => return None,
+    };
+    let second = *bytes.get(i + 1)?;
+    if !(low..=high).contains(&second) {
+        return None;
+    }
+    for k in 2..len {
+        if *bytes.get(i + k)? & 0xC0 != 0x80 {
+            return None;
+        }
+    }
+    Some(len)
+}
+
+/// Decodes the escape whose backslash is at `i`: the character and the
+/// offset after the escape, or the class of the problem.
+fn decode_escape(bytes: &[u8], i: usize) -> Result<(char, usize), &'static str> {
+    let c = match bytes.get(i + 1) {
+        None => return Err(END_IN_STRING),
+        Some(b'"') => '"',
+        Some(b'\\') => '\\',
+        Some(b'/') => '/',
+        Some(b'b') => '\u{8}',
+        Some(b'f') => '\u{c}',
+        Some(b'n') => '\n',
+        Some(b'r') => '\r',
+        Some(b't') => '\t',
+        Some(b'u') => {
+            let high = hex_at(bytes, i + 2)?;
+            return match high {
+                0xD800..=0xDBFF => {
+                    if bytes.get(i + 6) != Some(&b'\\') || bytes.get(i + 7) != Some(&b'u') {
+                        return Err(LONE_SURROGATE);
+                    }
+                    let low = hex_at(bytes, i + 8)?;
+                    if !(0xDC00..=0xDFFF).contains(&low) {
+                        return Err(LONE_SURROGATE);
+                    }
+                    char::from_u32(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
+                        .map(|c| (c, i + 12))
+                        .ok_or(LONE_SURROGATE)
+                }
+                0xDC00..=0xDFFF => Err(LONE_SURROGATE),
+                _ => char::from_u32(high)
+                    .map(|c| (c, i + 6))
+                    .ok_or(LONE_SURROGATE),
+            };
+        }
+        Some(_) => return Err("invalid escape in a string"),
+    };
+    Ok((c, i + 2))
+}
+
+/// The value of the four hex digits at `at`, or the class of the problem.
+fn hex_at(bytes: &[u8], at: usize) -> Result<u32, &'static str> {
+    let digits = bytes.get(at..at + 4).ok_or(END_IN_STRING)?;
+    hex4(digits).ok_or("invalid \\u escape in a string")
+}
+
+/// Decodes the (validated) contents `raw` of a string that starts at offset
+/// `at` in the body.
+fn decode_string(raw: &[u8], at: usize) -> Parsed<String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        let run_end = raw
+            .get(i..)
+            .and_then(|rest| rest.iter().position(|&b| b == b'\\'))
+            .map_or(raw.len(), |k| i + k);
+        let run = raw.get(i..run_end).unwrap_or_default();
+        out.push_str(std::str::from_utf8(run).map_err(|e| Syntax {
+            at: at + i + e.valid_up_to(),
+            what: BAD_UTF8,
+        })?);
+        if run_end >= raw.len() {
+            break;
+        }
+        let (c, next) = decode_escape(raw, run_end).map_err(|what| Syntax {
+            at: at + run_end,
+            what,
+        })?;
+        out.push(c);
+        i = next;
+    }
+    Ok(out)
+}
+
+/// The bytes of the UTF-8 encoding of the decoded contents of a JSON string,
+/// one at a time, from the (validated) raw contents.
+struct Decoded<'s> {
+    /// Raw contents, escapes included.
+    raw: &'s [u8],
+    /// Offset of the next unread raw byte.
+    pos: usize,
+    /// Encoding of the last decoded escape.
+    pending: [u8; 4],
+    /// Next unread byte of `pending`.
+    pending_pos: usize,
+    /// Number of bytes in `pending`.
+    pending_len: usize,
+}
+
+impl<'s> Decoded<'s> {
+    /// Starts decoding `raw`.
+    fn new(raw: &'s [u8]) -> Self {
+        Decoded {
+            raw,
+            pos: 0,
+            pending: [0; 4],
+            pending_pos: 0,
+            pending_len: 0,
+        }
+    }
+}
+
+impl Iterator for Decoded<'_> {
+    /// One byte of decoded UTF-8.
+    type Item = u8;
+
+    /// The next byte of the decoded text; stops early at an invalid escape
+    /// (which validated input never has).
+    fn next(&mut self) -> Option<u8> {
+        if self.pending_pos < self.pending_len {
+            let b = self.pending.get(self.pending_pos).copied();
+            self.pending_pos += 1;
+            return b;
+        }
+        let b = *self.raw.get(self.pos)?;
+        if b != b'\\' {
+            self.pos += 1;
+            return Some(b);
+        }
+        let (c, next) = decode_escape(self.raw, self.pos).ok()?;
+        self.pos = next;
+        self.pending_len = c.encode_utf8(&mut self.pending).len();
+        self.pending_pos = 1;
+        self.pending.first().copied()
+    }
+}
+
+/// The raw contents of a string span of the body.
+fn raw(bytes: &[u8], span: Span) -> &[u8] {
+    bytes.get(span.start..span.end).unwrap_or_default()
+}
+
+/// Whether the member name `name` decodes to `wanted`.
+fn name_is(bytes: &[u8], name: Span, wanted: &str) -> bool {
+    let raw = raw(bytes, name);
+    if name.escaped {
+        Decoded::new(raw).eq(wanted.bytes())
+    } else {
+        raw == wanted.as_bytes()
+    }
+}
+
+/// Orders two member names by their decoded UTF-8 bytes.
+fn compare_names(bytes: &[u8], a: Span, b: Span) -> Ordering {
+    let (raw_a, raw_b) = (raw(bytes, a), raw(bytes, b));
+    if a.escaped || b.escaped {
+        Decoded::new(raw_a).cmp(Decoded::new(raw_b))
+    } else {
+        raw_a.cmp(raw_b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use serde_json::Value;
+    use std::fmt::Write as _;
+    use std::hint::black_box;
+    use std::time::Instant;
+
+    /// Path of the message ids in a WhatsApp Cloud API webhook batch.
+    const WHATSAPP: &str = "$.entry[*].changes[*].value.messages[*].id";
+
+    /// Parses `text`, which the test expects to be in the subset.
+    fn path(text: &str) -> SimplePath {
+        SimplePath::parse(text).unwrap_or_else(|| panic!("{text:?} should parse"))
+    }
+
+    /// Scans `body` for `paths` and collects `(path index, key)` pairs,
+    /// checking that keys borrowed from the body come in document order.
+    fn scan_all(body: &[u8], paths: &[&SimplePath]) -> Result<Vec<(usize, String)>, ScanError> {
+        let range = body.as_ptr_range();
+        let mut last = range.start;
+        let mut out = Vec::new();
+        scan(body, paths, &mut |index, key| {
+            if let Cow::Borrowed(text) = &key {
+                let at = text.as_ptr();
+                if range.start <= at && at <= range.end {
+                    assert!(at >= last, "keys out of document order");
+                    last = at;
+                }
+            }
+            out.push((index, key.into_owned()));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// The keys that the single path `p` selects in `body`.
+    fn keys(body: &str, p: &str) -> Result<Vec<String>, ScanError> {
+        let p = path(p);
+        Ok(scan_all(body.as_bytes(), &[&p])?
+            .into_iter()
+            .map(|(_, key)| key)
+            .collect())
+    }
+
+    /// The expected successful result of [`keys`].
+    fn ok(keys: &[&str]) -> Result<Vec<String>, ScanError> {
+        Ok(keys.iter().map(|key| key.to_string()).collect())
+    }
+
+    /// Whether the scanner calls `body` NotJson, checked with no path, with a
+    /// path that selects nothing and with a path that goes everywhere.
+    fn not_json(body: &[u8]) -> bool {
+        let (none, all) = (path("$.zz"), path("$.*.*.*"));
+        let verdicts: Vec<bool> = [&[][..], &[&none], &[&all]]
+            .iter()
+            .map(|paths| {
+                matches!(
+                    scan(body, paths, &mut |_, _| Ok(())),
+                    Err(ScanError::NotJson(_))
+                )
+            })
+            .collect();
+        assert!(
+            verdicts.iter().all(|v| *v == verdicts[0]),
+            "verdicts differ by path"
+        );
+        verdicts[0]
+    }
+
+    /// The values that `segments` select in `value`, in the DOM's order:
+    /// the reference implementation of the subset over serde_json's DOM.
+    fn select<'v>(value: &'v Value, segments: &[Segment]) -> Vec<&'v Value> {
+        let mut out = Vec::new();
+        select_into(value, segments, &mut out);
+        out
+    }
+
+    /// Adds to `out` the values that `segments` select in `value`.
+    fn select_into<'v>(value: &'v Value, segments: &[Segment], out: &mut Vec<&'v Value>) {
+        let Some((segment, rest)) = segments.split_first() else {
+            out.push(value);
+            return;
+        };
+        match (segment, value) {
+            (Segment::Name(name), Value::Object(map)) => {
+                if let Some(child) = map.get(name) {
+                    select_into(child, rest, out);
+                }
+            }
+            (Segment::Index(i), Value::Array(items)) => {
+                let index = if *i < 0 { items.len() as i64 + i } else { *i };
+                if let Some(child) = usize::try_from(index).ok().and_then(|k| items.get(k)) {
+                    select_into(child, rest, out);
+                }
+            }
+            (Segment::Wildcard, Value::Array(items)) => {
+                items.iter().for_each(|child| select_into(child, rest, out));
+            }
+            (Segment::Wildcard, Value::Object(map)) => {
+                map.values().for_each(|child| select_into(child, rest, out));
+            }
+            _ => {}
+        }
+    }
+
+    /// The key of a DOM value, as the reference computes it.
+    fn as_id(value: &Value) -> Result<String, &'static str> {
+        match value {
+            Value::String(text) => Ok(text.clone()),
+            Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+                (Some(i), _) => Ok(i.to_string()),
+                (None, Some(u)) => Ok(u.to_string()),
+                _ => Err(FRACTIONAL),
+            },
+            Value::Object(_) => Err("an object"),
+            Value::Array(_) => Err("an array"),
+            Value::Bool(_) => Err("a boolean"),
+            Value::Null => Err("null"),
+        }
+    }
+
+    /// A WhatsApp-like webhook batch with `entries` entries of `changes`
+    /// changes of `messages` messages, and its message ids in order.
+    fn whatsapp_body(entries: usize, changes: usize, messages: usize) -> (String, Vec<String>) {
+        let mut body = String::from(r#"{"object":"whatsapp_business_account","entry":["#);
+        let mut ids = Vec::new();
+        for e in 0..entries {
+            if e > 0 {
+                body.push(',');
+            }
+            write!(body, r#"{{"id":"10229012934{e:04}","changes":["#).unwrap();
+            for c in 0..changes {
+                if c > 0 {
+                    body.push(',');
+                }
+                body.push_str(concat!(
+                    r#"{"value":{"messaging_product":"whatsapp","metadata":"#,
+                    r#"{"display_phone_number":"15550001111","phone_number_id":"106540352242922"},"#,
+                    r#""contacts":[{"profile":{"name":"Kerry Fisher"},"wa_id":"16315551234"}],"#,
+                    r#""messages":["#
+                ));
+                for m in 0..messages {
+                    if m > 0 {
+                        body.push(',');
+                    }
+                    let id =
+                        format!("wamid.HBgLMTYzMTU1NTEyMzQVAgASGBQzQUFCQ0Q{e:04}{c:03}{m:03}A=");
+                    write!(
+                        body,
+                        r#"{{"from":"16315551234","id":"{id}","timestamp":"17000{m:05}","#
+                    )
+                    .unwrap();
+                    write!(
+                        body,
+                        r#""text":{{"body":"Hello there, this is message {m} of the batch \u00e9\n"}},"type":"text"}}"#
+                    )
+                    .unwrap();
+                    ids.push(id);
+                }
+                body.push_str(r#"]},"field":"messages"}"#);
+            }
+            body.push_str("]}");
+        }
+        body.push_str("]}");
+        (body, ids)
+    }
+
+    /// Nests `inner` in `depth` arrays.
+    fn nested_arrays(depth: usize, inner: &str) -> String {
+        format!("{}{inner}{}", "[".repeat(depth), "]".repeat(depth))
+    }
+
+    /// Nests `inner` in `depth` objects, each under the member `a`.
+    fn nested_objects(depth: usize, inner: &str) -> String {
+        format!("{}{inner}{}", r#"{"a":"#.repeat(depth), "}".repeat(depth))
+    }
+
+    /// WhatsApp batches: every message id, in order, across entries and changes.
+    #[test]
+    fn whatsapp_batch() {
+        let (body, ids) = whatsapp_body(2, 2, 3);
+        assert_eq!(ids.len(), 12);
+        assert_eq!(keys(&body, WHATSAPP), Ok(ids));
+        // A status-only change has no messages: nothing selected, no error.
+        let statuses = r#"{"entry":[{"changes":[{"value":{"statuses":[{"id":"s1"}]}}]}]}"#;
+        assert_eq!(keys(statuses, WHATSAPP), ok(&[]));
+    }
+
+    /// Instagram messaging webhooks.
+    #[test]
+    fn instagram_messaging() {
+        let body = r#"{"object":"instagram","entry":[{"time":1700000000,"id":"17841405","messaging":[
+            {"sender":{"id":"1"},"recipient":{"id":"2"},"timestamp":1700000000,"message":{"mid":"aWdfZAG1faXRlbToxOklH","text":"hi"}},
+            {"sender":{"id":"1"},"recipient":{"id":"2"},"timestamp":1700000001,"read":{"mid":"other"}},
+            {"sender":{"id":"1"},"recipient":{"id":"2"},"message":{"text":"no mid","mid":"second"}}]}]}"#;
+        assert_eq!(
+            keys(body, "$.entry[*].messaging[*].message.mid"),
+            ok(&["aWdfZAG1faXRlbToxOklH", "second"])
+        );
+    }
+
+    /// Top-level and nested member paths (Stripe-like events).
+    #[test]
+    fn member_paths() {
+        let body = r#" {"id":"evt_1","object":"event","data":{"object":{"object":"payment_intent","id":"pi_3"}}} "#;
+        assert_eq!(keys(body, "$.id"), ok(&["evt_1"]));
+        assert_eq!(keys(body, "$.data.object.id"), ok(&["pi_3"]));
+        assert_eq!(keys(body, "$['data'][\"object\"]['id']"), ok(&["pi_3"]));
+        assert_eq!(keys(body, "$.missing.id"), ok(&[]));
+        assert_eq!(keys(r#"{"id":42}"#, "$.id"), ok(&["42"]));
+        assert_eq!(keys(r#""whole""#, "$"), ok(&["whole"]));
+    }
+
+    /// Quoted names, with spaces, quotes, escapes and non-ASCII text.
+    #[test]
+    fn quoted_names() {
+        let body = r#"{"a b":"1","it's":"2","say \"hi\"":"3","é":"4","\u00e9x":"5","":"6"}"#;
+        assert_eq!(keys(body, "$['a b']"), ok(&["1"]));
+        assert_eq!(keys(body, r#"$["a b"]"#), ok(&["1"]));
+        assert_eq!(keys(body, r"$['it\'s']"), ok(&["2"]));
+        assert_eq!(keys(body, r#"$["it's"]"#), ok(&["2"]));
+        assert_eq!(keys(body, r#"$['say "hi"']"#), ok(&["3"]));
+        assert_eq!(keys(body, r#"$["say \"hi\""]"#), ok(&["3"]));
+        assert_eq!(keys(body, "$.é"), ok(&["4"]));
+        assert_eq!(keys(body, r"$['\u00E9']"), ok(&["4"]));
+        assert_eq!(keys(body, "$.éx"), ok(&["5"]));
+        assert_eq!(keys(body, "$['']"), ok(&["6"]));
+        assert_eq!(keys(r#"{"😀":"7"}"#, r"$['\uD83D\ude00']"), ok(&["7"]));
+        assert_eq!(keys(r#"{"\ud83d\ude00":"7"}"#, "$['😀']"), ok(&["7"]));
+    }
+
+    /// Indexes, negative indexes and out-of-range indexes.
+    #[test]
+    fn indexes() {
+        let body = r#"["a","b","c"]"#;
+        assert_eq!(keys(body, "$[0]"), ok(&["a"]));
+        assert_eq!(keys(body, "$[2]"), ok(&["c"]));
+        assert_eq!(keys(body, "$[3]"), ok(&[]));
+        assert_eq!(keys(body, "$[-1]"), ok(&["c"]));
+        assert_eq!(keys(body, "$[-3]"), ok(&["a"]));
+        assert_eq!(keys(body, "$[-4]"), ok(&[]));
+        assert_eq!(keys("[]", "$[0]"), ok(&[]));
+        assert_eq!(keys("[ ]", "$[-1]"), ok(&[]));
+        // Counting elements must not be fooled by nested or quoted brackets and commas.
+        let tricky = r#"[ "x,]\"", [1,2,[3]], {"a":[4,5],"b":"]"}, "last" ]"#;
+        assert_eq!(keys(tricky, "$[-1]"), ok(&["last"]));
+        assert_eq!(keys(tricky, "$[-4]"), ok(&["x,]\""]));
+        assert_eq!(keys(tricky, "$[-3]"), Err(ScanError::NotAnId("an array")));
+        assert_eq!(keys(tricky, "$[-3][-1][-1]"), ok(&["3"]));
+        assert_eq!(keys(tricky, "$[-2].a[-1]"), ok(&["5"]));
+        assert_eq!(
+            keys(r#"{"items":[{"id":"1"},{"id":"2"}]}"#, "$.items[-1].id"),
+            ok(&["2"])
+        );
+    }
+
+    /// Wildcards over objects, arrays and scalars.
+    #[test]
+    fn wildcards() {
+        let body = r#"{"b":"1","a":"2","c":[3,"4"]}"#;
+        assert_eq!(keys(body, "$.*"), Err(ScanError::NotAnId("an array")));
+        assert_eq!(keys(body, "$.c.*"), ok(&["3", "4"]));
+        assert_eq!(keys(body, "$.c[*]"), ok(&["3", "4"]));
+        assert_eq!(keys(r#"{"b":"1","a":"2"}"#, "$.*"), ok(&["1", "2"]));
+        assert_eq!(keys(r#"{"b":"1","a":"2"}"#, "$[*]"), ok(&["1", "2"]));
+        assert_eq!(keys(body, "$.a.*"), ok(&[]));
+        assert_eq!(keys("7", "$.*"), ok(&[]));
+        assert_eq!(keys("[[1],[2,3],{}]", "$[*][*]"), ok(&["1", "2", "3"]));
+    }
+
+    /// A segment applied to the wrong kind of value selects nothing.
+    #[test]
+    fn kind_mismatches_select_nothing() {
+        assert_eq!(keys(r#"["a"]"#, "$.a"), ok(&[]));
+        assert_eq!(keys(r#"{"0":"a"}"#, "$[0]"), ok(&[]));
+        assert_eq!(keys(r#""text""#, "$[0]"), ok(&[]));
+        assert_eq!(keys(r#"{"a":"text"}"#, "$.a.b"), ok(&[]));
+    }
+
+    /// String keys: escapes are decoded; plain strings are borrowed.
+    #[test]
+    fn string_escapes() {
+        assert_eq!(keys(r#"{"id":"\u0061bc"}"#, "$.id"), ok(&["abc"]));
+        assert_eq!(keys(r#"{"id":"\ud83d\ude00!"}"#, "$.id"), ok(&["😀!"]));
+        assert_eq!(keys(r#"{"id":"\uD83D\uDE00"}"#, "$.id"), ok(&["😀"]));
+        assert_eq!(
+            keys(r#"{"id":"q\"b\\s\/b\bf\fn\nr\rt\t\u00e9é"}"#, "$.id"),
+            ok(&["q\"b\\s/b\u{8}f\u{c}n\nr\rt\téé"])
+        );
+        let p = path("$[*]");
+        let mut borrowed = Vec::new();
+        scan(
+            r#"["plain é", "esc\u0061ped", 12, -0, ""]"#.as_bytes(),
+            &[&p],
+            &mut |_, key| {
+                borrowed.push(matches!(key, Cow::Borrowed(_)));
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(borrowed, [true, false, true, true, true]);
+    }
+
+    /// Integer keys: exact digits of any length, `-0` written `0`.
+    #[test]
+    fn integers() {
+        assert_eq!(keys("[0, -0, 7, -42]", "$[*]"), ok(&["0", "0", "7", "-42"]));
+        assert_eq!(
+            keys("[18446744073709551616, 18446744073709551617]", "$[*]"),
+            ok(&["18446744073709551616", "18446744073709551617"])
+        );
+        let long = format!("-{}", "9".repeat(300));
+        assert_eq!(keys(&format!("[{long}]"), "$[0]"), Ok(vec![long]));
+        assert_eq!(keys("100", "$"), ok(&["100"]));
+    }
+
+    /// Values that are not ids.
+    #[test]
+    fn not_ids() {
+        for number in ["1e2", "1E2", "1e+2", "1e-2", "1.0", "-0.0", "0.5", "1.5e3"] {
+            assert_eq!(
+                keys(number, "$"),
+                Err(ScanError::NotAnId(FRACTIONAL)),
+                "{number}"
+            );
+        }
+        assert_eq!(
+            keys(r#"{"id":{}}"#, "$.id"),
+            Err(ScanError::NotAnId("an object"))
+        );
+        assert_eq!(
+            keys(r#"{"id":[]}"#, "$.id"),
+            Err(ScanError::NotAnId("an array"))
+        );
+        assert_eq!(
+            keys(r#"{"id":true}"#, "$.id"),
+            Err(ScanError::NotAnId("a boolean"))
+        );
+        assert_eq!(
+            keys(r#"{"id":false}"#, "$.id"),
+            Err(ScanError::NotAnId("a boolean"))
+        );
+        assert_eq!(
+            keys(r#"{"id":null}"#, "$.id"),
+            Err(ScanError::NotAnId("null"))
+        );
+    }
+
+    /// Keys before the first value that is not an id are handed over; the
+    /// scan then stops with that error.
+    #[test]
+    fn first_problem_wins() {
+        let p = path("$[*]");
+        let mut seen = Vec::new();
+        let result = scan(br#"["a", 1.5, "b", {}]"#, &[&p], &mut |_, key| {
+            seen.push(key.into_owned());
+            Ok(())
+        });
+        assert_eq!(result, Err(ScanError::NotAnId(FRACTIONAL)));
+        assert_eq!(seen, ["a"]);
+    }
+
+    /// An error from `found` stops the scan and is returned.
+    #[test]
+    fn found_error_stops() {
+        let p = path("$[*]");
+        let mut calls = 0;
+        let result = scan(br#"["a","b","c"]"#, &[&p], &mut |_, _| {
+            calls += 1;
+            Err(ScanError::NotAnId("stop"))
+        });
+        assert_eq!(result, Err(ScanError::NotAnId("stop")));
+        assert_eq!(calls, 1);
+    }
+
+    /// Bodies that are not JSON, anywhere, are NotJson; serde_json agrees.
+    #[test]
+    fn invalid_json() {
+        let cases: &[&[u8]] = &[
+            b"",
+            b"   ",
+            br#"{"a":1,}"#,
+            b"[1,]",
+            b"[,1]",
+            br#"{"id":"x","other":[1,]}"#,
+            br#"{"id":"\x"}"#,
+            br#"{"id":"\u12"}"#,
+            br#"{"id":"\u12G4"}"#,
+            br#"{"id":"#,
+            br#"{"id":"abc"#,
+            br#"{"id":"abc\"#,
+            br#"{"id":"x""#,
+            br#"{"id":"x"} x"#,
+            br#"{"id":"x"}}"#,
+            b"[1]]",
+            br#"{id:"x"}"#,
+            br#"{'id':"x"}"#,
+            b"\"a\x01b\"",
+            b"\"a\x1fb\"",
+            b"\"\xff\"",
+            b"\"\xc3\"",
+            b"\"\xc0\xaf\"",
+            b"\"\xed\xa0\x80\"",
+            b"\"\xf4\x90\x80\x80\"",
+            b"\xef\xbb\xbf1",
+            br#""\ud800""#,
+            br#""\udc00""#,
+            br#""\ud800\u0041""#,
+            br#""\ud800x""#,
+            br#""\ud800\ud800""#,
+            b"01",
+            b"1.",
+            b"1.e1",
+            b".5",
+            b"-",
+            b"-a",
+            b"+1",
+            b"1e",
+            b"1e+",
+            b"tru",
+            b"nul",
+            b"True",
+            b"NaN",
+            b"Infinity",
+            b"[1 2]",
+            br#"{"a" 1}"#,
+            br#"{"a":1 "b":2}"#,
+            b"[}",
+            br#"{"a":1]"#,
+            b"1e400",
+            b"-1e400",
+            b"1e99999999999999999999999",
+            b"\x00",
+            b"[\"a\"\x0b]",
+        ];
+        for &body in cases {
+            assert!(
+                serde_json::from_slice::<Value>(body).is_err(),
+                "serde_json accepts {body:?}"
+            );
+            assert!(not_json(body), "scanner accepts {body:?}");
+        }
+        // Nothing is handed over for a body that is not JSON, even when a
+        // selected value comes before the error.
+        let p = path("$.id");
+        let mut calls = 0;
+        let result = scan(br#"{"id":"x","other":tru}"#, &[&p], &mut |_, _| {
+            calls += 1;
+            Ok(())
+        });
+        assert!(matches!(result, Err(ScanError::NotJson(_))));
+        assert_eq!(calls, 0);
+    }
+
+    /// Valid bodies with unusual spelling are accepted; serde_json agrees.
+    #[test]
+    fn valid_json_edge_cases() {
+        let cases: &[&[u8]] = &[
+            b" \t\r\n1 \t\r\n",
+            b"-0",
+            b"0e0",
+            b"1E-5",
+            b"1e308",
+            b"-1e308",
+            b"1.7976931348623157e308",
+            b"0e999999999999999999",
+            b"0.0e400",
+            b"1e-400",
+            b"0.00001e310",
+            b"\"\x7f\xc2\x80\xf4\x8f\xbf\xbf\"",
+            br#""\u0000\u001f\/""#,
+            b"[[],{},[{}],{\"\":[]}]",
+            br#"{"a":1,"a":2}"#,
+        ];
+        for &body in cases {
+            assert!(
+                serde_json::from_slice::<Value>(body).is_ok(),
+                "serde_json rejects {body:?}"
+            );
+            assert!(!not_json(body), "scanner rejects {body:?}");
+        }
+        // An integer of 308 digits is fine, one of 310 is out of range.
+        for (digits, valid) in [(308, true), (309, true), (310, false)] {
+            let body = "9".repeat(digits);
+            let valid = valid && digits < 309;
+            assert_eq!(
+                serde_json::from_str::<Value>(&body).is_ok(),
+                valid,
+                "{digits}"
+            );
+            assert_eq!(!not_json(body.as_bytes()), valid, "{digits}");
+        }
+    }
+
+    /// Near the largest `f64` the scanner decides like serde_json.
+    #[test]
+    fn number_range_boundary() {
+        for text in [
+            "1.7976931348623157e308",
+            "1.79769313486231e308",
+            "1.8e308",
+            "17976931348623157e292",
+            "0.17976931348623157e309",
+            "179.76931348623157e306",
+            "999e306",
+        ] {
+            let dom = serde_json::from_str::<Value>(text).is_ok();
+            assert_eq!(!not_json(text.as_bytes()), dom, "{text}");
+        }
+    }
+
+    /// Nesting: 127 levels are accepted, 128 are not, wherever they are.
+    #[test]
+    fn depth_limit() {
+        let max = MAX_DEPTH;
+        assert_eq!(max, 127);
+        let deepest_path = format!("${}", "[0]".repeat(max));
+        assert_eq!(
+            keys(&nested_arrays(max, "\"x\""), &deepest_path),
+            ok(&["x"])
+        );
+        assert!(!not_json(nested_arrays(max, "").as_bytes()));
+        assert!(not_json(nested_arrays(max + 1, "").as_bytes()));
+        assert!(not_json(nested_arrays(max + 1, "\"x\"").as_bytes()));
+        let deepest_path = format!("${}", ".a".repeat(max));
+        assert_eq!(keys(&nested_objects(max, "1"), &deepest_path), ok(&["1"]));
+        assert!(not_json(nested_objects(max, "{}").as_bytes()));
+        assert!(!not_json(nested_objects(max - 1, "{}").as_bytes()));
+        assert!(not_json(nested_objects(max + 1, "1").as_bytes()));
+        // Too deep inside an otherwise selected document.
+        let body = format!(r#"{{"id":"x","deep":{}}}"#, nested_arrays(max, ""));
+        assert!(not_json(body.as_bytes()));
+        let body = format!(r#"{{"id":"x","deep":{}}}"#, nested_arrays(max - 1, ""));
+        assert_eq!(keys(&body, "$.id"), ok(&["x"]));
+        // A path longer than the nesting limit selects nothing.
+        let too_long = format!("${}", "[0]".repeat(max + 1));
+        assert_eq!(keys(&nested_arrays(max, "1"), &too_long), ok(&[]));
+    }
+
+    /// The scanner's limit is serde_json's own (as of 1.0.154): 127 nested arrays are
+    /// accepted, 128 are not, so the scanner and the DOM agree on which bodies are JSON.
+    #[test]
+    fn serde_json_depth_limit() {
+        assert!(serde_json::from_str::<Value>(&nested_arrays(MAX_DEPTH, "")).is_ok());
+        assert!(serde_json::from_str::<Value>(&nested_arrays(MAX_DEPTH + 1, "")).is_err());
+    }
+
+    /// Duplicate member names: the last one wins, like serde_json's DOM.
+    #[test]
+    fn duplicate_members() {
+        assert_eq!(keys(r#"{"id":"a","id":"b"}"#, "$.id"), ok(&["b"]));
+        assert_eq!(keys(r#"{"id":{},"x":1,"id":"b"}"#, "$.id"), ok(&["b"]));
+        assert_eq!(
+            keys(r#"{"id":"a","id":{}}"#, "$.id"),
+            Err(ScanError::NotAnId("an object"))
+        );
+        assert_eq!(keys(r#"{"id":"a","\u0069d":"b"}"#, "$.id"), ok(&["b"]));
+        assert_eq!(
+            keys(r#"{"\u0069d":"a","id":"b","i\u0064":"c"}"#, "$.id"),
+            ok(&["c"])
+        );
+        assert_eq!(keys(r#"{"a":{"b":"x"},"a":{}}"#, "$.a.b"), ok(&[]));
+        assert_eq!(
+            keys(r#"{"a":{"b":"x"},"a":{"b":"y","b":"z"}}"#, "$.a.b"),
+            ok(&["z"])
+        );
+        assert_eq!(keys(r#"{"x":"1","y":"2","x":"3"}"#, "$.*"), ok(&["2", "3"]));
+        assert_eq!(keys(r#"{"x":[1,2],"x":[3]}"#, "$.x[*]"), ok(&["3"]));
+        assert_eq!(keys(r#"{"x":[1,2],"x":[3]}"#, "$.x[-1]"), ok(&["3"]));
+        let many: String = (0..40).map(|i| format!(r#""k{}":"{i}","#, i % 7)).collect();
+        let body = format!("{{{many}\"end\":\"e\"}}");
+        let value: Value = serde_json::from_str(&body).unwrap();
+        let mut expected: Vec<String> = select(&value, &[Segment::Wildcard])
+            .into_iter()
+            .map(|v| as_id(v).unwrap())
+            .collect();
+        let mut got = keys(&body, "$.*").unwrap();
+        expected.sort();
+        got.sort();
+        assert_eq!(got, expected);
+    }
+
+    /// Several paths: document order, path order for a shared value.
+    #[test]
+    fn several_paths() {
+        let (a, b, c) = (path("$.b"), path("$.*"), path("$.a"));
+        let body = br#"{"a":"1","b":"2"}"#;
+        assert_eq!(
+            scan_all(body, &[&a, &b, &c]),
+            Ok(vec![
+                (1, "1".into()),
+                (2, "1".into()),
+                (0, "2".into()),
+                (1, "2".into())
+            ])
+        );
+        let (object, inside) = (path("$.a"), path("$.a.b"));
+        assert_eq!(
+            scan_all(br#"{"a":{"b":"x"}}"#, &[&inside, &object]),
+            Err(ScanError::NotAnId("an object"))
+        );
+        assert_eq!(
+            scan_all(br#"{"a":{"b":"x"}}"#, &[&inside]),
+            Ok(vec![(0, "x".into())])
+        );
+        assert_eq!(scan_all(br#"{"a":{"b":"x"}}"#, &[]), Ok(vec![]));
+    }
+
+    /// More than 64 paths take several passes and still come in order.
+    #[test]
+    fn many_paths() {
+        let texts: Vec<String> = (0..70).rev().map(|i| format!("$[{i}]")).collect();
+        let paths: Vec<SimplePath> = texts.iter().map(|t| path(t)).collect();
+        let refs: Vec<&SimplePath> = paths.iter().collect();
+        let body = format!(
+            "[{}]",
+            (0..70).map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+        );
+        let got = scan_all(body.as_bytes(), &refs).unwrap();
+        let expected: Vec<(usize, String)> = (0..70).map(|i| (69 - i, i.to_string())).collect();
+        assert_eq!(got, expected);
+    }
+
+    /// NotJson messages name an offset and a class, never the input.
+    #[test]
+    fn messages_do_not_quote_input() {
+        let Err(ScanError::NotJson(message)) = keys(r#"{"secret": tru}"#, "$.id") else {
+            panic!("expected NotJson");
+        };
+        assert_eq!(message, "invalid JSON at byte 11: invalid literal");
+        let Err(ScanError::NotJson(message)) = keys("[\"secret\"\n secret]", "$.id") else {
+            panic!("expected NotJson");
+        };
+        assert!(!message.contains("secret"), "{message}");
+    }
+
+    /// The parser accepts the subset.
+    #[test]
+    fn parse_accepts() {
+        use Segment::*;
+        let name = |n: &str| Name(n.to_string());
+        let cases: Vec<(&str, Vec<Segment>)> = vec![
+            ("$", vec![]),
+            ("$.id", vec![name("id")]),
+            (
+                "$.entry[*].changes[*].value.messages[*].id",
+                vec![
+                    name("entry"),
+                    Wildcard,
+                    name("changes"),
+                    Wildcard,
+                    name("value"),
+                    name("messages"),
+                    Wildcard,
+                    name("id"),
+                ],
+            ),
+            ("$['a b']", vec![name("a b")]),
+            (r#"$["a\"b\\c\/d\u00e9\n"]"#, vec![name("a\"b\\c/dé\n")]),
+            (r"$['\'']", vec![name("'")]),
+            ("$[0]", vec![Index(0)]),
+            ("$[-1]", vec![Index(-1)]),
+            ("$[9007199254740991]", vec![Index(MAX_INDEX)]),
+            ("$[-9007199254740991]", vec![Index(-MAX_INDEX)]),
+            ("$.*", vec![Wildcard]),
+            ("$[*]", vec![Wildcard]),
+            ("$[ * ]", vec![Wildcard]),
+            ("$[\t'a'\n]", vec![name("a")]),
+            ("$ .a [0]", vec![name("a"), Index(0)]),
+            ("$._a1.é", vec![name("_a1"), name("é")]),
+            (r"$['\uD83D\uDE00']", vec![name("😀")]),
+        ];
+        for (text, segments) in cases {
+            assert_eq!(
+                SimplePath::parse(text),
+                Some(SimplePath { segments }),
+                "{text}"
+            );
+        }
+    }
+
+    /// The parser rejects everything outside the subset, and malformed paths.
+    #[test]
+    fn parse_rejects() {
+        for text in [
+            "$..id",
+            "$[?@.a]",
+            "$[0:2]",
+            "$['a','b']",
+            "$.a[",
+            "a.b",
+            "",
+            "$.",
+            "$.1a",
+            "$[]",
+            "$[01]",
+            "$[-0]",
+            "$[+1]",
+            "$[9007199254740992]",
+            "$[1,2]",
+            "$[:]",
+            "$.a ",
+            " $",
+            "$['a]",
+            "$['a\"]",
+            r#"$["a\'"]"#,
+            r"$['\x']",
+            "$['\u{1}']",
+            r"$['\ud800']",
+            r"$['\uDC00']",
+            r"$['\ud83d\ude00']",
+            r"$['\uD83D']",
+            "$.length()",
+            "$[length(@)]",
+            "@.a",
+            "$*",
+            "$.a.",
+            "$[*",
+            "$[0",
+            "$['a'",
+        ] {
+            assert_eq!(SimplePath::parse(text), None, "{text}");
+        }
+    }
+
+    // ---- property tests ----
+
+    /// Member names used by generated documents and paths (few, so that
+    /// paths hit and duplicates happen).
+    const NAMES: &[&str] = &["a", "b", "id", "x y", "é", ""];
+
+    /// A member name.
+    fn arb_name() -> impl Strategy<Value = String> {
+        prop::sample::select(NAMES).prop_map(str::to_owned)
+    }
+
+    /// A short string with characters that need escaping.
+    fn arb_text() -> impl Strategy<Value = String> {
+        let chars = vec![
+            'a', 'i', 'd', '"', '\\', '/', '\u{1}', '\n', '\u{7f}', 'é', '\u{2028}', '😀',
+        ];
+        vec(prop::sample::select(chars), 0..5).prop_map(|chars| chars.into_iter().collect())
+    }
+
+    /// A scalar DOM value.
+    fn arb_leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            (-5i64..5).prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            arb_text().prop_map(Value::String),
+        ]
+    }
+
+    /// A DOM document.
+    fn arb_value() -> impl Strategy<Value = Value> {
+        arb_leaf().prop_recursive(4, 48, 5, |inner| {
+            prop_oneof![
+                vec(inner.clone(), 0..5).prop_map(Value::Array),
+                vec((arb_name(), inner), 0..5)
+                    .prop_map(|members| Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A document tree whose objects may repeat member names.
+    #[derive(Debug, Clone)]
+    enum Doc {
+        /// A scalar.
+        Leaf(Value),
+        /// An array.
+        Array(Vec<Doc>),
+        /// An object, members in order, duplicates allowed.
+        Object(Vec<(String, Doc)>),
+    }
+
+    /// A document tree with duplicate member names.
+    fn arb_doc() -> impl Strategy<Value = Doc> {
+        arb_leaf()
+            .prop_map(Doc::Leaf)
+            .prop_recursive(4, 48, 5, |inner| {
+                prop_oneof![
+                    vec(inner.clone(), 0..5).prop_map(Doc::Array),
+                    vec((arb_name(), inner), 0..6).prop_map(Doc::Object),
+                ]
+            })
+    }
+
+    /// Writes `doc` as JSON text. `style` bit 0 adds white space, bit 1
+    /// escapes every other character of strings, bit 2 writes those escapes
+    /// in upper case.
+    fn write_doc(doc: &Doc, style: u8, out: &mut String) {
+        let space = if style & 1 != 0 { " \n\t\r" } else { "" };
+        match doc {
+            Doc::Leaf(Value::String(text)) => write_string(text, style, out),
+            Doc::Leaf(value) => out.push_str(&value.to_string()),
+            Doc::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(space);
+                    write_doc(item, style, out);
+                }
+                out.push_str(space);
+                out.push(']');
+            }
+            Doc::Object(members) => {
+                out.push('{');
+                for (i, (name, value)) in members.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(space);
+                    write_string(name, style, out);
+                    out.push_str(space);
+                    out.push(':');
+                    out.push_str(space);
+                    write_doc(value, style, out);
+                }
+                out.push_str(space);
+                out.push('}');
+            }
+        }
+    }
+
+    /// Writes `text` as a JSON string in the given `style` (see [`write_doc`]).
+    fn write_string(text: &str, style: u8, out: &mut String) {
+        out.push('"');
+        for (i, c) in text.chars().enumerate() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '/' if style & 2 != 0 => out.push_str("\\/"),
+                c if c < ' ' || (style & 2 != 0 && i % 2 == 0) => {
+                    for unit in c.encode_utf16(&mut [0; 2]) {
+                        if style & 4 != 0 {
+                            write!(out, "\\u{unit:04X}").unwrap();
+                        } else {
+                            write!(out, "\\u{unit:04x}").unwrap();
+                        }
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+
+    /// Path segments over [`NAMES`].
+    fn arb_segments() -> impl Strategy<Value = Vec<Segment>> {
+        let segment = prop_oneof![
+            arb_name().prop_map(Segment::Name),
+            (-3i64..3).prop_map(Segment::Index),
+            Just(Segment::Wildcard),
+        ];
+        vec(segment, 0..4)
+    }
+
+    /// Writes `segments` as path text; `variant` picks among the spellings.
+    fn render(segments: &[Segment], variant: u8) -> String {
+        let mut text = String::from("$");
+        for segment in segments {
+            match segment {
+                Segment::Wildcard if variant == 0 => text.push_str(".*"),
+                Segment::Wildcard => text.push_str("[ * ]"),
+                Segment::Index(i) if variant == 2 => write!(text, " [\t{i} ]").unwrap(),
+                Segment::Index(i) => write!(text, "[{i}]").unwrap(),
+                Segment::Name(name) => {
+                    let mut chars = name.chars();
+                    let shorthand = chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
+                        && chars.all(|c| c.is_alphanumeric() || c == '_');
+                    if variant == 0 && shorthand {
+                        write!(text, ".{name}").unwrap();
+                    } else if variant == 1 {
+                        text.push_str("[\"");
+                        for c in name.chars() {
+                            match c {
+                                '"' | '\\' => write!(text, "\\{c}").unwrap(),
+                                c => text.push(c),
+                            }
+                        }
+                        text.push_str("\"]");
+                    } else {
+                        text.push_str("['");
+                        for c in name.chars() {
+                            for unit in c.encode_utf16(&mut [0; 2]) {
+                                write!(text, "\\u{unit:04X}").unwrap();
+                            }
+                        }
+                        text.push_str("']");
+                    }
+                }
+            }
+        }
+        text
+    }
+
+    /// Checks that the scanner and serde_json agree on whether `body` is JSON
+    /// (unless it may nest 127 levels or more, where their limits differ).
+    fn check_validity(body: &[u8], paths: &[&SimplePath]) -> Result<(), TestCaseError> {
+        let dom_ok = serde_json::from_slice::<Value>(body).is_ok();
+        let result = scan(body, paths, &mut |_, _| Ok(()));
+        let opens = body.iter().filter(|&&b| b == b'[' || b == b'{').count();
+        if opens < 127 {
+            prop_assert_eq!(
+                dom_ok,
+                !matches!(result, Err(ScanError::NotJson(_))),
+                "{:?} {:?}",
+                body,
+                result
+            );
+        }
+        Ok(())
+    }
+
+    proptest! {
+        /// Serialized DOM documents: the scanner gives exactly what the
+        /// reference gives over the DOM, in the same order (serde_json writes
+        /// members in the order its map iterates them).
+        #[test]
+        fn serialized_values_match_dom(
+            value in arb_value(),
+            pretty in any::<bool>(),
+            segments in arb_segments(),
+            variant in 0u8..3,
+            others in vec(arb_segments(), 0..3),
+        ) {
+            let body = if pretty { serde_json::to_vec_pretty(&value) } else { serde_json::to_vec(&value) }.unwrap();
+            let text = render(&segments, variant);
+            let parsed = SimplePath::parse(&text);
+            prop_assert_eq!(parsed.as_ref(), Some(&SimplePath { segments: segments.clone() }), "{}", text);
+            let p = parsed.unwrap();
+
+            let expected: Vec<Result<String, &str>> = select(&value, &p.segments).into_iter().map(as_id).collect();
+            let cut = expected.iter().position(Result::is_err).unwrap_or(expected.len());
+            let mut calls = Vec::new();
+            let result = scan(&body, &[&p], &mut |index, key| {
+                calls.push((index, key.into_owned()));
+                Ok(())
+            });
+            let before: Vec<(usize, String)> = expected[..cut].iter().filter_map(|r| r.clone().ok()).map(|k| (0, k)).collect();
+            prop_assert_eq!(calls, before);
+            match expected.get(cut) {
+                Some(Err(what)) => prop_assert_eq!(result, Err(ScanError::NotAnId(what))),
+                _ => prop_assert_eq!(result, Ok(())),
+            }
+
+            // All paths at once: each path's keys, in order, when all are ids.
+            let mut all = vec![p];
+            all.extend(others.into_iter().map(|segments| SimplePath { segments }));
+            let refs: Vec<&SimplePath> = all.iter().collect();
+            let per_path: Vec<Vec<Result<String, &str>>> = all.iter().map(|p| select(&value, &p.segments).into_iter().map(as_id).collect()).collect();
+            let any_bad = per_path.iter().flatten().any(Result::is_err);
+            match scan_all(&body, &refs) {
+                Ok(got) => {
+                    prop_assert!(!any_bad);
+                    for (i, expected) in per_path.iter().enumerate() {
+                        let mine: Vec<Result<String, &str>> = got.iter().filter(|(p, _)| *p == i).map(|(_, k)| Ok(k.clone())).collect();
+                        prop_assert_eq!(&mine, expected);
+                    }
+                }
+                Err(ScanError::NotAnId(what)) => prop_assert!(per_path.iter().flatten().any(|r| *r == Err(what))),
+                Err(other) => prop_assert!(false, "unexpected {:?}", other),
+            }
+        }
+
+        /// Hand-written documents with duplicate names, escapes and white
+        /// space: the scanner selects what the DOM (last member wins) selects.
+        #[test]
+        fn duplicates_and_escapes_match_dom(doc in arb_doc(), style in 0u8..8, paths in vec(arb_segments(), 1..4)) {
+            let mut text = String::new();
+            write_doc(&doc, style, &mut text);
+            let value: Value = serde_json::from_str(&text).unwrap();
+            let all: Vec<SimplePath> = paths.into_iter().map(|segments| SimplePath { segments }).collect();
+            let refs: Vec<&SimplePath> = all.iter().collect();
+            let mut expected = Vec::new();
+            let mut bad = Vec::new();
+            for (i, p) in all.iter().enumerate() {
+                for selected in select(&value, &p.segments) {
+                    match as_id(selected) {
+                        Ok(key) => expected.push((i, key)),
+                        Err(what) => bad.push(what),
+                    }
+                }
+            }
+            match scan_all(text.as_bytes(), &refs) {
+                Ok(mut got) => {
+                    prop_assert!(bad.is_empty(), "missed {:?} in {}", bad, text);
+                    got.sort();
+                    expected.sort();
+                    prop_assert_eq!(got, expected, "{}", text);
+                }
+                Err(ScanError::NotAnId(what)) => prop_assert!(bad.contains(&what), "{} in {}", what, text),
+                Err(other) => prop_assert!(false, "unexpected {:?} for {}", other, text),
+            }
+        }
+
+        /// Arbitrary bytes never make the scanner panic, and it agrees with
+        /// serde_json on validity.
+        #[test]
+        fn arbitrary_bytes(body in vec(any::<u8>(), 0..64), segments in arb_segments()) {
+            let p = SimplePath { segments };
+            check_validity(&body, &[&p])?;
+        }
+
+        /// Bytes from JSON's alphabet (mostly near-JSON): no panic, same
+        /// validity as serde_json.
+        #[test]
+        fn json_alphabet_bytes(
+            body in vec(prop::sample::select(b"[]{}\"\",,::0123456789-+.eEtrufalsn \\u\t\nA\x00\x1f\xff\xc3\xa9".to_vec()), 0..48),
+            segments in arb_segments(),
+        ) {
+            let p = SimplePath { segments };
+            check_validity(&body, &[&p])?;
+        }
+
+        /// Valid documents with a few bytes replaced, inserted or removed: no
+        /// panic, same validity as serde_json.
+        #[test]
+        fn mutated_documents(
+            value in arb_value(),
+            pretty in any::<bool>(),
+            edits in vec((any::<prop::sample::Index>(), prop::sample::select(b"[]{}\",:0-.eE+tn\\ ua\x00\xff\x80".to_vec()), 0u8..3), 1..4),
+            segments in arb_segments(),
+        ) {
+            let mut body = if pretty { serde_json::to_vec_pretty(&value) } else { serde_json::to_vec(&value) }.unwrap();
+            for (at, byte, op) in edits {
+                let i = at.index(body.len() + 1);
+                match op {
+                    0 if i < body.len() => body[i] = byte,
+                    2 if i < body.len() => { body.remove(i); }
+                    _ => body.insert(i, byte),
+                }
+            }
+            let p = SimplePath { segments };
+            check_validity(&body, &[&p])?;
+        }
+    }
+}
