@@ -1330,8 +1330,6 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::Value;
     use std::fmt::Write as _;
-    use std::hint::black_box;
-    use std::time::Instant;
 
     /// Path of the message ids in a WhatsApp Cloud API webhook batch.
     const WHATSAPP: &str = "$.entry[*].changes[*].value.messages[*].id";

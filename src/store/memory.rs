@@ -1,8 +1,11 @@
+//! The embedded store: [`MemoryStore`], one process, no server; bounded, with expiry and
+//! eviction of the oldest records when full ([`WhenFull`]).
+
 use std::cmp::Reverse;
 use std::collections::hash_map::RandomState;
 use std::collections::{BinaryHeap, HashMap, VecDeque, hash_map};
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -15,9 +18,41 @@ use crate::store::record::Record;
 
 /// The default bound on the number of keys a [`MemoryStore`] keeps: a million, 100–170 MB of
 /// ack-mode records (measured under load: 100–170 bytes per retained key, expiry queues
-/// included, depending on how full the tables are since they last doubled). With the default 72 h retention that allows about 4 first deliveries per second,
-/// sustained.
+/// included, depending on how full the tables are since they last doubled). With the default
+/// 72 h retention that keeps every record of about 4 first deliveries per second, sustained;
+/// above that, the oldest records are evicted (see [`WhenFull`]).
 pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
+
+/// The default bound on the bytes a [`MemoryStore`] accounts for: 256 MiB (an entry counts
+/// [`ENTRY_BYTES`], plus the response of a replay-mode record).
+pub const DEFAULT_MAX_BYTES: usize = 256 * 1024 * 1024;
+
+/// What one entry is accounted as, before any stored response: the entry, its expiry item and
+/// the table's slack, as measured (100–170 bytes).
+pub const ENTRY_BYTES: usize = 128;
+
+/// What a full [`MemoryStore`] does with a new key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WhenFull {
+    /// Evict the completed records nearest to their expiry (the oldest), never an in-flight
+    /// claim, and take the new key (the default). A warning is logged (at most once a minute),
+    /// evictions are counted, and [`MemoryStore::effective_retention`] says how old the oldest
+    /// record kept is: when it falls below the sender's retry window, a late redelivery of an
+    /// evicted event would be processed again, so give the store more room or use Redis.
+    #[default]
+    EvictOldest,
+    /// Refuse the new key with a [`StoreErrorKind::Capacity`] error (503 and `Retry-After` when
+    /// failing closed): no record is ever forgotten early, but new events wait until records
+    /// expire.
+    Refuse,
+}
+
+/// How many evictions one claim may make before it gives up (the others raced it for room).
+const MAX_EVICTIONS_PER_CLAIM: usize = 8;
+
+/// How many expiry items of one queue an eviction looks at for a completed record.
+const EVICTION_SCAN: usize = 64;
 
 /// How many independently locked parts the key space is split into: concurrent requests on a
 /// multi-threaded runtime rarely wait for each other, and growing one part's table moves only a
@@ -35,11 +70,14 @@ const MAX_QUEUES: usize = 8;
 ///   the expired entries of the part of the key space it touches), so memory follows the live
 ///   key count.
 /// - Memory is bounded: at most [`max_entries`](MemoryStore::with_max_entries) live keys
-///   (default [`DEFAULT_MAX_ENTRIES`]; ack-mode records cost 100–170 bytes each, replay-mode
-///   records their response on top). A claim beyond that bound is refused with a
-///   [`StoreErrorKind::Capacity`] error, which the layer answers like any store error (503 and
-///   `Retry-After` when failing closed): a completed record is never evicted early, because
-///   forgetting it would let a duplicate through.
+///   (default [`DEFAULT_MAX_ENTRIES`]; ack-mode records cost 100–170 bytes each) and at most
+///   [`max_bytes`](MemoryStore::with_max_bytes) accounted bytes (default
+///   [`DEFAULT_MAX_BYTES`]; replay-mode records count their response on top). When full, the
+///   completed records nearest to expiry are evicted to make room, never an in-flight claim
+///   ([`WhenFull::EvictOldest`], the default), or the new key is refused
+///   ([`WhenFull::Refuse`]). Watch [`effective_retention`](MemoryStore::effective_retention)
+///   (and the `idempotency_memory_effective_retention_seconds` gauge with the `metrics`
+///   feature): it must stay above the sender's retry window.
 /// - It is fast: the key space is split into 16 independently locked shards; expiries wait in
 ///   first-in, first-out queues, one per TTL, so a claim or a record costs O(1) whatever the
 ///   number of keys held.
@@ -50,13 +88,21 @@ const MAX_QUEUES: usize = 8;
 /// ```
 /// use tower_idempotency::store::MemoryStore;
 ///
-/// let store = MemoryStore::new().with_max_entries(10_000);
+/// use tower_idempotency::store::memory::WhenFull;
+///
+/// let store = MemoryStore::new()
+///     .with_max_entries(10_000)
+///     .with_max_bytes(16 * 1024 * 1024)
+///     .when_full(WhenFull::EvictOldest);
 /// assert_eq!(store.len(), 0);
+/// assert_eq!(store.effective_retention(), None);
 /// ```
 #[derive(Clone, Debug)]
 pub struct MemoryStore {
     shared: Arc<Shared>,
     max_entries: usize,
+    max_bytes: usize,
+    when_full: WhenFull,
 }
 
 #[derive(Debug)]
@@ -64,6 +110,12 @@ struct Shared {
     shards: Box<[Shard]>,
     /// Entries held across all shards (live, or expired and not yet evicted).
     len: AtomicUsize,
+    /// Bytes accounted for those entries.
+    bytes: AtomicUsize,
+    /// Records evicted early to make room.
+    evictions: AtomicU64,
+    /// When the last "store full" warning was logged (seconds since `epoch`, plus one).
+    warned_at: AtomicU64,
     /// Expiry instants are kept as nanoseconds since this instant.
     epoch: Instant,
     hasher: SlotHasher,
@@ -199,10 +251,15 @@ impl MemoryStore {
             shared: Arc::new(Shared {
                 shards: (0..SHARDS).map(|_| Shard::default()).collect(),
                 len: AtomicUsize::new(0),
+                bytes: AtomicUsize::new(0),
+                evictions: AtomicU64::new(0),
+                warned_at: AtomicU64::new(0),
                 epoch: Instant::now(),
                 hasher: SlotHasher::default(),
             }),
             max_entries: DEFAULT_MAX_ENTRIES,
+            max_bytes: DEFAULT_MAX_BYTES,
+            when_full: WhenFull::EvictOldest,
         }
     }
 
@@ -210,6 +267,54 @@ impl MemoryStore {
     pub fn with_max_entries(mut self, max_entries: usize) -> Self {
         self.max_entries = max_entries.max(1);
         self
+    }
+
+    /// Sets the bound on accounted bytes ([`ENTRY_BYTES`] per key, plus stored responses).
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> Self {
+        self.max_bytes = max_bytes.max(ENTRY_BYTES);
+        self
+    }
+
+    /// Sets what a full store does with a new key (default [`WhenFull::EvictOldest`]).
+    pub fn when_full(mut self, when_full: WhenFull) -> Self {
+        self.when_full = when_full;
+        self
+    }
+
+    /// The bytes accounted for the live keys.
+    pub fn bytes(&self) -> usize {
+        self.shared.bytes.load(Ordering::Relaxed)
+    }
+
+    /// How many completed records were evicted before their expiry to make room.
+    pub fn evictions(&self) -> u64 {
+        self.shared.evictions.load(Ordering::Relaxed)
+    }
+
+    /// How old the oldest completed record kept is: how far back a duplicate is still
+    /// recognised. `None` when no record is held. Once the store is full and evicting, this is
+    /// the retention actually given, shorter than the configured one.
+    pub fn effective_retention(&self) -> Option<Duration> {
+        let shared = &*self.shared;
+        let mut oldest: Option<u64> = None;
+        for shard in shared.shards.iter() {
+            let mut inner = lock(shard);
+            let now = shared.now();
+            let evicted = inner.evict_expired(now);
+            shared.len.fetch_sub(evicted.0, Ordering::Relaxed);
+            shared.bytes.fetch_sub(evicted.1, Ordering::Relaxed);
+            if let Some(found) = inner.oldest_completed() {
+                oldest = Some(oldest.map_or(found.completed_at, |o| o.min(found.completed_at)));
+            }
+        }
+        oldest.map(|at| Duration::from_nanos(shared.now().saturating_sub(at)))
+    }
+
+    /// The index of the shard of `slot`.
+    fn shard_index(&self, slot: &Slot) -> usize {
+        // Bits the map's own hash of the slot does not use (the bucket index comes from the low
+        // bits, the control tag from the top seven).
+        (self.shared.hasher.hash_one(slot) >> 32) as usize % SHARDS
     }
 
     /// The number of live (unexpired) keys.
@@ -226,14 +331,12 @@ impl MemoryStore {
     /// Locks the shard of `slot`, evicts what has expired there, and returns it with the time.
     fn shard(&self, slot: &Slot) -> (MutexGuard<'_, Inner>, u64) {
         let shared = &*self.shared;
-        // Bits the map's own hash of the slot does not use (the bucket index comes from the low
-        // bits, the control tag from the top seven).
-        let index = (shared.hasher.hash_one(slot) >> 32) as usize % SHARDS;
-        let mut inner = lock(&shared.shards[index]);
+        let mut inner = lock(&shared.shards[self.shard_index(slot)]);
         // Read under the lock, so that each shard's clock, and each of its queues, is sorted.
         let now = shared.now();
-        let evicted = inner.evict_expired(now);
+        let (evicted, bytes) = inner.evict_expired(now);
         shared.len.fetch_sub(evicted, Ordering::Relaxed);
+        shared.bytes.fetch_sub(bytes, Ordering::Relaxed);
         (inner, now)
     }
 
@@ -241,20 +344,122 @@ impl MemoryStore {
         let shared = &*self.shared;
         for shard in shared.shards.iter() {
             let mut inner = lock(shard);
-            let evicted = inner.evict_expired(shared.now());
+            let (evicted, bytes) = inner.evict_expired(shared.now());
             shared.len.fetch_sub(evicted, Ordering::Relaxed);
+            shared.bytes.fetch_sub(bytes, Ordering::Relaxed);
         }
     }
 
-    /// Counts a new entry in, within the bound.
+    /// Counts a new entry in, within the bounds.
     fn admit(&self) -> Result<(), StoreError> {
-        let len = &self.shared.len;
-        if len.fetch_add(1, Ordering::Relaxed) >= self.max_entries {
-            len.fetch_sub(1, Ordering::Relaxed);
+        let shared = &*self.shared;
+        if shared.len.fetch_add(1, Ordering::Relaxed) >= self.max_entries {
+            shared.len.fetch_sub(1, Ordering::Relaxed);
+            return Err(StoreError::new(StoreErrorKind::Capacity));
+        }
+        if shared.bytes.fetch_add(ENTRY_BYTES, Ordering::Relaxed) + ENTRY_BYTES > self.max_bytes {
+            shared.bytes.fetch_sub(ENTRY_BYTES, Ordering::Relaxed);
+            shared.len.fetch_sub(1, Ordering::Relaxed);
             return Err(StoreError::new(StoreErrorKind::Capacity));
         }
         Ok(())
     }
+
+    /// Evicts the completed record nearest to its expiry across the whole store (each shard
+    /// offers its own, the earliest goes). Never an in-flight claim. `false` when no record
+    /// could be evicted. Only a full store pays for this.
+    fn evict_oldest(&self) -> bool {
+        let shared = &*self.shared;
+        for _ in 0..4 {
+            let mut best: Option<(usize, Oldest)> = None;
+            for (index, shard) in shared.shards.iter().enumerate() {
+                if let Some(found) = lock(shard).oldest_completed() {
+                    if best.as_ref().is_none_or(|(_, b)| found.expires < b.expires) {
+                        best = Some((index, found));
+                    }
+                }
+            }
+            let Some((index, oldest)) = best else {
+                return false;
+            };
+            let mut inner = lock(&shared.shards[index]);
+            // Still there and unchanged? Another claim may have evicted it meanwhile.
+            let current = inner
+                .entries
+                .get(&oldest.slot)
+                .is_some_and(|e| e.expires == oldest.expires);
+            if !current {
+                continue;
+            }
+            let Some(entry) = inner.entries.remove(&oldest.slot) else {
+                continue;
+            };
+            inner.expiries.retire(oldest.expires, &oldest.slot);
+            drop(inner);
+            shared.len.fetch_sub(1, Ordering::Relaxed);
+            shared
+                .bytes
+                .fetch_sub(state_bytes(&entry.state), Ordering::Relaxed);
+            shared.evictions.fetch_add(1, Ordering::Relaxed);
+            let age = Duration::from_nanos(shared.now().saturating_sub(oldest.completed_at));
+            self.report_eviction(age);
+            return true;
+        }
+        false
+    }
+
+    fn report_eviction(&self, age: Duration) {
+        let shared = &*self.shared;
+        #[cfg(feature = "metrics")]
+        {
+            metrics::counter!("idempotency_memory_evictions_total").increment(1);
+            metrics::gauge!("idempotency_memory_effective_retention_seconds")
+                .set(age.as_secs_f64());
+        }
+        let second = shared.epoch.elapsed().as_secs() + 1;
+        let last = shared.warned_at.load(Ordering::Relaxed);
+        if (last == 0 || second >= last + 60)
+            && shared
+                .warned_at
+                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                effective_retention_s = age.as_secs(),
+                evictions = shared.evictions.load(Ordering::Relaxed),
+                "idempotency memory store full: evicting the oldest completed records; \
+                 duplicates older than the effective retention are no longer recognised"
+            );
+        }
+    }
+}
+
+/// What an entry is accounted as.
+fn state_bytes(state: &State) -> usize {
+    match state {
+        State::InFlight { .. } => ENTRY_BYTES,
+        State::Completed(record) => ENTRY_BYTES + record_bytes(record),
+    }
+}
+
+/// The bytes of a record's stored response (0 for an ack record).
+fn record_bytes(record: &Record) -> usize {
+    let headers = |h: &http::HeaderMap| -> usize {
+        h.iter()
+            .map(|(name, value)| name.as_str().len() + value.len())
+            .sum()
+    };
+    record.response().map_or(0, |r| {
+        r.body().len() + headers(r.headers()) + r.trailers().map_or(0, headers)
+    })
+}
+
+/// A completed record found for eviction.
+struct Oldest {
+    slot: Slot,
+    expires: u64,
+    /// When it was completed (its expiry less its TTL), in the store's nanoseconds.
+    completed_at: u64,
 }
 
 fn lock(shard: &Shard) -> MutexGuard<'_, Inner> {
@@ -278,15 +483,17 @@ impl Inner {
     ///
     /// Afterwards every entry of the shard is live: an entry's current expiry item is due when
     /// the entry expires.
-    fn evict_expired(&mut self, now: u64) -> usize {
+    fn evict_expired(&mut self, now: u64) -> (usize, usize) {
         let entries = &mut self.entries;
-        let mut evicted = 0;
+        let (mut evicted, mut bytes) = (0, 0);
         // An expiry item is current when its entry still expires at that instant; entries that
         // were re-set or removed since leave stale items, skipped here.
         self.expiries.pop_due(now, |at, slot| {
             if entries.get(slot).is_some_and(|e| e.expires == at) {
-                entries.remove(slot);
-                evicted += 1;
+                if let Some(entry) = entries.remove(slot) {
+                    evicted += 1;
+                    bytes += state_bytes(&entry.state);
+                }
             }
         });
         // Drop stale items once they outnumber the entries (many keys released or completed
@@ -295,7 +502,34 @@ impl Inner {
             self.expiries
                 .retain(|at, slot| entries.get(slot).is_some_and(|e| e.expires == at));
         }
-        evicted
+        (evicted, bytes)
+    }
+
+    /// The completed record of this shard nearest to its expiry, among the first
+    /// [`EVICTION_SCAN`] items of each expiry queue (a queue is sorted by expiry; in-flight
+    /// claims, found in the lease's queue, are skipped).
+    fn oldest_completed(&self) -> Option<Oldest> {
+        let mut best: Option<Oldest> = None;
+        for queue in &self.expiries.queues {
+            let found = queue.items.iter().take(EVICTION_SCAN).find(|(at, slot)| {
+                *slot != Slot::RETIRED
+                    && self
+                        .entries
+                        .get(slot)
+                        .is_some_and(|e| e.expires == *at && matches!(e.state, State::Completed(_)))
+            });
+            if let Some(&(expires, slot)) = found {
+                if best.as_ref().is_none_or(|b| expires < b.expires) {
+                    let completed_at = expires.saturating_sub(nanos(queue.ttl));
+                    best = Some(Oldest {
+                        slot,
+                        expires,
+                        completed_at,
+                    });
+                }
+            }
+        }
+        best
     }
 }
 
@@ -405,6 +639,7 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<Reservation, StoreError> {
         let slot = Slot::of(key);
         let mut evicted_all = false;
+        let mut evictions = 0;
         loop {
             let (mut guard, now) = self.shard(&slot);
             let Inner { entries, expiries } = &mut *guard;
@@ -438,13 +673,26 @@ impl IdempotencyStore for MemoryStore {
                     });
                     return Ok(Reservation::Acquired);
                 }
-                Err(full) if evicted_all => return Err(full),
-                Err(_) => {
+                Err(_) if !evicted_all => {
                     // Other shards may hold expired entries that nothing has touched since:
-                    // evict them, then look again, before refusing.
+                    // evict them, then look again, before evicting live records.
                     drop(guard);
                     self.evict_all();
                     evicted_all = true;
+                }
+                Err(full)
+                    if self.when_full == WhenFull::Refuse
+                        || evictions == MAX_EVICTIONS_PER_CLAIM =>
+                {
+                    return Err(full);
+                }
+                Err(full) => {
+                    drop(guard);
+                    if !self.evict_oldest() {
+                        // Every key is an in-flight claim: nothing may be evicted.
+                        return Err(full);
+                    }
+                    evictions += 1;
                 }
             }
         }
@@ -474,6 +722,10 @@ impl IdempotencyStore for MemoryStore {
         entry.expires = now.saturating_add(nanos(retention));
         entry.state = State::Completed(record.clone().owned_by(claim.token()));
         expiries.schedule(retention, entry.expires, slot);
+        // A success is always recorded, even past the byte bound: the next claims make room.
+        self.shared
+            .bytes
+            .fetch_add(record_bytes(record), Ordering::Relaxed);
         Ok(Completion::Written)
     }
 
@@ -488,8 +740,11 @@ impl IdempotencyStore for MemoryStore {
             return Ok(false);
         }
         expiries.retire(entry.get().expires, &slot);
-        entry.remove();
+        let removed = entry.remove();
         self.shared.len.fetch_sub(1, Ordering::Relaxed);
+        self.shared
+            .bytes
+            .fetch_sub(state_bytes(&removed.state), Ordering::Relaxed);
         Ok(true)
     }
 
@@ -621,7 +876,9 @@ mod tests {
 
     #[tokio::test]
     async fn bound_refuses_new_keys_but_keeps_records() {
-        let store = MemoryStore::new().with_max_entries(2);
+        let store = MemoryStore::new()
+            .with_max_entries(2)
+            .when_full(WhenFull::Refuse);
         let lease = Duration::from_secs(30);
         let a = StoreKey::new("t", None, "a");
         let first = claim();
@@ -643,6 +900,74 @@ mod tests {
             store.reserve(&a, &claim(), lease).await.unwrap(),
             Reservation::Completed(_)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_full_store_evicts_the_oldest_records_never_a_claim() {
+        let store = MemoryStore::new().with_max_entries(4);
+        let (lease, retention) = (Duration::from_secs(30), Duration::from_secs(3600));
+        // Two in-flight claims and two records, the older first.
+        let held: Vec<Claim> = (0..2).map(|_| claim()).collect();
+        for (i, c) in held.iter().enumerate() {
+            store.reserve(&key(100 + i), c, lease).await.unwrap();
+        }
+        for i in 0..2 {
+            let c = claim();
+            store.reserve(&key(i), &c, lease).await.unwrap();
+            store
+                .complete(&key(i), &c, &Record::ack(c.fingerprint()), retention)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(store.effective_retention().unwrap() >= Duration::from_millis(5));
+        // Full: a new key evicts the oldest record (key 0), then the next one (key 1).
+        assert_eq!(
+            store.reserve(&key(2), &claim(), lease).await.unwrap(),
+            Reservation::Acquired
+        );
+        assert_eq!(store.evictions(), 1);
+        assert_eq!(
+            store.reserve(&key(0), &claim(), lease).await.unwrap(),
+            Reservation::Acquired,
+            "the evicted record is forgotten"
+        );
+        assert_eq!(store.evictions(), 2);
+        assert_eq!(store.len(), 4);
+        // Only in-flight claims are left: the next key is refused, the claims stay.
+        let err = store.reserve(&key(3), &claim(), lease).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Capacity);
+        for (i, c) in held.iter().enumerate() {
+            assert!(store.renew(&key(100 + i), c, lease).await.unwrap());
+        }
+        assert_eq!(store.effective_retention(), None);
+    }
+
+    #[tokio::test]
+    async fn the_byte_bound_counts_stored_responses() {
+        use crate::store::record::StoredResponse;
+        let store = MemoryStore::new().with_max_bytes(3 * ENTRY_BYTES + 800);
+        let (lease, retention) = (Duration::from_secs(30), Duration::from_secs(3600));
+        let big = claim();
+        store.reserve(&key(0), &big, lease).await.unwrap();
+        let response = StoredResponse::new(
+            http::StatusCode::OK,
+            http::HeaderMap::new(),
+            bytes::Bytes::from(vec![b'x'; 900]),
+            None,
+        );
+        let record = Record::replay(big.fingerprint(), response);
+        store
+            .complete(&key(0), &big, &record, retention)
+            .await
+            .unwrap();
+        assert_eq!(store.bytes(), ENTRY_BYTES + 900);
+        store.reserve(&key(1), &claim(), lease).await.unwrap();
+        // A third key does not fit the bytes (3 * 128 + 900 > 3 * 128 + 800): the big record goes.
+        store.reserve(&key(2), &claim(), lease).await.unwrap();
+        assert_eq!(store.evictions(), 1);
+        assert_eq!(store.bytes(), 2 * ENTRY_BYTES);
+        assert_eq!(store.len(), 2);
     }
 
     #[tokio::test]

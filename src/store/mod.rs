@@ -41,7 +41,7 @@
 
 mod error;
 pub use self::error::BoxError;
-mod memory;
+pub mod memory;
 pub mod record;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -229,7 +229,13 @@ pub async fn batch_items_are_claimed_one_by_one<St: IdempotencyStore>(store: St)
         "{answers:?}"
     );
     assert_eq!(answers[1], Reservation::Acquired);
-    assert_eq!(store.release_many(&[c.clone()], &second).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .release_many(std::slice::from_ref(&c), &second)
+            .await
+            .unwrap(),
+        1
+    );
     // The first batch completes; its items are done, one by one.
     assert_eq!(
         store
