@@ -13,8 +13,10 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::classify::Classifier;
 use crate::defaults;
+use crate::guard::ClaimGuard;
 use crate::observe::Observer;
 use crate::rejection::{ProblemJson, RenderRejection};
+use crate::store::{Claim, IdempotencyStore, StoreKey};
 
 /// What to do with a covered request that carries no key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -244,9 +246,29 @@ impl Default for Settings {
     }
 }
 
-/// The store, the extractor and the settings of one layer.
-pub(crate) struct Config<St, K> {
-    pub(crate) store: St,
+/// Opens the guard of one request's claim on the layer's store: where the store's type ends,
+/// so that services and futures do not carry it.
+pub(crate) type OpenClaim =
+    Arc<dyn Fn(Vec<StoreKey>, Claim, &Settings) -> ClaimGuard + Send + Sync>;
+
+/// An [`OpenClaim`] on `store`.
+pub(crate) fn open_claim<St: IdempotencyStore>(store: St) -> OpenClaim {
+    Arc::new(move |keys, claim, settings: &Settings| {
+        ClaimGuard::new(
+            store.clone(),
+            keys,
+            claim,
+            settings.lease,
+            settings.retention,
+            settings.store_timeout,
+            settings.observer.clone(),
+        )
+    })
+}
+
+/// The store (behind [`OpenClaim`]), the extractor and the settings of one layer.
+pub(crate) struct Config<K> {
+    pub(crate) open_claim: OpenClaim,
     pub(crate) extractor: K,
     pub(crate) settings: Arc<Settings>,
 }

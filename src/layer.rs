@@ -2,6 +2,7 @@
 //! configured with by-value builder methods.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use tower_layer::Layer;
 
 use crate::classify::Classifier;
 use crate::config::{
-    AckResponse, Config, FailureMode, MissingKey, Mode, OnMismatch, Scope, Settings,
+    AckResponse, Config, FailureMode, MissingKey, Mode, OnMismatch, Scope, Settings, open_claim,
 };
 use crate::key::{ExtractKey, HeaderKey};
 use crate::observe::OutcomeEvent;
@@ -47,13 +48,15 @@ use crate::store::IdempotencyStore;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct IdempotencyLayer<St, K = HeaderKey> {
-    config: Arc<Config<St, K>>,
+    config: Arc<Config<K>>,
+    store: PhantomData<fn() -> St>,
 }
 
 impl<St, K> Clone for IdempotencyLayer<St, K> {
     fn clone(&self) -> Self {
         IdempotencyLayer {
             config: self.config.clone(),
+            store: PhantomData,
         }
     }
 }
@@ -80,10 +83,11 @@ impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
     pub fn new(store: St) -> Self {
         IdempotencyLayer {
             config: Arc::new(Config {
-                store,
+                open_claim: open_claim(store),
                 extractor: HeaderKey::idempotency_key(),
                 settings: Arc::new(Settings::default()),
             }),
+            store: PhantomData,
         }
     }
 }
@@ -136,16 +140,17 @@ impl<St: IdempotencyStore, K> IdempotencyLayer<St, K> {
     /// Sets where the key comes from: a [`HeaderKey`], a [`JsonPathKey`](crate::key::JsonPathKey),
     /// a fallback chain, a closure, …
     pub fn key<K2: ExtractKey>(self, extractor: K2) -> IdempotencyLayer<St, K2> {
-        let (store, settings) = match Arc::try_unwrap(self.config) {
-            Ok(config) => (config.store, config.settings),
-            Err(shared) => (shared.store.clone(), shared.settings.clone()),
+        let (open_claim, settings) = match Arc::try_unwrap(self.config) {
+            Ok(config) => (config.open_claim, config.settings),
+            Err(shared) => (shared.open_claim.clone(), shared.settings.clone()),
         };
         IdempotencyLayer {
             config: Arc::new(Config {
-                store,
+                open_claim,
                 extractor,
                 settings,
             }),
+            store: PhantomData,
         }
     }
 
@@ -154,7 +159,7 @@ impl<St: IdempotencyStore, K> IdempotencyLayer<St, K> {
         K: Clone,
     {
         let config = Arc::try_unwrap(self.config).unwrap_or_else(|shared| Config {
-            store: shared.store.clone(),
+            open_claim: shared.open_claim.clone(),
             extractor: shared.extractor.clone(),
             settings: shared.settings.clone(),
         });
@@ -162,10 +167,11 @@ impl<St: IdempotencyStore, K> IdempotencyLayer<St, K> {
         f(&mut settings);
         IdempotencyLayer {
             config: Arc::new(Config {
-                store: config.store,
+                open_claim: config.open_claim,
                 extractor: config.extractor,
                 settings: Arc::new(settings),
             }),
+            store: PhantomData,
         }
     }
 }
@@ -311,8 +317,8 @@ impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
     }
 }
 
-impl<S, St: Clone, K> Layer<S> for IdempotencyLayer<St, K> {
-    type Service = Idempotency<S, St, K>;
+impl<S, St, K> Layer<S> for IdempotencyLayer<St, K> {
+    type Service = Idempotency<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency::from_config(inner, self.config.clone())

@@ -44,13 +44,12 @@ use crate::classify::is_grpc;
 use crate::config::{Config, FailureMode, MissingKey, OnMismatch, Settings};
 use crate::fingerprint::Fingerprint;
 use crate::future::{Prelude, ResponseFuture};
-use crate::guard::ClaimGuard;
 use crate::items::BatchItems;
 use crate::key::{ExtractKey, KeyInput};
 use crate::outcome::Outcome;
 use crate::rejection::Rejection;
 use crate::store::record::Record;
-use crate::store::{BoxError, Claim, IdempotencyStore, Reservation, StoreErrorKind, StoreKey};
+use crate::store::{BoxError, Claim, Reservation, StoreErrorKind, StoreKey};
 
 /// `Idempotent-Replayed`: the header set (to `true`) on every answer the layer gives in place
 /// of the inner service to a duplicate.
@@ -58,13 +57,13 @@ pub const IDEMPOTENT_REPLAYED: http::HeaderName =
     http::HeaderName::from_static("idempotent-replayed");
 
 /// The middleware service built by [`IdempotencyLayer`](crate::IdempotencyLayer).
-pub struct Idempotency<S, St, K> {
+pub struct Idempotency<S, K> {
     inner: S,
-    config: Arc<Config<St, K>>,
+    config: Arc<Config<K>>,
 }
 
-impl<S, St, K> Idempotency<S, St, K> {
-    pub(crate) fn from_config(inner: S, config: Arc<Config<St, K>>) -> Self {
+impl<S, K> Idempotency<S, K> {
+    pub(crate) fn from_config(inner: S, config: Arc<Config<K>>) -> Self {
         Idempotency { inner, config }
     }
 
@@ -84,7 +83,7 @@ impl<S, St, K> Idempotency<S, St, K> {
     }
 }
 
-impl<S: Clone, St, K> Clone for Idempotency<S, St, K> {
+impl<S: Clone, K> Clone for Idempotency<S, K> {
     fn clone(&self) -> Self {
         Idempotency {
             inner: self.inner.clone(),
@@ -93,7 +92,7 @@ impl<S: Clone, St, K> Clone for Idempotency<S, St, K> {
     }
 }
 
-impl<S: fmt::Debug, St, K> fmt::Debug for Idempotency<S, St, K> {
+impl<S: fmt::Debug, K> fmt::Debug for Idempotency<S, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Idempotency")
             .field("inner", &self.inner)
@@ -102,7 +101,7 @@ impl<S: fmt::Debug, St, K> fmt::Debug for Idempotency<S, St, K> {
     }
 }
 
-impl<S, St, K, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S, St, K>
+impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S, K>
 where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>
         + Clone
@@ -110,7 +109,6 @@ where
         + 'static,
     S::Future: Send,
     S::Error: Send + 'static,
-    St: IdempotencyStore,
     K: ExtractKey,
     ReqBody: Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
@@ -204,14 +202,13 @@ where
 }
 
 /// Everything before the inner call: read the body, derive the key, claim it.
-async fn prelude<St, K, B, ResBody>(
-    config: Arc<Config<St, K>>,
+async fn prelude<K, B, ResBody>(
+    config: Arc<Config<K>>,
     mut parts: http::request::Parts,
     body: B,
     grpc: bool,
 ) -> Prelude<B, ResBody>
 where
-    St: IdempotencyStore,
     K: ExtractKey,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -285,15 +282,7 @@ where
     parts.extensions.insert(key);
     // Until the reserve's answer is in, the claim may land without us knowing: if this future
     // is dropped (the client went away) or the reserve fails, the guard undoes it.
-    let mut guard = ClaimGuard::new(
-        config.store.clone(),
-        store_keys,
-        Claim::new(fingerprint),
-        settings.lease,
-        settings.retention,
-        settings.store_timeout,
-        settings.observer.clone(),
-    );
+    let mut guard = (config.open_claim)(store_keys, Claim::new(fingerprint), settings);
     guard.set_grpc(grpc);
 
     let deadline = settings.wait_in_flight.map(|wait| Instant::now() + wait);

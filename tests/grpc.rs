@@ -286,7 +286,10 @@ async fn missing_or_malformed_key_is_invalid_argument() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
-    assert_eq!(status.message(), "the request carries no idempotency key");
+    assert_eq!(
+        status.message(),
+        "the request carries no idempotency key; it was expected in the idempotency-key header"
+    );
 
     let long = "k".repeat(300);
     let status = client
