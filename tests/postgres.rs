@@ -3,6 +3,7 @@
 //! test binary; the tests that stop the server start their own.
 #![cfg(feature = "postgres")]
 
+mod contract;
 #[path = "support/postgres_server.rs"]
 mod postgres_server;
 mod suite;
@@ -18,7 +19,9 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::record::{Record, StoredResponse};
 use tower_idempotency::store::sql::{DEFAULT_TABLE, PostgresStore};
-use tower_idempotency::store::{Claim, IdempotencyStore, Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::store::{
+    Claim, Completion, IdempotencyStore, Reservation, StoreErrorKind, StoreKey,
+};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -73,6 +76,7 @@ async fn count(store: &PostgresStore) -> i64 {
 }
 
 suite::store_suite!(async { (shared_store().await, ()) });
+contract::store_contract!(async { (shared_store().await, ()) });
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absent_in_flight_completed_transitions() {
@@ -117,7 +121,7 @@ async fn absent_in_flight_completed_transitions() {
         }
     );
     // Neither complete nor release with another token touches the claim.
-    let record = Record::ack(first.fingerprint());
+    let record = Record::ack(first.fingerprint()).owned_by(first.token());
     assert!(
         !store
             .complete(&key, &dup, &record, RETENTION)
@@ -157,14 +161,17 @@ async fn absent_in_flight_completed_transitions() {
         store.reserve(&key, &dup, LEASE).await.unwrap(),
         Reservation::Completed(record.clone())
     );
-    // Neither release nor complete applies to a completed key, not even with its old token.
+    // Release does not apply to a completed key, not even with its old token.
     assert!(!store.release(&key, &first).await.unwrap());
-    assert!(
-        !store
-            .complete(&key, &first, &record, LEASE)
-            .await
-            .unwrap()
-            .is_recorded()
+    // Completing again (a retry whose first attempt landed) is reported as done, and the
+    // record stays as it was.
+    assert_eq!(
+        store.complete(&key, &first, &record, LEASE).await.unwrap(),
+        Completion::AlreadyWritten
+    );
+    assert_eq!(
+        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        Reservation::Completed(record.clone())
     );
 
     // Release of a live claim deletes the row, and the next attempt acquires.
@@ -223,7 +230,7 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     let key = StoreKey::new(&ns, None, "record");
     let first = claim(b"x");
     store.reserve(&key, &first, LEASE).await.unwrap();
-    let record = Record::ack(first.fingerprint());
+    let record = Record::ack(first.fingerprint()).owned_by(first.token());
     assert!(
         store
             .complete(&key, &first, &record, Duration::from_millis(50))
@@ -285,13 +292,14 @@ async fn fifty_concurrent_claims_have_exactly_one_winner() {
     }
 }
 
-fn replay_record(fingerprint: Fingerprint) -> Record {
+/// A replay record completed by `claim`.
+fn replay_record(claim: &Claim) -> Record {
     let mut headers = HeaderMap::new();
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
     Record::replay(
-        fingerprint,
+        claim.fingerprint(),
         StoredResponse::new(
             StatusCode::CREATED,
             headers,
@@ -299,13 +307,14 @@ fn replay_record(fingerprint: Fingerprint) -> Record {
             Some(trailers),
         ),
     )
+    .owned_by(claim.token())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completed_keys_survive_an_app_restart() {
     let key = StoreKey::new(&suite::ns("pg-app-restart"), None, "evt_1");
     let first = claim(b"body");
-    let record = replay_record(first.fingerprint());
+    let record = replay_record(&first);
     {
         let store = shared_store().await;
         store.reserve(&key, &first, LEASE).await.unwrap();
@@ -333,7 +342,7 @@ async fn completed_keys_survive_a_database_crash_and_the_store_reconnects() {
     store.migrate().await.unwrap();
     let key = StoreKey::new("restart", None, "evt_1");
     let first = claim(b"body");
-    let record = replay_record(first.fingerprint());
+    let record = replay_record(&first);
     store.reserve(&key, &first, LEASE).await.unwrap();
     assert!(
         store
@@ -523,5 +532,167 @@ async fn claim_racing_an_uncommitted_insert_reports_the_winner() {
             tx.rollback().await.unwrap();
             assert_eq!(waiting.await.unwrap().unwrap(), Reservation::Acquired);
         }
+    }
+}
+
+/// A batch is claimed in one statement (every key it claims has the same `created_at`, the
+/// statement's `now()`), with the answers `reserve` would give key by key, in order: absent,
+/// expired, held by another claim, completed, its own claim again, and a key given twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_claimed_in_one_statement_key_by_key() {
+    let store = shared_store().await;
+    let ns = suite::ns("pg-batch");
+    let [absent, expired, held, completed, own] =
+        ["absent", "expired", "held", "completed", "own"].map(|k| StoreKey::new(&ns, None, k));
+    let (batch, other) = (claim(b"batch"), claim(b"other"));
+    store
+        .reserve(&expired, &other, Duration::from_millis(1))
+        .await
+        .unwrap();
+    store.reserve(&held, &other, LEASE).await.unwrap();
+    store.reserve(&completed, &other, LEASE).await.unwrap();
+    let record = Record::ack(other.fingerprint()).owned_by(other.token());
+    store
+        .complete(&completed, &other, &record, RETENTION)
+        .await
+        .unwrap();
+    store.reserve(&own, &batch, LEASE).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let keys = [
+        absent.clone(),
+        expired.clone(),
+        held.clone(),
+        completed.clone(),
+        own.clone(),
+        absent.clone(),
+    ];
+    let answers = store.reserve_many(&keys, &batch, LEASE).await.unwrap();
+    assert_eq!(
+        answers,
+        [
+            Reservation::Acquired,
+            Reservation::Acquired,
+            Reservation::InFlight {
+                fingerprint: other.fingerprint()
+            },
+            Reservation::Completed(record),
+            Reservation::Acquired,
+            Reservation::Acquired,
+        ]
+    );
+    let created: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT created_at::text FROM idempotency_keys
+         WHERE key = ANY($1) AND token = $2",
+    )
+    .bind(vec![absent.as_str(), expired.as_str(), own.as_str()])
+    .bind(&batch.token().as_bytes()[..])
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(created.len(), 1, "one statement claimed them: {created:?}");
+    assert!(
+        store
+            .reserve_many(&[], &batch, LEASE)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// A batch waiting on another transaction's uncommitted insert of one of its keys: the key
+/// is claimed again with a fresh snapshot and reports the winner; the other keys are ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_racing_an_uncommitted_insert_reports_the_winner() {
+    let store = shared_store().await;
+    let ns = suite::ns("pg-batch-uncommitted");
+    for commit in [true, false] {
+        let free = StoreKey::new(&ns, None, &format!("free-{commit}"));
+        let contended = StoreKey::new(&ns, None, &format!("contended-{commit}"));
+        let winner = claim(b"winner");
+        let mut tx = store.pool().begin().await.unwrap();
+        sqlx::query(
+            "INSERT INTO idempotency_keys (key, state, token, fingerprint, expires_at)
+             VALUES ($1, 'in_flight', $2, $3, now() + interval '30 seconds')",
+        )
+        .bind(contended.as_str())
+        .bind(&winner.token().as_bytes()[..])
+        .bind(&winner.fingerprint().as_bytes()[..])
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let waiting = {
+            let (store, keys) = (store.clone(), [free.clone(), contended.clone()]);
+            tokio::spawn(async move { store.reserve_many(&keys, &claim(b"loser"), LEASE).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "the batch waits for the insert");
+        let contended_answer = if commit {
+            tx.commit().await.unwrap();
+            Reservation::InFlight {
+                fingerprint: winner.fingerprint(),
+            }
+        } else {
+            tx.rollback().await.unwrap();
+            Reservation::Acquired
+        };
+        assert_eq!(
+            waiting.await.unwrap().unwrap(),
+            [Reservation::Acquired, contended_answer]
+        );
+    }
+}
+
+/// Many batches over the same keys in opposite orders, all at once: no deadlock (the keys are
+/// locked in one order), and each key has exactly one winner per round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn opposite_batches_never_deadlock() {
+    let url = tokio::task::block_in_place(|| shared_server().url());
+    let store = PostgresStore::new(pool(&url, 16).await);
+    store.migrate().await.unwrap();
+    let ns = suite::ns("pg-batch-deadlock");
+    for round in 0..5 {
+        let keys: Vec<StoreKey> = (0..24)
+            .map(|i| StoreKey::new(&ns, None, &format!("{round}-{i}")))
+            .collect();
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(16));
+        let tasks: Vec<_> = (0..16)
+            .map(|t| {
+                let (store, barrier) = (store.clone(), barrier.clone());
+                let mut mine = keys.clone();
+                if t % 2 == 1 {
+                    mine.reverse();
+                }
+                mine.rotate_left(t * 3 % 24);
+                tokio::spawn(async move {
+                    let claim = claim(b"same");
+                    barrier.wait().await;
+                    let answers = store.reserve_many(&mine, &claim, LEASE).await.unwrap();
+                    let won: Vec<StoreKey> = mine
+                        .iter()
+                        .zip(&answers)
+                        .filter(|(_, a)| **a == Reservation::Acquired)
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    assert!(
+                        answers.iter().all(|a| *a == Reservation::Acquired
+                            || matches!(a, Reservation::InFlight { .. })),
+                        "{answers:?}"
+                    );
+                    won
+                })
+            })
+            .collect();
+        let mut winners = std::collections::HashMap::new();
+        for task in tasks {
+            for key in task.await.unwrap() {
+                *winners.entry(key).or_insert(0) += 1;
+            }
+        }
+        assert_eq!(winners.len(), keys.len(), "round {round}");
+        assert!(
+            winners.values().all(|&n| n == 1),
+            "round {round}: {winners:?}"
+        );
     }
 }

@@ -3,6 +3,7 @@
 //! file in its own temporary directory.
 #![cfg(feature = "sqlite")]
 
+mod contract;
 mod suite;
 
 use std::path::{Path, PathBuf};
@@ -13,7 +14,9 @@ use sqlx::Row;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::record::{Record, StoredResponse};
 use tower_idempotency::store::sql::SqliteStore;
-use tower_idempotency::store::{Claim, IdempotencyStore, Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::store::{
+    Claim, Completion, IdempotencyStore, Reservation, StoreErrorKind, StoreKey,
+};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -76,6 +79,7 @@ fn now_ms() -> i64 {
 }
 
 suite::store_suite!(fresh());
+contract::store_contract!(fresh());
 
 #[tokio::test]
 async fn absent_in_flight_completed_transitions() {
@@ -116,7 +120,7 @@ async fn absent_in_flight_completed_transitions() {
             fingerprint: first.fingerprint()
         }
     );
-    let record = Record::ack(first.fingerprint());
+    let record = Record::ack(first.fingerprint()).owned_by(first.token());
     assert!(
         !store
             .complete(&key, &dup, &record, RETENTION)
@@ -151,12 +155,15 @@ async fn absent_in_flight_completed_transitions() {
         Reservation::Completed(record.clone())
     );
     assert!(!store.release(&key, &first).await.unwrap());
-    assert!(
-        !store
-            .complete(&key, &first, &record, LEASE)
-            .await
-            .unwrap()
-            .is_recorded()
+    // Completing again (a retry whose first attempt landed) is reported as done, and the
+    // record stays as it was.
+    assert_eq!(
+        store.complete(&key, &first, &record, LEASE).await.unwrap(),
+        Completion::AlreadyWritten
+    );
+    assert_eq!(
+        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        Reservation::Completed(record.clone())
     );
 
     let other = StoreKey::new("orders", None, "evt_2");
@@ -203,7 +210,7 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     let key = StoreKey::new("t", None, "record");
     let first = claim(b"x");
     store.reserve(&key, &first, LEASE).await.unwrap();
-    let record = Record::ack(first.fingerprint());
+    let record = Record::ack(first.fingerprint()).owned_by(first.token());
     store
         .complete(&key, &first, &record, Duration::from_millis(30))
         .await
@@ -275,7 +282,8 @@ async fn completed_keys_survive_an_app_restart() {
             bytes::Bytes::from_static(b"{\"id\":1}"),
             None,
         ),
-    );
+    )
+    .owned_by(first.token());
     {
         let store = open(&dir.db()).await;
         store.reserve(&key, &first, LEASE).await.unwrap();

@@ -20,6 +20,11 @@
 //! # fn main() {}
 //! ```
 //!
+//! Both are one implementation, [`SqlStore`], over a [`Dialect`]: `PostgresStore` is
+//! `SqlStore<sqlx::Postgres>` and `SqliteStore` is `SqlStore<sqlx::Sqlite>`. The statements
+//! are the same; a dialect supplies only what differs (the clock, how a claim reads back the
+//! row that holds the key, row locks, column types and error codes).
+//!
 //! # The table
 //!
 //! One row per key, in a table named [`DEFAULT_TABLE`] unless configured otherwise
@@ -32,7 +37,7 @@
 //! | `state` | `text` | `TEXT` | `in_flight` or `completed` |
 //! | `token` | `bytea` | `BLOB` | the owner token (16 bytes) while in flight, `NULL` once completed |
 //! | `fingerprint` | `bytea` | `BLOB` | the request [fingerprint](crate::fingerprint::Fingerprint) |
-//! | `record` | `bytea` | `BLOB` | `NULL` while in flight, then [`Record::encode`](crate::record::Record::encode) |
+//! | `record` | `bytea` | `BLOB` | `NULL` while in flight, then [`Record::encode_for`](crate::store::record::Record::encode_for): the record with the owner tag of the claim that completed it |
 //! | `expires_at` | `timestamptz` | `INTEGER` (ms since the Unix epoch) | end of the lease, then of the retention |
 //! | `created_at` | `timestamptz` | `INTEGER` (ms since the Unix epoch) | when the current claim was taken |
 //!
@@ -41,14 +46,26 @@
 //!
 //! # Statements
 //!
+//! *now* is the database server's `now()` on PostgreSQL, and this host's clock (bound to the
+//! statement) on SQLite.
+//!
 //! - **reserve** is one atomic `INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE <the row
-//!   there has expired> RETURNING`: the row is inserted, or an expired one is taken over in
-//!   place, or nothing is written and the live row is read back (in the same statement on
-//!   PostgreSQL, with a data-modifying CTE; by a following `SELECT` on SQLite). Never a
-//!   `SELECT` then an `INSERT`: two concurrent claims of one key can never both win.
+//!   there has expired, or is this claim's own (a retried reserve)> RETURNING`: the row is
+//!   inserted, or taken over in place, or nothing is written and the live row is read back
+//!   (in the same statement on PostgreSQL, with a data-modifying CTE; by a following `SELECT`
+//!   on SQLite). Never a `SELECT` then an `INSERT`: two concurrent claims of one key can never
+//!   both win.
 //! - **complete** is one `UPDATE ... WHERE key = $1 AND state = 'in_flight' AND token = $2 AND
-//!   expires_at > now`, and **release** the same `DELETE`: a slow original whose lease expired
-//!   never touches a newer holder's row.
+//!   expires_at > now`. When it updates no row, a `SELECT` of the key's live completed record
+//!   tells a retried completion whose first attempt landed (the record carries this claim's
+//!   owner tag: `AlreadyWritten`) from a lost claim (`Lost`).
+//! - **release** is the same `DELETE`, and **renew** the same `UPDATE` of `expires_at` alone
+//!   (to now plus the lease): a slow original whose lease expired never touches a newer
+//!   holder's row, nor revives its own.
+//! - **reserve_many** is, on PostgreSQL, the same claim for every key of the batch in one
+//!   statement (the keys inserted in sorted order, so that overlapping batches lock rows in one
+//!   order and never deadlock; each key is still claimed atomically on its own). The other
+//!   batch methods, and every batch method on SQLite, run one statement per key, in order.
 //! - **purge** deletes expired rows in batches.
 //!
 //! # Expired rows
@@ -61,19 +78,52 @@ use std::time::Duration;
 
 pub use sqlx;
 
+/// The schema of a table (`CREATE TABLE IF NOT EXISTS` with a dialect's `$columns`, a string
+/// literal, and the index the purge uses): `schema!(const $columns)` is the `SCHEMA` constant
+/// of the default table, `schema!($table, $columns)` the schema of the table `$table`.
+macro_rules! schema {
+    (@text $table:literal, $index:literal, $columns:expr) => {
+        concat!(
+            "CREATE TABLE IF NOT EXISTS ",
+            $table,
+            " (\n",
+            $columns,
+            ");\nCREATE INDEX IF NOT EXISTS ",
+            $index,
+            "_expires_at_idx ON ",
+            $table,
+            " (expires_at);\n",
+        )
+    };
+    (const $columns:expr) => {
+        schema!(@text "idempotency_keys", "idempotency_keys", $columns)
+    };
+    ($table:expr, $columns:expr) => {
+        format!(
+            schema!(@text "{table}", "{index}", $columns),
+            table = $table,
+            index = $crate::store::sql::bare_name($table),
+        )
+    };
+}
+
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod query;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+mod statements;
+mod store;
 
 #[cfg(feature = "postgres")]
 pub use self::postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 pub use self::sqlite::SqliteStore;
+pub use self::store::SqlStore;
 
 use super::{Claim, Completion, Reservation, StoreError, StoreErrorKind};
 use crate::fingerprint::Fingerprint;
-use crate::record::StoredValue;
+use crate::store::record::StoredValue;
 
 /// The default name of the table holding claims and records.
 pub const DEFAULT_TABLE: &str = "idempotency_keys";
@@ -84,6 +134,54 @@ pub const DEFAULT_PURGE_BATCH: u32 = 1000;
 /// The longest lease or retention written: longer durations are cut to this (100 years), so
 /// that timestamps never overflow.
 pub const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A database an [`SqlStore`] runs on: [`sqlx::Postgres`] (feature `postgres`) or
+/// [`sqlx::Sqlite`] (feature `sqlite`).
+///
+/// Sealed: what a dialect supplies (the clock, the shape of a claim, row locks, column types,
+/// error codes) is private to this crate.
+pub trait Dialect: dialect::Sealed {}
+
+mod dialect {
+    use super::query::Backend;
+    use crate::store::StoreErrorKind;
+
+    /// What differs between the databases of the SQL stores. The statements themselves are
+    /// written once (`Statements`); the parameters are `$1`, `$2`, ... in both.
+    pub trait Sealed: Backend {
+        /// The backend's name in log events.
+        const BACKEND: &'static str;
+        /// Whether a table name may be schema-qualified (`app.idempotency_keys`).
+        const QUALIFIED_TABLES: bool;
+        /// Appended to the purge's `SELECT` of expired rows (row locks).
+        const PURGE_LOCKS: &'static str;
+
+        /// The current time, in a statement whose bound clock (if the dialect has one, see
+        /// [`clock`](Self::clock)) is parameter `$clock`.
+        fn now(clock: usize) -> String;
+        /// `time` plus the milliseconds in the expression `millis`.
+        fn plus_millis(time: &str, millis: &str) -> String;
+        /// The value of the bound clock, bound after every statement's own parameters; `None`
+        /// when the statements read the database's clock.
+        fn clock() -> Option<i64>;
+        /// The reserve statement, from the `claim` (which returns one row when it wrote) and the
+        /// `read` of the live row holding the key; and the read to run after a claim that
+        /// returned no row, if the statement does not include it.
+        fn reserve(claim: &str, read: &str) -> (String, Option<String>);
+        /// The statement claiming a batch of keys at once (see `Statements::reserve_many`),
+        /// from the claim's `insert` and `on_conflict` clauses; `None`: one reserve per key.
+        fn reserve_many(table: &str, insert: &str, on_conflict: &str) -> Option<String>;
+        /// The `CREATE TABLE` and `CREATE INDEX` statements of `table`.
+        fn schema(table: &str) -> String;
+        /// The script `migrate` runs: `schema` (the schema of `table`), made safe to run
+        /// from several processes at once.
+        fn migrate(table: &str, schema: &str) -> String;
+        /// How many rows a statement wrote.
+        fn rows_affected(done: &Self::QueryResult) -> u64;
+        /// The kind of a database error, by its code.
+        fn classify(code: &str) -> StoreErrorKind;
+    }
+}
 
 /// How often a claim is attempted again when the row it conflicted with vanished before it
 /// could be read (released or expired in between).
@@ -128,11 +226,8 @@ fn bare_name(table: &str) -> &str {
     table.rsplit('.').next().unwrap_or(table)
 }
 
-/// What [`store_error`] asks a backend about a database error code.
-type ClassifyCode = fn(&str) -> StoreErrorKind;
-
 /// Maps an sqlx error to a [`StoreError`], asking `classify` about database error codes.
-fn store_error(error: sqlx::Error, classify: ClassifyCode) -> StoreError {
+fn store_error(error: sqlx::Error, classify: fn(&str) -> StoreErrorKind) -> StoreError {
     let kind = match &error {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
@@ -211,35 +306,6 @@ where
     }
 }
 
-/// Spawns a task running `purge` every `every` (the first run immediately), logging its
-/// outcome; it runs until aborted or until the runtime shuts down.
-fn spawn_purge_task<F, Fut>(
-    every: Duration,
-    backend: &'static str,
-    purge: F,
-) -> tokio::task::JoinHandle<()>
-where
-    F: Fn() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<u64, StoreError>> + Send,
-{
-    let every = every.max(Duration::from_millis(1));
-    tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(every);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            match purge().await {
-                Ok(deleted) => {
-                    tracing::debug!(backend, deleted, "purged expired idempotency keys")
-                }
-                Err(error) => {
-                    tracing::warn!(backend, %error, "purging expired idempotency keys failed")
-                }
-            }
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,7 +347,7 @@ mod tests {
             held("in_flight", fp.as_bytes(), None).unwrap(),
             Reservation::InFlight { fingerprint: fp }
         );
-        let record = crate::record::Record::ack(fp);
+        let record = crate::store::record::Record::ack(fp);
         assert_eq!(
             held("completed", fp.as_bytes(), Some(&record.encode())).unwrap(),
             Reservation::Completed(record)
@@ -295,6 +361,26 @@ mod tests {
             let err = held(state, fp_bytes, record).unwrap_err();
             assert_eq!(err.kind(), StoreErrorKind::Corrupt);
         }
+    }
+
+    #[test]
+    fn a_missed_completion_is_already_written_only_with_its_own_record() {
+        let claim = Claim::new(Fingerprint::of_bytes(b"x"));
+        let other = Claim::new(Fingerprint::of_bytes(b"x"));
+        let record = crate::store::record::Record::ack(claim.fingerprint());
+        let own = record.encode_for(claim.token());
+        assert_eq!(
+            completion_after_miss(Some(&own), &claim).unwrap(),
+            Completion::AlreadyWritten
+        );
+        assert_eq!(
+            completion_after_miss(Some(&own), &other).unwrap(),
+            Completion::Lost
+        );
+        assert_eq!(
+            completion_after_miss(None, &claim).unwrap(),
+            Completion::Lost
+        );
     }
 
     #[tokio::test]
