@@ -1,7 +1,11 @@
-//! The behaviour suite and the scale-out scenarios on [`RedisStore`], against a real
-//! `redis-server` started on 127.0.0.1 for each test.
+//! The behaviour suite, the store contract and the scale-out scenarios on [`RedisStore`],
+//! against a real `redis-server` started on 127.0.0.1 for each test; and what a batch costs,
+//! in commands (`MONITOR`) and in round trips (through `support/redis_proxy.rs`).
 #![cfg(feature = "redis")]
 
+mod contract;
+#[path = "support/redis_proxy.rs"]
+mod redis_proxy;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 mod suite;
@@ -9,15 +13,23 @@ mod suite;
 use std::time::Duration;
 
 use http::StatusCode;
+use redis_proxy::RoundTripProxy;
 use redis_server::RedisServer;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::store::{Claim, IdempotencyStore, StoreKey};
+use tower_idempotency::record::Record;
+use tower_idempotency::store::{Claim, Completion, IdempotencyStore, Reservation, StoreKey};
 use tower_idempotency::{IdempotencyLayer, RedisStore};
 
 use suite::app::{Effects, router};
 use suite::{post, send};
 
 suite::store_suite!(async {
+    let server = RedisServer::start();
+    let store = RedisStore::new(server.connect().await);
+    (store, server)
+});
+
+contract::store_contract!(async {
     let server = RedisServer::start();
     let store = RedisStore::new(server.connect().await);
     (store, server)
@@ -176,4 +188,139 @@ async fn lease_of_a_dead_instance_expires_then_processed_once() {
     let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(effects.total(), 1);
+}
+
+/// How long [`RoundTripProxy`] waits for the client to go quiet before it lets the held replies
+/// through: far above the microseconds between the writes of one pipeline.
+const QUIET: Duration = Duration::from_millis(250);
+
+/// `n` store keys of one batch, never used before on this server.
+fn batch_keys(label: &str, n: usize) -> Vec<StoreKey> {
+    (0..n)
+        .map(|i| StoreKey::new("batch", None, &format!("{label}-{i}")))
+        .collect()
+}
+
+/// A batch of N = 5 new items through the store's batch methods: `reserve_many` then
+/// `complete_many` cost exactly **2 round trips** and 10 commands (5 `SET`, then 5
+/// `EVALSHA`); a duplicate batch costs 1 round trip of 5 `SET`s.
+///
+/// Commands are counted with `MONITOR` (what the server received from clients, scripts'
+/// inner calls left out). Round trips cannot be read from `MONITOR`: five `SET`s sent one by
+/// one, each after the previous reply, look exactly like five pipelined ones. So the client
+/// talks to Redis through [`RoundTripProxy`], which forwards commands at once but withholds
+/// the replies until the client has been quiet for [`QUIET`]: a client that waits for a reply
+/// before its next command shows one command per round, a pipeline shows as one round. No
+/// latency is measured and compared: the assertion cannot pass for a client that waits
+/// between the commands of a batch, and could only fail spuriously if fred paused for more
+/// than 250 ms while writing one pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_five_costs_two_round_trips() {
+    const N: usize = 5;
+    let server = RedisServer::start();
+    let proxy = RoundTripProxy::start(server.port(), QUIET).await;
+    let store = RedisStore::new(proxy.connect().await);
+    store.load_scripts().await.unwrap();
+    let keys = batch_keys("new", N);
+    let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
+    let record = Record::ack(claim.fingerprint()).owned_by(claim.token());
+    let retention = Duration::from_secs(3600);
+    // Connection set-up and SCRIPT LOAD are not part of the measure.
+    let _ = proxy.take_rounds();
+
+    let monitor = server.monitor();
+    let reserved = store
+        .reserve_many(&keys, &claim, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(reserved, vec![Reservation::Acquired; N]);
+    let completed = store
+        .complete_many(&keys, &claim, &record, retention)
+        .await
+        .unwrap();
+    assert_eq!(completed, vec![Completion::Written; N]);
+    let sent = monitor.finish();
+    let rounds = proxy.take_rounds();
+    println!(
+        "batch of {N} new items, reserve_many + complete_many: MONITOR {} lines {sent:?}; \
+         {} round trips {rounds:?}",
+        sent.len(),
+        rounds.len()
+    );
+    let set = vec!["SET".to_owned(); N];
+    let evalsha = vec!["EVALSHA".to_owned(); N];
+    assert_eq!(sent, [set.clone(), evalsha.clone()].concat());
+    assert_eq!(rounds, [set.clone(), evalsha]);
+
+    // The same batch again (a duplicate delivery): one round trip of N SETs.
+    let monitor = server.monitor();
+    let again = Claim::new(Fingerprint::of_bytes(b"{}"));
+    let duplicate = store
+        .reserve_many(&keys, &again, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        duplicate
+            .iter()
+            .all(|r| matches!(r, Reservation::Completed(_))),
+        "{duplicate:?}"
+    );
+    let sent = monitor.finish();
+    let rounds = proxy.take_rounds();
+    println!(
+        "the same batch again: MONITOR {} lines; {} round trip(s)",
+        sent.len(),
+        rounds.len()
+    );
+    assert_eq!(sent, set);
+    assert_eq!(rounds, [set]);
+
+    // The control: the single-key method called per key waits for each reply, and the proxy
+    // sees it (one round per command).
+    for key in batch_keys("one-by-one", 3) {
+        store
+            .reserve(&key, &claim, Duration::from_secs(30))
+            .await
+            .unwrap();
+    }
+    let rounds = proxy.take_rounds();
+    println!("3 single-key reserves: {} round trips", rounds.len());
+    assert_eq!(rounds, vec![vec!["SET".to_owned()]; 3]);
+}
+
+/// Releasing and renewing a batch take one round trip each; after `SCRIPT FLUSH` (a restart,
+/// a failover) the `NOSCRIPT` replies are sent again as `EVAL`, together: one more round trip
+/// for the whole batch, not one per item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_after_noscript_costs_one_more_round_trip() {
+    const N: usize = 5;
+    let server = RedisServer::start();
+    let proxy = RoundTripProxy::start(server.port(), QUIET).await;
+    let store = RedisStore::new(proxy.connect().await);
+    store.load_scripts().await.unwrap();
+    let keys = batch_keys("noscript", N);
+    let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
+    let lease = Duration::from_secs(30);
+    store.reserve_many(&keys, &claim, lease).await.unwrap();
+    let _ = proxy.take_rounds();
+
+    assert!(store.renew_many(&keys, &claim, lease).await.unwrap());
+    let evalsha = vec!["EVALSHA".to_owned(); N];
+    assert_eq!(proxy.take_rounds(), std::slice::from_ref(&evalsha));
+
+    let flushed = server.raw_command(&["SCRIPT", "FLUSH", "SYNC"]).unwrap();
+    assert!(flushed.starts_with("+OK"), "{flushed}");
+    assert_eq!(store.release_many(&keys, &claim).await.unwrap(), N);
+    let rounds = proxy.take_rounds();
+    println!("release_many of {N} after SCRIPT FLUSH: {rounds:?}");
+    assert_eq!(rounds, [evalsha.clone(), vec!["EVAL".to_owned(); N]]);
+
+    // Cached again: one round trip.
+    assert_eq!(store.release_many(&keys, &claim).await.unwrap(), 0);
+    assert_eq!(proxy.take_rounds(), [evalsha]);
+    // An empty batch sends nothing.
+    assert_eq!(store.reserve_many(&[], &claim, lease).await.unwrap(), []);
+    assert_eq!(store.release_many(&[], &claim).await.unwrap(), 0);
+    assert!(store.renew_many(&[], &claim, lease).await.unwrap());
+    assert!(proxy.take_rounds().is_empty());
 }

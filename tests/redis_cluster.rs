@@ -1,11 +1,13 @@
 //! [`RedisStore`] on a real Redis Cluster: three primaries, three replicas, six `redis-server`
 //! processes on 127.0.0.1 (see `support/redis_cluster.rs`).
 //!
-//! The behaviour suite runs twice on a shared cluster (plain, and with durable completion);
-//! the other tests start their own cluster because they kill, restart or freeze nodes.
+//! The behaviour suite and the store contract run twice on a shared cluster (plain, and with
+//! durable completion); so does a batch whose items live on every primary. The other tests
+//! start their own cluster because they kill, restart or freeze nodes.
 //! Figures (key distribution, latency, failover report) are printed: run with `--nocapture`.
 #![cfg(feature = "redis")]
 
+mod contract;
 #[path = "support/redis_cluster.rs"]
 mod redis_cluster;
 #[path = "support/scale_out.rs"]
@@ -23,12 +25,14 @@ use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::record::Record;
 use tower_idempotency::store::redis::NotReplicated;
-use tower_idempotency::store::{Claim, IdempotencyStore, Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::store::{
+    Claim, Completion, IdempotencyStore, Reservation, StoreErrorKind, StoreKey,
+};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);
 
-/// The suite on a clustered client.
+/// The suite and the contract on a clustered client.
 mod plain {
     use super::*;
 
@@ -37,14 +41,27 @@ mod plain {
         let store = RedisStore::new(cluster.connect().await);
         (store, cluster)
     });
+
+    contract::store_contract!(async {
+        let cluster = RedisCluster::shared();
+        let store = RedisStore::new(cluster.connect().await);
+        (store, cluster)
+    });
 }
 
-/// The suite on a clustered pool with durable completion: every completed record waits for
-/// the replica of the primary owning its key.
+/// The suite and the contract on a clustered pool with durable completion: every completed
+/// record waits for the replica of the primary owning its key.
 mod durable {
     use super::*;
 
     suite::store_suite!(async {
+        let cluster = RedisCluster::shared();
+        let store = RedisStore::new(cluster.connect_pool(2).await)
+            .durable_completion(1, Duration::from_millis(500));
+        (store, cluster)
+    });
+
+    contract::store_contract!(async {
         let cluster = RedisCluster::shared();
         let store = RedisStore::new(cluster.connect_pool(2).await)
             .durable_completion(1, Duration::from_millis(500));
@@ -77,6 +94,95 @@ fn calls(port: u16, command: &str) -> u64 {
         .and_then(|rest| rest.split(',').next())
         .map(|n| n.parse().unwrap())
         .unwrap_or(0)
+}
+
+/// One batch whose items live on every primary (two per primary, in interleaved order):
+/// each pipelined command reaches the primary owning its key, every batch method answers
+/// per item in the batch's order, plain and with durable completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_spread_over_every_primary() {
+    let cluster = RedisCluster::shared();
+    let plain = RedisStore::new(cluster.connect().await);
+    batch_over_every_primary(&cluster, "plain", plain).await;
+    let durable = RedisStore::new(cluster.connect_pool(2).await)
+        .durable_completion(1, Duration::from_millis(500));
+    batch_over_every_primary(&cluster, "durable", durable).await;
+}
+
+/// The body of [`a_batch_spread_over_every_primary`], for one store.
+async fn batch_over_every_primary<St: IdempotencyStore>(
+    cluster: &RedisCluster,
+    label: &str,
+    store: St,
+) {
+    let primaries = cluster.primaries();
+    assert_eq!(primaries.len(), 3);
+    let run = format!("{label}-{}", std::process::id());
+    let keys: Vec<StoreKey> = (0..2)
+        .flat_map(|i| {
+            primaries
+                .iter()
+                .map(|&p| key_on(cluster, p, &format!("spread-{run}-{p}-{i}")))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let owners: Vec<u16> = keys.iter().map(|k| cluster.master_of(k.as_str())).collect();
+    assert_eq!(owners, [primaries.clone(), primaries.clone()].concat());
+    // A key outside the batch, on the first primary, held by someone else.
+    let foreign = key_on(cluster, primaries[0], &format!("spread-{run}-foreign"));
+    let stranger = claim();
+    store.reserve(&foreign, &stranger, LEASE).await.unwrap();
+
+    let mine = claim();
+    let reserved = store.reserve_many(&keys, &mine, LEASE).await.unwrap();
+    assert_eq!(reserved, vec![Reservation::Acquired; keys.len()], "{label}");
+    assert!(store.renew_many(&keys, &mine, LEASE).await.unwrap());
+    let with_foreign = [keys.clone(), vec![foreign.clone()]].concat();
+    assert!(!store.renew_many(&with_foreign, &mine, LEASE).await.unwrap());
+    let answers = store
+        .reserve_many(&with_foreign, &claim(), LEASE)
+        .await
+        .unwrap();
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Reservation::InFlight { .. })),
+        "{label}: {answers:?}"
+    );
+    // Two items released, the rest completed; the foreign claim untouched.
+    let (released, completed) = keys.split_at(2);
+    assert_eq!(store.release_many(released, &mine).await.unwrap(), 2);
+    let record = Record::ack(mine.fingerprint()).owned_by(mine.token());
+    let done = store
+        .complete_many(&with_foreign[2..], &mine, &record, RETENTION)
+        .await
+        .unwrap();
+    let mut expected = vec![Completion::Written; completed.len()];
+    expected.push(Completion::Lost);
+    assert_eq!(done, expected, "{label}");
+    let again = store
+        .complete_many(completed, &mine, &record, RETENTION)
+        .await
+        .unwrap();
+    assert_eq!(again, vec![Completion::AlreadyWritten; completed.len()]);
+
+    let answers = store
+        .reserve_many(&with_foreign, &claim(), LEASE)
+        .await
+        .unwrap();
+    assert_eq!(answers[..2], [Reservation::Acquired, Reservation::Acquired]);
+    for answer in &answers[2..keys.len()] {
+        assert_eq!(answer, &Reservation::Completed(record.clone()), "{label}");
+    }
+    assert!(matches!(answers[keys.len()], Reservation::InFlight { .. }));
+    // Every item is on the primary that owns it.
+    for (key, owner) in keys.iter().zip(&owners) {
+        assert_eq!(
+            must(*owner, &["EXISTS", key.as_str()]).integer(),
+            1,
+            "{label}"
+        );
+    }
 }
 
 /// `redis-cli` missing (or `redis-server`): a loud failure, never a skip.
@@ -224,7 +330,7 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
         .complete(&durable_key, &b, &Record::ack(b.fingerprint()), RETENTION)
         .await
         .unwrap_err();
-    assert_eq!(error.kind(), StoreErrorKind::Unavailable);
+    assert_eq!(error.kind(), StoreErrorKind::NotReplicated);
     let shortfall = error
         .source()
         .unwrap()
@@ -322,7 +428,7 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
     for (primary, key, result, took) in results {
         if primary == frozen_primary {
             let error = result.expect_err("the frozen replica acknowledged nothing");
-            assert_eq!(error.kind(), StoreErrorKind::Unavailable);
+            assert_eq!(error.kind(), StoreErrorKind::NotReplicated);
             let shortfall = error.source().unwrap().downcast_ref::<NotReplicated>();
             assert_eq!(shortfall.map(|s| s.acknowledged()), Some(0), "{error}");
             assert!(took >= timeout, "{took:?}");

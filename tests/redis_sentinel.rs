@@ -2,11 +2,13 @@
 //! on 127.0.0.1 (see `support/redis_sentinel.rs`); the client finds the primary through the
 //! sentinels.
 //!
-//! The behaviour suite runs twice on a shared deployment (plain, and with durable
-//! completion); the other tests start their own because they kill, restart or freeze nodes.
+//! The behaviour suite and the store contract run twice on a shared deployment (plain, and
+//! with durable completion); the other tests start their own because they kill, restart or
+//! freeze nodes.
 //! Figures (latency, failover report) are printed: run with `--nocapture`.
 #![cfg(feature = "redis")]
 
+mod contract;
 #[path = "support/redis_sentinel.rs"]
 mod redis_sentinel;
 #[path = "support/scale_out.rs"]
@@ -28,7 +30,7 @@ use tower_idempotency::store::{Claim, IdempotencyStore, Reservation, StoreErrorK
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);
 
-/// The suite on a client that finds the primary through the sentinels.
+/// The suite and the contract on a client that finds the primary through the sentinels.
 mod plain {
     use super::*;
 
@@ -37,13 +39,27 @@ mod plain {
         let store = RedisStore::new(deployment.connect().await);
         (store, deployment)
     });
+
+    contract::store_contract!(async {
+        let deployment = RedisSentinel::shared();
+        let store = RedisStore::new(deployment.connect().await);
+        (store, deployment)
+    });
 }
 
-/// The suite on a pool with durable completion: every completed record waits for the replica.
+/// The suite and the contract on a pool with durable completion: every completed record waits
+/// for the replica.
 mod durable {
     use super::*;
 
     suite::store_suite!(async {
+        let deployment = RedisSentinel::shared();
+        let store = RedisStore::new(deployment.connect_pool(2).await)
+            .durable_completion(1, Duration::from_millis(500));
+        (store, deployment)
+    });
+
+    contract::store_contract!(async {
         let deployment = RedisSentinel::shared();
         let store = RedisStore::new(deployment.connect_pool(2).await)
             .durable_completion(1, Duration::from_millis(500));
@@ -77,7 +93,7 @@ fn calls(port: u16, command: &str) -> u64 {
 }
 
 fn not_replicated(error: &tower_idempotency::store::StoreError) -> &NotReplicated {
-    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    assert_eq!(error.kind(), StoreErrorKind::NotReplicated, "{error}");
     error
         .source()
         .and_then(|s| s.downcast_ref::<NotReplicated>())

@@ -1,4 +1,5 @@
-//! The Redis store, on [`fred`]: standalone, cluster and sentinel, one round trip per call.
+//! The Redis store, on [`fred`]: standalone, cluster and sentinel, one round trip per call,
+//! batches included.
 //!
 //! [`RedisStore`] wraps an already connected fred client: a [`Pool`] or a
 //! [`Client`], for a standalone, clustered or sentinel deployment alike
@@ -39,9 +40,12 @@
 //! - **in flight**: [`StoredValue::encode_in_flight`], 25 bytes (tag, owner token, request
 //!   fingerprint), written with `PX <lease>`: if the worker dies, Redis drops the claim when the
 //!   lease runs out and the sender's next retry is processed again;
-//! - **completed**: [`Record::encode`], 9 bytes in ack mode (tag and fingerprint), or the
+//! - **completed**: [`Record::encode_for`] the claim's token, 17 bytes in ack mode (tag, the
+//!   first 8 bytes of the owner token as the record's owner tag, fingerprint), or with the
 //!   stored status, allow-listed headers, body and trailers in replay mode, written with
-//!   `PX <retention>`: Redis drops the record when the retention period ends.
+//!   `PX <retention>`: Redis drops the record when the retention period ends. An ack-mode key
+//!   costs 104 bytes of Redis memory (`MEMORY USAGE`, Redis 7.0, 64-bit: see
+//!   `tests/redis_store.rs`).
 //!
 //! Nothing else is written: no index, no second key, no background task.
 //!
@@ -51,17 +55,48 @@
 //!   `SET key <in flight> NX PX <lease ms> GET`: a nil reply means the claim is ours; otherwise
 //!   the reply is the value already there (in flight or completed). A duplicate costs one
 //!   command. `NX` together with `GET` needs **Redis 7.0 or later** (or a compatible server).
-//! - [`complete`](IdempotencyStore::complete) and [`release`](IdempotencyStore::release) are
-//!   one `EVALSHA` each, of a Lua script that compares the owner token (the first 17 bytes of the
-//!   in-flight value, [`StoredValue::owner_prefix`]) before it overwrites the claim with the
-//!   record or deletes it, so a slow original whose lease expired never touches a newer claim.
-//!   When the server answers `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`), the
-//!   script is sent again with `EVAL`, which runs it and puts it back in the server's script
-//!   cache; the following calls are plain `EVALSHA` again. A first delivery therefore costs two
-//!   commands: `SET` and `EVALSHA`.
+//! - [`complete`](IdempotencyStore::complete), [`release`](IdempotencyStore::release) and
+//!   [`renew`](IdempotencyStore::renew) are one `EVALSHA` each, of a Lua script that compares
+//!   the owner token (the first 17 bytes of the in-flight value, [`StoredValue::owner_prefix`])
+//!   before it overwrites the claim with the record, deletes it or extends its lease, so a slow
+//!   original whose lease expired never touches a newer claim. (`complete` also recognises the
+//!   record its own claim wrote, by the owner tag in it, and answers
+//!   [`Completion::AlreadyWritten`] to a retry.) When the server answers `NOSCRIPT` (after a
+//!   restart, a failover or `SCRIPT FLUSH`), the script is sent again with `EVAL`, which runs it
+//!   and puts it back in the server's script cache; the following calls are plain `EVALSHA`
+//!   again. A first delivery therefore costs two commands: `SET` and `EVALSHA`.
 //!
 //! Every command touches exactly one key, so the store works unchanged on Redis Cluster (no hash
 //! tags needed, no `CROSSSLOT`).
+//!
+//! ## Batches
+//!
+//! The items of a batch request are claimed and settled with the batch methods
+//! ([`reserve_many`](IdempotencyStore::reserve_many),
+//! [`complete_many`](IdempotencyStore::complete_many),
+//! [`release_many`](IdempotencyStore::release_many),
+//! [`renew_many`](IdempotencyStore::renew_many)). Each sends the same one-key command as its
+//! single-key method, once per item, all in **one fred pipeline**: every command is written
+//! before any reply is awaited, so a batch costs **one round trip** whatever its size (N
+//! commands). No multi-key command and no multi-key script is used, so the items of one batch
+//! may hash to any slots: a clustered client routes each command of the pipeline to the
+//! primary owning its own key and awaits those primaries in parallel (still one round trip,
+//! no `CROSSSLOT`); a standalone or sentinel client writes them all on one connection.
+//!
+//! - A first delivery of N new items costs 2 round trips and 2N commands (N `SET`, then N
+//!   `EVALSHA`); a duplicate batch costs 1 round trip (N `SET`). `tests/redis.rs` counts both,
+//!   commands with `MONITOR` and round trips through a proxy that holds replies back.
+//! - `NOSCRIPT`: the items whose script reply is `NOSCRIPT` are sent again with `EVAL`, all in a
+//!   second pipeline: one more round trip for the batch, not one per item.
+//! - An error reply for any item fails the whole call with the first one (in the batch's
+//!   order); the other commands of the pipeline did run. After a failed `reserve_many` some
+//!   items may be claimed: the layer releases them, as after a failed `reserve`.
+//! - The pipeline goes through one [`Client`]: a [`Pool`] picks one of its clients for the
+//!   batch ([`PickClient`]), so the store's client type must implement [`PickClient`].
+//! - With [durable completion](#durable-completion), `complete_many` does not pipeline: see
+//!   there.
+//!
+//! A batch request with one item goes through the single-key methods.
 //!
 //! # Redis Cluster and Sentinel
 //!
@@ -154,6 +189,14 @@
 //! and on `replicas` replicas, and a duplicate arriving after a failover is still answered from
 //! it. A [`NotReplicated`] in the logs names the events that lack this guarantee.
 //!
+//! A batch ([`complete_many`](IdempotencyStore::complete_many)) is completed durably one item
+//! at a time, not in one pipeline: one durable `complete` per item as above (script and
+//! `WAIT`, with the same retries), all started at once (for a [`Pool`], each on a client of
+//! its own choosing). Every item is attempted; the call fails with the first error in the
+//! batch's order, for example a [`NotReplicated`] for one item while the others were
+//! acknowledged. N items cost N pairs: their round trips overlap, but the `WAIT`s sharing a
+//! connection are answered one after the other.
+//!
 //! The cost: the pair still takes one round trip, but its answer waits for the replicas'
 //! acknowledgement (about one more replication round trip: on loopback, about 0.1 to 0.2 ms
 //! at the median, see the crate README), and the connection carrying the `WAIT` serves nothing
@@ -221,7 +264,7 @@ use fred::types::{ClusterHash, CustomCommand, Expiration, SetOptions, Value};
 use super::{
     Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey,
 };
-use crate::record::{Record, StoredValue, encoded_owner};
+use crate::store::record::{Record, StoredValue, encoded_owner};
 
 /// `complete`: KEYS[1] = key, ARGV[1] = owner prefix (17 bytes), ARGV[2] = encoded record,
 /// ARGV[3] = retention in milliseconds, ARGV[4] = owner tag (8 bytes). Returns 1 when the
@@ -302,11 +345,16 @@ impl<C> fmt::Debug for Durability<C> {
     }
 }
 
-/// A fred client type that can hand out one [`Client`], so that a write and the `WAIT` behind
-/// it travel on the same connection: a [`Client`] is itself, a [`Pool`] picks one of its clients
-/// (a connected one when it can). Needed by [`RedisStore::durable_completion`].
+/// A fred client type that can hand out one [`Client`], so that a sequence of commands travels
+/// through one client: a [`Client`] is itself, a [`Pool`] picks one of its clients (a connected
+/// one when it can).
+///
+/// Needed by the batch methods ([`reserve_many`](IdempotencyStore::reserve_many) and the
+/// others send one [`Pipeline`](fred::clients::Pipeline) per batch, and only a [`Client`] has
+/// pipelines) and by [`RedisStore::durable_completion`] (a write and the `WAIT` behind it share
+/// a connection).
 pub trait PickClient {
-    /// One client, for a command sequence that must share a connection.
+    /// One client, for a command sequence that must go through one client.
     fn pick_client(&self) -> Client;
 }
 
@@ -423,11 +471,12 @@ where
         self.client
     }
 
-    /// Loads the `complete` and `release` scripts into the server's script cache (`SCRIPT
-    /// LOAD`, on every primary of a cluster).
+    /// Loads the `complete`, `release` and `renew` scripts into the server's script cache
+    /// (`SCRIPT LOAD`, on every primary of a cluster).
     ///
     /// Optional: a script missing from the cache is reloaded on first use anyway. Calling this
-    /// at start-up only saves the first `complete` / `release` a second round trip.
+    /// at start-up only saves the first call of each script (single-key or batch) a second
+    /// round trip.
     pub async fn load_scripts(&self) -> Result<(), StoreError> {
         for script in [&*COMPLETE, &*RELEASE, &*RENEW] {
             let lua = script.lua().cloned().unwrap_or_default();
@@ -473,9 +522,54 @@ fn completion(reply: i64) -> Completion {
     }
 }
 
+/// One [`Reservation`] per key from the replies of `SET NX GET`, in order, or the first
+/// error (in key order).
+fn reservations(
+    replies: Vec<Result<Value, FredError>>,
+    claim: &Claim,
+) -> Result<Vec<Reservation>, StoreError> {
+    replies
+        .into_iter()
+        .map(|reply| reservation(reply.map_err(store_error)?, claim))
+        .collect()
+}
+
+/// The [`Reservation`] a `SET key <claim> NX PX lease GET` reply means for `claim`.
+fn reservation(reply: Value, claim: &Claim) -> Result<Reservation, StoreError> {
+    let old = match reply {
+        Value::Null => return Ok(Reservation::Acquired),
+        Value::Bytes(bytes) => bytes,
+        Value::String(s) => s.into_inner(),
+        other => {
+            return Err(StoreError::with_source(
+                StoreErrorKind::Corrupt,
+                format!("unexpected SET reply of type {:?}", other.kind()),
+            ));
+        }
+    };
+    Ok(match StoredValue::decode(&old)? {
+        // Our own claim: the client retried a SET whose reply was lost with the connection.
+        StoredValue::InFlight { token, .. } if token == *claim.token() => Reservation::Acquired,
+        StoredValue::InFlight { fingerprint, .. } => Reservation::InFlight { fingerprint },
+        StoredValue::Completed(record) => Reservation::Completed(record),
+    })
+}
+
+/// The arguments of the `complete` script for `claim`, `record` and `retention`.
+fn complete_args(claim: &Claim, record: &Record, retention: Duration) -> Vec<Value> {
+    vec![
+        Value::Bytes(StoredValue::owner_prefix(claim.token())),
+        Value::Bytes(record.encode_for(claim.token())),
+        Value::Integer(millis(retention)),
+        Value::Bytes(encoded_owner(claim.token())),
+    ]
+}
+
+/// The store works with any fred client that can hand out a [`Client`] ([`PickClient`]: a
+/// [`Client`] or a [`Pool`]), which the batch methods need for their pipelines.
 impl<C> IdempotencyStore for RedisStore<C>
 where
-    C: KeysInterface + LuaInterface + 'static,
+    C: KeysInterface + LuaInterface + PickClient + 'static,
 {
     async fn reserve(
         &self,
@@ -488,23 +582,7 @@ where
         let reply = set_nx_get(&self.client, key, value, lease)
             .await
             .map_err(store_error)?;
-        let old = match reply {
-            Value::Null => return Ok(Reservation::Acquired),
-            Value::Bytes(bytes) => bytes,
-            Value::String(s) => s.into_inner(),
-            other => {
-                return Err(StoreError::with_source(
-                    StoreErrorKind::Corrupt,
-                    format!("unexpected SET reply of type {:?}", other.kind()),
-                ));
-            }
-        };
-        Ok(match StoredValue::decode(&old)? {
-            // Our own claim: the client retried a SET whose reply was lost with the connection.
-            StoredValue::InFlight { token, .. } if token == *claim.token() => Reservation::Acquired,
-            StoredValue::InFlight { fingerprint, .. } => Reservation::InFlight { fingerprint },
-            StoredValue::Completed(record) => Reservation::Completed(record),
-        })
+        reservation(reply, claim)
     }
 
     async fn complete(
@@ -514,12 +592,7 @@ where
         record: &Record,
         retention: Duration,
     ) -> Result<Completion, StoreError> {
-        let args = vec![
-            Value::Bytes(StoredValue::owner_prefix(claim.token())),
-            Value::Bytes(record.encode_for(claim.token())),
-            Value::Integer(millis(retention)),
-            Value::Bytes(encoded_owner(claim.token())),
-        ];
+        let args = complete_args(claim, record, retention);
         match self.durability {
             None => self.run_script(&COMPLETE, key, args).await.map(completion),
             Some(durability) => {
@@ -545,6 +618,100 @@ where
             Value::Integer(millis(lease)),
         ];
         Ok(self.run_script(&RENEW, key, args).await? == 1)
+    }
+
+    /// One `SET key <in flight> NX PX <lease ms> GET` per key, all in one pipeline: one round
+    /// trip. An error reply for any key fails the call with the first one (in key order); the
+    /// other keys were claimed or not, and the caller releases what is ours.
+    async fn reserve_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let value = StoredValue::encode_in_flight(claim.token(), &claim.fingerprint());
+        let lease = millis(lease);
+        let client = self.client.pick_client();
+        let pipeline = client.pipeline();
+        for key in keys {
+            // Queued in memory: the reply is `QUEUED`, the answer comes with the pipeline's.
+            let _: Value = set_nx_get(&pipeline, key, value.clone(), lease)
+                .await
+                .map_err(store_error)?;
+        }
+        let replies =
+            pipeline_replies(pipeline.try_all::<Value>().await, keys.len()).map_err(store_error)?;
+        reservations(replies, claim)
+    }
+
+    /// One `EVALSHA` of the `complete` script per key, all in one pipeline: one round trip
+    /// (two after a `NOSCRIPT`). With [durable completion](RedisStore::durable_completion),
+    /// one durable [`complete`](IdempotencyStore::complete) per key instead, all started at
+    /// once: every key is attempted, and the first error (in key order) is returned.
+    async fn complete_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Vec<Completion>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let args = complete_args(claim, record, retention);
+        match self.durability {
+            None => {
+                let client = self.client.pick_client();
+                let replies = scripts_pipelined(&client, &COMPLETE, keys, &args).await?;
+                Ok(replies.into_iter().map(completion).collect())
+            }
+            Some(durability) => {
+                let each = keys.iter().map(|key| {
+                    let client = (durability.pick)(&self.client);
+                    let args = args.clone();
+                    async move { complete_durably(&client, durability, key, args).await }
+                });
+                futures_util::future::join_all(each)
+                    .await
+                    .into_iter()
+                    .collect()
+            }
+        }
+    }
+
+    /// One `EVALSHA` of the `release` script per key, all in one pipeline: one round trip (two
+    /// after a `NOSCRIPT`).
+    async fn release_many(&self, keys: &[StoreKey], claim: &Claim) -> Result<usize, StoreError> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let args = [Value::Bytes(StoredValue::owner_prefix(claim.token()))];
+        let client = self.client.pick_client();
+        let replies = scripts_pipelined(&client, &RELEASE, keys, &args).await?;
+        Ok(replies.into_iter().filter(|&reply| reply == 1).count())
+    }
+
+    /// One `EVALSHA` of the `renew` script per key, all in one pipeline: one round trip (two
+    /// after a `NOSCRIPT`). Every key is renewed that is still ours, even when another is not.
+    async fn renew_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        if keys.is_empty() {
+            return Ok(true);
+        }
+        let args = [
+            Value::Bytes(StoredValue::owner_prefix(claim.token())),
+            Value::Integer(millis(lease)),
+        ];
+        let client = self.client.pick_client();
+        let replies = scripts_pipelined(&client, &RENEW, keys, &args).await?;
+        Ok(replies.into_iter().all(|reply| reply == 1))
     }
 }
 
@@ -583,12 +750,112 @@ async fn evalsha_with_reload<X: LuaInterface>(
         )
         .await;
     match result {
-        Err(error) if error.details().starts_with("NOSCRIPT") => {
+        Err(error) if is_noscript(&error) => {
             let lua = script.lua().cloned().unwrap_or_default();
             client.eval(lua, key.as_str(), Value::Array(args)).await
         }
         result => result,
     }
+}
+
+/// `script` on every key (with the same `args`), in one pipeline on `client`: one reply per
+/// key, in order. The keys whose reply is `NOSCRIPT` are sent again with `EVAL`, in a second
+/// pipeline (which also puts the script back in the cache of each server that lacked it).
+/// An error reply for any key fails the call with the first one (in key order).
+async fn scripts_pipelined(
+    client: &Client,
+    script: &Script,
+    keys: &[StoreKey],
+    args: &[Value],
+) -> Result<Vec<i64>, StoreError> {
+    let mut replies = script_pipeline(client, script, true, keys.iter(), args)
+        .await
+        .map_err(store_error)?;
+    let missing: Vec<usize> = (0..replies.len())
+        .filter(|&i| matches!(&replies[i], Err(e) if is_noscript(e)))
+        .collect();
+    if !missing.is_empty() {
+        let retried = script_pipeline(
+            client,
+            script,
+            false,
+            missing.iter().map(|&i| &keys[i]),
+            args,
+        )
+        .await
+        .map_err(store_error)?;
+        for (i, reply) in missing.into_iter().zip(retried) {
+            replies[i] = reply;
+        }
+    }
+    replies
+        .into_iter()
+        .map(|reply| script_reply(reply.map_err(store_error)?))
+        .collect()
+}
+
+/// `EVALSHA` (or `EVAL`) of `script` on each of `keys`, in one pipeline on `client`: one
+/// reply per key, or the error that failed the pipeline as a whole.
+async fn script_pipeline<'k>(
+    client: &Client,
+    script: &Script,
+    by_hash: bool,
+    keys: impl ExactSizeIterator<Item = &'k StoreKey>,
+    args: &[Value],
+) -> Result<Vec<Result<Value, FredError>>, FredError> {
+    let expected = keys.len();
+    let pipeline = client.pipeline();
+    for key in keys {
+        let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+        let (cmd, script_args) = script_command(script, by_hash, key, args, slot);
+        // Queued in memory: the reply is `QUEUED`, the answer comes with the pipeline's.
+        let () = pipeline.custom(cmd, script_args).await?;
+    }
+    pipeline_replies(pipeline.try_all::<Value>().await, expected)
+}
+
+/// The replies of a pipeline of `expected` commands
+/// ([`Pipeline::try_all`](fred::clients::Pipeline::try_all)), one per command, or the error
+/// that failed the pipeline as a whole (fred then answers with that one error).
+fn pipeline_replies(
+    replies: Vec<Result<Value, FredError>>,
+    expected: usize,
+) -> Result<Vec<Result<Value, FredError>>, FredError> {
+    if replies.len() == expected {
+        return Ok(replies);
+    }
+    Err(replies
+        .into_iter()
+        .find_map(Result::err)
+        .unwrap_or_else(|| FredError::new(FredErrorKind::Protocol, "missing pipeline replies")))
+}
+
+/// Whether a script call failed because the server's script cache lacks the script.
+fn is_noscript(error: &FredError) -> bool {
+    error.details().starts_with("NOSCRIPT")
+}
+
+/// `EVALSHA sha 1 key args..` (or `EVAL lua 1 key args..`) as a custom command routed by
+/// `slot`, the key's: fred's pipelines have no Lua interface.
+fn script_command(
+    script: &Script,
+    by_hash: bool,
+    key: &StoreKey,
+    args: &[Value],
+    slot: u16,
+) -> (CustomCommand, Vec<Value>) {
+    let (name, body) = if by_hash {
+        ("EVALSHA", script.sha1().clone())
+    } else {
+        ("EVAL", script.lua().cloned().unwrap_or_default())
+    };
+    let mut script_args = Vec::with_capacity(3 + args.len());
+    script_args.push(Value::from(body));
+    script_args.push(Value::Integer(1));
+    script_args.push(Value::from(key.as_str()));
+    script_args.extend_from_slice(args);
+    let cmd = CustomCommand::new_static(name, ClusterHash::Custom(slot), false);
+    (cmd, script_args)
 }
 
 /// `complete` with [`Durability`]: the script and a `WAIT` pipelined on one connection of
@@ -612,7 +879,7 @@ async fn complete_durably<C>(
     for _ in 0..2 {
         let mut pair =
             script_then_wait(client, &COMPLETE, true, key, &args, slot, durability).await;
-        if matches!(&pair, Ok((Err(e), _)) if e.details().starts_with("NOSCRIPT")) {
+        if matches!(&pair, Ok((Err(e), _)) if is_noscript(e)) {
             pair = script_then_wait(client, &COMPLETE, false, key, &args, slot, durability).await;
         }
         let (written, mut acknowledged) = match pair {
@@ -678,18 +945,8 @@ async fn script_then_wait<C>(
 ) -> ScriptAndWait {
     // fred's pipelines have no Lua interface: the script goes as a custom command, routed by
     // the key's slot like the WAIT behind it.
-    let (name, body) = if by_hash {
-        ("EVALSHA", script.sha1().clone())
-    } else {
-        ("EVAL", script.lua().cloned().unwrap_or_default())
-    };
-    let mut script_args = Vec::with_capacity(3 + args.len());
-    script_args.push(Value::from(body));
-    script_args.push(Value::Integer(1));
-    script_args.push(Value::from(key.as_str()));
-    script_args.extend_from_slice(args);
+    let (cmd, script_args) = script_command(script, by_hash, key, args, slot);
     let pipeline = client.pipeline();
-    let cmd = CustomCommand::new_static(name, ClusterHash::Custom(slot), false);
     let () = pipeline.custom(cmd, script_args).await?;
     let (cmd, wait_args) = wait_command(slot, durability);
     let () = pipeline
@@ -915,6 +1172,46 @@ mod tests {
         let store_error = StoreError::with_source(StoreErrorKind::Unavailable, error.clone());
         let source = store_error.source().unwrap();
         assert_eq!(source.downcast_ref::<NotReplicated>(), Some(&error));
+    }
+
+    #[test]
+    fn batch_scripts_are_routed_by_each_key() {
+        let key = StoreKey::new("unit", None, "item");
+        let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+        let args = [Value::Integer(7)];
+        let (cmd, sent) = script_command(&RENEW, true, &key, &args, slot);
+        assert_eq!(&*cmd.cmd, "EVALSHA");
+        assert_eq!(cmd.cluster_hash, ClusterHash::Custom(slot));
+        assert!(!cmd.blocking);
+        assert_eq!(
+            sent,
+            [
+                Value::from(RENEW.sha1().clone()),
+                Value::Integer(1),
+                Value::from(key.as_str()),
+                Value::Integer(7),
+            ]
+        );
+        let (cmd, sent) = script_command(&RENEW, false, &key, &args, slot);
+        assert_eq!(&*cmd.cmd, "EVAL");
+        assert_eq!(sent[0], Value::from(RENEW_LUA));
+    }
+
+    #[test]
+    fn a_pipeline_that_failed_as_a_whole_is_one_error() {
+        let ok = || Ok(Value::Integer(1));
+        let replies = pipeline_replies(vec![ok(), ok()], 2).unwrap();
+        assert_eq!(replies.len(), 2);
+        // Per-command errors stay with their command.
+        let noscript = FredError::new(FredErrorKind::Unknown, "NOSCRIPT No matching script.");
+        let replies = pipeline_replies(vec![ok(), Err(noscript)], 2).unwrap();
+        assert!(matches!(&replies[1], Err(e) if is_noscript(e)));
+        // fred answers a failed pipeline with its one error.
+        let closed = FredError::new(FredErrorKind::Canceled, "Connection closed");
+        let error = pipeline_replies(vec![Err(closed)], 3).unwrap_err();
+        assert_eq!(*error.kind(), FredErrorKind::Canceled);
+        let error = pipeline_replies(vec![ok()], 3).unwrap_err();
+        assert_eq!(*error.kind(), FredErrorKind::Protocol);
     }
 
     #[test]
