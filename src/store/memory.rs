@@ -1070,7 +1070,7 @@ mod tests {
             store.complete(&k, &first, &record, lease).await.unwrap(),
             Completion::Written
         );
-        // A retried completion recognises its own record (by the first 8 bytes of its random
+        // A retried completion recognises its own record (by the first 3 bytes of its random
         // token); another claim's is still lost.
         assert_eq!(
             store.complete(&k, &first, &record, lease).await.unwrap(),

@@ -1,7 +1,7 @@
 //! What is kept for a completed key, and the compact, versioned byte encoding that shared stores
 //! (Redis, SQL) write.
 //!
-//! In ack mode a record is the request fingerprint and an owner tag: 17 bytes encoded. In replay mode it also
+//! In ack mode a record is the request fingerprint and an owner tag: 12 bytes encoded. In replay mode it also
 //! holds the original status, the allow-listed headers, the body and the trailers.
 //!
 //! ```
@@ -12,7 +12,7 @@
 //!
 //! let fp = Fingerprint::of_bytes(b"{}");
 //! let ack = Record::ack(fp);
-//! assert_eq!(ack.encode().len(), 17);
+//! assert_eq!(ack.encode().len(), 12);
 //!
 //! let replay = Record::replay(
 //!     fp,
@@ -36,8 +36,14 @@ const TAG_REPLAY_V1: u8 = 0x03;
 const TAG_ACK: u8 = 0x04;
 const TAG_REPLAY: u8 = 0x05;
 
-/// The length of the owner tag a record keeps: the first bytes of its claim's token.
-pub const OWNER_LEN: usize = 8;
+/// The length of the owner tag a record keeps: the first bytes of its claim's random token.
+///
+/// Three bytes: with the tag byte and the 8-byte fingerprint an ack record is 12 bytes, the
+/// most that fits Redis's smallest string allocation (88 bytes per key instead of 104). The tag
+/// only tells a retried completion whose first attempt landed ("already written") from a claim
+/// lost to another owner; two owners of one key share a tag with probability 2⁻²⁴, and then
+/// only that log line is wrong, never what is recorded.
+pub const OWNER_LEN: usize = 3;
 
 /// The length of an encoded in-flight value: tag, token, fingerprint.
 pub const IN_FLIGHT_LEN: usize = 1 + 16 + Fingerprint::LEN;
@@ -374,7 +380,7 @@ mod tests {
             StoredValue::Completed(record)
         );
         let ack = Record::ack(Fingerprint::of_bytes(b"y"));
-        assert_eq!(ack.encode().len(), 17);
+        assert_eq!(ack.encode().len(), 12);
         assert_eq!(
             StoredValue::decode(&ack.encode()).unwrap(),
             StoredValue::Completed(ack)
