@@ -3,8 +3,8 @@
 //! once, and prints the figures.
 //!
 //! ```text
-//! cargo run --release --example provider_sim -- --events 10000
-//! cargo run --example provider_sim -- --events 2000 --seed 7 --no-persistence
+//! cargo run --release --all-features --example provider_sim -- --events 10000
+//! cargo run --all-features --example provider_sim -- --events 2000 --seed 7 --no-persistence
 //! ```
 //!
 //! Needs `redis-server` (7.0 or later) on `PATH`, or `REDIS_SERVER_BIN`. Options:
@@ -82,6 +82,6 @@ fn usage(problem: &str) -> ! {
 
 #[cfg(not(feature = "redis"))]
 fn main() {
-    eprintln!("provider_sim needs the `redis` feature (on by default)");
+    eprintln!("provider_sim needs the `redis` feature (`--all-features` or `--features redis`)");
     std::process::exit(2);
 }

@@ -3,7 +3,7 @@
 //! handler 500s, panics, handlers slower than the lease, client disconnects and a Redis kill and
 //! restart; no event may be lost and no double effect may lack a documented cause.
 //!
-//! The full run is `cargo run --release --example provider_sim -- --events 10000`.
+//! The full run is `cargo run --release --all-features --example provider_sim -- --events 10000`.
 #![cfg(feature = "redis")]
 
 #[path = "support/provider_sim.rs"]

@@ -180,7 +180,8 @@
 //! failover, it reaches the promoted replica, which holds the claim, and writes the record
 //! there. If that second attempt finds the claim gone, the first may have written the record
 //! after all: the outcome is unknown and reported as an `Unavailable` error. This is why the
-//! lease must outlive a failover (the default 30 s does), and why the store timeout should too.
+//! lease, renewed every third of itself, must outlive a failover (the default 10 s outlives a
+//! typical one; raise it where failovers take longer), and why the store timeout should too.
 //!
 //! The layer logs a failed completion and still sends the response: the inner service's effect
 //! has happened, and answering an error would only make the sender retry and, if the record is
@@ -199,7 +200,7 @@
 //!
 //! The cost: the pair still takes one round trip, but its answer waits for the replicas'
 //! acknowledgement (about one more replication round trip: on loopback, about 0.1 to 0.2 ms
-//! at the median, see the crate README), and the connection carrying the `WAIT` serves nothing
+//! at the median, see `docs/operations.md`), and the connection carrying the `WAIT` serves nothing
 //! else meanwhile. When the replicas are down or lagging (after a failover, until the old
 //! primary returns as a replica), every completion waits the full `timeout`, holds its
 //! connection that long and ends in a [`NotReplicated`]: keep `timeout` short (tens of

@@ -2,7 +2,7 @@
 //! instances sharing one real `redis-server`, checking that the receiver's effects are
 //! exactly-once.
 //!
-//! Used by `examples/provider_sim.rs` (`cargo run --example provider_sim -- --events 10000`)
+//! Used by `examples/provider_sim.rs` (`cargo run --all-features --example provider_sim -- --events 10000`)
 //! and by `tests/faults.rs` (a smaller run). Include it with
 //!
 //! ```ignore
