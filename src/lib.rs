@@ -145,7 +145,7 @@ pub use self::layer::IdempotencyLayer;
 pub use self::observe::OutcomeEvent;
 pub use self::outcome::Outcome;
 pub use self::service::{IDEMPOTENT_REPLAYED, Idempotency};
-pub use self::store::{IdempotencyStore, MemoryStore};
+pub use self::store::{CachedStore, IdempotencyStore, MemoryStore};
 
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

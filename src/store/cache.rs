@@ -1,0 +1,1277 @@
+//! [`CachedStore`]: a bounded in-process cache of completed records in front of a shared store
+//! (Redis, SQL), so that an instance answers repeated duplicates without a round trip.
+//!
+//! A completed record never changes until it expires (see the state machine in the crate
+//! docs), so it can be copied. An in-flight claim can change at any moment (completed,
+//! released, expired, taken over): it is never cached, and neither is the absence of a key.
+//!
+//! # What is cached, and until when
+//!
+//! - **Records this instance completed** ([`Completion::Written`]): until the record's
+//!   retention ends in the store, or [`max_ttl`](CachedStore::max_ttl) (default
+//!   [`DEFAULT_MAX_TTL`], 10 minutes), whichever comes first. The clock starts before the
+//!   store is asked, so the entry does not outlive the record.
+//! - **Records read from the store** (a [`reserve`](IdempotencyStore::reserve) that found the
+//!   key completed) and retried completions ([`Completion::AlreadyWritten`]): the store does
+//!   not tell how long such a record has left, so they are kept for at most
+//!   [`read_ttl`](CachedStore::read_ttl) (default [`DEFAULT_READ_TTL`], 5 seconds). This is
+//!   the one trade-off of the cache: a record that leaves the store within that window (its
+//!   retention ends, the store evicts it, someone deletes it) may still be answered as a
+//!   duplicate up to `read_ttl` after the store forgot it. With retentions of days that
+//!   concerns only duplicates arriving in the last seconds of the retention, of an event that
+//!   was processed; set `read_ttl` to zero to never cache a record you did not write.
+//! - A cache hit answers [`Reservation::Completed`] with no call to the inner store. A miss
+//!   asks the inner store, as without the cache. Batches ([`reserve_many`]) send only the keys
+//!   the cache does not hold, in one call, and merge the answers in order.
+//! - [`complete`](IdempotencyStore::complete), [`release`](IdempotencyStore::release) and
+//!   [`renew`](IdempotencyStore::renew) always go to the inner store. A reserve answer that
+//!   shows a key is not completed (acquired, in flight) drops whatever the cache held for it,
+//!   and so does every release and renewal (a claim only releases or renews keys it acquired
+//!   from the inner store, so a record cached for one is stale at best).
+//!
+//! Exactly-once is unchanged: every claim is still taken by the inner store, atomically, and
+//! only a completed record, which the inner store answered or was told to write, is ever
+//! served from the cache, so a duplicate is never answered 2xx before the first attempt has
+//! succeeded.
+//!
+//! # Deleting keys by hand
+//!
+//! Deleting a completed key from the shared store (to have an event processed again) is not
+//! seen by an instance that cached it until its entry expires: at most
+//! [`max_ttl`](CachedStore::max_ttl) for a key it completed itself, at most
+//! [`read_ttl`](CachedStore::read_ttl) for one it read. Wait that long before redelivering, or
+//! call [`clear`](CachedStore::clear) on every instance (from an admin endpoint, say).
+//!
+//! # Memory
+//!
+//! The cache holds at most [`max_entries`](CachedStore::max_entries) records (default
+//! [`DEFAULT_MAX_ENTRIES`]) and at most [`max_bytes`](CachedStore::max_bytes) accounted bytes
+//! (default [`DEFAULT_MAX_BYTES`]): an entry counts [`ENTRY_BYTES`], plus the stored response
+//! of a replay-mode record (body, headers and trailers). When full, the entries cached first
+//! are evicted first. The key space is split into up to 16 independently locked shards, each
+//! with its share of both bounds; a record larger than a shard's share of the bytes is not
+//! cached. Expired entries are dropped lazily: when looked up, or when they reach the front of
+//! their shard's queue. Every operation is O(1).
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_idempotency::fingerprint::Fingerprint;
+//! use tower_idempotency::record::Record;
+//! use tower_idempotency::store::{CachedStore, Claim, Completion, IdempotencyStore};
+//! use tower_idempotency::store::{MemoryStore, Reservation, StoreKey};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // In production the inner store is shared: `CachedStore::new(RedisStore::new(client))`.
+//! let store = CachedStore::new(MemoryStore::new())
+//!     .max_entries(50_000)
+//!     .max_bytes(32 * 1024 * 1024)
+//!     .max_ttl(Duration::from_secs(300))
+//!     .read_ttl(Duration::from_secs(2));
+//!
+//! let key = StoreKey::new("docs", None, "evt_1");
+//! let lease = Duration::from_secs(30);
+//! let first = Claim::new(Fingerprint::of_bytes(b"{}"));
+//! assert_eq!(store.reserve(&key, &first, lease).await.unwrap(), Reservation::Acquired);
+//! // In flight: never cached.
+//! let second = Claim::new(Fingerprint::of_bytes(b"{}"));
+//! let answer = store.reserve(&key, &second, lease).await.unwrap();
+//! assert!(matches!(answer, Reservation::InFlight { .. }));
+//! assert_eq!(store.len(), 0);
+//!
+//! let record = Record::ack(first.fingerprint());
+//! let retention = Duration::from_secs(72 * 3600);
+//! let done = store.complete(&key, &first, &record, retention).await.unwrap();
+//! assert_eq!(done, Completion::Written);
+//! // Completed: duplicates are answered from the cache, without asking the inner store.
+//! assert_eq!(store.len(), 1);
+//! let answer = store.reserve(&key, &second, lease).await.unwrap();
+//! assert!(matches!(answer, Reservation::Completed(_)));
+//!
+//! store.clear();
+//! assert!(store.is_empty());
+//! # }
+//! ```
+//!
+//! [`reserve_many`]: IdempotencyStore::reserve_many
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::record::Record;
+use super::{
+    Claim, Completion, IdempotencyStore, KEY_PREFIX, Reservation, StoreError, StoreErrorKind,
+    StoreKey,
+};
+
+/// The default bound on the number of cached records: 100 000, about 20 MB of ack-mode
+/// records ([`ENTRY_BYTES`] each). At 160 first deliveries a second, that is every record of
+/// the last 10 minutes ([`DEFAULT_MAX_TTL`]); above that rate the oldest go first, and the
+/// duplicates that come in bursts, seconds after the first delivery, are still answered from
+/// the cache.
+pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
+
+/// The default bound on the bytes the cache accounts for: 64 MiB. It is what bounds a cache
+/// of replay-mode records, which carry the response body: 100 000 responses of 1 KiB would
+/// take about 150 MB.
+pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// The default longest life of a cached record: 10 minutes.
+///
+/// The duplicates worth saving a round trip for come soon after the first delivery: a sender
+/// that timed out and retried, an at-least-once queue redelivering, the first retries of a
+/// webhook provider's schedule (Standard Webhooks retries after 5 seconds, then 5 minutes). A
+/// duplicate arriving later costs one round trip, as without the cache. And it bounds how long
+/// an instance that completed a key answers it as a duplicate after the key was deleted from
+/// the shared store by hand.
+pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(600);
+
+/// The default life of a record read from the store rather than written by this instance:
+/// 5 seconds. The store does not tell how long such a record has left, so this is how late a
+/// duplicate may be answered after the record expired (or was deleted) in the store. Short
+/// enough to be harmless, long enough to absorb a burst of duplicates with one round trip.
+pub const DEFAULT_READ_TTL: Duration = Duration::from_secs(5);
+
+/// What one cached record is accounted as, before any stored response: its slot in the
+/// shard's table (key, record, expiry) and in its eviction queue, with the tables' slack.
+pub const ENTRY_BYTES: usize = 192;
+
+/// What a replay-mode record's stored response is accounted as, on top of its body and header
+/// bytes: the boxed response and its header maps.
+const RESPONSE_BYTES: usize = 256;
+
+/// What each stored header (or trailer) is accounted as, on top of its name and value bytes.
+const HEADER_BYTES: usize = 64;
+
+/// At most this many independently locked shards.
+const MAX_SHARDS: usize = 16;
+
+/// A shard is only split off for at least this many entries and this many bytes, so that
+/// small caches keep their bounds exact and can hold large records.
+const MIN_SHARD_ENTRIES: usize = 64;
+const MIN_SHARD_BYTES: usize = 1024 * 1024;
+
+/// An [`IdempotencyStore`] that keeps recently completed records of `St` in a bounded local
+/// cache and answers duplicates of them without calling `St`. See the
+/// [module docs](crate::store::cache) for what is cached and until when.
+///
+/// Cheap to clone: clones share the cache. The builder methods
+/// [`max_entries`](Self::max_entries) and [`max_bytes`](Self::max_bytes) start a new, empty
+/// cache: call them when building the store, before cloning it.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::IdempotencyLayer;
+/// use tower_idempotency::store::{CachedStore, MemoryStore};
+///
+/// // `MemoryStore` stands in for a shared store (`RedisStore`, `PostgresStore`).
+/// let store = CachedStore::new(MemoryStore::new()).read_ttl(Duration::from_secs(2));
+/// let layer = IdempotencyLayer::new(store.clone());
+/// # let _ = layer;
+/// assert_eq!(store.len(), 0);
+/// ```
+#[derive(Clone)]
+pub struct CachedStore<St> {
+    inner: St,
+    cache: Arc<Cache>,
+    max_ttl: Duration,
+    read_ttl: Duration,
+}
+
+impl<St> CachedStore<St> {
+    /// Wraps `inner` with a cache of at most [`DEFAULT_MAX_ENTRIES`] records and
+    /// [`DEFAULT_MAX_BYTES`] bytes, kept at most [`DEFAULT_MAX_TTL`] ([`DEFAULT_READ_TTL`] for
+    /// records read from `inner`).
+    pub fn new(inner: St) -> Self {
+        CachedStore {
+            inner,
+            cache: Arc::new(Cache::new(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES)),
+            max_ttl: DEFAULT_MAX_TTL,
+            read_ttl: DEFAULT_READ_TTL,
+        }
+    }
+
+    /// Sets the bound on the number of cached records (default [`DEFAULT_MAX_ENTRIES`]); zero
+    /// turns the cache off. Starts a new, empty cache.
+    pub fn max_entries(mut self, max_entries: usize) -> Self {
+        self.cache = Arc::new(Cache::new(max_entries, self.cache.max_bytes));
+        self
+    }
+
+    /// Sets the bound on the accounted bytes (default [`DEFAULT_MAX_BYTES`]): [`ENTRY_BYTES`]
+    /// per record, plus the stored response of replay-mode records. Starts a new, empty cache.
+    pub fn max_bytes(mut self, max_bytes: usize) -> Self {
+        self.cache = Arc::new(Cache::new(self.cache.max_entries, max_bytes));
+        self
+    }
+
+    /// Sets the longest time a record is cached (default [`DEFAULT_MAX_TTL`]). A record this
+    /// instance completed is cached for its retention or `max_ttl`, whichever is shorter; this
+    /// is also how long a key deleted from the store by hand may still be answered as a
+    /// duplicate by this instance.
+    pub fn max_ttl(mut self, max_ttl: Duration) -> Self {
+        self.max_ttl = max_ttl;
+        self
+    }
+
+    /// Sets how long a record read from the inner store (not written by this instance) is
+    /// cached (default [`DEFAULT_READ_TTL`], never more than [`max_ttl`](Self::max_ttl)):
+    /// how late a duplicate may be answered after the record expired or was deleted in the
+    /// store. Zero caches only the records this instance wrote.
+    pub fn read_ttl(mut self, read_ttl: Duration) -> Self {
+        self.read_ttl = read_ttl;
+        self
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &St {
+        &self.inner
+    }
+
+    /// Unwraps the store, dropping this handle on the cache.
+    pub fn into_inner(self) -> St {
+        self.inner
+    }
+
+    /// The number of records held, including expired ones not yet dropped (they are dropped
+    /// lazily, see the [module docs](crate::store::cache)).
+    pub fn len(&self) -> usize {
+        self.cache.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether the cache holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes accounted for the records held ([`ENTRY_BYTES`] each, plus stored responses).
+    pub fn bytes(&self) -> usize {
+        self.cache.shards.iter().map(|s| lock(s).bytes).sum()
+    }
+
+    /// Forgets every cached record (of every clone of this store): the next duplicate of each
+    /// key asks the inner store. What an operator who deleted keys from the shared store by
+    /// hand calls on every instance.
+    pub fn clear(&self) {
+        for shard in self.cache.shards.iter() {
+            let mut state = lock(shard);
+            state.map.clear();
+            state.queue.clear();
+            state.bytes = 0;
+        }
+    }
+
+    /// The life of a record read from the inner store.
+    fn read_life(&self) -> Duration {
+        self.read_ttl.min(self.max_ttl)
+    }
+
+    /// Caches `record` for `key` until `life` after `from`.
+    fn remember(&self, key: &StoreKey, record: &Record, from: Instant, life: Duration) {
+        if life.is_zero() {
+            return;
+        }
+        // Past what `Instant` can hold: a century is as good as forever.
+        let expires = from
+            .checked_add(life)
+            .unwrap_or_else(|| from + Duration::from_secs(100 * 365 * 24 * 3600));
+        self.cache.insert(key, record, expires);
+    }
+}
+
+impl<St: fmt::Debug> fmt::Debug for CachedStore<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachedStore")
+            .field("inner", &self.inner)
+            .field("max_entries", &self.cache.max_entries)
+            .field("max_bytes", &self.cache.max_bytes)
+            .field("max_ttl", &self.max_ttl)
+            .field("read_ttl", &self.read_ttl)
+            .field("shards", &self.cache.shards.len())
+            .finish()
+    }
+}
+
+/// The records, split into independently locked shards.
+struct Cache {
+    shards: Box<[Shard]>,
+    /// The bounds asked for: each shard has an equal share.
+    max_entries: usize,
+    max_bytes: usize,
+    /// Each shard's share of the bounds.
+    shard_entries: usize,
+    shard_bytes: usize,
+    hasher: SlotHasher,
+}
+
+/// One lock's worth of the key space, on its own cache line.
+#[derive(Default)]
+#[repr(align(64))]
+struct Shard(Mutex<ShardState>);
+
+#[derive(Default)]
+struct ShardState {
+    map: HashMap<Slot, Entry, SlotHasher>,
+    /// Slots in the order they were cached, each with the generation of its entry: the front is
+    /// evicted first. An item whose entry was replaced or removed since (another generation,
+    /// or none) is stale and skipped.
+    queue: VecDeque<(Slot, u64)>,
+    /// Bytes accounted for the entries of `map`.
+    bytes: usize,
+    /// The generation of the next entry cached.
+    next: u64,
+}
+
+struct Entry {
+    record: Record,
+    expires: Instant,
+    generation: u64,
+    cost: usize,
+}
+
+impl Cache {
+    fn new(max_entries: usize, max_bytes: usize) -> Self {
+        let shards = (max_entries / MIN_SHARD_ENTRIES)
+            .min(max_bytes / MIN_SHARD_BYTES)
+            .clamp(1, MAX_SHARDS);
+        Cache {
+            shards: (0..shards).map(|_| Shard::default()).collect(),
+            max_entries,
+            max_bytes,
+            // Rounded down: the sum of the shares never exceeds the bounds.
+            shard_entries: max_entries / shards,
+            shard_bytes: max_bytes / shards,
+            hasher: SlotHasher::default(),
+        }
+    }
+
+    fn shard(&self, slot: &Slot) -> &Shard {
+        // The middle bits of a hash seeded apart from the shards' tables.
+        let index = (self.hasher.hash_one(slot) >> 32) as usize % self.shards.len();
+        &self.shards[index]
+    }
+
+    /// The live record cached for `key`; an expired one is dropped.
+    fn get(&self, key: &StoreKey) -> Option<Record> {
+        let slot = Slot::of(key);
+        let mut state = lock(self.shard(&slot));
+        let entry = state.map.get(&slot)?;
+        if entry.expires > Instant::now() {
+            return Some(entry.record.clone());
+        }
+        state.remove(&slot);
+        None
+    }
+
+    /// Caches `record` for `key` until `expires`, in place of any entry for `key`, evicting
+    /// the oldest entries of the shard to make room.
+    fn insert(&self, key: &StoreKey, record: &Record, expires: Instant) {
+        let slot = Slot::of(key);
+        let cost = cost(record);
+        let mut state = lock(self.shard(&slot));
+        state.remove(&slot);
+        if self.shard_entries == 0 || cost > self.shard_bytes {
+            return;
+        }
+        let now = Instant::now();
+        // Make room, dropping on the way the stale items and expired entries at the front.
+        while let Some(&(front, generation)) = state.queue.front() {
+            let full =
+                state.map.len() >= self.shard_entries || state.bytes + cost > self.shard_bytes;
+            let expired = match state.map.get(&front) {
+                Some(entry) if entry.generation == generation => entry.expires <= now,
+                // Stale: its entry was replaced or removed since.
+                _ => true,
+            };
+            if !full && !expired {
+                break;
+            }
+            state.queue.pop_front();
+            if state
+                .map
+                .get(&front)
+                .is_some_and(|e| e.generation == generation)
+            {
+                state.remove(&front);
+            }
+        }
+        let generation = state.next;
+        state.next += 1;
+        state.map.insert(
+            slot,
+            Entry {
+                record: record.clone(),
+                expires,
+                generation,
+                cost,
+            },
+        );
+        state.queue.push_back((slot, generation));
+        state.bytes += cost;
+        // Drop stale items once they outnumber the entries (many entries replaced or dropped
+        // long before their turn to be evicted), so that memory follows the entry count.
+        if state.queue.len() > 2 * state.map.len() + 64 {
+            let ShardState { map, queue, .. } = &mut *state;
+            queue.retain(|(slot, generation)| {
+                map.get(slot).is_some_and(|e| e.generation == *generation)
+            });
+        }
+    }
+
+    /// Drops the entry for `key`, if any.
+    fn forget(&self, key: &StoreKey) {
+        let slot = Slot::of(key);
+        lock(self.shard(&slot)).remove(&slot);
+    }
+}
+
+impl ShardState {
+    /// Removes the entry of `slot` (its queue item becomes stale).
+    fn remove(&mut self, slot: &Slot) {
+        if let Some(entry) = self.map.remove(slot) {
+            self.bytes -= entry.cost;
+        }
+    }
+}
+
+/// What `record` is accounted as.
+fn cost(record: &Record) -> usize {
+    let headers = |h: &http::HeaderMap| -> usize {
+        h.iter()
+            .map(|(name, value)| HEADER_BYTES + name.as_str().len() + value.len())
+            .sum()
+    };
+    ENTRY_BYTES
+        + record.response().map_or(0, |r| {
+            RESPONSE_BYTES + r.body().len() + headers(r.headers()) + r.trailers().map_or(0, headers)
+        })
+}
+
+fn lock(shard: &Shard) -> MutexGuard<'_, ShardState> {
+    // Every critical section leaves whole entries behind, so a poisoned lock is safe to use.
+    shard.0.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A store key without its constant prefix: 16 base64url digits of a SHA-256, as two words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot([u64; 2]);
+
+impl Slot {
+    fn of(key: &StoreKey) -> Slot {
+        let bytes = key.as_bytes();
+        let word = |at: usize| u64::from_le_bytes(std::array::from_fn(|i| bytes[at + i]));
+        Slot([word(KEY_PREFIX.len()), word(KEY_PREFIX.len() + 8)])
+    }
+}
+
+impl Hash for Slot {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0[0]);
+        state.write_u64(self.0[1]);
+    }
+}
+
+/// A seeded multiply-fold hash of slots. The digits are already a cryptographic hash of the
+/// key, so a cheap mix is enough; the random seed keeps an attacker who precomputes keys from
+/// aiming them at one bucket.
+#[derive(Clone, Copy)]
+struct SlotHasher {
+    seed: u64,
+}
+
+impl Default for SlotHasher {
+    fn default() -> Self {
+        SlotHasher {
+            seed: RandomState::new().hash_one(0xCAC4E_u64),
+        }
+    }
+}
+
+impl BuildHasher for SlotHasher {
+    type Hasher = SlotState;
+
+    fn build_hasher(&self) -> SlotState {
+        SlotState(self.seed)
+    }
+}
+
+struct SlotState(u64);
+
+impl Hasher for SlotState {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        // Multiply and fold the 128-bit product: every input bit reaches every output bit.
+        let product = u128::from(self.0 ^ word) * 0x9E37_79B9_7F4A_7C15;
+        self.0 = (product as u64) ^ ((product >> 64) as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
+    /// A live cached record answers [`Reservation::Completed`] without calling the inner
+    /// store; otherwise the inner store answers, and a completed record it returns is cached
+    /// for [`read_ttl`](CachedStore::read_ttl).
+    async fn reserve(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Reservation, StoreError> {
+        if let Some(record) = self.cache.get(key) {
+            return Ok(Reservation::Completed(record));
+        }
+        let asked = Instant::now();
+        let answer = self.inner.reserve(key, claim, lease).await?;
+        match &answer {
+            Reservation::Completed(record) => {
+                self.remember(key, record, asked, self.read_life());
+            }
+            _ => self.cache.forget(key),
+        }
+        Ok(answer)
+    }
+
+    /// Always completes in the inner store. A record written ([`Completion::Written`]) is
+    /// cached for its retention or [`max_ttl`](CachedStore::max_ttl), whichever is shorter,
+    /// counted from before the call; one found already written by an earlier attempt
+    /// ([`Completion::AlreadyWritten`]), whose retention started earlier, for
+    /// [`read_ttl`](CachedStore::read_ttl).
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Completion, StoreError> {
+        let asked = Instant::now();
+        let done = self.inner.complete(key, claim, record, retention).await?;
+        if let Some(life) = self.completed_life(done, retention) {
+            self.remember(key, &record.clone().owned_by(claim.token()), asked, life);
+        }
+        Ok(done)
+    }
+
+    /// Always releases in the inner store, then drops any cached record of `key`.
+    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
+        let released = self.inner.release(key, claim).await;
+        self.cache.forget(key);
+        released
+    }
+
+    /// Always renews in the inner store, then drops any cached record of `key`.
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let renewed = self.inner.renew(key, claim, lease).await;
+        self.cache.forget(key);
+        renewed
+    }
+
+    /// Answers the cached keys from the cache and sends only the others to the inner store's
+    /// `reserve_many`, in one call (none when every key is cached); the answers come back in
+    /// the order of `keys`.
+    async fn reserve_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        let mut answers: Vec<Option<Reservation>> = keys
+            .iter()
+            .map(|key| self.cache.get(key).map(Reservation::Completed))
+            .collect();
+        let hits = answers.iter().filter(|a| a.is_some()).count();
+        if hits == keys.len() {
+            return Ok(answers.into_iter().flatten().collect());
+        }
+        let misses: Vec<StoreKey>;
+        let asked_keys = if hits == 0 {
+            keys
+        } else {
+            misses = keys
+                .iter()
+                .zip(&answers)
+                .filter(|(_, answer)| answer.is_none())
+                .map(|(key, _)| key.clone())
+                .collect();
+            &misses[..]
+        };
+        let asked = Instant::now();
+        let fetched = self.inner.reserve_many(asked_keys, claim, lease).await?;
+        if fetched.len() != asked_keys.len() {
+            return Err(StoreError::with_source(
+                StoreErrorKind::Corrupt,
+                format!(
+                    "reserve_many answered {} reservations for {} keys",
+                    fetched.len(),
+                    asked_keys.len()
+                ),
+            ));
+        }
+        let mut fetched = fetched.into_iter();
+        let life = self.read_life();
+        for (key, answer) in keys.iter().zip(&mut answers) {
+            if answer.is_some() {
+                continue;
+            }
+            let Some(reservation) = fetched.next() else {
+                break;
+            };
+            match &reservation {
+                Reservation::Completed(record) => self.remember(key, record, asked, life),
+                _ => self.cache.forget(key),
+            }
+            *answer = Some(reservation);
+        }
+        Ok(answers.into_iter().flatten().collect())
+    }
+
+    /// Always completes in the inner store (one call), then caches each key's record as
+    /// [`complete`](IdempotencyStore::complete) does.
+    async fn complete_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Vec<Completion>, StoreError> {
+        let asked = Instant::now();
+        let done = self
+            .inner
+            .complete_many(keys, claim, record, retention)
+            .await?;
+        let mut owned = None;
+        for (key, completion) in keys.iter().zip(&done) {
+            if let Some(life) = self.completed_life(*completion, retention) {
+                let owned = owned.get_or_insert_with(|| record.clone().owned_by(claim.token()));
+                self.remember(key, owned, asked, life);
+            }
+        }
+        Ok(done)
+    }
+
+    /// Always releases in the inner store (one call), then drops any cached record of the
+    /// keys.
+    async fn release_many(&self, keys: &[StoreKey], claim: &Claim) -> Result<usize, StoreError> {
+        let released = self.inner.release_many(keys, claim).await;
+        for key in keys {
+            self.cache.forget(key);
+        }
+        released
+    }
+
+    /// Always renews in the inner store (one call), then drops any cached record of the keys.
+    async fn renew_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let renewed = self.inner.renew_many(keys, claim, lease).await;
+        for key in keys {
+            self.cache.forget(key);
+        }
+        renewed
+    }
+}
+
+impl<St> CachedStore<St> {
+    /// How long to cache the record of a completion that answered `done`, if at all.
+    fn completed_life(&self, done: Completion, retention: Duration) -> Option<Duration> {
+        match done {
+            // Written during the call: the record lives `retention` from a moment after `asked`.
+            Completion::Written => Some(retention.min(self.max_ttl)),
+            // Written by an earlier attempt of this claim: its retention started earlier.
+            Completion::AlreadyWritten => Some(retention.min(self.read_life())),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use bytes::Bytes;
+    use http::{HeaderMap, StatusCode};
+
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+    use crate::store::MemoryStore;
+    use crate::store::record::StoredResponse;
+
+    const LEASE: Duration = Duration::from_secs(30);
+    const RETENTION: Duration = Duration::from_secs(3600);
+
+    /// A memory store that counts the calls made to it, and the keys of the last batch call.
+    #[derive(Clone, Default)]
+    struct Counting {
+        store: MemoryStore,
+        calls: Arc<AtomicUsize>,
+        last_batch: Arc<Mutex<Vec<StoreKey>>>,
+    }
+
+    impl Counting {
+        fn calls(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+
+        fn count(&self) {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl IdempotencyStore for Counting {
+        async fn reserve(
+            &self,
+            key: &StoreKey,
+            claim: &Claim,
+            lease: Duration,
+        ) -> Result<Reservation, StoreError> {
+            self.count();
+            self.store.reserve(key, claim, lease).await
+        }
+
+        async fn complete(
+            &self,
+            key: &StoreKey,
+            claim: &Claim,
+            record: &Record,
+            retention: Duration,
+        ) -> Result<Completion, StoreError> {
+            self.count();
+            self.store.complete(key, claim, record, retention).await
+        }
+
+        async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
+            self.count();
+            self.store.release(key, claim).await
+        }
+
+        async fn renew(
+            &self,
+            key: &StoreKey,
+            claim: &Claim,
+            lease: Duration,
+        ) -> Result<bool, StoreError> {
+            self.count();
+            self.store.renew(key, claim, lease).await
+        }
+
+        async fn reserve_many(
+            &self,
+            keys: &[StoreKey],
+            claim: &Claim,
+            lease: Duration,
+        ) -> Result<Vec<Reservation>, StoreError> {
+            self.count();
+            *self.last_batch.lock().unwrap() = keys.to_vec();
+            self.store.reserve_many(keys, claim, lease).await
+        }
+    }
+
+    fn claim() -> Claim {
+        Claim::new(Fingerprint::of_bytes(b"body"))
+    }
+
+    fn key(i: usize) -> StoreKey {
+        StoreKey::new("cache", None, &i.to_string())
+    }
+
+    /// Claims and completes `key` through `store`, with an ack record.
+    async fn complete<St: IdempotencyStore>(store: &St, key: &StoreKey, retention: Duration) {
+        let owner = claim();
+        assert_eq!(
+            store.reserve(key, &owner, LEASE).await.unwrap(),
+            Reservation::Acquired
+        );
+        let record = Record::ack(owner.fingerprint());
+        assert_eq!(
+            store
+                .complete(key, &owner, &record, retention)
+                .await
+                .unwrap(),
+            Completion::Written
+        );
+    }
+
+    fn replay(body: usize) -> Record {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", "application/json".parse().unwrap());
+        Record::replay(
+            Fingerprint::of_bytes(b"body"),
+            StoredResponse::new(
+                StatusCode::CREATED,
+                headers,
+                Bytes::from(vec![b'x'; body]),
+                None,
+            ),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_completed_key_is_answered_without_the_inner_store() {
+        let inner = Counting::default();
+        let store = CachedStore::new(inner.clone());
+        let k = key(1);
+        let owner = claim();
+        store.reserve(&k, &owner, LEASE).await.unwrap();
+        let record = Record::ack(owner.fingerprint());
+        store
+            .complete(&k, &owner, &record, RETENTION)
+            .await
+            .unwrap();
+        assert_eq!(inner.calls(), 2);
+        for _ in 0..3 {
+            match store.reserve(&k, &claim(), LEASE).await.unwrap() {
+                // The record as the inner store holds it: owned by the claim that wrote it.
+                Reservation::Completed(held) => {
+                    assert!(held.is_owned_by(owner.token()));
+                    assert_eq!(held, record.clone().owned_by(owner.token()));
+                }
+                other => panic!("expected a completed record, got {other:?}"),
+            }
+        }
+        assert_eq!(inner.calls(), 2, "cache hits never reach the inner store");
+        // Completing and releasing still go to the inner store.
+        assert_eq!(
+            store
+                .complete(&k, &owner, &record, RETENTION)
+                .await
+                .unwrap(),
+            Completion::AlreadyWritten
+        );
+        assert_eq!(inner.calls(), 3);
+    }
+
+    #[tokio::test]
+    async fn an_in_flight_claim_is_never_cached_nor_served() {
+        let inner = Counting::default();
+        let store = CachedStore::new(inner.clone());
+        let (k, owner) = (key(1), claim());
+        assert_eq!(
+            store.reserve(&k, &owner, LEASE).await.unwrap(),
+            Reservation::Acquired
+        );
+        for _ in 0..3 {
+            assert!(matches!(
+                store.reserve(&k, &claim(), LEASE).await.unwrap(),
+                Reservation::InFlight { .. }
+            ));
+        }
+        assert!(store.is_empty());
+        assert_eq!(
+            inner.calls(),
+            4,
+            "every reserve of an in-flight key asks the store"
+        );
+        // A completion that lost its claim caches nothing either.
+        let stranger = claim();
+        let record = Record::ack(stranger.fingerprint());
+        assert_eq!(
+            store
+                .complete(&k, &stranger, &record, RETENTION)
+                .await
+                .unwrap(),
+            Completion::Lost
+        );
+        assert!(store.is_empty());
+        assert!(store.renew(&k, &owner, LEASE).await.unwrap());
+        assert!(matches!(
+            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            Reservation::InFlight { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_released_key_is_not_served() {
+        let inner = Counting::default();
+        let store = CachedStore::new(inner.clone());
+        let (k, owner) = (key(1), claim());
+        store.reserve(&k, &owner, LEASE).await.unwrap();
+        assert!(store.release(&k, &owner).await.unwrap());
+        assert!(store.is_empty());
+        let next = claim();
+        assert_eq!(
+            store.reserve(&k, &next, LEASE).await.unwrap(),
+            Reservation::Acquired
+        );
+        assert!(store.release(&k, &next).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn an_answer_showing_the_key_not_completed_drops_a_stale_record() {
+        // The record expires in the inner store while this instance still caches what it read.
+        let inner = MemoryStore::new();
+        let store = CachedStore::new(inner.clone());
+        let k = key(1);
+        complete(&inner, &k, Duration::from_millis(300)).await;
+        assert!(matches!(
+            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        // The documented trade-off: up to `read_ttl` late.
+        assert!(matches!(
+            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
+        // Another instance claims the key again; this one renews it for that claim (as a
+        // guard on this instance would): the answer shows the key in flight.
+        let other = claim();
+        assert_eq!(
+            inner.reserve(&k, &other, LEASE).await.unwrap(),
+            Reservation::Acquired
+        );
+        assert!(store.renew(&k, &other, LEASE).await.unwrap());
+        assert!(store.is_empty());
+        assert!(matches!(
+            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            Reservation::InFlight { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn records_read_from_the_store_live_read_ttl() {
+        let inner = Counting::default();
+        let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_millis(300));
+        let k = key(1);
+        complete(&inner.store, &k, RETENTION).await;
+        assert!(matches!(
+            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
+        assert!(matches!(
+            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
+        assert_eq!(inner.calls(), 1, "the second duplicate is a cache hit");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(matches!(
+            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
+        assert_eq!(inner.calls(), 2, "expired: asked the store again");
+
+        // A zero read TTL caches only what this instance wrote.
+        let store = CachedStore::new(inner.clone()).read_ttl(Duration::ZERO);
+        store.reserve(&k, &claim(), LEASE).await.unwrap();
+        assert!(store.is_empty());
+        complete(&store, &key(2), RETENTION).await;
+        assert_eq!(store.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn entries_expire_with_the_retention_or_max_ttl() {
+        let inner = Counting::default();
+        let store = CachedStore::new(inner.clone()).max_ttl(Duration::from_millis(600));
+        // Retention shorter than max_ttl: the entry never outlives the record.
+        let short = key(1);
+        complete(&store, &short, Duration::from_millis(300)).await;
+        // Retention longer than max_ttl: kept max_ttl.
+        let long = key(2);
+        complete(&store, &long, RETENTION).await;
+        assert_eq!(store.len(), 2);
+        let calls = inner.calls();
+        for k in [&short, &long] {
+            assert!(matches!(
+                store.reserve(k, &claim(), LEASE).await.unwrap(),
+                Reservation::Completed(_)
+            ));
+        }
+        assert_eq!(inner.calls(), calls);
+
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(
+            store.reserve(&short, &claim(), LEASE).await.unwrap(),
+            Reservation::Acquired,
+            "expired with its retention: the key is free again"
+        );
+        assert!(matches!(
+            store.reserve(&long, &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
+        assert_eq!(inner.calls(), calls + 1);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(matches!(
+            store.reserve(&long, &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
+        assert_eq!(inner.calls(), calls + 2, "past max_ttl: asked the store");
+    }
+
+    #[tokio::test]
+    async fn bounded_by_entries_oldest_first() {
+        let inner = Counting::default();
+        let store = CachedStore::new(inner.clone()).max_entries(4);
+        assert_eq!(store.cache.shards.len(), 1);
+        for i in 0..10 {
+            complete(&store, &key(i), RETENTION).await;
+            assert!(store.len() <= 4);
+        }
+        assert_eq!(store.len(), 4);
+        assert_eq!(store.bytes(), 4 * ENTRY_BYTES);
+        let calls = inner.calls();
+        for i in 6..10 {
+            store.reserve(&key(i), &claim(), LEASE).await.unwrap();
+        }
+        assert_eq!(inner.calls(), calls, "the newest four are cached");
+        for i in 0..6 {
+            assert!(matches!(
+                store.reserve(&key(i), &claim(), LEASE).await.unwrap(),
+                Reservation::Completed(_)
+            ));
+        }
+        assert_eq!(inner.calls(), calls + 6, "the oldest six were evicted");
+
+        // Sharded: the bound holds across shards.
+        let store = CachedStore::new(MemoryStore::new()).max_entries(1_000);
+        assert!(store.cache.shards.len() > 1);
+        for i in 0..5_000 {
+            complete(&store, &key(i), RETENTION).await;
+        }
+        assert!(store.len() <= 1_000);
+        assert!(store.len() >= 900, "{}", store.len());
+    }
+
+    #[tokio::test]
+    async fn bounded_by_bytes_counting_stored_responses() {
+        let store = CachedStore::new(MemoryStore::new()).max_bytes(10_000);
+        let one = cost(&replay(2_000));
+        assert!(one > 2_000 + ENTRY_BYTES);
+        for i in 0..10 {
+            let (k, owner) = (key(i), claim());
+            store.reserve(&k, &owner, LEASE).await.unwrap();
+            store
+                .complete(&k, &owner, &replay(2_000), RETENTION)
+                .await
+                .unwrap();
+            assert!(store.bytes() <= 10_000);
+        }
+        assert_eq!(store.len(), 10_000 / one);
+        assert_eq!(store.bytes(), store.len() * one);
+        // The newest are kept.
+        match store.reserve(&key(9), &claim(), LEASE).await.unwrap() {
+            Reservation::Completed(record) => {
+                assert_eq!(record.response().unwrap().body().len(), 2_000)
+            }
+            other => panic!("expected a completed record, got {other:?}"),
+        }
+        // A record larger than the bound is not cached, and evicts nothing.
+        let (k, owner) = (key(100), claim());
+        store.reserve(&k, &owner, LEASE).await.unwrap();
+        store
+            .complete(&k, &owner, &replay(20_000), RETENTION)
+            .await
+            .unwrap();
+        assert_eq!(store.len(), 10_000 / one);
+    }
+
+    #[tokio::test]
+    async fn zero_entries_turns_the_cache_off() {
+        let inner = Counting::default();
+        let store = CachedStore::new(inner.clone()).max_entries(0);
+        complete(&store, &key(1), RETENTION).await;
+        assert!(store.is_empty());
+        store.reserve(&key(1), &claim(), LEASE).await.unwrap();
+        assert_eq!(inner.calls(), 3);
+    }
+
+    #[tokio::test]
+    async fn batches_send_only_the_misses_and_merge_in_order() {
+        let inner = Counting::default();
+        let store = CachedStore::new(inner.clone());
+        let [done_a, new_b, done_c, busy_d, new_e] = [0, 1, 2, 3, 4].map(key);
+        complete(&store, &done_a, RETENTION).await;
+        complete(&store, &done_c, RETENTION).await;
+        let holder = claim();
+        store.reserve(&busy_d, &holder, LEASE).await.unwrap();
+        let calls = inner.calls();
+
+        let batch = [
+            done_a.clone(),
+            new_b.clone(),
+            done_c.clone(),
+            busy_d.clone(),
+            new_e.clone(),
+        ];
+        let mine = claim();
+        let answers = store.reserve_many(&batch, &mine, LEASE).await.unwrap();
+        assert!(
+            matches!(answers[0], Reservation::Completed(_)),
+            "{answers:?}"
+        );
+        assert_eq!(answers[1], Reservation::Acquired);
+        assert!(
+            matches!(answers[2], Reservation::Completed(_)),
+            "{answers:?}"
+        );
+        assert!(
+            matches!(answers[3], Reservation::InFlight { .. }),
+            "{answers:?}"
+        );
+        assert_eq!(answers[4], Reservation::Acquired);
+        assert_eq!(inner.calls(), calls + 1, "one call for the misses");
+        assert_eq!(
+            *inner.last_batch.lock().unwrap(),
+            [new_b.clone(), busy_d.clone(), new_e.clone()]
+        );
+
+        // Every key cached: no call at all.
+        let done = store
+            .complete_many(
+                &[new_b.clone(), new_e.clone()],
+                &mine,
+                &Record::ack(mine.fingerprint()),
+                RETENTION,
+            )
+            .await
+            .unwrap();
+        assert_eq!(done, [Completion::Written, Completion::Written]);
+        let calls = inner.calls();
+        let answers = store
+            .reserve_many(&[new_e.clone(), done_a, new_b], &claim(), LEASE)
+            .await
+            .unwrap();
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, Reservation::Completed(_)))
+        );
+        assert_eq!(inner.calls(), calls);
+
+        // Records read in a batch are cached.
+        store.clear();
+        let answers = store
+            .reserve_many(&[new_e.clone(), busy_d.clone()], &claim(), LEASE)
+            .await
+            .unwrap();
+        assert!(matches!(answers[0], Reservation::Completed(_)));
+        assert!(matches!(answers[1], Reservation::InFlight { .. }));
+        assert_eq!(store.len(), 1);
+
+        // Releasing or renewing keys drops their entries.
+        assert!(
+            store
+                .renew_many(std::slice::from_ref(&busy_d), &holder, LEASE)
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            store.release_many(&[busy_d, new_e], &holder).await.unwrap(),
+            1
+        );
+        assert!(store.is_empty());
+    }
+
+    #[tokio::test]
+    async fn clear_and_into_inner() {
+        let store = CachedStore::new(MemoryStore::new());
+        complete(&store, &key(1), RETENTION).await;
+        assert_eq!(store.len(), 1);
+        let clone = store.clone();
+        clone.clear();
+        assert!(store.is_empty(), "clones share the cache");
+        assert_eq!(store.bytes(), 0);
+        assert_eq!(store.inner().len(), 1);
+        let inner = store.into_inner();
+        assert!(matches!(
+            inner.reserve(&key(1), &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn replaced_and_dropped_entries_leave_a_bounded_queue() {
+        let store = CachedStore::new(MemoryStore::new()).max_entries(100);
+        let k = key(1_000_000);
+        let record = Record::ack(Fingerprint::NONE);
+        let far = Instant::now() + RETENTION;
+        for _ in 0..10_000 {
+            store.cache.insert(&k, &record, far);
+        }
+        for i in 0..10_000 {
+            store.cache.insert(&key(i), &record, far);
+            store.cache.forget(&key(i));
+        }
+        assert_eq!(store.len(), 1);
+        let queued: usize = store.cache.shards.iter().map(|s| lock(s).queue.len()).sum();
+        assert!(queued <= 2 + 64 + 1, "{queued} queue items");
+        assert_eq!(store.bytes(), ENTRY_BYTES);
+    }
+
+    #[tokio::test]
+    async fn expired_entries_are_dropped_when_looked_up_or_reached() {
+        let store = CachedStore::new(MemoryStore::new()).max_entries(4);
+        let record = Record::ack(Fingerprint::NONE);
+        let soon = Instant::now() + Duration::from_millis(50);
+        for i in 0..3 {
+            store.cache.insert(&key(i), &record, soon);
+        }
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(store.cache.get(&key(0)), None);
+        assert_eq!(store.len(), 2);
+        // The next insert drops the expired entries at the front of the queue.
+        store
+            .cache
+            .insert(&key(9), &record, Instant::now() + RETENTION);
+        assert_eq!(store.len(), 1);
+        assert_eq!(store.bytes(), ENTRY_BYTES);
+    }
+
+    #[test]
+    fn entry_bytes_covers_an_entry_with_the_tables_slack() {
+        // A table slot and a queue item: at the fullest (no slack) and at the emptiest the
+        // tables get (a table at 7/16 load just after growing, a queue at half capacity and
+        // with as many stale items as live ones). The estimate is about the mean of the two.
+        let slot = std::mem::size_of::<(Slot, Entry)>() + 1;
+        let item = std::mem::size_of::<(Slot, u64)>();
+        let (fullest, emptiest) = (slot + item, slot * 16 / 7 + item * 4);
+        assert!(fullest <= ENTRY_BYTES, "{fullest}");
+        assert!(emptiest <= 2 * ENTRY_BYTES, "{emptiest}");
+        assert!(
+            (fullest + emptiest) / 2 <= ENTRY_BYTES,
+            "{fullest}..{emptiest}"
+        );
+    }
+
+    #[test]
+    fn shards_keep_both_bounds() {
+        let cache = Cache::new(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES);
+        assert_eq!(cache.shards.len(), MAX_SHARDS);
+        assert!(cache.shard_entries * MAX_SHARDS <= DEFAULT_MAX_ENTRIES);
+        assert_eq!(cache.shard_bytes, 4 * 1024 * 1024);
+        let small = Cache::new(100, 1 << 30);
+        assert_eq!(small.shards.len(), 1);
+        assert_eq!(small.shard_entries, 100);
+        let little_bytes = Cache::new(DEFAULT_MAX_ENTRIES, 3 * 1024 * 1024);
+        assert_eq!(little_bytes.shards.len(), 3);
+        assert!(little_bytes.shard_bytes * 3 <= 3 * 1024 * 1024);
+        let mut counts = [0usize; MAX_SHARDS];
+        for i in 0..16_000 {
+            let slot = Slot::of(&key(i));
+            counts[(cache.hasher.hash_one(slot) >> 32) as usize % MAX_SHARDS] += 1;
+        }
+        assert!(
+            counts.iter().all(|&n| (800..1200).contains(&n)),
+            "{counts:?}"
+        );
+    }
+}
