@@ -18,6 +18,7 @@ use sqlx::Row;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::record::{Record, StoredResponse};
+use tower_idempotency::store::cache::LocalCache;
 use tower_idempotency::store::sql::{DEFAULT_TABLE, PostgresStore};
 use tower_idempotency::store::{
     Claim, Completion, IdempotencyStore, Reservation, StoreErrorKind, StoreKey,
@@ -338,14 +339,17 @@ async fn completed_keys_survive_an_app_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completed_keys_survive_a_database_crash_and_the_store_reconnects() {
     let mut server = tokio::task::block_in_place(PostgresServer::new);
-    let store = PostgresStore::new(pool(&server.url(), 4).await);
+    // What the database itself keeps: no local cache in front of it.
+    let store = PostgresStore::new(pool(&server.url(), 4).await).local_cache(LocalCache::off());
     store.migrate().await.unwrap();
+    // An instance with the (default) local cache, which completed the key itself.
+    let cached = PostgresStore::new(pool(&server.url(), 4).await);
     let key = StoreKey::new("restart", None, "evt_1");
     let first = claim(b"body");
     let record = replay_record(&first);
-    store.reserve(&key, &first, LEASE).await.unwrap();
+    cached.reserve(&key, &first, LEASE).await.unwrap();
     assert!(
-        store
+        cached
             .complete(&key, &first, &record, RETENTION)
             .await
             .unwrap()
@@ -355,6 +359,18 @@ async fn completed_keys_survive_a_database_crash_and_the_store_reconnects() {
     tokio::task::block_in_place(|| server.stop());
     let err = store
         .reserve(&key, &claim(b"body"), LEASE)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    // The caching instance still answers the duplicate of the key it completed.
+    assert_eq!(
+        cached.reserve(&key, &claim(b"body"), LEASE).await.unwrap(),
+        Reservation::Completed(record.clone())
+    );
+    // A new key needs the database.
+    let other = StoreKey::new("restart", None, "evt_2");
+    let err = cached
+        .reserve(&other, &claim(b"x"), LEASE)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");

@@ -17,6 +17,7 @@ use redis_proxy::RoundTripProxy;
 use redis_server::RedisServer;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::record::Record;
+use tower_idempotency::store::cache::LocalCache;
 use tower_idempotency::store::{Claim, Completion, IdempotencyStore, Reservation, StoreKey};
 use tower_idempotency::{IdempotencyLayer, RedisStore};
 
@@ -43,8 +44,9 @@ async fn store_down_fails_closed_or_open() {
     suite::fail_open_processes_without_protection(store, async || server.kill()).await;
 }
 
-/// Through the layer, a first delivery costs 2 commands (SET NX GET, EVALSHA) and a duplicate
-/// costs 1 (SET NX GET), as sent by the client (`MONITOR`).
+/// Through the layer, a first delivery costs 2 commands (SET NX GET, EVALSHA); a duplicate
+/// costs 1 (SET NX GET) on an instance whose local cache does not hold the record, and none on
+/// one that does; as sent by the clients (`MONITOR`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_commands_per_first_delivery_one_per_duplicate() {
     let server = RedisServer::start();
@@ -52,16 +54,31 @@ async fn two_commands_per_first_delivery_one_per_duplicate() {
     store.load_scripts().await.unwrap();
     let effects = Effects::default();
     let app = router(IdempotencyLayer::new(store).namespace("cost"), &effects);
+    // A second instance on the same Redis.
+    let other = RedisStore::new(server.connect().await);
+    let other = router(IdempotencyLayer::new(other).namespace("cost"), &effects);
 
     let monitor = server.monitor();
     let (status, _, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
 
+    // The instance that completed the key answers its duplicates from its local cache.
     let monitor = server.monitor();
     let (status, _, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::OK);
+    assert_eq!(monitor.finish(), Vec::<String>::new());
+
+    // Another instance reads the record once, then answers from its own cache.
+    let monitor = server.monitor();
+    let (status, _, _) = send(&other, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::OK);
     assert_eq!(monitor.finish(), ["SET"]);
+    let monitor = server.monitor();
+    let (status, _, _) = send(&other, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(monitor.finish(), Vec::<String>::new());
+    assert_eq!(effects.total(), 1);
 
     // A failed attempt: SET, then the release script.
     let monitor = server.monitor();
@@ -203,7 +220,8 @@ fn batch_keys(label: &str, n: usize) -> Vec<StoreKey> {
 
 /// A batch of N = 5 new items through the store's batch methods: `reserve_many` then
 /// `complete_many` cost exactly **2 round trips** and 10 commands (5 `SET`, then 5
-/// `EVALSHA`); a duplicate batch costs 1 round trip of 5 `SET`s.
+/// `EVALSHA`); a duplicate batch costs 1 round trip of 5 `SET`s without the local cache, and
+/// none with it.
 ///
 /// Commands are counted with `MONITOR` (what the server received from clients, scripts'
 /// inner calls left out). Round trips cannot be read from `MONITOR`: five `SET`s sent one by
@@ -219,7 +237,8 @@ async fn a_batch_of_five_costs_two_round_trips() {
     const N: usize = 5;
     let server = RedisServer::start();
     let proxy = RoundTripProxy::start(server.port(), QUIET).await;
-    let store = RedisStore::new(proxy.connect().await);
+    // Without the local cache: what the Redis store itself costs.
+    let store = RedisStore::new(proxy.connect().await).local_cache(LocalCache::off());
     store.load_scripts().await.unwrap();
     let keys = batch_keys("new", N);
     let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
@@ -274,6 +293,34 @@ async fn a_batch_of_five_costs_two_round_trips() {
     );
     assert_eq!(sent, set);
     assert_eq!(rounds, [set]);
+
+    // With the local cache (the default), an instance that completed the batch answers its
+    // duplicate with no round trip.
+    let cached = RedisStore::new(proxy.connect().await);
+    let fresh = batch_keys("cached", N);
+    let claim_c = Claim::new(Fingerprint::of_bytes(b"{}"));
+    let record_c = Record::ack(claim_c.fingerprint()).owned_by(claim_c.token());
+    cached
+        .reserve_many(&fresh, &claim_c, Duration::from_secs(30))
+        .await
+        .unwrap();
+    cached
+        .complete_many(&fresh, &claim_c, &record_c, retention)
+        .await
+        .unwrap();
+    let _ = proxy.take_rounds();
+    let monitor = server.monitor();
+    let duplicate = cached
+        .reserve_many(&fresh, &again, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        duplicate
+            .iter()
+            .all(|r| matches!(r, Reservation::Completed(_)))
+    );
+    assert_eq!(monitor.finish(), Vec::<String>::new());
+    assert_eq!(proxy.take_rounds(), Vec::<Vec<String>>::new());
 
     // The control: the single-key method called per key waits for each reply, and the proxy
     // sees it (one round per command).

@@ -530,7 +530,10 @@ async fn an_ack_record_is_one_small_string() {
     assert_eq!(value_len, 12);
     assert_eq!(encoding, "embstr");
     assert!(completed <= 100, "ack record uses {completed} bytes");
-    assert_eq!(completed, floor, "an ack record costs no more than the smallest value");
+    assert_eq!(
+        completed, floor,
+        "an ack record costs no more than the smallest value"
+    );
 }
 
 #[tokio::test]

@@ -177,9 +177,7 @@ const MIN_SHARD_BYTES: usize = 1024 * 1024;
 #[derive(Clone)]
 pub struct CachedStore<St> {
     inner: St,
-    cache: Arc<Cache>,
-    max_ttl: Duration,
-    read_ttl: Duration,
+    cache: LocalCache,
 }
 
 impl<St> CachedStore<St> {
@@ -187,12 +185,151 @@ impl<St> CachedStore<St> {
     /// [`DEFAULT_MAX_BYTES`] bytes, kept at most [`DEFAULT_MAX_TTL`] ([`DEFAULT_READ_TTL`] for
     /// records read from `inner`).
     pub fn new(inner: St) -> Self {
-        CachedStore {
-            inner,
+        Self::with_cache(inner, LocalCache::new())
+    }
+
+    /// Wraps `inner` with `cache` (which clones of other stores may share).
+    pub fn with_cache(inner: St, cache: LocalCache) -> Self {
+        CachedStore { inner, cache }
+    }
+
+    /// Sets the bound on the number of cached records (default [`DEFAULT_MAX_ENTRIES`]); zero
+    /// turns the cache off. Starts a new, empty cache.
+    pub fn max_entries(mut self, max_entries: usize) -> Self {
+        self.cache = self.cache.max_entries(max_entries);
+        self
+    }
+
+    /// Sets the bound on the accounted bytes (default [`DEFAULT_MAX_BYTES`]): [`ENTRY_BYTES`]
+    /// per record, plus the stored response of replay-mode records. Starts a new, empty cache.
+    pub fn max_bytes(mut self, max_bytes: usize) -> Self {
+        self.cache = self.cache.max_bytes(max_bytes);
+        self
+    }
+
+    /// Sets the longest time a record is cached (default [`DEFAULT_MAX_TTL`]); see
+    /// [`LocalCache::max_ttl`].
+    pub fn max_ttl(mut self, max_ttl: Duration) -> Self {
+        self.cache = self.cache.max_ttl(max_ttl);
+        self
+    }
+
+    /// Sets how long a record read from the inner store is cached (default
+    /// [`DEFAULT_READ_TTL`]); see [`LocalCache::read_ttl`].
+    pub fn read_ttl(mut self, read_ttl: Duration) -> Self {
+        self.cache = self.cache.read_ttl(read_ttl);
+        self
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &St {
+        &self.inner
+    }
+
+    /// The cache.
+    pub fn cache(&self) -> &LocalCache {
+        &self.cache
+    }
+
+    /// Unwraps the store, dropping this handle on the cache.
+    pub fn into_inner(self) -> St {
+        self.inner
+    }
+
+    /// The number of records held, including expired ones not yet dropped (they are dropped
+    /// lazily, see the [module docs](crate::store::cache)).
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Whether the cache holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+    }
+
+    /// The bytes accounted for the records held ([`ENTRY_BYTES`] each, plus stored responses).
+    pub fn bytes(&self) -> usize {
+        self.cache.bytes()
+    }
+
+    /// Forgets every cached record (of every clone of this store); see [`LocalCache::clear`].
+    pub fn clear(&self) {
+        self.cache.clear()
+    }
+}
+
+impl<St: fmt::Debug> fmt::Debug for CachedStore<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachedStore")
+            .field("inner", &self.inner)
+            .field("cache", &self.cache)
+            .finish()
+    }
+}
+
+/// The local cache of completed records itself: what [`CachedStore`] puts in front of any
+/// store, and what the Redis and SQL stores hold by default (`RedisStore::local_cache`,
+/// `SqlStore::local_cache`). See the [module docs](self) for what is cached and until when.
+///
+/// Cheap to clone: clones share the records. The builder methods
+/// [`max_entries`](Self::max_entries) and [`max_bytes`](Self::max_bytes) start a new, empty
+/// cache.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::store::cache::LocalCache;
+///
+/// let cache = LocalCache::new()
+///     .max_entries(50_000)
+///     .max_ttl(Duration::from_secs(300))
+///     .read_ttl(Duration::from_secs(2));
+/// assert!(cache.is_empty());
+/// assert!(!LocalCache::off().is_on());
+/// ```
+#[derive(Clone)]
+pub struct LocalCache {
+    cache: Arc<Cache>,
+    max_ttl: Duration,
+    read_ttl: Duration,
+}
+
+impl Default for LocalCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for LocalCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalCache")
+            .field("max_entries", &self.cache.max_entries)
+            .field("max_bytes", &self.cache.max_bytes)
+            .field("max_ttl", &self.max_ttl)
+            .field("read_ttl", &self.read_ttl)
+            .field("shards", &self.cache.shards.len())
+            .finish()
+    }
+}
+
+impl LocalCache {
+    /// A cache of at most [`DEFAULT_MAX_ENTRIES`] records and [`DEFAULT_MAX_BYTES`] bytes,
+    /// kept at most [`DEFAULT_MAX_TTL`] ([`DEFAULT_READ_TTL`] for records read from the store).
+    pub fn new() -> Self {
+        LocalCache {
             cache: Arc::new(Cache::new(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES)),
             max_ttl: DEFAULT_MAX_TTL,
             read_ttl: DEFAULT_READ_TTL,
         }
+    }
+
+    /// No cache: every call goes to the store.
+    pub fn off() -> Self {
+        Self::new().max_entries(0)
+    }
+
+    /// Whether the cache can hold records (it is not [`off`](Self::off)).
+    pub fn is_on(&self) -> bool {
+        self.cache.max_entries > 0 && !self.cache.shards.is_empty()
     }
 
     /// Sets the bound on the number of cached records (default [`DEFAULT_MAX_ENTRIES`]); zero
@@ -218,23 +355,13 @@ impl<St> CachedStore<St> {
         self
     }
 
-    /// Sets how long a record read from the inner store (not written by this instance) is
-    /// cached (default [`DEFAULT_READ_TTL`], never more than [`max_ttl`](Self::max_ttl)):
-    /// how late a duplicate may be answered after the record expired or was deleted in the
-    /// store. Zero caches only the records this instance wrote.
+    /// Sets how long a record read from the store (not written by this instance) is cached
+    /// (default [`DEFAULT_READ_TTL`], never more than [`max_ttl`](Self::max_ttl)): how late a
+    /// duplicate may be answered after the record expired or was deleted in the store. Zero
+    /// caches only the records this instance wrote.
     pub fn read_ttl(mut self, read_ttl: Duration) -> Self {
         self.read_ttl = read_ttl;
         self
-    }
-
-    /// The wrapped store.
-    pub fn inner(&self) -> &St {
-        &self.inner
-    }
-
-    /// Unwraps the store, dropping this handle on the cache.
-    pub fn into_inner(self) -> St {
-        self.inner
     }
 
     /// The number of records held, including expired ones not yet dropped (they are dropped
@@ -253,9 +380,9 @@ impl<St> CachedStore<St> {
         self.cache.shards.iter().map(|s| lock(s).bytes).sum()
     }
 
-    /// Forgets every cached record (of every clone of this store): the next duplicate of each
-    /// key asks the inner store. What an operator who deleted keys from the shared store by
-    /// hand calls on every instance.
+    /// Forgets every cached record (of every clone of this cache): the next duplicate of each
+    /// key asks the store. What an operator who deleted keys from the shared store by hand
+    /// calls on every instance.
     pub fn clear(&self) {
         for shard in self.cache.shards.iter() {
             let mut state = lock(shard);
@@ -265,7 +392,7 @@ impl<St> CachedStore<St> {
         }
     }
 
-    /// The life of a record read from the inner store.
+    /// The life of a record read from the store.
     fn read_life(&self) -> Duration {
         self.read_ttl.min(self.max_ttl)
     }
@@ -281,18 +408,146 @@ impl<St> CachedStore<St> {
             .unwrap_or_else(|| from + Duration::from_secs(100 * 365 * 24 * 3600));
         self.cache.insert(key, record, expires);
     }
-}
 
-impl<St: fmt::Debug> fmt::Debug for CachedStore<St> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CachedStore")
-            .field("inner", &self.inner)
-            .field("max_entries", &self.cache.max_entries)
-            .field("max_bytes", &self.cache.max_bytes)
-            .field("max_ttl", &self.max_ttl)
-            .field("read_ttl", &self.read_ttl)
-            .field("shards", &self.cache.shards.len())
-            .finish()
+    /// How long to cache the record of a completion that answered `done`, if at all.
+    fn completed_life(&self, done: Completion, retention: Duration) -> Option<Duration> {
+        match done {
+            // Written during the call: the record lives `retention` from a moment after `asked`.
+            Completion::Written => Some(retention.min(self.max_ttl)),
+            // Written by an earlier attempt of this claim: its retention started earlier.
+            Completion::AlreadyWritten => Some(retention.min(self.read_life())),
+            _ => None,
+        }
+    }
+
+    /// A reserve through the cache: a live cached record answers [`Reservation::Completed`]
+    /// and `store` (the store's own reserve) is never polled; otherwise its answer is learnt.
+    pub(crate) async fn reserve(
+        &self,
+        key: &StoreKey,
+        store: impl Future<Output = Result<Reservation, StoreError>>,
+    ) -> Result<Reservation, StoreError> {
+        if let Some(record) = self.cache.get(key) {
+            return Ok(Reservation::Completed(record));
+        }
+        let asked = Instant::now();
+        let answer = store.await?;
+        match &answer {
+            Reservation::Completed(record) => {
+                self.remember(key, record, asked, self.read_life());
+            }
+            _ => self.cache.forget(key),
+        }
+        Ok(answer)
+    }
+
+    /// A completion through the cache: `store` always runs; the record it wrote is learnt.
+    pub(crate) async fn complete(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+        store: impl Future<Output = Result<Completion, StoreError>>,
+    ) -> Result<Completion, StoreError> {
+        let asked = Instant::now();
+        let done = store.await?;
+        if let Some(life) = self.completed_life(done, retention) {
+            self.remember(key, &record.clone().owned_by(claim.token()), asked, life);
+        }
+        Ok(done)
+    }
+
+    /// A release or renewal through the cache: `store` always runs, then whatever was cached
+    /// for `keys` is dropped (a claim only releases or renews keys it acquired from the store,
+    /// so a record cached for one is stale at best).
+    pub(crate) async fn forgetting<T>(
+        &self,
+        keys: &[StoreKey],
+        store: impl Future<Output = T>,
+    ) -> T {
+        let answer = store.await;
+        for key in keys {
+            self.cache.forget(key);
+        }
+        answer
+    }
+
+    /// A batch reserve through the cache: the cached keys are answered from the cache, the
+    /// others sent to `store` in one call (none when every key is cached); the answers come
+    /// back in the order of `keys`.
+    pub(crate) async fn reserve_many<F, Fut>(
+        &self,
+        keys: &[StoreKey],
+        store: F,
+    ) -> Result<Vec<Reservation>, StoreError>
+    where
+        F: FnOnce(Vec<StoreKey>) -> Fut,
+        Fut: Future<Output = Result<Vec<Reservation>, StoreError>>,
+    {
+        let mut answers: Vec<Option<Reservation>> = keys
+            .iter()
+            .map(|key| self.cache.get(key).map(Reservation::Completed))
+            .collect();
+        let misses: Vec<StoreKey> = keys
+            .iter()
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_none())
+            .map(|(key, _)| key.clone())
+            .collect();
+        if misses.is_empty() {
+            return Ok(answers.into_iter().flatten().collect());
+        }
+        let asked = Instant::now();
+        let count = misses.len();
+        let fetched = store(misses).await?;
+        if fetched.len() != count {
+            return Err(StoreError::with_source(
+                StoreErrorKind::Corrupt,
+                format!(
+                    "reserve_many answered {} reservations for {count} keys",
+                    fetched.len()
+                ),
+            ));
+        }
+        let mut fetched = fetched.into_iter();
+        let life = self.read_life();
+        for (key, answer) in keys.iter().zip(&mut answers) {
+            if answer.is_some() {
+                continue;
+            }
+            let Some(reservation) = fetched.next() else {
+                break;
+            };
+            match &reservation {
+                Reservation::Completed(record) => self.remember(key, record, asked, life),
+                _ => self.cache.forget(key),
+            }
+            *answer = Some(reservation);
+        }
+        Ok(answers.into_iter().flatten().collect())
+    }
+
+    /// A batch completion through the cache: `store` always runs (one call); each record it
+    /// wrote is learnt.
+    pub(crate) async fn complete_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+        store: impl Future<Output = Result<Vec<Completion>, StoreError>>,
+    ) -> Result<Vec<Completion>, StoreError> {
+        let asked = Instant::now();
+        let done = store.await?;
+        let mut owned = None;
+        for (key, completion) in keys.iter().zip(&done) {
+            if let Some(life) = self.completed_life(*completion, retention) {
+                let owned = owned.get_or_insert_with(|| record.clone().owned_by(claim.token()));
+                self.remember(key, owned, asked, life);
+            }
+        }
+        Ok(done)
     }
 }
 
@@ -531,18 +786,8 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         claim: &Claim,
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
-        if let Some(record) = self.cache.get(key) {
-            return Ok(Reservation::Completed(record));
-        }
-        let asked = Instant::now();
-        let answer = self.inner.reserve(key, claim, lease).await?;
-        match &answer {
-            Reservation::Completed(record) => {
-                self.remember(key, record, asked, self.read_life());
-            }
-            _ => self.cache.forget(key),
-        }
-        Ok(answer)
+        let store = self.inner.reserve(key, claim, lease);
+        self.cache.reserve(key, store).await
     }
 
     /// Always completes in the inner store. A record written ([`Completion::Written`]) is
@@ -557,19 +802,18 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         record: &Record,
         retention: Duration,
     ) -> Result<Completion, StoreError> {
-        let asked = Instant::now();
-        let done = self.inner.complete(key, claim, record, retention).await?;
-        if let Some(life) = self.completed_life(done, retention) {
-            self.remember(key, &record.clone().owned_by(claim.token()), asked, life);
-        }
-        Ok(done)
+        let store = self.inner.complete(key, claim, record, retention);
+        self.cache
+            .complete(key, claim, record, retention, store)
+            .await
     }
 
     /// Always releases in the inner store, then drops any cached record of `key`.
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        let released = self.inner.release(key, claim).await;
-        self.cache.forget(key);
-        released
+        let store = self.inner.release(key, claim);
+        self.cache
+            .forgetting(std::slice::from_ref(key), store)
+            .await
     }
 
     /// Always renews in the inner store, then drops any cached record of `key`.
@@ -579,9 +823,10 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        let renewed = self.inner.renew(key, claim, lease).await;
-        self.cache.forget(key);
-        renewed
+        let store = self.inner.renew(key, claim, lease);
+        self.cache
+            .forgetting(std::slice::from_ref(key), store)
+            .await
     }
 
     /// Answers the cached keys from the cache and sends only the others to the inner store's
@@ -593,54 +838,10 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         claim: &Claim,
         lease: Duration,
     ) -> Result<Vec<Reservation>, StoreError> {
-        let mut answers: Vec<Option<Reservation>> = keys
-            .iter()
-            .map(|key| self.cache.get(key).map(Reservation::Completed))
-            .collect();
-        let hits = answers.iter().filter(|a| a.is_some()).count();
-        if hits == keys.len() {
-            return Ok(answers.into_iter().flatten().collect());
-        }
-        let misses: Vec<StoreKey>;
-        let asked_keys = if hits == 0 {
-            keys
-        } else {
-            misses = keys
-                .iter()
-                .zip(&answers)
-                .filter(|(_, answer)| answer.is_none())
-                .map(|(key, _)| key.clone())
-                .collect();
-            &misses[..]
+        let store = |misses: Vec<StoreKey>| async move {
+            self.inner.reserve_many(&misses, claim, lease).await
         };
-        let asked = Instant::now();
-        let fetched = self.inner.reserve_many(asked_keys, claim, lease).await?;
-        if fetched.len() != asked_keys.len() {
-            return Err(StoreError::with_source(
-                StoreErrorKind::Corrupt,
-                format!(
-                    "reserve_many answered {} reservations for {} keys",
-                    fetched.len(),
-                    asked_keys.len()
-                ),
-            ));
-        }
-        let mut fetched = fetched.into_iter();
-        let life = self.read_life();
-        for (key, answer) in keys.iter().zip(&mut answers) {
-            if answer.is_some() {
-                continue;
-            }
-            let Some(reservation) = fetched.next() else {
-                break;
-            };
-            match &reservation {
-                Reservation::Completed(record) => self.remember(key, record, asked, life),
-                _ => self.cache.forget(key),
-            }
-            *answer = Some(reservation);
-        }
-        Ok(answers.into_iter().flatten().collect())
+        self.cache.reserve_many(keys, store).await
     }
 
     /// Always completes in the inner store (one call), then caches each key's record as
@@ -652,29 +853,17 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         record: &Record,
         retention: Duration,
     ) -> Result<Vec<Completion>, StoreError> {
-        let asked = Instant::now();
-        let done = self
-            .inner
-            .complete_many(keys, claim, record, retention)
-            .await?;
-        let mut owned = None;
-        for (key, completion) in keys.iter().zip(&done) {
-            if let Some(life) = self.completed_life(*completion, retention) {
-                let owned = owned.get_or_insert_with(|| record.clone().owned_by(claim.token()));
-                self.remember(key, owned, asked, life);
-            }
-        }
-        Ok(done)
+        let store = self.inner.complete_many(keys, claim, record, retention);
+        self.cache
+            .complete_many(keys, claim, record, retention, store)
+            .await
     }
 
     /// Always releases in the inner store (one call), then drops any cached record of the
     /// keys.
     async fn release_many(&self, keys: &[StoreKey], claim: &Claim) -> Result<usize, StoreError> {
-        let released = self.inner.release_many(keys, claim).await;
-        for key in keys {
-            self.cache.forget(key);
-        }
-        released
+        let store = self.inner.release_many(keys, claim);
+        self.cache.forgetting(keys, store).await
     }
 
     /// Always renews in the inner store (one call), then drops any cached record of the keys.
@@ -684,24 +873,8 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        let renewed = self.inner.renew_many(keys, claim, lease).await;
-        for key in keys {
-            self.cache.forget(key);
-        }
-        renewed
-    }
-}
-
-impl<St> CachedStore<St> {
-    /// How long to cache the record of a completion that answered `done`, if at all.
-    fn completed_life(&self, done: Completion, retention: Duration) -> Option<Duration> {
-        match done {
-            // Written during the call: the record lives `retention` from a moment after `asked`.
-            Completion::Written => Some(retention.min(self.max_ttl)),
-            // Written by an earlier attempt of this claim: its retention started earlier.
-            Completion::AlreadyWritten => Some(retention.min(self.read_life())),
-            _ => None,
-        }
+        let store = self.inner.renew_many(keys, claim, lease);
+        self.cache.forgetting(keys, store).await
     }
 }
 
@@ -1021,7 +1194,7 @@ mod tests {
     async fn bounded_by_entries_oldest_first() {
         let inner = Counting::default();
         let store = CachedStore::new(inner.clone()).max_entries(4);
-        assert_eq!(store.cache.shards.len(), 1);
+        assert_eq!(store.cache.cache.shards.len(), 1);
         for i in 0..10 {
             complete(&store, &key(i), RETENTION).await;
             assert!(store.len() <= 4);
@@ -1043,7 +1216,7 @@ mod tests {
 
         // Sharded: the bound holds across shards.
         let store = CachedStore::new(MemoryStore::new()).max_entries(1_000);
-        assert!(store.cache.shards.len() > 1);
+        assert!(store.cache.cache.shards.len() > 1);
         for i in 0..5_000 {
             complete(&store, &key(i), RETENTION).await;
         }
@@ -1205,14 +1378,20 @@ mod tests {
         let record = Record::ack(Fingerprint::NONE);
         let far = Instant::now() + RETENTION;
         for _ in 0..10_000 {
-            store.cache.insert(&k, &record, far);
+            store.cache.cache.insert(&k, &record, far);
         }
         for i in 0..10_000 {
-            store.cache.insert(&key(i), &record, far);
-            store.cache.forget(&key(i));
+            store.cache.cache.insert(&key(i), &record, far);
+            store.cache.cache.forget(&key(i));
         }
         assert_eq!(store.len(), 1);
-        let queued: usize = store.cache.shards.iter().map(|s| lock(s).queue.len()).sum();
+        let queued: usize = store
+            .cache
+            .cache
+            .shards
+            .iter()
+            .map(|s| lock(s).queue.len())
+            .sum();
         assert!(queued <= 2 + 64 + 1, "{queued} queue items");
         assert_eq!(store.bytes(), ENTRY_BYTES);
     }
@@ -1223,13 +1402,14 @@ mod tests {
         let record = Record::ack(Fingerprint::NONE);
         let soon = Instant::now() + Duration::from_millis(50);
         for i in 0..3 {
-            store.cache.insert(&key(i), &record, soon);
+            store.cache.cache.insert(&key(i), &record, soon);
         }
         std::thread::sleep(Duration::from_millis(80));
-        assert_eq!(store.cache.get(&key(0)), None);
+        assert_eq!(store.cache.cache.get(&key(0)), None);
         assert_eq!(store.len(), 2);
         // The next insert drops the expired entries at the front of the queue.
         store
+            .cache
             .cache
             .insert(&key(9), &record, Instant::now() + RETENTION);
         assert_eq!(store.len(), 1);

@@ -262,6 +262,7 @@ use fred::types::config::{Options, Server};
 use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Expiration, SetOptions, Value};
 
+use super::cache::LocalCache;
 use super::{
     Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey,
 };
@@ -319,6 +320,7 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RENEW_LUA));
 pub struct RedisStore<C = Pool> {
     client: C,
     durability: Option<Durability<C>>,
+    cache: LocalCache,
 }
 
 /// The settings of [`RedisStore::durable_completion`].
@@ -425,7 +427,32 @@ where
         RedisStore {
             client,
             durability: None,
+            cache: LocalCache::new(),
         }
+    }
+
+    /// Sets the local cache of completed records this store answers duplicates from without a
+    /// round trip: on by default ([`LocalCache::new`]); [`LocalCache::off`] turns it off. See
+    /// [the cache's docs](crate::store::cache) for what is cached, for how long, and what an
+    /// operator who deletes keys by hand must know. Clones of the store share the cache.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::store::cache::LocalCache;
+    /// # use tower_idempotency::store::redis::RedisStore;
+    /// # fn docs(pool: fred::clients::Pool) {
+    /// let store = RedisStore::new(pool)
+    ///     .local_cache(LocalCache::new().max_entries(10_000).read_ttl(Duration::from_secs(1)));
+    /// # }
+    /// ```
+    pub fn local_cache(mut self, cache: LocalCache) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// The local cache of completed records.
+    pub fn cache(&self) -> &LocalCache {
+        &self.cache
     }
 
     /// Durable completion: after writing a completed record, waits until at least `replicas`
@@ -566,13 +593,12 @@ fn complete_args(claim: &Claim, record: &Record, retention: Duration) -> Vec<Val
     ]
 }
 
-/// The store works with any fred client that can hand out a [`Client`] ([`PickClient`]: a
-/// [`Client`] or a [`Pool`]), which the batch methods need for their pipelines.
-impl<C> IdempotencyStore for RedisStore<C>
+/// The store's own calls, without the local cache.
+impl<C> RedisStore<C>
 where
     C: KeysInterface + LuaInterface + PickClient + 'static,
 {
-    async fn reserve(
+    async fn reserve_uncached(
         &self,
         key: &StoreKey,
         claim: &Claim,
@@ -586,7 +612,7 @@ where
         reservation(reply, claim)
     }
 
-    async fn complete(
+    async fn complete_uncached(
         &self,
         key: &StoreKey,
         claim: &Claim,
@@ -603,12 +629,12 @@ where
         }
     }
 
-    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
+    async fn release_uncached(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
         let args = vec![Value::Bytes(StoredValue::owner_prefix(claim.token()))];
         Ok(self.run_script(&RELEASE, key, args).await? == 1)
     }
 
-    async fn renew(
+    async fn renew_uncached(
         &self,
         key: &StoreKey,
         claim: &Claim,
@@ -624,7 +650,7 @@ where
     /// One `SET key <in flight> NX PX <lease ms> GET` per key, all in one pipeline: one round
     /// trip. An error reply for any key fails the call with the first one (in key order); the
     /// other keys were claimed or not, and the caller releases what is ours.
-    async fn reserve_many(
+    async fn reserve_many_uncached(
         &self,
         keys: &[StoreKey],
         claim: &Claim,
@@ -652,7 +678,7 @@ where
     /// (two after a `NOSCRIPT`). With [durable completion](RedisStore::durable_completion),
     /// one durable [`complete`](IdempotencyStore::complete) per key instead, all started at
     /// once: every key is attempted, and the first error (in key order) is returned.
-    async fn complete_many(
+    async fn complete_many_uncached(
         &self,
         keys: &[StoreKey],
         claim: &Claim,
@@ -685,7 +711,11 @@ where
 
     /// One `EVALSHA` of the `release` script per key, all in one pipeline: one round trip (two
     /// after a `NOSCRIPT`).
-    async fn release_many(&self, keys: &[StoreKey], claim: &Claim) -> Result<usize, StoreError> {
+    async fn release_many_uncached(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+    ) -> Result<usize, StoreError> {
         if keys.is_empty() {
             return Ok(0);
         }
@@ -697,7 +727,7 @@ where
 
     /// One `EVALSHA` of the `renew` script per key, all in one pipeline: one round trip (two
     /// after a `NOSCRIPT`). Every key is renewed that is still ours, even when another is not.
-    async fn renew_many(
+    async fn renew_many_uncached(
         &self,
         keys: &[StoreKey],
         claim: &Claim,
@@ -713,6 +743,96 @@ where
         let client = self.client.pick_client();
         let replies = scripts_pipelined(&client, &RENEW, keys, &args).await?;
         Ok(replies.into_iter().all(|reply| reply == 1))
+    }
+}
+
+/// The store works with any fred client that can hand out a [`Client`] ([`PickClient`]: a
+/// [`Client`] or a [`Pool`]), which the batch methods need for their pipelines. Every call goes
+/// through the [local cache](RedisStore::local_cache) first.
+impl<C> IdempotencyStore for RedisStore<C>
+where
+    C: KeysInterface + LuaInterface + PickClient + 'static,
+{
+    async fn reserve(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Reservation, StoreError> {
+        let store = self.reserve_uncached(key, claim, lease);
+        self.cache.reserve(key, store).await
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Completion, StoreError> {
+        let store = self.complete_uncached(key, claim, record, retention);
+        self.cache
+            .complete(key, claim, record, retention, store)
+            .await
+    }
+
+    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
+        let store = self.release_uncached(key, claim);
+        self.cache
+            .forgetting(std::slice::from_ref(key), store)
+            .await
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let store = self.renew_uncached(key, claim, lease);
+        self.cache
+            .forgetting(std::slice::from_ref(key), store)
+            .await
+    }
+
+    async fn reserve_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        let store = |misses: Vec<StoreKey>| async move {
+            self.reserve_many_uncached(&misses, claim, lease).await
+        };
+        self.cache.reserve_many(keys, store).await
+    }
+
+    async fn complete_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Vec<Completion>, StoreError> {
+        let store = self.complete_many_uncached(keys, claim, record, retention);
+        self.cache
+            .complete_many(keys, claim, record, retention, store)
+            .await
+    }
+
+    async fn release_many(&self, keys: &[StoreKey], claim: &Claim) -> Result<usize, StoreError> {
+        let store = self.release_many_uncached(keys, claim);
+        self.cache.forgetting(keys, store).await
+    }
+
+    async fn renew_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let store = self.renew_many_uncached(keys, claim, lease);
+        self.cache.forgetting(keys, store).await
     }
 }
 

@@ -1,5 +1,6 @@
 //! [`SqlStore`]: the one implementation of the SQL stores, over a [`Dialect`].
 
+use crate::store::cache::LocalCache;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,7 @@ use crate::store::{
 pub struct SqlStore<DB: Dialect> {
     pool: Pool<DB>,
     sql: Arc<Statements>,
+    cache: LocalCache,
 }
 
 impl<DB: Dialect> Clone for SqlStore<DB> {
@@ -39,6 +41,7 @@ impl<DB: Dialect> Clone for SqlStore<DB> {
         SqlStore {
             pool: self.pool.clone(),
             sql: self.sql.clone(),
+            cache: self.cache.clone(),
         }
     }
 }
@@ -53,7 +56,22 @@ impl<DB: Dialect> SqlStore<DB> {
         SqlStore {
             pool,
             sql: Arc::new(Statements::new::<DB>(DEFAULT_TABLE)),
+            cache: LocalCache::new(),
         }
+    }
+
+    /// Sets the local cache of completed records this store answers duplicates from without a
+    /// round trip: on by default ([`LocalCache::new`]); [`LocalCache::off`] turns it off. See
+    /// [the cache's docs](crate::store::cache) for what is cached, for how long, and what an
+    /// operator who deletes rows by hand must know. Clones of the store share the cache.
+    pub fn local_cache(mut self, cache: LocalCache) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// The local cache of completed records.
+    pub fn cache(&self) -> &LocalCache {
+        &self.cache
     }
 
     /// Uses the table `table` instead of [`DEFAULT_TABLE`]; on PostgreSQL it may be
@@ -172,8 +190,9 @@ impl<DB: Dialect> SqlStore<DB> {
     }
 }
 
-impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
-    async fn reserve(
+/// The store's own calls, without the local cache.
+impl<DB: Dialect> SqlStore<DB> {
+    async fn reserve_uncached(
         &self,
         key: &StoreKey,
         claim: &Claim,
@@ -204,7 +223,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         Err(unsettled())
     }
 
-    async fn reserve_many(
+    async fn reserve_many_uncached(
         &self,
         keys: &[StoreKey],
         claim: &Claim,
@@ -257,7 +276,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
             .collect()
     }
 
-    async fn complete(
+    async fn complete_uncached(
         &self,
         key: &StoreKey,
         claim: &Claim,
@@ -283,7 +302,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         completion_after_miss(record, claim)
     }
 
-    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
+    async fn release_uncached(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
         let params = [
             Param::Text(key.as_str()),
             Param::Bytes(claim.token().as_bytes()),
@@ -291,7 +310,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         Ok(self.execute(&self.sql.release, &params).await? == 1)
     }
 
-    async fn renew(
+    async fn renew_uncached(
         &self,
         key: &StoreKey,
         claim: &Claim,
@@ -303,6 +322,64 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
             Param::Int(millis(lease)),
         ];
         Ok(self.execute(&self.sql.renew, &params).await? == 1)
+    }
+}
+
+/// Every call goes through the [local cache](SqlStore::local_cache) first; the batch
+/// completion, release and renewal are one statement per key.
+impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
+    async fn reserve(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Reservation, StoreError> {
+        let store = self.reserve_uncached(key, claim, lease);
+        self.cache.reserve(key, store).await
+    }
+
+    async fn reserve_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        let store = |misses: Vec<StoreKey>| async move {
+            self.reserve_many_uncached(&misses, claim, lease).await
+        };
+        self.cache.reserve_many(keys, store).await
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Completion, StoreError> {
+        let store = self.complete_uncached(key, claim, record, retention);
+        self.cache
+            .complete(key, claim, record, retention, store)
+            .await
+    }
+
+    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
+        let store = self.release_uncached(key, claim);
+        self.cache
+            .forgetting(std::slice::from_ref(key), store)
+            .await
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let store = self.renew_uncached(key, claim, lease);
+        self.cache
+            .forgetting(std::slice::from_ref(key), store)
+            .await
     }
 }
 
