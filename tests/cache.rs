@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::record::Record;
+use tower_idempotency::store::cache::LocalCache;
 use tower_idempotency::store::{
     CachedStore, Claim, Completion, IdempotencyStore, MemoryStore, Reservation, StoreKey,
 };
@@ -48,20 +49,24 @@ mod on_redis {
 
     /// One caching instance on `server`: its own client, its own cache.
     async fn instance(server: &RedisServer) -> CachedStore<RedisStore<fred::prelude::Client>> {
-        let store = RedisStore::new(server.connect().await);
+        let store = RedisStore::new(server.connect().await).local_cache(LocalCache::off());
         store.load_scripts().await.unwrap();
         CachedStore::new(store)
     }
 
     suite::store_suite!(async {
         let server = RedisServer::start();
-        let store = CachedStore::new(RedisStore::new(server.connect().await));
+        let store = CachedStore::new(
+            RedisStore::new(server.connect().await).local_cache(LocalCache::off()),
+        );
         (store, server)
     });
 
     contract::store_contract!(async {
         let server = RedisServer::start();
-        let store = CachedStore::new(RedisStore::new(server.connect().await));
+        let store = CachedStore::new(
+            RedisStore::new(server.connect().await).local_cache(LocalCache::off()),
+        );
         (store, server)
     });
 

@@ -1,5 +1,7 @@
-//! [`CachedStore`]: a bounded in-process cache of completed records in front of a shared store
-//! (Redis, SQL), so that an instance answers repeated duplicates without a round trip.
+//! [`LocalCache`]: a bounded in-process cache of completed records in front of a shared store,
+//! so that an instance answers repeated duplicates without a round trip. The Redis and SQL
+//! stores hold one by default (`local_cache` on each); [`CachedStore`] puts one in front of any
+//! other store.
 //!
 //! A completed record never changes until it expires (see the state machine in the crate
 //! docs), so it can be copied. An in-flight claim can change at any moment (completed,
@@ -62,7 +64,8 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! // In production the inner store is shared: `CachedStore::new(RedisStore::new(client))`.
+//! // In production the inner store is shared (Redis and SQL stores have a cache of their own:
+//! // `CachedStore` is for other stores).
 //! let store = CachedStore::new(MemoryStore::new())
 //!     .max_entries(50_000)
 //!     .max_bytes(32 * 1024 * 1024)

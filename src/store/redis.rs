@@ -49,12 +49,19 @@
 //!
 //! Nothing else is written: no index, no second key, no background task.
 //!
+//! # Local cache
+//!
+//! The store keeps the records this instance completed or read in a bounded
+//! [`LocalCache`] (on by default), and answers their duplicates without a command. In-flight
+//! claims are never cached. See [`RedisStore::local_cache`] and [the cache's
+//! docs](crate::store::cache) for how long entries live and what deleting keys by hand implies.
+//!
 //! # Commands
 //!
 //! - [`reserve`](IdempotencyStore::reserve) is **one** command,
 //!   `SET key <in flight> NX PX <lease ms> GET`: a nil reply means the claim is ours; otherwise
 //!   the reply is the value already there (in flight or completed). A duplicate costs one
-//!   command. `NX` together with `GET` needs **Redis 7.0 or later** (or a compatible server).
+//!   command, or none when the [local cache](RedisStore::local_cache) holds its record. `NX` together with `GET` needs **Redis 7.0 or later** (or a compatible server).
 //! - [`complete`](IdempotencyStore::complete), [`release`](IdempotencyStore::release) and
 //!   [`renew`](IdempotencyStore::renew) are one `EVALSHA` each, of a Lua script that compares
 //!   the owner token (the first 17 bytes of the in-flight value, [`StoredValue::owner_prefix`])
