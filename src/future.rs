@@ -166,13 +166,20 @@ where
             this.settings,
             this.outcome_on_err,
             this.renewal,
-            this.renew_at.as_mut(),
             cx,
         );
         let output = match output {
             Poll::Ready(output) => output,
             Poll::Pending => {
                 // Still busy: start renewing the claim once a third of the lease has passed.
+                // The timer is armed only now, so a handler that answers at once never pays
+                // for one.
+                if let Some(renewal) = this.renewal.as_ref() {
+                    if this.renew_at.is_none() {
+                        this.renew_at
+                            .set(Some(tokio::time::sleep(renewal.interval())));
+                    }
+                }
                 if let Some(sleep) = this.renew_at.as_mut().as_pin_mut() {
                     if sleep.poll(cx).is_ready() {
                         if let Some(renewal) = this.renewal.take() {
@@ -208,7 +215,6 @@ fn poll_state<S, ReqBody, ResBody>(
     settings: &Option<Arc<Settings>>,
     outcome_on_err: &mut Outcome,
     renewal: &mut Option<Renewal>,
-    mut renew_at: Pin<&mut Option<Sleep>>,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Response<ResponseBody<ResBody>>, S::Error>>
 where
@@ -231,11 +237,7 @@ where
                 } => {
                     match &guard {
                         None => *outcome_on_err = outcome,
-                        Some(guard) => {
-                            let handle = guard.renewal();
-                            renew_at.set(Some(tokio::time::sleep(handle.interval())));
-                            *renewal = Some(handle);
-                        }
+                        Some(guard) => *renewal = Some(guard.renewal()),
                     }
                     let mut inner = inner.take().expect("polled after the inner call");
                     let fut = inner.call(request);

@@ -14,7 +14,7 @@
 //!   backstop when everything fails.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -79,9 +79,10 @@ struct Common {
     lease: Duration,
     retention: Duration,
     timeout: Duration,
-    /// The keys this claim may hold: before the reserve answered, every key asked for; after,
-    /// those acquired.
-    held: Mutex<Vec<StoreKey>>,
+    /// Every key asked for.
+    asked: Vec<StoreKey>,
+    /// The keys acquired, when not all of them were (set once the reserve answered).
+    acquired: OnceLock<Vec<StoreKey>>,
     /// Settled or dropped: the renewal task stops.
     stopped: AtomicBool,
     /// The renewal task was spawned.
@@ -98,8 +99,18 @@ fn nanos_since_epoch(at: Instant) -> u64 {
 }
 
 impl Common {
-    fn held(&self) -> Vec<StoreKey> {
-        self.held.lock().map(|h| h.clone()).unwrap_or_default()
+    /// The keys this claim may hold: before the reserve answered, every key asked for; after,
+    /// those acquired.
+    fn held(&self) -> &[StoreKey] {
+        self.acquired.get().unwrap_or(&self.asked)
+    }
+
+    /// The keys `which` names.
+    fn keys<'a>(&'a self, which: &'a Which) -> &'a [StoreKey] {
+        match which {
+            Which::Held => self.held(),
+            Which::These(keys) => keys,
+        }
     }
 
     fn alive_until(&self) -> Instant {
@@ -112,21 +123,57 @@ impl Common {
     }
 }
 
+/// Which keys of a claim a store call is about.
+#[derive(Clone)]
+enum Which {
+    /// Every key the claim holds.
+    Held,
+    /// These (a subset of the held keys).
+    These(Vec<StoreKey>),
+}
+
+/// The answers of a store call: one for a single key (no allocation), or one per key.
+#[derive(Debug)]
+pub(crate) enum Answers<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T> std::ops::Deref for Answers<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            Answers::One(one) => std::slice::from_ref(one),
+            Answers::Many(many) => many,
+        }
+    }
+}
+
+impl<T> IntoIterator for Answers<T> {
+    type Item = T;
+    type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        match self {
+            Answers::One(one) => Some(one).into_iter().chain(Vec::new()),
+            Answers::Many(many) => None.into_iter().chain(many),
+        }
+    }
+}
+
 /// The store calls of one claim, with the store type erased so that futures and bodies do
 /// not carry it. One box per store call.
 trait Ops: Send + Sync + 'static {
     fn common(&self) -> &Common;
-    fn reserve(self: Arc<Self>) -> BoxFuture<'static, Result<Vec<Reservation>, StoreError>>;
+    fn reserve(self: Arc<Self>) -> BoxFuture<'static, Result<Answers<Reservation>, StoreError>>;
     fn complete(
         self: Arc<Self>,
-        keys: Vec<StoreKey>,
+        which: Which,
         record: Record,
-    ) -> BoxFuture<'static, Result<Vec<Completion>, StoreError>>;
-    fn release(
-        self: Arc<Self>,
-        keys: Vec<StoreKey>,
-    ) -> BoxFuture<'static, Result<usize, StoreError>>;
-    fn renew(self: Arc<Self>, keys: Vec<StoreKey>) -> BoxFuture<'static, Result<bool, StoreError>>;
+    ) -> BoxFuture<'static, Result<Answers<Completion>, StoreError>>;
+    fn release(self: Arc<Self>, which: Which) -> BoxFuture<'static, Result<usize, StoreError>>;
+    fn renew(self: Arc<Self>) -> BoxFuture<'static, Result<bool, StoreError>>;
 }
 
 struct StoreClaim<St> {
@@ -152,60 +199,58 @@ impl<St: IdempotencyStore> Ops for StoreClaim<St> {
         &self.common
     }
 
-    fn reserve(self: Arc<Self>) -> BoxFuture<'static, Result<Vec<Reservation>, StoreError>> {
+    fn reserve(self: Arc<Self>) -> BoxFuture<'static, Result<Answers<Reservation>, StoreError>> {
         Box::pin(async move {
             let c = &self.common;
-            let keys = c.held();
-            if let [key] = keys.as_slice() {
+            if let [key] = c.held() {
                 let one = self.store.reserve(key, &c.claim, c.lease);
-                return self.call(StoreOp::Reserve, one).await.map(|r| vec![r]);
+                return self.call(StoreOp::Reserve, one).await.map(Answers::One);
             }
-            let many = self.store.reserve_many(&keys, &c.claim, c.lease);
-            self.call(StoreOp::Reserve, many).await
+            let many = self.store.reserve_many(c.held(), &c.claim, c.lease);
+            self.call(StoreOp::Reserve, many).await.map(Answers::Many)
         })
     }
 
     fn complete(
         self: Arc<Self>,
-        keys: Vec<StoreKey>,
+        which: Which,
         record: Record,
-    ) -> BoxFuture<'static, Result<Vec<Completion>, StoreError>> {
+    ) -> BoxFuture<'static, Result<Answers<Completion>, StoreError>> {
         Box::pin(async move {
             let c = &self.common;
-            if let [key] = keys.as_slice() {
+            let keys = c.keys(&which);
+            if let [key] = keys {
                 let one = self.store.complete(key, &c.claim, &record, c.retention);
-                return self.call(StoreOp::Complete, one).await.map(|r| vec![r]);
+                return self.call(StoreOp::Complete, one).await.map(Answers::One);
             }
             let many = self
                 .store
-                .complete_many(&keys, &c.claim, &record, c.retention);
-            self.call(StoreOp::Complete, many).await
+                .complete_many(keys, &c.claim, &record, c.retention);
+            self.call(StoreOp::Complete, many).await.map(Answers::Many)
         })
     }
 
-    fn release(
-        self: Arc<Self>,
-        keys: Vec<StoreKey>,
-    ) -> BoxFuture<'static, Result<usize, StoreError>> {
+    fn release(self: Arc<Self>, which: Which) -> BoxFuture<'static, Result<usize, StoreError>> {
         Box::pin(async move {
             let c = &self.common;
-            if let [key] = keys.as_slice() {
+            let keys = c.keys(&which);
+            if let [key] = keys {
                 let one = self.store.release(key, &c.claim);
                 return self.call(StoreOp::Release, one).await.map(usize::from);
             }
-            let many = self.store.release_many(&keys, &c.claim);
+            let many = self.store.release_many(keys, &c.claim);
             self.call(StoreOp::Release, many).await
         })
     }
 
-    fn renew(self: Arc<Self>, keys: Vec<StoreKey>) -> BoxFuture<'static, Result<bool, StoreError>> {
+    fn renew(self: Arc<Self>) -> BoxFuture<'static, Result<bool, StoreError>> {
         Box::pin(async move {
             let c = &self.common;
-            if let [key] = keys.as_slice() {
+            if let [key] = c.held() {
                 let one = self.store.renew(key, &c.claim, c.lease);
                 return self.call(StoreOp::Renew, one).await;
             }
-            let many = self.store.renew_many(&keys, &c.claim, c.lease);
+            let many = self.store.renew_many(c.held(), &c.claim, c.lease);
             self.call(StoreOp::Renew, many).await
         })
     }
@@ -255,7 +300,8 @@ impl ClaimGuard {
             lease,
             retention,
             timeout,
-            held: Mutex::new(keys),
+            asked: keys,
+            acquired: OnceLock::new(),
             stopped: AtomicBool::new(false),
             renewing: AtomicBool::new(false),
             alive_until: AtomicU64::new(0),
@@ -291,7 +337,7 @@ impl ClaimGuard {
     /// Claims every key (again: keys this claim already holds answer
     /// [`Reservation::Acquired`]). Until [`keep`](Self::keep) or a settlement, dropping the
     /// guard releases them all: a reserve that failed or was cut off may still have landed.
-    pub(crate) async fn reserve(&mut self) -> Result<Vec<Reservation>, StoreError> {
+    pub(crate) async fn reserve(&mut self) -> Result<Answers<Reservation>, StoreError> {
         let started = Instant::now();
         let result = self.ops.clone().reserve().await;
         self.ops.common().extend(started);
@@ -301,10 +347,21 @@ impl ClaimGuard {
     /// Keeps the keys whose reservation `keep` accepts (the acquired ones); the others are not
     /// this claim's to settle.
     pub(crate) fn keep(&mut self, reservations: &[Reservation]) {
-        if let Ok(mut held) = self.ops.common().held.lock() {
-            let mut answers = reservations.iter();
-            held.retain(|_| matches!(answers.next(), Some(Reservation::Acquired)));
+        let acquired = |r: &Reservation| matches!(r, Reservation::Acquired);
+        if reservations.iter().all(acquired) {
+            // Every key asked for is held: nothing to copy.
+            return;
         }
+        let common = self.ops.common();
+        let kept = common
+            .asked
+            .iter()
+            .zip(reservations)
+            .filter(|(_, r)| acquired(r))
+            .map(|(key, _)| key.clone())
+            .collect();
+        // Set once: a guard keeps its keys once, after its reserve.
+        let _ = common.acquired.set(kept);
     }
 
     /// Holds nothing any more: what a reserve that surely wrote nothing leaves (the memory
@@ -327,13 +384,12 @@ impl ClaimGuard {
     pub(crate) async fn release(mut self) {
         self.settled = true;
         stop(&*self.ops);
-        let keys = self.ops.common().held();
-        if keys.is_empty() {
+        if self.ops.common().held().is_empty() {
             return;
         }
-        if let Err(err) = self.ops.clone().release(keys.clone()).await {
+        if let Err(err) = self.ops.clone().release(Which::Held).await {
             tracing::warn!(error = %err, "could not release an idempotency claim; retrying in the background");
-            release_in_background(self.ops.clone(), keys, 1);
+            release_in_background(self.ops.clone(), Which::Held, 1);
         }
     }
 
@@ -343,26 +399,21 @@ impl ClaimGuard {
     pub(crate) async fn settle(mut self, settlement: Settlement) {
         self.settled = true;
         let ops = self.ops.clone();
-        let held = ops.common().held();
         let (record, release) = match settlement {
-            Settlement::Success(record) => (Some((held, record)), Vec::new()),
-            Settlement::Failure => {
-                let done = self.items.as_ref().map(BatchItems::done_mask);
-                let (mut keep, mut drop) = (Vec::new(), Vec::new());
-                for (i, key) in held.into_iter().enumerate() {
-                    if done
-                        .as_ref()
-                        .is_some_and(|d| d.get(i).copied().unwrap_or(false))
-                    {
-                        keep.push(key);
-                    } else {
-                        drop.push(key);
+            Settlement::Success(record) => (Some((Which::Held, record)), None),
+            Settlement::Failure => match self.items.as_ref().map(BatchItems::done_mask) {
+                // Items reported done are recorded, the others released.
+                Some(done) if done.contains(&true) => {
+                    let (mut keep, mut drop) = (Vec::new(), Vec::new());
+                    for (key, done) in ops.common().held().iter().zip(done) {
+                        if done { &mut keep } else { &mut drop }.push(key.clone());
                     }
+                    let record = Record::ack(ops.common().claim.fingerprint());
+                    let release = (!drop.is_empty()).then_some(Which::These(drop));
+                    (Some((Which::These(keep), record)), release)
                 }
-                let fingerprint = ops.common().claim.fingerprint();
-                let record = (!keep.is_empty()).then(|| (keep, Record::ack(fingerprint)));
-                (record, drop)
-            }
+                _ => (None, Some(Which::Held)),
+            },
         };
         FinishOnDrop(Some(Box::pin(settle_in_full(ops, record, release)))).await
     }
@@ -374,9 +425,8 @@ impl Drop for ClaimGuard {
             return;
         }
         stop(&*self.ops);
-        let keys = self.ops.common().held();
-        if !keys.is_empty() {
-            release_in_background(self.ops.clone(), keys, 0);
+        if !self.ops.common().held().is_empty() {
+            release_in_background(self.ops.clone(), Which::Held, 0);
         }
     }
 }
@@ -390,26 +440,26 @@ fn stop(ops: &dyn Ops) {
 /// releases `release`; stops the renewal at the end.
 async fn settle_in_full(
     ops: Arc<dyn Ops>,
-    record: Option<(Vec<StoreKey>, Record)>,
-    release: Vec<StoreKey>,
+    record: Option<(Which, Record)>,
+    release: Option<Which>,
 ) {
-    if let Some((keys, record)) = record {
-        complete_with_retries(&ops, keys, record).await;
+    if let Some((which, record)) = record {
+        complete_with_retries(&ops, which, record).await;
     }
     stop(&*ops);
-    if !release.is_empty() {
-        if let Err(err) = ops.clone().release(release.clone()).await {
+    if let Some(which) = release {
+        if let Err(err) = ops.clone().release(which.clone()).await {
             tracing::warn!(error = %err, "could not release an idempotency claim; retrying in the background");
-            release_in_background(ops, release, 1);
+            release_in_background(ops, which, 1);
         }
     }
 }
 
-async fn complete_with_retries(ops: &Arc<dyn Ops>, keys: Vec<StoreKey>, record: Record) {
+async fn complete_with_retries(ops: &Arc<dyn Ops>, which: Which, record: Record) {
     let mut backoff = Backoff::new();
     let mut retried = false;
     loop {
-        match ops.clone().complete(keys.clone(), record.clone()).await {
+        match ops.clone().complete(which.clone(), record.clone()).await {
             Ok(answers) => {
                 if answers.contains(&Completion::Lost) {
                     tracing::warn!(
@@ -446,7 +496,7 @@ async fn complete_with_retries(ops: &Arc<dyn Ops>, keys: Vec<StoreKey>, record: 
 /// Releases `keys` from a spawned task, trying up to [`RELEASE_TRIES`] times (`tried` already
 /// done). A release of a claim that never landed, or was already released, changes nothing;
 /// a reserve still queued in a reconnecting client lands before the later tries.
-fn release_in_background(ops: Arc<dyn Ops>, keys: Vec<StoreKey>, tried: usize) {
+fn release_in_background(ops: Arc<dyn Ops>, which: Which, tried: usize) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return tracing::warn!(
             "idempotency claim dropped outside a Tokio runtime; it expires with its lease"
@@ -458,7 +508,7 @@ fn release_in_background(ops: Arc<dyn Ops>, keys: Vec<StoreKey>, tried: usize) {
             if attempt > 0 {
                 tokio::time::sleep(backoff.pause()).await;
             }
-            if ops.clone().release(keys.clone()).await.is_ok() {
+            if ops.clone().release(which.clone()).await.is_ok() {
                 return;
             }
         }
@@ -497,7 +547,7 @@ async fn renew_while_alive(ops: Arc<dyn Ops>) {
             return;
         }
         let started = Instant::now();
-        match ops.clone().renew(c.held()).await {
+        match ops.clone().renew().await {
             Ok(true) => c.extend(started),
             Ok(false) if c.stopped.load(Ordering::Acquire) => return,
             Ok(false) => {

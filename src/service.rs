@@ -359,7 +359,7 @@ where
 
     if let Some(ids) = items {
         let (mut new, mut before) = (Vec::new(), Vec::new());
-        for (id, answer) in ids.into_iter().zip(&answers) {
+        for (id, answer) in ids.into_iter().zip(answers.iter()) {
             match answer {
                 Reservation::Acquired => new.push(id),
                 _ => before.push(id),

@@ -13,6 +13,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use redis_server::RedisServer;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::record::{Record, StoredResponse, StoredValue};
+use tower_idempotency::store::cache::LocalCache;
 use tower_idempotency::store::redis::{RedisStore, fred};
 use tower_idempotency::store::{
     Claim, Completion, IdempotencyStore, Reservation, StoreErrorKind, StoreKey, Token,
@@ -448,12 +449,23 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
     assert_eq!(get, N);
     assert_eq!(total, 4 * N, "no hidden SCRIPT LOAD / EXISTS / PING");
 
+    // The store that completed the keys answers their duplicates from its local cache.
+    let monitor = server.monitor();
+    for i in 0..N {
+        let key = StoreKey::new("cost", None, &format!("evt_{i}"));
+        let answer = store.reserve(&key, &claim(b"payload"), LEASE).await;
+        assert!(matches!(answer.unwrap(), Reservation::Completed(_)));
+    }
+    assert_eq!(monitor.finish(), Vec::<String>::new());
+
+    // Another instance, without a local cache: one SET per duplicate.
+    let other = RedisStore::new(client.clone()).local_cache(LocalCache::off());
     redis_server::reset_stats(&client).await;
     let monitor = server.monitor();
     for i in 0..N {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
         assert!(matches!(
-            store
+            other
                 .reserve(&key, &claim(b"payload"), LEASE)
                 .await
                 .unwrap(),

@@ -26,6 +26,7 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::record::Record;
+use tower_idempotency::store::cache::LocalCache;
 use tower_idempotency::store::{Claim, StoreKey};
 use tower_idempotency::{IdempotencyLayer, IdempotencyStore, RedisStore, Scope};
 
@@ -345,7 +346,9 @@ pub async fn lost_write_failover<T: Topology>(topology: T, durable: bool) -> usi
         .with_connection_config(|conn| conn.max_command_attempts = 10);
     let pool = builder.build_pool(2).unwrap();
     pool.init().await.unwrap();
-    let mut store = RedisStore::new(pool);
+    // Without the local cache: the duplicate must ask Redis, as another instance would (the
+    // instance that completed the key would answer it from its cache, record lost or not).
+    let mut store = RedisStore::new(pool).local_cache(LocalCache::off());
     if durable {
         store = store.durable_completion(1, Duration::from_secs(3));
     }
