@@ -410,10 +410,19 @@ async fn connect_redis(
     let pool = Builder::from_config(config)
         .with_connection_config(|c| c.connection_timeout = Duration::from_secs(2))
         .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2))
-        .build_pool(4)?;
+        .build_pool(redis_pool_size())?;
     pool.init().await?;
     tracing::info!("using the Redis store");
     Ok(tower_idempotency::RedisStore::new(pool))
+}
+
+/// `REDIS_POOL_SIZE`: connections to Redis (default 2).
+#[cfg(feature = "redis")]
+fn redis_pool_size() -> usize {
+    std::env::var("REDIS_POOL_SIZE")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2)
 }
 
 #[cfg(feature = "postgres")]

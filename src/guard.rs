@@ -206,7 +206,9 @@ impl<St: IdempotencyStore> Ops for StoreClaim<St> {
                 let one = self.store.reserve(key, &c.claim, c.lease);
                 return self.call(StoreOp::Reserve, one).await.map(Answers::One);
             }
-            let many = self.store.reserve_many(c.held(), &c.claim, c.lease);
+            // Batches are rare: their (large) futures are boxed apart, so that the box of a
+            // single-key call stays small.
+            let many = Box::pin(self.store.reserve_many(c.held(), &c.claim, c.lease));
             self.call(StoreOp::Reserve, many).await.map(Answers::Many)
         })
     }
@@ -223,9 +225,10 @@ impl<St: IdempotencyStore> Ops for StoreClaim<St> {
                 let one = self.store.complete(key, &c.claim, &record, c.retention);
                 return self.call(StoreOp::Complete, one).await.map(Answers::One);
             }
-            let many = self
-                .store
-                .complete_many(keys, &c.claim, &record, c.retention);
+            let many = Box::pin(
+                self.store
+                    .complete_many(keys, &c.claim, &record, c.retention),
+            );
             self.call(StoreOp::Complete, many).await.map(Answers::Many)
         })
     }
@@ -238,7 +241,7 @@ impl<St: IdempotencyStore> Ops for StoreClaim<St> {
                 let one = self.store.release(key, &c.claim);
                 return self.call(StoreOp::Release, one).await.map(usize::from);
             }
-            let many = self.store.release_many(keys, &c.claim);
+            let many = Box::pin(self.store.release_many(keys, &c.claim));
             self.call(StoreOp::Release, many).await
         })
     }
@@ -250,7 +253,7 @@ impl<St: IdempotencyStore> Ops for StoreClaim<St> {
                 let one = self.store.renew(key, &c.claim, c.lease);
                 return self.call(StoreOp::Renew, one).await;
             }
-            let many = self.store.renew_many(c.held(), &c.claim, c.lease);
+            let many = Box::pin(self.store.renew_many(c.held(), &c.claim, c.lease));
             self.call(StoreOp::Renew, many).await
         })
     }

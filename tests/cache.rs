@@ -26,7 +26,7 @@ fn claim() -> Claim {
 mod on_memory {
     use super::{CachedStore, MemoryStore, contract, suite};
 
-    suite::store_suite!(async { (CachedStore::new(MemoryStore::new()), ()) });
+    suite::store_smoke!(async { (CachedStore::new(MemoryStore::new()), ()) });
     contract::store_contract!(async { (CachedStore::new(MemoryStore::new()), ()) });
 }
 
@@ -54,7 +54,7 @@ mod on_redis {
         CachedStore::new(store)
     }
 
-    suite::store_suite!(async {
+    suite::store_smoke!(async {
         let server = RedisServer::start();
         let store = CachedStore::new(
             RedisStore::new(server.connect().await).local_cache(LocalCache::off()),

@@ -1,5 +1,5 @@
 //! `PostgresStore` against a real PostgreSQL server (never a mock: `ON CONFLICT`, row locks and
-//! snapshots must be the real thing). The behaviour suite and most tests share one server per
+//! snapshots must be the real thing). The suite's smoke run and most tests share one server per
 //! test binary; the tests that stop the server start their own.
 #![cfg(feature = "postgres")]
 
@@ -76,7 +76,7 @@ async fn count(store: &PostgresStore) -> i64 {
         .unwrap()
 }
 
-suite::store_suite!(async { (shared_store().await, ()) });
+suite::store_smoke!(async { (shared_store().await, ()) });
 contract::store_contract!(async { (shared_store().await, ()) });
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! The behaviour suite, the store contract and the scale-out scenarios on [`RedisStore`],
+//! The smoke run of the behaviour suite, the store contract and the scale-out scenarios on [`RedisStore`],
 //! against a real `redis-server` started on 127.0.0.1 for each test; and what a batch costs,
 //! in commands (`MONITOR`) and in round trips (through `support/redis_proxy.rs`).
 #![cfg(feature = "redis")]
@@ -24,7 +24,7 @@ use tower_idempotency::{IdempotencyLayer, RedisStore};
 use suite::app::{Effects, router};
 use suite::{post, send};
 
-suite::store_suite!(async {
+suite::store_smoke!(async {
     let server = RedisServer::start();
     let store = RedisStore::new(server.connect().await);
     (store, server)

@@ -1,7 +1,7 @@
 //! [`RedisStore`] on a real Redis Cluster: three primaries, three replicas, six `redis-server`
 //! processes on 127.0.0.1 (see `support/redis_cluster.rs`).
 //!
-//! The behaviour suite and the store contract run twice on a shared cluster (plain, and with
+//! The suite's smoke run and the store contract run twice on a shared cluster (plain, and with
 //! durable completion); so does a batch whose items live on every primary. The other tests
 //! start their own cluster because they kill, restart or freeze nodes.
 //! Figures (key distribution, latency, failover report) are printed: run with `--nocapture`.
@@ -36,7 +36,7 @@ const RETENTION: Duration = Duration::from_secs(3600);
 mod plain {
     use super::*;
 
-    suite::store_suite!(async {
+    suite::store_smoke!(async {
         let cluster = RedisCluster::shared();
         let store = RedisStore::new(cluster.connect().await);
         (store, cluster)
@@ -54,7 +54,7 @@ mod plain {
 mod durable {
     use super::*;
 
-    suite::store_suite!(async {
+    suite::store_smoke!(async {
         let cluster = RedisCluster::shared();
         let store = RedisStore::new(cluster.connect_pool(2).await)
             .durable_completion(1, Duration::from_millis(500));

@@ -2,7 +2,7 @@
 //! on 127.0.0.1 (see `support/redis_sentinel.rs`); the client finds the primary through the
 //! sentinels.
 //!
-//! The behaviour suite and the store contract run twice on a shared deployment (plain, and
+//! The suite's smoke run and the store contract run twice on a shared deployment (plain, and
 //! with durable completion); the other tests start their own because they kill, restart or
 //! freeze nodes.
 //! Figures (latency, failover report) are printed: run with `--nocapture`.
@@ -34,7 +34,7 @@ const RETENTION: Duration = Duration::from_secs(3600);
 mod plain {
     use super::*;
 
-    suite::store_suite!(async {
+    suite::store_smoke!(async {
         let deployment = RedisSentinel::shared();
         let store = RedisStore::new(deployment.connect().await);
         (store, deployment)
@@ -52,7 +52,7 @@ mod plain {
 mod durable {
     use super::*;
 
-    suite::store_suite!(async {
+    suite::store_smoke!(async {
         let deployment = RedisSentinel::shared();
         let store = RedisStore::new(deployment.connect_pool(2).await)
             .durable_completion(1, Duration::from_millis(500));

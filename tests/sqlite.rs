@@ -78,7 +78,7 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
-suite::store_suite!(fresh());
+suite::store_smoke!(fresh());
 contract::store_contract!(fresh());
 
 #[tokio::test]

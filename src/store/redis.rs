@@ -631,7 +631,7 @@ where
             None => self.run_script(&COMPLETE, key, args).await.map(completion),
             Some(durability) => {
                 let client = (durability.pick)(&self.client);
-                complete_durably(&client, durability, key, args).await
+                Box::pin(complete_durably(&client, durability, key, args)).await
             }
         }
     }
@@ -845,21 +845,23 @@ where
 
 /// `SET key value NX PX lease GET`: nil when the key was absent (and is now ours), else the
 /// value already there.
+///
+/// fred's command futures are large (about 10 KiB): each is boxed where it is made, so that
+/// the futures around it stay small and are never copied whole.
 async fn set_nx_get<X: KeysInterface>(
     client: &X,
     key: &StoreKey,
     value: bytes::Bytes,
     lease_ms: i64,
 ) -> Result<Value, FredError> {
-    client
-        .set(
-            key.as_str(),
-            value,
-            Some(Expiration::PX(lease_ms)),
-            Some(SetOptions::NX),
-            true,
-        )
-        .await
+    Box::pin(client.set(
+        key.as_str(),
+        value,
+        Some(Expiration::PX(lease_ms)),
+        Some(SetOptions::NX),
+        true,
+    ))
+    .await
 }
 
 /// `EVALSHA`, and on `NOSCRIPT` the same call as `EVAL`, which also puts the script back in the
@@ -870,17 +872,17 @@ async fn evalsha_with_reload<X: LuaInterface>(
     key: &StoreKey,
     args: Vec<Value>,
 ) -> Result<Value, FredError> {
-    let result = client
-        .evalsha(
-            script.sha1().clone(),
-            key.as_str(),
-            Value::Array(args.clone()),
-        )
-        .await;
+    // Boxed where made, like the `SET` of `set_nx_get`.
+    let result = Box::pin(client.evalsha(
+        script.sha1().clone(),
+        key.as_str(),
+        Value::Array(args.clone()),
+    ))
+    .await;
     match result {
         Err(error) if is_noscript(&error) => {
             let lua = script.lua().cloned().unwrap_or_default();
-            client.eval(lua, key.as_str(), Value::Array(args)).await
+            Box::pin(client.eval(lua, key.as_str(), Value::Array(args))).await
         }
         result => result,
     }

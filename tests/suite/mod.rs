@@ -892,5 +892,28 @@ macro_rules! store_suite {
     };
 }
 
+/// Instantiates the smoke run of the suite for one backend: the behaviours that touch every
+/// store operation (claim, record, release, renewal, in-flight conflict, concurrent winners,
+/// per-item batches). The whole suite runs once, on the memory store; every backend also
+/// passes the store contract (`tests/contract`), which checks each operation directly.
+#[macro_export]
+macro_rules! store_smoke {
+    ($make:expr) => {
+        $crate::store_suite!(@tests $make;
+            duplicate_of_completed_key_is_acknowledged,
+            duplicate_in_flight_is_409_with_retry_after,
+            hundred_concurrent_duplicates_run_once,
+            failed_attempt_is_processed_again,
+            slow_handler_keeps_its_claim_by_renewal,
+            replay_mode_replays_status_headers_body_and_trailers,
+            batch_items_are_processed_once_each,
+            batch_partial_failure_records_the_items_done,
+            overlapping_batches_racing_apply_each_item_once,
+        );
+    };
+}
+
+#[allow(unused_imports)]
+pub use store_smoke;
 #[allow(unused_imports)]
 pub use store_suite;
