@@ -12,10 +12,12 @@
 //!   `listening on http://ADDR`;
 //! - `WORKERS`: Tokio worker threads, default 1 (the load test pins the server to one core);
 //! - `SPIN_NS` (`bare` only): nanoseconds of CPU the handler burns per request, to calibrate
-//!   what a given per-request cost does to req/s on this machine (default 0).
+//!   what a given per-request cost does to req/s on this machine (default 0);
+//! - `PREFILL` (`memory` only): completed ack-mode records written into the store before the
+//!   server starts, to measure how cost grows with the keys held (`scripts/scale`).
 //!
-//! Routes, both `POST`, keyed by the `Idempotency-Key` header with the layer's defaults (30 s
-//! lease, 72 h retention, payload fingerprint on):
+//! Routes, both `POST`, keyed by the `Idempotency-Key` header with the layer's defaults (10 s
+//! lease, renewed; 72 h retention, payload fingerprint on):
 //! - `/webhook`: ack mode; reads the body, answers `200 {"ok":true}`;
 //! - `/orders`: replay mode; answers `201` with a `location` header and a small JSON order;
 //! - `GET /keys` (memory variant): the number of keys the memory store holds.
@@ -105,7 +107,10 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let router = match variant.as_str() {
         "bare" => bare(),
         "memory" => {
-            let store = MemoryStore::new().with_max_entries(MEMORY_MAX_ENTRIES);
+            let store = MemoryStore::new()
+                .with_max_entries(MEMORY_MAX_ENTRIES)
+                .with_max_bytes(usize::MAX);
+            prefill(&store).await?;
             let keys = store.clone();
             protected(store).route("/keys", get(move || async move { keys.len().to_string() }))
         }
@@ -118,6 +123,28 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, router).await?;
+    Ok(())
+}
+
+/// Writes `PREFILL` completed ack records (default none), as earlier deliveries would have.
+async fn prefill(store: &MemoryStore) -> Result<(), Box<dyn std::error::Error>> {
+    use std::time::Duration;
+    use tower_idempotency::fingerprint::Fingerprint;
+    use tower_idempotency::record::Record;
+    use tower_idempotency::store::{Claim, StoreKey};
+
+    let count: u64 = match std::env::var("PREFILL") {
+        Ok(n) => n.parse()?,
+        Err(_) => return Ok(()),
+    };
+    let (lease, retention) = (Duration::from_secs(60), Duration::from_secs(72 * 3600));
+    for i in 0..count {
+        let key = StoreKey::new("prefill", None, &format!("evt_{i:012}"));
+        let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
+        store.reserve(&key, &claim, lease).await?;
+        let record = Record::ack(claim.fingerprint());
+        store.complete(&key, &claim, &record, retention).await?;
+    }
     Ok(())
 }
 

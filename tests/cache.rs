@@ -6,21 +6,7 @@
 mod contract;
 mod suite;
 
-use std::time::Duration;
-
-use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::record::Record;
-use tower_idempotency::store::cache::LocalCache;
-use tower_idempotency::store::{
-    CachedStore, Claim, Completion, IdempotencyStore, MemoryStore, Reservation, StoreKey,
-};
-
-const LEASE: Duration = Duration::from_secs(30);
-const RETENTION: Duration = Duration::from_secs(3600);
-
-fn claim() -> Claim {
-    Claim::new(Fingerprint::of_bytes(b"{}"))
-}
+use tower_idempotency::store::{CachedStore, MemoryStore};
 
 /// The store contract and the behaviour suite, through a cache in front of the memory store.
 mod on_memory {
@@ -38,6 +24,19 @@ mod redis_server;
 mod on_redis {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tower_idempotency::fingerprint::Fingerprint;
+    use tower_idempotency::record::Record;
+    use tower_idempotency::store::cache::LocalCache;
+    use tower_idempotency::store::{Claim, Completion, IdempotencyStore, Reservation, StoreKey};
+
+    const LEASE: Duration = Duration::from_secs(30);
+    const RETENTION: Duration = Duration::from_secs(3600);
+
+    fn claim() -> Claim {
+        Claim::new(Fingerprint::of_bytes(b"{}"))
+    }
 
     use http::StatusCode;
     use tower_idempotency::{IdempotencyLayer, RedisStore};
