@@ -56,7 +56,9 @@ async fn shared_store() -> PostgresStore {
 async fn own_table_store(name: &str) -> PostgresStore {
     let url = tokio::task::block_in_place(|| shared_server().url());
     let table = format!("{name}_{}", std::process::id());
-    let store = PostgresStore::new(pool(&url, 8).await).with_table(&table);
+    let store = PostgresStore::new(pool(&url, 8).await)
+        .with_table(&table)
+        .unwrap();
     sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
         .execute(store.pool())
         .await
@@ -469,7 +471,7 @@ async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
         .await
         .unwrap();
     let table = format!("app.keys_{}", std::process::id());
-    let store = PostgresStore::new(pool.clone()).with_table(&table);
+    let store = PostgresStore::new(pool.clone()).with_table(&table).unwrap();
     assert_eq!(store.table(), table);
     let tasks: Vec<_> = (0..8)
         .map(|_| {

@@ -12,9 +12,10 @@ use fred::prelude::*;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use redis_server::RedisServer;
 use tower_idempotency::fingerprint::Fingerprint;
+use tower_idempotency::fred;
 use tower_idempotency::record::{Record, StoredResponse, StoredValue};
 use tower_idempotency::store::cache::LocalCache;
-use tower_idempotency::store::redis::{RedisStore, fred};
+use tower_idempotency::store::redis::RedisStore;
 use tower_idempotency::store::{
     Claim, Completion, IdempotencyStore, Reservation, StoreErrorKind, StoreKey, Token,
 };

@@ -372,7 +372,9 @@ async fn purge_removes_only_expired_rows() {
 async fn custom_table_and_published_schema() {
     let (store, _dir) = fresh().await;
     let pool = store.into_inner();
-    let custom = SqliteStore::new(pool.clone()).with_table("webhook_keys");
+    let custom = SqliteStore::new(pool.clone())
+        .with_table("webhook_keys")
+        .unwrap();
     assert_eq!(custom.table(), "webhook_keys");
     custom.migrate().await.unwrap();
     custom.migrate().await.unwrap();

@@ -9,7 +9,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use tower_idempotency::store::redis::RedisStore;
-//! use tower_idempotency::store::redis::fred::prelude::*;
+//! use tower_idempotency::fred::prelude::*;
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), fred::error::Error> {
@@ -120,7 +120,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use tower_idempotency::store::redis::RedisStore;
-//! use tower_idempotency::store::redis::fred::prelude::*;
+//! use tower_idempotency::fred::prelude::*;
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), fred::error::Error> {
@@ -261,7 +261,6 @@ use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-pub use fred;
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind as FredErrorKind};
 use fred::interfaces::{ClientLike, ClusterInterface, KeysInterface, LuaInterface};

@@ -192,12 +192,36 @@ fn millis(d: Duration) -> i64 {
     d.min(MAX_TTL).as_millis() as i64
 }
 
+/// A table name that is not an SQL identifier, from `with_table`: a configuration error,
+/// reported at start-up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidTable {
+    table: String,
+    allow_schema: bool,
+}
+
+impl std::fmt::Display for InvalidTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "invalid idempotency table name {:?}: expected an SQL identifier \
+             ([A-Za-z_][A-Za-z0-9_]*, at most 40 characters){}",
+            self.table,
+            if self.allow_schema {
+                ", optionally schema-qualified"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+impl std::error::Error for InvalidTable {}
+
 /// Checks a table name: an SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 characters so
-/// that the index name derived from it fits PostgreSQL's 63), optionally schema-qualified.
-///
-/// Panics with a message naming the offending table otherwise: a table name is static
-/// configuration, and it is written into statements unquoted.
-fn validate_table(table: &str, allow_schema: bool) {
+/// that the index name derived from it fits PostgreSQL's 63), optionally schema-qualified. A
+/// table name is written into statements unquoted.
+fn validate_table(table: &str, allow_schema: bool) -> Result<(), InvalidTable> {
     let parts: Vec<&str> = table.split('.').collect();
     let valid_part = |part: &&str| {
         !part.is_empty()
@@ -209,16 +233,14 @@ fn validate_table(table: &str, allow_schema: bool) {
             && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
     };
     let shape = parts.len() == 1 || (allow_schema && parts.len() == 2);
-    assert!(
-        shape && parts.iter().all(valid_part),
-        "invalid idempotency table name {table:?}: expected an SQL identifier \
-         ([A-Za-z_][A-Za-z0-9_]*, at most 40 characters){}",
-        if allow_schema {
-            ", optionally schema-qualified"
-        } else {
-            ""
-        }
-    );
+    if shape && parts.iter().all(valid_part) {
+        Ok(())
+    } else {
+        Err(InvalidTable {
+            table: table.to_owned(),
+            allow_schema,
+        })
+    }
 }
 
 /// The unqualified name of `table`, for the names of its index.
@@ -318,9 +340,9 @@ mod tests {
 
     #[test]
     fn table_names_are_identifiers() {
-        validate_table("idempotency_keys", false);
-        validate_table("_t1", false);
-        validate_table("app.idempotency_keys", true);
+        validate_table("idempotency_keys", false).unwrap();
+        validate_table("_t1", false).unwrap();
+        validate_table("app.idempotency_keys", true).unwrap();
         assert_eq!(bare_name("app.keys"), "keys");
         assert_eq!(bare_name("keys"), "keys");
         for bad in [
@@ -334,10 +356,13 @@ mod tests {
             ".a",
             &"x".repeat(41),
         ] {
-            let result = std::panic::catch_unwind(|| validate_table(bad, true));
-            assert!(result.is_err(), "{bad:?} accepted");
+            let err = validate_table(bad, true).unwrap_err();
+            assert!(
+                err.to_string().contains("invalid idempotency table name"),
+                "{err}"
+            );
         }
-        assert!(std::panic::catch_unwind(|| validate_table("app.keys", false)).is_err());
+        assert!(validate_table("app.keys", false).is_err());
     }
 
     #[test]

@@ -9,8 +9,8 @@ use sqlx::Pool;
 use super::query::Param;
 use super::statements::Statements;
 use super::{
-    DEFAULT_PURGE_BATCH, DEFAULT_TABLE, Dialect, RESERVE_ATTEMPTS, completion_after_miss, held,
-    millis, purge_in_batches, store_error, unsettled, validate_table,
+    DEFAULT_PURGE_BATCH, DEFAULT_TABLE, Dialect, InvalidTable, RESERVE_ATTEMPTS,
+    completion_after_miss, held, millis, purge_in_batches, store_error, unsettled, validate_table,
 };
 use crate::store::record::Record;
 use crate::store::{
@@ -77,15 +77,13 @@ impl<DB: Dialect> SqlStore<DB> {
     /// Uses the table `table` instead of [`DEFAULT_TABLE`]; on PostgreSQL it may be
     /// schema-qualified (`app.idempotency_keys`).
     ///
-    /// # Panics
-    ///
-    /// If `table` is not an SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 characters,
-    /// or on PostgreSQL `schema.table` of two such): it is written into the statements as it
-    /// is.
-    pub fn with_table(mut self, table: &str) -> Self {
-        validate_table(table, DB::QUALIFIED_TABLES);
+    /// An [`InvalidTable`] error when `table` is not an SQL identifier
+    /// (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 characters, or on PostgreSQL `schema.table` of two
+    /// such): it is written into the statements as it is.
+    pub fn with_table(mut self, table: &str) -> Result<Self, InvalidTable> {
+        validate_table(table, DB::QUALIFIED_TABLES)?;
         self.sql = Arc::new(Statements::new::<DB>(table));
-        self
+        Ok(self)
     }
 
     /// The table name.
