@@ -269,10 +269,15 @@ where
     };
     let scope = settings.scope.of(&parts);
     let namespace = settings.observer.namespace();
-    let store_keys: Vec<StoreKey> = key
-        .parts()
-        .map(|part| StoreKey::new(namespace, scope.as_deref(), part))
-        .collect();
+    // One store key per item of a batch keyed per item; otherwise one for the whole key (a
+    // composite key is one key: its sorted, joined values).
+    let store_keys: Vec<StoreKey> = if key.is_items() {
+        key.parts()
+            .map(|part| StoreKey::new(namespace, scope.as_deref(), part))
+            .collect()
+    } else {
+        vec![StoreKey::new(namespace, scope.as_deref(), key.as_str())]
+    };
     if let [store_key] = store_keys.as_slice() {
         tracing::Span::current().record("key", store_key.as_str());
     }
