@@ -98,17 +98,16 @@
 //!
 //! [`reserve_many`]: IdempotencyStore::reserve_many
 
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::record::Record;
+use super::slot::{Slot, SlotHasher};
 use super::{
-    Claim, Completion, IdempotencyStore, KEY_PREFIX, Reservation, StoreError, StoreErrorKind,
-    StoreKey,
+    Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey,
 };
 
 /// The default bound on the number of cached records: 100 000, about 20 MB of ack-mode
@@ -712,71 +711,6 @@ fn cost(record: &Record) -> usize {
 fn lock(shard: &Shard) -> MutexGuard<'_, ShardState> {
     // Every critical section leaves whole entries behind, so a poisoned lock is safe to use.
     shard.0.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A store key without its constant prefix: 16 base64url digits of a SHA-256, as two words.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Slot([u64; 2]);
-
-impl Slot {
-    fn of(key: &StoreKey) -> Slot {
-        let bytes = key.as_bytes();
-        let word = |at: usize| u64::from_le_bytes(std::array::from_fn(|i| bytes[at + i]));
-        Slot([word(KEY_PREFIX.len()), word(KEY_PREFIX.len() + 8)])
-    }
-}
-
-impl Hash for Slot {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.0[0]);
-        state.write_u64(self.0[1]);
-    }
-}
-
-/// A seeded multiply-fold hash of slots. The digits are already a cryptographic hash of the
-/// key, so a cheap mix is enough; the random seed keeps an attacker who precomputes keys from
-/// aiming them at one bucket.
-#[derive(Clone, Copy)]
-struct SlotHasher {
-    seed: u64,
-}
-
-impl Default for SlotHasher {
-    fn default() -> Self {
-        SlotHasher {
-            seed: RandomState::new().hash_one(0xCAC4E_u64),
-        }
-    }
-}
-
-impl BuildHasher for SlotHasher {
-    type Hasher = SlotState;
-
-    fn build_hasher(&self) -> SlotState {
-        SlotState(self.seed)
-    }
-}
-
-struct SlotState(u64);
-
-impl Hasher for SlotState {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u64(&mut self, word: u64) {
-        // Multiply and fold the 128-bit product: every input bit reaches every output bit.
-        let product = u128::from(self.0 ^ word) * 0x9E37_79B9_7F4A_7C15;
-        self.0 = (product as u64) ^ ((product >> 64) as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {

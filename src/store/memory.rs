@@ -2,16 +2,15 @@
 //! eviction of the oldest records when full ([`WhenFull`]).
 
 use std::cmp::Reverse;
-use std::collections::hash_map::RandomState;
 use std::collections::{BinaryHeap, HashMap, VecDeque, hash_map};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::slot::{Slot, SlotHasher};
 use super::{
-    Claim, Completion, IdempotencyStore, KEY_PREFIX, Reservation, StoreError, StoreErrorKind,
-    StoreKey, Token,
+    Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey, Token,
 };
 use crate::fingerprint::Fingerprint;
 use crate::store::record::Record;
@@ -146,80 +145,6 @@ struct Expiries {
 struct Queue {
     ttl: Duration,
     items: VecDeque<(u64, Slot)>,
-}
-
-/// A store key without its constant prefix: 16 base64url digits of a SHA-256, as two words.
-/// Copied into the map and the expiry queues without an allocation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Slot([u64; 2]);
-
-impl Slot {
-    /// Marks an expiry item whose entry was re-set or removed since: it is dropped when it
-    /// reaches the head of its queue without a map lookup. No key maps to it (digits are ASCII).
-    const RETIRED: Slot = Slot([0, 0]);
-
-    fn of(key: &StoreKey) -> Slot {
-        let bytes = key.as_bytes();
-        let word = |at: usize| u64::from_le_bytes(std::array::from_fn(|i| bytes[at + i]));
-        Slot([word(KEY_PREFIX.len()), word(KEY_PREFIX.len() + 8)])
-    }
-}
-
-impl Hash for Slot {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.0[0]);
-        state.write_u64(self.0[1]);
-    }
-}
-
-/// A seeded multiply-fold hash of slots. The digits are already a cryptographic hash of the
-/// key, so a cheap mix is enough; the random seed keeps an attacker who precomputes keys from
-/// aiming them at one bucket.
-#[derive(Clone, Copy, Debug)]
-struct SlotHasher {
-    seed: u64,
-}
-
-impl Default for SlotHasher {
-    fn default() -> Self {
-        SlotHasher {
-            seed: RandomState::new().hash_one(0x5EED_u64),
-        }
-    }
-}
-
-impl BuildHasher for SlotHasher {
-    type Hasher = SlotState;
-
-    fn build_hasher(&self) -> SlotState {
-        SlotState(self.seed)
-    }
-}
-
-struct SlotState(u64);
-
-/// Multiplies and folds the 128-bit product: every input bit reaches every output bit.
-fn fold(a: u64, b: u64) -> u64 {
-    let product = u128::from(a) * u128::from(b);
-    (product as u64) ^ ((product >> 64) as u64)
-}
-
-impl Hasher for SlotState {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u64(&mut self, word: u64) {
-        self.0 = fold(self.0 ^ word, 0x9E37_79B9_7F4A_7C15);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 #[derive(Debug)]
