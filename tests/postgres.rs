@@ -199,7 +199,9 @@ async fn absent_in_flight_completed_transitions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
-    let store = shared_store().await;
+    // The database's own expiry: no local cache in front (a record read back would be cached
+    // for its `read_ttl`, longer than this test's 50 ms retention).
+    let store = shared_store().await.local_cache(LocalCache::off());
     let ns = suite::ns("pg-expiry");
     // An expired lease.
     let key = StoreKey::new(&ns, None, "lease");

@@ -13,6 +13,7 @@ use std::time::Duration;
 use sqlx::Row;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::record::{Record, StoredResponse};
+use tower_idempotency::store::cache::LocalCache;
 use tower_idempotency::store::sql::SqliteStore;
 use tower_idempotency::store::{
     Claim, Completion, IdempotencyStore, Reservation, StoreErrorKind, StoreKey,
@@ -179,7 +180,10 @@ async fn absent_in_flight_completed_transitions() {
 
 #[tokio::test]
 async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
+    // The database's own expiry: no local cache in front (a record read back would be cached
+    // for its `read_ttl`, longer than this test's retention).
     let (store, _dir) = fresh().await;
+    let store = store.local_cache(LocalCache::off());
     let key = StoreKey::new("t", None, "lease");
     let old = claim(b"x");
     store
