@@ -38,8 +38,8 @@ def parse(path):
 
 
 def table(runs):
-    out = ["| store | mix | ours req/s | peer | peer req/s | ratio | ours p99 | Redis cmds/req (ours, peer) |",
-           "|---|---|---:|---|---:|---:|---:|---|"]
+    out = ["| store | mix | ours req/s | peer | peer req/s | ratio | p99 (ours, peer) | Redis cmds/req (ours, peer) |",
+           "|---|---|---:|---|---:|---:|---|---|"]
     for ours, peer, store in PAIRS:
         for mix, label in MIXES:
             for i, run in enumerate(runs, 1):
@@ -50,7 +50,7 @@ def table(runs):
                 cmds = f"{a['cmds']:.2f}, {b['cmds']:.2f}" if store == "Redis" else "–"
                 out.append(
                     f"| {store} | {label} (run {i}) | {a['rps']:,.0f} | {peer} | {b['rps']:,.0f} "
-                    f"| **{ratio:.2f}×** | {a['p99']} | {cmds} |"
+                    f"| **{ratio:.2f}×** | {a['p99']}, {b['p99']} | {cmds} |"
                 )
     return "\n".join(out)
 
