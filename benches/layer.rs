@@ -92,7 +92,7 @@ fn bare() -> Svc {
     )
 }
 
-/// The layer with its defaults (30 s lease, 72 h retention, ack mode), on `store`.
+/// The layer with its defaults (10 s lease, renewed; 72 h retention, ack mode), on `store`.
 fn layered<K: ExtractKey + Clone>(store: MemoryStore, key: K, fingerprint: bool) -> Svc {
     let layer = IdempotencyLayer::new(store)
         .namespace(NAMESPACE)

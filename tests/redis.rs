@@ -157,7 +157,7 @@ async fn redis_restart_then_retries_are_processed_once() {
     server.restart();
     // The sender retries every non-2xx. The reserve that timed out may have been applied when
     // the client reconnected; the layer releases it in the background (token-checked), so the
-    // retries do not wait for its 30 s lease.
+    // retries do not wait for its 10 s lease.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let status = loop {
         let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;

@@ -220,7 +220,7 @@ fn keyed() -> Request<Full<Bytes>> {
 }
 
 /// The client goes away while the reserve is in flight: the claim that landed anyway is
-/// released at once, so the retry is processed without waiting for the lease (30 s).
+/// released at once, so the retry is processed without waiting for the lease (10 s).
 #[tokio::test]
 async fn a_request_dropped_during_its_reserve_leaves_no_claim() {
     let store = Flaky {

@@ -361,7 +361,7 @@ pub async fn dropped_future_releases_the_claim<St: IdempotencyStore>(store: St) 
     effects.wait_started(1).await;
     task.abort(); // the client disconnected
     let _ = task.await;
-    // The release runs in a spawned task: give it a moment, far less than the 30 s lease.
+    // The release runs in a spawned task: give it a moment, far less than the 10 s lease.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     loop {
         let (status, _, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
