@@ -13,7 +13,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::classify::Classifier;
 use crate::defaults;
-use crate::guard::ClaimGuard;
+use crate::guard::{ClaimGuard, OneOrMany};
 use crate::observe::Observer;
 use crate::rejection::{ProblemJson, RenderRejection};
 use crate::store::{Claim, IdempotencyStore, StoreKey};
@@ -249,7 +249,7 @@ impl Default for Settings {
 /// Opens the guard of one request's claim on the layer's store: where the store's type ends,
 /// so that services and futures do not carry it.
 pub(crate) type OpenClaim =
-    Arc<dyn Fn(Vec<StoreKey>, Claim, &Settings) -> ClaimGuard + Send + Sync>;
+    Arc<dyn Fn(OneOrMany<StoreKey>, Claim, &Settings) -> ClaimGuard + Send + Sync>;
 
 /// An [`OpenClaim`] on `store`.
 pub(crate) fn open_claim<St: IdempotencyStore>(store: St) -> OpenClaim {

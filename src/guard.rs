@@ -80,7 +80,7 @@ struct Common {
     retention: Duration,
     timeout: Duration,
     /// Every key asked for.
-    asked: Vec<StoreKey>,
+    asked: OneOrMany<StoreKey>,
     /// The keys acquired, when not all of them were (set once the reserve answered).
     acquired: OnceLock<Vec<StoreKey>>,
     /// Settled or dropped: the renewal task stops.
@@ -102,7 +102,10 @@ impl Common {
     /// The keys this claim may hold: before the reserve answered, every key asked for; after,
     /// those acquired.
     fn held(&self) -> &[StoreKey] {
-        self.acquired.get().unwrap_or(&self.asked)
+        match self.acquired.get() {
+            Some(acquired) => acquired,
+            None => &self.asked,
+        }
     }
 
     /// The keys `which` names.
@@ -132,32 +135,33 @@ enum Which {
     These(Vec<StoreKey>),
 }
 
-/// The answers of a store call: one for a single key (no allocation), or one per key.
+/// One value without an allocation, or many: the keys of a claim (one, or the items of a
+/// batch), and the answers of a store call (one per key).
 #[derive(Debug)]
-pub(crate) enum Answers<T> {
+pub(crate) enum OneOrMany<T> {
     One(T),
     Many(Vec<T>),
 }
 
-impl<T> std::ops::Deref for Answers<T> {
+impl<T> std::ops::Deref for OneOrMany<T> {
     type Target = [T];
 
     fn deref(&self) -> &[T] {
         match self {
-            Answers::One(one) => std::slice::from_ref(one),
-            Answers::Many(many) => many,
+            OneOrMany::One(one) => std::slice::from_ref(one),
+            OneOrMany::Many(many) => many,
         }
     }
 }
 
-impl<T> IntoIterator for Answers<T> {
+impl<T> IntoIterator for OneOrMany<T> {
     type Item = T;
     type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
 
     fn into_iter(self) -> Self::IntoIter {
         match self {
-            Answers::One(one) => Some(one).into_iter().chain(Vec::new()),
-            Answers::Many(many) => None.into_iter().chain(many),
+            OneOrMany::One(one) => Some(one).into_iter().chain(Vec::new()),
+            OneOrMany::Many(many) => None.into_iter().chain(many),
         }
     }
 }
@@ -166,12 +170,12 @@ impl<T> IntoIterator for Answers<T> {
 /// not carry it. One box per store call.
 trait Ops: Send + Sync + 'static {
     fn common(&self) -> &Common;
-    fn reserve(self: Arc<Self>) -> BoxFuture<'static, Result<Answers<Reservation>, StoreError>>;
+    fn reserve(self: Arc<Self>) -> BoxFuture<'static, Result<OneOrMany<Reservation>, StoreError>>;
     fn complete(
         self: Arc<Self>,
         which: Which,
         record: Record,
-    ) -> BoxFuture<'static, Result<Answers<Completion>, StoreError>>;
+    ) -> BoxFuture<'static, Result<OneOrMany<Completion>, StoreError>>;
     fn release(self: Arc<Self>, which: Which) -> BoxFuture<'static, Result<usize, StoreError>>;
     fn renew(self: Arc<Self>) -> BoxFuture<'static, Result<bool, StoreError>>;
 }
@@ -199,17 +203,17 @@ impl<St: IdempotencyStore> Ops for StoreClaim<St> {
         &self.common
     }
 
-    fn reserve(self: Arc<Self>) -> BoxFuture<'static, Result<Answers<Reservation>, StoreError>> {
+    fn reserve(self: Arc<Self>) -> BoxFuture<'static, Result<OneOrMany<Reservation>, StoreError>> {
         Box::pin(async move {
             let c = &self.common;
             if let [key] = c.held() {
                 let one = self.store.reserve(key, &c.claim, c.lease);
-                return self.call(StoreOp::Reserve, one).await.map(Answers::One);
+                return self.call(StoreOp::Reserve, one).await.map(OneOrMany::One);
             }
             // Batches are rare: their (large) futures are boxed apart, so that the box of a
             // single-key call stays small.
             let many = Box::pin(self.store.reserve_many(c.held(), &c.claim, c.lease));
-            self.call(StoreOp::Reserve, many).await.map(Answers::Many)
+            self.call(StoreOp::Reserve, many).await.map(OneOrMany::Many)
         })
     }
 
@@ -217,19 +221,21 @@ impl<St: IdempotencyStore> Ops for StoreClaim<St> {
         self: Arc<Self>,
         which: Which,
         record: Record,
-    ) -> BoxFuture<'static, Result<Answers<Completion>, StoreError>> {
+    ) -> BoxFuture<'static, Result<OneOrMany<Completion>, StoreError>> {
         Box::pin(async move {
             let c = &self.common;
             let keys = c.keys(&which);
             if let [key] = keys {
                 let one = self.store.complete(key, &c.claim, &record, c.retention);
-                return self.call(StoreOp::Complete, one).await.map(Answers::One);
+                return self.call(StoreOp::Complete, one).await.map(OneOrMany::One);
             }
             let many = Box::pin(
                 self.store
                     .complete_many(keys, &c.claim, &record, c.retention),
             );
-            self.call(StoreOp::Complete, many).await.map(Answers::Many)
+            self.call(StoreOp::Complete, many)
+                .await
+                .map(OneOrMany::Many)
         })
     }
 
@@ -290,7 +296,7 @@ impl ClaimGuard {
     /// A guard for `claim` on `keys`, not yet reserved.
     pub(crate) fn new<St: IdempotencyStore>(
         store: St,
-        keys: Vec<StoreKey>,
+        keys: OneOrMany<StoreKey>,
         claim: Claim,
         lease: Duration,
         retention: Duration,
@@ -340,7 +346,7 @@ impl ClaimGuard {
     /// Claims every key (again: keys this claim already holds answer
     /// [`Reservation::Acquired`]). Until [`keep`](Self::keep) or a settlement, dropping the
     /// guard releases them all: a reserve that failed or was cut off may still have landed.
-    pub(crate) async fn reserve(&mut self) -> Result<Answers<Reservation>, StoreError> {
+    pub(crate) async fn reserve(&mut self) -> Result<OneOrMany<Reservation>, StoreError> {
         let started = Instant::now();
         let result = self.ops.clone().reserve().await;
         self.ops.common().extend(started);

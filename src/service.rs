@@ -44,6 +44,7 @@ use crate::classify::is_grpc;
 use crate::config::{Config, FailureMode, MissingKey, OnMismatch, Settings};
 use crate::fingerprint::Fingerprint;
 use crate::future::{Prelude, ResponseFuture};
+use crate::guard::OneOrMany;
 use crate::items::BatchItems;
 use crate::key::{ExtractKey, KeyInput};
 use crate::outcome::Outcome;
@@ -271,14 +272,16 @@ where
     let namespace = settings.observer.namespace();
     // One store key per item of a batch keyed per item; otherwise one for the whole key (a
     // composite key is one key: its sorted, joined values).
-    let store_keys: Vec<StoreKey> = if key.is_items() {
-        key.parts()
-            .map(|part| StoreKey::new(namespace, scope.as_deref(), part))
-            .collect()
+    let store_keys = if key.is_items() {
+        OneOrMany::Many(
+            key.parts()
+                .map(|part| StoreKey::new(namespace, scope.as_deref(), part))
+                .collect(),
+        )
     } else {
-        vec![StoreKey::new(namespace, scope.as_deref(), key.as_str())]
+        OneOrMany::One(StoreKey::new(namespace, scope.as_deref(), key.as_str()))
     };
-    if let [store_key] = store_keys.as_slice() {
+    if let [store_key] = &*store_keys {
         tracing::Span::current().record("key", store_key.as_str());
     }
     let items = key
