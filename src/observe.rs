@@ -301,7 +301,7 @@ type RecorderId = usize;
 #[cfg(feature = "metrics")]
 fn recorder_id(recorder: &dyn metrics::Recorder) -> Option<RecorderId> {
     (std::mem::size_of_val(recorder) > 0)
-        .then(|| recorder as *const dyn metrics::Recorder as *const () as usize)
+        .then_some(recorder as *const dyn metrics::Recorder as *const () as usize)
 }
 
 #[cfg(feature = "metrics")]
