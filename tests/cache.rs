@@ -47,6 +47,19 @@ mod on_redis {
     use super::*;
 
     /// One caching instance on `server`: its own client, its own cache.
+    /// Waits until `store` caches `n` records: a record read from Redis is cached once a
+    /// background `remaining` call told how long it has left.
+    async fn cached(store: &CachedStore<RedisStore<fred::prelude::Client>>, n: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while store.len() < n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never cached {n} records"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     async fn instance(server: &RedisServer) -> CachedStore<RedisStore<fred::prelude::Client>> {
         let store = RedisStore::new(server.connect().await).local_cache(LocalCache::off());
         store.load_scripts().await.unwrap();
@@ -209,13 +222,15 @@ mod on_redis {
         }
         assert_eq!(monitor.finish(), Vec::<String>::new());
 
-        // B: from Redis once, then from its cache.
+        // B: from Redis once (and, in the background, how long the record has left), then
+        // from its cache.
         let monitor = server.monitor();
         match b.reserve(&key, &claim(), LEASE).await.unwrap() {
             Reservation::Completed(held) => assert!(held.is_owned_by(owner.token())),
             other => panic!("expected a completed record, got {other:?}"),
         }
-        assert_eq!(monitor.finish(), ["SET"]);
+        cached(&b, 1).await;
+        assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
         let monitor = server.monitor();
         for _ in 0..3 {
             assert!(matches!(
@@ -272,14 +287,57 @@ mod on_redis {
         assert_eq!(headers["idempotent-replayed"], "true");
         assert_eq!(monitor.finish(), Vec::<String>::new());
 
-        for expected in [vec!["SET"], vec![]] {
+        // B: one `SET` (and, in the background, the `remaining` script), then nothing.
+        for expected in [vec!["SET", "EVALSHA"], vec![]] {
             let monitor = server.monitor();
             let (status, headers, _) = send(&b, post("/effect", Some("k1"), "{}")).await;
             assert_eq!(status, StatusCode::OK);
             assert_eq!(headers["idempotent-replayed"], "true");
+            if !expected.is_empty() {
+                // Until the background call answered, B would ask Redis again.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             assert_eq!(monitor.finish(), expected);
         }
         assert_eq!(effects.total(), 1);
+    }
+
+    /// A record read from Redis is cached no longer than Redis keeps it: B reads a record of
+    /// A's that expires in 600 ms, caches it (default `read_ttl`: 5 s), and after the expiry
+    /// claims the key instead of answering a duplicate.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_read_is_cached_no_longer_than_redis_keeps_it() {
+        let server = RedisServer::start();
+        let (a, b) = (instance(&server).await, instance(&server).await);
+        let key = StoreKey::new("expiry", None, "evt_1");
+        let owner = claim();
+        a.reserve(&key, &owner, LEASE).await.unwrap();
+        let record = Record::ack(owner.fingerprint());
+        let retention = Duration::from_millis(600);
+        assert_eq!(
+            a.complete(&key, &owner, &record, retention).await.unwrap(),
+            Completion::Written
+        );
+        assert!(matches!(
+            b.reserve(&key, &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
+        cached(&b, 1).await;
+        let monitor = server.monitor();
+        assert!(matches!(
+            b.reserve(&key, &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
+        assert_eq!(monitor.finish(), Vec::<String>::new(), "a cache hit");
+
+        tokio::time::sleep(retention + Duration::from_millis(100)).await;
+        let next = claim();
+        assert_eq!(
+            b.reserve(&key, &next, LEASE).await.unwrap(),
+            Reservation::Acquired,
+            "expired in Redis, and so in B's cache"
+        );
+        assert!(b.release(&key, &next).await.unwrap());
     }
 
     /// A key deleted from Redis by hand is still answered as completed by an instance that
@@ -301,6 +359,7 @@ mod on_redis {
             reader.reserve(&key, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
+        cached(&reader, 1).await;
 
         let reply = server.raw_command(&["DEL", key.as_str()]).unwrap();
         assert!(reply.starts_with(":1"), "{reply}");

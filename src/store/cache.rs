@@ -14,14 +14,16 @@
 //!   [`DEFAULT_MAX_TTL`], 10 minutes), whichever comes first. The clock starts before the
 //!   store is asked, so the entry does not outlive the record.
 //! - **Records read from the store** (a [`reserve`](IdempotencyStore::reserve) that found the
-//!   key completed) and retried completions ([`Completion::AlreadyWritten`]): the store does
-//!   not tell how long such a record has left, so they are kept for at most
-//!   [`read_ttl`](CachedStore::read_ttl) (default [`DEFAULT_READ_TTL`], 5 seconds). This is
-//!   the one trade-off of the cache: a record that leaves the store within that window (its
-//!   retention ends, the store evicts it, someone deletes it) may still be answered as a
-//!   duplicate up to `read_ttl` after the store forgot it. With retentions of days that
-//!   concerns only duplicates arriving in the last seconds of the retention, of an event that
-//!   was processed; set `read_ttl` to zero to never cache a record you did not write.
+//!   key completed) and retried completions ([`Completion::AlreadyWritten`]): their retention
+//!   started elsewhere, so the cache asks the store how long each has left
+//!   ([`IdempotencyStore::remaining`]: one round trip, on a spawned task, off the request's
+//!   path) and keeps it that long, and at most [`read_ttl`](CachedStore::read_ttl) (default
+//!   [`DEFAULT_READ_TTL`], 5 seconds). Until the answer is in, duplicates of the record still
+//!   ask the store; a store that cannot tell (the trait's default) has its reads never
+//!   cached. So no entry outlives its record's expiry in the store. What no cache can see is
+//!   a record the store drops *before* its expiry (evicted, deleted by hand): that one may
+//!   still be answered up to `read_ttl` later (see below); set `read_ttl` to zero to never
+//!   cache a record you did not write.
 //! - A cache hit answers [`Reservation::Completed`] with no call to the inner store. A miss
 //!   asks the inner store, as without the cache. Batches ([`reserve_many`]) send only the keys
 //!   the cache does not hold, in one call, and merge the answers in order.
@@ -132,10 +134,11 @@ pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// the shared store by hand.
 pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(600);
 
-/// The default life of a record read from the store rather than written by this instance:
-/// 5 seconds. The store does not tell how long such a record has left, so this is how late a
-/// duplicate may be answered after the record expired (or was deleted) in the store. Short
-/// enough to be harmless, long enough to absorb a burst of duplicates with one round trip.
+/// The default longest life of a record read from the store rather than written by this
+/// instance: 5 seconds (and never past the record's expiry in the store, which the cache asks
+/// the store for). This is how late a duplicate may be answered after the record was deleted
+/// from the store by hand. Short enough to be harmless, long enough to absorb a burst of
+/// duplicates with one round trip.
 pub const DEFAULT_READ_TTL: Duration = Duration::from_secs(5);
 
 /// What one cached record is accounted as, before any stored response: its slot in the
@@ -357,10 +360,11 @@ impl LocalCache {
         self
     }
 
-    /// Sets how long a record read from the store (not written by this instance) is cached
-    /// (default [`DEFAULT_READ_TTL`], never more than [`max_ttl`](Self::max_ttl)): how late a
-    /// duplicate may be answered after the record expired or was deleted in the store. Zero
-    /// caches only the records this instance wrote.
+    /// Sets how long a record read from the store (not written by this instance) is cached at
+    /// most (default [`DEFAULT_READ_TTL`], never more than [`max_ttl`](Self::max_ttl), never
+    /// past the record's expiry in the store): how late a duplicate may be answered after the
+    /// record was deleted from the store by hand. Zero caches only the records this instance
+    /// wrote.
     pub fn read_ttl(mut self, read_ttl: Duration) -> Self {
         self.read_ttl = read_ttl;
         self
@@ -411,51 +415,80 @@ impl LocalCache {
         self.cache.insert(key, record, expires);
     }
 
-    /// How long to cache the record of a completion that answered `done`, if at all.
-    fn completed_life(&self, done: Completion, retention: Duration) -> Option<Duration> {
-        match done {
-            // Written during the call: the record lives `retention` from a moment after `asked`.
-            Completion::Written => Some(retention.min(self.max_ttl)),
-            // Written by an earlier attempt of this claim: its retention started earlier.
-            Completion::AlreadyWritten => Some(retention.min(self.read_life())),
-            _ => None,
+    /// Caches the records of `found`, read from `source`, for as long as `source` still keeps
+    /// each (and at most the [read life](Self::read_ttl)): asks it how long each has left
+    /// ([`IdempotencyStore::remaining`]) on a spawned task, one key after the other, off the
+    /// request's path. Until that answer is in, duplicates of these keys still ask the store;
+    /// a key the store no longer holds as that record, or a store that cannot tell, is not
+    /// cached. Outside a Tokio runtime nothing is cached.
+    fn learn<St: IdempotencyStore>(&self, source: &St, found: Vec<(StoreKey, Record)>) {
+        let cap = self.read_life();
+        if found.is_empty() || cap.is_zero() || !self.is_on() {
+            return;
         }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (cache, source) = (self.clone(), source.clone());
+        runtime.spawn(async move {
+            for (key, record) in found {
+                // Before the store is asked: the entry ends no later than the record.
+                let asked = Instant::now();
+                match source.remaining(&key, &record).await {
+                    Ok(Some(left)) => cache.remember(&key, &record, asked, left.min(cap)),
+                    Ok(None) => {}
+                    Err(err) => {
+                        tracing::debug!(error = %err, "could not read how long a record has left; not cached");
+                    }
+                }
+            }
+        });
     }
 
     /// A reserve through the cache: a live cached record answers [`Reservation::Completed`]
-    /// and `store` (the store's own reserve) is never polled; otherwise its answer is learnt.
-    pub(crate) async fn reserve(
+    /// and `store` (the store's own reserve, on `source`) is never polled; otherwise a
+    /// completed record it answers is [learnt](Self::learn) from `source`.
+    pub(crate) async fn reserve<St: IdempotencyStore>(
         &self,
         key: &StoreKey,
+        source: &St,
         store: impl Future<Output = Result<Reservation, StoreError>>,
     ) -> Result<Reservation, StoreError> {
         if let Some(record) = self.cache.get(key) {
             return Ok(Reservation::Completed(record));
         }
-        let asked = Instant::now();
         let answer = store.await?;
         match &answer {
             Reservation::Completed(record) => {
-                self.remember(key, record, asked, self.read_life());
+                self.learn(source, vec![(key.clone(), record.clone())]);
             }
             _ => self.cache.forget(key),
         }
         Ok(answer)
     }
 
-    /// A completion through the cache: `store` always runs; the record it wrote is learnt.
-    pub(crate) async fn complete(
+    /// A completion through the cache: `store` (on `source`) always runs. A record it wrote
+    /// is cached for its retention (at most `max_ttl`), counted from before the call; one an
+    /// earlier attempt of the claim wrote, whose retention started earlier, is
+    /// [learnt](Self::learn).
+    pub(crate) async fn complete<St: IdempotencyStore>(
         &self,
         key: &StoreKey,
         claim: &Claim,
         record: &Record,
         retention: Duration,
+        source: &St,
         store: impl Future<Output = Result<Completion, StoreError>>,
     ) -> Result<Completion, StoreError> {
         let asked = Instant::now();
         let done = store.await?;
-        if let Some(life) = self.completed_life(done, retention) {
-            self.remember(key, &record.clone().owned_by(claim.token()), asked, life);
+        let owned = || record.clone().owned_by(claim.token());
+        match done {
+            Completion::Written => {
+                self.remember(key, &owned(), asked, retention.min(self.max_ttl));
+            }
+            Completion::AlreadyWritten => self.learn(source, vec![(key.clone(), owned())]),
+            Completion::Lost => {}
         }
         Ok(done)
     }
@@ -478,12 +511,14 @@ impl LocalCache {
     /// A batch reserve through the cache: the cached keys are answered from the cache, the
     /// others sent to `store` in one call (none when every key is cached); the answers come
     /// back in the order of `keys`.
-    pub(crate) async fn reserve_many<F, Fut>(
+    pub(crate) async fn reserve_many<St, F, Fut>(
         &self,
         keys: &[StoreKey],
+        source: &St,
         store: F,
     ) -> Result<Vec<Reservation>, StoreError>
     where
+        St: IdempotencyStore,
         F: FnOnce(Vec<StoreKey>) -> Fut,
         Fut: Future<Output = Result<Vec<Reservation>, StoreError>>,
     {
@@ -500,7 +535,6 @@ impl LocalCache {
         if misses.is_empty() {
             return Ok(answers.into_iter().flatten().collect());
         }
-        let asked = Instant::now();
         let count = misses.len();
         let fetched = store(misses).await?;
         if fetched.len() != count {
@@ -513,7 +547,7 @@ impl LocalCache {
             ));
         }
         let mut fetched = fetched.into_iter();
-        let life = self.read_life();
+        let mut found = Vec::new();
         for (key, answer) in keys.iter().zip(&mut answers) {
             if answer.is_some() {
                 continue;
@@ -522,33 +556,40 @@ impl LocalCache {
                 break;
             };
             match &reservation {
-                Reservation::Completed(record) => self.remember(key, record, asked, life),
+                Reservation::Completed(record) => found.push((key.clone(), record.clone())),
                 _ => self.cache.forget(key),
             }
             *answer = Some(reservation);
         }
+        self.learn(source, found);
         Ok(answers.into_iter().flatten().collect())
     }
 
     /// A batch completion through the cache: `store` always runs (one call); each record it
     /// wrote is learnt.
-    pub(crate) async fn complete_many(
+    pub(crate) async fn complete_many<St: IdempotencyStore>(
         &self,
         keys: &[StoreKey],
         claim: &Claim,
         record: &Record,
         retention: Duration,
+        source: &St,
         store: impl Future<Output = Result<Vec<Completion>, StoreError>>,
     ) -> Result<Vec<Completion>, StoreError> {
         let asked = Instant::now();
         let done = store.await?;
-        let mut owned = None;
+        let owned = record.clone().owned_by(claim.token());
+        let mut found = Vec::new();
         for (key, completion) in keys.iter().zip(&done) {
-            if let Some(life) = self.completed_life(*completion, retention) {
-                let owned = owned.get_or_insert_with(|| record.clone().owned_by(claim.token()));
-                self.remember(key, owned, asked, life);
+            match completion {
+                Completion::Written => {
+                    self.remember(key, &owned, asked, retention.min(self.max_ttl));
+                }
+                Completion::AlreadyWritten => found.push((key.clone(), owned.clone())),
+                Completion::Lost => {}
             }
         }
+        self.learn(source, found);
         Ok(done)
     }
 }
@@ -714,9 +755,19 @@ fn lock(shard: &Shard) -> MutexGuard<'_, ShardState> {
 }
 
 impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
+    /// Asks the inner store.
+    async fn remaining(
+        &self,
+        key: &StoreKey,
+        record: &Record,
+    ) -> Result<Option<Duration>, StoreError> {
+        self.inner.remaining(key, record).await
+    }
+
     /// A live cached record answers [`Reservation::Completed`] without calling the inner
     /// store; otherwise the inner store answers, and a completed record it returns is cached
-    /// for [`read_ttl`](CachedStore::read_ttl).
+    /// for as long as the inner store keeps it, at most [`read_ttl`](CachedStore::read_ttl)
+    /// (once a background [`remaining`](IdempotencyStore::remaining) call told how long).
     async fn reserve(
         &self,
         key: &StoreKey,
@@ -724,14 +775,14 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
         let store = self.inner.reserve(key, claim, lease);
-        self.cache.reserve(key, store).await
+        self.cache.reserve(key, &self.inner, store).await
     }
 
     /// Always completes in the inner store. A record written ([`Completion::Written`]) is
     /// cached for its retention or [`max_ttl`](CachedStore::max_ttl), whichever is shorter,
     /// counted from before the call; one found already written by an earlier attempt
-    /// ([`Completion::AlreadyWritten`]), whose retention started earlier, for
-    /// [`read_ttl`](CachedStore::read_ttl).
+    /// ([`Completion::AlreadyWritten`]), whose retention started earlier, like a record read
+    /// (see [`reserve`](Self::reserve)).
     async fn complete(
         &self,
         key: &StoreKey,
@@ -741,7 +792,7 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
     ) -> Result<Completion, StoreError> {
         let store = self.inner.complete(key, claim, record, retention);
         self.cache
-            .complete(key, claim, record, retention, store)
+            .complete(key, claim, record, retention, &self.inner, store)
             .await
     }
 
@@ -778,7 +829,7 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         let store = |misses: Vec<StoreKey>| async move {
             self.inner.reserve_many(&misses, claim, lease).await
         };
-        self.cache.reserve_many(keys, store).await
+        self.cache.reserve_many(keys, &self.inner, store).await
     }
 
     /// Always completes in the inner store (one call), then caches each key's record as
@@ -792,7 +843,7 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
     ) -> Result<Vec<Completion>, StoreError> {
         let store = self.inner.complete_many(keys, claim, record, retention);
         self.cache
-            .complete_many(keys, claim, record, retention, store)
+            .complete_many(keys, claim, record, retention, &self.inner, store)
             .await
     }
 
@@ -848,7 +899,24 @@ mod tests {
         }
     }
 
+    /// Lets the background tasks that learn how long read records have left run (the
+    /// stores of these tests answer at once).
+    async fn learnt() {
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+    }
+
     impl IdempotencyStore for Counting {
+        /// Not counted: the cache asks it in the background, apart from the requests.
+        async fn remaining(
+            &self,
+            key: &StoreKey,
+            record: &Record,
+        ) -> Result<Option<Duration>, StoreError> {
+            self.store.remaining(key, record).await
+        }
+
         async fn reserve(
             &self,
             key: &StoreKey,
@@ -1027,29 +1095,55 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_answer_showing_the_key_not_completed_drops_a_stale_record() {
-        // The record expires in the inner store while this instance still caches what it read.
+    async fn a_record_read_is_never_served_past_its_expiry_in_the_store() {
         let inner = MemoryStore::new();
-        let store = CachedStore::new(inner.clone());
+        let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_secs(60));
         let k = key(1);
         complete(&inner, &k, Duration::from_millis(300)).await;
         assert!(matches!(
             store.reserve(&k, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
+        learnt().await;
+        assert_eq!(store.len(), 1, "learnt in the background");
         tokio::time::sleep(Duration::from_millis(400)).await;
-        // The documented trade-off: up to `read_ttl` late.
-        assert!(matches!(
-            store.reserve(&k, &claim(), LEASE).await.unwrap(),
-            Reservation::Completed(_)
-        ));
+        // The record expired in the store: so did the entry, long before `read_ttl`.
+        let next = claim();
+        assert_eq!(
+            store.reserve(&k, &next, LEASE).await.unwrap(),
+            Reservation::Acquired
+        );
+        assert!(store.release(&k, &next).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn an_answer_showing_the_key_not_completed_drops_a_stale_record() {
+        // The store forgets a record this instance completed and caches (evicted to make room,
+        // as here, or deleted by hand): the cache is stale until an answer shows it.
+        let inner = MemoryStore::new().with_max_entries(1);
+        let store = CachedStore::new(inner.clone());
+        let k = key(1);
+        complete(&store, &k, RETENTION).await;
+        assert_eq!(store.len(), 1);
+        let filler = claim();
+        assert_eq!(
+            inner.reserve(&key(2), &filler, LEASE).await.unwrap(),
+            Reservation::Acquired,
+            "the record of `k` was evicted"
+        );
+        assert!(inner.release(&key(2), &filler).await.unwrap());
         // Another instance claims the key again; this one renews it for that claim (as a
-        // guard on this instance would): the answer shows the key in flight.
+        // guard on this instance would): the entry is dropped, and the answer shows the key
+        // in flight.
         let other = claim();
         assert_eq!(
             inner.reserve(&k, &other, LEASE).await.unwrap(),
             Reservation::Acquired
         );
+        assert!(matches!(
+            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
         assert!(store.renew(&k, &other, LEASE).await.unwrap());
         assert!(store.is_empty());
         assert!(matches!(
@@ -1068,6 +1162,7 @@ mod tests {
             store.reserve(&k, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
+        learnt().await;
         assert!(matches!(
             store.reserve(&k, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
@@ -1267,7 +1362,7 @@ mod tests {
         );
         assert_eq!(inner.calls(), calls);
 
-        // Records read in a batch are cached.
+        // Records read in a batch are cached (once the store told how long they have left).
         store.clear();
         let answers = store
             .reserve_many(&[new_e.clone(), busy_d.clone()], &claim(), LEASE)
@@ -1275,6 +1370,7 @@ mod tests {
             .unwrap();
         assert!(matches!(answers[0], Reservation::Completed(_)));
         assert!(matches!(answers[1], Reservation::InFlight { .. }));
+        learnt().await;
         assert_eq!(store.len(), 1);
 
         // Releasing or renewing keys drops their entries.

@@ -556,6 +556,25 @@ impl Expiries {
 }
 
 impl IdempotencyStore for MemoryStore {
+    async fn remaining(
+        &self,
+        key: &StoreKey,
+        record: &Record,
+    ) -> Result<Option<Duration>, StoreError> {
+        let slot = Slot::of(key);
+        let (guard, now) = self.shard(&slot);
+        // Expired entries were just evicted: an entry found is live.
+        Ok(guard
+            .entries
+            .get(&slot)
+            .and_then(|entry| match &entry.state {
+                State::Completed(held) if held == record => {
+                    Some(Duration::from_nanos(entry.expires.saturating_sub(now)))
+                }
+                _ => None,
+            }))
+    }
+
     async fn reserve(
         &self,
         key: &StoreKey,

@@ -165,6 +165,22 @@ impl Record {
         self.encode_with_owner(&owner_tag(token))
     }
 
+    /// The first bytes of [`encode`](Self::encode): the tag, the owner tag and the
+    /// fingerprint, which tell this record (the one completion that wrote it) from any other
+    /// value of its key.
+    pub(crate) fn encoded_head(&self) -> Bytes {
+        let tag = if self.response.is_some() {
+            TAG_REPLAY
+        } else {
+            TAG_ACK
+        };
+        let mut out = BytesMut::with_capacity(1 + OWNER_LEN + Fingerprint::LEN);
+        out.put_u8(tag);
+        out.put_slice(&self.owner);
+        out.put_slice(self.fingerprint.as_bytes());
+        out.freeze()
+    }
+
     fn encode_with_owner(&self, owner: &[u8; OWNER_LEN]) -> Bytes {
         let Some(response) = &self.response else {
             let mut out = BytesMut::with_capacity(1 + OWNER_LEN + Fingerprint::LEN);

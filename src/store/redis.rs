@@ -313,9 +313,21 @@ end
 return 0
 "#;
 
+/// `remaining`: KEYS[1] = key, ARGV[1] = the head of a completed record (tag, owner tag,
+/// fingerprint). Returns the key's time to live in milliseconds when it holds that record,
+/// -3 otherwise (-2 or -1 from `PTTL` cannot happen: the key was just read, and records always
+/// expire).
+const REMAINING_LUA: &str = r#"local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
+  return redis.call('PTTL', KEYS[1])
+end
+return -3
+"#;
+
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COMPLETE_LUA));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RELEASE_LUA));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RENEW_LUA));
+static REMAINING: LazyLock<Script> = LazyLock::new(|| Script::from_lua(REMAINING_LUA));
 
 /// An [`IdempotencyStore`] on Redis, through a connected [`fred`] client `C`: a [`Pool`] by
 /// default, or a [`Client`]; standalone, clustered or sentinel.
@@ -505,14 +517,14 @@ where
         self.client
     }
 
-    /// Loads the `complete`, `release` and `renew` scripts into the server's script cache
+    /// Loads the `complete`, `release`, `renew` and `remaining` scripts into the server's script cache
     /// (`SCRIPT LOAD`, on every primary of a cluster).
     ///
     /// Optional: a script missing from the cache is reloaded on first use anyway. Calling this
     /// at start-up only saves the first call of each script (single-key or batch) a second
     /// round trip.
     pub async fn load_scripts(&self) -> Result<(), StoreError> {
-        for script in [&*COMPLETE, &*RELEASE, &*RENEW] {
+        for script in [&*COMPLETE, &*RELEASE, &*RENEW, &*REMAINING] {
             let lua = script.lua().cloned().unwrap_or_default();
             let _: Value = self
                 .client
@@ -759,6 +771,26 @@ impl<C> IdempotencyStore for RedisStore<C>
 where
     C: KeysInterface + LuaInterface + PickClient + 'static,
 {
+    /// `EVALSHA` of a script that reads the key and, when it holds `record`, its `PTTL`: one
+    /// round trip, made by the local cache in the background.
+    async fn remaining(
+        &self,
+        key: &StoreKey,
+        record: &Record,
+    ) -> Result<Option<Duration>, StoreError> {
+        let head = Value::Bytes(record.encoded_head());
+        let reply = evalsha_with_reload(&self.client, &REMAINING, key, vec![head])
+            .await
+            .map_err(store_error)?;
+        match reply {
+            Value::Integer(ms) => Ok(u64::try_from(ms).ok().map(Duration::from_millis)),
+            other => Err(StoreError::with_source(
+                StoreErrorKind::Corrupt,
+                format!("unexpected script reply of type {:?}", other.kind()),
+            )),
+        }
+    }
+
     async fn reserve(
         &self,
         key: &StoreKey,
@@ -766,7 +798,7 @@ where
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
         let store = self.reserve_uncached(key, claim, lease);
-        self.cache.reserve(key, store).await
+        self.cache.reserve(key, self, store).await
     }
 
     async fn complete(
@@ -778,7 +810,7 @@ where
     ) -> Result<Completion, StoreError> {
         let store = self.complete_uncached(key, claim, record, retention);
         self.cache
-            .complete(key, claim, record, retention, store)
+            .complete(key, claim, record, retention, self, store)
             .await
     }
 
@@ -810,7 +842,7 @@ where
         let store = |misses: Vec<StoreKey>| async move {
             self.reserve_many_uncached(&misses, claim, lease).await
         };
-        self.cache.reserve_many(keys, store).await
+        self.cache.reserve_many(keys, self, store).await
     }
 
     async fn complete_many(
@@ -822,7 +854,7 @@ where
     ) -> Result<Vec<Completion>, StoreError> {
         let store = self.complete_many_uncached(keys, claim, record, retention);
         self.cache
-            .complete_many(keys, claim, record, retention, store)
+            .complete_many(keys, claim, record, retention, self, store)
             .await
     }
 

@@ -312,6 +312,53 @@ pub async fn overlapping_batches_race_exactly_once<St: IdempotencyStore>(store: 
     assert_eq!(*completed_by.lock().unwrap(), vec![1; 6]);
 }
 
+/// How long a completed record has left: the store tells it, within the retention, only for
+/// that very record (not for another completion of the key, an in-flight claim, or no key).
+pub async fn remaining_is_told_for_the_record_held<St: IdempotencyStore>(store: St) {
+    let key = fresh_key("remaining");
+    let owner = claim();
+    assert_eq!(store.remaining(&key, &ack(&owner)).await.unwrap(), None);
+    assert_eq!(
+        store.reserve(&key, &owner, LONG).await.unwrap(),
+        Reservation::Acquired
+    );
+    assert_eq!(
+        store.remaining(&key, &ack(&owner)).await.unwrap(),
+        None,
+        "an in-flight claim is not a record"
+    );
+    let record = ack(&owner);
+    assert_eq!(
+        store
+            .complete(&key, &owner, &record, RETENTION)
+            .await
+            .unwrap(),
+        Completion::Written
+    );
+    let left = store
+        .remaining(&key, &record)
+        .await
+        .unwrap()
+        .expect("the record held");
+    assert!(
+        left <= RETENTION && left > RETENTION - Duration::from_secs(60),
+        "{left:?}"
+    );
+    // The record a duplicate reads back is the same record.
+    let Reservation::Completed(read) = store.reserve(&key, &claim(), LONG).await.unwrap() else {
+        panic!("expected the completed record");
+    };
+    assert!(store.remaining(&key, &read).await.unwrap().is_some());
+    // Another completion of the key (another owner, another payload) is not this record.
+    let stranger = Claim::new(Fingerprint::of_bytes(b"other payload"));
+    assert_eq!(store.remaining(&key, &ack(&stranger)).await.unwrap(), None);
+    let same_payload = claim();
+    assert_eq!(
+        store.remaining(&key, &ack(&same_payload)).await.unwrap(),
+        None
+    );
+}
+
 /// Instantiates the contract for one store. `$make` is an async block yielding
 /// `(store, guard)`.
 #[macro_export]
@@ -326,6 +373,7 @@ macro_rules! store_contract {
             one_winner_among_concurrent_claims,
             batch_items_are_claimed_one_by_one,
             overlapping_batches_race_exactly_once,
+            remaining_is_told_for_the_record_held,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

@@ -161,6 +161,8 @@ mod dialect {
         fn now(clock: usize) -> String;
         /// `time` plus the milliseconds in the expression `millis`.
         fn plus_millis(time: &str, millis: &str) -> String;
+        /// The whole milliseconds from `now` to `time` (rounded down), as a 64-bit integer.
+        fn millis_until(time: &str, now: &str) -> String;
         /// The value of the bound clock, bound after every statement's own parameters; `None`
         /// when the statements read the database's clock.
         fn clock() -> Option<i64>;

@@ -89,6 +89,10 @@ impl dialect::Sealed for Postgres {
         format!("{time} + {millis}::bigint * interval '1 millisecond'")
     }
 
+    fn millis_until(time: &str, now: &str) -> String {
+        format!("floor(extract(epoch FROM ({time} - {now})) * 1000)::bigint")
+    }
+
     fn clock() -> Option<i64> {
         None
     }

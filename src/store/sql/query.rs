@@ -52,6 +52,9 @@ pub trait Backend: Database {
 
     /// The bytes in `column` of `row`, `None` for `NULL`.
     fn bytes(row: &Self::Row, column: usize) -> Result<Option<&[u8]>, sqlx::Error>;
+
+    /// The integer in `column` of `row`, `None` for `NULL`.
+    fn int(row: &Self::Row, column: usize) -> Result<Option<i64>, sqlx::Error>;
 }
 
 impl<DB> Backend for DB
@@ -60,7 +63,7 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'q> &'q str: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
     for<'q> &'q [u8]: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
-    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
     for<'r> bool: Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
@@ -99,6 +102,10 @@ where
     }
 
     fn bytes(row: &DB::Row, column: usize) -> Result<Option<&[u8]>, sqlx::Error> {
+        row.try_get(column)
+    }
+
+    fn int(row: &DB::Row, column: usize) -> Result<Option<i64>, sqlx::Error> {
         row.try_get(column)
     }
 }

@@ -104,6 +104,10 @@ impl dialect::Sealed for Sqlite {
         format!("{time} + {millis}")
     }
 
+    fn millis_until(time: &str, now: &str) -> String {
+        format!("({time} - {now})")
+    }
+
     /// Now, in milliseconds since the Unix epoch.
     fn clock() -> Option<i64> {
         Some(

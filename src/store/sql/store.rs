@@ -326,6 +326,29 @@ impl<DB: Dialect> SqlStore<DB> {
 /// Every call goes through the [local cache](SqlStore::local_cache) first; the batch
 /// completion, release and renewal are one statement per key.
 impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
+    /// One `SELECT` of the live record and the milliseconds it has left, by the database's
+    /// clock (SQLite: the store's).
+    async fn remaining(
+        &self,
+        key: &StoreKey,
+        record: &Record,
+    ) -> Result<Option<Duration>, StoreError> {
+        let Some(row) = self
+            .fetch_one(&self.sql.remaining, &[Param::Text(key.as_str())])
+            .await?
+        else {
+            return Ok(None);
+        };
+        let stored = DB::bytes(&row, 0).map_err(error::<DB>)?;
+        if !stored.is_some_and(|stored| stored.starts_with(&record.encoded_head())) {
+            return Ok(None);
+        }
+        let left = DB::int(&row, 1).map_err(error::<DB>)?;
+        Ok(left
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis))
+    }
+
     async fn reserve(
         &self,
         key: &StoreKey,
@@ -333,7 +356,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
         let store = self.reserve_uncached(key, claim, lease);
-        self.cache.reserve(key, store).await
+        self.cache.reserve(key, self, store).await
     }
 
     async fn reserve_many(
@@ -345,7 +368,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         let store = |misses: Vec<StoreKey>| async move {
             self.reserve_many_uncached(&misses, claim, lease).await
         };
-        self.cache.reserve_many(keys, store).await
+        self.cache.reserve_many(keys, self, store).await
     }
 
     async fn complete(
@@ -357,7 +380,7 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
     ) -> Result<Completion, StoreError> {
         let store = self.complete_uncached(key, claim, record, retention);
         self.cache
-            .complete(key, claim, record, retention, store)
+            .complete(key, claim, record, retention, self, store)
             .await
     }
 
