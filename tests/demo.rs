@@ -563,3 +563,64 @@ async fn slow_handler_keeps_its_lease() {
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(by_key(&http.effects().await, "pd_slow_lease"), 1);
 }
+
+/// A receiver killed (`SIGKILL`) in the middle of a request leaves its claim in the shared
+/// store: another receiver on that store answers the sender's retries 409 until the lease
+/// runs out (nobody renews it any more), then processes the event, once.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_killed_receiver_frees_its_key_within_the_lease() {
+    let path = std::env::temp_dir().join(format!("demo-killed-{}.db", std::process::id()));
+    let url = format!("sqlite://{}", path.display());
+    let envs = [("DATABASE_URL", url.as_str()), ("IDEMPOTENCY_LEASE_MS", "3000")];
+    let id = ("X-Kalipto-Delivery-Id", "pd_killed");
+
+    let mut first = start_demo(&envs);
+    let http = Http::new(&first);
+    let stuck = {
+        let request = Request::post(format!("{}/webhooks/kalipto", http.base))
+            .header(id.0, id.1)
+            .header("x-demo-delay-ms", "30000")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        // Never answered: the receiver dies first (the request fails, as the sender sees it).
+        tokio::spawn(http.client.request(request))
+    };
+    // Past a first renewal (every third of the lease), then the receiver dies.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let killed_at = std::time::Instant::now();
+    assert!(stuck.await.unwrap().is_err(), "the dead receiver answered");
+
+    let second = start_demo(&envs);
+    let http = Http::new(&second);
+    let (status, headers, body) = http.send("POST", "/webhooks/kalipto", &[id], "{}").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(headers.contains_key("retry-after"));
+    // The sender retries until the dead receiver's lease has run out.
+    let processed = loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (status, headers, body) = http.send("POST", "/webhooks/kalipto", &[id], "{}").await;
+        match status {
+            StatusCode::CONFLICT => {
+                assert!(killed_at.elapsed() < Duration::from_secs(8), "never freed");
+            }
+            StatusCode::OK => break headers,
+            other => panic!("unexpected {other}: {body}"),
+        }
+    };
+    assert!(
+        processed.get("idempotent-replayed").is_none(),
+        "processed, not acknowledged as a duplicate"
+    );
+    assert!(killed_at.elapsed() < Duration::from_millis(3000 + 2000));
+    let (status, headers, _) = http.send("POST", "/webhooks/kalipto", &[id], "{}").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(by_key(&http.effects().await, "pd_killed"), 1);
+    drop(second);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
