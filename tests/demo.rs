@@ -572,7 +572,10 @@ async fn slow_handler_keeps_its_lease() {
 async fn a_killed_receiver_frees_its_key_within_the_lease() {
     let path = std::env::temp_dir().join(format!("demo-killed-{}.db", std::process::id()));
     let url = format!("sqlite://{}", path.display());
-    let envs = [("DATABASE_URL", url.as_str()), ("IDEMPOTENCY_LEASE_MS", "3000")];
+    let envs = [
+        ("DATABASE_URL", url.as_str()),
+        ("IDEMPOTENCY_LEASE_MS", "3000"),
+    ];
     let id = ("X-Kalipto-Delivery-Id", "pd_killed");
 
     let mut first = start_demo(&envs);

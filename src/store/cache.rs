@@ -100,7 +100,7 @@
 //!
 //! [`reserve_many`]: IdempotencyStore::reserve_many
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque, hash_map};
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -676,26 +676,23 @@ impl Cache {
             return;
         }
         let now = Instant::now();
-        // Make room, dropping on the way the stale items and expired entries at the front.
+        // Make room, dropping on the way the stale items and expired entries at the front (one
+        // probe of the table per item: the entries are cold in a full cache).
         while let Some(&(front, generation)) = state.queue.front() {
             let full =
                 state.map.len() >= self.shard_entries || state.bytes + cost > self.shard_bytes;
-            let expired = match state.map.get(&front) {
-                Some(entry) if entry.generation == generation => entry.expires <= now,
+            let ShardState { map, bytes, .. } = &mut *state;
+            match map.entry(front) {
+                hash_map::Entry::Occupied(entry) if entry.get().generation == generation => {
+                    if !full && entry.get().expires > now {
+                        break;
+                    }
+                    *bytes -= entry.remove().cost;
+                }
                 // Stale: its entry was replaced or removed since.
-                _ => true,
-            };
-            if !full && !expired {
-                break;
+                _ => {}
             }
             state.queue.pop_front();
-            if state
-                .map
-                .get(&front)
-                .is_some_and(|e| e.generation == generation)
-            {
-                state.remove(&front);
-            }
         }
         let generation = state.next;
         state.next += 1;
