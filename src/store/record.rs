@@ -167,8 +167,19 @@ impl Record {
 
     /// The first bytes of [`encode`](Self::encode): the tag, the owner tag and the
     /// fingerprint, which tell this record (the one completion that wrote it) from any other
-    /// value of its key.
-    pub(crate) fn encoded_head(&self) -> Bytes {
+    /// value of its key. What a store that keeps encoded records compares, in
+    /// [`IdempotencyStore::remaining`](crate::store::IdempotencyStore::remaining), with the
+    /// value it holds.
+    ///
+    /// ```
+    /// use tower_idempotency::fingerprint::Fingerprint;
+    /// use tower_idempotency::record::Record;
+    ///
+    /// let record = Record::ack(Fingerprint::of_bytes(b"{}"));
+    /// assert!(record.encode().starts_with(&record.encoded_head()));
+    /// assert_eq!(record.encoded_head().len(), 12);
+    /// ```
+    pub fn encoded_head(&self) -> Bytes {
         let tag = if self.response.is_some() {
             TAG_REPLAY
         } else {
