@@ -255,10 +255,10 @@ impl Observer {
 
 /// The metric keys of one layer, built once: a key built per call (the `metrics` macros with a
 /// dynamic label) costs an allocation and a hash each time, even with no recorder installed.
-///
-/// Each key also keeps the handle that the first recorder it met registered (see
-/// [`MetricKey`]): the recorder's registry is searched again only when another recorder is in
-/// charge (a local recorder in a test, a global one installed after the first request).
+/// Handles are not kept: each call asks the recorder in charge at that moment. Keeping them
+/// saves a registry lookup per sample, but a recorder may delete a metric that stayed idle
+/// (`metrics-exporter-prometheus` with an idle timeout), and a kept handle would then count
+/// into a metric that is no longer exported.
 #[cfg(feature = "metrics")]
 struct MetricKeys {
     store: [StoreKeys; 4],
@@ -274,35 +274,8 @@ struct StoreKeys {
     errors: MetricKey,
 }
 
-/// A metric's key, and the handle registered for it by the first recorder that served it.
-///
-/// A registry lookup per sample (a hash, a read lock, a handle cloned and dropped) was the
-/// largest cost of metrics per request. The handle is kept with the identity of the recorder
-/// that made it, and used only while [`metrics::with_recorder`] hands out that same recorder:
-/// the global recorder is installed once and never moves, so in an application every sample
-/// after the first uses the kept handle. Under any other recorder, the key is registered as
-/// before, on every call. (A local recorder is told apart by its address too: one layer used
-/// under two local recorders that lived at the same address one after the other would keep
-/// the first one's handle. Tests build a layer per recorder.)
 #[cfg(feature = "metrics")]
-struct MetricKey {
-    key: metrics::Key,
-    counter: std::sync::OnceLock<(RecorderId, metrics::Counter)>,
-    histogram: std::sync::OnceLock<(RecorderId, metrics::Histogram)>,
-}
-
-/// Which recorder a handle came from: the address of the `dyn Recorder`, which identifies the
-/// global recorder for good (it is never moved nor dropped). `None` for a zero-sized recorder
-/// (such as the no-op one, whose handles cost nothing to get): zero-sized values may share an
-/// address, so their handles are never kept.
-#[cfg(feature = "metrics")]
-type RecorderId = usize;
-
-#[cfg(feature = "metrics")]
-fn recorder_id(recorder: &dyn metrics::Recorder) -> Option<RecorderId> {
-    (std::mem::size_of_val(recorder) > 0)
-        .then_some(recorder as *const dyn metrics::Recorder as *const () as usize)
-}
+struct MetricKey(metrics::Key);
 
 #[cfg(feature = "metrics")]
 static METADATA: metrics::Metadata<'static> =
@@ -315,44 +288,16 @@ impl MetricKey {
             .iter()
             .map(|(key, value)| metrics::Label::new(*key, value.to_string()))
             .collect::<Vec<_>>();
-        MetricKey {
-            key: metrics::Key::from_parts(name, labels),
-            counter: std::sync::OnceLock::new(),
-            histogram: std::sync::OnceLock::new(),
-        }
+        MetricKey(metrics::Key::from_parts(name, labels))
     }
 
     fn increment(&self) {
-        metrics::with_recorder(|r| {
-            let id = recorder_id(r);
-            match self.counter.get() {
-                Some((kept, counter)) if Some(*kept) == id => counter.increment(1),
-                _ => {
-                    let counter = r.register_counter(&self.key, &METADATA);
-                    counter.increment(1);
-                    if let Some(id) = id {
-                        let _ = self.counter.set((id, counter));
-                    }
-                }
-            }
-        });
+        metrics::with_recorder(|r| r.register_counter(&self.0, &METADATA)).increment(1);
     }
 
     fn record(&self, elapsed: Duration) {
-        let value = elapsed.as_secs_f64();
-        metrics::with_recorder(|r| {
-            let id = recorder_id(r);
-            match self.histogram.get() {
-                Some((kept, histogram)) if Some(*kept) == id => histogram.record(value),
-                _ => {
-                    let histogram = r.register_histogram(&self.key, &METADATA);
-                    histogram.record(value);
-                    if let Some(id) = id {
-                        let _ = self.histogram.set((id, histogram));
-                    }
-                }
-            }
-        });
+        metrics::with_recorder(|r| r.register_histogram(&self.0, &METADATA))
+            .record(elapsed.as_secs_f64());
     }
 }
 
@@ -430,10 +375,11 @@ mod tests {
             .sum()
     }
 
-    /// A kept handle serves only the recorder that made it: samples taken under another
-    /// recorder reach that one, and the first recorder still gets its own afterwards.
+    /// Every sample goes to the recorder in charge when it is taken: handles are not kept
+    /// (a recorder may delete an idle metric, and a kept handle would then count into a
+    /// deleted one).
     #[test]
-    fn kept_handles_follow_the_recorder_in_charge() {
+    fn samples_follow_the_recorder_in_charge() {
         let key = MetricKey::new("kept_total", &[("namespace", "test")]);
         let (first, second) = (DebuggingRecorder::new(), DebuggingRecorder::new());
         metrics::with_local_recorder(&first, || {
@@ -442,7 +388,7 @@ mod tests {
         });
         metrics::with_local_recorder(&second, || key.increment());
         metrics::with_local_recorder(&first, || key.increment());
-        // No recorder at all: the no-op one, whose handles are not kept.
+        // No recorder at all: the no-op one.
         key.increment();
         metrics::with_local_recorder(&second, || key.increment());
         assert_eq!(counted(&first), 3);

@@ -46,7 +46,6 @@ mod on_redis {
     use super::suite::{post, send};
     use super::*;
 
-    /// One caching instance on `server`: its own client, its own cache.
     /// Waits until `store` caches `n` records: a record read from Redis is cached once a
     /// background `remaining` call told how long it has left.
     async fn cached(store: &CachedStore<RedisStore<fred::prelude::Client>>, n: usize) {
@@ -60,6 +59,7 @@ mod on_redis {
         }
     }
 
+    /// One caching instance on `server`: its own client, its own cache.
     async fn instance(server: &RedisServer) -> CachedStore<RedisStore<fred::prelude::Client>> {
         let store = RedisStore::new(server.connect().await).local_cache(LocalCache::off());
         store.load_scripts().await.unwrap();
@@ -271,8 +271,10 @@ mod on_redis {
             IdempotencyLayer::new(instance(&server).await).namespace("layer"),
             &effects,
         );
+        // Clones of a store share its cache: `b_store` shows what B's layer cached.
+        let b_store = instance(&server).await;
         let b = router(
-            IdempotencyLayer::new(instance(&server).await).namespace("layer"),
+            IdempotencyLayer::new(b_store.clone()).namespace("layer"),
             &effects,
         );
 
@@ -293,17 +295,15 @@ mod on_redis {
             let (status, headers, _) = send(&b, post("/effect", Some("k1"), "{}")).await;
             assert_eq!(status, StatusCode::OK);
             assert_eq!(headers["idempotent-replayed"], "true");
-            if !expected.is_empty() {
-                // Until the background call answered, B would ask Redis again.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            // Until the background call answered, B would ask Redis again.
+            cached(&b_store, 1).await;
             assert_eq!(monitor.finish(), expected);
         }
         assert_eq!(effects.total(), 1);
     }
 
     /// A record read from Redis is cached no longer than Redis keeps it: B reads a record of
-    /// A's that expires in 600 ms, caches it (default `read_ttl`: 5 s), and after the expiry
+    /// A's that expires in 2 s, caches it (default `read_ttl`: 5 s), and after the expiry
     /// claims the key instead of answering a duplicate.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_record_read_is_cached_no_longer_than_redis_keeps_it() {
@@ -313,7 +313,7 @@ mod on_redis {
         let owner = claim();
         a.reserve(&key, &owner, LEASE).await.unwrap();
         let record = Record::ack(owner.fingerprint());
-        let retention = Duration::from_millis(600);
+        let retention = Duration::from_secs(2);
         assert_eq!(
             a.complete(&key, &owner, &record, retention).await.unwrap(),
             Completion::Written

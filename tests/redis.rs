@@ -55,9 +55,12 @@ async fn two_commands_per_first_delivery_one_per_duplicate() {
     store.load_scripts().await.unwrap();
     let effects = Effects::default();
     let app = router(IdempotencyLayer::new(store).namespace("cost"), &effects);
-    // A second instance on the same Redis.
-    let other = RedisStore::new(server.connect().await);
-    let other = router(IdempotencyLayer::new(other).namespace("cost"), &effects);
+    // A second instance on the same Redis (clones of a store share its local cache).
+    let other_store = RedisStore::new(server.connect().await);
+    let other = router(
+        IdempotencyLayer::new(other_store.clone()).namespace("cost"),
+        &effects,
+    );
 
     let monitor = server.monitor();
     let (status, _, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
@@ -76,7 +79,11 @@ async fn two_commands_per_first_delivery_one_per_duplicate() {
     let monitor = server.monitor();
     let (status, _, _) = send(&other, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::OK);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while other_store.cache().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "never cached");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
     let monitor = server.monitor();
     let (status, _, _) = send(&other, post("/effect", Some("k1"), "{}")).await;

@@ -20,7 +20,9 @@
 //!   path) and keeps it that long, and at most [`read_ttl`](CachedStore::read_ttl) (default
 //!   [`DEFAULT_READ_TTL`], 5 seconds). Until the answer is in, duplicates of the record still
 //!   ask the store; a store that cannot tell (the trait's default) has its reads never
-//!   cached. So no entry outlives its record's expiry in the store. What no cache can see is
+//!   cached, and neither are reads made outside a Tokio runtime (there is no task to ask on).
+//!   Entries end a millisecond before the store's (which counts whole milliseconds), so no
+//!   entry outlives its record's expiry in the store. What no cache can see is
 //!   a record the store drops *before* its expiry (evicted, deleted by hand): that one may
 //!   still be answered up to `read_ttl` later (see below); set `read_ttl` to zero to never
 //!   cache a record you did not write.
@@ -141,6 +143,11 @@ pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(600);
 /// duplicates with one round trip.
 pub const DEFAULT_READ_TTL: Duration = Duration::from_secs(5);
 
+/// How much earlier than the store a cached record expires: stores count time in whole
+/// milliseconds (Redis, SQL), rounded down from a clock read after the cache's own, so the
+/// cache ends its entries this much sooner and never after the store.
+const CLOCK_MARGIN: Duration = Duration::from_millis(1);
+
 /// What one cached record is accounted as, before any stored response: its slot in the
 /// shard's table (key, record, expiry) and in its eviction queue, with the tables' slack.
 pub const ENTRY_BYTES: usize = 192;
@@ -219,7 +226,7 @@ impl<St> CachedStore<St> {
         self
     }
 
-    /// Sets how long a record read from the inner store is cached (default
+    /// Sets how long a record read from the inner store is cached at most (default
     /// [`DEFAULT_READ_TTL`]); see [`LocalCache::read_ttl`].
     pub fn read_ttl(mut self, read_ttl: Duration) -> Self {
         self.cache = self.cache.read_ttl(read_ttl);
@@ -398,9 +405,14 @@ impl LocalCache {
         }
     }
 
-    /// The life of a record read from the store.
+    /// The longest life of a record read from the store.
     fn read_life(&self) -> Duration {
         self.read_ttl.min(self.max_ttl)
+    }
+
+    /// The life of a record this instance wrote with `retention`, from before the write.
+    fn written_life(&self, retention: Duration) -> Duration {
+        retention.min(self.max_ttl).saturating_sub(CLOCK_MARGIN)
     }
 
     /// Caches `record` for `key` until `life` after `from`.
@@ -423,7 +435,7 @@ impl LocalCache {
     /// cached. Outside a Tokio runtime nothing is cached.
     fn learn<St: IdempotencyStore>(&self, source: &St, found: Vec<(StoreKey, Record)>) {
         let cap = self.read_life();
-        if found.is_empty() || cap.is_zero() || !self.is_on() {
+        if found.is_empty() || cap <= CLOCK_MARGIN || !self.is_on() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -432,14 +444,23 @@ impl LocalCache {
         let (cache, source) = (self.clone(), source.clone());
         runtime.spawn(async move {
             for (key, record) in found {
+                // Learnt meanwhile (a burst of duplicates, each a miss): nothing to ask.
+                if cache.cache.get(&key).is_some() {
+                    continue;
+                }
                 // Before the store is asked: the entry ends no later than the record.
                 let asked = Instant::now();
-                match source.remaining(&key, &record).await {
-                    Ok(Some(left)) => cache.remember(&key, &record, asked, left.min(cap)),
-                    Ok(None) => {}
-                    Err(err) => {
+                // An answer later than the longest it could be cached for is of no use.
+                match tokio::time::timeout(cap, source.remaining(&key, &record)).await {
+                    Ok(Ok(Some(left))) => {
+                        let life = left.min(cap).saturating_sub(CLOCK_MARGIN);
+                        cache.remember(&key, &record, asked, life);
+                    }
+                    Ok(Ok(None)) => {}
+                    Ok(Err(err)) => {
                         tracing::debug!(error = %err, "could not read how long a record has left; not cached");
                     }
+                    Err(_) => tracing::debug!("no answer in time on how long a record has left; not cached"),
                 }
             }
         });
@@ -485,7 +506,7 @@ impl LocalCache {
         let owned = || record.clone().owned_by(claim.token());
         match done {
             Completion::Written => {
-                self.remember(key, &owned(), asked, retention.min(self.max_ttl));
+                self.remember(key, &owned(), asked, self.written_life(retention))
             }
             Completion::AlreadyWritten => self.learn(source, vec![(key.clone(), owned())]),
             Completion::Lost => {}
@@ -583,7 +604,7 @@ impl LocalCache {
         for (key, completion) in keys.iter().zip(&done) {
             match completion {
                 Completion::Written => {
-                    self.remember(key, &owned, asked, retention.min(self.max_ttl));
+                    self.remember(key, &owned, asked, self.written_life(retention))
                 }
                 Completion::AlreadyWritten => found.push((key.clone(), owned.clone())),
                 Completion::Lost => {}

@@ -61,7 +61,12 @@
 //! - [`reserve`](IdempotencyStore::reserve) is **one** command,
 //!   `SET key <in flight> NX PX <lease ms> GET`: a nil reply means the claim is ours; otherwise
 //!   the reply is the value already there (in flight or completed). A duplicate costs one
-//!   command, or none when the [local cache](RedisStore::local_cache) holds its record. `NX` together with `GET` needs **Redis 7.0 or later** (or a compatible server).
+//!   command, or none when the [local cache](RedisStore::local_cache) holds its record. `NX`
+//!   together with `GET` needs **Redis 7.0 or later** (or a compatible server).
+//! - [`remaining`](IdempotencyStore::remaining), which the local cache calls in the background
+//!   when a reserve read a completed record (once per cache miss, not on the request's path),
+//!   is one `EVALSHA` of a script that reads the head of the value (`GETRANGE`) and, when it is
+//!   that record's, its `PTTL`: the cache then keeps the record no longer than Redis does.
 //! - [`complete`](IdempotencyStore::complete), [`release`](IdempotencyStore::release) and
 //!   [`renew`](IdempotencyStore::renew) are one `EVALSHA` each, of a Lua script that compares
 //!   the owner token (the first 17 bytes of the in-flight value, [`StoredValue::owner_prefix`])
@@ -91,8 +96,10 @@
 //! no `CROSSSLOT`); a standalone or sentinel client writes them all on one connection.
 //!
 //! - A first delivery of N new items costs 2 round trips and 2N commands (N `SET`, then N
-//!   `EVALSHA`); a duplicate batch costs 1 round trip (N `SET`). `tests/redis.rs` counts both,
-//!   commands with `MONITOR` and round trips through a proxy that holds replies back.
+//!   `EVALSHA`); a duplicate batch costs 1 round trip (N `SET`), and then, for the items the
+//!   local cache did not hold, one `remaining` call each in the background. `tests/redis.rs`
+//!   counts both, commands with `MONITOR` and round trips through a proxy that holds replies
+//!   back.
 //! - `NOSCRIPT`: the items whose script reply is `NOSCRIPT` are sent again with `EVAL`, all in a
 //!   second pipeline: one more round trip for the batch, not one per item.
 //! - An error reply for any item fails the whole call with the first one (in the batch's
@@ -314,11 +321,11 @@ return 0
 "#;
 
 /// `remaining`: KEYS[1] = key, ARGV[1] = the head of a completed record (tag, owner tag,
-/// fingerprint). Returns the key's time to live in milliseconds when it holds that record,
-/// -3 otherwise (-2 or -1 from `PTTL` cannot happen: the key was just read, and records always
-/// expire).
-const REMAINING_LUA: &str = r#"local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
+/// fingerprint). Returns the key's time to live in milliseconds when its value starts with
+/// that head (read with `GETRANGE`: a replay record's body is not copied), a negative number
+/// otherwise (-3; or -1 from `PTTL` for a key someone made persistent by hand).
+const REMAINING_LUA: &str = r#"local head = redis.call('GETRANGE', KEYS[1], 0, string.len(ARGV[1]) - 1)
+if head == ARGV[1] then
   return redis.call('PTTL', KEYS[1])
 end
 return -3
@@ -517,8 +524,8 @@ where
         self.client
     }
 
-    /// Loads the `complete`, `release`, `renew` and `remaining` scripts into the server's script cache
-    /// (`SCRIPT LOAD`, on every primary of a cluster).
+    /// Loads the `complete`, `release`, `renew` and `remaining` scripts into the server's
+    /// script cache (`SCRIPT LOAD`, on every primary of a cluster).
     ///
     /// Optional: a script missing from the cache is reloaded on first use anyway. Calling this
     /// at start-up only saves the first call of each script (single-key or batch) a second

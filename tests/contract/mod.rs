@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::record::Record;
+use tower_idempotency::record::{Record, StoredResponse};
 use tower_idempotency::store::{Claim, Completion, IdempotencyStore, Reservation, StoreKey};
 
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -357,6 +357,37 @@ pub async fn remaining_is_told_for_the_record_held<St: IdempotencyStore>(store: 
         store.remaining(&key, &ack(&same_payload)).await.unwrap(),
         None
     );
+    // The same completion kept for replay is another record than its ack.
+    let replay = Record::replay(
+        owner.fingerprint(),
+        StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            bytes::Bytes::from_static(b"{}"),
+            None,
+        ),
+    )
+    .owned_by(owner.token());
+    assert_eq!(store.remaining(&key, &replay).await.unwrap(), None);
+
+    // An expired record has nothing left.
+    let short = fresh_key("remaining-expired");
+    assert_eq!(
+        store.reserve(&short, &owner, LONG).await.unwrap(),
+        Reservation::Acquired
+    );
+    let retention = Duration::from_millis(300);
+    assert_eq!(
+        store
+            .complete(&short, &owner, &record, retention)
+            .await
+            .unwrap(),
+        Completion::Written
+    );
+    let left = store.remaining(&short, &record).await.unwrap();
+    assert!(left.is_some_and(|left| left <= retention), "{left:?}");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(store.remaining(&short, &record).await.unwrap(), None);
 }
 
 /// Instantiates the contract for one store. `$make` is an async block yielding

@@ -66,6 +66,9 @@
 //!   statement (the keys inserted in sorted order, so that overlapping batches lock rows in one
 //!   order and never deadlock; each key is still claimed atomically on its own). The other
 //!   batch methods, and every batch method on SQLite, run one statement per key, in order.
+//! - **remaining** (for the local cache, in the background, once per record it reads) is one
+//!   `SELECT` of the key's live completed record and the whole milliseconds until its
+//!   `expires_at`.
 //! - **purge** deletes expired rows in batches.
 //!
 //! # Expired rows

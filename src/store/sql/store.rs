@@ -230,7 +230,7 @@ impl<DB: Dialect> SqlStore<DB> {
         let Some(sql) = &self.sql.reserve_many else {
             let mut out = Vec::with_capacity(keys.len());
             for key in keys {
-                out.push(self.reserve(key, claim, lease).await?);
+                out.push(self.reserve_uncached(key, claim, lease).await?);
             }
             return Ok(out);
         };
