@@ -410,6 +410,12 @@ impl LocalCache {
         self.read_ttl.min(self.max_ttl)
     }
 
+    /// Whether records read from the store are cached at all: checked before anything is
+    /// copied for [`learn`](Self::learn).
+    fn learns(&self) -> bool {
+        self.read_life() > CLOCK_MARGIN && self.is_on()
+    }
+
     /// The life of a record this instance wrote with `retention`, from before the write.
     fn written_life(&self, retention: Duration) -> Duration {
         retention.min(self.max_ttl).saturating_sub(CLOCK_MARGIN)
@@ -435,7 +441,7 @@ impl LocalCache {
     /// cached. Outside a Tokio runtime nothing is cached.
     fn learn<St: IdempotencyStore>(&self, source: &St, found: Vec<(StoreKey, Record)>) {
         let cap = self.read_life();
-        if found.is_empty() || cap <= CLOCK_MARGIN || !self.is_on() {
+        if found.is_empty() || !self.learns() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -480,9 +486,10 @@ impl LocalCache {
         }
         let answer = store.await?;
         match &answer {
-            Reservation::Completed(record) => {
+            Reservation::Completed(record) if self.learns() => {
                 self.learn(source, vec![(key.clone(), record.clone())]);
             }
+            Reservation::Completed(_) => {}
             _ => self.cache.forget(key),
         }
         Ok(answer)
@@ -568,7 +575,7 @@ impl LocalCache {
             ));
         }
         let mut fetched = fetched.into_iter();
-        let mut found = Vec::new();
+        let (learns, mut found) = (self.learns(), Vec::new());
         for (key, answer) in keys.iter().zip(&mut answers) {
             if answer.is_some() {
                 continue;
@@ -577,7 +584,10 @@ impl LocalCache {
                 break;
             };
             match &reservation {
-                Reservation::Completed(record) => found.push((key.clone(), record.clone())),
+                Reservation::Completed(record) if learns => {
+                    found.push((key.clone(), record.clone()));
+                }
+                Reservation::Completed(_) => {}
                 _ => self.cache.forget(key),
             }
             *answer = Some(reservation);
