@@ -1,3 +1,5 @@
+use std::borrow::Cow;
+
 use serde_json::Value;
 use serde_json_path::JsonPath;
 
@@ -106,7 +108,7 @@ impl JsonPathKey {
     }
 
     /// The selected ids, found by the scanner in the raw body.
-    fn scanned(&self, body: &[u8]) -> Result<Vec<String>, KeyError> {
+    fn scanned<'b>(&self, body: &'b [u8]) -> Result<Vec<Cow<'b, str>>, KeyError> {
         let simple: Vec<&SimplePath> = self
             .paths
             .iter()
@@ -114,7 +116,7 @@ impl JsonPathKey {
             .collect();
         let mut values = Vec::new();
         let result = scan(body, &simple, &mut |_, value| {
-            values.push(value.into_owned());
+            values.push(value);
             Ok(())
         });
         match result {
@@ -185,16 +187,17 @@ fn type_name(value: &Value) -> &'static str {
 
 impl ExtractKey for JsonPathKey {
     fn extract_key(&self, input: &KeyInput<'_>) -> Result<Option<IdempotencyKey>, KeyError> {
-        let values = if self.scan {
+        // Scanned ids are borrowed from the body: only the key itself is allocated.
+        let values: Vec<Cow<'_, str>> = if self.scan {
             let body = input.body().ok_or_else(KeyError::body_not_buffered)?;
             self.scanned(body)?
         } else {
-            self.queried(input)?
+            self.queried(input)?.into_iter().map(Cow::Owned).collect()
         };
         if self.items {
-            IdempotencyKey::items(values)
+            IdempotencyKey::items_of(values)
         } else {
-            IdempotencyKey::composite(values)
+            IdempotencyKey::composite_of(values)
         }
     }
 

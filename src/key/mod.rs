@@ -89,7 +89,16 @@ impl IdempotencyKey {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        Ok(Self::composite(values)?.map(|mut key| {
+        Self::items_of(values.into_iter().map(Into::<String>::into))
+    }
+
+    /// [`items`](Self::items) from values that need not be owned.
+    pub(crate) fn items_of<I, S>(values: I) -> Result<Option<Self>, KeyError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Ok(Self::composite_of(values)?.map(|mut key| {
             key.items = true;
             key
         }))
@@ -107,10 +116,19 @@ impl IdempotencyKey {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let mut parts: Vec<String> = Vec::new();
+        Self::composite_of(values.into_iter().map(Into::<String>::into))
+    }
+
+    /// [`composite`](Self::composite) from values that need not be owned (ids borrowed from
+    /// the request body): only the joined key is allocated.
+    pub(crate) fn composite_of<I, S>(values: I) -> Result<Option<Self>, KeyError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut parts: Vec<S> = Vec::new();
         for value in values {
-            let value = value.into();
-            validate_part(&value)?;
+            validate_part(value.as_ref())?;
             parts.push(value);
             if parts.len() > MAX_KEY_PARTS {
                 return Err(KeyError::too_many_parts(MAX_KEY_PARTS));
@@ -119,14 +137,14 @@ impl IdempotencyKey {
         if parts.is_empty() {
             return Ok(None);
         }
-        parts.sort_unstable();
-        parts.dedup();
-        let mut joined = String::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
+        parts.sort_unstable_by(|a, b| a.as_ref().cmp(b.as_ref()));
+        parts.dedup_by(|a, b| a.as_ref() == b.as_ref());
+        let mut joined = String::with_capacity(parts.iter().map(|p| p.as_ref().len() + 1).sum());
         for (i, part) in parts.iter().enumerate() {
             if i > 0 {
                 joined.push(PART_SEPARATOR);
             }
-            joined.push_str(part);
+            joined.push_str(part.as_ref());
         }
         Ok(Some(IdempotencyKey {
             value: joined,
@@ -166,7 +184,15 @@ fn validate_part(value: &str) -> Result<(), KeyError> {
     if value.len() > MAX_KEY_LEN {
         return Err(KeyError::too_long(value.len(), MAX_KEY_LEN));
     }
-    if value.chars().any(char::is_control) {
+    // Control characters are C0 (below 0x20), DEL and C1 (U+0080..U+009F, 0xC2 0x80..0x9F in
+    // UTF-8): ASCII values are checked byte by byte, others char by char.
+    let bytes = value.as_bytes();
+    let control = if value.is_ascii() {
+        bytes.iter().any(|&b| b < 0x20 || b == 0x7F)
+    } else {
+        value.chars().any(char::is_control)
+    };
+    if control {
         return Err(KeyError::control_character());
     }
     Ok(())
