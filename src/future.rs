@@ -241,9 +241,11 @@ where
                     }
                     let mut inner = inner.take().expect("polled after the inner call");
                     let fut = inner.call(request);
-                    let timer = settings
-                        .as_ref()
-                        .map_or(Stopwatch::OFF, |s| s.observer.stopwatch());
+                    let timer = match (&guard, settings) {
+                        (Some(guard), _) => guard.inner_stopwatch(),
+                        (None, Some(s)) => s.observer.stopwatch(),
+                        (None, None) => Stopwatch::OFF,
+                    };
                     state.set(State::Calling {
                         fut,
                         guard,

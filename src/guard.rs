@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 
 use crate::items::BatchItems;
-use crate::observe::{Observer, StoreOp};
+use crate::observe::{Observer, Stopwatch, StoreOp};
 use crate::store::record::Record;
 use crate::store::{
     Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey,
@@ -170,14 +170,14 @@ impl<T> IntoIterator for OneOrMany<T> {
 /// not carry it. One box per store call.
 trait Ops: Send + Sync + 'static {
     fn common(&self) -> &Common;
-    fn reserve(self: Arc<Self>) -> BoxFuture<'static, Result<OneOrMany<Reservation>, StoreError>>;
+    fn reserve(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Reserved>;
     fn complete(
         self: Arc<Self>,
         which: Which,
         record: Record,
     ) -> BoxFuture<'static, Result<OneOrMany<Completion>, StoreError>>;
     fn release(self: Arc<Self>, which: Which) -> BoxFuture<'static, Result<usize, StoreError>>;
-    fn renew(self: Arc<Self>) -> BoxFuture<'static, Result<bool, StoreError>>;
+    fn renew(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Result<bool, StoreError>>;
 }
 
 struct StoreClaim<St> {
@@ -186,15 +186,32 @@ struct StoreClaim<St> {
 }
 
 impl<St: IdempotencyStore> StoreClaim<St> {
+    /// Runs one store call under the timeout, and observes it. `started`: when the caller
+    /// already read the clock for this call (one read instead of two).
     async fn call<T>(
         &self,
         op: StoreOp,
+        started: Option<Instant>,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let timer = self.common.observer.stopwatch();
+        self.call_timed(op, started, fut).await.0
+    }
+
+    /// [`call`](Self::call), and when the call ended if that was measured.
+    async fn call_timed<T>(
+        &self,
+        op: StoreOp,
+        started: Option<Instant>,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> (Result<T, StoreError>, Option<Instant>) {
+        let observer = &self.common.observer;
+        let timer = match started {
+            Some(at) => observer.stopwatch_from(at),
+            None => observer.stopwatch(),
+        };
         let result = timed(self.common.timeout, fut).await;
-        self.common.observer.store_call(op, timer, result.is_ok());
-        result
+        let ended = observer.store_call(op, timer, result.is_ok());
+        (result, ended)
     }
 }
 
@@ -203,17 +220,19 @@ impl<St: IdempotencyStore> Ops for StoreClaim<St> {
         &self.common
     }
 
-    fn reserve(self: Arc<Self>) -> BoxFuture<'static, Result<OneOrMany<Reservation>, StoreError>> {
+    fn reserve(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Reserved> {
         Box::pin(async move {
             let c = &self.common;
             if let [key] = c.held() {
                 let one = self.store.reserve(key, &c.claim, c.lease);
-                return self.call(StoreOp::Reserve, one).await.map(OneOrMany::One);
+                let (result, ended) = self.call_timed(StoreOp::Reserve, Some(started), one).await;
+                return (result.map(OneOrMany::One), ended);
             }
             // Batches are rare: their (large) futures are boxed apart, so that the box of a
             // single-key call stays small.
             let many = Box::pin(self.store.reserve_many(c.held(), &c.claim, c.lease));
-            self.call(StoreOp::Reserve, many).await.map(OneOrMany::Many)
+            let (result, ended) = self.call_timed(StoreOp::Reserve, Some(started), many).await;
+            (result.map(OneOrMany::Many), ended)
         })
     }
 
@@ -227,13 +246,16 @@ impl<St: IdempotencyStore> Ops for StoreClaim<St> {
             let keys = c.keys(&which);
             if let [key] = keys {
                 let one = self.store.complete(key, &c.claim, &record, c.retention);
-                return self.call(StoreOp::Complete, one).await.map(OneOrMany::One);
+                return self
+                    .call(StoreOp::Complete, None, one)
+                    .await
+                    .map(OneOrMany::One);
             }
             let many = Box::pin(
                 self.store
                     .complete_many(keys, &c.claim, &record, c.retention),
             );
-            self.call(StoreOp::Complete, many)
+            self.call(StoreOp::Complete, None, many)
                 .await
                 .map(OneOrMany::Many)
         })
@@ -245,25 +267,31 @@ impl<St: IdempotencyStore> Ops for StoreClaim<St> {
             let keys = c.keys(&which);
             if let [key] = keys {
                 let one = self.store.release(key, &c.claim);
-                return self.call(StoreOp::Release, one).await.map(usize::from);
+                return self
+                    .call(StoreOp::Release, None, one)
+                    .await
+                    .map(usize::from);
             }
             let many = Box::pin(self.store.release_many(keys, &c.claim));
-            self.call(StoreOp::Release, many).await
+            self.call(StoreOp::Release, None, many).await
         })
     }
 
-    fn renew(self: Arc<Self>) -> BoxFuture<'static, Result<bool, StoreError>> {
+    fn renew(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Result<bool, StoreError>> {
         Box::pin(async move {
             let c = &self.common;
             if let [key] = c.held() {
                 let one = self.store.renew(key, &c.claim, c.lease);
-                return self.call(StoreOp::Renew, one).await;
+                return self.call(StoreOp::Renew, Some(started), one).await;
             }
             let many = Box::pin(self.store.renew_many(c.held(), &c.claim, c.lease));
-            self.call(StoreOp::Renew, many).await
+            self.call(StoreOp::Renew, Some(started), many).await
         })
     }
 }
+
+/// What a reserve answers, and when it ended if store calls are timed.
+type Reserved = (Result<OneOrMany<Reservation>, StoreError>, Option<Instant>);
 
 /// How a claim ends.
 pub(crate) enum Settlement {
@@ -282,6 +310,8 @@ pub(crate) struct ClaimGuard {
     /// The request was a gRPC call (success is its final `grpc-status`).
     grpc: bool,
     settled: bool,
+    /// When the last reserve ended, if store calls are timed.
+    reserved_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for ClaimGuard {
@@ -320,6 +350,7 @@ impl ClaimGuard {
             items: None,
             grpc: false,
             settled: false,
+            reserved_at: None,
         }
     }
 
@@ -348,9 +379,16 @@ impl ClaimGuard {
     /// guard releases them all: a reserve that failed or was cut off may still have landed.
     pub(crate) async fn reserve(&mut self) -> Result<OneOrMany<Reservation>, StoreError> {
         let started = Instant::now();
-        let result = self.ops.clone().reserve().await;
+        let (result, ended) = self.ops.clone().reserve(started).await;
         self.ops.common().extend(started);
+        self.reserved_at = ended;
         result
+    }
+
+    /// Starts timing the inner service: from the end of the reserve, when that was measured
+    /// (one clock read for both).
+    pub(crate) fn inner_stopwatch(&self) -> Stopwatch {
+        Stopwatch::started_at(self.reserved_at)
     }
 
     /// Keeps the keys whose reservation `keep` accepts (the acquired ones); the others are not
@@ -424,7 +462,18 @@ impl ClaimGuard {
                 _ => (None, Some(Which::Held)),
             },
         };
-        FinishOnDrop(Some(Box::pin(settle_in_full(ops, record, release)))).await
+        // Dropped before its end (the request future was dropped), the settlement starts
+        // again on a spawned task: writing a record twice or releasing a key twice under the
+        // same claim changes nothing, so a new run from the start finishes what this one began.
+        let pending = SettleOnDrop(Some(Settle {
+            ops,
+            record,
+            release,
+        }));
+        if let Some(settle) = &pending.0 {
+            settle.run().await;
+        }
+        pending.disarm();
     }
 }
 
@@ -445,26 +494,51 @@ fn stop(ops: &dyn Ops) {
     ops.common().stopped.store(true, Ordering::Release);
 }
 
-/// Writes `record` for its keys, retrying store errors while the claim is alive, then
-/// releases `release`; stops the renewal at the end.
-async fn settle_in_full(
+/// What a settlement does: write `record` for its keys, then release `release`.
+struct Settle {
     ops: Arc<dyn Ops>,
     record: Option<(Which, Record)>,
     release: Option<Which>,
-) {
-    if let Some((which, record)) = record {
-        complete_with_retries(&ops, which, record).await;
-    }
-    stop(&*ops);
-    if let Some(which) = release {
-        if let Err(err) = ops.clone().release(which.clone()).await {
-            tracing::warn!(error = %err, "could not release an idempotency claim; retrying in the background");
-            release_in_background(ops, which, 1);
+}
+
+impl Settle {
+    /// Writes the record, retrying store errors while the claim is alive, then releases;
+    /// stops the renewal at the end.
+    async fn run(&self) {
+        let ops = &self.ops;
+        if let Some((which, record)) = &self.record {
+            complete_with_retries(ops, which, record).await;
+        }
+        stop(&**ops);
+        if let Some(which) = &self.release {
+            if let Err(err) = ops.clone().release(which.clone()).await {
+                tracing::warn!(error = %err, "could not release an idempotency claim; retrying in the background");
+                release_in_background(ops.clone(), which.clone(), 1);
+            }
         }
     }
 }
 
-async fn complete_with_retries(ops: &Arc<dyn Ops>, which: Which, record: Record) {
+/// A settlement that runs again, from the start, on a spawned task if it is dropped before
+/// its end (outside a Tokio runtime, the lease TTL frees the keys).
+struct SettleOnDrop(Option<Settle>);
+
+impl SettleOnDrop {
+    /// The settlement ran to its end: nothing to do on drop.
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for SettleOnDrop {
+    fn drop(&mut self) {
+        if let (Some(settle), Ok(handle)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            handle.spawn(async move { settle.run().await });
+        }
+    }
+}
+
+async fn complete_with_retries(ops: &Arc<dyn Ops>, which: &Which, record: &Record) {
     let mut backoff = Backoff::new();
     let mut retried = false;
     loop {
@@ -556,7 +630,7 @@ async fn renew_while_alive(ops: Arc<dyn Ops>) {
             return;
         }
         let started = Instant::now();
-        match ops.clone().renew().await {
+        match ops.clone().renew(started).await {
             Ok(true) => c.extend(started),
             Ok(false) if c.stopped.load(Ordering::Acquire) => return,
             Ok(false) => {
@@ -572,29 +646,5 @@ async fn renew_while_alive(ops: Arc<dyn Ops>) {
             }
         }
         tokio::time::sleep(every).await;
-    }
-}
-
-/// A store call that is finished on a spawned task if it is dropped before it finished.
-struct FinishOnDrop(Option<BoxFuture<'static, ()>>);
-
-impl Future for FinishOnDrop {
-    type Output = ();
-
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
-        let Some(fut) = self.0.as_mut() else {
-            return Poll::Ready(());
-        };
-        std::task::ready!(fut.as_mut().poll(cx));
-        self.0 = None;
-        Poll::Ready(())
-    }
-}
-
-impl Drop for FinishOnDrop {
-    fn drop(&mut self) {
-        if let (Some(fut), Ok(handle)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
-            handle.spawn(fut);
-        }
     }
 }

@@ -110,6 +110,12 @@ impl Stopwatch {
     pub(crate) fn elapsed(&self) -> Option<Duration> {
         self.0.map(|started| started.elapsed())
     }
+
+    /// A stopwatch started at `at`, if measured (the end of an earlier step: one clock read
+    /// serves both).
+    pub(crate) fn started_at(at: Option<Instant>) -> Self {
+        Stopwatch(at)
+    }
 }
 
 impl Observer {
@@ -141,6 +147,16 @@ impl Observer {
     /// Starts timing a step (see [`Stopwatch`]).
     pub(crate) fn stopwatch(&self) -> Stopwatch {
         Stopwatch(self.measures().then(Instant::now))
+    }
+
+    /// Starts timing a whole request. Only the outcome hook reads its duration.
+    pub(crate) fn request_stopwatch(&self) -> Stopwatch {
+        Stopwatch(self.hook.is_some().then(Instant::now))
+    }
+
+    /// A stopwatch started at `started` (a clock read the caller needed anyway).
+    pub(crate) fn stopwatch_from(&self, started: Instant) -> Stopwatch {
+        Stopwatch(self.measures().then_some(started))
     }
 
     fn measures(&self) -> bool {
@@ -211,9 +227,11 @@ impl Observer {
         }
     }
 
-    /// Records the latency (and failure) of one store call.
-    pub(crate) fn store_call(&self, op: StoreOp, timer: Stopwatch, ok: bool) {
-        let elapsed = timer.elapsed();
+    /// Records the latency (and failure) of one store call; returns when it ended, if
+    /// measured.
+    pub(crate) fn store_call(&self, op: StoreOp, timer: Stopwatch, ok: bool) -> Option<Instant> {
+        let ended = timer.0.map(|_| Instant::now());
+        let elapsed = timer.0.zip(ended).map(|(started, ended)| ended - started);
         if let (StoreOp::Reserve, Some(elapsed)) = (op, elapsed) {
             tracing::Span::current().record("store_ms", elapsed.as_secs_f64() * 1e3);
         }
@@ -233,6 +251,7 @@ impl Observer {
                 keys.errors.increment();
             }
         }
+        ended
     }
 
     /// Counts a claim found lost before its owner finished (a renewal or a completion that

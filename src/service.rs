@@ -133,7 +133,7 @@ where
         let span = settings.observer.span(req.method());
         let timer = {
             let _entered = span.enter();
-            settings.observer.stopwatch()
+            settings.observer.request_stopwatch()
         };
         let grpc = is_grpc(req.headers());
         if content_length(req.headers()).is_some_and(|len| len > settings.body_limit as u64) {

@@ -42,8 +42,9 @@ impl Token {
     }
 }
 
-/// How many tokens [`Token::random`] reads from the OS generator at a time, per thread.
-const TOKEN_POOL: usize = 64;
+/// How many tokens [`Token::random`] reads from the OS generator at a time, per thread (4 KiB:
+/// one `getrandom` call per 256 claims).
+const TOKEN_POOL: usize = 256;
 
 /// A per-thread buffer of random bytes for [`Token::random`].
 struct TokenPool {
