@@ -307,7 +307,10 @@ impl MetricKey {
             .iter()
             .map(|(key, value)| metrics::Label::new(*key, value.to_string()))
             .collect::<Vec<_>>();
-        MetricKey(metrics::Key::from_parts(name, labels))
+        // Retained (labels shared behind an `Arc`): a recorder that retains the key it is
+        // handed on every call (`metrics-exporter-prometheus` does) then bumps a reference count
+        // instead of copying the labels.
+        MetricKey(metrics::Key::from_parts(name, labels).to_retained())
     }
 
     fn increment(&self) {

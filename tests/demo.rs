@@ -302,7 +302,15 @@ async fn metrics_endpoint_counts_outcomes() {
             .unwrap_or_else(|| panic!("no {outcome} counter in:\n{text}"));
         assert!(line.ends_with(" 1"), "{line}");
     }
-    assert!(text.contains("idempotency_store_duration_seconds"));
+    // Bucketed histograms: what `histogram_quantile` in docs/operations.md reads.
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("idempotency_store_duration_seconds_bucket{")
+                && l.contains("operation=\"reserve\"")
+                && l.contains("le=\"0.001\"")
+        ),
+        "no reserve latency buckets in:\n{text}"
+    );
     assert!(!text.contains("pd_metrics"), "no raw key in metrics");
 }
 
