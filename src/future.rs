@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
@@ -274,12 +275,11 @@ where
                     (Err(err), None) => return Poll::Ready(Err(err)),
                     (Ok(response), Some(guard)) => {
                         let settings = settings.clone().unwrap_or_default();
-                        Box::pin(async move { Ok(finish(guard, &settings, response).await) })
+                        Box::pin(finish(guard, settings, response).map(Ok))
                     }
-                    (Err(err), Some(guard)) => Box::pin(async move {
-                        guard.settle(Settlement::Failure).await;
-                        Err(err)
-                    }),
+                    (Err(err), Some(guard)) => {
+                        Box::pin(guard.settle(Settlement::Failure).map(|()| Err(err)))
+                    }
                 };
                 state.set(State::Finishing { fut });
             }
@@ -299,91 +299,95 @@ where
 /// Decides whether the attempt succeeded, then records or releases the claim, then hands the
 /// response on. Responses up to the buffer limit are read in full first, so that the client
 /// never receives the end of a response that was not recorded.
-async fn finish<B>(
+fn finish<B>(
     guard: ClaimGuard,
-    settings: &Settings,
+    settings: Arc<Settings>,
     response: Response<B>,
-) -> Response<ResponseBody<B>>
+) -> impl Future<Output = Response<ResponseBody<B>>> + Send + use<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    // An async block rather than an async fn: the block holds the parts it was handed once,
+    // where an async fn would keep its arguments and their moved copies side by side.
     let (mut parts, body) = response.into_parts();
-    let grpc = match settings
-        .classifier
-        .head(guard.is_grpc(), parts.status, &parts.headers)
-    {
-        Head::Final(_) => {
-            guard.settle(Settlement::Failure).await;
-            parts.extensions.insert(Outcome::Released);
-            return Response::from_parts(parts, ResponseBody::inner(body));
-        }
-        Head::Pending { grpc } => grpc,
-    };
-
-    let mut body = Box::pin(body);
-    let mut collected = Collected::default();
-    loop {
-        let frame = body
-            .frame()
-            .await
-            .map(|r| r.map_err(Into::<BoxError>::into));
-        match frame {
-            None => break,
-            Some(Ok(frame)) => {
-                if collected.push(frame) > settings.response_buffer_limit {
-                    // Too large to hold: stream it, and settle the claim at its end.
-                    parts.extensions.insert(Outcome::First);
-                    guard.renewal().start();
-                    let (chunks, _) = collected.into_chunks();
-                    let head = grpc.then(|| parts.headers.clone());
-                    return Response::from_parts(
-                        parts,
-                        ResponseBody::guarded(
-                            chunks,
-                            body,
-                            guard,
-                            settings.classifier.clone(),
-                            grpc,
-                            head,
-                        ),
-                    );
-                }
-            }
-            Some(Err(err)) => {
+    async move {
+        let grpc = match settings
+            .classifier
+            .head(guard.is_grpc(), parts.status, &parts.headers)
+        {
+            Head::Final(_) => {
                 guard.settle(Settlement::Failure).await;
                 parts.extensions.insert(Outcome::Released);
-                let (data, _) = collected.into_parts();
-                return Response::from_parts(parts, ResponseBody::failed(data, err));
+                return Response::from_parts(parts, ResponseBody::inner(body));
+            }
+            Head::Pending { grpc } => grpc,
+        };
+
+        let mut body = Box::pin(body);
+        let mut collected = Collected::default();
+        loop {
+            let frame = body
+                .frame()
+                .await
+                .map(|r| r.map_err(Into::<BoxError>::into));
+            match frame {
+                None => break,
+                Some(Ok(frame)) => {
+                    if collected.push(frame) > settings.response_buffer_limit {
+                        // Too large to hold: stream it, and settle the claim at its end.
+                        parts.extensions.insert(Outcome::First);
+                        guard.renewal().start();
+                        let (chunks, _) = collected.into_chunks();
+                        let head = grpc.then(|| parts.headers.clone());
+                        return Response::from_parts(
+                            parts,
+                            ResponseBody::guarded(
+                                chunks,
+                                body,
+                                guard,
+                                settings.classifier.clone(),
+                                grpc,
+                                head,
+                            ),
+                        );
+                    }
+                }
+                Some(Err(err)) => {
+                    guard.settle(Settlement::Failure).await;
+                    parts.extensions.insert(Outcome::Released);
+                    let (data, _) = collected.into_parts();
+                    return Response::from_parts(parts, ResponseBody::failed(data, err));
+                }
             }
         }
-    }
 
-    let verdict = settings
-        .classifier
-        .end(grpc, Some(&parts.headers), collected.trailers());
-    let (data, trailers) = collected.into_parts();
-    match verdict {
-        Verdict::Success => {
-            let fingerprint = guard.claim().fingerprint();
-            let record = if (settings.mode == Mode::Replay || grpc) && !guard.is_batch() {
-                let headers = replay_headers(&parts.headers, &settings.replay_headers, grpc);
-                Record::replay(
-                    fingerprint,
-                    StoredResponse::new(parts.status, headers, data.clone(), trailers.clone()),
-                )
-            } else {
-                Record::ack(fingerprint)
-            };
-            guard.settle(Settlement::Success(record)).await;
-            parts.extensions.insert(Outcome::First);
+        let verdict = settings
+            .classifier
+            .end(grpc, Some(&parts.headers), collected.trailers());
+        let (data, trailers) = collected.into_parts();
+        match verdict {
+            Verdict::Success => {
+                let fingerprint = guard.claim().fingerprint();
+                let record = if (settings.mode == Mode::Replay || grpc) && !guard.is_batch() {
+                    let headers = replay_headers(&parts.headers, &settings.replay_headers, grpc);
+                    Record::replay(
+                        fingerprint,
+                        StoredResponse::new(parts.status, headers, data.clone(), trailers.clone()),
+                    )
+                } else {
+                    Record::ack(fingerprint)
+                };
+                guard.settle(Settlement::Success(record)).await;
+                parts.extensions.insert(Outcome::First);
+            }
+            Verdict::Failure => {
+                guard.settle(Settlement::Failure).await;
+                parts.extensions.insert(Outcome::Released);
+            }
         }
-        Verdict::Failure => {
-            guard.settle(Settlement::Failure).await;
-            parts.extensions.insert(Outcome::Released);
-        }
+        Response::from_parts(parts, ResponseBody::buffered(data, trailers))
     }
-    Response::from_parts(parts, ResponseBody::buffered(data, trailers))
 }
 
 /// The headers kept for replay: the allow-list, and for gRPC the `grpc-*` headers too.

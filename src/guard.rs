@@ -443,7 +443,7 @@ impl ClaimGuard {
     /// Settles the claim: records on success, releases on failure (recording the batch items
     /// reported done). Once this is called, the settlement runs to its end even if the
     /// returned future is dropped.
-    pub(crate) async fn settle(mut self, settlement: Settlement) {
+    pub(crate) fn settle(mut self, settlement: Settlement) -> impl Future<Output = ()> + use<> {
         self.settled = true;
         let ops = self.ops.clone();
         let (record, release) = match settlement {
@@ -465,15 +465,18 @@ impl ClaimGuard {
         // Dropped before its end (the request future was dropped), the settlement starts
         // again on a spawned task: writing a record twice or releasing a key twice under the
         // same claim changes nothing, so a new run from the start finishes what this one began.
+        // What was decided is prepared here, outside the future, which then holds only that.
         let pending = SettleOnDrop(Some(Settle {
             ops,
             record,
             release,
         }));
-        if let Some(settle) = &pending.0 {
-            settle.run().await;
+        async move {
+            if let Some(settle) = &pending.0 {
+                settle.run().await;
+            }
+            pending.disarm();
         }
-        pending.disarm();
     }
 }
 
@@ -570,7 +573,8 @@ async fn complete_with_retries(ops: &Arc<dyn Ops>, which: &Which, record: &Recor
                 }
                 tracing::warn!(error = %err, "could not record a completed idempotency key; retrying");
                 retried = true;
-                tokio::time::sleep(pause).await;
+                // Boxed: a timer is large, and this future lives inline in every request's.
+                Box::pin(tokio::time::sleep(pause)).await;
             }
         }
     }

@@ -202,186 +202,196 @@ where
     Ok(collected)
 }
 
-/// Everything before the inner call: read the body, derive the key, claim it.
-async fn prelude<K, B, ResBody>(
+/// Everything before the inner call: read the body, derive the key, claim it. An async block
+/// rather than an async fn: the block holds the request head once, where an async fn would keep
+/// its arguments and their moved copies side by side.
+#[expect(clippy::manual_async_fn, reason = "an async fn's future is larger")]
+fn prelude<K, B, ResBody>(
     config: Arc<Config<K>>,
     mut parts: http::request::Parts,
     body: B,
     grpc: bool,
-) -> Prelude<B, ResBody>
+) -> impl Future<Output = Prelude<B, ResBody>> + use<K, B, ResBody>
 where
     K: ExtractKey,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let settings = &config.settings;
-    let buffer = settings.fingerprint || config.extractor.needs_body();
+    async move {
+        let settings = &config.settings;
+        let buffer = settings.fingerprint || config.extractor.needs_body();
 
-    let (body, data) = if buffer {
-        let read = collect_body(body, settings.body_limit);
-        let collected = match settings.body_timeout {
-            Some(limit) => match tokio::time::timeout(limit, read).await {
-                Ok(result) => result,
-                Err(_) => Err(Rejection::BodyTimeout),
-            },
-            None => read.await,
+        let (body, data) = if buffer {
+            let read = collect_body(body, settings.body_limit);
+            let collected = match settings.body_timeout {
+                // Boxed: a timer is large, and most layers have none; the request's future stays
+                // small (below the allocator's per-thread cache size).
+                Some(limit) => match Box::pin(tokio::time::timeout(limit, read)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(Rejection::BodyTimeout),
+                },
+                None => read.await,
+            };
+            match collected {
+                Ok(collected) => {
+                    let (data, trailers) = collected.into_parts();
+                    (RequestBody::buffered(data.clone(), trailers), Some(data))
+                }
+                Err(rejection) => return Prelude::Respond(reject(settings, rejection, grpc)),
+            }
+        } else {
+            (RequestBody::limited(body, settings.body_limit), None)
         };
-        match collected {
-            Ok(collected) => {
-                let (data, trailers) = collected.into_parts();
-                (RequestBody::buffered(data.clone(), trailers), Some(data))
-            }
-            Err(rejection) => return Prelude::Respond(reject(settings, rejection, grpc)),
-        }
-    } else {
-        (RequestBody::limited(body, settings.body_limit), None)
-    };
 
-    let key = match config
-        .extractor
-        .extract_key(&KeyInput::new(&parts, data.as_ref()))
-    {
-        Ok(Some(key)) => key,
-        Ok(None) => match settings.missing_key {
-            MissingKey::Reject => {
-                let expected = config.extractor.expected();
-                return Prelude::Respond(reject(
-                    settings,
-                    Rejection::MissingKey { expected },
-                    grpc,
-                ));
-            }
-            MissingKey::PassThrough => {
-                return Prelude::Call {
-                    request: Request::from_parts(parts, body),
-                    guard: None,
-                    outcome: Outcome::PassThrough,
-                };
-            }
-        },
-        Err(err) => return Prelude::Respond(reject(settings, Rejection::MalformedKey(err), grpc)),
-    };
-
-    // Items of a batch are keyed one by one: an item may come again in another batch, so a
-    // payload fingerprint means nothing for them.
-    let fingerprint = match (&data, settings.fingerprint && !key.is_items()) {
-        (Some(data), true) => Fingerprint::of_bytes(data),
-        _ => Fingerprint::NONE,
-    };
-    let scope = settings.scope.of(&parts);
-    let namespace = settings.observer.namespace();
-    // One store key per item of a batch keyed per item; otherwise one for the whole key (a
-    // composite key is one key: its sorted, joined values).
-    let store_keys = if key.is_items() {
-        OneOrMany::Many(
-            key.parts()
-                .map(|part| StoreKey::new(namespace, scope.as_deref(), part))
-                .collect(),
-        )
-    } else {
-        OneOrMany::One(StoreKey::new(namespace, scope.as_deref(), key.as_str()))
-    };
-    if let [store_key] = &*store_keys {
-        tracing::Span::current().record("key", store_key.as_str());
-    }
-    let items = key
-        .is_items()
-        .then(|| key.parts().map(str::to_owned).collect::<Vec<_>>());
-    parts.extensions.insert(key);
-    // Until the reserve's answer is in, the claim may land without us knowing: if this future
-    // is dropped (the client went away) or the reserve fails, the guard undoes it.
-    let mut guard = (config.open_claim)(store_keys, Claim::new(fingerprint), settings);
-    guard.set_grpc(grpc);
-
-    let deadline = settings.wait_in_flight.map(|wait| Instant::now() + wait);
-    let mut pause = std::time::Duration::from_millis(10);
-    let reservations = loop {
-        match guard.reserve().await {
-            // A duplicate of a request in flight may wait for it (a batch retries its own
-            // claims: they answer "acquired" again).
-            Ok(answers)
-                if in_flight(&answers).is_some_and(|held| held.matches(&fingerprint))
-                    && deadline.is_some_and(|d| Instant::now() + pause < d) =>
-            {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(std::time::Duration::from_millis(250));
-            }
-            other => break other,
-        }
-    };
-
-    let answers = match reservations {
-        Ok(answers) => answers,
-        Err(err) => {
-            if err.kind() == StoreErrorKind::Capacity && items.is_none() {
-                // Refused before anything was written.
-                guard.forget();
-            } else {
-                // A reserve that timed out or lost its connection may still be applied later
-                // (a client that queues and retries commands across a reconnect): dropping the
-                // guard undoes it, token-checked, so it cannot block the sender's retries until
-                // the lease expires.
-                drop(guard);
-            }
-            return store_failure(err, settings, parts, body, grpc);
-        }
-    };
-
-    if let Some(held) = in_flight(&answers) {
-        let mismatch = !held.matches(&fingerprint) && settings.on_mismatch == OnMismatch::Reject;
-        // Let go of what this request claimed, so the other holder's items are not blocked.
-        guard.keep(&answers);
-        guard.release().await;
-        if mismatch {
-            return Prelude::Respond(reject(settings, Rejection::Mismatch, grpc));
-        }
-        return Prelude::Respond(reject(
-            settings,
-            Rejection::InFlight {
-                retry_after: settings.in_flight_retry_after,
+        let key = match config
+            .extractor
+            .extract_key(&KeyInput::new(&parts, data.as_ref()))
+        {
+            Ok(Some(key)) => key,
+            Ok(None) => match settings.missing_key {
+                MissingKey::Reject => {
+                    let expected = config.extractor.expected();
+                    return Prelude::Respond(reject(
+                        settings,
+                        Rejection::MissingKey { expected },
+                        grpc,
+                    ));
+                }
+                MissingKey::PassThrough => {
+                    return Prelude::Call {
+                        request: Request::from_parts(parts, body),
+                        guard: None,
+                        outcome: Outcome::PassThrough,
+                    };
+                }
             },
-            grpc,
-        ));
-    }
-
-    let acquired = answers
-        .iter()
-        .filter(|a| matches!(a, Reservation::Acquired))
-        .count();
-    if acquired == 0 {
-        guard.keep(&answers);
-        drop(guard);
-        // Every key (every item) was completed earlier: a duplicate.
-        let Some(Reservation::Completed(record)) = answers.into_iter().next() else {
-            unreachable!("neither acquired nor in flight is completed");
+            Err(err) => {
+                return Prelude::Respond(reject(settings, Rejection::MalformedKey(err), grpc));
+            }
         };
-        let mut outcome = Outcome::Replayed;
-        if !record.fingerprint().matches(&fingerprint) {
-            if settings.on_mismatch == OnMismatch::Reject {
+
+        // Items of a batch are keyed one by one: an item may come again in another batch, so a
+        // payload fingerprint means nothing for them.
+        let fingerprint = match (&data, settings.fingerprint && !key.is_items()) {
+            (Some(data), true) => Fingerprint::of_bytes(data),
+            _ => Fingerprint::NONE,
+        };
+        let scope = settings.scope.of(&parts);
+        let namespace = settings.observer.namespace();
+        // One store key per item of a batch keyed per item; otherwise one for the whole key (a
+        // composite key is one key: its sorted, joined values).
+        let store_keys = if key.is_items() {
+            OneOrMany::Many(
+                key.parts()
+                    .map(|part| StoreKey::new(namespace, scope.as_deref(), part))
+                    .collect(),
+            )
+        } else {
+            OneOrMany::One(StoreKey::new(namespace, scope.as_deref(), key.as_str()))
+        };
+        if let [store_key] = &*store_keys {
+            tracing::Span::current().record("key", store_key.as_str());
+        }
+        let items = key
+            .is_items()
+            .then(|| key.parts().map(str::to_owned).collect::<Vec<_>>());
+        parts.extensions.insert(key);
+        // Until the reserve's answer is in, the claim may land without us knowing: if this future
+        // is dropped (the client went away) or the reserve fails, the guard undoes it.
+        let mut guard = (config.open_claim)(store_keys, Claim::new(fingerprint), settings);
+        guard.set_grpc(grpc);
+
+        let deadline = settings.wait_in_flight.map(|wait| Instant::now() + wait);
+        let mut pause = std::time::Duration::from_millis(10);
+        let reservations = loop {
+            match guard.reserve().await {
+                // A duplicate of a request in flight may wait for it (a batch retries its own
+                // claims: they answer "acquired" again).
+                Ok(answers)
+                    if in_flight(&answers).is_some_and(|held| held.matches(&fingerprint))
+                        && deadline.is_some_and(|d| Instant::now() + pause < d) =>
+                {
+                    Box::pin(tokio::time::sleep(pause)).await;
+                    pause = (pause * 2).min(std::time::Duration::from_millis(250));
+                }
+                other => break other,
+            }
+        };
+
+        let answers = match reservations {
+            Ok(answers) => answers,
+            Err(err) => {
+                if err.kind() == StoreErrorKind::Capacity && items.is_none() {
+                    // Refused before anything was written.
+                    guard.forget();
+                } else {
+                    // A reserve that timed out or lost its connection may still be applied later
+                    // (a client that queues and retries commands across a reconnect): dropping the
+                    // guard undoes it, token-checked, so it cannot block the sender's retries until
+                    // the lease expires.
+                    drop(guard);
+                }
+                return store_failure(err, settings, parts, body, grpc);
+            }
+        };
+
+        if let Some(held) = in_flight(&answers) {
+            let mismatch =
+                !held.matches(&fingerprint) && settings.on_mismatch == OnMismatch::Reject;
+            // Let go of what this request claimed, so the other holder's items are not blocked.
+            guard.keep(&answers);
+            guard.release().await;
+            if mismatch {
                 return Prelude::Respond(reject(settings, Rejection::Mismatch, grpc));
             }
-            outcome = Outcome::MismatchAcked;
+            return Prelude::Respond(reject(
+                settings,
+                Rejection::InFlight {
+                    retry_after: settings.in_flight_retry_after,
+                },
+                grpc,
+            ));
         }
-        return Prelude::Respond(duplicate(record, settings, grpc, outcome));
-    }
 
-    if let Some(ids) = items {
-        let (mut new, mut before) = (Vec::new(), Vec::new());
-        for (id, answer) in ids.into_iter().zip(answers.iter()) {
-            match answer {
-                Reservation::Acquired => new.push(id),
-                _ => before.push(id),
+        let acquired = answers
+            .iter()
+            .filter(|a| matches!(a, Reservation::Acquired))
+            .count();
+        if acquired == 0 {
+            guard.keep(&answers);
+            drop(guard);
+            // Every key (every item) was completed earlier: a duplicate.
+            let Some(Reservation::Completed(record)) = answers.into_iter().next() else {
+                unreachable!("neither acquired nor in flight is completed");
+            };
+            let mut outcome = Outcome::Replayed;
+            if !record.fingerprint().matches(&fingerprint) {
+                if settings.on_mismatch == OnMismatch::Reject {
+                    return Prelude::Respond(reject(settings, Rejection::Mismatch, grpc));
+                }
+                outcome = Outcome::MismatchAcked;
             }
+            return Prelude::Respond(duplicate(record, settings, grpc, outcome));
         }
-        let batch = BatchItems::new(new, before);
-        parts.extensions.insert(batch.clone());
-        guard.set_items(batch);
-    }
-    guard.keep(&answers);
-    Prelude::Call {
-        request: Request::from_parts(parts, body),
-        guard: Some(guard),
-        outcome: Outcome::First,
+
+        if let Some(ids) = items {
+            let (mut new, mut before) = (Vec::new(), Vec::new());
+            for (id, answer) in ids.into_iter().zip(answers.iter()) {
+                match answer {
+                    Reservation::Acquired => new.push(id),
+                    _ => before.push(id),
+                }
+            }
+            let batch = BatchItems::new(new, before);
+            parts.extensions.insert(batch.clone());
+            guard.set_items(batch);
+        }
+        guard.keep(&answers);
+        Prelude::Call {
+            request: Request::from_parts(parts, body),
+            guard: Some(guard),
+            outcome: Outcome::First,
+        }
     }
 }
 
