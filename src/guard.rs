@@ -40,7 +40,9 @@ pub(crate) async fn timed<T>(
     {
         return result;
     }
-    match tokio::time::timeout(timeout, fut).await {
+    // Boxed: only calls still pending after their first poll pay for a timer, and the future
+    // of every store call stays small.
+    match Box::pin(tokio::time::timeout(timeout, fut)).await {
         Ok(result) => result,
         Err(_) => Err(StoreError::new(StoreErrorKind::Timeout)),
     }
