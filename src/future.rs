@@ -324,42 +324,49 @@ where
             Head::Pending { grpc } => grpc,
         };
 
-        let mut body = Box::pin(body);
+        let limit = settings.response_buffer_limit;
         let mut collected = Collected::default();
-        loop {
-            let frame = body
-                .frame()
-                .await
-                .map(|r| r.map_err(Into::<BoxError>::into));
-            match frame {
-                None => break,
-                Some(Ok(frame)) => {
-                    if collected.push(frame) > settings.response_buffer_limit {
-                        // Too large to hold: stream it, and settle the claim at its end.
-                        parts.extensions.insert(Outcome::First);
-                        guard.renewal().start();
-                        let (chunks, _) = collected.into_chunks();
-                        let head = grpc.then(|| parts.headers.clone());
-                        return Response::from_parts(
-                            parts,
-                            ResponseBody::guarded(
-                                chunks,
-                                body,
-                                guard,
-                                settings.classifier.clone(),
-                                grpc,
-                                head,
-                            ),
-                        );
-                    }
-                }
-                Some(Err(err)) => {
-                    guard.settle(Settlement::Failure).await;
-                    parts.extensions.insert(Outcome::Released);
-                    let (data, _) = collected.into_parts();
-                    return Response::from_parts(parts, ResponseBody::failed(data, err));
-                }
+        // A body known to fit the buffer is read where it is; one that may not is boxed, so
+        // that it can be handed on as a stream.
+        let fits = body
+            .size_hint()
+            .upper()
+            .is_some_and(|upper| upper <= limit as u64);
+        let read = if fits {
+            let body = std::pin::pin!(body);
+            match read_within(body, limit, &mut collected).await {
+                Read::TooLarge => Read::Failed("response body larger than its size hint".into()),
+                read => read,
             }
+        } else {
+            let mut body = Box::pin(body);
+            match read_within(body.as_mut(), limit, &mut collected).await {
+                Read::TooLarge => {
+                    // Too large to hold: stream it, and settle the claim at its end.
+                    parts.extensions.insert(Outcome::First);
+                    guard.renewal().start();
+                    let (chunks, _) = collected.into_chunks();
+                    let head = grpc.then(|| parts.headers.clone());
+                    return Response::from_parts(
+                        parts,
+                        ResponseBody::guarded(
+                            chunks,
+                            body,
+                            guard,
+                            settings.classifier.clone(),
+                            grpc,
+                            head,
+                        ),
+                    );
+                }
+                read => read,
+            }
+        };
+        if let Read::Failed(err) = read {
+            guard.settle(Settlement::Failure).await;
+            parts.extensions.insert(Outcome::Released);
+            let (data, _) = collected.into_parts();
+            return Response::from_parts(parts, ResponseBody::failed(data, err));
         }
 
         let verdict = settings
@@ -387,6 +394,35 @@ where
             }
         }
         Response::from_parts(parts, ResponseBody::buffered(data, trailers))
+    }
+}
+
+/// How reading a response body into the buffer ended.
+enum Read {
+    /// At its end, within the limit.
+    Done,
+    /// Past the limit: what was read is in the buffer, the rest is still in the body.
+    TooLarge,
+    /// The body failed.
+    Failed(BoxError),
+}
+
+/// Reads `body` into `collected` until its end, an error, or more than `limit` bytes.
+async fn read_within<B>(mut body: Pin<&mut B>, limit: usize, collected: &mut Collected) -> Read
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    loop {
+        match body.frame().await {
+            None => return Read::Done,
+            Some(Ok(frame)) => {
+                if collected.push(frame) > limit {
+                    return Read::TooLarge;
+                }
+            }
+            Some(Err(err)) => return Read::Failed(err.into()),
+        }
     }
 }
 

@@ -304,3 +304,52 @@ async fn rejections_are_rendered_by_the_configured_renderer() {
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "custom missing_key");
 }
+
+/// A response body that yields more than its size hint promised.
+struct Lying {
+    chunks: Vec<Bytes>,
+}
+
+impl http_body::Body for Lying {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let next = (!self.chunks.is_empty()).then(|| self.chunks.remove(0));
+        std::task::Poll::Ready(next.map(|chunk| Ok(Frame::data(chunk))))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(2)
+    }
+}
+
+/// A body said to fit the response buffer is read in place; one that turns out larger than it
+/// said is a failed response, and the claim is released: the retry runs again.
+#[tokio::test]
+async fn a_response_larger_than_its_size_hint_is_not_recorded() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(MemoryStore::new()).response_buffer_limit(8))
+        .service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async {
+                Ok::<_, Infallible>(Response::new(Lying {
+                    chunks: vec![Bytes::from_static(b"0123456789"); 2],
+                }))
+            }
+        });
+    let response = service.clone().oneshot(keyed()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.into_body().collect().await.is_err(),
+        "the client sees the failure"
+    );
+    let retry = service.oneshot(keyed()).await.unwrap();
+    assert!(retry.headers().get("idempotent-replayed").is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "the retry ran again");
+}
