@@ -46,7 +46,7 @@ use crate::fingerprint::Fingerprint;
 use crate::future::{Prelude, ResponseFuture};
 use crate::guard::OneOrMany;
 use crate::items::BatchItems;
-use crate::key::{ExtractKey, KeyInput};
+use crate::key::{ExtractKey, IdempotencyKey, KeyInput};
 use crate::outcome::Outcome;
 use crate::rejection::Rejection;
 use crate::store::record::Record;
@@ -295,7 +295,6 @@ where
         let items = key
             .is_items()
             .then(|| key.parts().map(str::to_owned).collect::<Vec<_>>());
-        parts.extensions.insert(key);
         // Until the reserve's answer is in, the claim may land without us knowing: if this future
         // is dropped (the client went away) or the reserve fails, the guard undoes it.
         let mut guard = (config.open_claim)(store_keys, Claim::new(fingerprint), settings);
@@ -331,7 +330,7 @@ where
                     // the lease expires.
                     drop(guard);
                 }
-                return store_failure(err, settings, parts, body, grpc);
+                return store_failure(err, settings, parts, body, key, grpc);
             }
         };
 
@@ -387,6 +386,8 @@ where
             guard.set_items(batch);
         }
         guard.keep(&answers);
+        // The key goes to the inner service only: a duplicate or a rejection never reads it.
+        parts.extensions.insert(key);
         Prelude::Call {
             request: Request::from_parts(parts, body),
             guard: Some(guard),
@@ -406,8 +407,9 @@ fn in_flight(answers: &[Reservation]) -> Option<Fingerprint> {
 fn store_failure<B, ResBody>(
     err: crate::store::StoreError,
     settings: &Settings,
-    parts: http::request::Parts,
+    mut parts: http::request::Parts,
     body: RequestBody<B>,
+    key: IdempotencyKey,
     grpc: bool,
 ) -> Prelude<B, ResBody> {
     match settings.failure_mode {
@@ -423,6 +425,7 @@ fn store_failure<B, ResBody>(
         }
         FailureMode::Open => {
             tracing::error!(error = %err, "idempotency store error; failing open");
+            parts.extensions.insert(key);
             Prelude::Call {
                 request: Request::from_parts(parts, body),
                 guard: None,
