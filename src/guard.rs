@@ -8,10 +8,11 @@
 //!   handler keeps its claim and a crashed one frees the key within about one lease.
 //! - It **settles once**: completes (a record) or releases (nothing), or on partial failure of a
 //!   batch both, each store call under the store timeout.
-//! - Settling the claim of a succeeded attempt runs to its end even if the request is dropped,
-//!   and store errors are retried with one [`Backoff`] while the claim is still alive; a guard
-//!   dropped unsettled releases in the background with the same policy. The lease TTL is the
-//!   backstop when everything fails.
+//! - Settling the claim of a succeeded attempt runs to its end even if the request is dropped
+//!   (a settlement cut off is run again from the start on a spawned task: completing and
+//!   releasing under the same claim are safe to repeat), and store errors are retried with one
+//!   [`Backoff`] while the claim is still alive; a guard dropped unsettled releases in the
+//!   background with the same policy. The lease TTL is the backstop when everything fails.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};

@@ -353,3 +353,90 @@ async fn a_response_larger_than_its_size_hint_is_not_recorded() {
     assert!(retry.headers().get("idempotent-replayed").is_none());
     assert_eq!(runs.load(Ordering::SeqCst), 2, "the retry ran again");
 }
+
+/// A store whose completions land at once but whose answers come late (a slow network on the
+/// way back).
+#[derive(Clone, Default)]
+struct LateAnswer(MemoryStore, Arc<AtomicUsize>);
+
+impl IdempotencyStore for LateAnswer {
+    async fn reserve(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Reservation, StoreError> {
+        self.0.reserve(key, claim, lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Completion, StoreError> {
+        self.1.fetch_add(1, Ordering::SeqCst);
+        let written = self.0.complete(key, claim, record, retention).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        written
+    }
+
+    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
+        self.0.release(key, claim).await
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        self.0.renew(key, claim, lease).await
+    }
+}
+
+/// The request goes away after its record landed but before the store said so: the settlement
+/// runs again from the start in the background, finds its own record (`AlreadyWritten`), and
+/// counts no lost lease; the duplicate is acknowledged.
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_settlement_cut_off_after_its_write_is_finished_without_a_lost_lease() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+    let store = LateAnswer::default();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = counting_service(store.clone(), runs.clone());
+    let cut = tokio::spawn(service.clone().oneshot(keyed()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    cut.abort();
+    assert!(
+        cut.await.unwrap_err().is_cancelled(),
+        "cut off while completing"
+    );
+    // The settlement's second run answers after another 300 ms.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let repeat = service.oneshot(keyed()).await.unwrap();
+    assert_eq!(repeat.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        store.1.load(Ordering::SeqCst),
+        2,
+        "the settlement ran again"
+    );
+    let lost: u64 = recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "idempotency_lease_lost_total")
+        .map(|(.., value)| match value {
+            DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(lost, 0, "a repeated completion is not a lost lease");
+}
