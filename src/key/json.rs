@@ -57,6 +57,8 @@ pub struct JsonPathKey {
     /// Every path in the subset the scanner reads (members, indexes, wildcards): the ids are
     /// found in the raw body without building a DOM, and integers keep every digit.
     scan: bool,
+    /// The paths as the scanner reads them, when `scan`.
+    simple: Vec<SimplePath>,
 }
 
 #[derive(Clone, Debug)]
@@ -104,18 +106,23 @@ impl JsonPathKey {
 
     fn from_paths(paths: Vec<Path>, items: bool) -> Self {
         let scan = paths.iter().all(|p| p.simple.is_some());
-        JsonPathKey { paths, items, scan }
+        let simple = if scan {
+            paths.iter().filter_map(|p| p.simple.clone()).collect()
+        } else {
+            Vec::new()
+        };
+        JsonPathKey {
+            paths,
+            items,
+            scan,
+            simple,
+        }
     }
 
     /// The selected ids, found by the scanner in the raw body.
     fn scanned<'b>(&self, body: &'b [u8]) -> Result<Vec<Cow<'b, str>>, KeyError> {
-        let simple: Vec<&SimplePath> = self
-            .paths
-            .iter()
-            .filter_map(|p| p.simple.as_ref())
-            .collect();
         let mut values = Vec::new();
-        let result = scan(body, &simple, &mut |_, value| {
+        let result = scan(body, &self.simple, &mut |_, value| {
             values.push(value);
             Ok(())
         });

@@ -126,8 +126,21 @@ impl IdempotencyKey {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        let mut values = values.into_iter();
+        // One value (most keys): no list to sort.
+        let first = match values.next() {
+            None => return Ok(None),
+            Some(first) => first,
+        };
+        let Some(second) = values.next() else {
+            validate_part(first.as_ref())?;
+            return Ok(Some(IdempotencyKey {
+                value: first.as_ref().to_owned(),
+                items: false,
+            }));
+        };
         let mut parts: Vec<S> = Vec::new();
-        for value in values {
+        for value in [first, second].into_iter().chain(values) {
             validate_part(value.as_ref())?;
             parts.push(value);
             if parts.len() > MAX_KEY_PARTS {

@@ -24,7 +24,7 @@
 //! - A negative index needs the length of the array: the elements are counted
 //!   by a quick pre-scan before the array is walked.
 
-use std::borrow::Cow;
+use std::borrow::{Borrow, Cow};
 use std::cmp::Ordering;
 use std::fmt;
 
@@ -330,9 +330,9 @@ impl std::error::Error for ScanError {}
 /// As with `serde_json::Value`, a later member with the same name replaces an
 /// earlier one, and a number whose magnitude overflows `f64` (such as `1e400`
 /// or an integer of more than 309 digits) makes the body NotJson.
-pub(crate) fn scan<'a>(
+pub(crate) fn scan<'a, P: Borrow<SimplePath>>(
     body: &'a [u8],
-    paths: &[&SimplePath],
+    paths: &[P],
     found: &mut dyn FnMut(usize, Cow<'a, str>) -> Result<(), ScanError>,
 ) -> Result<(), ScanError> {
     let mut scanner = Scanner {
@@ -438,13 +438,13 @@ struct Member {
 }
 
 /// State of one pass over the body.
-struct Scanner<'a, 'p> {
+struct Scanner<'a, 'p, P> {
     /// The body.
     bytes: &'a [u8],
     /// Offset of the next unread byte.
     pos: usize,
     /// The paths that this pass follows (at most 64).
-    paths: &'p [&'p SimplePath],
+    paths: &'p [P],
     /// Index, in the caller's list, of `paths[0]`.
     first_path: usize,
     /// Selected values, in document order.
@@ -453,11 +453,16 @@ struct Scanner<'a, 'p> {
     members: Vec<Member>,
 }
 
-impl<'a> Scanner<'a, '_> {
+impl<'a, P: Borrow<SimplePath>> Scanner<'a, '_, P> {
+    /// Path `p` of this pass.
+    fn path(&self, p: usize) -> Option<&SimplePath> {
+        self.paths.get(p).map(Borrow::borrow)
+    }
+
     /// Scans the whole body: one value between optional blank space.
     fn run(&mut self) -> Parsed<()> {
         let mut mask = 0u64;
-        for (i, path) in self.paths.iter().enumerate() {
+        for (i, path) in self.paths.iter().map(Borrow::borrow).enumerate() {
             // No value lies deeper than the nesting limit.
             if path.segments.len() <= MAX_DEPTH {
                 mask |= 1 << i;
@@ -527,8 +532,7 @@ impl<'a> Scanner<'a, '_> {
         let mut ends = 0u64;
         for p in bits(mask) {
             if self
-                .paths
-                .get(p)
+                .path(p)
                 .is_some_and(|path| path.segments.len() == depth)
             {
                 ends |= 1 << p;
@@ -658,7 +662,7 @@ impl<'a> Scanner<'a, '_> {
     fn member_mask(&self, depth: usize, mask: u64, name: Span) -> u64 {
         let mut child = 0;
         for p in bits(mask) {
-            let matches = match self.paths.get(p).and_then(|path| path.segments.get(depth)) {
+            let matches = match self.path(p).and_then(|path| path.segments.get(depth)) {
                 Some(Segment::Wildcard) => true,
                 Some(Segment::Name(wanted)) => name_is(self.bytes, name, wanted),
                 _ => false,
@@ -704,7 +708,7 @@ impl<'a> Scanner<'a, '_> {
         self.pos += 1;
         let needs_len = bits(mask).any(|p| {
             matches!(
-                self.paths.get(p).and_then(|path| path.segments.get(depth)),
+                self.path(p).and_then(|path| path.segments.get(depth)),
                 Some(Segment::Index(i)) if *i < 0
             )
         });
@@ -744,7 +748,7 @@ impl<'a> Scanner<'a, '_> {
     fn element_mask(&self, depth: usize, mask: u64, index: usize, len: usize) -> u64 {
         let mut child = 0;
         for p in bits(mask) {
-            let matches = match self.paths.get(p).and_then(|path| path.segments.get(depth)) {
+            let matches = match self.path(p).and_then(|path| path.segments.get(depth)) {
                 Some(Segment::Wildcard) => true,
                 Some(&Segment::Index(i)) => {
                     let target = if i < 0 {
