@@ -430,7 +430,8 @@ impl LocalCache {
         let expires = from
             .checked_add(life)
             .unwrap_or_else(|| from + Duration::from_secs(100 * 365 * 24 * 3600));
-        self.cache.insert(key, record, expires);
+        // `from` is a clock read already made: it serves to find expired entries to drop.
+        self.cache.insert_at(key, record, expires, from);
     }
 
     /// Caches the records of `found`, read from `source`, for as long as `source` still keeps
@@ -698,15 +699,22 @@ impl Cache {
 
     /// Caches `record` for `key` until `expires`, in place of any entry for `key`, evicting
     /// the oldest entries of the shard to make room.
+    #[cfg(test)]
     fn insert(&self, key: &StoreKey, record: &Record, expires: Instant) {
+        self.insert_at(key, record, expires, Instant::now());
+    }
+
+    /// [`insert`](Self::insert), with the time taken as `now` to tell expired entries (a clock
+    /// read the caller already made; one a little early only keeps an expired entry a little
+    /// longer in the queue: reads check expiry themselves).
+    fn insert_at(&self, key: &StoreKey, record: &Record, expires: Instant, now: Instant) {
         let slot = Slot::of(key);
         let cost = cost(record);
         let mut state = lock(self.shard(&slot));
-        state.remove(&slot);
         if self.shard_entries == 0 || cost > self.shard_bytes {
+            state.remove(&slot);
             return;
         }
-        let now = Instant::now();
         // Make room, dropping on the way the stale items and expired entries at the front (one
         // probe of the table per item: the entries are cold in a full cache).
         while let Some(&(front, generation)) = state.queue.front() {
@@ -727,7 +735,9 @@ impl Cache {
         }
         let generation = state.next;
         state.next += 1;
-        state.map.insert(
+        // One probe: an entry this replaces leaves a stale queue item behind. (Counted as an
+        // entry while making room above: at worst one more entry was evicted.)
+        let replaced = state.map.insert(
             slot,
             Entry {
                 record: record.clone(),
@@ -736,6 +746,9 @@ impl Cache {
                 cost,
             },
         );
+        if let Some(replaced) = replaced {
+            state.bytes -= replaced.cost;
+        }
         state.queue.push_back((slot, generation));
         state.bytes += cost;
         // Drop stale items once they outnumber the entries (many entries replaced or dropped
