@@ -356,9 +356,11 @@ async fn a_response_larger_than_its_size_hint_is_not_recorded() {
 
 /// A store whose completions land at once but whose answers come late (a slow network on the
 /// way back).
+#[cfg(feature = "metrics")]
 #[derive(Clone, Default)]
 struct LateAnswer(MemoryStore, Arc<AtomicUsize>);
 
+#[cfg(feature = "metrics")]
 impl IdempotencyStore for LateAnswer {
     async fn reserve(
         &self,
