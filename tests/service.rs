@@ -144,14 +144,17 @@ async fn grpc_requests_get_grpc_statuses() {
     assert_eq!(response.headers()["grpc-status"], "8");
 }
 
-/// A store that answers slowly or fails on purpose, around a real `MemoryStore`: the claim
-/// lands at once, the answer comes late (a slow network), and the first completions fail (a
-/// store that went away for a moment).
-#[derive(Clone)]
+/// A store that answers slowly or fails on purpose, around a real `MemoryStore`: claims and
+/// completions land at once, their answers come late (a slow network on the way back), and the
+/// first completions fail (a store that went away for a moment).
+#[derive(Clone, Default)]
 struct Flaky {
     inner: MemoryStore,
     reserve_delay: Duration,
+    complete_delay: Duration,
     failing_completes: Arc<AtomicUsize>,
+    /// Completions attempted.
+    completes: Arc<AtomicUsize>,
 }
 
 impl IdempotencyStore for Flaky {
@@ -173,12 +176,15 @@ impl IdempotencyStore for Flaky {
         record: &Record,
         retention: Duration,
     ) -> Result<Completion, StoreError> {
+        self.completes.fetch_add(1, Ordering::SeqCst);
         let failing = self.failing_completes.load(Ordering::SeqCst);
         if failing > 0 {
             self.failing_completes.store(failing - 1, Ordering::SeqCst);
             return Err(StoreError::new(StoreErrorKind::Unavailable));
         }
-        self.inner.complete(key, claim, record, retention).await
+        let written = self.inner.complete(key, claim, record, retention).await;
+        tokio::time::sleep(self.complete_delay).await;
+        written
     }
 
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
@@ -224,9 +230,8 @@ fn keyed() -> Request<Full<Bytes>> {
 #[tokio::test]
 async fn a_request_dropped_during_its_reserve_leaves_no_claim() {
     let store = Flaky {
-        inner: MemoryStore::new(),
         reserve_delay: Duration::from_millis(300),
-        failing_completes: Arc::default(),
+        ..Flaky::default()
     };
     let runs = Arc::new(AtomicUsize::new(0));
     let service = counting_service(store.clone(), runs.clone());
@@ -248,9 +253,8 @@ async fn a_request_dropped_during_its_reserve_leaves_no_claim() {
 #[tokio::test]
 async fn a_failed_completion_is_retried_until_recorded() {
     let store = Flaky {
-        inner: MemoryStore::new(),
-        reserve_delay: Duration::ZERO,
         failing_completes: Arc::new(AtomicUsize::new(2)),
+        ..Flaky::default()
     };
     let runs = Arc::new(AtomicUsize::new(0));
     let service = counting_service(store.clone(), runs.clone());
@@ -354,50 +358,6 @@ async fn a_response_larger_than_its_size_hint_is_not_recorded() {
     assert_eq!(runs.load(Ordering::SeqCst), 2, "the retry ran again");
 }
 
-/// A store whose completions land at once but whose answers come late (a slow network on the
-/// way back).
-#[cfg(feature = "metrics")]
-#[derive(Clone, Default)]
-struct LateAnswer(MemoryStore, Arc<AtomicUsize>);
-
-#[cfg(feature = "metrics")]
-impl IdempotencyStore for LateAnswer {
-    async fn reserve(
-        &self,
-        key: &StoreKey,
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<Reservation, StoreError> {
-        self.0.reserve(key, claim, lease).await
-    }
-
-    async fn complete(
-        &self,
-        key: &StoreKey,
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> Result<Completion, StoreError> {
-        self.1.fetch_add(1, Ordering::SeqCst);
-        let written = self.0.complete(key, claim, record, retention).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        written
-    }
-
-    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        self.0.release(key, claim).await
-    }
-
-    async fn renew(
-        &self,
-        key: &StoreKey,
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.0.renew(key, claim, lease).await
-    }
-}
-
 /// The request goes away after its record landed but before the store said so: the settlement
 /// runs again from the start in the background, finds its own record (`AlreadyWritten`), and
 /// counts no lost lease; the duplicate is acknowledged.
@@ -408,7 +368,10 @@ async fn a_settlement_cut_off_after_its_write_is_finished_without_a_lost_lease()
 
     let recorder = DebuggingRecorder::new();
     let _metrics = metrics::set_default_local_recorder(&recorder);
-    let store = LateAnswer::default();
+    let store = Flaky {
+        complete_delay: Duration::from_millis(300),
+        ..Flaky::default()
+    };
     let runs = Arc::new(AtomicUsize::new(0));
     let service = counting_service(store.clone(), runs.clone());
     let cut = tokio::spawn(service.clone().oneshot(keyed()));
@@ -425,7 +388,7 @@ async fn a_settlement_cut_off_after_its_write_is_finished_without_a_lost_lease()
     assert_eq!(repeat.headers()["idempotent-replayed"], "true");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(
-        store.1.load(Ordering::SeqCst),
+        store.completes.load(Ordering::SeqCst),
         2,
         "the settlement ran again"
     );

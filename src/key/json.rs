@@ -54,17 +54,15 @@ use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput, PathEr
 pub struct JsonPathKey {
     paths: Vec<Path>,
     items: bool,
-    /// Every path in the subset the scanner reads (members, indexes, wildcards): the ids are
-    /// found in the raw body without building a DOM, and integers keep every digit.
-    scan: bool,
-    /// The paths as the scanner reads them, when `scan`.
-    simple: Vec<SimplePath>,
+    /// The paths as the scanner reads them, when every one is in its subset (members, indexes,
+    /// wildcards): the ids are then found in the raw body without building a DOM, and integers
+    /// keep every digit.
+    simple: Option<Vec<SimplePath>>,
 }
 
 #[derive(Clone, Debug)]
 struct Path {
     dom: JsonPath,
-    simple: Option<SimplePath>,
     source: String,
 }
 
@@ -72,7 +70,6 @@ impl Path {
     fn parse(path: &str) -> Result<Self, PathError> {
         Ok(Path {
             dom: JsonPath::parse(path).map_err(|err| PathError::new(path, err))?,
-            simple: SimplePath::parse(path),
             source: path.to_owned(),
         })
     }
@@ -105,24 +102,22 @@ impl JsonPathKey {
     }
 
     fn from_paths(paths: Vec<Path>, items: bool) -> Self {
-        let scan = paths.iter().all(|p| p.simple.is_some());
-        let simple = if scan {
-            paths.iter().filter_map(|p| p.simple.clone()).collect()
-        } else {
-            Vec::new()
-        };
+        let simple = paths.iter().map(|p| SimplePath::parse(&p.source)).collect();
         JsonPathKey {
             paths,
             items,
-            scan,
             simple,
         }
     }
 
     /// The selected ids, found by the scanner in the raw body.
-    fn scanned<'b>(&self, body: &'b [u8]) -> Result<Vec<Cow<'b, str>>, KeyError> {
+    fn scanned<'b>(
+        &self,
+        simple: &[SimplePath],
+        body: &'b [u8],
+    ) -> Result<Vec<Cow<'b, str>>, KeyError> {
         let mut values = Vec::new();
-        let result = scan(body, &self.simple, &mut |_, value| {
+        let result = scan(body, simple, &mut |_, value| {
             values.push(value);
             Ok(())
         });
@@ -195,11 +190,12 @@ fn type_name(value: &Value) -> &'static str {
 impl ExtractKey for JsonPathKey {
     fn extract_key(&self, input: &KeyInput<'_>) -> Result<Option<IdempotencyKey>, KeyError> {
         // Scanned ids are borrowed from the body: only the key itself is allocated.
-        let values: Vec<Cow<'_, str>> = if self.scan {
-            let body = input.body().ok_or_else(KeyError::body_not_buffered)?;
-            self.scanned(body)?
-        } else {
-            self.queried(input)?.into_iter().map(Cow::Owned).collect()
+        let values: Vec<Cow<'_, str>> = match &self.simple {
+            Some(simple) => {
+                let body = input.body().ok_or_else(KeyError::body_not_buffered)?;
+                self.scanned(simple, body)?
+            }
+            None => self.queried(input)?.into_iter().map(Cow::Owned).collect(),
         };
         if self.items {
             IdempotencyKey::items_of(values)
