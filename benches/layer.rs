@@ -22,6 +22,14 @@
 //!
 //! Each iteration asserts the status it expects, so a bench can never silently measure a 503.
 //!
+//! No metrics recorder is installed, so with the `metrics` feature every sample goes to the
+//! no-op recorder. `LAYER_RECORDER=prometheus` installs the Prometheus recorder the way the
+//! demo does (bucketed histograms, upkeep every 5 s) to measure what the metrics cost:
+//!
+//! ```text
+//! LAYER_RECORDER=prometheus cargo bench --all-features --bench layer -- first/layer/header
+//! ```
+//!
 //! Profile mode, without criterion, for allocation counts, `perf` or `valgrind`:
 //!
 //! ```text
@@ -531,7 +539,29 @@ fn profile(n: u64) {
     }
 }
 
+/// `LAYER_RECORDER=prometheus`: the demo's recorder, drained every 5 s as the demo does.
+fn install_recorder() {
+    if std::env::var("LAYER_RECORDER").as_deref() != Ok("prometheus") {
+        return;
+    }
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(&[
+            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            2.5, 5.0, 10.0,
+        ])
+        .expect("valid buckets")
+        .install_recorder()
+        .expect("no other recorder installed");
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_secs(5));
+            handle.run_upkeep();
+        }
+    });
+}
+
 fn main() {
+    install_recorder();
     if let Some(n) = std::env::var("LAYER_PROFILE")
         .ok()
         .and_then(|n| n.parse().ok())

@@ -208,6 +208,14 @@ impl<St: IdempotencyStore> StoreClaim<St> {
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> (Result<T, StoreError>, Option<Instant>) {
         let observer = &self.common.observer;
+        if self.store.in_process() {
+            // Not timed (see `IdempotencyStore::in_process`): the call ends, as far as the
+            // next step's timer is concerned, when it started.
+            let result = timed(self.common.timeout, fut).await;
+            observer.store_call(op, Stopwatch::OFF, result.is_ok());
+            let ended = started.and_then(|at| observer.stopwatch_from(at).started());
+            return (result, ended);
+        }
         let timer = match started {
             Some(at) => observer.stopwatch_from(at),
             None => observer.stopwatch(),

@@ -9,7 +9,7 @@
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
 //! | `idempotency_requests_total` | counter | `namespace`, `outcome`, `reason` | one per covered request, by [`Outcome`] (`reason` is the rejection code, or `none`) |
-//! | `idempotency_store_duration_seconds` | histogram | `namespace`, `operation` | latency of `reserve`, `complete`, `release`, `renew` |
+//! | `idempotency_store_duration_seconds` | histogram | `namespace`, `operation` | latency of `reserve`, `complete`, `release`, `renew` (not for a store that answers in process, see [`IdempotencyStore::in_process`](crate::IdempotencyStore::in_process)) |
 //! | `idempotency_lease_lost_total` | counter | `namespace` | claims found lost before their owner finished (a renewal or completion that found the key taken or gone) |
 //! | `idempotency_store_errors_total` | counter | `namespace`, `operation` | failed store calls (including timeouts) |
 //! | `idempotency_inner_duration_seconds` | histogram | `namespace` | time the inner service took to answer |
@@ -115,6 +115,11 @@ impl Stopwatch {
     /// serves both).
     pub(crate) fn started_at(at: Option<Instant>) -> Self {
         Stopwatch(at)
+    }
+
+    /// When it started, if it measures.
+    pub(crate) fn started(&self) -> Option<Instant> {
+        self.0
     }
 }
 

@@ -305,11 +305,16 @@ async fn metrics_endpoint_counts_outcomes() {
     // Bucketed histograms: what `histogram_quantile` in docs/operations.md reads.
     assert!(
         text.lines().any(
-            |l| l.starts_with("idempotency_store_duration_seconds_bucket{")
-                && l.contains("operation=\"reserve\"")
+            |l| l.starts_with("idempotency_inner_duration_seconds_bucket{")
+                && l.contains("namespace=\"kalipto\"")
                 && l.contains("le=\"0.001\"")
         ),
-        "no reserve latency buckets in:\n{text}"
+        "no handler latency buckets in:\n{text}"
+    );
+    // The embedded memory store answers in process: its calls are not timed.
+    assert!(
+        !text.contains("idempotency_store_duration_seconds"),
+        "memory store calls timed:\n{text}"
     );
     assert!(!text.contains("pd_metrics"), "no raw key in metrics");
 }

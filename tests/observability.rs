@@ -13,7 +13,10 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use suite::app::{Effects, router};
 use suite::{post, send};
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::store::{Claim, IdempotencyStore, StoreKey};
+use tower_idempotency::record::Record;
+use tower_idempotency::store::{
+    Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreKey,
+};
 use tower_idempotency::{FailureMode, IdempotencyLayer, MemoryStore, Outcome, OutcomeEvent};
 
 const SECRET_KEY: &str = "whsec-delivery-7Hq2";
@@ -253,4 +256,112 @@ async fn every_outcome_is_traced_and_counted_without_secrets() {
         !logs.to_lowercase().contains("token("),
         "token leaked:\n{logs}"
     );
+}
+
+/// The memory store behind a wall: a store that, like any store talking to a server, does not
+/// answer in process.
+#[derive(Clone)]
+struct Remote(MemoryStore);
+
+impl IdempotencyStore for Remote {
+    async fn reserve(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Reservation, StoreError> {
+        self.0.reserve(key, claim, lease).await
+    }
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Completion, StoreError> {
+        self.0.complete(key, claim, record, retention).await
+    }
+    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
+        self.0.release(key, claim).await
+    }
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        self.0.renew(key, claim, lease).await
+    }
+}
+
+/// Histogram samples taken, by metric name and labels, counted like counters (a snapshot drains
+/// histograms: take one).
+fn histograms(recorder: &DebuggingRecorder) -> Counters {
+    recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Histogram(values) => {
+                let key = key.key();
+                let labels = key
+                    .labels()
+                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                    .collect();
+                Some((key.name().to_owned(), labels, values.len() as u64))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A store that talks to a server has its calls timed; the memory store, which answers in
+/// process, has not (a sample would cost more than the call), while the handler is timed on
+/// both and a failed call of either is counted (see the test above).
+#[tokio::test(flavor = "current_thread")]
+async fn store_calls_are_timed_unless_the_store_answers_in_process() {
+    assert!(MemoryStore::new().in_process());
+    assert!(!Remote(MemoryStore::new()).in_process());
+    // Every callsite enabled on this thread too (tests run in parallel, and a callsite's
+    // interest is cached for every thread).
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(std::io::sink)
+        .finish();
+    let _tracing = tracing::subscriber::set_default(subscriber);
+    let recorder = DebuggingRecorder::new();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+    let effects = Effects::default();
+    let local = router(
+        IdempotencyLayer::new(MemoryStore::new()).namespace("local"),
+        &effects,
+    );
+    let remote = router(
+        IdempotencyLayer::new(Remote(MemoryStore::new())).namespace("remote"),
+        &effects,
+    );
+    for app in [&local, &remote] {
+        for _ in 0..2 {
+            send(app, post("/effect", Some("k"), "{}")).await;
+        }
+    }
+
+    let h = histograms(&recorder);
+    let samples = |name: &str, labels: &[(&str, &str)]| count(&h, name, labels);
+    let store = "idempotency_store_duration_seconds";
+    let inner = "idempotency_inner_duration_seconds";
+    // Remote: two reserves, one complete; the handler ran once.
+    assert_eq!(
+        samples(store, &[("namespace", "remote"), ("operation", "reserve")]),
+        2
+    );
+    assert_eq!(
+        samples(store, &[("namespace", "remote"), ("operation", "complete")]),
+        1
+    );
+    assert_eq!(samples(inner, &[("namespace", "remote")]), 1);
+    // Local: no store samples, the handler still timed.
+    assert_eq!(samples(store, &[("namespace", "local")]), 0);
+    assert_eq!(samples(inner, &[("namespace", "local")]), 1);
 }

@@ -796,6 +796,11 @@ fn lock(shard: &Shard) -> MutexGuard<'_, ShardState> {
 }
 
 impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
+    /// As the inner store: a cache miss is a call to it.
+    fn in_process(&self) -> bool {
+        self.inner.in_process()
+    }
+
     /// Asks the inner store.
     async fn remaining(
         &self,

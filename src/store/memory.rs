@@ -556,6 +556,11 @@ impl Expiries {
 }
 
 impl IdempotencyStore for MemoryStore {
+    /// `true`: every call is a map operation under a shard lock.
+    fn in_process(&self) -> bool {
+        true
+    }
+
     async fn remaining(
         &self,
         key: &StoreKey,

@@ -255,6 +255,17 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Whether this store answers every call in this process, without I/O (the
+    /// [`MemoryStore`](crate::MemoryStore)). The layer does not time such calls: they take
+    /// nanoseconds, and a latency sample (two clock reads and a histogram update) would cost
+    /// more than the call and tell an operator nothing (no `idempotency_store_duration_seconds`
+    /// sample, no `store_ms` span field). Their failures are still counted.
+    ///
+    /// The default, `false`, is right for any store that talks to a server.
+    fn in_process(&self) -> bool {
+        false
+    }
+
     /// How long `key` still holds the completed `record`, counted from a moment during the
     /// call: `None` when it holds something else or nothing (the record expired, was deleted or
     /// replaced), or when the store cannot tell.
