@@ -61,7 +61,7 @@ impl ExtractKey for HeaderKey {
                 format!("the {} header appears more than once", self.name),
             ));
         }
-        let value = value.to_str().map_err(|_| {
+        let key = IdempotencyKey::from_header(value).ok_or_else(|| {
             KeyError::new(
                 KeyErrorKind::InvalidHeader,
                 format!(
@@ -70,7 +70,7 @@ impl ExtractKey for HeaderKey {
                 ),
             )
         })?;
-        IdempotencyKey::new(value).map(Some)
+        key.map(Some)
     }
 
     fn expected(&self) -> Option<String> {

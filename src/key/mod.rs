@@ -35,6 +35,7 @@ use std::fmt;
 use std::sync::OnceLock;
 
 use bytes::Bytes;
+use http::HeaderValue;
 use http::request::Parts;
 
 pub use self::error::{InvalidHeaderName, KeyError, KeyErrorKind, PathError};
@@ -64,10 +65,46 @@ const PART_SEPARATOR: char = '\n';
 ///
 /// [`Display`](fmt::Display) writes the key itself ([`as_str`](Self::as_str)); [`Debug`]
 /// only its length, so that keys stay out of logs by accident.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone)]
 pub struct IdempotencyKey {
-    value: String,
+    value: KeyText,
     items: bool,
+}
+
+/// Where a key's text lives.
+#[derive(Clone)]
+enum KeyText {
+    Owned(String),
+    /// The value of the header it came from, shared with the request (a clone of a header
+    /// value parsed by hyper bumps a reference count; copying it into a `String` would cost an
+    /// allocation per request, and another per handler that clones the key). Visible ASCII,
+    /// checked when the key was made.
+    Header(HeaderValue),
+}
+
+impl KeyText {
+    fn as_str(&self) -> &str {
+        match self {
+            KeyText::Owned(text) => text,
+            // Checked when the key was made: `to_str` cannot fail here.
+            KeyText::Header(value) => value.to_str().unwrap_or_default(),
+        }
+    }
+}
+
+impl PartialEq for IdempotencyKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.items == other.items && self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for IdempotencyKey {}
+
+impl std::hash::Hash for IdempotencyKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+        self.items.hash(state);
+    }
 }
 
 impl IdempotencyKey {
@@ -76,9 +113,19 @@ impl IdempotencyKey {
         let value = value.into();
         validate_part(&value)?;
         Ok(IdempotencyKey {
-            value,
+            value: KeyText::Owned(value),
             items: false,
         })
+    }
+
+    /// A key of one header value, shared with the request rather than copied. `None` when the
+    /// value is not visible ASCII.
+    pub(crate) fn from_header(value: &HeaderValue) -> Option<Result<Self, KeyError>> {
+        let text = value.to_str().ok()?;
+        Some(validate_part(text).map(|()| IdempotencyKey {
+            value: KeyText::Header(value.clone()),
+            items: false,
+        }))
     }
 
     /// A per-item key: every value is the key of one item of the batch (a WhatsApp message id,
@@ -135,7 +182,7 @@ impl IdempotencyKey {
         let Some(second) = values.next() else {
             validate_part(first.as_ref())?;
             return Ok(Some(IdempotencyKey {
-                value: first.as_ref().to_owned(),
+                value: KeyText::Owned(first.as_ref().to_owned()),
                 items: false,
             }));
         };
@@ -160,19 +207,19 @@ impl IdempotencyKey {
             joined.push_str(part.as_ref());
         }
         Ok(Some(IdempotencyKey {
-            value: joined,
+            value: KeyText::Owned(joined),
             items: false,
         }))
     }
 
     /// The key (values of a composite or per-item key are separated by `'\n'`).
     pub fn as_str(&self) -> &str {
-        &self.value
+        self.value.as_str()
     }
 
     /// The values of the key: one, or each value of a composite or per-item key, sorted.
     pub fn parts(&self) -> impl Iterator<Item = &str> {
-        self.value.split(PART_SEPARATOR)
+        self.as_str().split(PART_SEPARATOR)
     }
 }
 
@@ -180,13 +227,13 @@ impl fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Keys may be sensitive (some senders use signed tokens as delivery ids): keep them out
         // of logs by default.
-        write!(f, "IdempotencyKey(<{} bytes>)", self.value.len())
+        write!(f, "IdempotencyKey(<{} bytes>)", self.as_str().len())
     }
 }
 
 impl fmt::Display for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.value)
+        f.write_str(self.as_str())
     }
 }
 
@@ -352,6 +399,35 @@ mod tests {
                 .contains("control")
         );
         assert!(IdempotencyKey::new("").is_err());
+    }
+
+    /// A key shared with its header value is the same key as one copied from the same text:
+    /// equal, hashed alike, validated alike.
+    #[test]
+    fn a_header_key_is_the_key_of_its_text() {
+        use std::hash::BuildHasher;
+        let state = std::hash::RandomState::new();
+        let hash_with = |key: &IdempotencyKey| state.hash_one(key);
+        let value = HeaderValue::from_static("pd_01JD8Q4M7T0XK3");
+        let shared = IdempotencyKey::from_header(&value).unwrap().unwrap();
+        let owned = IdempotencyKey::new("pd_01JD8Q4M7T0XK3").unwrap();
+        assert_eq!(shared, owned);
+        assert_eq!(hash_with(&shared), hash_with(&owned));
+        assert_eq!(shared.as_str(), "pd_01JD8Q4M7T0XK3");
+        assert_eq!(shared.to_string(), owned.to_string());
+        assert_eq!(format!("{shared:?}"), format!("{owned:?}"));
+        // Tabs pass `HeaderValue::to_str` but are control characters; non-ASCII is refused.
+        let tab = HeaderValue::from_static("a\tb");
+        assert!(IdempotencyKey::from_header(&tab).unwrap().is_err());
+        let long = HeaderValue::from_str(&"a".repeat(256)).unwrap();
+        assert!(IdempotencyKey::from_header(&long).unwrap().is_err());
+        let utf8 = HeaderValue::from_bytes("café".as_bytes()).unwrap();
+        assert!(IdempotencyKey::from_header(&utf8).is_none());
+        // Not equal to a per-item key of the same text.
+        let items = IdempotencyKey::items(["pd_01JD8Q4M7T0XK3"])
+            .unwrap()
+            .unwrap();
+        assert_ne!(shared, items);
     }
 
     #[test]
