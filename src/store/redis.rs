@@ -546,7 +546,7 @@ where
         &self,
         script: &Script,
         key: &StoreKey,
-        args: Vec<Value>,
+        args: impl Fn() -> Vec<Value>,
     ) -> Result<i64, StoreError> {
         let reply = evalsha_with_reload(&self.client, script, key, args)
             .await
@@ -644,18 +644,18 @@ where
         record: &Record,
         retention: Duration,
     ) -> Result<Completion, StoreError> {
-        let args = complete_args(claim, record, retention);
+        let args = || complete_args(claim, record, retention);
         match self.durability {
             None => self.run_script(&COMPLETE, key, args).await.map(completion),
             Some(durability) => {
                 let client = (durability.pick)(&self.client);
-                Box::pin(complete_durably(&client, durability, key, args)).await
+                Box::pin(complete_durably(&client, durability, key, args())).await
             }
         }
     }
 
     async fn release_uncached(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        let args = vec![Value::Bytes(StoredValue::owner_prefix(claim.token()))];
+        let args = || vec![Value::Bytes(StoredValue::owner_prefix(claim.token()))];
         Ok(self.run_script(&RELEASE, key, args).await? == 1)
     }
 
@@ -665,10 +665,12 @@ where
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        let args = vec![
-            Value::Bytes(StoredValue::owner_prefix(claim.token())),
-            Value::Integer(millis(lease)),
-        ];
+        let args = || {
+            vec![
+                Value::Bytes(StoredValue::owner_prefix(claim.token())),
+                Value::Integer(millis(lease)),
+            ]
+        };
         Ok(self.run_script(&RENEW, key, args).await? == 1)
     }
 
@@ -785,8 +787,8 @@ where
         key: &StoreKey,
         record: &Record,
     ) -> Result<Option<Duration>, StoreError> {
-        let head = Value::Bytes(record.encoded_head());
-        let reply = evalsha_with_reload(&self.client, &REMAINING, key, vec![head])
+        let args = || vec![Value::Bytes(record.encoded_head())];
+        let reply = evalsha_with_reload(&self.client, &REMAINING, key, args)
             .await
             .map_err(store_error)?;
         match reply {
@@ -903,24 +905,21 @@ async fn set_nx_get<X: KeysInterface>(
 }
 
 /// `EVALSHA`, and on `NOSCRIPT` the same call as `EVAL`, which also puts the script back in the
-/// cache of the server that owns the key.
+/// cache of the server that owns the key. `args` makes the arguments: once, and again only for
+/// the `EVAL` (a copy kept for a rare retry would cost an allocation per argument).
 async fn evalsha_with_reload<X: LuaInterface>(
     client: &X,
     script: &Script,
     key: &StoreKey,
-    args: Vec<Value>,
+    args: impl Fn() -> Vec<Value>,
 ) -> Result<Value, FredError> {
     // Boxed where made, like the `SET` of `set_nx_get`.
-    let result = Box::pin(client.evalsha(
-        script.sha1().clone(),
-        key.as_str(),
-        Value::Array(args.clone()),
-    ))
-    .await;
+    let result =
+        Box::pin(client.evalsha(script.sha1().clone(), key.as_str(), Value::Array(args()))).await;
     match result {
         Err(error) if is_noscript(&error) => {
             let lua = script.lua().cloned().unwrap_or_default();
-            Box::pin(client.eval(lua, key.as_str(), Value::Array(args))).await
+            Box::pin(client.eval(lua, key.as_str(), Value::Array(args()))).await
         }
         result => result,
     }
