@@ -256,7 +256,7 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Whether this store answers every call in this process, without I/O (the
-    /// [`MemoryStore`](crate::MemoryStore)). The layer does not time such calls: they take
+    /// [`MemoryStore`]). The layer does not time such calls: they take
     /// nanoseconds, and a latency sample (two clock reads and a histogram update) would cost
     /// more than the call and tell an operator nothing (no `idempotency_store_duration_seconds`
     /// sample, no `store_ms` span field). Their failures are still counted.
