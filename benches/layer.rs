@@ -551,6 +551,9 @@ fn install_recorder() {
     if std::env::var("LAYER_RECORDER").as_deref() != Ok("prometheus") {
         return;
     }
+    if !cfg!(feature = "metrics") {
+        eprintln!("LAYER_RECORDER=prometheus: the `metrics` feature is off, nothing will record");
+    }
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets(&[
             0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,

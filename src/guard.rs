@@ -209,11 +209,12 @@ impl<St: IdempotencyStore> StoreClaim<St> {
     ) -> (Result<T, StoreError>, Option<Instant>) {
         let observer = &self.common.observer;
         if self.store.in_process() {
-            // Not timed (see `IdempotencyStore::in_process`): the call ends, as far as the
-            // next step's timer is concerned, when it started.
+            // Not timed (see `IdempotencyStore::in_process`). Its end is still read for the
+            // step timed after it (the inner service after a reserve), when there is one: a
+            // full memory store making room takes long enough to show otherwise.
             let result = timed(self.common.timeout, fut).await;
             observer.store_call(op, Stopwatch::OFF, result.is_ok());
-            let ended = started.and_then(|at| observer.stopwatch_from(at).started());
+            let ended = started.and_then(|_| observer.stopwatch().started());
             return (result, ended);
         }
         let timer = match started {
@@ -301,7 +302,7 @@ impl<St: IdempotencyStore> Ops for StoreClaim<St> {
     }
 }
 
-/// What a reserve answers, and when it ended if store calls are timed.
+/// What a reserve answers, and when it ended if that was measured.
 type Reserved = (Result<OneOrMany<Reservation>, StoreError>, Option<Instant>);
 
 /// How a claim ends.
@@ -321,7 +322,7 @@ pub(crate) struct ClaimGuard {
     /// The request was a gRPC call (success is its final `grpc-status`).
     grpc: bool,
     settled: bool,
-    /// When the last reserve ended, if store calls are timed.
+    /// When the last reserve ended, if that was measured.
     reserved_at: Option<Instant>,
 }
 

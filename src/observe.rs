@@ -12,7 +12,7 @@
 //! | `idempotency_store_duration_seconds` | histogram | `namespace`, `operation` | latency of `reserve`, `complete`, `release`, `renew` (not for a store that answers in process, see [`IdempotencyStore::in_process`](crate::IdempotencyStore::in_process)) |
 //! | `idempotency_lease_lost_total` | counter | `namespace` | claims found lost before their owner finished (a renewal or completion that found the key taken or gone) |
 //! | `idempotency_store_errors_total` | counter | `namespace`, `operation` | failed store calls (including timeouts) |
-//! | `idempotency_inner_duration_seconds` | histogram | `namespace` | time the inner service took to answer |
+//! | `idempotency_inner_duration_seconds` | histogram | `namespace` | time the inner service took to answer (from the end of the reserve to the response head) |
 //!
 //! ```
 //! use tower_idempotency::{IdempotencyLayer, MemoryStore, OutcomeEvent};

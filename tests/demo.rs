@@ -319,6 +319,44 @@ async fn metrics_endpoint_counts_outcomes() {
     assert!(!text.contains("pd_metrics"), "no raw key in metrics");
 }
 
+/// On a store that does I/O (here SQLite through `DATABASE_URL`), store calls are timed:
+/// `GET /metrics` has the reserve and complete latency buckets that docs/operations.md's
+/// `histogram_quantile` query reads.
+#[cfg(all(feature = "metrics", feature = "sqlite"))]
+#[tokio::test]
+async fn metrics_endpoint_has_store_latency_buckets_for_a_server_side_store() {
+    let path = std::env::temp_dir().join(format!("demo-metrics-{}.db", std::process::id()));
+    let url = format!("sqlite://{}", path.display());
+    let demo = start_demo(&[("DATABASE_URL", &url)]);
+    let http = Http::new(&demo);
+    let id = [("X-Kalipto-Delivery-Id", "pd_store_metrics")];
+    let (status, _, _) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+    assert_eq!(status, StatusCode::OK);
+    let response = http
+        .client
+        .get(format!("{}/metrics", http.base).parse().unwrap())
+        .await
+        .unwrap();
+    let text = response.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    for operation in ["reserve", "complete"] {
+        assert!(
+            text.lines().any(
+                |l| l.starts_with("idempotency_store_duration_seconds_bucket{")
+                    && l.contains("namespace=\"kalipto\"")
+                    && l.contains(&format!("operation=\"{operation}\""))
+                    && l.contains("le=\"10\"")
+                    && l.ends_with(" 1")
+            ),
+            "no {operation} latency buckets in:\n{text}"
+        );
+    }
+    drop(demo);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
 /// With `DATABASE_URL=sqlite://...` the demo's records survive a restart of the receiver.
 #[cfg(feature = "sqlite")]
 #[tokio::test]

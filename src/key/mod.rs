@@ -65,19 +65,18 @@ const PART_SEPARATOR: char = '\n';
 ///
 /// [`Display`](fmt::Display) writes the key itself ([`as_str`](Self::as_str)); [`Debug`]
 /// only its length, so that keys stay out of logs by accident.
-#[derive(Clone)]
 pub struct IdempotencyKey {
     value: KeyText,
     items: bool,
 }
 
 /// Where a key's text lives.
-#[derive(Clone)]
 enum KeyText {
     Owned(String),
-    /// The value of the header it came from, shared with the request (a clone of a header
-    /// value parsed by hyper bumps a reference count; copying it into a `String` would cost an
-    /// allocation per request, and another per handler that clones the key). Visible ASCII,
+    /// The value of the header it came from, shared with the request rather than copied (a
+    /// header value parsed by hyper is a slice of the connection's read buffer). Only the key
+    /// the layer extracts and moves into the request's extensions is kept this way: a clone
+    /// owns its text, so a key a handler keeps does not keep that buffer alive. Visible ASCII,
     /// checked when the key was made.
     Header(HeaderValue),
 }
@@ -86,8 +85,19 @@ impl KeyText {
     fn as_str(&self) -> &str {
         match self {
             KeyText::Owned(text) => text,
-            // Checked when the key was made: `to_str` cannot fail here.
+            // Checked when the key was made, so `to_str` (a scan of at most `MAX_KEY_LEN`
+            // bytes: no unchecked conversion in this crate) cannot fail here.
             KeyText::Header(value) => value.to_str().unwrap_or_default(),
+        }
+    }
+}
+
+impl Clone for IdempotencyKey {
+    /// A clone owns its text (see `KeyText::Header`).
+    fn clone(&self) -> Self {
+        IdempotencyKey {
+            value: KeyText::Owned(self.as_str().to_owned()),
+            items: self.items,
         }
     }
 }
@@ -416,6 +426,11 @@ mod tests {
         assert_eq!(shared.as_str(), "pd_01JD8Q4M7T0XK3");
         assert_eq!(shared.to_string(), owned.to_string());
         assert_eq!(format!("{shared:?}"), format!("{owned:?}"));
+        // A clone owns its text: a key kept by a handler does not keep the request's buffer.
+        let kept = shared.clone();
+        assert!(matches!(shared.value, KeyText::Header(_)));
+        assert!(matches!(kept.value, KeyText::Owned(_)));
+        assert_eq!(kept, shared);
         // Tabs pass `HeaderValue::to_str` but are control characters; non-ASCII is refused.
         let tab = HeaderValue::from_static("a\tb");
         assert!(IdempotencyKey::from_header(&tab).unwrap().is_err());

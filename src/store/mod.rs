@@ -257,11 +257,14 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
 
     /// Whether this store answers every call in this process, without I/O (the
     /// [`MemoryStore`]). The layer does not time such calls: they take
-    /// nanoseconds, and a latency sample (two clock reads and a histogram update) would cost
-    /// more than the call and tell an operator nothing (no `idempotency_store_duration_seconds`
-    /// sample, no `store_ms` span field). Their failures are still counted.
+    /// nanoseconds (microseconds when a full memory store makes room), and a latency sample
+    /// (two clock reads and a histogram update) would cost more than the call and tell an
+    /// operator little (no `idempotency_store_duration_seconds` sample, no `store_ms` span
+    /// field). Their failures are still counted, and the inner service's timer still starts
+    /// after the reserve.
     ///
-    /// The default, `false`, is right for any store that talks to a server.
+    /// The default, `false`, is right for any store that talks to a server. A store that wraps
+    /// another answers as the wrapped one does (as [`CachedStore`] does).
     fn in_process(&self) -> bool {
         false
     }
