@@ -104,6 +104,18 @@ impl Http {
     async fn effects(&self) -> Value {
         self.send("GET", "/effects", &[], "").await.2
     }
+
+    /// `GET /metrics`: Prometheus text.
+    #[cfg(feature = "metrics")]
+    async fn metrics(&self) -> String {
+        let response = self
+            .client
+            .get(format!("{}/metrics", self.base).parse().unwrap())
+            .await
+            .unwrap();
+        let text = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8_lossy(&text).into_owned()
+    }
 }
 
 #[tokio::test]
@@ -284,13 +296,7 @@ async fn metrics_endpoint_counts_outcomes() {
     let id = [("X-Kalipto-Delivery-Id", "pd_metrics")];
     http.send("POST", "/webhooks/kalipto", &id, "{}").await;
     http.send("POST", "/webhooks/kalipto", &id, "{}").await;
-    let response = http
-        .client
-        .get(format!("{}/metrics", http.base).parse().unwrap())
-        .await
-        .unwrap();
-    let text = response.into_body().collect().await.unwrap().to_bytes();
-    let text = String::from_utf8_lossy(&text);
+    let text = http.metrics().await;
     for outcome in ["first", "replayed"] {
         let line = text
             .lines()
@@ -332,13 +338,7 @@ async fn metrics_endpoint_has_store_latency_buckets_for_a_server_side_store() {
     let id = [("X-Kalipto-Delivery-Id", "pd_store_metrics")];
     let (status, _, _) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
     assert_eq!(status, StatusCode::OK);
-    let response = http
-        .client
-        .get(format!("{}/metrics", http.base).parse().unwrap())
-        .await
-        .unwrap();
-    let text = response.into_body().collect().await.unwrap().to_bytes();
-    let text = String::from_utf8_lossy(&text);
+    let text = http.metrics().await;
     for operation in ["reserve", "complete"] {
         assert!(
             text.lines().any(

@@ -43,24 +43,39 @@ impl Capture {
 
 type Counters = Vec<(String, Vec<(String, String)>, u64)>;
 
-fn counters(recorder: &DebuggingRecorder) -> Counters {
+/// One snapshot of `recorder`, a value per metric that `measure` reads (a snapshot drains
+/// histograms: take one per check).
+fn snapshot(recorder: &DebuggingRecorder, measure: fn(DebugValue) -> Option<u64>) -> Counters {
     recorder
         .snapshotter()
         .snapshot()
         .into_vec()
         .into_iter()
-        .filter_map(|(key, _, _, value)| match value {
-            DebugValue::Counter(n) => {
-                let key = key.key();
-                let labels = key
-                    .labels()
-                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                    .collect();
-                Some((key.name().to_owned(), labels, n))
-            }
-            _ => None,
+        .filter_map(|(key, _, _, value)| {
+            let value = measure(value)?;
+            let key = key.key();
+            let labels = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            Some((key.name().to_owned(), labels, value))
         })
         .collect()
+}
+
+fn counters(recorder: &DebuggingRecorder) -> Counters {
+    snapshot(recorder, |value| match value {
+        DebugValue::Counter(n) => Some(n),
+        _ => None,
+    })
+}
+
+/// Histogram samples taken, by metric name and labels.
+fn histograms(recorder: &DebuggingRecorder) -> Counters {
+    snapshot(recorder, |value| match value {
+        DebugValue::Histogram(values) => Some(values.len() as u64),
+        _ => None,
+    })
 }
 
 fn count(counters: &Counters, name: &str, labels: &[(&str, &str)]) -> u64 {
@@ -292,28 +307,6 @@ impl IdempotencyStore for Remote {
     ) -> Result<bool, StoreError> {
         self.0.renew(key, claim, lease).await
     }
-}
-
-/// Histogram samples taken, by metric name and labels, counted like counters (a snapshot drains
-/// histograms: take one).
-fn histograms(recorder: &DebuggingRecorder) -> Counters {
-    recorder
-        .snapshotter()
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter_map(|(key, _, _, value)| match value {
-            DebugValue::Histogram(values) => {
-                let key = key.key();
-                let labels = key
-                    .labels()
-                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                    .collect();
-                Some((key.name().to_owned(), labels, values.len() as u64))
-            }
-            _ => None,
-        })
-        .collect()
 }
 
 /// A store that talks to a server has its calls timed; the memory store, which answers in
