@@ -54,10 +54,11 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::key::{ExtractKey, HeaderKey, JsonPathKey};
-use tower_idempotency::record::{Record, StoredResponse, StoredValue};
-use tower_idempotency::store::{Claim, IdempotencyStore, StoreKey};
+use tower_idempotency::store::record::{Record, StoredResponse, StoredValue};
+use tower_idempotency::store::{Claim, StoreKey};
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 /// The JSONPath of every WhatsApp message id of a batch.

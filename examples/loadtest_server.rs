@@ -130,7 +130,7 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
 async fn prefill(store: &MemoryStore) -> Result<(), Box<dyn std::error::Error>> {
     use std::time::Duration;
     use tower_idempotency::fingerprint::Fingerprint;
-    use tower_idempotency::record::Record;
+    use tower_idempotency::store::record::Record;
     use tower_idempotency::store::{Claim, StoreKey};
 
     let count: u64 = match std::env::var("PREFILL") {

@@ -1,38 +1,58 @@
 //! A webhook receiver that applies every delivery exactly once.
 //!
 //! ```text
-//! cargo run --example webhook_receiver
+//! cargo run --example webhook_receiver --all-features
 //! ```
 //!
 //! Binds `127.0.0.1:3000`, or `BIND` (`BIND=127.0.0.1:0` picks a free port); the first line on
-//! stdout is `listening on http://ADDR`. The store is the embedded memory store, or Redis when
-//! `REDIS_URL` is set (`REDIS_URL=redis://127.0.0.1:6379`), or SQL when `DATABASE_URL` is set
-//! (`postgres://user@host/db` or `sqlite://receiver.db`; features `postgres` / `sqlite`).
+//! stdout is `listening on http://ADDR`, the second names the store. The store is the embedded
+//! memory store, or the one `REDIS_URL` names (`redis://127.0.0.1:6379`, `redis-cluster://..`,
+//! `redis-sentinel://..`), or `DATABASE_URL` (`postgres://user@host/db`, `sqlite://receiver.db`):
+//! see `tower_idempotency::store::connect`.
 //!
 //! Routes (all `POST` routes are protected; each shares the one store and the one effect
 //! counter):
-//! - `POST /webhooks/kalipto`: keyed by `X-Kalipto-Delivery-Id`; kept 7 days.
+//! - `POST /webhooks/kalipto`: keyed by `X-Kalipto-Delivery-Id`; kept 7 days. Verified
+//!   (`X-Hub-Signature-256`) when `KALIPTO_WEBHOOK_SECRET` is set.
 //! - `POST /webhooks/meta`: **one key per message**: every WhatsApp message id (wamid) and
 //!   Instagram mid of the batch is claimed and recorded on its own, and the handler applies only
 //!   the new ones; a batch without message ids (WhatsApp status callbacks: sent, delivered,
-//!   read) falls back to `X-Kalipto-Delivery-Id`. Kept 72 hours.
+//!   read) falls back to `X-Kalipto-Delivery-Id`. Kept 72 hours. Verified
+//!   (`X-Hub-Signature-256`, the app secret) when `META_APP_SECRET` is set.
 //! - `POST /webhooks/sangho`: keyed by `Sangho-Event-ID`, else the body's `$.id`; kept 72
-//!   hours (Sangho never redelivers after 48).
-//! - `POST /webhooks/email`: keyed by `$.event_id`; applies the message-status transition.
+//!   hours (Sangho never redelivers after 48). Verified (`Sangho-Signature: t=..,v1=..`, 5
+//!   minutes) when `SANGHO_WEBHOOK_SECRET` is set.
+//! - `POST /webhooks/standard`: a Standard Webhooks sender: keyed by `webhook-id`, verified with
+//!   the `whsec_` secrets of `STANDARD_WEBHOOKS_SECRET` (space-separated; default the
+//!   specification's test secret `whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw`).
+//! - `POST /webhooks/github`: keyed by `X-GitHub-Delivery`, verified (`X-Hub-Signature-256`)
+//!   with `GITHUB_WEBHOOK_SECRET` (default GitHub's documented test secret, `It's a Secret to
+//!   Everybody`).
+//! - `POST /webhooks/email`: keyed by `$.event_id`, **ordered**: per `$.message_id`, by
+//!   `$.occurred_at` (RFC 3339). An event older than the newest one processed for its message
+//!   is acknowledged as stale (`Idempotent-Stale: true`) without the handler: it has no effect,
+//!   and the message's status never moves back. A body without `message_id` or `occurred_at`
+//!   is 400; the handler answers 422 without `type`.
 //! - `POST /api/orders`: the API profile (replay mode, `Idempotency-Key`, 422 when a key is
 //!   reused with another payload); answers 201 with an order id.
 //! - `GET /effects`: `{"total": N, "by_key": {"<id>": count}}` of side effects performed
 //!   (`by_key` holds message ids for Meta batches, delivery or event ids elsewhere).
-//! - `GET /messages/{message_id}`: `{"message_id": .., "status": ..}`.
+//! - `GET /messages/{message_id}`: `{"message_id": .., "status": ..}`, the status the newest
+//!   processed email event set.
 //! - `GET /metrics`: Prometheus text; the layer's `idempotency_*` metrics need the crate
-//!   feature `metrics` (`--all-features` or `--features metrics`).
+//!   feature `metrics` (`--all-features`).
 //!
-//! Logs go to stderr through `tracing-subscriber`; `RUST_LOG` is respected (default
-//! `info,tower_idempotency=debug`).
+//! Logs go to stderr through `tracing-subscriber`; `RUST_LOG` is respected (default `info`).
 //!
-//! Webhook routes use the webhook profile ([`IdempotencyLayer::webhook`]: a duplicate, or a
-//! redelivery whose JSON was re-serialized, is acknowledged, never a 4xx).
 //! `IDEMPOTENCY_LEASE_MS` sets the lease (default 10 s; renewed while a handler runs).
+//! `REDIS_WAIT_REPLICAS=N` (with `REDIS_WAIT_TIMEOUT_MS`, default 50) turns on durable
+//! completion: a record is acknowledged by N replicas before the response.
+//!
+//! The server's defences, what a production server should set too: a connection that sends
+//! nothing within `HEADER_TIMEOUT_MS` (default 10 000) of its opening, or no request head within
+//! that time, is closed; a request body slower than `BODY_TIMEOUT_MS` (default 10 000) is 408
+//! (and its claim is never taken); after a failed `accept` (out of file descriptors, say) the
+//! loop pauses instead of spinning.
 //!
 //! On every webhook route, `x-demo-fail: true` makes the handler answer 500 (no effect) and
 //! `x-demo-delay-ms: N` makes it sleep N ms first, so retries and concurrent duplicates can be
@@ -45,6 +65,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -53,15 +74,23 @@ use axum::{Extension, Json, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{Value, json};
 use tower_idempotency::key::{HeaderKey, JsonPathKey};
-use tower_idempotency::{
-    BatchItems, IdempotencyKey, IdempotencyLayer, IdempotencyStore, MemoryStore,
-};
+use tower_idempotency::order::{EventOrder, TimestampAt};
+use tower_idempotency::store::{AnyStore, connect};
+use tower_idempotency::verify::{HubSignature256, StandardWebhooks, StripeSignature};
+use tower_idempotency::{BatchItems, IdempotencyKey, IdempotencyLayer, MemoryStore};
+
+/// The Standard Webhooks secret of the specification's test vector: the default of
+/// `STANDARD_WEBHOOKS_SECRET`, for trying the route by hand.
+const TEST_STANDARD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// GitHub's documented test secret: the default of `GITHUB_WEBHOOK_SECRET`.
+const TEST_GITHUB_SECRET: &str = "It's a Secret to Everybody";
 
 /// The receiver's visible state: side effects performed, and message statuses.
 #[derive(Clone, Default)]
 struct AppState {
     effects: Arc<Mutex<Effects>>,
-    messages: Arc<Mutex<HashMap<String, &'static str>>>,
+    messages: Arc<Mutex<HashMap<String, String>>>,
 }
 
 #[derive(Default)]
@@ -153,32 +182,20 @@ async fn meta(
     Json(json!({"ok": true, "applied": applied})).into_response()
 }
 
-/// The rank of an email message status; a status never moves back to a lower rank.
-fn email_status(event_type: &str) -> Option<(&'static str, u8)> {
-    match event_type.strip_prefix("email.")? {
-        "received" => Some(("received", 0)),
-        "processed" => Some(("processed", 1)),
-        "delivered" => Some(("delivered", 2)),
-        "failed" => Some(("failed", 2)),
-        _ => None,
-    }
-}
-
-fn rank(status: &str) -> u8 {
-    email_status(&format!("email.{status}")).map_or(0, |(_, rank)| rank)
-}
-
+/// An email status event, in order for its message (the layer keeps older ones away): the
+/// message takes the status the event names.
 async fn email(
     State(state): State<AppState>,
     Extension(key): Extension<IdempotencyKey>,
     headers: HeaderMap,
-    Json(event): Json<Value>,
+    body: Bytes,
 ) -> Response {
     if let Some(failure) = demo_behaviour(&headers).await {
         return failure;
     }
-    let (Some(message_id), Some(event_type)) =
-        (event["message_id"].as_str(), event["type"].as_str())
+    // The layer already read `message_id` and `occurred_at` (a 400 without them).
+    let event: Value = serde_json::from_slice(&body).unwrap_or_default();
+    let (Some(message_id), Some(kind)) = (event["message_id"].as_str(), event["type"].as_str())
     else {
         return (
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -187,31 +204,13 @@ async fn email(
             .into_response();
     };
     state.record(&key);
-    let Some((status, new_rank)) = email_status(event_type) else {
-        tracing::info!(
-            event_type,
-            "email event without a status change; acknowledged"
-        );
-        return Json(json!({"ok": true, "applied": false})).into_response();
-    };
-    let mut messages = state.messages.lock().unwrap();
-    let current = messages.get(message_id).copied();
-    let applied = match current {
-        Some(current) if rank(current) >= new_rank && current != status => {
-            tracing::info!(
-                message_id,
-                current,
-                ignored = status,
-                "out-of-order email event; the status does not move back"
-            );
-            false
-        }
-        _ => {
-            messages.insert(message_id.to_owned(), status);
-            true
-        }
-    };
-    Json(json!({"ok": true, "applied": applied})).into_response()
+    let status = kind.strip_prefix("email.").unwrap_or(kind);
+    state
+        .messages
+        .lock()
+        .unwrap()
+        .insert(message_id.to_owned(), status.to_owned());
+    Json(json!({"ok": true, "status": status})).into_response()
 }
 
 async fn message(State(state): State<AppState>, Path(message_id): Path<String>) -> Response {
@@ -252,51 +251,116 @@ async fn effects(State(state): State<AppState>) -> Json<Value> {
     Json(json!({"total": effects.total, "by_key": effects.by_key}))
 }
 
+/// What the environment sets.
+struct Settings {
+    lease: Duration,
+    body_timeout: Duration,
+    header_timeout: Duration,
+    standard_secrets: Vec<String>,
+    github_secret: String,
+    kalipto_secret: Option<String>,
+    meta_secret: Option<String>,
+    sangho_secret: Option<String>,
+}
+
+type Error = Box<dyn std::error::Error>;
+
+impl Settings {
+    fn from_env() -> Result<Self, Error> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let millis = |name: &str, default: u64| -> Result<Duration, Error> {
+            let ms = var(name).map(|v| v.parse()).transpose()?.unwrap_or(default);
+            Ok(Duration::from_millis(ms))
+        };
+        let standard =
+            var("STANDARD_WEBHOOKS_SECRET").unwrap_or_else(|| TEST_STANDARD_SECRET.into());
+        Ok(Settings {
+            lease: millis("IDEMPOTENCY_LEASE_MS", 10_000)?,
+            body_timeout: millis("BODY_TIMEOUT_MS", 10_000)?,
+            header_timeout: millis("HEADER_TIMEOUT_MS", 10_000)?,
+            standard_secrets: standard.split_whitespace().map(str::to_owned).collect(),
+            github_secret: var("GITHUB_WEBHOOK_SECRET")
+                .unwrap_or_else(|| TEST_GITHUB_SECRET.into()),
+            kalipto_secret: var("KALIPTO_WEBHOOK_SECRET"),
+            meta_secret: var("META_APP_SECRET"),
+            sangho_secret: var("SANGHO_WEBHOOK_SECRET"),
+        })
+    }
+}
+
+/// A webhook layer on `store` with the demo's common settings.
+fn webhook_layer(
+    store: &AnyStore,
+    settings: &Settings,
+    namespace: &str,
+    hours: u64,
+) -> IdempotencyLayer {
+    IdempotencyLayer::webhook(store.clone())
+        .namespace(namespace)
+        .lease(settings.lease)
+        .body_timeout(settings.body_timeout)
+        .retention(Duration::from_secs(hours * 3600))
+}
+
+/// `X-Hub-Signature-256` with `secret`, when one is set.
+fn hub<K: Clone>(
+    layer: IdempotencyLayer<K>,
+    secret: Option<&str>,
+) -> Result<IdempotencyLayer<K>, Error> {
+    Ok(match secret {
+        Some(secret) => layer.verify(HubSignature256::new([secret])?),
+        None => layer,
+    })
+}
+
 /// The receiver's routes, every webhook protected on `store`.
-fn app<St: IdempotencyStore>(store: St, metrics: PrometheusHandle, lease: Duration) -> Router {
-    const HOUR: u64 = 3600;
-    let delivery_id = || HeaderKey::new("X-Kalipto-Delivery-Id").expect("a valid header name");
-    let json = |path: &str| JsonPathKey::new(path).expect("a valid JSONPath");
+fn app(store: AnyStore, metrics: PrometheusHandle, settings: &Settings) -> Result<Router, Error> {
+    let delivery_id = || HeaderKey::new("X-Kalipto-Delivery-Id");
     // Kalipto retries within 9 hours; ids are kept 7 days.
-    let kalipto = IdempotencyLayer::webhook(store.clone())
-        .namespace("kalipto")
-        .lease(lease)
-        .retention(Duration::from_secs(7 * 24 * HOUR))
-        .key(delivery_id());
+    let kalipto = webhook_layer(&store, settings, "kalipto", 7 * 24).key(delivery_id()?);
+    let kalipto = hub(kalipto, settings.kalipto_secret.as_deref())?;
     // Meta: deduplicate at the message level; status callbacks carry no message id.
     let messages = JsonPathKey::each_of([
         "$.entry[*].changes[*].value.messages[*].id",
         "$.entry[*].messaging[*].message.mid",
-    ])
-    .expect("valid JSONPaths");
-    let meta_layer = IdempotencyLayer::webhook(store.clone())
-        .namespace("meta")
-        .lease(lease)
-        .retention(Duration::from_secs(72 * HOUR))
-        .key(messages.or(delivery_id()));
+    ])?;
+    let meta_layer = webhook_layer(&store, settings, "meta", 72).key(messages.or(delivery_id()?));
+    let meta_layer = hub(meta_layer, settings.meta_secret.as_deref())?;
     // Sangho never redelivers after 48 hours; ids are kept 72.
-    let sangho = IdempotencyLayer::webhook(store.clone())
-        .namespace("sangho")
-        .lease(lease)
-        .retention(Duration::from_secs(72 * HOUR))
-        .key(
-            HeaderKey::new("Sangho-Event-ID")
-                .expect("a valid header name")
-                .or(json("$.id")),
-        );
-    let email_layer = IdempotencyLayer::webhook(store.clone())
-        .namespace("email")
-        .lease(lease)
-        .retention(Duration::from_secs(72 * HOUR))
-        .key(json("$.event_id"));
+    let sangho_key = HeaderKey::new("Sangho-Event-ID")?.or(JsonPathKey::new("$.id")?);
+    let mut sangho = webhook_layer(&store, settings, "sangho", 72).key(sangho_key);
+    if let Some(secret) = &settings.sangho_secret {
+        sangho = sangho.verify(StripeSignature::new("Sangho-Signature", [secret])?);
+    }
+    let standard = IdempotencyLayer::standard_webhooks(
+        store.clone(),
+        StandardWebhooks::new(&settings.standard_secrets)?,
+    )
+    .namespace("standard")
+    .lease(settings.lease)
+    .body_timeout(settings.body_timeout);
+    let github = webhook_layer(&store, settings, "github", 7 * 24)
+        .key(HeaderKey::new("X-GitHub-Delivery")?)
+        .verify(HubSignature256::new([&settings.github_secret])?);
+    // Email events, in order per message, by when they occurred.
+    let email_order = EventOrder::new(
+        JsonPathKey::new("$.message_id")?,
+        TimestampAt::new("$.occurred_at")?,
+    );
+    let email_layer = webhook_layer(&store, settings, "email", 72)
+        .key(JsonPathKey::new("$.event_id")?)
+        .order(email_order);
     let orders = IdempotencyLayer::api(store)
         .namespace("orders")
-        .lease(lease);
+        .lease(settings.lease)
+        .body_timeout(settings.body_timeout);
 
-    Router::new()
+    Ok(Router::new()
         .route("/webhooks/kalipto", post(webhook).route_layer(kalipto))
         .route("/webhooks/meta", post(meta).route_layer(meta_layer))
         .route("/webhooks/sangho", post(webhook).route_layer(sangho))
+        .route("/webhooks/standard", post(webhook).route_layer(standard))
+        .route("/webhooks/github", post(webhook).route_layer(github))
         .route("/webhooks/email", post(email).route_layer(email_layer))
         .route("/api/orders", post(create_order).route_layer(orders))
         .route("/effects", get(effects))
@@ -305,35 +369,38 @@ fn app<St: IdempotencyStore>(store: St, metrics: PrometheusHandle, lease: Durati
             "/metrics",
             get(move || std::future::ready(metrics.render())),
         )
-        .with_state(AppState::default())
+        .with_state(AppState::default()))
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                // `info`: no line per first delivery (those are `debug`); duplicates,
-                // conflicts, releases and store errors are logged.
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+/// The store the environment names: `REDIS_URL`, else `DATABASE_URL`, else the memory store.
+async fn store_from_env() -> Result<AnyStore, Error> {
+    let url = std::env::var("REDIS_URL").or_else(|_| std::env::var("DATABASE_URL"));
+    let Ok(url) = url else {
+        return Ok(MemoryStore::new().into());
+    };
+    let store = connect(&url).await?;
+    match std::env::var("REDIS_WAIT_REPLICAS").ok() {
+        Some(replicas) => {
+            let timeout = std::env::var("REDIS_WAIT_TIMEOUT_MS")
+                .ok()
+                .map_or(Ok(50), |ms| ms.parse())?;
+            Ok(store.durable_completion(replicas.parse()?, Duration::from_millis(timeout))?)
+        }
+        None => Ok(store),
+    }
+}
 
-    let bind: SocketAddr = std::env::var("BIND")
-        .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
-        .parse()?;
-    // Histograms with buckets (what `histogram_quantile` in docs/operations.md reads, and what
-    // aggregates across instances), from 100 µs to 10 s; summaries would cost a quantile
-    // sketch update per sample.
+/// Prometheus text on `/metrics`: histograms with buckets (what `histogram_quantile` in
+/// docs/operations.md and the dashboard read, and what aggregates across instances), from
+/// 100 µs to 10 s. The recorder keeps samples until they are drained: drained every 5 s, so
+/// memory stays flat when nobody scrapes.
+fn metrics() -> Result<PrometheusHandle, Error> {
     let metrics = PrometheusBuilder::new()
         .set_buckets(&[
             0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
             2.5, 5.0, 10.0,
         ])?
         .install_recorder()?;
-    // The recorder keeps histogram samples until they are drained: drain them regularly, so
-    // memory stays flat when nobody scrapes `/metrics`.
     let upkeep = metrics.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(5));
@@ -342,62 +409,81 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             upkeep.run_upkeep();
         }
     });
-    let lease = match std::env::var("IDEMPOTENCY_LEASE_MS") {
-        Ok(ms) => Duration::from_millis(ms.parse()?),
-        Err(_) => tower_idempotency::defaults::LEASE,
-    };
-    let router = match (std::env::var("REDIS_URL"), std::env::var("DATABASE_URL")) {
-        (Ok(url), _) => app(connect_redis(&url).await?, metrics, lease),
-        (_, Ok(url)) if url.starts_with("postgres") => {
-            app(connect_postgres(&url).await?, metrics, lease)
-        }
-        (_, Ok(url)) => app(open_sqlite(&url).await?, metrics, lease),
-        _ => app(MemoryStore::new(), metrics, lease),
-    };
+    Ok(metrics)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                // `info`: no line per first delivery (those are `debug`); duplicates,
+                // conflicts, releases, stale events and store errors are logged.
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let bind: SocketAddr = std::env::var("BIND")
+        .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
+        .parse()?;
+    let settings = Settings::from_env()?;
+    let store = store_from_env().await?;
+    let backend = store.backend();
+    let router = app(store, metrics()?, &settings)?;
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    serve(listener, router).await
+    println!("store: {backend}");
+    serve(listener, router, settings.header_timeout).await
 }
 
 /// Serves `router` until Ctrl-C, then lets requests in flight finish (up to 10 s): a claim is
-/// never left to expire because the process stopped mid-request. A client that does not send
-/// its request head within 10 s is disconnected, so idle half-open connections cannot starve
-/// the server of file descriptors.
+/// never left to expire because the process stopped mid-request.
 async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
-) -> Result<(), Box<dyn std::error::Error>> {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    header_timeout: Duration,
+) -> Result<(), Error> {
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
     use hyper_util::server::conn::auto;
     use hyper_util::server::graceful::GracefulShutdown;
-    use hyper_util::service::TowerToHyperService;
 
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(10));
+        .header_read_timeout(header_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(tokio::signal::ctrl_c());
+    let mut pause = Duration::from_millis(10);
     loop {
-        let (stream, _) = tokio::select! {
+        let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
+                Ok((stream, _)) => {
+                    pause = Duration::from_millis(10);
+                    stream
+                }
                 Err(err) => {
-                    tracing::warn!(error = %err, "accept failed");
+                    // Out of file descriptors, say: pause rather than spin (and log once a
+                    // pause, not once an attempt).
+                    tracing::warn!(error = %err, pause_ms = pause.as_millis() as u64, "accept failed; pausing");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
                     continue;
                 }
             },
             _ = &mut shutdown => break,
         };
-        let service = TowerToHyperService::new(router.clone());
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection.into_owned());
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(error = %err, "connection closed with an error");
-            }
-        });
+        let (builder, watcher, router) = (builder.clone(), graceful.watcher(), router.clone());
+        tokio::spawn(serve_connection(
+            stream,
+            builder,
+            watcher,
+            router,
+            header_timeout,
+        ));
     }
     tracing::info!("shutting down: waiting for requests in flight");
     if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
@@ -409,72 +495,29 @@ async fn serve(
     Ok(())
 }
 
-#[cfg(feature = "redis")]
-async fn connect_redis(
-    url: &str,
-) -> Result<tower_idempotency::RedisStore, Box<dyn std::error::Error>> {
-    use tower_idempotency::fred::prelude::*;
-    let config = Config::from_url(url)?;
-    let pool = Builder::from_config(config)
-        .with_connection_config(|c| c.connection_timeout = Duration::from_secs(2))
-        .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2))
-        .build_pool(redis_pool_size())?;
-    pool.init().await?;
-    tracing::info!("using the Redis store");
-    Ok(tower_idempotency::RedisStore::new(pool))
-}
+/// One connection: closed if it sends nothing within `header_timeout` (hyper-util's automatic
+/// protocol choice runs no timer while it waits for the first bytes, so HTTP/1's header read
+/// timeout would never start), then served.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    builder: Arc<hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>>,
+    watcher: hyper_util::server::graceful::Watcher,
+    router: Router,
+    header_timeout: Duration,
+) {
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
 
-/// `REDIS_POOL_SIZE`: connections to Redis (default 2).
-#[cfg(feature = "redis")]
-fn redis_pool_size() -> usize {
-    std::env::var("REDIS_POOL_SIZE")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(2)
-}
-
-#[cfg(feature = "postgres")]
-async fn connect_postgres(
-    url: &str,
-) -> Result<tower_idempotency::PostgresStore, Box<dyn std::error::Error>> {
-    use tower_idempotency::store::sql::sqlx::postgres::PgPoolOptions;
-    let pool = PgPoolOptions::new()
-        .acquire_timeout(Duration::from_secs(1))
-        .connect(url)
-        .await?;
-    let store = tower_idempotency::PostgresStore::new(pool);
-    store.migrate().await?;
-    // Expired rows are purged every 10 minutes, in batches.
-    drop(store.spawn_purge(Duration::from_secs(600)));
-    tracing::info!("using the PostgreSQL store");
-    Ok(store)
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn connect_postgres(_url: &str) -> Result<MemoryStore, Box<dyn std::error::Error>> {
-    Err("DATABASE_URL is a postgres:// URL but the `postgres` feature is off".into())
-}
-
-#[cfg(feature = "sqlite")]
-async fn open_sqlite(
-    url: &str,
-) -> Result<tower_idempotency::SqliteStore, Box<dyn std::error::Error>> {
-    let path = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .ok_or("DATABASE_URL must start with postgres:// or sqlite://")?;
-    let store = tower_idempotency::SqliteStore::open(path).await?;
-    drop(store.spawn_purge(Duration::from_secs(600)));
-    tracing::info!(path, "using the SQLite store");
-    Ok(store)
-}
-
-#[cfg(not(feature = "sqlite"))]
-async fn open_sqlite(_url: &str) -> Result<MemoryStore, Box<dyn std::error::Error>> {
-    Err("DATABASE_URL is a sqlite:// URL but the `sqlite` feature is off".into())
-}
-
-#[cfg(not(feature = "redis"))]
-async fn connect_redis(_url: &str) -> Result<MemoryStore, Box<dyn std::error::Error>> {
-    Err("REDIS_URL is set but the `redis` feature is off".into())
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(header_timeout, stream.peek(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => {}
+        // Closed, failed, or silent for too long.
+        _ => return,
+    }
+    let service = TowerToHyperService::new(router);
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    let connection = watcher.watch(connection.into_owned());
+    if let Err(err) = connection.await {
+        tracing::debug!(error = %err, "connection closed with an error");
+    }
 }

@@ -9,7 +9,7 @@
 //! ```
 //! use bytes::Bytes;
 //! use http_body_util::BodyExt;
-//! use tower_idempotency::body::RequestBody;
+//! use tower_idempotency::RequestBody;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -24,17 +24,19 @@ use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use std::time::Duration;
+
 use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Limited;
+use http_body_util::{BodyExt, Limited};
 use pin_project_lite::pin_project;
 
 use crate::classify::{Classifier, Verdict};
-use crate::guard::{ClaimGuard, Settlement};
+use crate::guard::{ClaimGuard, Ending};
+use crate::rejection::Rejection;
 use crate::store::BoxError;
-use crate::store::record::Record;
 
 pin_project! {
     /// The request body the inner service receives.
@@ -134,6 +136,75 @@ where
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
         }
+    }
+}
+
+/// How reading a body into a [`Collected`] ended.
+pub(crate) enum Read {
+    /// At its end, within the limit.
+    Done,
+    /// Past the limit: what was read is in the buffer, the rest is still in the body.
+    TooLarge,
+    /// The body failed.
+    Failed(BoxError),
+}
+
+/// Reads `body` into `collected` until its end, an error, or more than `limit` bytes: the one
+/// reading loop, for requests and responses.
+pub(crate) async fn read_within<B>(
+    mut body: Pin<&mut B>,
+    limit: usize,
+    collected: &mut Collected,
+) -> Read
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    loop {
+        match body.frame().await {
+            None => return Read::Done,
+            Some(Ok(frame)) => {
+                if collected.push(frame) > limit {
+                    return Read::TooLarge;
+                }
+            }
+            Some(Err(err)) => return Read::Failed(err.into()),
+        }
+    }
+}
+
+/// Reads a request body in full, within `limit` bytes and, when set, `timeout`: the read
+/// phase of a request. A body over the limit is 413, one that fails is 400, one slower than
+/// the timeout is 408.
+pub(crate) async fn read_request<B>(
+    body: B,
+    limit: usize,
+    timeout: Option<Duration>,
+) -> Result<Collected, Rejection>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let read = async {
+        let body = std::pin::pin!(body);
+        let mut collected = Collected::default();
+        match read_within(body, limit, &mut collected).await {
+            Read::Done => Ok(collected),
+            Read::TooLarge => Err(Rejection::PayloadTooLarge { limit }),
+            Read::Failed(err) => {
+                tracing::debug!(error = %err, "request body could not be read");
+                Err(Rejection::BodyUnreadable)
+            }
+        }
+    };
+    match timeout {
+        // Boxed: a timer is large, and most layers have none; the request's future stays
+        // small (below the allocator's per-thread cache size).
+        Some(limit) => match Box::pin(tokio::time::timeout(limit, read)).await {
+            Ok(result) => result,
+            Err(_) => Err(Rejection::BodyTimeout),
+        },
+        None => read.await,
     }
 }
 
@@ -252,6 +323,59 @@ struct Guarded<B> {
     done: bool,
 }
 
+impl<B> Guarded<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    /// The next frame: the prefix read while deciding to stream, then the body's frames; at
+    /// the end of the stream the claim is settled before the end (or the trailers) goes out,
+    /// so that the client never sees the end of a response that was not recorded.
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        loop {
+            if let Some(settling) = &mut self.settling {
+                ready!(settling.as_mut().poll(cx));
+                self.settling = None;
+                self.done = true;
+            }
+            if self.done {
+                return Poll::Ready(self.held_trailers.take().map(|t| Ok(Frame::trailers(t))));
+            }
+            if let Some(data) = self.prefix.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+            match ready!(self.body.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) if frame.is_data() => return Poll::Ready(Some(Ok(frame))),
+                // Trailers end the stream: held until the claim is settled.
+                Some(Ok(frame)) => self.settle(frame.into_trailers().ok()),
+                Some(Err(err)) => {
+                    // Dropping the guard unsettled releases the claim in the background.
+                    drop(self.guard.take());
+                    return Poll::Ready(Some(Err(err.into())));
+                }
+                None => self.settle(None),
+            }
+        }
+    }
+
+    /// Starts settling the claim at the end of the stream (ended by `trailers`, or by none).
+    fn settle(&mut self, trailers: Option<HeaderMap>) {
+        match self.guard.take() {
+            Some(guard) => {
+                // Too large to have been kept: a success is recorded as an ack.
+                let head = self.head.as_ref();
+                let ending = match self.classifier.end(self.grpc, head, trailers.as_ref()) {
+                    Verdict::Success => Ending::Succeeded(None),
+                    Verdict::Failure => Ending::Failed,
+                };
+                self.settling = Some(Box::pin(guard.settle(ending)));
+            }
+            None => self.done = true,
+        }
+        self.held_trailers = trailers;
+    }
+}
+
 impl<B> std::fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match &self.kind {
@@ -344,66 +468,7 @@ where
                 Some(data) => Some(Ok(Frame::data(data))),
                 None => error.take().map(Err),
             }),
-            ResponseKindProj::Guarded { guarded } => loop {
-                let Guarded {
-                    body,
-                    prefix,
-                    guard,
-                    classifier,
-                    grpc,
-                    head,
-                    settling,
-                    held_trailers,
-                    done,
-                } = &mut **guarded;
-                let mut settle = |trailers: Option<&HeaderMap>| {
-                    guard.take().map(|guard| {
-                        let verdict = classifier.end(*grpc, head.as_ref(), trailers);
-                        let settlement = match verdict {
-                            Verdict::Success => {
-                                Settlement::Success(Record::ack(guard.claim().fingerprint()))
-                            }
-                            Verdict::Failure => Settlement::Failure,
-                        };
-                        Box::pin(guard.settle(settlement)) as BoxFuture<'static, ()>
-                    })
-                };
-                if let Some(fut) = settling {
-                    ready!(fut.as_mut().poll(cx));
-                    *settling = None;
-                    *done = true;
-                }
-                if *done {
-                    return Poll::Ready(held_trailers.take().map(|t| Ok(Frame::trailers(t))));
-                }
-                if let Some(data) = prefix.pop_front() {
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                match ready!(body.as_mut().poll_frame(cx)) {
-                    Some(Ok(frame)) if frame.is_data() => return Poll::Ready(Some(Ok(frame))),
-                    Some(Ok(frame)) => {
-                        // Trailers end the stream: hold them until the claim is settled, so
-                        // the client never sees the end of a response that was not recorded.
-                        let trailers = frame.into_trailers().unwrap_or_default();
-                        *settling = settle(Some(&trailers));
-                        *held_trailers = Some(trailers);
-                        if settling.is_none() {
-                            *done = true;
-                        }
-                    }
-                    Some(Err(err)) => {
-                        // Dropping the guard unsettled releases the claim in the background.
-                        drop(guard.take());
-                        return Poll::Ready(Some(Err(err.into())));
-                    }
-                    None => {
-                        *settling = settle(None);
-                        if settling.is_none() {
-                            *done = true;
-                        }
-                    }
-                }
-            },
+            ResponseKindProj::Guarded { guarded } => guarded.poll_frame(cx),
         }
     }
 

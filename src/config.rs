@@ -1,6 +1,7 @@
-//! The configuration of a layer, a leaf module: the settings every service and future of one
+//! The configuration of a layer: the settings every service and future of one
 //! [`IdempotencyLayer`](crate::IdempotencyLayer) shares, and the public policy types its
-//! builder methods take.
+//! builder methods take. A leaf: it names the plug-in traits and value types it holds, and
+//! builds nothing.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -13,10 +14,10 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::classify::Classifier;
 use crate::defaults;
-use crate::guard::{ClaimGuard, OneOrMany};
 use crate::observe::Observer;
+use crate::order::EventOrder;
 use crate::rejection::{ProblemJson, RenderRejection};
-use crate::store::{Claim, IdempotencyStore, StoreKey};
+use crate::verify::VerifyRequest;
 
 /// What to do with a covered request that carries no key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -170,9 +171,14 @@ impl Default for AckResponse {
     }
 }
 
-/// Everything but the store and the extractor; shared by every service and future of a layer.
+/// Everything but the store and the key extractor; shared by every service and future of a
+/// layer.
 #[derive(Clone)]
 pub(crate) struct Settings {
+    /// Checks each request's signature before its key is extracted.
+    pub(crate) verifier: Option<Arc<dyn VerifyRequest>>,
+    /// Orders the events of each object.
+    pub(crate) order: Option<Arc<EventOrder>>,
     pub(crate) observer: Observer,
     pub(crate) scope: Scope,
     pub(crate) body_limit: usize,
@@ -197,6 +203,15 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
+    /// Whether covered requests are read whole before their key is extracted: to fingerprint
+    /// them, to verify them, or because the key or the order is in the body.
+    pub(crate) fn buffers(&self, key_needs_body: bool) -> bool {
+        self.fingerprint
+            || key_needs_body
+            || self.verifier.is_some()
+            || self.order.as_ref().is_some_and(|order| order.needs_body())
+    }
+
     /// Whether requests with `method` are protected.
     pub(crate) fn covers(&self, method: &Method) -> bool {
         match &self.methods {
@@ -212,6 +227,8 @@ impl Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
+            verifier: None,
+            order: None,
             observer: Observer::new("default"),
             scope: Scope::path(),
             body_limit: defaults::BODY_LIMIT,
@@ -241,34 +258,7 @@ impl Default for Settings {
             fingerprint: true,
             response_buffer_limit: defaults::RESPONSE_BUFFER_LIMIT,
             classifier: Classifier::default(),
-            render_rejection: Arc::new(ProblemJson),
+            render_rejection: Arc::new(ProblemJson::default()),
         }
     }
-}
-
-/// Opens the guard of one request's claim on the layer's store: where the store's type ends,
-/// so that services and futures do not carry it.
-pub(crate) type OpenClaim =
-    Arc<dyn Fn(OneOrMany<StoreKey>, Claim, &Settings) -> ClaimGuard + Send + Sync>;
-
-/// An [`OpenClaim`] on `store`.
-pub(crate) fn open_claim<St: IdempotencyStore>(store: St) -> OpenClaim {
-    Arc::new(move |keys, claim, settings: &Settings| {
-        ClaimGuard::new(
-            store.clone(),
-            keys,
-            claim,
-            settings.lease,
-            settings.retention,
-            settings.store_timeout,
-            settings.observer.clone(),
-        )
-    })
-}
-
-/// The store (behind [`OpenClaim`]), the extractor and the settings of one layer.
-pub(crate) struct Config<K> {
-    pub(crate) open_claim: OpenClaim,
-    pub(crate) extractor: K,
-    pub(crate) settings: Arc<Settings>,
 }

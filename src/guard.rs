@@ -1,13 +1,16 @@
-//! [`ClaimGuard`]: the one owner of a request's claim (one key, or the items of a batch), from
-//! the reserve to its settlement, whatever happens in between (non-success, `Err`, panic, a
-//! dropped future, a response body that fails or is dropped).
+//! [`ClaimGuard`]: the one owner of a request's claim (one key, the items of a batch, or
+//! ordered events), from the reserve to its settlement, whatever happens in between
+//! (non-success, `Err`, panic, a dropped future, a response body that fails or is dropped);
+//! and [`ClaimOpener`], where a layer's store type ends.
 //!
 //! - It **renews** the lease while its owner is alive: the inner service still running, or its
 //!   streamed response still being produced. Renewal starts after a third of the lease (fast
 //!   requests never pay for it) and runs on a spawned task every third of the lease, so a slow
 //!   handler keeps its claim and a crashed one frees the key within about one lease.
 //! - It **settles once**: completes (a record) or releases (nothing), or on partial failure of a
-//!   batch both, each store call under the store timeout.
+//!   batch both, each store call under the store timeout. [`ClaimGuard::settle`] turns how the
+//!   attempt ended ([`Ending`]) into those store calls, for the response future and the
+//!   streamed body alike.
 //! - Settling the claim of a succeeded attempt runs to its end even if the request is dropped
 //!   (a settlement cut off is run again from the start on a spawned task: completing and
 //!   releasing under the same claim are safe to repeat), and store errors are retried with one
@@ -21,11 +24,15 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 
+use crate::IdempotencyStore;
+use crate::config::Settings;
 use crate::items::BatchItems;
 use crate::observe::{Observer, Stopwatch, StoreOp};
-use crate::store::record::Record;
+use crate::order::EqualPositions;
+use crate::store::record::{Record, StoredResponse};
 use crate::store::{
-    Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey,
+    CachedStore, Claim, Completion, LocalCache, OrderedEvent, Reservation, StoreError,
+    StoreErrorKind, StoreKey,
 };
 
 /// Runs `fut` under the store timeout.
@@ -75,72 +82,9 @@ impl Backoff {
 /// free the key.
 const RELEASE_TRIES: usize = 4;
 
-/// The settings of one claim, shared by the guard, its store calls and its renewal task.
-struct Common {
-    observer: Observer,
-    claim: Claim,
-    lease: Duration,
-    retention: Duration,
-    timeout: Duration,
-    /// Every key asked for.
-    asked: OneOrMany<StoreKey>,
-    /// The keys acquired, when not all of them were (set once the reserve answered).
-    acquired: OnceLock<Vec<StoreKey>>,
-    /// Settled or dropped: the renewal task stops.
-    stopped: AtomicBool,
-    /// The renewal task was spawned.
-    renewing: AtomicBool,
-    /// Until when the claim is surely ours (nanoseconds since [`EPOCH`]): the lease from the
-    /// reserve or from the last renewal. A failed completion is retried until then.
-    alive_until: AtomicU64,
-}
-
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-
-fn nanos_since_epoch(at: Instant) -> u64 {
-    at.saturating_duration_since(*EPOCH).as_nanos() as u64
-}
-
-impl Common {
-    /// The keys this claim may hold: before the reserve answered, every key asked for; after,
-    /// those acquired.
-    fn held(&self) -> &[StoreKey] {
-        match self.acquired.get() {
-            Some(acquired) => acquired,
-            None => &self.asked,
-        }
-    }
-
-    /// The keys `which` names.
-    fn keys<'a>(&'a self, which: &'a Which) -> &'a [StoreKey] {
-        match which {
-            Which::Held => self.held(),
-            Which::These(keys) => keys,
-        }
-    }
-
-    fn alive_until(&self) -> Instant {
-        *EPOCH + Duration::from_nanos(self.alive_until.load(Ordering::Acquire))
-    }
-
-    fn extend(&self, from: Instant) {
-        self.alive_until
-            .store(nanos_since_epoch(from + self.lease), Ordering::Release);
-    }
-}
-
-/// Which keys of a claim a store call is about.
-#[derive(Clone)]
-enum Which {
-    /// Every key the claim holds.
-    Held,
-    /// These (a subset of the held keys).
-    These(Vec<StoreKey>),
-}
-
 /// One value without an allocation, or many: the keys of a claim (one, or the items of a
 /// batch), and the answers of a store call (one per key).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum OneOrMany<T> {
     One(T),
     Many(Vec<T>),
@@ -169,22 +113,124 @@ impl<T> IntoIterator for OneOrMany<T> {
     }
 }
 
+/// What a claim is on: one key, the keys of a batch's items, or ordered events (each a key with
+/// its object and position).
+#[derive(Clone, Debug)]
+pub(crate) enum Targets {
+    Keys(OneOrMany<StoreKey>),
+    Events(Vec<OrderedEvent>),
+}
+
+impl Targets {
+    fn len(&self) -> usize {
+        match self {
+            Targets::Keys(keys) => keys.len(),
+            Targets::Events(events) => events.len(),
+        }
+    }
+
+    /// The targets whose flag in `keep` is set, in order.
+    fn select(&self, keep: &[bool]) -> Targets {
+        fn pick<T: Clone>(all: &[T], keep: &[bool]) -> Vec<T> {
+            all.iter()
+                .zip(keep)
+                .filter(|(_, keep)| **keep)
+                .map(|(t, _)| t.clone())
+                .collect()
+        }
+        match self {
+            Targets::Keys(keys) => Targets::Keys(OneOrMany::Many(pick(keys, keep))),
+            Targets::Events(events) => Targets::Events(pick(events, keep)),
+        }
+    }
+
+    /// The one key of a single-key claim (what the request's span names).
+    pub(crate) fn single_key(&self) -> Option<&StoreKey> {
+        match self {
+            Targets::Keys(OneOrMany::One(key)) => Some(key),
+            Targets::Events(events) if events.len() == 1 => Some(&events[0].key),
+            _ => None,
+        }
+    }
+}
+
+/// The state of one claim, shared by the guard, its store calls and its renewal task.
+struct ClaimState {
+    observer: Observer,
+    claim: Claim,
+    lease: Duration,
+    retention: Duration,
+    timeout: Duration,
+    equal: EqualPositions,
+    /// Every target asked for.
+    asked: Targets,
+    /// The targets acquired, when not all of them were (set once the reserve answered).
+    acquired: OnceLock<Targets>,
+    /// Settled or dropped: the renewal task stops.
+    stopped: AtomicBool,
+    /// The renewal task was spawned.
+    renewing: AtomicBool,
+    /// Until when the claim is surely ours (nanoseconds since [`EPOCH`]): the lease from the
+    /// reserve or from the last renewal. A failed completion is retried until then.
+    alive_until: AtomicU64,
+}
+
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn nanos_since_epoch(at: Instant) -> u64 {
+    at.saturating_duration_since(*EPOCH).as_nanos() as u64
+}
+
+impl ClaimState {
+    /// The targets this claim may hold: before the reserve answered, every one asked for;
+    /// after, those acquired.
+    fn held(&self) -> &Targets {
+        self.acquired.get().unwrap_or(&self.asked)
+    }
+
+    /// The targets `subset` names.
+    fn targets<'a>(&'a self, subset: &'a Subset) -> &'a Targets {
+        match subset {
+            Subset::Held => self.held(),
+            Subset::These(targets) => targets,
+        }
+    }
+
+    fn alive_until(&self) -> Instant {
+        *EPOCH + Duration::from_nanos(self.alive_until.load(Ordering::Acquire))
+    }
+
+    fn extend(&self, from: Instant) {
+        self.alive_until
+            .store(nanos_since_epoch(from + self.lease), Ordering::Release);
+    }
+}
+
+/// Which targets of a claim a store call is about.
+#[derive(Clone)]
+enum Subset {
+    /// Every target the claim holds.
+    Held,
+    /// These (some of the held targets).
+    These(Targets),
+}
+
 /// The store calls of one claim, with the store type erased so that futures and bodies do
 /// not carry it. One box per store call.
-trait Ops: Send + Sync + 'static {
-    fn common(&self) -> &Common;
+trait ClaimCalls: Send + Sync + 'static {
+    fn state(&self) -> &ClaimState;
     fn reserve(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Reserved>;
     fn complete(
         self: Arc<Self>,
-        which: Which,
+        subset: Subset,
         record: Record,
-    ) -> BoxFuture<'static, Result<OneOrMany<Completion>, StoreError>>;
-    fn release(self: Arc<Self>, which: Which) -> BoxFuture<'static, Result<usize, StoreError>>;
+    ) -> BoxFuture<'static, Result<Vec<Completion>, StoreError>>;
+    fn release(self: Arc<Self>, subset: Subset) -> BoxFuture<'static, Result<usize, StoreError>>;
     fn renew(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Result<bool, StoreError>>;
 }
 
 struct StoreClaim<St> {
-    common: Common,
+    state: ClaimState,
     store: St,
 }
 
@@ -207,12 +253,12 @@ impl<St: IdempotencyStore> StoreClaim<St> {
         started: Option<Instant>,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> (Result<T, StoreError>, Option<Instant>) {
-        let observer = &self.common.observer;
+        let observer = &self.state.observer;
         if self.store.in_process() {
             // Not timed (see `IdempotencyStore::in_process`). Its end is still read for the
             // step timed after it (the inner service after a reserve), when there is one: a
             // full memory store making room takes long enough to show otherwise.
-            let result = timed(self.common.timeout, fut).await;
+            let result = timed(self.state.timeout, fut).await;
             observer.store_call(op, Stopwatch::OFF, result.is_ok());
             let ended = started.and_then(|_| observer.stopwatch().started());
             return (result, ended);
@@ -221,83 +267,108 @@ impl<St: IdempotencyStore> StoreClaim<St> {
             Some(at) => observer.stopwatch_from(at),
             None => observer.stopwatch(),
         };
-        let result = timed(self.common.timeout, fut).await;
+        let result = timed(self.state.timeout, fut).await;
         let ended = observer.store_call(op, timer, result.is_ok());
         (result, ended)
     }
 }
 
-impl<St: IdempotencyStore> Ops for StoreClaim<St> {
-    fn common(&self) -> &Common {
-        &self.common
+impl<St: IdempotencyStore> ClaimCalls for StoreClaim<St> {
+    fn state(&self) -> &ClaimState {
+        &self.state
     }
 
     fn reserve(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Reserved> {
         Box::pin(async move {
-            let c = &self.common;
-            if let [key] = c.held() {
-                let one = self.store.reserve(key, &c.claim, c.lease);
-                let (result, ended) = self.call_timed(StoreOp::Reserve, Some(started), one).await;
-                return (result.map(OneOrMany::One), ended);
+            let (s, store) = (&self.state, &self.store);
+            let (claim, lease) = (&s.claim, s.lease);
+            let op = StoreOp::Reserve;
+            match s.held() {
+                Targets::Keys(OneOrMany::One(key)) => {
+                    let one = store.reserve(key, claim, lease);
+                    let (result, ended) = self.call_timed(op, Some(started), one).await;
+                    (result.map(OneOrMany::One), ended)
+                }
+                // Batches are rare: their (large) futures are boxed apart, so that the box of
+                // a single-key call stays small.
+                Targets::Keys(OneOrMany::Many(keys)) => {
+                    let many = Box::pin(store.reserve_many(keys, claim, lease));
+                    let (result, ended) = self.call_timed(op, Some(started), many).await;
+                    (result.map(OneOrMany::Many), ended)
+                }
+                Targets::Events(events) => {
+                    let ordered = Box::pin(store.reserve_ordered(events, claim, lease, s.equal));
+                    let (result, ended) = self.call_timed(op, Some(started), ordered).await;
+                    (result.map(OneOrMany::Many), ended)
+                }
             }
-            // Batches are rare: their (large) futures are boxed apart, so that the box of a
-            // single-key call stays small.
-            let many = Box::pin(self.store.reserve_many(c.held(), &c.claim, c.lease));
-            let (result, ended) = self.call_timed(StoreOp::Reserve, Some(started), many).await;
-            (result.map(OneOrMany::Many), ended)
         })
     }
 
     fn complete(
         self: Arc<Self>,
-        which: Which,
+        subset: Subset,
         record: Record,
-    ) -> BoxFuture<'static, Result<OneOrMany<Completion>, StoreError>> {
+    ) -> BoxFuture<'static, Result<Vec<Completion>, StoreError>> {
         Box::pin(async move {
-            let c = &self.common;
-            let keys = c.keys(&which);
-            if let [key] = keys {
-                let one = self.store.complete(key, &c.claim, &record, c.retention);
-                return self
-                    .call(StoreOp::Complete, None, one)
-                    .await
-                    .map(OneOrMany::One);
+            let (s, store) = (&self.state, &self.store);
+            let (claim, retention, op) = (&s.claim, s.retention, StoreOp::Complete);
+            match s.targets(&subset) {
+                Targets::Keys(OneOrMany::One(key)) => {
+                    let one = store.complete(key, claim, &record, retention);
+                    self.call(op, None, one).await.map(|done| vec![done])
+                }
+                Targets::Keys(OneOrMany::Many(keys)) => {
+                    let many = Box::pin(store.complete_many(keys, claim, &record, retention));
+                    self.call(op, None, many).await
+                }
+                Targets::Events(events) => {
+                    let ordered = store.complete_ordered(events, claim, &record, retention);
+                    self.call(op, None, Box::pin(ordered)).await
+                }
             }
-            let many = Box::pin(
-                self.store
-                    .complete_many(keys, &c.claim, &record, c.retention),
-            );
-            self.call(StoreOp::Complete, None, many)
-                .await
-                .map(OneOrMany::Many)
         })
     }
 
-    fn release(self: Arc<Self>, which: Which) -> BoxFuture<'static, Result<usize, StoreError>> {
+    fn release(self: Arc<Self>, subset: Subset) -> BoxFuture<'static, Result<usize, StoreError>> {
         Box::pin(async move {
-            let c = &self.common;
-            let keys = c.keys(&which);
-            if let [key] = keys {
-                let one = self.store.release(key, &c.claim);
-                return self
-                    .call(StoreOp::Release, None, one)
-                    .await
-                    .map(usize::from);
+            let (s, store) = (&self.state, &self.store);
+            let (claim, op) = (&s.claim, StoreOp::Release);
+            match s.targets(&subset) {
+                Targets::Keys(OneOrMany::One(key)) => {
+                    let one = store.release(key, claim);
+                    self.call(op, None, one).await.map(usize::from)
+                }
+                Targets::Keys(OneOrMany::Many(keys)) => {
+                    let many = Box::pin(store.release_many(keys, claim));
+                    self.call(op, None, many).await
+                }
+                Targets::Events(events) => {
+                    let ordered = Box::pin(store.release_ordered(events, claim));
+                    self.call(op, None, ordered).await
+                }
             }
-            let many = Box::pin(self.store.release_many(keys, &c.claim));
-            self.call(StoreOp::Release, None, many).await
         })
     }
 
     fn renew(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Result<bool, StoreError>> {
         Box::pin(async move {
-            let c = &self.common;
-            if let [key] = c.held() {
-                let one = self.store.renew(key, &c.claim, c.lease);
-                return self.call(StoreOp::Renew, Some(started), one).await;
+            let (s, store) = (&self.state, &self.store);
+            let (claim, lease, op) = (&s.claim, s.lease, StoreOp::Renew);
+            match s.held() {
+                Targets::Keys(OneOrMany::One(key)) => {
+                    let one = store.renew(key, claim, lease);
+                    self.call(op, Some(started), one).await
+                }
+                Targets::Keys(OneOrMany::Many(keys)) => {
+                    let many = Box::pin(store.renew_many(keys, claim, lease));
+                    self.call(op, Some(started), many).await
+                }
+                Targets::Events(events) => {
+                    let ordered = Box::pin(store.renew_ordered(events, claim, lease));
+                    self.call(op, Some(started), ordered).await
+                }
             }
-            let many = Box::pin(self.store.renew_many(c.held(), &c.claim, c.lease));
-            self.call(StoreOp::Renew, Some(started), many).await
         })
     }
 }
@@ -305,18 +376,83 @@ impl<St: IdempotencyStore> Ops for StoreClaim<St> {
 /// What a reserve answers, and when it ended if that was measured.
 type Reserved = (Result<OneOrMany<Reservation>, StoreError>, Option<Instant>);
 
-/// How a claim ends.
-pub(crate) enum Settlement {
-    /// The attempt succeeded: write `record` for every held key.
-    Success(Record),
-    /// The attempt failed: release every held key, except the batch items the handler reported
-    /// done ([`BatchItems::mark_done`]), which get an ack record.
-    Failure,
+/// Where a layer's store type ends: opens a [`ClaimGuard`] per request on the store (behind
+/// its local cache, when it has one), so that services and futures do not carry the store's
+/// type. Cheap to clone (an `Arc`).
+#[derive(Clone)]
+pub(crate) struct ClaimOpener(Arc<dyn OpenClaims>);
+
+trait OpenClaims: Send + Sync + 'static {
+    fn open(&self, targets: Targets, claim: Claim, settings: &Settings) -> ClaimGuard;
+    fn with_cache(&self, cache: Option<LocalCache>) -> ClaimOpener;
+    fn orders_events(&self) -> bool;
+}
+
+struct Opener<St> {
+    store: St,
+    cache: Option<LocalCache>,
+}
+
+impl<St: IdempotencyStore> OpenClaims for Opener<St> {
+    fn open(&self, targets: Targets, claim: Claim, settings: &Settings) -> ClaimGuard {
+        match &self.cache {
+            Some(cache) => {
+                let store = CachedStore::with_cache(self.store.clone(), cache.clone());
+                ClaimGuard::new(store, targets, claim, settings)
+            }
+            None => ClaimGuard::new(self.store.clone(), targets, claim, settings),
+        }
+    }
+
+    fn with_cache(&self, cache: Option<LocalCache>) -> ClaimOpener {
+        ClaimOpener(Arc::new(Opener {
+            store: self.store.clone(),
+            cache: cache.filter(LocalCache::is_on),
+        }))
+    }
+
+    fn orders_events(&self) -> bool {
+        self.store.orders_events()
+    }
+}
+
+impl ClaimOpener {
+    /// Claims on `store`, behind a [`LocalCache::new`] when the store talks to a server (it is
+    /// not [`in_process`](IdempotencyStore::in_process)).
+    pub(crate) fn new<St: IdempotencyStore>(store: St) -> Self {
+        let cache = (!store.in_process()).then(LocalCache::new);
+        ClaimOpener(Arc::new(Opener { store, cache }))
+    }
+
+    /// The same store behind `cache` instead (`None`, or a cache that is off: none).
+    pub(crate) fn with_cache(&self, cache: Option<LocalCache>) -> Self {
+        self.0.with_cache(cache)
+    }
+
+    /// Whether the store orders events.
+    pub(crate) fn orders_events(&self) -> bool {
+        self.0.orders_events()
+    }
+
+    /// A guard for `claim` on `targets`, not yet reserved.
+    pub(crate) fn open(&self, targets: Targets, claim: Claim, settings: &Settings) -> ClaimGuard {
+        self.0.open(targets, claim, settings)
+    }
+}
+
+/// How an attempt ended, as far as its claim is concerned.
+pub(crate) enum Ending {
+    /// It succeeded: record every held target, with the response to replay when there is one
+    /// (a batch records acks only).
+    Succeeded(Option<Box<StoredResponse>>),
+    /// It failed: release every held target, except the batch items the handler reported done
+    /// ([`BatchItems::mark_done`]) and the stale ones acknowledged, which get an ack record.
+    Failed,
 }
 
 /// The owner of one request's claim. See the [module docs](self).
 pub(crate) struct ClaimGuard {
-    ops: Arc<dyn Ops>,
+    calls: Arc<dyn ClaimCalls>,
     /// The batch items handed to the inner service, for partial failures.
     items: Option<BatchItems>,
     /// The request was a gRPC call (success is its final `grpc-status`).
@@ -335,30 +471,32 @@ impl std::fmt::Debug for ClaimGuard {
 }
 
 impl ClaimGuard {
-    /// A guard for `claim` on `keys`, not yet reserved.
-    pub(crate) fn new<St: IdempotencyStore>(
+    /// A guard for `claim` on `targets`, not yet reserved.
+    fn new<St: IdempotencyStore>(
         store: St,
-        keys: OneOrMany<StoreKey>,
+        targets: Targets,
         claim: Claim,
-        lease: Duration,
-        retention: Duration,
-        timeout: Duration,
-        observer: Observer,
+        settings: &Settings,
     ) -> Self {
-        let common = Common {
-            observer,
+        let state = ClaimState {
+            observer: settings.observer.clone(),
             claim,
-            lease,
-            retention,
-            timeout,
-            asked: keys,
+            lease: settings.lease,
+            retention: settings.retention,
+            timeout: settings.store_timeout,
+            equal: settings
+                .order
+                .as_ref()
+                .map(|o| o.equal())
+                .unwrap_or_default(),
+            asked: targets,
             acquired: OnceLock::new(),
             stopped: AtomicBool::new(false),
             renewing: AtomicBool::new(false),
             alive_until: AtomicU64::new(0),
         };
         ClaimGuard {
-            ops: Arc::new(StoreClaim { common, store }),
+            calls: Arc::new(StoreClaim { state, store }),
             items: None,
             grpc: false,
             settled: false,
@@ -376,23 +514,13 @@ impl ClaimGuard {
         self.grpc
     }
 
-    /// Whether the claim is on the items of a batch.
-    pub(crate) fn is_batch(&self) -> bool {
-        self.items.is_some()
-    }
-
-    /// The claim (token and fingerprint).
-    pub(crate) fn claim(&self) -> &Claim {
-        &self.ops.common().claim
-    }
-
-    /// Claims every key (again: keys this claim already holds answer
-    /// [`Reservation::Acquired`]). Until [`keep`](Self::keep) or a settlement, dropping the
-    /// guard releases them all: a reserve that failed or was cut off may still have landed.
+    /// Claims every target (again: targets this claim already holds answer as acquired).
+    /// Until [`keep`](Self::keep) or a settlement, dropping the guard releases them all: a
+    /// reserve that failed or was cut off may still have landed.
     pub(crate) async fn reserve(&mut self) -> Result<OneOrMany<Reservation>, StoreError> {
         let started = Instant::now();
-        let (result, ended) = self.ops.clone().reserve(started).await;
-        self.ops.common().extend(started);
+        let (result, ended) = self.calls.clone().reserve(started).await;
+        self.calls.state().extend(started);
         self.reserved_at = ended;
         result
     }
@@ -403,24 +531,17 @@ impl ClaimGuard {
         Stopwatch::started_at(self.reserved_at)
     }
 
-    /// Keeps the keys whose reservation `keep` accepts (the acquired ones); the others are not
-    /// this claim's to settle.
+    /// Keeps the targets whose reservation is this claim's (acquired, or acquired and stale);
+    /// the others are not this claim's to settle.
     pub(crate) fn keep(&mut self, reservations: &[Reservation]) {
-        let acquired = |r: &Reservation| matches!(r, Reservation::Acquired);
-        if reservations.iter().all(acquired) {
-            // Every key asked for is held: nothing to copy.
+        if reservations.iter().all(Reservation::is_ours) {
+            // Every target asked for is held: nothing to copy.
             return;
         }
-        let common = self.ops.common();
-        let kept = common
-            .asked
-            .iter()
-            .zip(reservations)
-            .filter(|(_, r)| acquired(r))
-            .map(|(key, _)| key.clone())
-            .collect();
-        // Set once: a guard keeps its keys once, after its reserve.
-        let _ = common.acquired.set(kept);
+        let state = self.calls.state();
+        let mask: Vec<bool> = reservations.iter().map(Reservation::is_ours).collect();
+        // Set once: a guard keeps its targets once, after its reserve.
+        let _ = state.acquired.set(state.asked.select(&mask));
     }
 
     /// Holds nothing any more: what a reserve that surely wrote nothing leaves (the memory
@@ -429,49 +550,58 @@ impl ClaimGuard {
         self.settled = true;
     }
 
-    /// Hands the batch items to the guard, for [`Settlement::Failure`].
+    /// Hands the batch items to the guard, for [`Ending::Failed`].
     pub(crate) fn set_items(&mut self, items: BatchItems) {
         self.items = Some(items);
     }
 
     /// A handle that starts the renewal of this claim when its owner turns out slow.
     pub(crate) fn renewal(&self) -> Renewal {
-        Renewal(self.ops.clone())
+        Renewal(self.calls.clone())
     }
 
-    /// Releases every held key now (one try; the background path retries).
+    /// Releases every held target now (one try; the background path retries).
     pub(crate) async fn release(mut self) {
         self.settled = true;
-        stop(&*self.ops);
-        if self.ops.common().held().is_empty() {
+        stop(&*self.calls);
+        if self.calls.state().held().len() == 0 {
             return;
         }
-        if let Err(err) = self.ops.clone().release(Which::Held).await {
+        if let Err(err) = self.calls.clone().release(Subset::Held).await {
             tracing::warn!(error = %err, "could not release an idempotency claim; retrying in the background");
-            release_in_background(self.ops.clone(), Which::Held, 1);
+            release_in_background(self.calls.clone(), Subset::Held, 1);
         }
     }
 
-    /// Settles the claim: records on success, releases on failure (recording the batch items
-    /// reported done). Once this is called, the settlement runs to its end even if the
-    /// returned future is dropped.
-    pub(crate) fn settle(mut self, settlement: Settlement) -> impl Future<Output = ()> + use<> {
+    /// Settles the claim as `ending` says: records on success, releases on failure (recording
+    /// the batch items reported done). Once this is called, the settlement runs to its end
+    /// even if the returned future is dropped.
+    pub(crate) fn settle(mut self, ending: Ending) -> impl Future<Output = ()> + use<> {
         self.settled = true;
-        let ops = self.ops.clone();
-        let (record, release) = match settlement {
-            Settlement::Success(record) => (Some((Which::Held, record)), None),
-            Settlement::Failure => match self.items.as_ref().map(BatchItems::done_mask) {
+        let calls = self.calls.clone();
+        let state = calls.state();
+        let ack = || Record::ack(state.claim.fingerprint());
+        let (record, release) = match ending {
+            Ending::Succeeded(response) => {
+                let record = match response {
+                    Some(response) if self.items.is_none() => {
+                        Record::replay(state.claim.fingerprint(), *response)
+                    }
+                    _ => ack(),
+                };
+                (Some((Subset::Held, record)), None)
+            }
+            Ending::Failed => match self.items.as_ref().map(BatchItems::done_mask) {
                 // Items reported done are recorded, the others released.
                 Some(done) if done.contains(&true) => {
-                    let (mut keep, mut drop) = (Vec::new(), Vec::new());
-                    for (key, done) in ops.common().held().iter().zip(done) {
-                        if done { &mut keep } else { &mut drop }.push(key.clone());
-                    }
-                    let record = Record::ack(ops.common().claim.fingerprint());
-                    let release = (!drop.is_empty()).then_some(Which::These(drop));
-                    (Some((Which::These(keep), record)), release)
+                    let held = state.held();
+                    let undone: Vec<bool> = done.iter().map(|d| !d).collect();
+                    let release = undone
+                        .contains(&true)
+                        .then(|| Subset::These(held.select(&undone)));
+                    (Some((Subset::These(held.select(&done)), ack())), release)
                 }
-                _ => (None, Some(Which::Held)),
+                _ => (None, Some(Subset::Held)),
             },
         };
         // Dropped before its end (the request future was dropped), the settlement starts
@@ -479,7 +609,7 @@ impl ClaimGuard {
         // same claim changes nothing, so a new run from the start finishes what this one began.
         // What was decided is prepared here, outside the future, which then holds only that.
         let pending = SettleOnDrop(Some(Settle {
-            ops,
+            calls,
             record,
             release,
         }));
@@ -497,38 +627,38 @@ impl Drop for ClaimGuard {
         if self.settled {
             return;
         }
-        stop(&*self.ops);
-        if !self.ops.common().held().is_empty() {
-            release_in_background(self.ops.clone(), Which::Held, 0);
+        stop(&*self.calls);
+        if self.calls.state().held().len() > 0 {
+            release_in_background(self.calls.clone(), Subset::Held, 0);
         }
     }
 }
 
 /// Stops the renewal task (at its next tick).
-fn stop(ops: &dyn Ops) {
-    ops.common().stopped.store(true, Ordering::Release);
+fn stop(calls: &dyn ClaimCalls) {
+    calls.state().stopped.store(true, Ordering::Release);
 }
 
-/// What a settlement does: write `record` for its keys, then release `release`.
+/// What a settlement does: write `record` for its targets, then release `release`.
 struct Settle {
-    ops: Arc<dyn Ops>,
-    record: Option<(Which, Record)>,
-    release: Option<Which>,
+    calls: Arc<dyn ClaimCalls>,
+    record: Option<(Subset, Record)>,
+    release: Option<Subset>,
 }
 
 impl Settle {
     /// Writes the record, retrying store errors while the claim is alive, then releases;
     /// stops the renewal at the end.
     async fn run(&self) {
-        let ops = &self.ops;
-        if let Some((which, record)) = &self.record {
-            complete_with_retries(ops, which, record).await;
+        let calls = &self.calls;
+        if let Some((subset, record)) = &self.record {
+            complete_with_retries(calls, subset, record).await;
         }
-        stop(&**ops);
-        if let Some(which) = &self.release {
-            if let Err(err) = ops.clone().release(which.clone()).await {
+        stop(&**calls);
+        if let Some(subset) = &self.release {
+            if let Err(err) = calls.clone().release(subset.clone()).await {
                 tracing::warn!(error = %err, "could not release an idempotency claim; retrying in the background");
-                release_in_background(ops.clone(), which.clone(), 1);
+                release_in_background(calls.clone(), subset.clone(), 1);
             }
         }
     }
@@ -553,18 +683,18 @@ impl Drop for SettleOnDrop {
     }
 }
 
-async fn complete_with_retries(ops: &Arc<dyn Ops>, which: &Which, record: &Record) {
+async fn complete_with_retries(calls: &Arc<dyn ClaimCalls>, subset: &Subset, record: &Record) {
     let mut backoff = Backoff::new();
     let mut retried = false;
     loop {
-        match ops.clone().complete(which.clone(), record.clone()).await {
+        match calls.clone().complete(subset.clone(), record.clone()).await {
             Ok(answers) => {
                 if answers.contains(&Completion::Lost) {
                     tracing::warn!(
                         "idempotency claim lost before completion (its lease expired without \
                          renewal, or the store lost it); the key was not recorded"
                     );
-                    ops.common().observer.lease_lost();
+                    calls.state().observer.lease_lost();
                 } else if retried {
                     tracing::info!("idempotency key recorded on a retry");
                 }
@@ -576,7 +706,7 @@ async fn complete_with_retries(ops: &Arc<dyn Ops>, which: &Which, record: &Recor
             }
             Err(err) => {
                 let pause = backoff.pause();
-                if Instant::now() + pause >= ops.common().alive_until() {
+                if Instant::now() + pause >= calls.state().alive_until() {
                     return tracing::error!(
                         error = %err,
                         "gave up recording a completed idempotency key: its lease ran out; a \
@@ -592,10 +722,10 @@ async fn complete_with_retries(ops: &Arc<dyn Ops>, which: &Which, record: &Recor
     }
 }
 
-/// Releases `keys` from a spawned task, trying up to [`RELEASE_TRIES`] times (`tried` already
-/// done). A release of a claim that never landed, or was already released, changes nothing;
-/// a reserve still queued in a reconnecting client lands before the later tries.
-fn release_in_background(ops: Arc<dyn Ops>, which: Which, tried: usize) {
+/// Releases `subset` from a spawned task, trying up to [`RELEASE_TRIES`] times (`tried`
+/// already done). A release of a claim that never landed, or was already released, changes
+/// nothing; a reserve still queued in a reconnecting client lands before the later tries.
+fn release_in_background(calls: Arc<dyn ClaimCalls>, subset: Subset, tried: usize) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return tracing::warn!(
             "idempotency claim dropped outside a Tokio runtime; it expires with its lease"
@@ -607,7 +737,7 @@ fn release_in_background(ops: Arc<dyn Ops>, which: Which, tried: usize) {
             if attempt > 0 {
                 tokio::time::sleep(backoff.pause()).await;
             }
-            if ops.clone().release(which.clone()).await.is_ok() {
+            if calls.clone().release(subset.clone()).await.is_ok() {
                 return;
             }
         }
@@ -617,18 +747,18 @@ fn release_in_background(ops: Arc<dyn Ops>, which: Which, tried: usize) {
 
 /// Starts the renewal of a claim whose owner is still busy after a third of the lease.
 #[derive(Clone)]
-pub(crate) struct Renewal(Arc<dyn Ops>);
+pub(crate) struct Renewal(Arc<dyn ClaimCalls>);
 
 impl Renewal {
     /// The first renewal is due this long after the claim.
     pub(crate) fn interval(&self) -> Duration {
-        self.0.common().lease / 3
+        self.0.state().lease / 3
     }
 
     /// Spawns the renewal task, once.
     pub(crate) fn start(&self) {
-        let common = self.0.common();
-        if common.stopped.load(Ordering::Acquire) || common.renewing.swap(true, Ordering::AcqRel) {
+        let state = self.0.state();
+        if state.stopped.load(Ordering::Acquire) || state.renewing.swap(true, Ordering::AcqRel) {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -638,23 +768,23 @@ impl Renewal {
     }
 }
 
-async fn renew_while_alive(ops: Arc<dyn Ops>) {
-    let every = ops.common().lease / 3;
+async fn renew_while_alive(calls: Arc<dyn ClaimCalls>) {
+    let every = calls.state().lease / 3;
     loop {
-        let c = ops.common();
-        if c.stopped.load(Ordering::Acquire) {
+        let state = calls.state();
+        if state.stopped.load(Ordering::Acquire) {
             return;
         }
         let started = Instant::now();
-        match ops.clone().renew(started).await {
-            Ok(true) => c.extend(started),
-            Ok(false) if c.stopped.load(Ordering::Acquire) => return,
+        match calls.clone().renew(started).await {
+            Ok(true) => state.extend(started),
+            Ok(false) if state.stopped.load(Ordering::Acquire) => return,
             Ok(false) => {
                 tracing::error!(
                     "idempotency claim lost while its owner was still running (the store lost \
                      it, or a renewal came too late): a duplicate may run meanwhile"
                 );
-                c.observer.lease_lost();
+                state.observer.lease_lost();
                 return;
             }
             Err(err) => {

@@ -1,5 +1,6 @@
 //! [`BatchItems`]: what the inner service learns about a batch request keyed per item
-//! ([`JsonPathKey::each`](crate::key::JsonPathKey::each)).
+//! ([`JsonPathKey::each`](crate::key::JsonPathKey::each), or the ordered items of
+//! [`EventOrder::items`](crate::order::EventOrder::items)).
 //!
 //! ```
 //! use tower_idempotency::BatchItems;
@@ -22,10 +23,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 ///
 /// The layer claims every item; the inner service is called when some are new and none is in
 /// flight elsewhere. It should apply only [`new_items`](Self::new_items): the others were done
-/// by an earlier request. On success every new item is recorded. On failure they are released
-/// so that the sender's retry runs them again, except the items the handler reported with
-/// [`mark_done`](Self::mark_done) as it went: those are recorded even though the response is
-/// an error (the idea of AWS Lambda's partial batch responses, at the HTTP layer).
+/// by an earlier request, or are stale (on a route that orders events, an item older than
+/// what was processed for its object, acknowledged without the handler). On success every new
+/// item is recorded. On failure they are released so that the sender's retry runs them again,
+/// except the items the handler reported with [`mark_done`](Self::mark_done) as it went: those
+/// are recorded even though the response is an error (the idea of AWS Lambda's partial batch
+/// responses, at the HTTP layer).
 ///
 /// Cheap to clone; in axum, take it as `Option<Extension<BatchItems>>` (a request keyed by a
 /// header fallback has none).
@@ -35,18 +38,54 @@ pub struct BatchItems {
 }
 
 struct Inner {
-    /// The new items, in the order the layer claimed them.
-    new: Vec<String>,
-    done: Vec<AtomicBool>,
+    /// The items this request holds, in the order the layer claimed them.
+    held: Vec<Held>,
     /// Items completed by an earlier request.
     before: Vec<String>,
 }
 
+struct Held {
+    id: String,
+    role: Role,
+    /// Reported done by the handler (or, for a stale item acknowledged, done from the start).
+    done: AtomicBool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// New: for the handler.
+    New,
+    /// Stale, acknowledged by the layer: not for the handler, recorded whatever happens.
+    Stale,
+    /// Stale, passed on to the handler (`StaleEvents::PassOn`).
+    StaleNew,
+}
+
 impl BatchItems {
-    pub(crate) fn new(new: Vec<String>, before: Vec<String>) -> Self {
-        let done = new.iter().map(|_| AtomicBool::new(false)).collect();
+    /// The items of a request: `new` for the handler, `stale` ones (acknowledged, or passed on
+    /// when `pass_on`) and those done `before`.
+    pub(crate) fn new(
+        held: impl IntoIterator<Item = (String, bool)>,
+        before: Vec<String>,
+        pass_on: bool,
+    ) -> Self {
+        let held = held
+            .into_iter()
+            .map(|(id, stale)| {
+                let role = match (stale, pass_on) {
+                    (false, _) => Role::New,
+                    (true, false) => Role::Stale,
+                    (true, true) => Role::StaleNew,
+                };
+                Held {
+                    id,
+                    role,
+                    done: AtomicBool::new(role == Role::Stale),
+                }
+            })
+            .collect();
         BatchItems {
-            inner: Arc::new(Inner { new, done, before }),
+            inner: Arc::new(Inner { held, before }),
         }
     }
 
@@ -59,14 +98,19 @@ impl BatchItems {
         B::Item: Into<String>,
     {
         Self::new(
-            new.into_iter().map(Into::into).collect(),
+            new.into_iter().map(|id| (id.into(), false)),
             done_before.into_iter().map(Into::into).collect(),
+            false,
         )
     }
 
     /// The items this request must apply.
     pub fn new_items(&self) -> impl Iterator<Item = &str> {
-        self.inner.new.iter().map(String::as_str)
+        self.inner
+            .held
+            .iter()
+            .filter(|h| h.role != Role::Stale)
+            .map(|h| h.id.as_str())
     }
 
     /// The items an earlier request already applied: skip them.
@@ -74,9 +118,20 @@ impl BatchItems {
         self.inner.before.iter().map(String::as_str)
     }
 
+    /// The items that are stale: older than what was processed for their object. Acknowledged
+    /// by the layer and not among [`new_items`](Self::new_items), unless the route passes
+    /// stale events on (then they are among them too, for the handler to log or keep).
+    pub fn stale_items(&self) -> impl Iterator<Item = &str> {
+        self.inner
+            .held
+            .iter()
+            .filter(|h| h.role != Role::New)
+            .map(|h| h.id.as_str())
+    }
+
     /// Whether `item` is new in this request.
     pub fn is_new(&self, item: &str) -> bool {
-        self.inner.new.iter().any(|i| i == item)
+        self.new_items().any(|i| i == item)
     }
 
     /// Whether `item` was applied by an earlier request.
@@ -87,22 +142,32 @@ impl BatchItems {
     /// Reports that the new `item` has been applied, so that it is recorded even if the
     /// response ends up an error. `false` when `item` is not a new item of this request.
     pub fn mark_done(&self, item: &str) -> bool {
-        match self.inner.new.iter().position(|i| i == item) {
-            Some(at) => {
-                self.inner.done[at].store(true, Ordering::Release);
+        match self
+            .inner
+            .held
+            .iter()
+            .find(|h| h.role != Role::Stale && h.id == item)
+        {
+            Some(held) => {
+                held.done.store(true, Ordering::Release);
                 true
             }
             None => false,
         }
     }
 
-    /// Which new items were reported done, in claim order.
+    /// Which held items are done, in claim order.
     pub(crate) fn done_mask(&self) -> Vec<bool> {
         self.inner
-            .done
+            .held
             .iter()
-            .map(|d| d.load(Ordering::Acquire))
+            .map(|h| h.done.load(Ordering::Acquire))
             .collect()
+    }
+
+    /// Whether the handler has nothing to apply (every held item is stale and acknowledged).
+    pub(crate) fn nothing_new(&self) -> bool {
+        self.new_items().next().is_none()
     }
 }
 
@@ -110,8 +175,32 @@ impl fmt::Debug for BatchItems {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Item ids may be sensitive: counts only.
         f.debug_struct("BatchItems")
-            .field("new", &self.inner.new.len())
+            .field("new", &self.new_items().count())
+            .field("stale", &self.stale_items().count())
             .field("done_before", &self.inner.before.len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_items_are_done_and_not_new_unless_passed_on() {
+        let held = || [("a".to_owned(), false), ("b".to_owned(), true)];
+        let acked = BatchItems::new(held(), vec!["z".into()], false);
+        assert_eq!(acked.new_items().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(acked.stale_items().collect::<Vec<_>>(), ["b"]);
+        assert_eq!(acked.done_mask(), [false, true]);
+        assert!(!acked.mark_done("b"));
+        assert!(acked.mark_done("a"));
+        assert_eq!(acked.done_mask(), [true, true]);
+        let passed = BatchItems::new(held(), Vec::new(), true);
+        assert_eq!(passed.new_items().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(passed.stale_items().collect::<Vec<_>>(), ["b"]);
+        assert_eq!(passed.done_mask(), [false, false]);
+        assert!(!BatchItems::new([("b".to_owned(), true)], Vec::new(), false).is_new("b"));
+        assert!(BatchItems::new([("b".to_owned(), true)], Vec::new(), false).nothing_new());
     }
 }

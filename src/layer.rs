@@ -2,29 +2,30 @@
 //! configured with by-value builder methods.
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 use tower_layer::Layer;
 
+use crate::IdempotencyStore;
 use crate::classify::Classifier;
-use crate::config::{
-    AckResponse, Config, FailureMode, MissingKey, Mode, OnMismatch, Scope, Settings, open_claim,
-};
+use crate::config::{AckResponse, FailureMode, MissingKey, Mode, OnMismatch, Scope, Settings};
+use crate::guard::ClaimOpener;
 use crate::key::{ExtractKey, HeaderKey};
 use crate::observe::OutcomeEvent;
+use crate::order::EventOrder;
 use crate::rejection::RenderRejection;
-use crate::service::Idempotency;
-use crate::store::IdempotencyStore;
+use crate::service::{Config, Idempotency};
+use crate::store::LocalCache;
+use crate::verify::VerifyRequest;
 
 /// Makes the wrapped service idempotent: see the [crate docs](crate) for the behaviour and
 /// every status code.
 ///
-/// `St` is the store, `K` the key extractor (default: the `Idempotency-Key` header). Start from
-/// a profile, [`webhook`](Self::webhook) or [`api`](Self::api), or from [`new`](Self::new),
-/// then set what differs. Cheap to clone: one `Arc`.
+/// `K` is the key extractor (default: the `Idempotency-Key` header); the store's type ends
+/// here. Start from a profile, [`webhook`](Self::webhook) or [`api`](Self::api), or from
+/// [`new`](Self::new), then set what differs. Cheap to clone: one `Arc`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -47,21 +48,19 @@ use crate::store::IdempotencyStore;
 ///     .route("/orders", post(|| async { "created" }).route_layer(orders));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct IdempotencyLayer<St, K = HeaderKey> {
+pub struct IdempotencyLayer<K = HeaderKey> {
     config: Arc<Config<K>>,
-    store: PhantomData<fn() -> St>,
 }
 
-impl<St, K> Clone for IdempotencyLayer<St, K> {
+impl<K> Clone for IdempotencyLayer<K> {
     fn clone(&self) -> Self {
         IdempotencyLayer {
             config: self.config.clone(),
-            store: PhantomData,
         }
     }
 }
 
-impl<St, K> fmt::Debug for IdempotencyLayer<St, K> {
+impl<K> fmt::Debug for IdempotencyLayer<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.config.settings;
         f.debug_struct("IdempotencyLayer")
@@ -71,28 +70,29 @@ impl<St, K> fmt::Debug for IdempotencyLayer<St, K> {
             .field("lease", &s.lease)
             .field("retention", &s.retention)
             .field("mode", &s.mode)
+            .field("verifies", &s.verifier.is_some())
+            .field("order", &s.order)
             .finish_non_exhaustive()
     }
 }
 
-impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
+impl IdempotencyLayer<HeaderKey> {
     /// A layer on `store`, keyed by the `Idempotency-Key` header, with the defaults: 1 MiB body
-    /// limit, 10 s lease (renewed while the handler runs), 72 h retention, 2 s store timeout, missing key → 400, ack mode,
-    /// mismatch → 422, fail closed, POST/PUT/PATCH/DELETE (every non-safe method) covered,
-    /// keys scoped by namespace `default` and the request path.
-    pub fn new(store: St) -> Self {
+    /// limit, 10 s lease (renewed while the handler runs), 72 h retention, 2 s store timeout,
+    /// missing key → 400, ack mode, mismatch → 422, fail closed, POST/PUT/PATCH/DELETE (every
+    /// non-safe method) covered, keys scoped by namespace `default` and the request path, and a
+    /// [`LocalCache`] of completed records in front of a store that talks to a server (see
+    /// [`local_cache`](Self::local_cache)).
+    pub fn new(store: impl IdempotencyStore) -> Self {
         IdempotencyLayer {
             config: Arc::new(Config {
-                open_claim: open_claim(store),
+                claims: ClaimOpener::new(store),
                 extractor: HeaderKey::idempotency_key(),
                 settings: Arc::new(Settings::default()),
             }),
-            store: PhantomData,
         }
     }
-}
 
-impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
     /// A layer for a **webhook route**: a provider never sends another event under the same id
     /// on purpose, and a 4xx makes it retry for days or disable the endpoint. So a duplicate
     /// is acknowledged ([`Mode::Ack`]), and so is a payload mismatch under a known id
@@ -112,7 +112,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
     ///     .retention(Duration::from_secs(7 * 24 * 3600));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn webhook(store: St) -> Self {
+    pub fn webhook(store: impl IdempotencyStore) -> Self {
         Self::new(store)
             .mode(Mode::Ack)
             .on_mismatch(OnMismatch::Ack)
@@ -128,77 +128,168 @@ impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
     ///
     /// let payments = IdempotencyLayer::api(MemoryStore::new()).namespace("payments");
     /// ```
-    pub fn api(store: St) -> Self {
+    pub fn api(store: impl IdempotencyStore) -> Self {
         Self::new(store)
             .mode(Mode::Replay)
             .on_mismatch(OnMismatch::Reject)
             .retention(Duration::from_secs(24 * 3600))
     }
+
+    /// A layer for a **Standard Webhooks** sender (<https://www.standardwebhooks.com>): the
+    /// webhook profile, keyed by `webhook-id`, every request verified by `scheme` (its
+    /// `webhook-signature` over `webhook-id.webhook-timestamp.body`, the timestamp within the
+    /// tolerance) before its key is claimed.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::verify::StandardWebhooks;
+    ///
+    /// let secrets = StandardWebhooks::new(["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"])?;
+    /// let layer = IdempotencyLayer::standard_webhooks(MemoryStore::new(), secrets).namespace("payments");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "verify")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
+    pub fn standard_webhooks(
+        store: impl IdempotencyStore,
+        scheme: crate::verify::StandardWebhooks,
+    ) -> Self {
+        let id = HeaderName::from_static(crate::verify::StandardWebhooks::ID_HEADER);
+        Self::webhook(store)
+            .key(HeaderKey::from_name(id))
+            .verify(scheme)
+    }
 }
 
-impl<St: IdempotencyStore, K> IdempotencyLayer<St, K> {
+impl<K> IdempotencyLayer<K> {
     /// Sets where the key comes from: a [`HeaderKey`], a [`JsonPathKey`](crate::key::JsonPathKey),
     /// a fallback chain, a closure, …
-    pub fn key<K2: ExtractKey>(self, extractor: K2) -> IdempotencyLayer<St, K2> {
-        let (open_claim, settings) = match Arc::try_unwrap(self.config) {
-            Ok(config) => (config.open_claim, config.settings),
-            Err(shared) => (shared.open_claim.clone(), shared.settings.clone()),
+    pub fn key<K2: ExtractKey>(self, extractor: K2) -> IdempotencyLayer<K2> {
+        let (claims, settings) = match Arc::try_unwrap(self.config) {
+            Ok(config) => (config.claims, config.settings),
+            Err(shared) => (shared.claims.clone(), shared.settings.clone()),
         };
         IdempotencyLayer {
             config: Arc::new(Config {
-                open_claim,
+                claims,
                 extractor,
                 settings,
             }),
-            store: PhantomData,
         }
     }
 
-    fn with(self, f: impl FnOnce(&mut Settings)) -> Self
+    /// The same layer with its configuration changed by `f`.
+    fn with(self, f: impl FnOnce(&mut Config<K>, &mut Settings)) -> Self
     where
         K: Clone,
     {
-        let config = Arc::try_unwrap(self.config).unwrap_or_else(|shared| Config {
-            open_claim: shared.open_claim.clone(),
+        let mut config = Arc::try_unwrap(self.config).unwrap_or_else(|shared| Config {
+            claims: shared.claims.clone(),
             extractor: shared.extractor.clone(),
             settings: shared.settings.clone(),
         });
-        let mut settings = Arc::unwrap_or_clone(config.settings);
-        f(&mut settings);
+        let mut settings = Arc::unwrap_or_clone(config.settings.clone());
+        f(&mut config, &mut settings);
+        config.settings = Arc::new(settings);
         IdempotencyLayer {
-            config: Arc::new(Config {
-                open_claim: config.open_claim,
-                extractor: config.extractor,
-                settings: Arc::new(settings),
-            }),
-            store: PhantomData,
+            config: Arc::new(config),
         }
+    }
+
+    /// The same layer with its settings changed by `f`.
+    fn with_settings(self, f: impl FnOnce(&mut Settings)) -> Self
+    where
+        K: Clone,
+    {
+        self.with(|_, settings| f(settings))
     }
 }
 
-impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
+impl<K: Clone> IdempotencyLayer<K> {
+    /// Verifies every covered request with `verifier` (a built-in scheme of
+    /// [`verify`](crate::verify), or a closure) **before its key is extracted or claimed**: a
+    /// request that fails gets `401` (gRPC `UNAUTHENTICATED`), outcome `unverified`, and never
+    /// touches the store nor the inner service, so a forged request under a genuine delivery
+    /// id can neither hold that id's claim nor learn whether it exists. The body is then always
+    /// read (bounded), since the signature covers it.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::key::HeaderKey;
+    /// use tower_idempotency::verify::HubSignature256;
+    ///
+    /// let github = IdempotencyLayer::webhook(MemoryStore::new())
+    ///     .namespace("github")
+    ///     .key(HeaderKey::new("X-GitHub-Delivery")?)
+    ///     .verify(HubSignature256::new(["It's a Secret to Everybody"])?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn verify(self, verifier: impl VerifyRequest) -> Self {
+        let verifier: Arc<dyn VerifyRequest> = Arc::new(verifier);
+        self.with_settings(|s| s.verifier = Some(verifier))
+    }
+
+    /// Orders the events of each object (see [`order`](crate::order)): a stale event (older
+    /// than what was processed for its object) is acknowledged without the inner service, and
+    /// events of one object are handled one at a time.
+    ///
+    /// # Panics
+    ///
+    /// When the layer's store does not order events
+    /// ([`IdempotencyStore::orders_events`]): every store of this crate does.
+    pub fn order(self, order: EventOrder) -> Self {
+        assert!(
+            self.config.claims.orders_events(),
+            "IdempotencyLayer::order: this store does not implement ordered events \
+             (IdempotencyStore::orders_events is false)"
+        );
+        let order = Arc::new(order);
+        self.with_settings(|s| s.order = Some(order))
+    }
+
+    /// Sets the local cache of completed records in front of the store, which answers the
+    /// duplicates of records this instance completed (or read) without a round trip. On by
+    /// default for a store that talks to a server (a [`LocalCache::new`], one per layer), off
+    /// for the memory store. Give several layers clones of one [`LocalCache`] to share its
+    /// bounds; [`LocalCache::off`] turns it off. See [`LocalCache`] for what is cached, for how
+    /// long, and what an operator who deletes keys by hand must know.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::store::LocalCache;
+    ///
+    /// let cache = LocalCache::new().max_entries(10_000).read_ttl(Duration::from_secs(1));
+    /// let orders = IdempotencyLayer::api(MemoryStore::new()).local_cache(cache.clone());
+    /// let refunds = IdempotencyLayer::api(MemoryStore::new()).local_cache(cache);
+    /// # let _ = (orders, refunds);
+    /// ```
+    pub fn local_cache(self, cache: LocalCache) -> Self {
+        self.with(|config, _| config.claims = config.claims.with_cache(Some(cache)))
+    }
+
     /// Sets the namespace that keeps this layer's keys apart from other layers' (and other
     /// applications') on a shared store. Any text: it is hashed into store keys, and appears
     /// as is in logs and metric labels, so prefer a short name (`kalipto`, `orders`).
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let namespace = namespace.into();
-        self.with(|s| s.observer.set_namespace(&namespace))
+        self.with_settings(|s| s.observer.set_namespace(&namespace))
     }
 
     /// Sets the per-request part of the scope (default: [`Scope::path`]).
     pub fn scope(self, scope: Scope) -> Self {
-        self.with(|s| s.scope = scope)
+        self.with_settings(|s| s.scope = scope)
     }
 
     /// Sets the request body limit (default 1 MiB). Larger bodies get 413.
     pub fn body_limit(self, bytes: usize) -> Self {
-        self.with(|s| s.body_limit = bytes)
+        self.with_settings(|s| s.body_limit = bytes)
     }
 
     /// Sets a timeout for reading the request body (default: none). A body that trickles in
     /// slower gets 408, and no claim is taken.
     pub fn body_timeout(self, timeout: Duration) -> Self {
-        self.with(|s| s.body_timeout = Some(timeout))
+        self.with_settings(|s| s.body_timeout = Some(timeout))
     }
 
     /// Sets the lease: how long a claim blocks duplicates if its holder dies without finishing
@@ -207,40 +298,40 @@ impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
     /// need not cover the slowest handler: it bounds how long a crashed worker's key stays
     /// blocked. Keep it a few times the store's worst latency, so a renewal is never late.
     pub fn lease(self, lease: Duration) -> Self {
-        self.with(|s| s.lease = lease)
+        self.with_settings(|s| s.lease = lease)
     }
 
     /// Sets how long completed keys are kept (default 72 h): at least the sender's retry
     /// window.
     pub fn retention(self, retention: Duration) -> Self {
-        self.with(|s| s.retention = retention)
+        self.with_settings(|s| s.retention = retention)
     }
 
     /// Sets the timeout of each store call (default 2 s). A timeout is a store error.
     pub fn store_timeout(self, timeout: Duration) -> Self {
-        self.with(|s| s.store_timeout = timeout)
+        self.with_settings(|s| s.store_timeout = timeout)
     }
 
     /// Sets what happens to requests without a key (default [`MissingKey::Reject`]).
     pub fn missing_key(self, policy: MissingKey) -> Self {
-        self.with(|s| s.missing_key = policy)
+        self.with_settings(|s| s.missing_key = policy)
     }
 
     /// Protects only requests with these methods (default: every method but GET, HEAD,
     /// OPTIONS and TRACE).
     pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
         let methods = methods.into_iter().collect();
-        self.with(|s| s.methods = Some(methods))
+        self.with_settings(|s| s.methods = Some(methods))
     }
 
     /// Sets how duplicates of completed keys are answered (default [`Mode::Ack`]).
     pub fn mode(self, mode: Mode) -> Self {
-        self.with(|s| s.mode = mode)
+        self.with_settings(|s| s.mode = mode)
     }
 
     /// Sets the acknowledgement of [`Mode::Ack`].
     pub fn ack_response(self, ack: AckResponse) -> Self {
-        self.with(|s| s.ack = ack)
+        self.with_settings(|s| s.ack = ack)
     }
 
     /// Sets the response headers kept for replay (default: `content-type`,
@@ -248,39 +339,39 @@ impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
     /// `set-cookie`, are never stored.
     pub fn replay_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         let names = names.into_iter().collect();
-        self.with(|s| s.replay_headers = names)
+        self.with_settings(|s| s.replay_headers = names)
     }
 
     /// Sets what a key reused with a different payload gets (default [`OnMismatch::Reject`]).
     pub fn on_mismatch(self, on_mismatch: OnMismatch) -> Self {
-        self.with(|s| s.on_mismatch = on_mismatch)
+        self.with_settings(|s| s.on_mismatch = on_mismatch)
     }
 
     /// Sets what happens when the store is down (default [`FailureMode::Closed`]).
     pub fn failure_mode(self, mode: FailureMode) -> Self {
-        self.with(|s| s.failure_mode = mode)
+        self.with_settings(|s| s.failure_mode = mode)
     }
 
     /// Sets the `Retry-After` of 409 in-flight answers (default 1 s).
     pub fn in_flight_retry_after(self, after: Duration) -> Self {
-        self.with(|s| s.in_flight_retry_after = after)
+        self.with_settings(|s| s.in_flight_retry_after = after)
     }
 
     /// Sets the `Retry-After` of 503 store-unavailable answers (default 5 s).
     pub fn store_retry_after(self, after: Duration) -> Self {
-        self.with(|s| s.store_retry_after = after)
+        self.with_settings(|s| s.store_retry_after = after)
     }
 
     /// Lets a duplicate wait up to `max` for an in-flight original to finish, then get its
     /// answer (the ack or the replay) instead of a 409. Off by default.
     pub fn wait_for_in_flight(self, max: Duration) -> Self {
-        self.with(|s| s.wait_in_flight = Some(max))
+        self.with_settings(|s| s.wait_in_flight = Some(max))
     }
 
     /// Turns the payload fingerprint on (default) or off. Off: a reused key is never a
     /// mismatch, and header-keyed requests are streamed to the inner service unbuffered.
     pub fn fingerprint(self, on: bool) -> Self {
-        self.with(|s| s.fingerprint = on)
+        self.with_settings(|s| s.fingerprint = on)
     }
 
     /// Sets how much of a response is held in memory before it is sent (default 64 KiB).
@@ -289,21 +380,21 @@ impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
     /// duplicate of a gRPC call whose reply was larger gets `ALREADY_EXISTS`, since there is no
     /// reply to replay.
     pub fn response_buffer_limit(self, bytes: usize) -> Self {
-        self.with(|s| s.response_buffer_limit = bytes)
+        self.with_settings(|s| s.response_buffer_limit = bytes)
     }
 
     /// Calls `hook` once per covered request with its [`Outcome`](crate::Outcome), status
     /// and duration: to count, log or alert in the application's own terms.
     pub fn on_outcome(self, hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
         let hook = Arc::new(hook);
-        self.with(|s| s.observer.set_hook(hook))
+        self.with_settings(|s| s.observer.set_hook(hook))
     }
 
     /// Sets how the layer's own answers (400, 409, 413, 422, 503, …) are rendered (default
     /// [`ProblemJson`](crate::rejection::ProblemJson)): see [`rejection`](crate::rejection).
     pub fn render_rejection(self, render: impl RenderRejection) -> Self {
         let render: Arc<dyn RenderRejection> = Arc::new(render);
-        self.with(|s| s.render_rejection = render)
+        self.with_settings(|s| s.render_rejection = render)
     }
 
     /// Sets which responses count as success (default: 2xx). gRPC responses are always judged
@@ -313,11 +404,11 @@ impl<St: IdempotencyStore, K: Clone> IdempotencyLayer<St, K> {
         classify: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
     ) -> Self {
         let classifier = Classifier::new(classify);
-        self.with(|s| s.classifier = classifier)
+        self.with_settings(|s| s.classifier = classifier)
     }
 }
 
-impl<S, St, K> Layer<S> for IdempotencyLayer<St, K> {
+impl<S, K> Layer<S> for IdempotencyLayer<K> {
     type Service = Idempotency<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {

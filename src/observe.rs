@@ -8,7 +8,7 @@
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `idempotency_requests_total` | counter | `namespace`, `outcome`, `reason` | one per covered request, by [`Outcome`] (`reason` is the rejection code, or `none`) |
+//! | `idempotency_requests_total` | counter | `namespace`, `outcome`, `reason` | one per covered request, by [`Outcome`] (`reason`: [`Outcome::reason`], the rejection's code or the verification failure's, else `none`) |
 //! | `idempotency_store_duration_seconds` | histogram | `namespace`, `operation` | latency of `reserve`, `complete`, `release`, `renew` (not for a store that answers in process, see [`IdempotencyStore::in_process`](crate::IdempotencyStore::in_process)) |
 //! | `idempotency_lease_lost_total` | counter | `namespace` | claims found lost before their owner finished (a renewal or completion that found the key taken or gone) |
 //! | `idempotency_store_errors_total` | counter | `namespace`, `operation` | failed store calls (including timeouts) |
@@ -187,10 +187,7 @@ impl Observer {
     pub(crate) fn outcome(&self, outcome: Outcome, status: Option<StatusCode>, timer: Stopwatch) {
         let span = tracing::Span::current();
         span.record("outcome", outcome.as_str());
-        let reason = match outcome {
-            Outcome::Rejected(reason) => reason,
-            _ => "none",
-        };
+        let reason = outcome.reason();
         let status_code = status.map(|s| s.as_u16());
         match outcome {
             Outcome::StoreError | Outcome::FailOpen => tracing::error!(
@@ -203,16 +200,24 @@ impl Observer {
                 status = status_code,
                 "idempotency key reused with a different payload"
             ),
+            Outcome::Unverified(reason) => tracing::warn!(
+                outcome = outcome.as_str(),
+                reason,
+                status = status_code,
+                "request signature not verified; nothing claimed"
+            ),
             Outcome::MismatchAcked => tracing::warn!(
                 outcome = outcome.as_str(),
                 status = status_code,
                 "idempotency key reused with a different payload; acknowledged as a duplicate"
             ),
-            Outcome::Replayed | Outcome::InFlight | Outcome::Released => tracing::info!(
-                outcome = outcome.as_str(),
-                status = status_code,
-                "idempotency outcome"
-            ),
+            Outcome::Replayed | Outcome::InFlight | Outcome::ObjectInFlight | Outcome::Released => {
+                tracing::info!(
+                    outcome = outcome.as_str(),
+                    status = status_code,
+                    "idempotency outcome"
+                )
+            }
             _ => tracing::debug!(
                 outcome = outcome.as_str(),
                 reason,
@@ -288,8 +293,9 @@ struct MetricKeys {
     store: [StoreKeys; 4],
     lease_lost: MetricKey,
     inner: MetricKey,
-    /// `idempotency_requests_total` of every outcome but `Rejected` (built per call: rare).
-    outcomes: [(Outcome, MetricKey); 9],
+    /// `idempotency_requests_total` of every outcome without a reason (those with one, rejected
+    /// and unverified, are built per call: rare).
+    outcomes: [(Outcome, MetricKey); 11],
 }
 
 #[cfg(feature = "metrics")]
@@ -351,6 +357,8 @@ impl MetricKeys {
             Outcome::StoreError,
             Outcome::FailOpen,
             Outcome::PassThrough,
+            Outcome::Stale,
+            Outcome::ObjectInFlight,
         ]
         .map(|outcome| (outcome, Self::outcome_key(namespace, outcome, "none")));
         MetricKeys {

@@ -29,8 +29,18 @@ pub enum Outcome {
     /// webhook profile, [`OnMismatch::Ack`](crate::OnMismatch::Ack)); logged at warn.
     MismatchAcked,
     /// Rejected before any claim, with the reason code (`missing_key`, `malformed_key`,
-    /// `payload_too_large`, `body_timeout`, `body_unreadable`).
+    /// `malformed_order`, `payload_too_large`, `body_timeout`, `body_unreadable`).
     Rejected(&'static str),
+    /// The signature did not verify (401): no key was extracted, nothing was claimed. The
+    /// reason is the [`VerifyErrorKind::code`](crate::verify::VerifyErrorKind::code)
+    /// (`missing_signature`, `malformed_signature`, `signature_mismatch`,
+    /// `timestamp_outside_tolerance`, `unverified`).
+    Unverified(&'static str),
+    /// An ordered event older than what was processed for its object: acknowledged without
+    /// the inner service (or passed on to it, marked stale), its key recorded.
+    Stale,
+    /// An ordered event whose object has another event in flight (409).
+    ObjectInFlight,
     /// The store failed and the layer failed closed (503).
     StoreError,
     /// The store failed and the layer failed open: processed without protection.
@@ -40,6 +50,15 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The reason behind a rejection (the rejection's code, or the verification failure's),
+    /// `none` for other outcomes: the `reason` label of metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Outcome::Rejected(reason) | Outcome::Unverified(reason) => reason,
+            _ => "none",
+        }
+    }
+
     /// The outcome's name, as used in logs and metric labels.
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -50,6 +69,9 @@ impl Outcome {
             Outcome::Mismatch => "mismatch",
             Outcome::MismatchAcked => "mismatch_acked",
             Outcome::Rejected(_) => "rejected",
+            Outcome::Unverified(_) => "unverified",
+            Outcome::Stale => "stale",
+            Outcome::ObjectInFlight => "object_in_flight",
             Outcome::StoreError => "store_error",
             Outcome::FailOpen => "fail_open",
             Outcome::PassThrough => "pass_through",

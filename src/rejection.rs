@@ -6,11 +6,18 @@
 //! | [`Rejection::PayloadTooLarge`] | 413 | `RESOURCE_EXHAUSTED` (8) |
 //! | [`Rejection::BodyTimeout`] | 408 | `DEADLINE_EXCEEDED` (4) |
 //! | [`Rejection::BodyUnreadable`] | 400 | `INVALID_ARGUMENT` (3) |
+//! | [`Rejection::Unverified`] | 401 | `UNAUTHENTICATED` (16) |
 //! | [`Rejection::MissingKey`] | 400 | `INVALID_ARGUMENT` (3) |
 //! | [`Rejection::MalformedKey`] | 400 | `INVALID_ARGUMENT` (3) |
+//! | [`Rejection::MalformedOrder`] | 400 | `INVALID_ARGUMENT` (3) |
 //! | [`Rejection::InFlight`] | 409 + `Retry-After` | `ABORTED` (10) |
+//! | [`Rejection::ObjectInFlight`] | 409 + `Retry-After` | `ABORTED` (10) |
 //! | [`Rejection::Mismatch`] | 422 | `FAILED_PRECONDITION` (9) |
 //! | [`Rejection::StoreUnavailable`] | 503 + `Retry-After` | `UNAVAILABLE` (14) |
+//!
+//! The problem document's `type` is a URL of the page that explains each rejection
+//! (`docs/problems.md` in the repository, one anchor per code): set another base with
+//! [`ProblemJson::with_type_base`] to point at your own API's documentation.
 //!
 //! ```
 //! use http::StatusCode;
@@ -36,7 +43,7 @@
 //! let layer = IdempotencyLayer::api(MemoryStore::new()).render_rejection(
 //!     |rejection: &Rejection, grpc: bool| -> Response<Bytes> {
 //!         if grpc {
-//!             return ProblemJson.render(rejection, grpc);
+//!             return ProblemJson::default().render(rejection, grpc);
 //!         }
 //!         let body = serde_json::json!({
 //!             "error": {"code": rejection.code(), "message": rejection.detail()}
@@ -55,8 +62,12 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::body::ResponseBody;
 use crate::key::KeyError;
+use crate::verify::VerifyError;
+
+/// Where the problem types are explained by default: one anchor per rejection code.
+pub const DEFAULT_TYPE_BASE: &str =
+    "https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/problems.md#";
 
 /// Renders the layer's own answers. Implemented by [`ProblemJson`] (the default) and by every
 /// `Fn(&Rejection, bool) -> Response<Bytes>` closure.
@@ -81,15 +92,37 @@ where
 /// The default [`RenderRejection`]: RFC 9457 `application/problem+json` for HTTP (with
 /// `Retry-After` for 409 and 503), a trailers-only response with `grpc-status` and
 /// `grpc-message` for gRPC.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ProblemJson;
+///
+/// ```
+/// use tower_idempotency::rejection::{ProblemJson, Rejection, RenderRejection};
+///
+/// let ours = ProblemJson::with_type_base("https://api.example.com/problems/");
+/// let response = ours.render(&Rejection::Mismatch, false);
+/// let doc: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+/// assert_eq!(doc["type"], "https://api.example.com/problems/mismatch");
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ProblemJson {
+    /// `None`: [`DEFAULT_TYPE_BASE`].
+    type_base: Option<std::sync::Arc<str>>,
+}
+
+impl ProblemJson {
+    /// Problem documents whose `type` is `base` followed by the rejection's code.
+    pub fn with_type_base(base: impl Into<String>) -> Self {
+        ProblemJson {
+            type_base: Some(base.into().into()),
+        }
+    }
+}
 
 impl RenderRejection for ProblemJson {
     fn render(&self, rejection: &Rejection, grpc: bool) -> Response<Bytes> {
         if grpc {
             rejection.grpc_response()
         } else {
-            rejection.http_response()
+            let base = self.type_base.as_deref().unwrap_or(DEFAULT_TYPE_BASE);
+            rejection.http_response(base)
         }
     }
 }
@@ -107,6 +140,9 @@ pub enum Rejection {
     BodyTimeout,
     /// Reading the body failed (the client reset the stream, a malformed chunked encoding).
     BodyUnreadable,
+    /// The request's signature did not verify (missing, malformed, not matching, or a
+    /// timestamp outside the tolerance): no key was extracted, nothing was claimed.
+    Unverified(VerifyError),
     /// The request carries no idempotency key and the layer requires one.
     MissingKey {
         /// Where the key was expected (`in the X-GitHub-Delivery header`), when the key
@@ -115,8 +151,16 @@ pub enum Rejection {
     },
     /// The key is malformed: too long, control characters, body not JSON, wrong JSON type.
     MalformedKey(KeyError),
+    /// On a route that orders events: the event's object or position is missing or malformed.
+    MalformedOrder(KeyError),
     /// Another request with the same key is still being processed.
     InFlight {
+        /// When to retry.
+        retry_after: Duration,
+    },
+    /// On a route that orders events: another event of the same object is still being
+    /// processed.
+    ObjectInFlight {
         /// When to retry.
         retry_after: Duration,
     },
@@ -137,8 +181,10 @@ impl Rejection {
             Rejection::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Rejection::BodyUnreadable
             | Rejection::MissingKey { .. }
-            | Rejection::MalformedKey(_) => StatusCode::BAD_REQUEST,
-            Rejection::InFlight { .. } => StatusCode::CONFLICT,
+            | Rejection::MalformedKey(_)
+            | Rejection::MalformedOrder(_) => StatusCode::BAD_REQUEST,
+            Rejection::Unverified(_) => StatusCode::UNAUTHORIZED,
+            Rejection::InFlight { .. } | Rejection::ObjectInFlight { .. } => StatusCode::CONFLICT,
             Rejection::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Rejection::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -151,9 +197,12 @@ impl Rejection {
             Rejection::PayloadTooLarge { .. } => "payload_too_large",
             Rejection::BodyTimeout => "body_timeout",
             Rejection::BodyUnreadable => "body_unreadable",
+            Rejection::Unverified(_) => "unverified",
             Rejection::MissingKey { .. } => "missing_key",
             Rejection::MalformedKey(_) => "malformed_key",
+            Rejection::MalformedOrder(_) => "malformed_order",
             Rejection::InFlight { .. } => "in_flight",
+            Rejection::ObjectInFlight { .. } => "object_in_flight",
             Rejection::Mismatch => "mismatch",
             Rejection::StoreUnavailable { .. } => "store_unavailable",
         }
@@ -166,8 +215,10 @@ impl Rejection {
             Rejection::BodyTimeout => 4,
             Rejection::BodyUnreadable
             | Rejection::MissingKey { .. }
-            | Rejection::MalformedKey(_) => 3,
-            Rejection::InFlight { .. } => 10,
+            | Rejection::MalformedKey(_)
+            | Rejection::MalformedOrder(_) => 3,
+            Rejection::Unverified(_) => 16,
+            Rejection::InFlight { .. } | Rejection::ObjectInFlight { .. } => 10,
             Rejection::Mismatch => 9,
             Rejection::StoreUnavailable { .. } => 14,
         }
@@ -178,9 +229,12 @@ impl Rejection {
             Rejection::PayloadTooLarge { .. } => "Request body too large",
             Rejection::BodyTimeout => "Request body timed out",
             Rejection::BodyUnreadable => "Request body unreadable",
+            Rejection::Unverified(_) => "Request signature not verified",
             Rejection::MissingKey { .. } => "Idempotency key missing",
             Rejection::MalformedKey(_) => "Idempotency key malformed",
+            Rejection::MalformedOrder(_) => "Event order unreadable",
             Rejection::InFlight { .. } => "Request in progress",
+            Rejection::ObjectInFlight { .. } => "Another event of the object in progress",
             Rejection::Mismatch => "Idempotency key reused with a different payload",
             Rejection::StoreUnavailable { .. } => "Idempotency store unavailable",
         }
@@ -202,11 +256,16 @@ impl Rejection {
             Rejection::MissingKey {
                 expected: Some(expected),
             } => format!("the request carries no idempotency key; it was expected {expected}"),
+            Rejection::Unverified(err) => format!("the request was not verified: {err}"),
             Rejection::MalformedKey(err) => err.to_string(),
+            Rejection::MalformedOrder(err) => err.to_string(),
             Rejection::InFlight { .. } => {
                 "a request with the same idempotency key is still being processed; retry later"
                     .to_owned()
             }
+            Rejection::ObjectInFlight { .. } => "another event of the same object is still being \
+                                                 processed; retry later"
+                .to_owned(),
             Rejection::Mismatch => "the idempotency key was already used with a different \
                                     request payload"
                 .to_owned(),
@@ -216,42 +275,26 @@ impl Rejection {
         }
     }
 
-    /// The name of the variant, as rustdoc anchors it (`#variant.MissingKey`).
-    fn variant(&self) -> &'static str {
-        match self {
-            Rejection::PayloadTooLarge { .. } => "PayloadTooLarge",
-            Rejection::BodyTimeout => "BodyTimeout",
-            Rejection::BodyUnreadable => "BodyUnreadable",
-            Rejection::MissingKey { .. } => "MissingKey",
-            Rejection::MalformedKey(_) => "MalformedKey",
-            Rejection::InFlight { .. } => "InFlight",
-            Rejection::Mismatch => "Mismatch",
-            Rejection::StoreUnavailable { .. } => "StoreUnavailable",
-        }
-    }
-
-    /// The problem `type`: the documentation of the rejection's variant.
+    /// The problem `type` under the default base: [`DEFAULT_TYPE_BASE`] and the code, the
+    /// anchor of the rejection in the crate's `docs/problems.md`.
     pub fn type_uri(&self) -> String {
-        format!(
-            "https://docs.rs/tower-idempotency/latest/tower_idempotency/rejection/enum.Rejection.html#variant.{}",
-            self.variant()
-        )
+        format!("{DEFAULT_TYPE_BASE}{}", self.code())
     }
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            Rejection::InFlight { retry_after } | Rejection::StoreUnavailable { retry_after } => {
-                Some(*retry_after)
-            }
+            Rejection::InFlight { retry_after }
+            | Rejection::ObjectInFlight { retry_after }
+            | Rejection::StoreUnavailable { retry_after } => Some(*retry_after),
             _ => None,
         }
     }
 
-    /// The problem document (RFC 9457) of the rejection.
-    pub fn problem_json(&self) -> String {
+    /// The problem document (RFC 9457) of the rejection, its `type` under `type_base`.
+    pub fn problem_json(&self, type_base: &str) -> String {
         let status = self.status();
         serde_json::json!({
-            "type": self.type_uri(),
+            "type": format!("{type_base}{}", self.code()),
             "title": self.title(),
             "status": status.as_u16(),
             "detail": self.detail(),
@@ -260,21 +303,10 @@ impl Rejection {
         .to_string()
     }
 
-    /// The HTTP response: problem+json, with `Retry-After` where retrying helps.
-    pub fn into_response<B>(self) -> Response<ResponseBody<B>> {
-        self.http_response()
-            .map(|body| ResponseBody::buffered(body, None))
-    }
-
-    /// The gRPC response: a trailers-only response (HTTP 200, `grpc-status` and `grpc-message`
-    /// in the headers), which every gRPC client decodes as a status.
-    pub fn into_grpc_response<B>(self) -> Response<ResponseBody<B>> {
-        self.grpc_response()
-            .map(|body| ResponseBody::buffered(body, None))
-    }
-
-    fn http_response(&self) -> Response<Bytes> {
-        let mut response = Response::new(Bytes::from(self.problem_json()));
+    /// The HTTP response: problem+json (its `type` under `type_base`), with `Retry-After`
+    /// where retrying helps.
+    pub fn http_response(&self, type_base: &str) -> Response<Bytes> {
+        let mut response = Response::new(Bytes::from(self.problem_json(type_base)));
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
         headers.insert(
@@ -287,24 +319,35 @@ impl Rejection {
         response
     }
 
-    fn grpc_response(&self) -> Response<Bytes> {
-        let mut response = Response::new(Bytes::new());
-        let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        headers.insert(
-            "grpc-status",
-            HeaderValue::from(i32::from(self.grpc_code())),
-        );
+    /// The gRPC response: a trailers-only response (HTTP 200, `grpc-status` and `grpc-message`
+    /// in the headers), which every gRPC client decodes as a status.
+    pub fn grpc_response(&self) -> Response<Bytes> {
         let mut message = self.detail();
-        if let Some(after) = self.retry_after() {
+        let after = self.retry_after();
+        if let Some(after) = after {
             message.push_str(&format!(" (retry after {} s)", retry_secs(after)));
-            headers.insert("retry-after", retry_after_value(after));
         }
-        if let Ok(value) = HeaderValue::from_str(&percent_encode(&message)) {
-            headers.insert("grpc-message", value);
+        let mut response = grpc_status(self.grpc_code(), &message);
+        if let Some(after) = after {
+            response
+                .headers_mut()
+                .insert("retry-after", retry_after_value(after));
         }
         response
     }
+}
+
+/// A trailers-only gRPC response with status `code` and `message` (percent-encoded): the
+/// layer's every gRPC answer that is not a replay.
+pub(crate) fn grpc_status(code: u8, message: &str) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::new());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-status", HeaderValue::from(i32::from(code)));
+    if let Ok(value) = HeaderValue::from_str(&percent_encode(message)) {
+        headers.insert("grpc-message", value);
+    }
+    response
 }
 
 fn retry_secs(after: Duration) -> u64 {
@@ -339,17 +382,12 @@ mod tests {
             &Rejection::InFlight {
                 retry_after: Duration::from_millis(1500),
             }
-            .problem_json(),
+            .problem_json(DEFAULT_TYPE_BASE),
         )
         .unwrap();
         assert_eq!(doc["status"], 409);
         assert_eq!(doc["code"], "in_flight");
-        assert!(
-            doc["type"]
-                .as_str()
-                .unwrap()
-                .ends_with("enum.Rejection.html#variant.InFlight")
-        );
+        assert_eq!(doc["type"], format!("{DEFAULT_TYPE_BASE}in_flight"));
         assert!(doc["title"].is_string() && doc["detail"].is_string());
     }
 
@@ -358,13 +396,13 @@ mod tests {
         let response = Rejection::StoreUnavailable {
             retry_after: Duration::from_millis(1500),
         }
-        .into_response::<()>();
+        .http_response(DEFAULT_TYPE_BASE);
         assert_eq!(response.headers()[RETRY_AFTER], "2");
     }
 
     #[test]
     fn grpc_rejection_is_trailers_only() {
-        let response = Rejection::PayloadTooLarge { limit: 10 }.into_grpc_response::<()>();
+        let response = Rejection::PayloadTooLarge { limit: 10 }.grpc_response();
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(response.headers()["grpc-status"], "8");
         assert_eq!(percent_encode("a%b\u{e9}"), "a%25b%C3%A9");

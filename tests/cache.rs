@@ -6,7 +6,8 @@
 mod contract;
 mod suite;
 
-use tower_idempotency::store::{CachedStore, MemoryStore};
+use tower_idempotency::MemoryStore;
+use tower_idempotency::store::CachedStore;
 
 /// The store contract and the behaviour suite, through a cache in front of the memory store.
 mod on_memory {
@@ -26,10 +27,10 @@ mod on_redis {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
+    use tower_idempotency::IdempotencyStore;
     use tower_idempotency::fingerprint::Fingerprint;
-    use tower_idempotency::record::Record;
-    use tower_idempotency::store::cache::LocalCache;
-    use tower_idempotency::store::{Claim, Completion, IdempotencyStore, Reservation, StoreKey};
+    use tower_idempotency::store::record::Record;
+    use tower_idempotency::store::{Claim, Completion, LocalCache, Reservation, StoreKey};
 
     const LEASE: Duration = Duration::from_secs(30);
     const RETENTION: Duration = Duration::from_secs(3600);
@@ -46,9 +47,9 @@ mod on_redis {
     use super::suite::{post, send};
     use super::*;
 
-    /// Waits until `store` caches `n` records: a record read from Redis is cached once a
-    /// background `remaining` call told how long it has left.
-    async fn cached(store: &CachedStore<RedisStore<fred::prelude::Client>>, n: usize) {
+    /// Waits until `store` caches `n` records (a record read from Redis comes with how long it
+    /// has left, and is cached at once; this only waits for what runs in the background).
+    async fn cached(store: &LocalCache, n: usize) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while store.len() < n {
             assert!(
@@ -61,24 +62,20 @@ mod on_redis {
 
     /// One caching instance on `server`: its own client, its own cache.
     async fn instance(server: &RedisServer) -> CachedStore<RedisStore<fred::prelude::Client>> {
-        let store = RedisStore::new(server.connect().await).local_cache(LocalCache::off());
+        let store = RedisStore::new(server.connect().await);
         store.load_scripts().await.unwrap();
         CachedStore::new(store)
     }
 
     suite::store_smoke!(async {
         let server = RedisServer::start();
-        let store = CachedStore::new(
-            RedisStore::new(server.connect().await).local_cache(LocalCache::off()),
-        );
+        let store = CachedStore::new(RedisStore::new(server.connect().await));
         (store, server)
     });
 
     contract::store_contract!(async {
         let server = RedisServer::start();
-        let store = CachedStore::new(
-            RedisStore::new(server.connect().await).local_cache(LocalCache::off()),
-        );
+        let store = CachedStore::new(RedisStore::new(server.connect().await));
         (store, server)
     });
 
@@ -210,7 +207,7 @@ mod on_redis {
             a.complete(&key, &owner, &record, RETENTION).await.unwrap(),
             Completion::Written
         );
-        assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
+        assert_eq!(monitor.finish(), ["SET", "PTTL", "EVALSHA"]);
 
         // A completed it: a hit at once.
         let monitor = server.monitor();
@@ -222,15 +219,16 @@ mod on_redis {
         }
         assert_eq!(monitor.finish(), Vec::<String>::new());
 
-        // B: from Redis once (and, in the background, how long the record has left), then
-        // from its cache.
+        // B: from Redis once, with how long the record has left (one round trip, nothing in
+        // the background), then from its cache.
         let monitor = server.monitor();
         match b.reserve(&key, &claim(), LEASE).await.unwrap() {
             Reservation::Completed(held) => assert!(held.is_owned_by(owner.token())),
             other => panic!("expected a completed record, got {other:?}"),
         }
-        cached(&b, 1).await;
-        assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
+        assert_eq!(b.len(), 1, "cached from the reserve's answer");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(monitor.finish(), ["SET", "PTTL"]);
         let monitor = server.monitor();
         for _ in 0..3 {
             assert!(matches!(
@@ -248,7 +246,7 @@ mod on_redis {
             .reserve_many(&[key.clone(), other.clone()], &mine, LEASE)
             .await
             .unwrap();
-        assert_eq!(monitor.finish(), ["SET"]);
+        assert_eq!(monitor.finish(), ["SET", "PTTL"]);
         assert!(
             matches!(answers[0], Reservation::Completed(_)),
             "{answers:?}"
@@ -267,21 +265,23 @@ mod on_redis {
     async fn through_the_layer_a_duplicate_costs_no_command() {
         let server = RedisServer::start();
         let effects = Effects::default();
-        let a = router(
-            IdempotencyLayer::new(instance(&server).await).namespace("layer"),
-            &effects,
-        );
-        // Clones of a store share its cache: `b_store` shows what B's layer cached.
-        let b_store = instance(&server).await;
+        let a_store = RedisStore::new(server.connect().await);
+        a_store.load_scripts().await.unwrap();
+        let a = router(IdempotencyLayer::new(a_store).namespace("layer"), &effects);
+        // The layer's own cache (one per layer unless shared): `b_cache` shows what B cached.
+        let b_cache = LocalCache::new();
+        let b_store = RedisStore::new(server.connect().await);
         let b = router(
-            IdempotencyLayer::new(b_store.clone()).namespace("layer"),
+            IdempotencyLayer::new(b_store)
+                .namespace("layer")
+                .local_cache(b_cache.clone()),
             &effects,
         );
 
         let monitor = server.monitor();
         let (status, _, _) = send(&a, post("/effect", Some("k1"), "{}")).await;
         assert_eq!(status, StatusCode::CREATED);
-        assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
+        assert_eq!(monitor.finish(), ["SET", "PTTL", "EVALSHA"]);
 
         let monitor = server.monitor();
         let (status, headers, _) = send(&a, post("/effect", Some("k1"), "{}")).await;
@@ -289,14 +289,13 @@ mod on_redis {
         assert_eq!(headers["idempotent-replayed"], "true");
         assert_eq!(monitor.finish(), Vec::<String>::new());
 
-        // B: one `SET` (and, in the background, the `remaining` script), then nothing.
-        for expected in [vec!["SET", "EVALSHA"], vec![]] {
+        // B: one round trip (`SET` and `PTTL`), then nothing.
+        for expected in [vec!["SET", "PTTL"], vec![]] {
             let monitor = server.monitor();
             let (status, headers, _) = send(&b, post("/effect", Some("k1"), "{}")).await;
             assert_eq!(status, StatusCode::OK);
             assert_eq!(headers["idempotent-replayed"], "true");
-            // Until the background call answered, B would ask Redis again.
-            cached(&b_store, 1).await;
+            cached(&b_cache, 1).await;
             assert_eq!(monitor.finish(), expected);
         }
         assert_eq!(effects.total(), 1);
@@ -322,7 +321,7 @@ mod on_redis {
             b.reserve(&key, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
-        cached(&b, 1).await;
+        cached(b.cache(), 1).await;
         let monitor = server.monitor();
         assert!(matches!(
             b.reserve(&key, &claim(), LEASE).await.unwrap(),
@@ -359,7 +358,7 @@ mod on_redis {
             reader.reserve(&key, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
-        cached(&reader, 1).await;
+        cached(reader.cache(), 1).await;
 
         let reply = server.raw_command(&["DEL", key.as_str()]).unwrap();
         assert!(reply.starts_with(":1"), "{reply}");

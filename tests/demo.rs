@@ -2,121 +2,22 @@
 //!
 //! `cargo test` builds the examples; this test starts the built binary with `BIND=127.0.0.1:0`.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::Full;
 use serde_json::{Value, json};
 
-struct Demo {
-    child: Child,
-    base: String,
-}
+#[path = "support/harness.rs"]
+mod harness;
+#[cfg(feature = "redis")]
+#[path = "support/redis_server.rs"]
+mod redis_server;
+#[path = "support/signing.rs"]
+mod signing;
 
-impl Drop for Demo {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_demo(envs: &[(&str, &str)]) -> Demo {
-    // target/debug/deps/demo-<hash> → target/debug/examples/webhook_receiver
-    let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .unwrap()
-        .join("examples")
-        .join(format!("webhook_receiver{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        path.exists(),
-        "build the examples first: {}",
-        path.display()
-    );
-    let mut command = Command::new(path);
-    command
-        .env("BIND", "127.0.0.1:0")
-        .env_remove("REDIS_URL")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    for (k, v) in envs {
-        command.env(k, v);
-    }
-    let mut child = command.spawn().unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let base = first
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-        .to_owned();
-    Demo { child, base }
-}
-
-struct Http {
-    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
-    base: String,
-}
-
-impl Http {
-    fn new(demo: &Demo) -> Self {
-        Http {
-            client: Client::builder(TokioExecutor::new()).build_http(),
-            base: demo.base.clone(),
-        }
-    }
-
-    async fn send(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: &str,
-    ) -> (StatusCode, http::HeaderMap, Value) {
-        let mut builder = Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base))
-            .header("content-type", "application/json");
-        for (k, v) in headers {
-            builder = builder.header(*k, *v);
-        }
-        let request = builder
-            .body(Full::new(Bytes::from(body.to_owned())))
-            .unwrap();
-        let response = tokio::time::timeout(Duration::from_secs(10), self.client.request(request))
-            .await
-            .unwrap()
-            .unwrap();
-        let (parts, body) = response.into_parts();
-        let bytes = body.collect().await.unwrap().to_bytes();
-        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        (parts.status, parts.headers, value)
-    }
-
-    async fn effects(&self) -> Value {
-        self.send("GET", "/effects", &[], "").await.2
-    }
-
-    /// `GET /metrics`: Prometheus text.
-    #[cfg(feature = "metrics")]
-    async fn metrics(&self) -> String {
-        let response = self
-            .client
-            .get(format!("{}/metrics", self.base).parse().unwrap())
-            .await
-            .unwrap();
-        let text = response.into_body().collect().await.unwrap().to_bytes();
-        String::from_utf8_lossy(&text).into_owned()
-    }
-}
+use harness::{Http, start_demo};
 
 #[tokio::test]
 async fn kalipto_retry_after_error_and_duplicates() {
@@ -258,33 +159,148 @@ async fn meta_batches_sangho_fallback_and_orders() {
     assert_eq!(http.effects().await["total"], 5);
 }
 
+fn email(id: &str, kind: &str, at: &str) -> String {
+    json!({"event_id": id, "message_id": "msg_7f31", "type": kind, "occurred_at": at}).to_string()
+}
+
+/// The email route orders events per message by `occurred_at`: `delivered`@14:02 then
+/// `processed`@14:01 → the second is 200 stale, with no effect, the status stays delivered;
+/// then `failed`@14:03 is processed; a redelivery of any of them is a duplicate.
+async fn email_events_in_order(http: &Http, other: &Http) {
+    // A message's status is the state of the receiver that applied its event (the demo keeps
+    // it in memory); the watermark that keeps the order is in the store.
+    let status_at = async |http: &Http| {
+        http.send("GET", "/messages/msg_7f31", &[], "").await.2["status"].clone()
+    };
+    let status_of = async || status_at(http).await;
+    let (status, _, _) = http
+        .send(
+            "POST",
+            "/webhooks/email",
+            &[],
+            &email("evt_3", "email.delivered", "2026-10-29T14:02:00Z"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(status_of().await, "delivered");
+    // The older event, at the other instance: stale.
+    let (status, headers, body) = other
+        .send(
+            "POST",
+            "/webhooks/email",
+            &[],
+            &email("evt_2", "email.processed", "2026-10-29T14:01:00Z"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-stale"], "true");
+    assert!(headers.get("idempotent-replayed").is_none());
+    assert_eq!(body, json!({"ok": true, "stale": true}));
+    assert_eq!(status_of().await, "delivered");
+    let (status, _, _) = other
+        .send(
+            "POST",
+            "/webhooks/email",
+            &[],
+            &email("evt_4", "email.failed", "2026-10-29T16:03:00+02:00"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(status_at(other).await, "failed");
+    for (id, kind, at) in [
+        ("evt_3", "email.delivered", "2026-10-29T14:02:00Z"),
+        ("evt_2", "email.processed", "2026-10-29T14:01:00Z"),
+        ("evt_4", "email.failed", "2026-10-29T16:03:00+02:00"),
+    ] {
+        let (status, headers, _) = http
+            .send("POST", "/webhooks/email", &[], &email(id, kind, at))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{id}");
+        assert_eq!(headers["idempotent-replayed"], "true", "{id}");
+    }
+}
+
 #[tokio::test]
-async fn email_status_never_moves_back() {
+async fn email_events_never_move_a_status_back() {
     let demo = start_demo(&[]);
     let http = Http::new(&demo);
-    let event = |id: &str, kind: &str| {
-        json!({"event_id": id, "message_id": "msg_7f31", "type": kind, "occurred_at": "2026-10-29T14:00:00Z"})
-            .to_string()
-    };
-    let status_of =
-        async || http.send("GET", "/messages/msg_7f31", &[], "").await.2["status"].clone();
-    for (id, kind, expected) in [
-        ("evt_1", "email.received", "received"),
-        ("evt_3", "email.delivered", "delivered"),
-        // Out of order: processed arrives after delivered; acknowledged, not applied.
-        ("evt_2", "email.processed", "delivered"),
-        // A redelivery of the delivered event is a duplicate.
-        ("evt_3", "email.delivered", "delivered"),
-    ] {
-        let (status, _, _) = http
-            .send("POST", "/webhooks/email", &[], &event(id, kind))
-            .await;
-        assert_eq!(status, StatusCode::OK);
-        assert_eq!(status_of().await, expected, "after {id} {kind}");
-    }
-    assert_eq!(http.effects().await["total"], 3);
+    email_events_in_order(&http, &http).await;
+    // Two effects (delivered, failed): the stale event had none.
+    let effects = http.effects().await;
+    assert_eq!(effects["total"], 2);
+    assert_eq!(by_key(&effects, "evt_2"), 0);
+    // What the layer checks first: the object and the position (400), then the handler (422).
+    let (status, _, body) = http
+        .send(
+            "POST",
+            "/webhooks/email",
+            &[],
+            r#"{"event_id":"e","occurred_at":"2026-10-29T14:00:00Z"}"#,
+        )
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("malformed_order"))
+    );
+    let (status, _, body) = http
+        .send(
+            "POST",
+            "/webhooks/email",
+            &[],
+            r#"{"event_id":"e","message_id":"m","occurred_at":"yesterday"}"#,
+        )
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("malformed_order"))
+    );
+    let (status, _, _) = http
+        .send(
+            "POST",
+            "/webhooks/email",
+            &[],
+            r#"{"event_id":"e","message_id":"m","occurred_at":"2026-10-29T14:00:00Z"}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    // Any content type: the body is JSON whatever the header says.
+    let (status, _, _) = http
+        .send(
+            "POST",
+            "/webhooks/email",
+            &[("content-type", "text/plain")],
+            &email("evt_9", "email.opened", "2026-10-29T18:00:00Z"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
     let (status, _, _) = http.send("GET", "/messages/unknown", &[], "").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// The same on Redis, across two receivers: the watermark is in Redis, not in either process.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn email_order_holds_across_two_receivers_on_redis() {
+    let server = redis_server::RedisServer::start();
+    let url = server.url();
+    let (a, b) = (
+        start_demo(&[("REDIS_URL", &url)]),
+        start_demo(&[("REDIS_URL", &url)]),
+    );
+    let (http_a, http_b) = (Http::new(&a), Http::new(&b));
+    email_events_in_order(&http_a, &http_b).await;
+    let total = |e: Value| e["total"].as_u64().unwrap();
+    assert_eq!(
+        total(http_a.effects().await) + total(http_b.effects().await),
+        2
+    );
+}
+
+/// The store is named on the second line of the demo's output.
+#[tokio::test]
+async fn startup_names_the_store() {
+    let mut demo = start_demo(&[]);
+    assert_eq!(demo.next_line(), "store: memory");
 }
 
 /// `GET /metrics` exposes the layer's counters in Prometheus text.
@@ -683,4 +699,301 @@ async fn a_killed_receiver_frees_its_key_within_the_lease() {
     assert_eq!(by_key(&http.effects().await, "pd_killed"), 1);
     drop(second);
     remove();
+}
+
+/// `POST /webhooks/standard`: a signed delivery is processed once, its redelivery (fresh
+/// timestamp, fresh signature) acknowledged; forgeries and stale timestamps are 401 with no
+/// effect; and the genuine delivery sent while forged ones flood in is processed, in every
+/// round.
+#[tokio::test]
+async fn standard_webhooks_are_verified_before_they_are_claimed() {
+    let demo = start_demo(&[]);
+    let http = std::sync::Arc::new(Http::new(&demo));
+    let body = r#"{"type":"invoice.paid"}"#;
+    let send = async |http: &Http, id: &str, t: u64, signature: &str| {
+        let t = t.to_string();
+        let headers = [
+            ("webhook-id", id),
+            ("webhook-timestamp", t.as_str()),
+            ("webhook-signature", signature),
+        ];
+        http.send("POST", "/webhooks/standard", &headers, body)
+            .await
+    };
+    let t = signing::now();
+    let signed = signing::standard(signing::STANDARD_SECRET, "msg_1", t, body);
+    let (status, headers, _) = send(&http, "msg_1", t, &signed).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.get("idempotent-replayed").is_none());
+    let again = signing::standard(signing::STANDARD_SECRET, "msg_1", t + 60, body);
+    let (status, headers, _) = send(&http, "msg_1", t + 60, &again).await;
+    assert_eq!(
+        (status, headers["idempotent-replayed"].to_str().unwrap()),
+        (StatusCode::OK, "true")
+    );
+    for (signature, at) in [
+        ("v1,".to_owned(), t),
+        ("v1,AAAA".to_owned(), t),
+        (
+            signing::standard(
+                "whsec_QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE=",
+                "msg_1",
+                t,
+                body,
+            ),
+            t,
+        ),
+        (
+            signing::standard(signing::STANDARD_SECRET, "msg_1", t - 600, body),
+            t - 600,
+        ),
+        (
+            signing::standard(signing::STANDARD_SECRET, "msg_1", t + 600, body),
+            t + 600,
+        ),
+    ] {
+        let (status, headers, problem) = send(&http, "msg_1", at, &signature).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{signature}");
+        assert_eq!(problem["code"], "unverified");
+        assert!(
+            headers.get("idempotent-replayed").is_none(),
+            "a forgery is never acknowledged"
+        );
+    }
+    // A flood of forged deliveries under each genuine id, concurrent with the genuine one.
+    const ROUNDS: usize = 10;
+    let mut affected = 0;
+    for round in 0..ROUNDS {
+        let id = format!("msg_flood_{round}");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let forgers: Vec<_> = (0..4)
+            .map(|_| {
+                let (http, id, stop) = (http.clone(), id.clone(), stop.clone());
+                tokio::spawn(async move {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let (status, _, _) = send(&http, &id, signing::now(), "v1,Zm9yZ2Vk").await;
+                        assert_eq!(status, StatusCode::UNAUTHORIZED);
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let t = signing::now();
+        let signature = signing::standard(signing::STANDARD_SECRET, &id, t, body);
+        let (status, headers, _) = send(&http, &id, t, &signature).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for forger in forgers {
+            forger.await.unwrap();
+        }
+        if status != StatusCode::OK || headers.contains_key("idempotent-replayed") {
+            affected += 1;
+        }
+    }
+    assert_eq!(
+        affected, 0,
+        "rounds where the genuine delivery was not processed"
+    );
+    let effects = http.effects().await;
+    assert_eq!(effects["total"], 1 + ROUNDS as u64);
+    assert_eq!(by_key(&effects, "msg_1"), 1);
+}
+
+/// `POST /webhooks/github`: `X-Hub-Signature-256` with the test secret, keyed by the delivery
+/// id; a tampered body is 401, and `/metrics` counts it as `unverified`.
+#[tokio::test]
+async fn github_deliveries_are_verified() {
+    let demo = start_demo(&[]);
+    let http = Http::new(&demo);
+    let body = r#"{"action":"opened","number":1}"#;
+    let signature = signing::hub(signing::GITHUB_SECRET, body);
+    let headers = [
+        ("X-GitHub-Delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958"),
+        ("X-Hub-Signature-256", signature.as_str()),
+    ];
+    let (status, _, _) = http.send("POST", "/webhooks/github", &headers, body).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = http
+        .send(
+            "POST",
+            "/webhooks/github",
+            &headers,
+            r#"{"action":"closed","number":1}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) = http
+        .send("POST", "/webhooks/github", &headers[..1], body)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(http.effects().await["total"], 1);
+    let text = http.metrics().await;
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("idempotency_requests_total{")
+                && l.contains("namespace=\"github\"")
+                && l.contains("outcome=\"unverified\"")
+                && l.contains("reason=\"signature_mismatch\"")),
+        "{text}"
+    );
+}
+
+/// Routes verify only when their secret is set: Sangho's Stripe-style `Sangho-Signature`, and
+/// `X-Hub-Signature-256` on Kalipto's and Meta's.
+#[tokio::test]
+async fn optional_secrets_turn_verification_on() {
+    let demo = start_demo(&[
+        ("SANGHO_WEBHOOK_SECRET", "whsec_sangho_test"),
+        ("KALIPTO_WEBHOOK_SECRET", "kalipto-secret"),
+        ("META_APP_SECRET", "meta-secret"),
+    ]);
+    let http = Http::new(&demo);
+    let body = r#"{"id":"evt_1","type":"charge.succeeded"}"#;
+    let unsigned = [("Sangho-Event-ID", "evt_1")];
+    assert_eq!(
+        http.send("POST", "/webhooks/sangho", &unsigned, body)
+            .await
+            .0,
+        StatusCode::UNAUTHORIZED
+    );
+    let signature = signing::stripe("whsec_sangho_test", signing::now(), body);
+    let signed = [
+        ("Sangho-Event-ID", "evt_1"),
+        ("Sangho-Signature", signature.as_str()),
+    ];
+    assert_eq!(
+        http.send("POST", "/webhooks/sangho", &signed, body).await.0,
+        StatusCode::OK
+    );
+    let old = signing::stripe("whsec_sangho_test", signing::now() - 600, body);
+    let stale = [
+        ("Sangho-Event-ID", "evt_1"),
+        ("Sangho-Signature", old.as_str()),
+    ];
+    assert_eq!(
+        http.send("POST", "/webhooks/sangho", &stale, body).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let kalipto = signing::hub("kalipto-secret", "{}");
+    let id = ("X-Kalipto-Delivery-Id", "pd_signed");
+    assert_eq!(
+        http.send("POST", "/webhooks/kalipto", &[id], "{}").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let headers = [id, ("X-Hub-Signature-256", kalipto.as_str())];
+    assert_eq!(
+        http.send("POST", "/webhooks/kalipto", &headers, "{}")
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let meta = r#"{"entry":[{"changes":[{"value":{"messages":[{"id":"wamid.S"}]}}]}]}"#;
+    assert_eq!(
+        http.send("POST", "/webhooks/meta", &[], meta).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let signature = signing::hub("meta-secret", meta);
+    let headers = [("X-Hub-Signature-256", signature.as_str())];
+    assert_eq!(
+        http.send("POST", "/webhooks/meta", &headers, meta).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(http.effects().await["total"], 3);
+}
+
+/// Connections that send nothing are closed after `HEADER_TIMEOUT_MS`, and a body withheld is
+/// 408 after `BODY_TIMEOUT_MS`, its connection closed: neither holds the server's memory or
+/// file descriptors for longer (over real sockets).
+#[tokio::test]
+async fn silent_connections_and_withheld_bodies_are_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let demo = start_demo(&[("HEADER_TIMEOUT_MS", "400"), ("BODY_TIMEOUT_MS", "400")]);
+    let addr = demo.base.trim_start_matches("http://").to_owned();
+    let started = std::time::Instant::now();
+    let mut silent = Vec::new();
+    for _ in 0..100 {
+        silent.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    for mut stream in silent {
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "a silent connection was kept open: {read:?}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "closed late: {:?}",
+        started.elapsed()
+    );
+
+    let head = "POST /webhooks/kalipto HTTP/1.1\r\nhost: x\r\nx-kalipto-delivery-id: pd_withheld\r\n\
+                content-type: application/json\r\ncontent-length: 1048575\r\n\r\n";
+    let mut withheld = Vec::new();
+    for _ in 0..20 {
+        let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(&[b'x'; 4096]).await.unwrap();
+        withheld.push(stream);
+    }
+    for mut stream in withheld {
+        let mut reply = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut reply)).await;
+        assert!(read.is_ok(), "a withheld body's connection was kept open");
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+        assert!(reply.contains("body_timeout"), "{reply}");
+    }
+    // Nothing was claimed: the delivery is processed when it comes whole.
+    let http = Http::new(&demo);
+    let (status, headers, _) = http
+        .send(
+            "POST",
+            "/webhooks/kalipto",
+            &[("X-Kalipto-Delivery-Id", "pd_withheld")],
+            "{}",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.get("idempotent-replayed").is_none());
+}
+
+/// `DATABASE_URL=sqlite://..?locking=exclusive` keeps no `-shm` file to map: removing or
+/// truncating the files next to the database under the running receiver cannot crash it.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn an_exclusive_sqlite_store_maps_no_shared_memory_file() {
+    let path = std::env::temp_dir().join(format!("demo-exclusive-{}.db", std::process::id()));
+    let url = format!("sqlite://{}?locking=exclusive", path.display());
+    let mut demo = start_demo(&[("DATABASE_URL", &url)]);
+    assert_eq!(demo.next_line(), "store: sqlite");
+    let http = Http::new(&demo);
+    let id = [("X-Kalipto-Delivery-Id", "pd_exclusive")];
+    assert_eq!(
+        http.send("POST", "/webhooks/kalipto", &id, "{}").await.0,
+        StatusCode::OK
+    );
+    let shm = format!("{}-shm", path.display());
+    assert!(!std::path::Path::new(&shm).exists(), "a -shm file exists");
+    // What made a shared-mode receiver die of SIGBUS: a -shm file truncated under it.
+    std::fs::write(&shm, b"").unwrap();
+    let other = [("X-Kalipto-Delivery-Id", "pd_exclusive_2")];
+    assert_eq!(
+        http.send("POST", "/webhooks/kalipto", &other, "{}").await.0,
+        StatusCode::OK
+    );
+    let (status, headers, _) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+    assert_eq!(
+        (status, headers["idempotent-replayed"].to_str().unwrap()),
+        (StatusCode::OK, "true")
+    );
+    assert!(
+        demo.child.try_wait().unwrap().is_none(),
+        "the receiver died"
+    );
+    drop(demo);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
 }

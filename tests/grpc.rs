@@ -24,14 +24,15 @@
 //! To leave streaming methods alone, wrap only the unary methods (per-method routes): tested
 //! below by `per_method_wrapping_leaves_streams_alone`.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Status};
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
+
+#[path = "support/harness.rs"]
+mod harness;
 
 #[allow(dead_code)]
 #[path = "../examples/grpc_receiver.rs"]
@@ -43,7 +44,7 @@ use receiver::payments::payments_server::PaymentsServer;
 use receiver::payments::{ChargeReply, ChargeRequest, InstallmentsRequest};
 
 /// Serves the example's service behind `layer` on `127.0.0.1:0`; returns a connected client.
-async fn start(layer: IdempotencyLayer<MemoryStore>) -> (PaymentsClient<Channel>, PaymentsService) {
+async fn start(layer: IdempotencyLayer) -> (PaymentsClient<Channel>, PaymentsService) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let payments = PaymentsService::default();
@@ -61,7 +62,7 @@ async fn connect(url: &str) -> PaymentsClient<Channel> {
     PaymentsClient::new(channel)
 }
 
-fn layer() -> IdempotencyLayer<MemoryStore> {
+fn layer() -> IdempotencyLayer {
     receiver::idempotency(MemoryStore::new())
 }
 
@@ -543,42 +544,8 @@ async fn per_method_wrapping_leaves_streams_alone() {
 /// The built example binary (`cargo test` builds examples), driven over loopback.
 #[tokio::test]
 async fn example_binary_replays_a_duplicate_charge() {
-    struct Kill(Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-
-    // target/debug/deps/grpc-<hash> → target/debug/examples/grpc_receiver
-    let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .unwrap()
-        .join("examples")
-        .join(format!("grpc_receiver{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        path.exists(),
-        "build the examples first: {}",
-        path.display()
-    );
-    let mut child = Command::new(path)
-        .env("BIND", "127.0.0.1:0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let _child = Kill(child);
-    let mut first = String::new();
-    BufReader::new(stdout).read_line(&mut first).unwrap();
-    let url = first
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-        .to_owned();
+    let example = harness::start_example("grpc_receiver", &[]);
+    let url = example.base.clone();
 
     let mut client = connect(&url).await;
     let first = client

@@ -24,7 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::key::{ExtractKey, FieldsFingerprintKey, JsonPathKey, from_body_fn};
-use tower_idempotency::record::Record;
+use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey};
 use tower_idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore};
 
@@ -43,9 +43,7 @@ impl Drop for App {
 }
 
 impl App {
-    async fn start<St: IdempotencyStore, K: ExtractKey + Clone>(
-        layer: IdempotencyLayer<St, K>,
-    ) -> App {
+    async fn start<K: ExtractKey + Clone>(layer: IdempotencyLayer<K>) -> App {
         async fn hook(
             State(calls): State<Arc<AtomicUsize>>,
             headers: HeaderMap,
@@ -188,7 +186,7 @@ fn chunk(data: &[u8]) -> Vec<u8> {
     out
 }
 
-fn json_id_layer(limit: usize) -> IdempotencyLayer<MemoryStore, JsonPathKey> {
+fn json_id_layer(limit: usize) -> IdempotencyLayer<JsonPathKey> {
     IdempotencyLayer::new(MemoryStore::new())
         .namespace("hostile")
         .body_limit(limit)

@@ -5,8 +5,6 @@
 //! The tests include the example's source (`#[path]`), so the service they exercise is the
 //! example's own; one test also runs the built example binary.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,6 +16,9 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tower_idempotency::MemoryStore;
+
+#[path = "support/harness.rs"]
+mod harness;
 
 #[allow(dead_code)]
 #[path = "../examples/hyper_server.rs"]
@@ -269,42 +270,8 @@ async fn concurrent_duplicates_run_once_and_the_others_get_409() {
 /// The built example binary (`cargo test` builds examples), in both HTTP versions.
 #[tokio::test]
 async fn example_binary_serves_both_versions() {
-    struct Kill(Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-
-    // target/debug/deps/hyper-<hash> → target/debug/examples/hyper_server
-    let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .unwrap()
-        .join("examples")
-        .join(format!("hyper_server{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        path.exists(),
-        "build the examples first: {}",
-        path.display()
-    );
-    let mut child = Command::new(path)
-        .env("BIND", "127.0.0.1:0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let _child = Kill(child);
-    let mut first = String::new();
-    BufReader::new(stdout).read_line(&mut first).unwrap();
-    let base = first
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-        .to_owned();
+    let example = harness::start_example("hyper_server", &[]);
+    let base = example.base.clone();
 
     let h1 = Http::new(base.clone(), Version::HTTP_11);
     let h2 = Http::new(base, Version::HTTP_2);

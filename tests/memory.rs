@@ -14,8 +14,9 @@ async fn full_store_fails_closed_or_open() {
     let store = MemoryStore::new().with_max_entries(1);
     let filler = store.clone();
     suite::fail_open_processes_without_protection(store, async move || {
+        use tower_idempotency::IdempotencyStore;
         use tower_idempotency::fingerprint::Fingerprint;
-        use tower_idempotency::store::{Claim, IdempotencyStore, StoreKey};
+        use tower_idempotency::store::{Claim, StoreKey};
         filler
             .reserve(
                 &StoreKey::new("filler", None, "x"),

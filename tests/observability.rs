@@ -12,11 +12,10 @@ use http::StatusCode;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use suite::app::{Effects, router};
 use suite::{post, send};
+use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::record::Record;
-use tower_idempotency::store::{
-    Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreKey,
-};
+use tower_idempotency::store::record::Record;
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey};
 use tower_idempotency::{FailureMode, IdempotencyLayer, MemoryStore, Outcome, OutcomeEvent};
 
 const SECRET_KEY: &str = "whsec-delivery-7Hq2";

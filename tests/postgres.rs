@@ -16,13 +16,13 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use postgres_server::PostgresServer;
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgPoolOptions};
+use tower_idempotency::IdempotencyStore;
+use tower_idempotency::PostgresStore;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::record::{Record, StoredResponse};
-use tower_idempotency::store::cache::LocalCache;
-use tower_idempotency::store::sql::{DEFAULT_TABLE, PostgresStore};
-use tower_idempotency::store::{
-    Claim, Completion, IdempotencyStore, Reservation, StoreErrorKind, StoreKey,
-};
+use tower_idempotency::store::CachedStore;
+use tower_idempotency::store::record::{Record, StoredResponse};
+use tower_idempotency::store::sql::DEFAULT_TABLE;
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -201,7 +201,7 @@ async fn absent_in_flight_completed_transitions() {
 async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     // The database's own expiry: no local cache in front (a record read back would be cached
     // for its `read_ttl`, longer than this test's 50 ms retention).
-    let store = shared_store().await.local_cache(LocalCache::off());
+    let store = shared_store().await;
     let ns = suite::ns("pg-expiry");
     // An expired lease.
     let key = StoreKey::new(&ns, None, "lease");
@@ -344,10 +344,10 @@ async fn completed_keys_survive_an_app_restart() {
 async fn completed_keys_survive_a_database_crash_and_the_store_reconnects() {
     let mut server = tokio::task::block_in_place(PostgresServer::new);
     // What the database itself keeps: no local cache in front of it.
-    let store = PostgresStore::new(pool(&server.url(), 4).await).local_cache(LocalCache::off());
+    let store = PostgresStore::new(pool(&server.url(), 4).await);
     store.migrate().await.unwrap();
-    // An instance with the (default) local cache, which completed the key itself.
-    let cached = PostgresStore::new(pool(&server.url(), 4).await);
+    // An instance with a local cache (a layer's default), which completed the key itself.
+    let cached = CachedStore::new(PostgresStore::new(pool(&server.url(), 4).await));
     let key = StoreKey::new("restart", None, "evt_1");
     let first = claim(b"body");
     let record = replay_record(&first);

@@ -10,8 +10,8 @@ use tower_idempotency::key::{
     ExtractKey, FieldsFingerprintKey, HeaderKey, IdempotencyKey, JsonPathKey, KeyErrorKind,
     KeyInput, MAX_KEY_LEN,
 };
-use tower_idempotency::record::{Record, StoredResponse, StoredValue};
 use tower_idempotency::store::Token;
+use tower_idempotency::store::record::{Record, StoredResponse, StoredValue};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers

@@ -15,10 +15,11 @@ use std::time::Duration;
 use http::StatusCode;
 use redis_proxy::RoundTripProxy;
 use redis_server::RedisServer;
+use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::record::Record;
-use tower_idempotency::store::cache::LocalCache;
-use tower_idempotency::store::{Claim, Completion, IdempotencyStore, Reservation, StoreKey};
+use tower_idempotency::store::record::Record;
+use tower_idempotency::store::{CachedStore, LocalCache};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey};
 use tower_idempotency::{IdempotencyLayer, RedisStore};
 
 use suite::app::{Effects, router};
@@ -44,28 +45,32 @@ async fn store_down_fails_closed_or_open() {
     suite::fail_open_processes_without_protection(store, async || server.kill()).await;
 }
 
-/// Through the layer, a first delivery costs 2 commands (SET NX GET, EVALSHA); a duplicate
-/// costs 1 (SET NX GET) on an instance whose local cache does not hold the record, and none on
-/// one that does; as sent by the clients (`MONITOR`). A record read costs its instance one
-/// more command, once, off the request's path: how long it has left, for the cache.
+/// Through the layer, a first delivery costs 2 round trips (`SET NX GET` and `PTTL`
+/// pipelined, then `EVALSHA`); a duplicate costs 1 (`SET NX GET` and `PTTL`) on an instance
+/// whose local cache does not hold the record, even one that never saw the key (the `PTTL`
+/// tells its cache how long the record has left: nothing more is sent, in the background or
+/// later), and none on one that does; as sent by the clients (`MONITOR`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_commands_per_first_delivery_one_per_duplicate() {
+async fn two_round_trips_per_first_delivery_one_per_duplicate() {
     let server = RedisServer::start();
     let store = RedisStore::new(server.connect().await);
     store.load_scripts().await.unwrap();
     let effects = Effects::default();
     let app = router(IdempotencyLayer::new(store).namespace("cost"), &effects);
-    // A second instance on the same Redis (clones of a store share its local cache).
+    // A second instance on the same Redis, with a cache of its own.
+    let other_cache = LocalCache::new();
     let other_store = RedisStore::new(server.connect().await);
     let other = router(
-        IdempotencyLayer::new(other_store.clone()).namespace("cost"),
+        IdempotencyLayer::new(other_store)
+            .namespace("cost")
+            .local_cache(other_cache.clone()),
         &effects,
     );
 
     let monitor = server.monitor();
     let (status, _, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
+    assert_eq!(monitor.finish(), ["SET", "PTTL", "EVALSHA"]);
 
     // The instance that completed the key answers its duplicates from its local cache.
     let monitor = server.monitor();
@@ -73,32 +78,31 @@ async fn two_commands_per_first_delivery_one_per_duplicate() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(monitor.finish(), Vec::<String>::new());
 
-    // Another instance reads the record once (the duplicate's one command, `SET`; then, in
-    // the background, the `remaining` script that tells its cache how long the record has
-    // left), then answers from its own cache.
+    // Another instance reads the record once, with how long it has left, and caches it at once.
     let monitor = server.monitor();
     let (status, _, _) = send(&other, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::OK);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while other_store.cache().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "never cached");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
+    assert_eq!(other_cache.len(), 1, "cached from the reserve's answer");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        monitor.finish(),
+        ["SET", "PTTL"],
+        "nothing more, even in the background"
+    );
     let monitor = server.monitor();
     let (status, _, _) = send(&other, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(monitor.finish(), Vec::<String>::new());
     assert_eq!(effects.total(), 1);
 
-    // A failed attempt: SET, then the release script.
+    // A failed attempt: the claim, then the release script.
     let monitor = server.monitor();
     let mut req = post("/effect", Some("k2"), "{}");
     req.headers_mut()
         .insert("x-demo-fail", "true".parse().unwrap());
     let (status, _, _) = send(&app, req).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
+    assert_eq!(monitor.finish(), ["SET", "PTTL", "EVALSHA"]);
 }
 
 /// Two app instances (two clients, two routers) on one Redis: 50 concurrent deliveries of one
@@ -249,7 +253,7 @@ async fn a_batch_of_five_costs_two_round_trips() {
     let server = RedisServer::start();
     let proxy = RoundTripProxy::start(server.port(), QUIET).await;
     // Without the local cache: what the Redis store itself costs.
-    let store = RedisStore::new(proxy.connect().await).local_cache(LocalCache::off());
+    let store = RedisStore::new(proxy.connect().await);
     store.load_scripts().await.unwrap();
     let keys = batch_keys("new", N);
     let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
@@ -277,12 +281,17 @@ async fn a_batch_of_five_costs_two_round_trips() {
         sent.len(),
         rounds.len()
     );
-    let set = vec!["SET".to_owned(); N];
+    // Each claim with its `PTTL`, all in one pipeline; then every completion, in another.
+    let set: Vec<String> = ["SET", "PTTL"]
+        .repeat(N)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
     let evalsha = vec!["EVALSHA".to_owned(); N];
     assert_eq!(sent, [set.clone(), evalsha.clone()].concat());
     assert_eq!(rounds, [set.clone(), evalsha]);
 
-    // The same batch again (a duplicate delivery): one round trip of N SETs.
+    // The same batch again (a duplicate delivery): one round trip of N SETs (and PTTLs).
     let monitor = server.monitor();
     let again = Claim::new(Fingerprint::of_bytes(b"{}"));
     let duplicate = store
@@ -305,9 +314,9 @@ async fn a_batch_of_five_costs_two_round_trips() {
     assert_eq!(sent, set);
     assert_eq!(rounds, [set]);
 
-    // With the local cache (the default), an instance that completed the batch answers its
-    // duplicate with no round trip.
-    let cached = RedisStore::new(proxy.connect().await);
+    // With a local cache (what a layer puts in front of the store by default), an instance
+    // that completed the batch answers its duplicate with no round trip.
+    let cached = CachedStore::new(RedisStore::new(proxy.connect().await));
     let fresh = batch_keys("cached", N);
     let claim_c = Claim::new(Fingerprint::of_bytes(b"{}"));
     let record_c = Record::ack(claim_c.fingerprint()).owned_by(claim_c.token());
@@ -343,7 +352,8 @@ async fn a_batch_of_five_costs_two_round_trips() {
     }
     let rounds = proxy.take_rounds();
     println!("3 single-key reserves: {} round trips", rounds.len());
-    assert_eq!(rounds, vec![vec!["SET".to_owned()]; 3]);
+    let one = vec!["SET".to_owned(), "PTTL".to_owned()];
+    assert_eq!(rounds, vec![one; 3]);
 }
 
 /// Releasing and renewing a batch take one round trip each; after `SCRIPT FLUSH` (a restart,

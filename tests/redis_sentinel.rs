@@ -21,11 +21,12 @@ use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use redis_sentinel::{RedisSentinel, must};
+use tower_idempotency::IdempotencyStore;
 use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::record::Record;
-use tower_idempotency::store::redis::NotReplicated;
-use tower_idempotency::store::{Claim, IdempotencyStore, Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::store::NotReplicated;
+use tower_idempotency::store::record::Record;
+use tower_idempotency::store::{Claim, Reservation, StoreErrorKind, StoreKey};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);

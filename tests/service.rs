@@ -10,7 +10,7 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::record::Record;
+use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{
     Claim, Completion, Reservation, StoreError, StoreErrorKind, StoreKey,
 };

@@ -11,13 +11,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::Row;
+use tower_idempotency::IdempotencyStore;
+use tower_idempotency::SqliteStore;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::record::{Record, StoredResponse};
-use tower_idempotency::store::cache::LocalCache;
-use tower_idempotency::store::sql::SqliteStore;
-use tower_idempotency::store::{
-    Claim, Completion, IdempotencyStore, Reservation, StoreErrorKind, StoreKey,
-};
+use tower_idempotency::store::record::{Record, StoredResponse};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -183,7 +181,7 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     // The database's own expiry: no local cache in front (a record read back would be cached
     // for its `read_ttl`, longer than this test's retention).
     let (store, _dir) = fresh().await;
-    let store = store.local_cache(LocalCache::off());
+    let store = store;
     let key = StoreKey::new("t", None, "lease");
     let old = claim(b"x");
     store

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tower_idempotency::record::StoredValue;
+use tower_idempotency::store::record::StoredValue;
 
 fuzz_target!(|data: &[u8]| {
     match StoredValue::decode(data) {

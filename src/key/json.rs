@@ -148,6 +148,29 @@ impl JsonPathKey {
         self.paths.first().map_or("", |p| &p.source)
     }
 
+    /// The text of the one value the first path selects in `value` (a parsed JSON value: an
+    /// item of a batch), `None` when it selects none; an error when it selects several, or a
+    /// value that is not a string or an integer.
+    pub(crate) fn one_in(&self, value: &Value) -> Result<Option<String>, KeyError> {
+        let Some(path) = self.paths.first() else {
+            return Ok(None);
+        };
+        let mut found = path.dom.query(value).all().into_iter();
+        let Some(first) = found.next() else {
+            return Ok(None);
+        };
+        if found.next().is_some() {
+            return Err(KeyError::new(
+                KeyErrorKind::Other,
+                format!(
+                    "the path {} selects several values; one was expected",
+                    path.source
+                ),
+            ));
+        }
+        scalar_text(first, &path.source).map(Some)
+    }
+
     /// Where the key is expected, for the `missing_key` detail: the paths, comma-separated.
     pub(crate) fn describe(&self) -> String {
         let paths: Vec<&str> = self.paths.iter().map(|p| p.source.as_str()).collect();

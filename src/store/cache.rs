@@ -1,156 +1,32 @@
-//! [`LocalCache`]: a bounded in-process cache of completed records in front of a shared store,
-//! so that an instance answers repeated duplicates without a round trip. The Redis and SQL
-//! stores hold one by default (`local_cache` on each); [`CachedStore`] puts one in front of any
-//! other store.
+//! [`LocalCache`] and [`CachedStore`]: a bounded in-process cache of completed records in
+//! front of a shared store, so that an instance answers repeated duplicates without a round
+//! trip. A layer puts one in front of every store that talks to a server (see
+//! [`IdempotencyLayer::local_cache`](crate::IdempotencyLayer::local_cache)); [`CachedStore`] is
+//! that composition as a store of its own, the one place where a store call goes through the
+//! cache.
 //!
-//! A completed record never changes until it expires (see the state machine in the crate
-//! docs), so it can be copied. An in-flight claim can change at any moment (completed,
-//! released, expired, taken over): it is never cached, and neither is the absence of a key.
+//! A completed record never changes until it expires (see the [state machine](super)), so it
+//! can be copied. An in-flight claim can change at any moment (completed, released, expired,
+//! taken over): it is never cached, and neither is the absence of a key.
 //!
-//! # What is cached, and until when
 //!
-//! - **Records this instance completed** ([`Completion::Written`]): until the record's
-//!   retention ends in the store, or [`max_ttl`](CachedStore::max_ttl) (default
-//!   [`DEFAULT_MAX_TTL`], 10 minutes), whichever comes first. The clock starts before the
-//!   store is asked, so the entry does not outlive the record.
-//! - **Records read from the store** (a [`reserve`](IdempotencyStore::reserve) that found the
-//!   key completed) and retried completions ([`Completion::AlreadyWritten`]): their retention
-//!   started elsewhere, so the cache asks the store how long each has left
-//!   ([`IdempotencyStore::remaining`]: one round trip, on a spawned task, off the request's
-//!   path) and keeps it that long, and at most [`read_ttl`](CachedStore::read_ttl) (default
-//!   [`DEFAULT_READ_TTL`], 5 seconds). Until the answer is in, duplicates of the record still
-//!   ask the store; a store that cannot tell (the trait's default) has its reads never
-//!   cached, and neither are reads made outside a Tokio runtime (there is no task to ask on).
-//!   Entries end a millisecond before the store's (which counts whole milliseconds), so no
-//!   entry outlives its record's expiry in the store. What no cache can see is
-//!   a record the store drops *before* its expiry (evicted, deleted by hand): that one may
-//!   still be answered up to `read_ttl` later (see below); set `read_ttl` to zero to never
-//!   cache a record you did not write.
-//! - A cache hit answers [`Reservation::Completed`] with no call to the inner store. A miss
-//!   asks the inner store, as without the cache. Batches ([`reserve_many`]) send only the keys
-//!   the cache does not hold, in one call, and merge the answers in order.
-//! - [`complete`](IdempotencyStore::complete), [`release`](IdempotencyStore::release) and
-//!   [`renew`](IdempotencyStore::renew) always go to the inner store. A reserve answer that
-//!   shows a key is not completed (acquired, in flight) drops whatever the cache held for it,
-//!   and so does every release and renewal (a claim only releases or renews keys it acquired
-//!   from the inner store, so a record cached for one is stale at best).
-//!
-//! Exactly-once is unchanged: every claim is still taken by the inner store, atomically, and
-//! only a completed record, which the inner store answered or was told to write, is ever
-//! served from the cache, so a duplicate is never answered 2xx before the first attempt has
-//! succeeded.
-//!
-//! # Deleting keys by hand
-//!
-//! Deleting a completed key from the shared store (to have an event processed again) is not
-//! seen by an instance that cached it until its entry expires: at most
-//! [`max_ttl`](CachedStore::max_ttl) for a key it completed itself, at most
-//! [`read_ttl`](CachedStore::read_ttl) for one it read. Wait that long before redelivering, or
-//! call [`clear`](CachedStore::clear) on every instance (from an admin endpoint, say).
-//!
-//! # Memory
-//!
-//! The cache holds at most [`max_entries`](CachedStore::max_entries) records (default
-//! [`DEFAULT_MAX_ENTRIES`]) and at most [`max_bytes`](CachedStore::max_bytes) accounted bytes
-//! (default [`DEFAULT_MAX_BYTES`]): an entry counts [`ENTRY_BYTES`], plus the stored response
-//! of a replay-mode record (body, headers and trailers). When full, the entries cached first
-//! are evicted first. The key space is split into up to 16 independently locked shards, each
-//! with its share of both bounds; a record larger than a shard's share of the bytes is not
-//! cached. Expired entries are dropped lazily: when looked up, or when they reach the front of
-//! their shard's queue. Every operation is O(1).
-//!
-//! ```
-//! use std::time::Duration;
-//! use tower_idempotency::fingerprint::Fingerprint;
-//! use tower_idempotency::record::Record;
-//! use tower_idempotency::store::{CachedStore, Claim, Completion, IdempotencyStore};
-//! use tower_idempotency::store::{MemoryStore, Reservation, StoreKey};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! // In production the inner store is shared (Redis and SQL stores have a cache of their own:
-//! // `CachedStore` is for other stores).
-//! let store = CachedStore::new(MemoryStore::new())
-//!     .max_entries(50_000)
-//!     .max_bytes(32 * 1024 * 1024)
-//!     .max_ttl(Duration::from_secs(300))
-//!     .read_ttl(Duration::from_secs(2));
-//!
-//! let key = StoreKey::new("docs", None, "evt_1");
-//! let lease = Duration::from_secs(30);
-//! let first = Claim::new(Fingerprint::of_bytes(b"{}"));
-//! assert_eq!(store.reserve(&key, &first, lease).await.unwrap(), Reservation::Acquired);
-//! // In flight: never cached.
-//! let second = Claim::new(Fingerprint::of_bytes(b"{}"));
-//! let answer = store.reserve(&key, &second, lease).await.unwrap();
-//! assert!(matches!(answer, Reservation::InFlight { .. }));
-//! assert_eq!(store.len(), 0);
-//!
-//! let record = Record::ack(first.fingerprint());
-//! let retention = Duration::from_secs(72 * 3600);
-//! let done = store.complete(&key, &first, &record, retention).await.unwrap();
-//! assert_eq!(done, Completion::Written);
-//! // Completed: duplicates are answered from the cache, without asking the inner store.
-//! assert_eq!(store.len(), 1);
-//! let answer = store.reserve(&key, &second, lease).await.unwrap();
-//! assert!(matches!(answer, Reservation::Completed(_)));
-//!
-//! store.clear();
-//! assert!(store.is_empty());
-//! # }
-//! ```
-//!
-//! [`reserve_many`]: IdempotencyStore::reserve_many
+//! See [`LocalCache`] for what is cached, until when, and what it costs.
 
-use std::collections::{HashMap, VecDeque, hash_map};
 use std::fmt;
-use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::map::{ExpiringMap, Weigh};
 use super::record::Record;
-use super::slot::{Slot, SlotHasher};
-use super::{
-    Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey,
-};
-
-/// The default bound on the number of cached records: 100 000, about 20 MB of ack-mode
-/// records ([`ENTRY_BYTES`] each). At 160 first deliveries a second, that is every record of
-/// the last 10 minutes ([`DEFAULT_MAX_TTL`]); above that rate the oldest go first, and the
-/// duplicates that come in bursts, seconds after the first delivery, are still answered from
-/// the cache.
-pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
-
-/// The default bound on the bytes the cache accounts for: 64 MiB. It is what bounds a cache
-/// of replay-mode records, which carry the response body: 100 000 responses of 1 KiB would
-/// take about 150 MB.
-pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
-
-/// The default longest life of a cached record: 10 minutes.
-///
-/// The duplicates worth saving a round trip for come soon after the first delivery: a sender
-/// that timed out and retried, an at-least-once queue redelivering, the first retries of a
-/// webhook provider's schedule (Standard Webhooks retries after 5 seconds, then 5 minutes). A
-/// duplicate arriving later costs one round trip, as without the cache. And it bounds how long
-/// an instance that completed a key answers it as a duplicate after the key was deleted from
-/// the shared store by hand.
-pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(600);
-
-/// The default longest life of a record read from the store rather than written by this
-/// instance: 5 seconds (and never past the record's expiry in the store, which the cache asks
-/// the store for). This is how late a duplicate may be answered after the record was deleted
-/// from the store by hand. Short enough to be harmless, long enough to absorb a burst of
-/// duplicates with one round trip.
-pub const DEFAULT_READ_TTL: Duration = Duration::from_secs(5);
+use super::slot::Slot;
+use super::{Claim, Completion, OrderedEvent, Reservation, StoreError, StoreErrorKind, StoreKey};
+use crate::IdempotencyStore;
+use crate::order::EqualPositions;
 
 /// How much earlier than the store a cached record expires: stores count time in whole
 /// milliseconds (Redis, SQL), rounded down from a clock read after the cache's own, so the
 /// cache ends its entries this much sooner and never after the store.
 const CLOCK_MARGIN: Duration = Duration::from_millis(1);
-
-/// What one cached record is accounted as, before any stored response: its slot in the
-/// shard's table (key, record, expiry) and in its eviction queue, with the tables' slack.
-pub const ENTRY_BYTES: usize = 192;
 
 /// What a replay-mode record's stored response is accounted as, on top of its body and header
 /// bytes: the boxed response and its header maps.
@@ -159,137 +35,143 @@ const RESPONSE_BYTES: usize = 256;
 /// What each stored header (or trailer) is accounted as, on top of its name and value bytes.
 const HEADER_BYTES: usize = 64;
 
-/// At most this many independently locked shards.
-const MAX_SHARDS: usize = 16;
+/// A cached record, as the map weighs it.
+struct Cached(Record);
 
-/// A shard is only split off for at least this many entries and this many bytes, so that
-/// small caches keep their bounds exact and can hold large records.
-const MIN_SHARD_ENTRIES: usize = 64;
-const MIN_SHARD_BYTES: usize = 1024 * 1024;
+impl Weigh for Cached {
+    fn bytes(&self) -> usize {
+        cost(&self.0)
+    }
 
-/// An [`IdempotencyStore`] that keeps recently completed records of `St` in a bounded local
-/// cache and answers duplicates of them without calling `St`. See the
-/// [module docs](crate::store::cache) for what is cached and until when.
+    /// Anything may go: the store still holds it.
+    fn evictable(&self) -> bool {
+        true
+    }
+}
+
+/// What `record` is accounted as.
+fn cost(record: &Record) -> usize {
+    let headers = |h: &http::HeaderMap| -> usize {
+        h.iter()
+            .map(|(name, value)| HEADER_BYTES + name.as_str().len() + value.len())
+            .sum()
+    };
+    LocalCache::ENTRY_BYTES
+        + record.response().map_or(0, |r| {
+            RESPONSE_BYTES + r.body().len() + headers(r.headers()) + r.trailers().map_or(0, headers)
+        })
+}
+
+/// The local cache of completed records: bounds and lives.
 ///
-/// Cheap to clone: clones share the cache. The builder methods
-/// [`max_entries`](Self::max_entries) and [`max_bytes`](Self::max_bytes) start a new, empty
-/// cache: call them when building the store, before cloning it.
+/// Cheap to clone: clones share the records, so one cache may serve several layers (give each
+/// layer a clone with [`IdempotencyLayer::local_cache`](crate::IdempotencyLayer::local_cache)).
+/// The builder methods [`max_entries`](Self::max_entries) and [`max_bytes`](Self::max_bytes)
+/// start a new, empty cache.
+///
+/// # What is cached, and until when
+///
+/// - **Records this instance completed** ([`Completion::Written`]): until the record's
+///   retention ends in the store, or [`max_ttl`](Self::max_ttl) (default
+///   [`Self::DEFAULT_MAX_TTL`], 10 minutes), whichever comes first. The clock starts
+///   before the store is asked, so the entry does not outlive the record.
+/// - **Records read from the store** (a reserve that found the key completed) and retried
+///   completions ([`Completion::AlreadyWritten`]): their retention started elsewhere, so the
+///   cache asks the store how long each has left ([`IdempotencyStore::remaining`]: one round
+///   trip, on a spawned task, off the request's path) and keeps it that long, and at most
+///   [`read_ttl`](Self::read_ttl) (default [`Self::DEFAULT_READ_TTL`], 5 seconds).
+///   A store that says so with the record it reads ([`Record::expires_in`]: the Redis store's
+///   reserve pipelines a `PTTL`, the SQL stores read it in the same statement, the memory store
+///   knows) spares that call: the record is cached at once. Otherwise, until the answer is in,
+///   duplicates of the record still ask the store; a store that cannot tell (the trait's
+///   default) has its reads never cached, and neither are reads made outside a Tokio runtime
+///   (there is no task to ask on). Entries end a millisecond before the
+///   store's (which counts whole milliseconds), so no entry outlives its record's expiry in
+///   the store. What no cache can see is a record the store drops *before* its expiry
+///   (evicted, deleted by hand): that one may still be answered up to `read_ttl` later (see
+///   below); set `read_ttl` to zero to never cache a record you did not write.
+/// - A cache hit answers [`Reservation::Completed`] with no call to the inner store. A miss
+///   asks the inner store, as without the cache. Batches send only the keys the cache does not
+///   hold, in one call, and merge the answers in order; ordered events likewise.
+/// - Completions, releases and renewals always go to the inner store. A reserve answer that
+///   shows a key is not completed (acquired, in flight, stale, its object busy) drops whatever
+///   the cache held for it, and so does every release and renewal (a claim only releases or
+///   renews keys it acquired from the inner store, so a record cached for one is stale at
+///   best).
+///
+/// Exactly-once is unchanged: every claim is still taken by the inner store, atomically, and
+/// only a completed record, which the inner store answered or was told to write, is ever
+/// served from the cache, so a duplicate is never answered 2xx before the first attempt has
+/// succeeded.
+///
+/// # Deleting keys by hand
+///
+/// Deleting a completed key from the shared store (to have an event processed again) is not
+/// seen by an instance that cached it until its entry expires: at most
+/// [`max_ttl`](Self::max_ttl) for a key it completed itself, at most
+/// [`read_ttl`](Self::read_ttl) for one it read. Wait that long before redelivering, or
+/// call [`clear`](Self::clear) on every instance (from an admin endpoint, say).
+///
+/// # Memory
+///
+/// The cache holds at most [`max_entries`](Self::max_entries) records (default
+/// [`Self::DEFAULT_MAX_ENTRIES`]) and at most [`max_bytes`](Self::max_bytes)
+/// accounted bytes (default [`Self::DEFAULT_MAX_BYTES`]): an entry counts
+/// [`Self::ENTRY_BYTES`], plus the stored response of a replay-mode record (body,
+/// headers and trailers). It is the crate's one bounded, expiring, sharded map (the memory
+/// store's too): up to 16 independently locked shards, each with its share of both bounds;
+/// when one is full, the entry nearest to its expiry goes (with one life for the records this
+/// instance writes, the oldest), and a record larger than a shard's share of the bytes is not
+/// cached. Expired entries are dropped whenever their shard is touched. Every operation is
+/// O(1).
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency::IdempotencyLayer;
-/// use tower_idempotency::store::{CachedStore, MemoryStore};
+/// use tower_idempotency::{IdempotencyStore, MemoryStore};
+/// use tower_idempotency::fingerprint::Fingerprint;
+/// use tower_idempotency::store::record::Record;
+/// use tower_idempotency::store::{CachedStore, Claim, Completion, LocalCache, Reservation, StoreKey};
 ///
-/// // `MemoryStore` stands in for a shared store (`RedisStore`, `PostgresStore`).
-/// let store = CachedStore::new(MemoryStore::new()).read_ttl(Duration::from_secs(2));
-/// let layer = IdempotencyLayer::new(store.clone());
-/// # let _ = layer;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // In production the inner store is shared (Redis, SQL): a layer on one of those composes
+/// // this by itself. The memory store stands in for one here.
+/// let cache = LocalCache::new()
+///     .max_entries(50_000)
+///     .max_bytes(32 * 1024 * 1024)
+///     .max_ttl(Duration::from_secs(300))
+///     .read_ttl(Duration::from_secs(2));
+/// let store = CachedStore::with_cache(MemoryStore::new(), cache);
+///
+/// let key = StoreKey::new("docs", None, "evt_1");
+/// let lease = Duration::from_secs(30);
+/// let first = Claim::new(Fingerprint::of_bytes(b"{}"));
+/// assert_eq!(store.reserve(&key, &first, lease).await.unwrap(), Reservation::Acquired);
+/// // In flight: never cached.
+/// let second = Claim::new(Fingerprint::of_bytes(b"{}"));
+/// let answer = store.reserve(&key, &second, lease).await.unwrap();
+/// assert!(matches!(answer, Reservation::InFlight { .. }));
 /// assert_eq!(store.len(), 0);
-/// ```
-#[derive(Clone)]
-pub struct CachedStore<St> {
-    inner: St,
-    cache: LocalCache,
-}
-
-impl<St> CachedStore<St> {
-    /// Wraps `inner` with a cache of at most [`DEFAULT_MAX_ENTRIES`] records and
-    /// [`DEFAULT_MAX_BYTES`] bytes, kept at most [`DEFAULT_MAX_TTL`] ([`DEFAULT_READ_TTL`] for
-    /// records read from `inner`).
-    pub fn new(inner: St) -> Self {
-        Self::with_cache(inner, LocalCache::new())
-    }
-
-    /// Wraps `inner` with `cache` (which clones of other stores may share).
-    pub fn with_cache(inner: St, cache: LocalCache) -> Self {
-        CachedStore { inner, cache }
-    }
-
-    /// Sets the bound on the number of cached records (default [`DEFAULT_MAX_ENTRIES`]); zero
-    /// turns the cache off. Starts a new, empty cache.
-    pub fn max_entries(mut self, max_entries: usize) -> Self {
-        self.cache = self.cache.max_entries(max_entries);
-        self
-    }
-
-    /// Sets the bound on the accounted bytes (default [`DEFAULT_MAX_BYTES`]): [`ENTRY_BYTES`]
-    /// per record, plus the stored response of replay-mode records. Starts a new, empty cache.
-    pub fn max_bytes(mut self, max_bytes: usize) -> Self {
-        self.cache = self.cache.max_bytes(max_bytes);
-        self
-    }
-
-    /// Sets the longest time a record is cached (default [`DEFAULT_MAX_TTL`]); see
-    /// [`LocalCache::max_ttl`].
-    pub fn max_ttl(mut self, max_ttl: Duration) -> Self {
-        self.cache = self.cache.max_ttl(max_ttl);
-        self
-    }
-
-    /// Sets how long a record read from the inner store is cached at most (default
-    /// [`DEFAULT_READ_TTL`]); see [`LocalCache::read_ttl`].
-    pub fn read_ttl(mut self, read_ttl: Duration) -> Self {
-        self.cache = self.cache.read_ttl(read_ttl);
-        self
-    }
-
-    /// The wrapped store.
-    pub fn inner(&self) -> &St {
-        &self.inner
-    }
-
-    /// The cache.
-    pub fn cache(&self) -> &LocalCache {
-        &self.cache
-    }
-
-    /// Unwraps the store, dropping this handle on the cache.
-    pub fn into_inner(self) -> St {
-        self.inner
-    }
-
-    /// The number of records held, including expired ones not yet dropped (they are dropped
-    /// lazily, see the [module docs](crate::store::cache)).
-    pub fn len(&self) -> usize {
-        self.cache.len()
-    }
-
-    /// Whether the cache holds no record.
-    pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
-    }
-
-    /// The bytes accounted for the records held ([`ENTRY_BYTES`] each, plus stored responses).
-    pub fn bytes(&self) -> usize {
-        self.cache.bytes()
-    }
-
-    /// Forgets every cached record (of every clone of this store); see [`LocalCache::clear`].
-    pub fn clear(&self) {
-        self.cache.clear()
-    }
-}
-
-impl<St: fmt::Debug> fmt::Debug for CachedStore<St> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CachedStore")
-            .field("inner", &self.inner)
-            .field("cache", &self.cache)
-            .finish()
-    }
-}
-
-/// The local cache of completed records itself: what [`CachedStore`] puts in front of any
-/// store, and what the Redis and SQL stores hold by default (`RedisStore::local_cache`,
-/// `SqlStore::local_cache`). See the [module docs](self) for what is cached and until when.
 ///
-/// Cheap to clone: clones share the records. The builder methods
-/// [`max_entries`](Self::max_entries) and [`max_bytes`](Self::max_bytes) start a new, empty
-/// cache.
+/// let record = Record::ack(first.fingerprint());
+/// let retention = Duration::from_secs(72 * 3600);
+/// let done = store.complete(&key, &first, &record, retention).await.unwrap();
+/// assert_eq!(done, Completion::Written);
+/// // Completed: duplicates are answered from the cache, without asking the inner store.
+/// assert_eq!(store.len(), 1);
+/// let answer = store.reserve(&key, &second, lease).await.unwrap();
+/// assert!(matches!(answer, Reservation::Completed(_)));
+///
+/// store.cache().clear();
+/// assert!(store.is_empty());
+/// # }
+/// ```
+///
+/// # Building one
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency::store::cache::LocalCache;
+/// use tower_idempotency::store::LocalCache;
 ///
 /// let cache = LocalCache::new()
 ///     .max_entries(50_000)
@@ -300,7 +182,9 @@ impl<St: fmt::Debug> fmt::Debug for CachedStore<St> {
 /// ```
 #[derive(Clone)]
 pub struct LocalCache {
-    cache: Arc<Cache>,
+    map: Arc<ExpiringMap<Cached>>,
+    max_entries: usize,
+    max_bytes: usize,
     max_ttl: Duration,
     read_ttl: Duration,
 }
@@ -314,23 +198,63 @@ impl Default for LocalCache {
 impl fmt::Debug for LocalCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LocalCache")
-            .field("max_entries", &self.cache.max_entries)
-            .field("max_bytes", &self.cache.max_bytes)
+            .field("max_entries", &self.max_entries)
+            .field("max_bytes", &self.max_bytes)
             .field("max_ttl", &self.max_ttl)
             .field("read_ttl", &self.read_ttl)
-            .field("shards", &self.cache.shards.len())
             .finish()
     }
 }
 
 impl LocalCache {
-    /// A cache of at most [`DEFAULT_MAX_ENTRIES`] records and [`DEFAULT_MAX_BYTES`] bytes,
-    /// kept at most [`DEFAULT_MAX_TTL`] ([`DEFAULT_READ_TTL`] for records read from the store).
+    /// The default bound on the number of cached records: 100 000, about 20 MB of ack-mode
+    /// records ([`ENTRY_BYTES`](Self::ENTRY_BYTES) each). At 160 first deliveries a second,
+    /// that is every record of the last 10 minutes ([`DEFAULT_MAX_TTL`](Self::DEFAULT_MAX_TTL));
+    /// above that rate the oldest go first, and the duplicates that come in bursts, seconds
+    /// after the first delivery, are still answered from the cache.
+    pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
+
+    /// The default bound on the bytes the cache accounts for: 64 MiB. It is what bounds a
+    /// cache of replay-mode records, which carry the response body: 100 000 responses of 1 KiB
+    /// would take about 150 MB.
+    pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+    /// The default longest life of a cached record: 10 minutes.
+    ///
+    /// The duplicates worth saving a round trip for come soon after the first delivery: a
+    /// sender that timed out and retried, an at-least-once queue redelivering, the first
+    /// retries of a webhook provider's schedule (Standard Webhooks retries after 5 seconds,
+    /// then 5 minutes). A duplicate arriving later costs one round trip, as without the cache.
+    /// And it bounds how long an instance that completed a key answers it as a duplicate after
+    /// the key was deleted from the shared store by hand.
+    pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(600);
+
+    /// The default longest life of a record read from the store rather than written by this
+    /// instance: 5 seconds (and never past the record's expiry in the store, which the cache
+    /// asks the store for). This is how late a duplicate may be answered after the record was
+    /// deleted from the store by hand. Short enough to be harmless, long enough to absorb a
+    /// burst of duplicates with one round trip.
+    pub const DEFAULT_READ_TTL: Duration = Duration::from_secs(5);
+
+    /// What one cached record is accounted as, before any stored response: its slot in the
+    /// shard's table (key, record, expiry) and in its expiry queue, with the tables' slack.
+    pub const ENTRY_BYTES: usize = 192;
+
+    /// A cache of at most [`DEFAULT_MAX_ENTRIES`](Self::DEFAULT_MAX_ENTRIES) records and
+    /// [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES) bytes, kept at most
+    /// [`DEFAULT_MAX_TTL`](Self::DEFAULT_MAX_TTL) ([`DEFAULT_READ_TTL`](Self::DEFAULT_READ_TTL)
+    /// for records read from the store).
     pub fn new() -> Self {
+        Self::with_bounds(Self::DEFAULT_MAX_ENTRIES, Self::DEFAULT_MAX_BYTES)
+    }
+
+    fn with_bounds(max_entries: usize, max_bytes: usize) -> Self {
         LocalCache {
-            cache: Arc::new(Cache::new(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES)),
-            max_ttl: DEFAULT_MAX_TTL,
-            read_ttl: DEFAULT_READ_TTL,
+            map: Arc::new(ExpiringMap::new(max_entries, max_bytes)),
+            max_entries,
+            max_bytes,
+            max_ttl: Self::DEFAULT_MAX_TTL,
+            read_ttl: Self::DEFAULT_READ_TTL,
         }
     }
 
@@ -341,46 +265,54 @@ impl LocalCache {
 
     /// Whether the cache can hold records (it is not [`off`](Self::off)).
     pub fn is_on(&self) -> bool {
-        self.cache.max_entries > 0 && !self.cache.shards.is_empty()
+        self.map.holds_anything()
     }
 
-    /// Sets the bound on the number of cached records (default [`DEFAULT_MAX_ENTRIES`]); zero
-    /// turns the cache off. Starts a new, empty cache.
-    pub fn max_entries(mut self, max_entries: usize) -> Self {
-        self.cache = Arc::new(Cache::new(max_entries, self.cache.max_bytes));
-        self
+    /// Sets the bound on the number of cached records (default
+    /// [`DEFAULT_MAX_ENTRIES`](Self::DEFAULT_MAX_ENTRIES)); zero turns the cache off. Starts a
+    /// new, empty cache.
+    pub fn max_entries(self, max_entries: usize) -> Self {
+        LocalCache {
+            max_ttl: self.max_ttl,
+            read_ttl: self.read_ttl,
+            ..Self::with_bounds(max_entries, self.max_bytes)
+        }
     }
 
-    /// Sets the bound on the accounted bytes (default [`DEFAULT_MAX_BYTES`]): [`ENTRY_BYTES`]
-    /// per record, plus the stored response of replay-mode records. Starts a new, empty cache.
-    pub fn max_bytes(mut self, max_bytes: usize) -> Self {
-        self.cache = Arc::new(Cache::new(self.cache.max_entries, max_bytes));
-        self
+    /// Sets the bound on the accounted bytes (default
+    /// [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES)): [`ENTRY_BYTES`](Self::ENTRY_BYTES) per
+    /// record, plus the stored response of replay-mode records. Starts a new, empty cache.
+    pub fn max_bytes(self, max_bytes: usize) -> Self {
+        LocalCache {
+            max_ttl: self.max_ttl,
+            read_ttl: self.read_ttl,
+            ..Self::with_bounds(self.max_entries, max_bytes)
+        }
     }
 
-    /// Sets the longest time a record is cached (default [`DEFAULT_MAX_TTL`]). A record this
-    /// instance completed is cached for its retention or `max_ttl`, whichever is shorter; this
-    /// is also how long a key deleted from the store by hand may still be answered as a
-    /// duplicate by this instance.
+    /// Sets the longest time a record is cached (default
+    /// [`DEFAULT_MAX_TTL`](Self::DEFAULT_MAX_TTL)). A record this instance completed is cached
+    /// for its retention or `max_ttl`, whichever is shorter; this is also how long a key
+    /// deleted from the store by hand may still be answered as a duplicate by this instance.
     pub fn max_ttl(mut self, max_ttl: Duration) -> Self {
         self.max_ttl = max_ttl;
         self
     }
 
     /// Sets how long a record read from the store (not written by this instance) is cached at
-    /// most (default [`DEFAULT_READ_TTL`], never more than [`max_ttl`](Self::max_ttl), never
-    /// past the record's expiry in the store): how late a duplicate may be answered after the
-    /// record was deleted from the store by hand. Zero caches only the records this instance
-    /// wrote.
+    /// most (default [`DEFAULT_READ_TTL`](Self::DEFAULT_READ_TTL), never more than
+    /// [`max_ttl`](Self::max_ttl), never past the record's expiry in the store): how late a
+    /// duplicate may be answered after the record was deleted from the store by hand. Zero
+    /// caches only the records this instance wrote.
     pub fn read_ttl(mut self, read_ttl: Duration) -> Self {
         self.read_ttl = read_ttl;
         self
     }
 
     /// The number of records held, including expired ones not yet dropped (they are dropped
-    /// lazily, see the [module docs](crate::store::cache)).
+    /// when their shard is next touched).
     pub fn len(&self) -> usize {
-        self.cache.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.map.len()
     }
 
     /// Whether the cache holds no record.
@@ -388,20 +320,34 @@ impl LocalCache {
         self.len() == 0
     }
 
-    /// The bytes accounted for the records held ([`ENTRY_BYTES`] each, plus stored responses).
+    /// The bytes accounted for the records held ([`ENTRY_BYTES`](Self::ENTRY_BYTES) each, plus
+    /// stored responses).
     pub fn bytes(&self) -> usize {
-        self.cache.shards.iter().map(|s| lock(s).bytes).sum()
+        self.map.bytes()
     }
 
     /// Forgets every cached record (of every clone of this cache): the next duplicate of each
     /// key asks the store. What an operator who deleted keys from the shared store by hand
     /// calls on every instance.
     pub fn clear(&self) {
-        for shard in self.cache.shards.iter() {
-            let mut state = lock(shard);
-            state.map.clear();
-            state.queue.clear();
-            state.bytes = 0;
+        self.map.clear()
+    }
+
+    /// The live record cached for `key`.
+    fn get(&self, key: &StoreKey) -> Option<Record> {
+        if !self.is_on() {
+            return None;
+        }
+        let slot = Slot::of(key);
+        let (table, now) = self.map.shard(&slot);
+        table.get(&slot, now).map(|cached| cached.0.clone())
+    }
+
+    /// Drops the entry for `key`, if any.
+    fn forget(&self, key: &StoreKey) {
+        if self.is_on() {
+            let slot = Slot::of(key);
+            self.map.shard(&slot).0.remove(&slot);
         }
     }
 
@@ -421,17 +367,20 @@ impl LocalCache {
         retention.min(self.max_ttl).saturating_sub(CLOCK_MARGIN)
     }
 
-    /// Caches `record` for `key` until `life` after `from`.
+    /// Caches `record` for `key` until `life` after `from` (a clock read made before the
+    /// store was asked).
     fn remember(&self, key: &StoreKey, record: &Record, from: Instant, life: Duration) {
-        if life.is_zero() {
+        if life.is_zero() || !self.is_on() || cost(record) > self.map.shard_bytes() {
             return;
         }
-        // Past what `Instant` can hold: a century is as good as forever.
-        let expires = from
-            .checked_add(life)
-            .unwrap_or_else(|| from + Duration::from_secs(100 * 365 * 24 * 3600));
-        // `from` is a clock read already made: it serves to find expired entries to drop.
-        self.cache.insert_at(key, record, expires, from);
+        let slot = Slot::of(key);
+        let (mut table, now) = self.map.shard(&slot);
+        let expires = self
+            .map
+            .nanos_at(from)
+            .saturating_add(super::map::nanos(life));
+        // Evicting is always allowed: the store still holds whatever goes.
+        let _ = table.insert_until(slot, Cached(record.clone()), expires, life, now, true);
     }
 
     /// Caches the records of `found`, read from `source`, for as long as `source` still keeps
@@ -452,7 +401,7 @@ impl LocalCache {
         runtime.spawn(async move {
             for (key, record) in found {
                 // Learnt meanwhile (a burst of duplicates, each a miss): nothing to ask.
-                if cache.cache.get(&key).is_some() {
+                if cache.get(&key).is_some() {
                     continue;
                 }
                 // Before the store is asked: the entry ends no later than the record.
@@ -473,61 +422,244 @@ impl LocalCache {
         });
     }
 
-    /// A reserve through the cache: a live cached record answers [`Reservation::Completed`]
-    /// and `store` (the store's own reserve, on `source`) is never polled; otherwise a
-    /// completed record it answers is [learnt](Self::learn) from `source`.
-    pub(crate) async fn reserve<St: IdempotencyStore>(
+    /// What a reserve's answer (to a call made at `asked`) teaches: a completed record is
+    /// cached for as long as the store said it keeps it, when it said (at most the read life),
+    /// or else learnt from the store in the background (in `found`); any other answer drops
+    /// what was cached for `key`.
+    fn heed(
         &self,
         key: &StoreKey,
-        source: &St,
-        store: impl Future<Output = Result<Reservation, StoreError>>,
-    ) -> Result<Reservation, StoreError> {
-        if let Some(record) = self.cache.get(key) {
-            return Ok(Reservation::Completed(record));
-        }
-        let answer = store.await?;
-        match &answer {
-            Reservation::Completed(record) if self.learns() => {
-                self.learn(source, vec![(key.clone(), record.clone())]);
-            }
+        answer: &Reservation,
+        asked: Instant,
+        found: &mut Vec<(StoreKey, Record)>,
+    ) {
+        match answer {
+            Reservation::Completed(record) if self.learns() => match record.expires_in() {
+                Some(left) => {
+                    let life = left.min(self.read_life()).saturating_sub(CLOCK_MARGIN);
+                    self.remember(key, record, asked, life);
+                }
+                None => found.push((key.clone(), record.clone())),
+            },
             Reservation::Completed(_) => {}
-            _ => self.cache.forget(key),
+            _ => self.forget(key),
         }
-        Ok(answer)
     }
 
-    /// A completion through the cache: `store` (on `source`) always runs. A record it wrote
-    /// is cached for its retention (at most `max_ttl`), counted from before the call; one an
-    /// earlier attempt of the claim wrote, whose retention started earlier, is
-    /// [learnt](Self::learn).
-    pub(crate) async fn complete<St: IdempotencyStore>(
+    /// What a completion teaches: a record written is cached for its retention (at most
+    /// `max_ttl`) from `asked`; one an earlier attempt of the claim wrote, whose retention
+    /// started earlier, is learnt (in `found`).
+    #[allow(clippy::too_many_arguments)]
+    fn heed_completion(
         &self,
         key: &StoreKey,
+        done: Completion,
+        owned: &Record,
+        retention: Duration,
+        asked: Instant,
+        found: &mut Vec<(StoreKey, Record)>,
+    ) {
+        match done {
+            Completion::Written => self.remember(key, owned, asked, self.written_life(retention)),
+            Completion::AlreadyWritten if self.learns() => found.push((key.clone(), owned.clone())),
+            _ => {}
+        }
+    }
+}
+
+/// An [`IdempotencyStore`] that keeps recently completed records of `St` in a [`LocalCache`]
+/// and answers duplicates of them without calling `St`: the one forwarding store of the crate.
+/// See [`LocalCache`] for what is cached and until when.
+///
+/// A layer composes this by itself in front of a store that talks to a server; use it directly
+/// to call a store outside a layer, or to wrap a store of your own.
+///
+/// Cheap to clone: clones share the cache.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::MemoryStore;
+/// use tower_idempotency::store::{CachedStore, LocalCache};
+///
+/// // `MemoryStore` stands in for a shared store (`RedisStore`, `PostgresStore`).
+/// let store = CachedStore::new(MemoryStore::new()).read_ttl(Duration::from_secs(2));
+/// assert_eq!(store.len(), 0);
+/// let shared = LocalCache::new().max_entries(10_000);
+/// let other = CachedStore::with_cache(MemoryStore::new(), shared.clone());
+/// # let _ = other;
+/// ```
+#[derive(Clone)]
+pub struct CachedStore<St> {
+    inner: St,
+    cache: LocalCache,
+}
+
+impl<St> CachedStore<St> {
+    /// Wraps `inner` with a new [`LocalCache::new`].
+    pub fn new(inner: St) -> Self {
+        Self::with_cache(inner, LocalCache::new())
+    }
+
+    /// Wraps `inner` with `cache` (which other stores or layers may share).
+    pub fn with_cache(inner: St, cache: LocalCache) -> Self {
+        CachedStore { inner, cache }
+    }
+
+    /// Sets the bound on the number of cached records; see [`LocalCache::max_entries`].
+    pub fn max_entries(mut self, max_entries: usize) -> Self {
+        self.cache = self.cache.max_entries(max_entries);
+        self
+    }
+
+    /// Sets the bound on the accounted bytes; see [`LocalCache::max_bytes`].
+    pub fn max_bytes(mut self, max_bytes: usize) -> Self {
+        self.cache = self.cache.max_bytes(max_bytes);
+        self
+    }
+
+    /// Sets the longest time a record is cached; see [`LocalCache::max_ttl`].
+    pub fn max_ttl(mut self, max_ttl: Duration) -> Self {
+        self.cache = self.cache.max_ttl(max_ttl);
+        self
+    }
+
+    /// Sets how long a record read from the inner store is cached at most; see
+    /// [`LocalCache::read_ttl`].
+    pub fn read_ttl(mut self, read_ttl: Duration) -> Self {
+        self.cache = self.cache.read_ttl(read_ttl);
+        self
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &St {
+        &self.inner
+    }
+
+    /// The cache.
+    pub fn cache(&self) -> &LocalCache {
+        &self.cache
+    }
+
+    /// Unwraps the store, dropping this handle on the cache.
+    pub fn into_inner(self) -> St {
+        self.inner
+    }
+
+    /// The number of records cached ([`LocalCache::len`]).
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Whether the cache holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+    }
+
+    /// The bytes accounted for the records cached ([`LocalCache::bytes`]).
+    pub fn bytes(&self) -> usize {
+        self.cache.bytes()
+    }
+
+    /// Forgets every cached record ([`LocalCache::clear`]).
+    pub fn clear(&self) {
+        self.cache.clear()
+    }
+}
+
+impl<St: fmt::Debug> fmt::Debug for CachedStore<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachedStore")
+            .field("inner", &self.inner)
+            .field("cache", &self.cache)
+            .finish()
+    }
+}
+
+impl<St: IdempotencyStore> CachedStore<St> {
+    /// A batch reserve through the cache: the cached keys (`key_of` each item) are answered
+    /// from the cache, the others sent to `store` in one call (none when every key is cached);
+    /// the answers come back in the order of `items`.
+    async fn reserve_misses<T, F, Fut>(
+        &self,
+        items: &[T],
+        key_of: fn(&T) -> &StoreKey,
+        store: F,
+    ) -> Result<Vec<Reservation>, StoreError>
+    where
+        T: Clone,
+        F: FnOnce(Vec<T>) -> Fut,
+        Fut: Future<Output = Result<Vec<Reservation>, StoreError>>,
+    {
+        let mut answers: Vec<Option<Reservation>> = items
+            .iter()
+            .map(|item| self.cache.get(key_of(item)).map(Reservation::Completed))
+            .collect();
+        let misses: Vec<T> = items
+            .iter()
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_none())
+            .map(|(item, _)| item.clone())
+            .collect();
+        if misses.is_empty() {
+            return Ok(answers.into_iter().flatten().collect());
+        }
+        let count = misses.len();
+        let asked = Instant::now();
+        let fetched = store(misses).await?;
+        if fetched.len() != count {
+            return Err(StoreError::with_source(
+                StoreErrorKind::Corrupt,
+                format!(
+                    "a batch reserve answered {} times for {count} keys",
+                    fetched.len()
+                ),
+            ));
+        }
+        let mut fetched = fetched.into_iter();
+        let mut found = Vec::new();
+        for (item, answer) in items.iter().zip(&mut answers) {
+            if answer.is_some() {
+                continue;
+            }
+            let Some(reservation) = fetched.next() else {
+                break;
+            };
+            self.cache
+                .heed(key_of(item), &reservation, asked, &mut found);
+            *answer = Some(reservation);
+        }
+        self.cache.learn(&self.inner, found);
+        Ok(answers.into_iter().flatten().collect())
+    }
+
+    /// A batch completion through the cache: `store` always runs (one call); what each key's
+    /// answer teaches is heeded.
+    async fn complete_through<'k>(
+        &self,
+        keys: impl Iterator<Item = &'k StoreKey>,
         claim: &Claim,
         record: &Record,
         retention: Duration,
-        source: &St,
-        store: impl Future<Output = Result<Completion, StoreError>>,
-    ) -> Result<Completion, StoreError> {
+        store: impl Future<Output = Result<Vec<Completion>, StoreError>>,
+    ) -> Result<Vec<Completion>, StoreError> {
         let asked = Instant::now();
         let done = store.await?;
-        let owned = || record.clone().owned_by(claim.token());
-        match done {
-            Completion::Written => {
-                self.remember(key, &owned(), asked, self.written_life(retention))
-            }
-            Completion::AlreadyWritten => self.learn(source, vec![(key.clone(), owned())]),
-            Completion::Lost => {}
+        let owned = record.clone().owned_by(claim.token());
+        let mut found = Vec::new();
+        for (key, completion) in keys.zip(&done) {
+            self.cache
+                .heed_completion(key, *completion, &owned, retention, asked, &mut found);
         }
+        self.cache.learn(&self.inner, found);
         Ok(done)
     }
 
     /// A release or renewal through the cache: `store` always runs, then whatever was cached
     /// for `keys` is dropped (a claim only releases or renews keys it acquired from the store,
     /// so a record cached for one is stale at best).
-    pub(crate) async fn forgetting<T>(
+    async fn forgetting<'k, T>(
         &self,
-        keys: &[StoreKey],
+        keys: impl Iterator<Item = &'k StoreKey>,
         store: impl Future<Output = T>,
     ) -> T {
         let answer = store.await;
@@ -536,263 +668,14 @@ impl LocalCache {
         }
         answer
     }
-
-    /// A batch reserve through the cache: the cached keys are answered from the cache, the
-    /// others sent to `store` in one call (none when every key is cached); the answers come
-    /// back in the order of `keys`.
-    pub(crate) async fn reserve_many<St, F, Fut>(
-        &self,
-        keys: &[StoreKey],
-        source: &St,
-        store: F,
-    ) -> Result<Vec<Reservation>, StoreError>
-    where
-        St: IdempotencyStore,
-        F: FnOnce(Vec<StoreKey>) -> Fut,
-        Fut: Future<Output = Result<Vec<Reservation>, StoreError>>,
-    {
-        let mut answers: Vec<Option<Reservation>> = keys
-            .iter()
-            .map(|key| self.cache.get(key).map(Reservation::Completed))
-            .collect();
-        let misses: Vec<StoreKey> = keys
-            .iter()
-            .zip(&answers)
-            .filter(|(_, answer)| answer.is_none())
-            .map(|(key, _)| key.clone())
-            .collect();
-        if misses.is_empty() {
-            return Ok(answers.into_iter().flatten().collect());
-        }
-        let count = misses.len();
-        let fetched = store(misses).await?;
-        if fetched.len() != count {
-            return Err(StoreError::with_source(
-                StoreErrorKind::Corrupt,
-                format!(
-                    "reserve_many answered {} reservations for {count} keys",
-                    fetched.len()
-                ),
-            ));
-        }
-        let mut fetched = fetched.into_iter();
-        let (learns, mut found) = (self.learns(), Vec::new());
-        for (key, answer) in keys.iter().zip(&mut answers) {
-            if answer.is_some() {
-                continue;
-            }
-            let Some(reservation) = fetched.next() else {
-                break;
-            };
-            match &reservation {
-                Reservation::Completed(record) if learns => {
-                    found.push((key.clone(), record.clone()));
-                }
-                Reservation::Completed(_) => {}
-                _ => self.cache.forget(key),
-            }
-            *answer = Some(reservation);
-        }
-        self.learn(source, found);
-        Ok(answers.into_iter().flatten().collect())
-    }
-
-    /// A batch completion through the cache: `store` always runs (one call); each record it
-    /// wrote is learnt.
-    pub(crate) async fn complete_many<St: IdempotencyStore>(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-        source: &St,
-        store: impl Future<Output = Result<Vec<Completion>, StoreError>>,
-    ) -> Result<Vec<Completion>, StoreError> {
-        let asked = Instant::now();
-        let done = store.await?;
-        let owned = record.clone().owned_by(claim.token());
-        let mut found = Vec::new();
-        for (key, completion) in keys.iter().zip(&done) {
-            match completion {
-                Completion::Written => {
-                    self.remember(key, &owned, asked, self.written_life(retention))
-                }
-                Completion::AlreadyWritten => found.push((key.clone(), owned.clone())),
-                Completion::Lost => {}
-            }
-        }
-        self.learn(source, found);
-        Ok(done)
-    }
 }
 
-/// The records, split into independently locked shards.
-struct Cache {
-    shards: Box<[Shard]>,
-    /// The bounds asked for: each shard has an equal share.
-    max_entries: usize,
-    max_bytes: usize,
-    /// Each shard's share of the bounds.
-    shard_entries: usize,
-    shard_bytes: usize,
-    hasher: SlotHasher,
+fn event_key(event: &OrderedEvent) -> &StoreKey {
+    &event.key
 }
 
-/// One lock's worth of the key space, on its own cache line.
-#[derive(Default)]
-#[repr(align(64))]
-struct Shard(Mutex<ShardState>);
-
-#[derive(Default)]
-struct ShardState {
-    map: HashMap<Slot, Entry, SlotHasher>,
-    /// Slots in the order they were cached, each with the generation of its entry: the front is
-    /// evicted first. An item whose entry was replaced or removed since (another generation,
-    /// or none) is stale and skipped.
-    queue: VecDeque<(Slot, u64)>,
-    /// Bytes accounted for the entries of `map`.
-    bytes: usize,
-    /// The generation of the next entry cached.
-    next: u64,
-}
-
-struct Entry {
-    record: Record,
-    expires: Instant,
-    generation: u64,
-    cost: usize,
-}
-
-impl Cache {
-    fn new(max_entries: usize, max_bytes: usize) -> Self {
-        let shards = (max_entries / MIN_SHARD_ENTRIES)
-            .min(max_bytes / MIN_SHARD_BYTES)
-            .clamp(1, MAX_SHARDS);
-        Cache {
-            shards: (0..shards).map(|_| Shard::default()).collect(),
-            max_entries,
-            max_bytes,
-            // Rounded down: the sum of the shares never exceeds the bounds.
-            shard_entries: max_entries / shards,
-            shard_bytes: max_bytes / shards,
-            hasher: SlotHasher::default(),
-        }
-    }
-
-    fn shard(&self, slot: &Slot) -> &Shard {
-        // The middle bits of a hash seeded apart from the shards' tables.
-        let index = (self.hasher.hash_one(slot) >> 32) as usize % self.shards.len();
-        &self.shards[index]
-    }
-
-    /// The live record cached for `key`; an expired one is dropped.
-    fn get(&self, key: &StoreKey) -> Option<Record> {
-        let slot = Slot::of(key);
-        let mut state = lock(self.shard(&slot));
-        let entry = state.map.get(&slot)?;
-        if entry.expires > Instant::now() {
-            return Some(entry.record.clone());
-        }
-        state.remove(&slot);
-        None
-    }
-
-    /// Caches `record` for `key` until `expires`, in place of any entry for `key`, evicting
-    /// the oldest entries of the shard to make room.
-    #[cfg(test)]
-    fn insert(&self, key: &StoreKey, record: &Record, expires: Instant) {
-        self.insert_at(key, record, expires, Instant::now());
-    }
-
-    /// [`insert`](Self::insert), with the time taken as `now` to tell expired entries (a clock
-    /// read the caller already made; one a little early only keeps an expired entry a little
-    /// longer in the queue: reads check expiry themselves).
-    fn insert_at(&self, key: &StoreKey, record: &Record, expires: Instant, now: Instant) {
-        let slot = Slot::of(key);
-        let cost = cost(record);
-        let mut state = lock(self.shard(&slot));
-        if self.shard_entries == 0 || cost > self.shard_bytes {
-            state.remove(&slot);
-            return;
-        }
-        // Make room, dropping on the way the stale items and expired entries at the front (one
-        // probe of the table per item: the entries are cold in a full cache).
-        while let Some(&(front, generation)) = state.queue.front() {
-            let full =
-                state.map.len() >= self.shard_entries || state.bytes + cost > self.shard_bytes;
-            let ShardState { map, bytes, .. } = &mut *state;
-            match map.entry(front) {
-                hash_map::Entry::Occupied(entry) if entry.get().generation == generation => {
-                    if !full && entry.get().expires > now {
-                        break;
-                    }
-                    *bytes -= entry.remove().cost;
-                }
-                // Stale: its entry was replaced or removed since.
-                _ => {}
-            }
-            state.queue.pop_front();
-        }
-        let generation = state.next;
-        state.next += 1;
-        // One probe: an entry this replaces leaves a stale queue item behind. (Counted as an
-        // entry while making room above: at worst one more entry was evicted.)
-        let replaced = state.map.insert(
-            slot,
-            Entry {
-                record: record.clone(),
-                expires,
-                generation,
-                cost,
-            },
-        );
-        if let Some(replaced) = replaced {
-            state.bytes -= replaced.cost;
-        }
-        state.queue.push_back((slot, generation));
-        state.bytes += cost;
-        // Drop stale items once they outnumber the entries (many entries replaced or dropped
-        // long before their turn to be evicted), so that memory follows the entry count.
-        if state.queue.len() > 2 * state.map.len() + 64 {
-            let ShardState { map, queue, .. } = &mut *state;
-            queue.retain(|(slot, generation)| {
-                map.get(slot).is_some_and(|e| e.generation == *generation)
-            });
-        }
-    }
-
-    /// Drops the entry for `key`, if any.
-    fn forget(&self, key: &StoreKey) {
-        let slot = Slot::of(key);
-        lock(self.shard(&slot)).remove(&slot);
-    }
-}
-
-impl ShardState {
-    /// Removes the entry of `slot` (its queue item becomes stale).
-    fn remove(&mut self, slot: &Slot) {
-        if let Some(entry) = self.map.remove(slot) {
-            self.bytes -= entry.cost;
-        }
-    }
-}
-
-/// What `record` is accounted as.
-fn cost(record: &Record) -> usize {
-    let headers = |h: &http::HeaderMap| -> usize {
-        h.iter()
-            .map(|(name, value)| HEADER_BYTES + name.as_str().len() + value.len())
-            .sum()
-    };
-    ENTRY_BYTES
-        + record.response().map_or(0, |r| {
-            RESPONSE_BYTES + r.body().len() + headers(r.headers()) + r.trailers().map_or(0, headers)
-        })
-}
-
-fn lock(shard: &Shard) -> MutexGuard<'_, ShardState> {
-    // Every critical section leaves whole entries behind, so a poisoned lock is safe to use.
-    shard.0.lock().unwrap_or_else(|e| e.into_inner())
+fn same_key(key: &StoreKey) -> &StoreKey {
+    key
 }
 
 impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
@@ -812,7 +695,7 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
 
     /// A live cached record answers [`Reservation::Completed`] without calling the inner
     /// store; otherwise the inner store answers, and a completed record it returns is cached
-    /// for as long as the inner store keeps it, at most [`read_ttl`](CachedStore::read_ttl)
+    /// for as long as the inner store keeps it, at most [`read_ttl`](LocalCache::read_ttl)
     /// (once a background [`remaining`](IdempotencyStore::remaining) call told how long).
     async fn reserve(
         &self,
@@ -820,12 +703,19 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         claim: &Claim,
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
-        let store = self.inner.reserve(key, claim, lease);
-        self.cache.reserve(key, &self.inner, store).await
+        if let Some(record) = self.cache.get(key) {
+            return Ok(Reservation::Completed(record));
+        }
+        let asked = Instant::now();
+        let answer = self.inner.reserve(key, claim, lease).await?;
+        let mut found = Vec::new();
+        self.cache.heed(key, &answer, asked, &mut found);
+        self.cache.learn(&self.inner, found);
+        Ok(answer)
     }
 
     /// Always completes in the inner store. A record written ([`Completion::Written`]) is
-    /// cached for its retention or [`max_ttl`](CachedStore::max_ttl), whichever is shorter,
+    /// cached for its retention or [`max_ttl`](LocalCache::max_ttl), whichever is shorter,
     /// counted from before the call; one found already written by an earlier attempt
     /// ([`Completion::AlreadyWritten`]), whose retention started earlier, like a record read
     /// (see [`reserve`](Self::reserve)).
@@ -836,18 +726,20 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         record: &Record,
         retention: Duration,
     ) -> Result<Completion, StoreError> {
-        let store = self.inner.complete(key, claim, record, retention);
+        let asked = Instant::now();
+        let done = self.inner.complete(key, claim, record, retention).await?;
+        let mut found = Vec::new();
+        let owned = record.clone().owned_by(claim.token());
         self.cache
-            .complete(key, claim, record, retention, &self.inner, store)
-            .await
+            .heed_completion(key, done, &owned, retention, asked, &mut found);
+        self.cache.learn(&self.inner, found);
+        Ok(done)
     }
 
     /// Always releases in the inner store, then drops any cached record of `key`.
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
         let store = self.inner.release(key, claim);
-        self.cache
-            .forgetting(std::slice::from_ref(key), store)
-            .await
+        self.forgetting(std::iter::once(key), store).await
     }
 
     /// Always renews in the inner store, then drops any cached record of `key`.
@@ -858,9 +750,7 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let store = self.inner.renew(key, claim, lease);
-        self.cache
-            .forgetting(std::slice::from_ref(key), store)
-            .await
+        self.forgetting(std::iter::once(key), store).await
     }
 
     /// Answers the cached keys from the cache and sends only the others to the inner store's
@@ -875,7 +765,7 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         let store = |misses: Vec<StoreKey>| async move {
             self.inner.reserve_many(&misses, claim, lease).await
         };
-        self.cache.reserve_many(keys, &self.inner, store).await
+        self.reserve_misses(keys, same_key, store).await
     }
 
     /// Always completes in the inner store (one call), then caches each key's record as
@@ -888,8 +778,7 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         retention: Duration,
     ) -> Result<Vec<Completion>, StoreError> {
         let store = self.inner.complete_many(keys, claim, record, retention);
-        self.cache
-            .complete_many(keys, claim, record, retention, &self.inner, store)
+        self.complete_through(keys.iter(), claim, record, retention, store)
             .await
     }
 
@@ -897,7 +786,7 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
     /// keys.
     async fn release_many(&self, keys: &[StoreKey], claim: &Claim) -> Result<usize, StoreError> {
         let store = self.inner.release_many(keys, claim);
-        self.cache.forgetting(keys, store).await
+        self.forgetting(keys.iter(), store).await
     }
 
     /// Always renews in the inner store (one call), then drops any cached record of the keys.
@@ -908,21 +797,83 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let store = self.inner.renew_many(keys, claim, lease);
-        self.cache.forgetting(keys, store).await
+        self.forgetting(keys.iter(), store).await
+    }
+
+    /// As the inner store.
+    fn orders_events(&self) -> bool {
+        self.inner.orders_events()
+    }
+
+    /// Answers the events whose key is cached as completed from the cache, and sends only the
+    /// others to the inner store, in one call.
+    async fn reserve_ordered(
+        &self,
+        events: &[OrderedEvent],
+        claim: &Claim,
+        lease: Duration,
+        equal: EqualPositions,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        let store = |misses: Vec<OrderedEvent>| async move {
+            self.inner
+                .reserve_ordered(&misses, claim, lease, equal)
+                .await
+        };
+        self.reserve_misses(events, event_key, store).await
+    }
+
+    /// Always completes in the inner store, then caches each event's record as
+    /// [`complete`](IdempotencyStore::complete) does.
+    async fn complete_ordered(
+        &self,
+        events: &[OrderedEvent],
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Vec<Completion>, StoreError> {
+        let store = self
+            .inner
+            .complete_ordered(events, claim, record, retention);
+        let keys = events.iter().map(event_key);
+        self.complete_through(keys, claim, record, retention, store)
+            .await
+    }
+
+    /// Always releases in the inner store, then drops any cached record of the events' keys.
+    async fn release_ordered(
+        &self,
+        events: &[OrderedEvent],
+        claim: &Claim,
+    ) -> Result<usize, StoreError> {
+        let store = self.inner.release_ordered(events, claim);
+        self.forgetting(events.iter().map(event_key), store).await
+    }
+
+    /// Always renews in the inner store, then drops any cached record of the events' keys.
+    async fn renew_ordered(
+        &self,
+        events: &[OrderedEvent],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let store = self.inner.renew_ordered(events, claim, lease);
+        self.forgetting(events.iter().map(event_key), store).await
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use bytes::Bytes;
     use http::{HeaderMap, StatusCode};
 
     use super::*;
+    use crate::MemoryStore;
     use crate::fingerprint::Fingerprint;
-    use crate::store::MemoryStore;
     use crate::store::record::StoredResponse;
+    use crate::store::slot::Slot;
 
     const LEASE: Duration = Duration::from_secs(30);
     const RETENTION: Duration = Duration::from_secs(3600);
@@ -1272,13 +1223,12 @@ mod tests {
     async fn bounded_by_entries_oldest_first() {
         let inner = Counting::default();
         let store = CachedStore::new(inner.clone()).max_entries(4);
-        assert_eq!(store.cache.cache.shards.len(), 1);
         for i in 0..10 {
             complete(&store, &key(i), RETENTION).await;
             assert!(store.len() <= 4);
         }
         assert_eq!(store.len(), 4);
-        assert_eq!(store.bytes(), 4 * ENTRY_BYTES);
+        assert_eq!(store.bytes(), 4 * LocalCache::ENTRY_BYTES);
         let calls = inner.calls();
         for i in 6..10 {
             store.reserve(&key(i), &claim(), LEASE).await.unwrap();
@@ -1294,7 +1244,6 @@ mod tests {
 
         // Sharded: the bound holds across shards.
         let store = CachedStore::new(MemoryStore::new()).max_entries(1_000);
-        assert!(store.cache.cache.shards.len() > 1);
         for i in 0..5_000 {
             complete(&store, &key(i), RETENTION).await;
         }
@@ -1306,7 +1255,7 @@ mod tests {
     async fn bounded_by_bytes_counting_stored_responses() {
         let store = CachedStore::new(MemoryStore::new()).max_bytes(10_000);
         let one = cost(&replay(2_000));
-        assert!(one > 2_000 + ENTRY_BYTES);
+        assert!(one > 2_000 + LocalCache::ENTRY_BYTES);
         for i in 0..10 {
             let (k, owner) = (key(i), claim());
             store.reserve(&k, &owner, LEASE).await.unwrap();
@@ -1451,48 +1400,36 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn replaced_and_dropped_entries_leave_a_bounded_queue() {
+    async fn replaced_and_dropped_entries_leave_a_bounded_map() {
         let store = CachedStore::new(MemoryStore::new()).max_entries(100);
         let k = key(1_000_000);
         let record = Record::ack(Fingerprint::NONE);
-        let far = Instant::now() + RETENTION;
+        let cache = store.cache();
         for _ in 0..10_000 {
-            store.cache.cache.insert(&k, &record, far);
+            cache.remember(&k, &record, Instant::now(), RETENTION);
         }
         for i in 0..10_000 {
-            store.cache.cache.insert(&key(i), &record, far);
-            store.cache.cache.forget(&key(i));
+            cache.remember(&key(i), &record, Instant::now(), RETENTION);
+            cache.forget(&key(i));
         }
         assert_eq!(store.len(), 1);
-        let queued: usize = store
-            .cache
-            .cache
-            .shards
-            .iter()
-            .map(|s| lock(s).queue.len())
-            .sum();
-        assert!(queued <= 2 + 64 + 1, "{queued} queue items");
-        assert_eq!(store.bytes(), ENTRY_BYTES);
+        assert_eq!(store.bytes(), LocalCache::ENTRY_BYTES);
     }
 
     #[tokio::test]
     async fn expired_entries_are_dropped_when_looked_up_or_reached() {
         let store = CachedStore::new(MemoryStore::new()).max_entries(4);
         let record = Record::ack(Fingerprint::NONE);
-        let soon = Instant::now() + Duration::from_millis(50);
+        let cache = store.cache();
         for i in 0..3 {
-            store.cache.cache.insert(&key(i), &record, soon);
+            cache.remember(&key(i), &record, Instant::now(), Duration::from_millis(50));
         }
         std::thread::sleep(Duration::from_millis(80));
-        assert_eq!(store.cache.cache.get(&key(0)), None);
-        assert_eq!(store.len(), 2);
-        // The next insert drops the expired entries at the front of the queue.
-        store
-            .cache
-            .cache
-            .insert(&key(9), &record, Instant::now() + RETENTION);
+        assert_eq!(cache.get(&key(0)), None);
+        // Any later look at the shard drops the expired entries.
+        cache.remember(&key(9), &record, Instant::now(), RETENTION);
         assert_eq!(store.len(), 1);
-        assert_eq!(store.bytes(), ENTRY_BYTES);
+        assert_eq!(store.bytes(), LocalCache::ENTRY_BYTES);
     }
 
     #[test]
@@ -1500,37 +1437,62 @@ mod tests {
         // A table slot and a queue item: at the fullest (no slack) and at the emptiest the
         // tables get (a table at 7/16 load just after growing, a queue at half capacity and
         // with as many stale items as live ones). The estimate is about the mean of the two.
-        let slot = std::mem::size_of::<(Slot, Entry)>() + 1;
+        let slot = std::mem::size_of::<(Slot, Record, u64, u64, usize)>() + 1;
         let item = std::mem::size_of::<(Slot, u64)>();
         let (fullest, emptiest) = (slot + item, slot * 16 / 7 + item * 4);
-        assert!(fullest <= ENTRY_BYTES, "{fullest}");
-        assert!(emptiest <= 2 * ENTRY_BYTES, "{emptiest}");
+        assert!(fullest <= LocalCache::ENTRY_BYTES, "{fullest}");
+        assert!(emptiest <= 2 * LocalCache::ENTRY_BYTES, "{emptiest}");
         assert!(
-            (fullest + emptiest) / 2 <= ENTRY_BYTES,
+            (fullest + emptiest) / 2 <= LocalCache::ENTRY_BYTES,
             "{fullest}..{emptiest}"
         );
     }
 
-    #[test]
-    fn shards_keep_both_bounds() {
-        let cache = Cache::new(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES);
-        assert_eq!(cache.shards.len(), MAX_SHARDS);
-        assert!(cache.shard_entries * MAX_SHARDS <= DEFAULT_MAX_ENTRIES);
-        assert_eq!(cache.shard_bytes, 4 * 1024 * 1024);
-        let small = Cache::new(100, 1 << 30);
-        assert_eq!(small.shards.len(), 1);
-        assert_eq!(small.shard_entries, 100);
-        let little_bytes = Cache::new(DEFAULT_MAX_ENTRIES, 3 * 1024 * 1024);
-        assert_eq!(little_bytes.shards.len(), 3);
-        assert!(little_bytes.shard_bytes * 3 <= 3 * 1024 * 1024);
-        let mut counts = [0usize; MAX_SHARDS];
-        for i in 0..16_000 {
-            let slot = Slot::of(&key(i));
-            counts[(cache.hasher.hash_one(slot) >> 32) as usize % MAX_SHARDS] += 1;
-        }
+    /// Ordered events go through the cache like keys: a completed one is answered from it,
+    /// the others reach the inner store.
+    #[tokio::test]
+    async fn ordered_events_are_answered_from_the_cache_once_completed() {
+        use crate::store::{ObjectKey, OrderedEvent, Position};
+        let inner = MemoryStore::new();
+        let store = CachedStore::new(inner.clone());
+        let event = |i: usize, at: i128| OrderedEvent {
+            key: key(i),
+            object: ObjectKey::new("cache", None, "message"),
+            position: Position::new(at),
+        };
+        let owner = claim();
+        let first = [event(1, 10)];
+        let answers = store
+            .reserve_ordered(&first, &owner, LEASE, EqualPositions::Process)
+            .await
+            .unwrap();
+        assert_eq!(answers, [Reservation::Acquired]);
+        let record = Record::ack(owner.fingerprint());
+        let done = store
+            .complete_ordered(&first, &owner, &record, RETENTION)
+            .await
+            .unwrap();
+        assert_eq!(done, [Completion::Written]);
+        assert_eq!(store.len(), 1);
+        // A duplicate: from the cache. An older event of the object: stale, from the store.
+        let answers = store
+            .reserve_ordered(
+                &[event(1, 10), event(2, 5)],
+                &claim(),
+                LEASE,
+                EqualPositions::Process,
+            )
+            .await
+            .unwrap();
         assert!(
-            counts.iter().all(|&n| (800..1200).contains(&n)),
-            "{counts:?}"
+            matches!(answers[0], Reservation::Completed(_)),
+            "{answers:?}"
+        );
+        assert_eq!(
+            answers[1],
+            Reservation::Stale {
+                watermark: Position::new(10)
+            }
         );
     }
 }

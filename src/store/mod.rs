@@ -1,22 +1,53 @@
-//! Where claims and records live: the [`IdempotencyStore`] trait and its backends.
+//! Where claims and records live: the values the [`IdempotencyStore`](crate::IdempotencyStore)
+//! trait speaks in, the local cache that composes with any store, and the backends.
 //!
-//! A store keeps, per scoped and hashed key, one of two states (see the state machine in the
-//! crate docs):
+//! # The state machine of one key
 //!
-//! - **in flight**: an owner [`Token`] and the request [`Fingerprint`], until the lease expires;
-//! - **completed**: a [`Record`] (the fingerprint plus, in replay mode, the stored response),
-//!   until the retention period expires.
+//! A store keeps, per scoped and hashed key ([`StoreKey`]), one of two states:
 //!
-//! Every backend must make [`reserve`](IdempotencyStore::reserve) atomic (one `SET NX`, one
-//! `INSERT ... ON CONFLICT DO NOTHING`, one critical section) and must compare the owner token
-//! in [`complete`](IdempotencyStore::complete) and [`release`](IdempotencyStore::release), so that
-//! a slow original whose lease expired never overwrites or deletes a newer holder's claim.
+//! - **in flight**: an owner [`Token`] and the request [`Fingerprint`], until the lease expires
+//!   (renewed by its live owner);
+//! - **completed**: a [`Record`](record::Record) (the fingerprint plus, in replay mode, the
+//!   stored response), until the retention period expires.
+//!
+//! ```text
+//! absent --reserve (atomic, one round trip)--> in_flight(token, fingerprint, lease expiry)
+//! in_flight --complete, token still ours--> completed(record, retention)
+//! in_flight --release, token still ours--> absent
+//! in_flight --renew, token still ours--> in_flight (lease from now)
+//! in_flight --lease expired (owner died: no renewal)--> absent
+//! completed --retention expired--> absent
+//! ```
+//!
+//! Every backend makes [`reserve`](crate::IdempotencyStore::reserve) atomic (one `SET NX`,
+//! one `INSERT ... ON CONFLICT`, one critical section) and compares the owner token in
+//! `complete`, `release` and `renew`, so that a slow original whose lease expired never
+//! overwrites or deletes a newer holder's claim.
+//!
+//! # Ordered events
+//!
+//! On a route that orders events ([`order`](crate::order)) every event names an object
+//! ([`ObjectKey`]) and a [`Position`]. The store keeps per object the highest position of an
+//! event processed successfully (its **watermark**, written in the same atomic step that
+//! records the event's key, with the same retention) and a short **object lease**, so that
+//! events of one object are handled one at a time. The `*_ordered` methods claim, record,
+//! release and renew an event's key together with its object:
+//!
+//! - `reserve_ordered`: the key as `reserve` does; then, if another event of the object is in
+//!   flight, [`Reservation::ObjectBusy`] (nothing written); else the key and the object lease
+//!   are taken, and the answer is [`Reservation::Acquired`], or [`Reservation::Stale`] when
+//!   the position is below the watermark (or equal to it, with
+//!   [`EqualPositions::Stale`](crate::order::EqualPositions::Stale));
+//! - `complete_ordered`: the record, the watermark raised to the position if it is higher, the
+//!   object lease let go: all or nothing;
+//! - `release_ordered`, `renew_ordered`: the key and the object lease, token-checked.
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_idempotency::store::{Claim, Completion, IdempotencyStore, MemoryStore, Reservation, StoreKey};
-//! use tower_idempotency::record::Record;
+//! use tower_idempotency::{IdempotencyStore, MemoryStore};
 //! use tower_idempotency::fingerprint::Fingerprint;
+//! use tower_idempotency::store::record::Record;
+//! use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -38,15 +69,26 @@
 //! assert!(matches!(store.reserve(&key, &other, lease).await.unwrap(), Reservation::Completed(_)));
 //! # }
 //! ```
+//!
+//! # Which store
+//!
+//! [`MemoryStore`](crate::MemoryStore) (always there), [`RedisStore`](crate::RedisStore)
+//! (feature `redis`), [`PostgresStore`](crate::PostgresStore) and
+//! [`SqliteStore`](crate::SqliteStore) (features `postgres`, `sqlite`; [`sql`] for the table and
+//! the statements), or one chosen at run time from a URL with [`connect`]. A layer puts a
+//! [`LocalCache`] of completed records in front of a store that talks to a server (see
+//! [`IdempotencyLayer::local_cache`](crate::IdempotencyLayer::local_cache)); [`CachedStore`]
+//! is that composition, for use outside a layer.
 
-pub mod cache;
+mod any;
+mod cache;
+pub(crate) mod contract;
 mod error;
-pub use self::error::BoxError;
-pub mod memory;
+mod map;
+pub(crate) mod memory;
 pub mod record;
 #[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub mod redis;
+pub(crate) mod redis;
 mod slot;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
@@ -54,23 +96,47 @@ pub mod sql;
 mod token;
 
 use std::fmt;
-use std::future::Future;
-use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-pub use self::cache::CachedStore;
-pub use self::error::{StoreError, StoreErrorKind};
-pub use self::memory::{DEFAULT_MAX_ENTRIES, MemoryStore};
-use self::record::Record;
+pub use self::any::{AnyStore, ConnectError, connect};
+pub use self::cache::{CachedStore, LocalCache};
+pub use self::error::{BoxError, StoreError, StoreErrorKind};
+pub use self::memory::WhenFull;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use self::redis::{NotReplicated, PickClient};
 pub use self::token::Token;
 use crate::fingerprint::Fingerprint;
+use crate::order::Position;
 
-/// The prefix of every key this crate writes to a shared store.
+/// The prefix of every event key this crate writes to a shared store.
 pub const KEY_PREFIX: &str = "ti:";
 
 /// The length of every store key: the prefix and 16 base64url digits.
-pub const STORE_KEY_LEN: usize = KEY_PREFIX.len() + 16;
+pub const STORE_KEY_LEN: usize = KEY_PREFIX.len() + DIGITS;
+
+/// The base64url digits of a hashed key: 96 bits of a SHA-256.
+const DIGITS: usize = 16;
+
+/// The 16 base64url digits of the SHA-256 of `parts`, each length-prefixed so that ("a", "bc")
+/// and ("ab", "c") never collide (`None` is its own value, apart from the empty string).
+fn hash_digits(parts: &[Option<&str>]) -> [u8; DIGITS] {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        match *part {
+            Some(part) => {
+                hasher.update((part.len() as u64 + 1).to_be_bytes());
+                hasher.update(part.as_bytes());
+            }
+            None => hasher.update(0u64.to_be_bytes()),
+        }
+    }
+    let digest = hasher.finalize();
+    let mut out = [0u8; DIGITS];
+    crate::util::write_base64url(&mut out, &digest[..12]);
+    out
+}
 
 /// A scoped, hashed key as written to a store.
 ///
@@ -89,27 +155,22 @@ pub struct StoreKey([u8; STORE_KEY_LEN]);
 impl StoreKey {
     /// Builds the store key of `key` within `namespace` and the optional request `scope`.
     pub fn new(namespace: &str, scope: Option<&str>, key: &str) -> Self {
-        let mut hasher = Sha256::new();
-        // Length-prefix each part so that ("a", "bc") and ("ab", "c") never collide.
-        for part in [Some(namespace), scope, Some(key)] {
-            match part {
-                Some(part) => {
-                    hasher.update((part.len() as u64 + 1).to_be_bytes());
-                    hasher.update(part.as_bytes());
-                }
-                None => hasher.update(0u64.to_be_bytes()),
-            }
-        }
-        let digest = hasher.finalize();
+        // Three parts, as since the first release: records already stored keep their keys.
+        let digits = hash_digits(&[Some(namespace), scope, Some(key)]);
         let mut out = [0u8; STORE_KEY_LEN];
         out[..KEY_PREFIX.len()].copy_from_slice(KEY_PREFIX.as_bytes());
-        crate::util::write_base64url(&mut out[KEY_PREFIX.len()..], &digest[..12]);
+        out[KEY_PREFIX.len()..].copy_from_slice(&digits);
         StoreKey(out)
     }
 
     /// The key's bytes (ASCII), for stores that index them without going through `&str`.
     pub(crate) fn as_bytes(&self) -> &[u8; STORE_KEY_LEN] {
         &self.0
+    }
+
+    /// The 16 hashed digits, without the prefix.
+    pub fn digits(&self) -> &str {
+        &self.as_str()[KEY_PREFIX.len()..]
     }
 
     /// The key as written to the store.
@@ -129,6 +190,63 @@ impl fmt::Display for StoreKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// The object an ordered event is about (a message, a payment), scoped and hashed like a
+/// [`StoreKey`] but apart from every event key: `to:` and 16 base64url digits.
+///
+/// Stores keep two things per object under it: the watermark (the highest position processed)
+/// and the object lease (the event of the object in flight). The Redis store writes the
+/// object's digits as the hash tag of both and of the keys of its events, so that one script
+/// settles an event and its object atomically, on one node of a cluster.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey([u8; STORE_KEY_LEN]);
+
+/// The prefix of an object key.
+pub const OBJECT_PREFIX: &str = "to:";
+
+impl ObjectKey {
+    /// The key of `object` within `namespace` and the optional request `scope`.
+    pub fn new(namespace: &str, scope: Option<&str>, object: &str) -> Self {
+        // A fourth part: no object key is ever the key of an event.
+        let digits = hash_digits(&[Some(namespace), scope, Some(object), Some("object")]);
+        let mut out = [0u8; STORE_KEY_LEN];
+        out[..OBJECT_PREFIX.len()].copy_from_slice(OBJECT_PREFIX.as_bytes());
+        out[OBJECT_PREFIX.len()..].copy_from_slice(&digits);
+        ObjectKey(out)
+    }
+
+    /// The key's bytes (ASCII).
+    pub(crate) fn as_bytes(&self) -> &[u8; STORE_KEY_LEN] {
+        &self.0
+    }
+
+    /// The 16 hashed digits, without the prefix.
+    pub fn digits(&self) -> &str {
+        &self.as_str()[OBJECT_PREFIX.len()..]
+    }
+
+    /// The key as written to the store.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ObjectKey").field(&self.as_str()).finish()
+    }
+}
+
+/// One event of an ordered route, as a store sees it: its key, its object and its position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OrderedEvent {
+    /// The event's key.
+    pub key: StoreKey,
+    /// The object the event is about.
+    pub object: ObjectKey,
+    /// Where the event stands among its object's events.
+    pub position: Position,
 }
 
 /// One attempt's claim on a key: its owner token and the request fingerprint.
@@ -163,11 +281,12 @@ impl Claim {
     }
 }
 
-/// What [`IdempotencyStore::reserve`] found.
+/// What a reserve found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Reservation {
-    /// The key was absent (or its lease had expired): the claim is ours.
+    /// The key was absent (or its lease had expired): the claim is ours (and, for an ordered
+    /// event, its object's lease too).
     Acquired,
     /// Another attempt holds the key and has not finished.
     InFlight {
@@ -175,11 +294,29 @@ pub enum Reservation {
         fingerprint: Fingerprint,
     },
     /// The key was completed earlier; here is its record.
-    Completed(Record),
+    Completed(record::Record),
+    /// Ordered events only: another event of the same object is in flight. Nothing was
+    /// claimed.
+    ObjectBusy,
+    /// Ordered events only: the claim is ours, as with [`Acquired`](Self::Acquired), but the
+    /// event's position is below the watermark of its object (or equal, with
+    /// [`EqualPositions::Stale`](crate::order::EqualPositions::Stale)): a newer event of the
+    /// object was already processed.
+    Stale {
+        /// The object's watermark.
+        watermark: Position,
+    },
 }
 
-/// What [`IdempotencyStore::complete`] did. Completing is safe to retry: a retry whose first
-/// attempt did land reports [`Completion::AlreadyWritten`], not a lost claim.
+impl Reservation {
+    /// Whether the claim is ours ([`Acquired`](Self::Acquired) or [`Stale`](Self::Stale)).
+    pub fn is_ours(&self) -> bool {
+        matches!(self, Reservation::Acquired | Reservation::Stale { .. })
+    }
+}
+
+/// What a completion did. Completing is safe to retry: a retry whose first attempt did land
+/// reports [`Completion::AlreadyWritten`], not a lost claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Completion {
@@ -201,157 +338,11 @@ impl Completion {
     }
 }
 
-/// A store of claims and records. Implemented by [`MemoryStore`], the Redis store (feature
-/// `redis`) and the SQL stores (features `postgres`, `sqlite`).
-///
-/// Implementations must be cheap to clone (an `Arc` or a client handle inside): the layer clones
-/// the store into every response future.
-///
-/// The `*_many` methods act on the items of one batch request, all under one claim (one
-/// token). Their default implementations call the single-key method once per key, in order;
-/// shared stores override them to spend one round trip for the whole batch.
-pub trait IdempotencyStore: Clone + Send + Sync + 'static {
-    /// Atomically claims `key` for `claim` with a lease of `lease`, or reports what holds it.
-    ///
-    /// Must be a single atomic step: two concurrent calls for one key never both get
-    /// [`Reservation::Acquired`] while the first lease is alive. A key already held by the same
-    /// claim (a retried call) is [`Reservation::Acquired`] again.
-    fn reserve(
-        &self,
-        key: &StoreKey,
-        claim: &Claim,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Reservation, StoreError>> + Send;
-
-    /// Replaces our in-flight claim with the completed `record`, kept for `retention`.
-    ///
-    /// Writes nothing and answers [`Completion::Lost`] when the key is no longer held by
-    /// `claim`'s token (the lease expired and another attempt took it, or it was released), and
-    /// [`Completion::AlreadyWritten`] when it already holds the record of this claim.
-    fn complete(
-        &self,
-        key: &StoreKey,
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> impl Future<Output = Result<Completion, StoreError>> + Send;
-
-    /// Deletes our in-flight claim so that a retry is processed again.
-    ///
-    /// Returns `Ok(false)` and deletes nothing when the key is not held by `claim`'s token.
-    fn release(
-        &self,
-        key: &StoreKey,
-        claim: &Claim,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Extends our in-flight claim to `lease` from now: what keeps a slow handler's claim alive.
-    ///
-    /// Returns `Ok(false)` and changes nothing when the key is not held by `claim`'s token.
-    fn renew(
-        &self,
-        key: &StoreKey,
-        claim: &Claim,
-        lease: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Whether this store answers every call in this process, without I/O (the
-    /// [`MemoryStore`]). The layer does not time such calls: they take
-    /// nanoseconds (microseconds when a full memory store makes room), and a latency sample
-    /// (two clock reads and a histogram update) would cost more than the call and tell an
-    /// operator little (no `idempotency_store_duration_seconds` sample, no `store_ms` span
-    /// field). Their failures are still counted, and the inner service's timer still starts
-    /// after the reserve.
-    ///
-    /// The default, `false`, is right for any store that talks to a server. A store that wraps
-    /// another answers as the wrapped one does (as [`CachedStore`] does).
-    fn in_process(&self) -> bool {
-        false
-    }
-
-    /// How long `key` still holds the completed `record`, counted from a moment during the
-    /// call: `None` when it holds something else or nothing (the record expired, was deleted or
-    /// replaced), or when the store cannot tell.
-    ///
-    /// This is what lets a [`LocalCache`](cache::LocalCache) keep a record it *read* from the
-    /// store no longer than the store keeps it. The default answers `None`, and the cache then
-    /// never keeps a record read from this store (records this instance wrote are kept: their
-    /// expiry is known). The memory, Redis and SQL stores answer from the store, in one round
-    /// trip that the cache makes in the background, off the request's path.
-    fn remaining(
-        &self,
-        key: &StoreKey,
-        record: &Record,
-    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
-        let _ = (key, record);
-        async { Ok(None) }
-    }
-
-    /// [`reserve`](Self::reserve) of every key, one answer per key, in order. Not atomic as a
-    /// whole: each key is claimed atomically on its own. After an error some keys may be held
-    /// by `claim`: the caller releases them.
-    fn reserve_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Vec<Reservation>, StoreError>> + Send {
-        async move {
-            let mut out = Vec::with_capacity(keys.len());
-            for key in keys {
-                out.push(self.reserve(key, claim, lease).await?);
-            }
-            Ok(out)
-        }
-    }
-
-    /// [`complete`](Self::complete) of every key with the same `record`, one answer per key.
-    fn complete_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> impl Future<Output = Result<Vec<Completion>, StoreError>> + Send {
-        async move {
-            let mut out = Vec::with_capacity(keys.len());
-            for key in keys {
-                out.push(self.complete(key, claim, record, retention).await?);
-            }
-            Ok(out)
-        }
-    }
-
-    /// [`release`](Self::release) of every key; returns how many were released.
-    fn release_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-    ) -> impl Future<Output = Result<usize, StoreError>> + Send {
-        async move {
-            let mut released = 0;
-            for key in keys {
-                released += usize::from(self.release(key, claim).await?);
-            }
-            Ok(released)
-        }
-    }
-
-    /// [`renew`](Self::renew) of every key; `Ok(true)` when every one was still ours.
-    fn renew_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        lease: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        async move {
-            let mut all = true;
-            for key in keys {
-                all &= self.renew(key, claim, lease).await?;
-            }
-            Ok(all)
-        }
-    }
+/// A duration as whole milliseconds for a store that counts them (`PX`, SQL intervals): at
+/// least 1 (Redis refuses `PX 0`), at most `i64::MAX`.
+#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
+pub(crate) fn millis(duration: std::time::Duration) -> i64 {
+    duration.as_millis().clamp(1, i64::MAX as u128) as i64
 }
 
 #[cfg(test)]
@@ -364,7 +355,7 @@ mod tests {
         assert!(a.as_str().starts_with("ti:"));
         assert_eq!(a.as_str().len(), STORE_KEY_LEN);
         assert!(
-            a.as_str()[3..]
+            a.digits()
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         );
@@ -380,5 +371,27 @@ mod tests {
             StoreKey::new("n", None, "k")
         );
         assert_eq!(a, StoreKey::new("kalipto", None, "pd_1"));
+        // Pinned: a new release must find the records an older one wrote.
+        assert_eq!(a.as_str(), "ti:zrEzWofav0kWlU5q");
+    }
+
+    #[test]
+    fn object_keys_never_meet_event_keys() {
+        let event = StoreKey::new("email", None, "msg_1");
+        let object = ObjectKey::new("email", None, "msg_1");
+        assert!(object.as_str().starts_with("to:"));
+        assert_ne!(event.digits(), object.digits());
+        assert_eq!(object, ObjectKey::new("email", None, "msg_1"));
+        assert_ne!(object, ObjectKey::new("email", Some("t"), "msg_1"));
+    }
+
+    #[test]
+    #[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
+    fn durations_become_positive_milliseconds() {
+        use std::time::Duration;
+        assert_eq!(millis(Duration::from_secs(30)), 30_000);
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_micros(10)), 1);
+        assert_eq!(millis(Duration::MAX), i64::MAX);
     }
 }

@@ -8,7 +8,7 @@
 //! use bytes::Bytes;
 //! use http::{HeaderMap, StatusCode};
 //! use tower_idempotency::fingerprint::Fingerprint;
-//! use tower_idempotency::record::{Record, StoredResponse, StoredValue};
+//! use tower_idempotency::store::record::{Record, StoredResponse, StoredValue};
 //!
 //! let fp = Fingerprint::of_bytes(b"{}");
 //! let ack = Record::ack(fp);
@@ -100,14 +100,30 @@ impl StoredResponse {
 }
 
 /// The record of a completed key.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// Two records are equal when their encodings are ([`expires_in`](Self::expires_in), which
+/// says when one was read, is not part of it).
+#[derive(Clone, Debug)]
 pub struct Record {
     fingerprint: Fingerprint,
     /// The first bytes of the token of the claim that completed the key (zero when unknown):
     /// how a retried completion recognises its own earlier write.
     owner: [u8; OWNER_LEN],
     response: Option<Box<StoredResponse>>,
+    /// How long the store said it keeps the record, when it was read, in milliseconds (8
+    /// bytes: every cached and stored record carries this field).
+    expires_in: Option<std::num::NonZeroU64>,
 }
+
+impl PartialEq for Record {
+    fn eq(&self, other: &Self) -> bool {
+        self.fingerprint == other.fingerprint
+            && self.owner == other.owner
+            && self.response == other.response
+    }
+}
+
+impl Eq for Record {}
 
 impl Record {
     /// An ack-mode record: duplicates get the configured acknowledgement.
@@ -116,6 +132,7 @@ impl Record {
             fingerprint,
             owner: [0; OWNER_LEN],
             response: None,
+            expires_in: None,
         }
     }
 
@@ -125,7 +142,24 @@ impl Record {
             fingerprint,
             owner: [0; OWNER_LEN],
             response: Some(Box::new(response)),
+            expires_in: None,
         }
+    }
+
+    /// The record, read from a store that said it keeps it `left` longer (from a moment during
+    /// the read). What a store sets on the records its reserve returns when it knows: a local
+    /// cache then keeps the record no longer, without asking the store again.
+    pub fn expiring_in(mut self, left: std::time::Duration) -> Self {
+        let millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+        self.expires_in = std::num::NonZeroU64::new(millis);
+        self
+    }
+
+    /// How long the store that returned this record said it keeps it (from a moment during the
+    /// read), when it said.
+    pub fn expires_in(&self) -> Option<std::time::Duration> {
+        self.expires_in
+            .map(|millis| std::time::Duration::from_millis(millis.get()))
     }
 
     /// The record as written by the claim of `token`.
@@ -168,12 +202,12 @@ impl Record {
     /// The first bytes of [`encode`](Self::encode): the tag, the owner tag and the
     /// fingerprint, which tell this record (the one completion that wrote it) from any other
     /// value of its key. What a store that keeps encoded records compares, in
-    /// [`IdempotencyStore::remaining`](crate::store::IdempotencyStore::remaining), with the
+    /// [`IdempotencyStore::remaining`](crate::IdempotencyStore::remaining), with the
     /// value it holds.
     ///
     /// ```
     /// use tower_idempotency::fingerprint::Fingerprint;
-    /// use tower_idempotency::record::Record;
+    /// use tower_idempotency::store::record::Record;
     ///
     /// let record = Record::ack(Fingerprint::of_bytes(b"{}"));
     /// assert!(record.encode().starts_with(&record.encoded_head()));

@@ -1,10 +1,10 @@
-//! [`Slot`]: a store key as two machine words, and [`SlotHasher`], the seeded hash the memory
-//! store and the local cache index them with.
+//! [`Slot`]: a store key (or an object's lease or watermark) as two machine words, and
+//! [`SlotHasher`], the seeded hash the [`ExpiringMap`](super::map::ExpiringMap) indexes them with.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash, Hasher};
 
-use super::{KEY_PREFIX, StoreKey};
+use super::{KEY_PREFIX, ObjectKey, StoreKey};
 
 /// A store key without its constant prefix: 16 base64url digits of a SHA-256, as two words.
 /// Copied into the map and the expiry queues without an allocation.
@@ -17,7 +17,23 @@ impl Slot {
     pub(super) const RETIRED: Slot = Slot([0, 0]);
 
     pub(super) fn of(key: &StoreKey) -> Slot {
-        let bytes = key.as_bytes();
+        Slot::of_digits(key.as_bytes())
+    }
+
+    /// The slot of an object's lease: its digits with the top bit of every byte of the first
+    /// word set, which no key's digits (ASCII) have.
+    pub(super) fn object_lease(object: &ObjectKey) -> Slot {
+        let Slot([first, second]) = Slot::of_digits(object.as_bytes());
+        Slot([first ^ HIGH_BITS, second])
+    }
+
+    /// The slot of an object's watermark: the top bits set in the second word.
+    pub(super) fn watermark(object: &ObjectKey) -> Slot {
+        let Slot([first, second]) = Slot::of_digits(object.as_bytes());
+        Slot([first, second ^ HIGH_BITS])
+    }
+
+    fn of_digits(bytes: &[u8; super::STORE_KEY_LEN]) -> Slot {
         let word = |at: usize| u64::from_le_bytes(std::array::from_fn(|i| bytes[at + i]));
         Slot([word(KEY_PREFIX.len()), word(KEY_PREFIX.len() + 8)])
     }
@@ -29,6 +45,9 @@ impl Hash for Slot {
         state.write_u64(self.0[1]);
     }
 }
+
+/// The top bit of every byte of a word.
+const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
 
 /// A seeded multiply-fold hash of slots. The digits are already a cryptographic hash of the
 /// key, so a cheap mix is enough; the random seed keeps an attacker who precomputes keys from

@@ -11,9 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::record::{Record, StoredResponse};
-use tower_idempotency::store::{Claim, Completion, IdempotencyStore, Reservation, StoreKey};
+use tower_idempotency::order::{EqualPositions, Position};
+use tower_idempotency::store::record::{Record, StoredResponse};
+use tower_idempotency::store::{Claim, Completion, ObjectKey, OrderedEvent, Reservation, StoreKey};
 
 const RETENTION: Duration = Duration::from_secs(3600);
 const LONG: Duration = Duration::from_secs(60);
@@ -390,6 +392,259 @@ pub async fn remaining_is_told_for_the_record_held<St: IdempotencyStore>(store: 
     assert_eq!(store.remaining(&short, &record).await.unwrap(), None);
 }
 
+/// An event of `object` at `position`, with a key no other test uses.
+fn ordered(test: &str, object: &ObjectKey, position: i128) -> OrderedEvent {
+    OrderedEvent {
+        key: fresh_key(test),
+        object: object.clone(),
+        position: Position::new(position),
+    }
+}
+
+/// An object no other test (nor an earlier run) uses.
+fn fresh_object(test: &str) -> ObjectKey {
+    ObjectKey::new("contract", None, fresh_key(test).as_str())
+}
+
+/// The watermark follows the highest position completed, never a lower one; an event below it
+/// is stale (claimed, so that its key can be recorded), one at it is stale only by option.
+pub async fn ordered_events_keep_the_highest_position<St: IdempotencyStore>(store: St) {
+    assert!(store.orders_events());
+    let object = fresh_object("watermark");
+    let (high, low, equal) = (
+        ordered("high", &object, 20),
+        ordered("low", &object, 10),
+        ordered("equal", &object, 20),
+    );
+    let owner = claim();
+    let answers = store
+        .reserve_ordered(
+            std::slice::from_ref(&high),
+            &owner,
+            LONG,
+            EqualPositions::Process,
+        )
+        .await
+        .unwrap();
+    assert_eq!(answers, [Reservation::Acquired]);
+    let done = store
+        .complete_ordered(std::slice::from_ref(&high), &owner, &ack(&owner), RETENTION)
+        .await
+        .unwrap();
+    assert_eq!(done, [Completion::Written]);
+    // A retried completion: already written, the watermark unchanged.
+    let done = store
+        .complete_ordered(std::slice::from_ref(&high), &owner, &ack(&owner), RETENTION)
+        .await
+        .unwrap();
+    assert_eq!(done, [Completion::AlreadyWritten]);
+
+    let late = claim();
+    let answers = store
+        .reserve_ordered(
+            std::slice::from_ref(&low),
+            &late,
+            LONG,
+            EqualPositions::Process,
+        )
+        .await
+        .unwrap();
+    let watermark = Position::new(20);
+    assert_eq!(answers, [Reservation::Stale { watermark }]);
+    // Recording the stale event's key leaves the watermark where it is, and frees the object.
+    let done = store
+        .complete_ordered(std::slice::from_ref(&low), &late, &ack(&late), RETENTION)
+        .await
+        .unwrap();
+    assert_eq!(done, [Completion::Written]);
+    let answers = store
+        .reserve_ordered(
+            std::slice::from_ref(&low),
+            &claim(),
+            LONG,
+            EqualPositions::Process,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(answers[0], Reservation::Completed(_)),
+        "{answers:?}"
+    );
+
+    let strict = claim();
+    let answers = store
+        .reserve_ordered(
+            std::slice::from_ref(&equal),
+            &strict,
+            LONG,
+            EqualPositions::Stale,
+        )
+        .await
+        .unwrap();
+    assert_eq!(answers, [Reservation::Stale { watermark }]);
+    assert_eq!(
+        store
+            .release_ordered(std::slice::from_ref(&equal), &strict)
+            .await
+            .unwrap(),
+        1
+    );
+    let answers = store
+        .reserve_ordered(
+            std::slice::from_ref(&equal),
+            &claim(),
+            LONG,
+            EqualPositions::Process,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        answers,
+        [Reservation::Acquired],
+        "equal positions are processed by default"
+    );
+}
+
+/// One event of an object at a time: another claim finds the object busy (and writes
+/// nothing); releasing or failing lets the object go; the same claim may hold several events
+/// of one object (a batch).
+pub async fn an_object_is_held_by_one_claim_at_a_time<St: IdempotencyStore>(store: St) {
+    let object = fresh_object("busy");
+    let (first, second) = (ordered("first", &object, 1), ordered("second", &object, 2));
+    let owner = claim();
+    let answers = store
+        .reserve_ordered(
+            std::slice::from_ref(&first),
+            &owner,
+            LONG,
+            EqualPositions::Process,
+        )
+        .await
+        .unwrap();
+    assert_eq!(answers, [Reservation::Acquired]);
+    let other = claim();
+    let answers = store
+        .reserve_ordered(
+            std::slice::from_ref(&second),
+            &other,
+            LONG,
+            EqualPositions::Process,
+        )
+        .await
+        .unwrap();
+    assert_eq!(answers, [Reservation::ObjectBusy]);
+    // Busy: nothing was claimed for the second event.
+    assert_eq!(
+        store
+            .release_ordered(std::slice::from_ref(&second), &other)
+            .await
+            .unwrap(),
+        0
+    );
+    // The owner renews both its key and the object; a stranger renews nothing.
+    assert!(
+        store
+            .renew_ordered(std::slice::from_ref(&first), &owner, LONG)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .renew_ordered(std::slice::from_ref(&first), &other, LONG)
+            .await
+            .unwrap()
+    );
+    // The owner may claim another event of the same object (a batch).
+    let answers = store
+        .reserve_ordered(
+            std::slice::from_ref(&second),
+            &owner,
+            LONG,
+            EqualPositions::Process,
+        )
+        .await
+        .unwrap();
+    assert_eq!(answers, [Reservation::Acquired]);
+    // Releasing lets the object go.
+    assert_eq!(
+        store
+            .release_ordered(&[first.clone(), second.clone()], &owner)
+            .await
+            .unwrap(),
+        2
+    );
+    let answers = store
+        .reserve_ordered(
+            std::slice::from_ref(&second),
+            &other,
+            LONG,
+            EqualPositions::Process,
+        )
+        .await
+        .unwrap();
+    assert_eq!(answers, [Reservation::Acquired], "the object was let go");
+}
+
+/// An object's lease expires with its claim: a crashed owner frees the object within a lease.
+pub async fn an_objects_lease_expires_with_its_owner<St: IdempotencyStore>(store: St) {
+    let object = fresh_object("expiry");
+    let dead = claim();
+    let short = Duration::from_millis(200);
+    let first = ordered("dead", &object, 1);
+    store
+        .reserve_ordered(
+            std::slice::from_ref(&first),
+            &dead,
+            short,
+            EqualPositions::Process,
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let next = ordered("next", &object, 2);
+    let answers = store
+        .reserve_ordered(
+            std::slice::from_ref(&next),
+            &claim(),
+            LONG,
+            EqualPositions::Process,
+        )
+        .await
+        .unwrap();
+    assert_eq!(answers, [Reservation::Acquired]);
+    // The dead owner's late completion is lost, and leaves the watermark alone.
+    let done = store
+        .complete_ordered(std::slice::from_ref(&first), &dead, &ack(&dead), RETENTION)
+        .await
+        .unwrap();
+    assert_eq!(done, [Completion::Lost]);
+}
+
+/// Concurrent claims of different events of one object: exactly one holds it.
+pub async fn concurrent_events_of_one_object_have_one_holder<St: IdempotencyStore>(store: St) {
+    let object = fresh_object("race");
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let (store, event) = (store.clone(), ordered("race", &object, i));
+            tokio::spawn(async move {
+                store
+                    .reserve_ordered(&[event], &claim(), LONG, EqualPositions::Process)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut holders = 0;
+    for task in tasks {
+        match task.await.unwrap().as_slice() {
+            [Reservation::Acquired] => holders += 1,
+            [Reservation::ObjectBusy] => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(holders, 1);
+}
+
 /// Instantiates the contract for one store. `$make` is an async block yielding
 /// `(store, guard)`.
 #[macro_export]
@@ -405,6 +660,10 @@ macro_rules! store_contract {
             batch_items_are_claimed_one_by_one,
             overlapping_batches_race_exactly_once,
             remaining_is_told_for_the_record_held,
+            ordered_events_keep_the_highest_position,
+            an_object_is_held_by_one_claim_at_a_time,
+            an_objects_lease_expires_with_its_owner,
+            concurrent_events_of_one_object_have_one_holder,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

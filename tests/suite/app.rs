@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use http_body::Frame;
 use http_body_util::StreamBody;
-use tower_idempotency::{BatchItems, IdempotencyLayer, IdempotencyStore, key::ExtractKey};
+use tower_idempotency::{BatchItems, IdempotencyLayer, key::ExtractKey};
 
 /// Side effects performed by the handlers.
 #[derive(Clone, Default)]
@@ -23,6 +23,18 @@ pub struct Effects {
     completed: Arc<AtomicUsize>,
     /// Effects per batch item (`/items`).
     items: Arc<Mutex<HashMap<String, usize>>>,
+    /// Events applied by `/ordered`, and each object's state.
+    ordered: Arc<Mutex<Ordered>>,
+}
+
+/// What `/ordered` applied: each event's effects, in order, and each object's state (the
+/// position of the last event applied to it).
+#[derive(Default, Clone, Debug)]
+pub struct Ordered {
+    pub effects: HashMap<String, usize>,
+    pub state: HashMap<String, i64>,
+    /// `(event, object, seq, stale)` in the order applied (`stale`: passed on marked stale).
+    pub log: Vec<(String, String, i64, bool)>,
 }
 
 impl Effects {
@@ -44,6 +56,11 @@ impl Effects {
     /// Every item applied, with its count.
     pub fn items(&self) -> HashMap<String, usize> {
         self.items.lock().unwrap().clone()
+    }
+
+    /// What `/ordered` applied.
+    pub fn ordered(&self) -> Ordered {
+        self.ordered.lock().unwrap().clone()
     }
 
     /// Waits until `n` handlers have started.
@@ -117,6 +134,42 @@ async fn items(
     (StatusCode::CREATED, applied.join(",")).into_response()
 }
 
+/// Applies an ordered event `{"event_id", "object", "seq"}`: sets the object's state to `seq`
+/// (last writer wins: only the layer keeps an older event from overwriting a newer one).
+/// `x-demo-fail` fails it (500) without an effect; `x-demo-delay-ms` delays it.
+async fn ordered(
+    State(effects): State<Effects>,
+    stale: Option<Extension<tower_idempotency::order::StaleEvent>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    effects.started.fetch_add(1, Ordering::SeqCst);
+    if let Some(ms) = headers
+        .get("x-demo-delay-ms")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+    {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if headers.contains_key("x-demo-fail") {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "failed on purpose").into_response();
+    }
+    let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let (id, object) = (
+        event["event_id"].as_str().unwrap(),
+        event["object"].as_str().unwrap(),
+    );
+    let seq = event["seq"].as_i64().unwrap();
+    let mut log = effects.ordered.lock().unwrap();
+    *log.effects.entry(id.to_owned()).or_default() += 1;
+    if stale.is_none() {
+        log.state.insert(object.to_owned(), seq);
+    }
+    log.log
+        .push((id.to_owned(), object.to_owned(), seq, stale.is_some()));
+    effects.completed.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::CREATED, "applied").into_response()
+}
+
 async fn trailers(State(effects): State<Effects>) -> Response {
     let n = effects.started.fetch_add(1, Ordering::SeqCst) + 1;
     let mut trailers = HeaderMap::new();
@@ -152,16 +205,14 @@ async fn large(State(effects): State<Effects>) -> Response {
 }
 
 /// The suite's router: the layer on every covered route (route_layer: unknown paths stay 404).
-pub fn router<St: IdempotencyStore, K: ExtractKey + Clone>(
-    layer: IdempotencyLayer<St, K>,
-    effects: &Effects,
-) -> Router {
+pub fn router<K: ExtractKey + Clone>(layer: IdempotencyLayer<K>, effects: &Effects) -> Router {
     Router::new()
         .route("/effect", post(effect))
         .route("/trailers", post(trailers))
         .route("/broken-body", post(broken_body))
         .route("/large", post(large))
         .route("/items", post(items))
+        .route("/ordered", post(ordered))
         .route("/echo", get(|| async { "get ok" }))
         .route_layer(layer)
         .with_state(effects.clone())

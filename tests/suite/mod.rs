@@ -6,6 +6,8 @@
 #![allow(dead_code)]
 
 pub mod app;
+pub mod order;
+pub mod verify;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -44,7 +46,7 @@ fn problem(body: &Bytes) -> serde_json::Value {
     serde_json::from_slice(body).expect("problem+json body")
 }
 
-fn assert_problem(headers: &http::HeaderMap, body: &Bytes, status: u16, code: &str) {
+pub fn assert_problem(headers: &http::HeaderMap, body: &Bytes, status: u16, code: &str) {
     assert_eq!(headers["content-type"], "application/problem+json");
     let doc = problem(body);
     assert_eq!(doc["status"], status, "{doc}");
@@ -62,7 +64,7 @@ pub fn ns(test: &str) -> String {
     )
 }
 
-pub fn layer<St: IdempotencyStore>(store: St, test: &str) -> IdempotencyLayer<St> {
+pub fn layer<St: IdempotencyStore>(store: St, test: &str) -> IdempotencyLayer {
     IdempotencyLayer::new(store).namespace(ns(test))
 }
 
@@ -598,7 +600,7 @@ fn post_batch(ids: &[&str], headers: &[(&str, &str)]) -> Request<Body> {
     builder.body(Body::from(batch(ids))).unwrap()
 }
 
-fn items_layer<St: IdempotencyStore>(store: St, test: &str) -> IdempotencyLayer<St, JsonPathKey> {
+fn items_layer<St: IdempotencyStore>(store: St, test: &str) -> IdempotencyLayer<JsonPathKey> {
     IdempotencyLayer::webhook(store)
         .namespace(ns(test))
         .key(JsonPathKey::each("$.entry[*].changes[*].value.messages[*].id").unwrap())
@@ -886,6 +888,29 @@ macro_rules! store_suite {
             header_else_body_fallback_is_one_key,
             fields_fingerprint_key_ignores_other_fields,
         );
+        $crate::store_suite!(@every_store $make);
+    };
+    (@every_store $make:expr) => {
+        $crate::store_suite!(@tests_in verify $make;
+            forged_requests_are_401_and_claim_nothing,
+            either_of_two_secrets_verifies,
+            a_forged_flood_never_blocks_the_genuine_delivery,
+        );
+        $crate::store_suite!(@tests_in order $make;
+            a_stale_event_is_acknowledged_without_the_handler,
+            one_event_of_an_object_at_a_time,
+            a_stale_event_passed_on_is_marked,
+            random_interleavings_keep_each_object_in_order,
+        );
+    };
+    (@tests_in $module:ident $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let (store, _guard) = $make.await;
+                suite::$module::$name(store).await;
+            }
+        )*
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
         $(
@@ -916,6 +941,7 @@ macro_rules! store_smoke {
             batch_partial_failure_records_the_items_done,
             overlapping_batches_racing_apply_each_item_once,
         );
+        $crate::store_suite!(@every_store $make);
     };
 }
 

@@ -59,11 +59,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::Semaphore;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_idempotency::IdempotencyStore;
 use tower_idempotency::key::HeaderKey;
-use tower_idempotency::record::Record;
-use tower_idempotency::store::{
-    Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreKey,
-};
+use tower_idempotency::store::record::Record;
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey};
 use tower_idempotency::{IdempotencyLayer, RedisStore};
 
 pub use self::redis_server::RedisServer;

@@ -25,8 +25,8 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::record::Record;
-use tower_idempotency::store::cache::LocalCache;
+use tower_idempotency::store::LocalCache;
+use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{Claim, StoreKey};
 use tower_idempotency::{IdempotencyLayer, IdempotencyStore, RedisStore, Scope};
 
@@ -348,7 +348,7 @@ pub async fn lost_write_failover<T: Topology>(topology: T, durable: bool) -> usi
     pool.init().await.unwrap();
     // Without the local cache: the duplicate must ask Redis, as another instance would (the
     // instance that completed the key would answer it from its cache, record lost or not).
-    let mut store = RedisStore::new(pool).local_cache(LocalCache::off());
+    let mut store = RedisStore::new(pool);
     if durable {
         store = store.durable_completion(1, Duration::from_secs(3));
     }
@@ -374,6 +374,7 @@ pub async fn lost_write_failover<T: Topology>(topology: T, durable: bool) -> usi
             IdempotencyLayer::new(store)
                 .namespace(namespace)
                 .scope(Scope::none())
+                .local_cache(LocalCache::off())
                 // Longer than the failover: the durable completion, sent again to the
                 // promoted replica, must still find its claim there.
                 .lease(Duration::from_secs(8))

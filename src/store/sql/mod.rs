@@ -1,5 +1,5 @@
-//! The SQL stores, on [`sqlx`]: `PostgresStore` (feature `postgres`) and `SqliteStore`
-//! (feature `sqlite`). Claims and records survive restarts of the application and of the
+//! The SQL stores, on [`sqlx`]: [`PostgresStore`](crate::PostgresStore) (feature `postgres`)
+//! and [`SqliteStore`](crate::SqliteStore) (feature `sqlite`). Claims and records survive restarts of the application and of the
 //! database, and are shared by every process that uses the same database.
 //!
 //! ```no_run
@@ -7,7 +7,7 @@
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), tower_idempotency::store::StoreError> {
 //! use std::time::Duration;
-//! use tower_idempotency::store::sql::SqliteStore;
+//! use tower_idempotency::SqliteStore;
 //!
 //! // Opens (creating it if missing) the database file and creates the table.
 //! let store = SqliteStore::open("idempotency.db").await?;
@@ -44,6 +44,18 @@
 //! plus an index on `expires_at` for the purge. A row whose `expires_at` has passed counts as
 //! absent: the next claim takes it over in place, and `purge_expired` deletes it.
 //!
+//! Routes that order events ([`order`](crate::order)) also use a table of objects,
+//! `<table>_objects`, one row per object:
+//!
+//! | column | PostgreSQL | SQLite | meaning |
+//! |---|---|---|---|
+//! | `object` | `text PRIMARY KEY` | `TEXT PRIMARY KEY` | the [`ObjectKey`](crate::store::ObjectKey) (hashed) |
+//! | `token` | `bytea` | `BLOB` | the owner token of the claim whose event of the object is in flight, or `NULL` |
+//! | `lease_until` | `timestamptz` | `INTEGER` | the end of that claim's object lease |
+//! | `watermark` | `bytea` | `BLOB` | the highest position processed ([`Position::to_bytes`](crate::order::Position::to_bytes): byte order is position order) |
+//! | `watermark_until` | `timestamptz` | `INTEGER` | the end of the watermark's retention |
+//! | `expires_at` | `timestamptz` | `INTEGER` | the later of the two: when the row may be purged |
+//!
 //! # Statements
 //!
 //! *now* is the database server's `now()` on PostgreSQL, and this host's clock (bound to the
@@ -69,7 +81,15 @@
 //! - **remaining** (for the local cache, in the background, once per record it reads) is one
 //!   `SELECT` of the key's live completed record and the whole milliseconds until its
 //!   `expires_at`.
-//! - **purge** deletes expired rows in batches.
+//! - **purge** deletes expired rows in batches, of both tables.
+//! - **ordered events** (`reserve_ordered` and the others) run in one transaction per event:
+//!   the key's statement as above, then the object's (an `INSERT ... ON CONFLICT ... DO UPDATE
+//!   ... WHERE` that takes the object's lease only when it is free, expired or already this
+//!   claim's, and returns the live watermark; an update that raises the watermark only when the
+//!   position is higher; an update that lets go of the lease only for its token). A claim that
+//!   finds the object busy rolls back, leaving no trace of its key. The statements on a key come
+//!   before those on its object in every transaction, so two never wait for each other in a
+//!   circle.
 //!
 //! # Expired rows
 //!
@@ -81,11 +101,12 @@ use std::time::Duration;
 
 pub use sqlx;
 
-/// The schema of a table (`CREATE TABLE IF NOT EXISTS` with a dialect's `$columns`, a string
-/// literal, and the index the purge uses): `schema!(const $columns)` is the `SCHEMA` constant
-/// of the default table, `schema!($table, $columns)` the schema of the table `$table`.
+/// The schema of a store (`CREATE TABLE IF NOT EXISTS` of the keys table with a dialect's
+/// `$columns` and of its objects table with `$objects`, both string literals, and the indexes
+/// the purge uses): `schema!(const $columns, $objects)` is the `SCHEMA` constant of the default
+/// table, `schema!($table, $columns, $objects)` the schema of the table `$table`.
 macro_rules! schema {
-    (@text $table:literal, $index:literal, $columns:expr) => {
+    (@text $table:literal, $index:literal, $columns:expr, $objects:expr) => {
         concat!(
             "CREATE TABLE IF NOT EXISTS ",
             $table,
@@ -95,15 +116,23 @@ macro_rules! schema {
             $index,
             "_expires_at_idx ON ",
             $table,
-            " (expires_at);\n",
+            " (expires_at);\nCREATE TABLE IF NOT EXISTS ",
+            $table,
+            "_objects (\n",
+            $objects,
+            ");\nCREATE INDEX IF NOT EXISTS ",
+            $index,
+            "_objects_expires_at_idx ON ",
+            $table,
+            "_objects (expires_at);\n",
         )
     };
-    (const $columns:expr) => {
-        schema!(@text "idempotency_keys", "idempotency_keys", $columns)
+    (const $columns:expr, $objects:expr) => {
+        schema!(@text "idempotency_keys", "idempotency_keys", $columns, $objects)
     };
-    ($table:expr, $columns:expr) => {
+    ($table:expr, $columns:expr, $objects:expr) => {
         format!(
-            schema!(@text "{table}", "{index}", $columns),
+            schema!(@text "{table}", "{index}", $columns, $objects),
             table = $table,
             index = $crate::store::sql::bare_name($table),
         )
@@ -111,17 +140,13 @@ macro_rules! schema {
 }
 
 #[cfg(feature = "postgres")]
-pub mod postgres;
+pub(crate) mod postgres;
 mod query;
 #[cfg(feature = "sqlite")]
-pub mod sqlite;
+pub(crate) mod sqlite;
 mod statements;
 mod store;
 
-#[cfg(feature = "postgres")]
-pub use self::postgres::PostgresStore;
-#[cfg(feature = "sqlite")]
-pub use self::sqlite::SqliteStore;
 pub use self::store::SqlStore;
 
 use super::{Claim, Completion, Reservation, StoreError, StoreErrorKind};
@@ -164,6 +189,8 @@ mod dialect {
         fn now(clock: usize) -> String;
         /// `time` plus the milliseconds in the expression `millis`.
         fn plus_millis(time: &str, millis: &str) -> String;
+        /// The greater of two times.
+        fn greatest(a: &str, b: &str) -> String;
         /// The whole milliseconds from `now` to `time` (rounded down), as a 64-bit integer.
         fn millis_until(time: &str, now: &str) -> String;
         /// The value of the bound clock, bound after every statement's own parameters; `None`
@@ -194,7 +221,7 @@ const RESERVE_ATTEMPTS: usize = 3;
 
 /// `d` in milliseconds, capped at [`MAX_TTL`].
 fn millis(d: Duration) -> i64 {
-    d.min(MAX_TTL).as_millis() as i64
+    crate::store::millis(d.min(MAX_TTL))
 }
 
 /// A table name that is not an SQL identifier, from `with_table`: a configuration error,

@@ -2,7 +2,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tower_idempotency::store::sql::PostgresStore;
+//! use tower_idempotency::PostgresStore;
 //! use tower_idempotency::store::sql::sqlx::postgres::PgPoolOptions;
 //!
 //! # #[tokio::main]
@@ -36,7 +36,7 @@ use sqlx::postgres::PgQueryResult;
 use super::{Dialect, SqlStore, dialect};
 use crate::store::StoreErrorKind;
 
-/// An [`IdempotencyStore`](crate::store::IdempotencyStore) in a PostgreSQL table, over a
+/// An [`IdempotencyStore`](crate::IdempotencyStore) in a PostgreSQL table, over a
 /// [`PgPool`]: [`SqlStore`] on PostgreSQL.
 ///
 /// Build it with [`PostgresStore::new`], create the table with
@@ -65,11 +65,24 @@ macro_rules! columns {
     };
 }
 
+/// The columns of the table of objects (see the [parent module](super)).
+macro_rules! object_columns {
+    () => {
+        "    object          text        PRIMARY KEY,
+    token           bytea,
+    lease_until     timestamptz,
+    watermark       bytea,
+    watermark_until timestamptz,
+    expires_at      timestamptz NOT NULL
+"
+    };
+}
+
 impl PostgresStore {
     /// The schema of the default table ([`DEFAULT_TABLE`](super::DEFAULT_TABLE)), for your own
     /// migration tool. Idempotent: `CREATE ... IF NOT EXISTS`. [`SqlStore::schema`] gives it
     /// for another table name.
-    pub const SCHEMA: &'static str = schema!(const columns!());
+    pub const SCHEMA: &'static str = schema!(const columns!(), object_columns!());
 }
 
 impl Dialect for Postgres {}
@@ -89,6 +102,10 @@ impl dialect::Sealed for Postgres {
         format!("{time} + {millis}::bigint * interval '1 millisecond'")
     }
 
+    fn greatest(a: &str, b: &str) -> String {
+        format!("greatest({a}, {b})")
+    }
+
     fn millis_until(time: &str, now: &str) -> String {
         format!("floor(extract(epoch FROM ({time} - {now})) * 1000)::bigint")
     }
@@ -104,7 +121,8 @@ impl dialect::Sealed for Postgres {
             "WITH claimed AS (
 {claim}
 )
-SELECT true AS acquired, NULL::text AS state, NULL::bytea AS fingerprint, NULL::bytea AS record
+SELECT true AS acquired, NULL::text AS state, NULL::bytea AS fingerprint, NULL::bytea AS record,
+    NULL::bigint AS left_ms
 FROM claimed
 UNION ALL
 {read} AND NOT EXISTS (SELECT 1 FROM claimed)"
@@ -128,18 +146,20 @@ FROM (SELECT DISTINCT key FROM batch) AS keys ORDER BY key
 {on_conflict}
 RETURNING key
 )
-SELECT claimed.key IS NOT NULL AS acquired, live.state, live.fingerprint, live.record
+SELECT claimed.key IS NOT NULL AS acquired, live.state, live.fingerprint, live.record,
+    {left} AS left_ms
 FROM batch
 LEFT JOIN claimed ON claimed.key = batch.key
 LEFT JOIN {table} AS live
     ON claimed.key IS NULL AND live.key = batch.key AND live.expires_at > now()
 ORDER BY batch.ord",
             lease_end = Self::plus_millis("now()", "$4"),
+            left = Self::millis_until("live.expires_at", "now()"),
         ))
     }
 
     fn schema(table: &str) -> String {
-        schema!(table, columns!())
+        schema!(table, columns!(), object_columns!())
     }
 
     /// One simple-protocol query: PostgreSQL runs its statements as one transaction, under
@@ -182,6 +202,8 @@ mod tests {
         let app = Postgres::schema("app.keys");
         assert!(app.contains("CREATE TABLE IF NOT EXISTS app.keys ("));
         assert!(app.contains("CREATE INDEX IF NOT EXISTS keys_expires_at_idx ON app.keys"));
+        assert!(app.contains("CREATE TABLE IF NOT EXISTS app.keys_objects ("));
+        assert!(app.contains("keys_objects_expires_at_idx ON app.keys_objects (expires_at)"));
     }
 
     #[test]

@@ -22,9 +22,9 @@ pub enum Param<'a> {
 /// What the SQL store runs on an sqlx database. Implemented for every database sqlx's traits
 /// allow; the store's dialects are PostgreSQL and SQLite.
 pub trait Backend: Database {
-    /// Runs `sql` with `params`, then `clock` when given (see `Dialect::clock`).
+    /// Runs `sql` with `params`, then `clock` when given (see `Dialect::clock`), on `conn`.
     fn execute<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut Self::Connection,
         sql: &'a str,
         params: &[Param<'a>],
         clock: Option<i64>,
@@ -32,7 +32,7 @@ pub trait Backend: Database {
 
     /// Runs `sql` like [`execute`](Self::execute) and returns its rows.
     fn fetch_all<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut Self::Connection,
         sql: &'a str,
         params: &[Param<'a>],
         clock: Option<i64>,
@@ -69,21 +69,21 @@ where
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
 {
     fn execute<'a>(
-        pool: &'a Pool<DB>,
+        conn: &'a mut DB::Connection,
         sql: &'a str,
         params: &[Param<'a>],
         clock: Option<i64>,
     ) -> impl Future<Output = Result<DB::QueryResult, sqlx::Error>> + Send + 'a {
-        pool.execute(query(sql, params, clock))
+        conn.execute(query(sql, params, clock))
     }
 
     fn fetch_all<'a>(
-        pool: &'a Pool<DB>,
+        conn: &'a mut DB::Connection,
         sql: &'a str,
         params: &[Param<'a>],
         clock: Option<i64>,
     ) -> impl Future<Output = Result<Vec<DB::Row>, sqlx::Error>> + Send + 'a {
-        pool.fetch_all(query(sql, params, clock))
+        conn.fetch_all(query(sql, params, clock))
     }
 
     fn execute_script<'a>(

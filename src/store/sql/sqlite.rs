@@ -2,7 +2,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tower_idempotency::store::sql::SqliteStore;
+//! use tower_idempotency::SqliteStore;
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), tower_idempotency::store::StoreError> {
@@ -28,15 +28,15 @@ use sqlx::Sqlite;
 #[cfg(doc)]
 use sqlx::sqlite::SqlitePool;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteQueryResult,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqliteLockingMode, SqlitePoolOptions,
+    SqliteQueryResult, SqliteSynchronous,
 };
 
 use super::store::error;
 use super::{Dialect, SqlStore, dialect};
 use crate::store::{StoreError, StoreErrorKind};
 
-/// An [`IdempotencyStore`](crate::store::IdempotencyStore) in an SQLite table, over an
+/// An [`IdempotencyStore`](crate::IdempotencyStore) in an SQLite table, over an
 /// [`SqlitePool`]: [`SqlStore`] on SQLite.
 ///
 /// Open a database file with [`SqliteStore::open`], or build it over your own pool with
@@ -60,24 +60,60 @@ macro_rules! columns {
     };
 }
 
+/// The columns of the table of objects (see the [parent module](super)).
+macro_rules! object_columns {
+    () => {
+        "    object          TEXT    NOT NULL PRIMARY KEY,
+    token           BLOB,
+    lease_until     INTEGER,
+    watermark       BLOB,
+    watermark_until INTEGER,
+    expires_at      INTEGER NOT NULL
+"
+    };
+}
+
 impl SqliteStore {
     /// The schema of the default table ([`DEFAULT_TABLE`](super::DEFAULT_TABLE)), for your own
     /// migration tool. Idempotent: `CREATE ... IF NOT EXISTS`. [`SqlStore::schema`] gives it
     /// for another table name.
-    pub const SCHEMA: &'static str = schema!(const columns!());
+    pub const SCHEMA: &'static str = schema!(const columns!(), object_columns!());
 
     /// Opens the database file at `path` (creating it if missing) with the WAL journal,
     /// `synchronous = FULL` (a completed record survives a power loss) and a 5 s busy timeout,
-    /// and creates the table ([`migrate`](SqlStore::migrate)).
+    /// and creates the tables ([`migrate`](SqlStore::migrate)). Several processes may share
+    /// the file.
+    ///
+    /// In WAL mode SQLite maps the `-shm` file next to the database into memory: if that file
+    /// is truncated or made unreadable under a running process (by another process, a
+    /// misconfigured backup, an attacker with access to the directory), the process dies of
+    /// `SIGBUS`, which no library can catch. A store used by one process only should use
+    /// [`open_exclusive`](Self::open_exclusive), which has no `-shm` file.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let options = SqliteConnectOptions::new()
+        Self::open_with(path, false).await
+    }
+
+    /// [`open`](Self::open) for a database only this process uses: `locking_mode =
+    /// EXCLUSIVE`, so that the WAL index lives in the process's own memory and no `-shm` file
+    /// is mapped (nothing outside the process can make it crash), over one connection (SQLite
+    /// serializes writes anyway). Another process opening the file meanwhile gets
+    /// `SQLITE_BUSY`.
+    pub async fn open_exclusive(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(path, true).await
+    }
+
+    async fn open_with(path: impl AsRef<Path>, exclusive: bool) -> Result<Self, StoreError> {
+        let mut options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(5));
+        if exclusive {
+            options = options.locking_mode(SqliteLockingMode::Exclusive);
+        }
         let pool = SqlitePoolOptions::new()
-            .max_connections(8)
+            .max_connections(if exclusive { 1 } else { 8 })
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await
@@ -102,6 +138,10 @@ impl dialect::Sealed for Sqlite {
 
     fn plus_millis(time: &str, millis: &str) -> String {
         format!("{time} + {millis}")
+    }
+
+    fn greatest(a: &str, b: &str) -> String {
+        format!("max({a}, {b})")
     }
 
     fn millis_until(time: &str, now: &str) -> String {
@@ -129,7 +169,7 @@ impl dialect::Sealed for Sqlite {
     }
 
     fn schema(table: &str) -> String {
-        schema!(table, columns!())
+        schema!(table, columns!(), object_columns!())
     }
 
     fn migrate(_table: &str, schema: &str) -> String {
@@ -180,7 +220,7 @@ mod tests {
         assert_eq!(
             sql.read_live.as_deref(),
             Some(
-                "SELECT false AS acquired, state, fingerprint, record FROM t
+                "SELECT false AS acquired, state, fingerprint, record, (expires_at - $2) AS left_ms FROM t
 WHERE key = $1 AND expires_at > $2"
             )
         );

@@ -37,6 +37,19 @@ pub(super) struct Statements {
     pub(super) remaining: String,
     /// $1 the most rows to delete.
     pub(super) purge: String,
+    /// $1 object, $2 token, $3 lease (ms). Takes the object's lease for the token when free,
+    /// expired or the token's already: one row, the live watermark (or `NULL`); no row when
+    /// another claim holds the object.
+    pub(super) lease_object: String,
+    /// $1 object, $2 position (16 bytes), $3 retention (ms). Raises the watermark to the
+    /// position when it is higher (or there is none).
+    pub(super) raise_watermark: String,
+    /// $1 object, $2 token. Lets go of the object's lease when the token holds it.
+    pub(super) unlock_object: String,
+    /// $1 object, $2 token, $3 lease (ms). Extends the object's lease when the token holds it.
+    pub(super) renew_object: String,
+    /// $1 the most rows to delete: objects whose lease and watermark have both expired.
+    pub(super) purge_objects: String,
 }
 
 impl Statements {
@@ -72,13 +85,16 @@ RETURNING true AS acquired",
             lease_end = DB::plus_millis(&now(5), "$4"),
         );
         let read_live = format!(
-            "SELECT false AS acquired, state, fingerprint, record FROM {table}
-WHERE key = $1 AND expires_at > {}",
-            now(2)
+            "SELECT false AS acquired, state, fingerprint, record, {left} AS left_ms FROM {table}
+WHERE key = $1 AND expires_at > {now}",
+            left = DB::millis_until("expires_at", &now(2)),
+            now = now(2)
         );
         let (reserve, read_live) = DB::reserve(&claim, &read_live);
         let reserve_many = DB::reserve_many(table, &insert, &on_conflict);
         let schema = DB::schema(table);
+        let objects = format!("{table}_objects");
+        let objects_sql = ObjectStatements::new::<DB>(&objects);
         Statements {
             table: table.to_owned(),
             migrate: DB::migrate(table, &schema),
@@ -116,6 +132,76 @@ WHERE key = $1 AND state = 'completed' AND expires_at > {}",
                 "DELETE FROM {table}
 WHERE key IN (
     SELECT key FROM {table} WHERE expires_at <= {now}
+    ORDER BY expires_at LIMIT $1{locks}
+) AND expires_at <= {now}",
+                now = now(2),
+                locks = DB::PURGE_LOCKS,
+            ),
+            lease_object: objects_sql.lease,
+            raise_watermark: objects_sql.raise,
+            unlock_object: objects_sql.unlock,
+            renew_object: objects_sql.renew,
+            purge_objects: objects_sql.purge,
+        }
+    }
+}
+
+/// The statements on the table of objects.
+struct ObjectStatements {
+    lease: String,
+    raise: String,
+    unlock: String,
+    renew: String,
+    purge: String,
+}
+
+impl ObjectStatements {
+    fn new<DB: Dialect>(objects: &str) -> Self {
+        let now = DB::now;
+        let insert = format!(
+            "INSERT INTO {objects} AS cur (object, token, lease_until, watermark, watermark_until, expires_at)"
+        );
+        let until = |millis: &str, clock: usize| DB::plus_millis(&now(clock), millis);
+        ObjectStatements {
+            lease: format!(
+                "{insert}
+VALUES ($1, $2, {lease_end}, NULL, NULL, {lease_end})
+ON CONFLICT (object) DO UPDATE
+    SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until,
+        expires_at = {greatest}
+    WHERE cur.token IS NULL OR cur.lease_until <= {now} OR cur.token = EXCLUDED.token
+RETURNING CASE WHEN watermark_until > {now} THEN watermark END AS watermark",
+                lease_end = until("$3", 4),
+                greatest = DB::greatest("cur.expires_at", "EXCLUDED.lease_until"),
+                now = now(4),
+            ),
+            raise: format!(
+                "{insert}
+VALUES ($1, NULL, NULL, $2, {end}, {end})
+ON CONFLICT (object) DO UPDATE
+    SET watermark = EXCLUDED.watermark, watermark_until = EXCLUDED.watermark_until,
+        expires_at = {greatest}
+    WHERE cur.watermark IS NULL OR cur.watermark_until <= {now}
+       OR cur.watermark < EXCLUDED.watermark",
+                end = until("$3", 4),
+                greatest = DB::greatest("cur.expires_at", "EXCLUDED.watermark_until"),
+                now = now(4),
+            ),
+            unlock: format!(
+                "UPDATE {objects} SET token = NULL, lease_until = NULL
+WHERE object = $1 AND token = $2"
+            ),
+            renew: format!(
+                "UPDATE {objects} SET lease_until = {end}, expires_at = {greatest}
+WHERE object = $1 AND token = $2 AND lease_until > {now}",
+                end = until("$3", 4),
+                greatest = DB::greatest("expires_at", &until("$3", 4)),
+                now = now(4),
+            ),
+            purge: format!(
+                "DELETE FROM {objects}
+WHERE object IN (
+    SELECT object FROM {objects} WHERE expires_at <= {now}
     ORDER BY expires_at LIMIT $1{locks}
 ) AND expires_at <= {now}",
                 now = now(2),

@@ -1,10 +1,10 @@
 //! [`SqlStore`]: the one implementation of the SQL stores, over a [`Dialect`].
 
-use crate::store::cache::LocalCache;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::Pool;
+use sqlx::pool::PoolConnection;
+use sqlx::{Pool, Transaction};
 
 use super::query::Param;
 use super::statements::Statements;
@@ -12,28 +12,32 @@ use super::{
     DEFAULT_PURGE_BATCH, DEFAULT_TABLE, Dialect, InvalidTable, RESERVE_ATTEMPTS,
     completion_after_miss, held, millis, purge_in_batches, store_error, unsettled, validate_table,
 };
+use crate::IdempotencyStore;
+use crate::order::EqualPositions;
+use crate::order::Position;
 use crate::store::record::Record;
 use crate::store::{
-    Claim, Completion, IdempotencyStore, Reservation, StoreError, StoreErrorKind, StoreKey,
+    Claim, Completion, OrderedEvent, Reservation, StoreError, StoreErrorKind, StoreKey,
 };
 
-/// An [`IdempotencyStore`] in an SQL table: [`PostgresStore`](super::PostgresStore) and
-/// [`SqliteStore`](super::SqliteStore) (see the [module docs](super) for the table and the
+/// An [`IdempotencyStore`] in an SQL table: [`PostgresStore`](crate::PostgresStore) and
+/// [`SqliteStore`](crate::SqliteStore) (see the [module docs](super) for the table and the
 /// statements).
 ///
 /// Cheap to clone (the pool and the statements are shared). Build it over a pool with
-/// [`new`](Self::new), create the table with [`migrate`](Self::migrate) (or run the dialect's
+/// [`new`](Self::new), create the tables with [`migrate`](Self::migrate) (or run the dialect's
 /// `SCHEMA` with your own migrations), and purge expired rows with
 /// [`purge_expired`](Self::purge_expired) or [`spawn_purge`](Self::spawn_purge).
 ///
 /// When the database cannot be reached, calls fail with
 /// [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind::Unavailable) and the layer
-/// answers as configured (503 when failing closed).
+/// answers as configured (503 when failing closed). A layer puts a local cache of completed
+/// records in front of this store (see
+/// [`IdempotencyLayer::local_cache`](crate::IdempotencyLayer::local_cache)).
 #[derive(Debug)]
 pub struct SqlStore<DB: Dialect> {
     pool: Pool<DB>,
     sql: Arc<Statements>,
-    cache: LocalCache,
 }
 
 impl<DB: Dialect> Clone for SqlStore<DB> {
@@ -41,41 +45,25 @@ impl<DB: Dialect> Clone for SqlStore<DB> {
         SqlStore {
             pool: self.pool.clone(),
             sql: self.sql.clone(),
-            cache: self.cache.clone(),
         }
     }
 }
 
 impl<DB: Dialect> SqlStore<DB> {
-    /// A store over `pool`, in the table [`DEFAULT_TABLE`].
+    /// A store over `pool`, in the table [`DEFAULT_TABLE`] (and its table of objects).
     ///
     /// On SQLite, configure the pool's connections for concurrent use: a busy timeout (sqlx's
     /// default is 5 s) and preferably the WAL journal, as
-    /// [`SqliteStore::open`](super::SqliteStore::open) does.
+    /// [`SqliteStore::open`](crate::SqliteStore::open) does.
     pub fn new(pool: Pool<DB>) -> Self {
         SqlStore {
             pool,
             sql: Arc::new(Statements::new::<DB>(DEFAULT_TABLE)),
-            cache: LocalCache::new(),
         }
     }
 
-    /// Sets the local cache of completed records this store answers duplicates from without a
-    /// round trip: on by default ([`LocalCache::new`]); [`LocalCache::off`] turns it off. See
-    /// [the cache's docs](crate::store::cache) for what is cached, for how long, and what an
-    /// operator who deletes rows by hand must know. Clones of the store share the cache.
-    pub fn local_cache(mut self, cache: LocalCache) -> Self {
-        self.cache = cache;
-        self
-    }
-
-    /// The local cache of completed records.
-    pub fn cache(&self) -> &LocalCache {
-        &self.cache
-    }
-
-    /// Uses the table `table` instead of [`DEFAULT_TABLE`]; on PostgreSQL it may be
-    /// schema-qualified (`app.idempotency_keys`).
+    /// Uses the table `table` instead of [`DEFAULT_TABLE`] (and `<table>_objects` for ordered
+    /// events); on PostgreSQL it may be schema-qualified (`app.idempotency_keys`).
     ///
     /// An [`InvalidTable`] error when `table` is not an SQL identifier
     /// (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 characters, or on PostgreSQL `schema.table` of two
@@ -92,7 +80,7 @@ impl<DB: Dialect> SqlStore<DB> {
     }
 
     /// The `CREATE TABLE IF NOT EXISTS` and `CREATE INDEX IF NOT EXISTS` statements of this
-    /// store's table (the same as the dialect's `SCHEMA` for the default table).
+    /// store's tables (the same as the dialect's `SCHEMA` for the default table).
     pub fn schema(&self) -> &str {
         &self.sql.schema
     }
@@ -107,7 +95,7 @@ impl<DB: Dialect> SqlStore<DB> {
         self.pool
     }
 
-    /// Creates the table and its index if they do not exist yet ([`schema`](Self::schema)).
+    /// Creates the tables and their indexes if they do not exist yet ([`schema`](Self::schema)).
     ///
     /// Idempotent, and safe to call from every instance at start-up. On PostgreSQL the
     /// statements run as one transaction under an advisory lock (`pg_advisory_xact_lock`), so
@@ -119,17 +107,22 @@ impl<DB: Dialect> SqlStore<DB> {
         Ok(())
     }
 
-    /// Deletes the rows whose lease or retention has expired, at most `batch_size` per
-    /// statement (each a short transaction, so claims are not held up for long), until a
-    /// statement deletes fewer; returns how many rows were deleted.
+    /// Deletes the rows whose lease or retention has expired, of both tables, at most
+    /// `batch_size` per statement (each a short transaction, so claims are not held up for
+    /// long), until a statement deletes fewer; returns how many rows were deleted.
     ///
     /// On PostgreSQL, rows locked by a concurrent claim are skipped (`FOR UPDATE SKIP
     /// LOCKED`), so several instances may purge at once.
     pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, StoreError> {
-        purge_in_batches(batch_size, |limit| async move {
-            self.execute(&self.sql.purge, &[Param::Int(limit)]).await
-        })
-        .await
+        let mut deleted = 0;
+        for purge in [&self.sql.purge, &self.sql.purge_objects] {
+            deleted += purge_in_batches(batch_size, |limit| async move {
+                let mut conn = self.connection().await?;
+                self.execute(&mut conn, purge, &[Param::Int(limit)]).await
+            })
+            .await?;
+        }
+        Ok(deleted)
     }
 
     /// Spawns a Tokio task that runs [`purge_expired`](Self::purge_expired) with
@@ -163,35 +156,57 @@ impl<DB: Dialect> SqlStore<DB> {
         })
     }
 
-    /// Runs `sql`; returns how many rows it wrote.
-    async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, StoreError> {
-        let done = DB::execute(&self.pool, sql, params, DB::clock())
+    /// A connection from the pool.
+    async fn connection(&self) -> Result<PoolConnection<DB>, StoreError> {
+        self.pool.acquire().await.map_err(error::<DB>)
+    }
+
+    /// A transaction on a connection from the pool.
+    async fn begin(&self) -> Result<Transaction<'static, DB>, StoreError> {
+        self.pool.begin().await.map_err(error::<DB>)
+    }
+
+    /// Runs `sql` on `conn`; returns how many rows it wrote.
+    async fn execute(
+        &self,
+        conn: &mut DB::Connection,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<u64, StoreError> {
+        let done = DB::execute(conn, sql, params, DB::clock())
             .await
             .map_err(error::<DB>)?;
         Ok(DB::rows_affected(&done))
     }
 
-    /// Runs `sql`; returns its rows.
-    async fn fetch(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<DB::Row>, StoreError> {
-        DB::fetch_all(&self.pool, sql, params, DB::clock())
+    /// Runs `sql` on `conn`; returns its rows.
+    async fn fetch(
+        &self,
+        conn: &mut DB::Connection,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<DB::Row>, StoreError> {
+        DB::fetch_all(conn, sql, params, DB::clock())
             .await
             .map_err(error::<DB>)
     }
 
-    /// Runs `sql`; returns its first row, if any (the statements read at most one).
+    /// Runs `sql` on `conn`; returns its first row, if any (the statements read at most one).
     async fn fetch_one(
         &self,
+        conn: &mut DB::Connection,
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Option<DB::Row>, StoreError> {
-        Ok(self.fetch(sql, params).await?.into_iter().next())
+        Ok(self.fetch(conn, sql, params).await?.into_iter().next())
     }
 }
 
-/// The store's own calls, without the local cache.
+/// The statements on one key, on a connection (or in a transaction) the caller holds.
 impl<DB: Dialect> SqlStore<DB> {
-    async fn reserve_uncached(
+    async fn reserve_on(
         &self,
+        conn: &mut DB::Connection,
         key: &StoreKey,
         claim: &Claim,
         lease: Duration,
@@ -204,11 +219,11 @@ impl<DB: Dialect> SqlStore<DB> {
             Param::Int(millis(lease)),
         ];
         for _ in 0..RESERVE_ATTEMPTS {
-            let mut row = self.fetch_one(&self.sql.reserve, &params).await?;
+            let mut row = self.fetch_one(conn, &self.sql.reserve, &params).await?;
             if let (None, Some(read_live)) = (&row, &self.sql.read_live) {
                 // The claim wrote nothing: a live row holds the key. Whatever this read finds
                 // is the key's current state.
-                row = self.fetch_one(read_live, &params[..1]).await?;
+                row = self.fetch_one(conn, read_live, &params[..1]).await?;
             }
             // No row: the conflicting row is gone (released or expired in between), or, on
             // PostgreSQL, not visible to the statement's snapshot (written by a claim that
@@ -221,23 +236,77 @@ impl<DB: Dialect> SqlStore<DB> {
         Err(unsettled())
     }
 
-    async fn reserve_many_uncached(
+    async fn complete_on(
         &self,
+        conn: &mut DB::Connection,
+        key: &StoreKey,
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Completion, StoreError> {
+        let (fingerprint, encoded) = (record.fingerprint(), record.encode_for(claim.token()));
+        let params = [
+            Param::Text(key.as_str()),
+            Param::Bytes(claim.token().as_bytes()),
+            Param::Bytes(fingerprint.as_bytes()),
+            Param::Bytes(&encoded),
+            Param::Int(millis(retention)),
+        ];
+        if self.execute(conn, &self.sql.complete, &params).await? == 1 {
+            return Ok(Completion::Written);
+        }
+        let row = self
+            .fetch_one(conn, &self.sql.read_record, &params[..1])
+            .await?;
+        let record = match &row {
+            Some(row) => DB::bytes(row, 0).map_err(error::<DB>)?,
+            None => None,
+        };
+        completion_after_miss(record, claim)
+    }
+
+    async fn release_on(
+        &self,
+        conn: &mut DB::Connection,
+        key: &StoreKey,
+        claim: &Claim,
+    ) -> Result<bool, StoreError> {
+        let params = [
+            Param::Text(key.as_str()),
+            Param::Bytes(claim.token().as_bytes()),
+        ];
+        Ok(self.execute(conn, &self.sql.release, &params).await? == 1)
+    }
+
+    async fn renew_on(
+        &self,
+        conn: &mut DB::Connection,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let params = [
+            Param::Text(key.as_str()),
+            Param::Bytes(claim.token().as_bytes()),
+            Param::Int(millis(lease)),
+        ];
+        Ok(self.execute(conn, &self.sql.renew, &params).await? == 1)
+    }
+
+    /// The batch claim of PostgreSQL: every key in one statement, claimed again where the
+    /// statement's snapshot could not see the row holding it.
+    async fn reserve_batch(
+        &self,
+        sql: &str,
         keys: &[StoreKey],
         claim: &Claim,
         lease: Duration,
     ) -> Result<Vec<Reservation>, StoreError> {
-        let Some(sql) = &self.sql.reserve_many else {
-            let mut out = Vec::with_capacity(keys.len());
-            for key in keys {
-                out.push(self.reserve_uncached(key, claim, lease).await?);
-            }
-            return Ok(out);
-        };
         let fingerprint = claim.fingerprint();
         let mut out: Vec<Option<Reservation>> = vec![None; keys.len()];
         // The positions of the keys still to claim.
         let mut pending: Vec<usize> = (0..keys.len()).collect();
+        let mut conn = self.connection().await?;
         for _ in 0..RESERVE_ATTEMPTS {
             if pending.is_empty() {
                 break;
@@ -253,7 +322,7 @@ impl<DB: Dialect> SqlStore<DB> {
                 Param::Bytes(fingerprint.as_bytes()),
                 Param::Int(millis(lease)),
             ];
-            let rows = self.fetch(sql, &params).await?;
+            let rows = self.fetch(&mut conn, sql, &params).await?;
             if rows.len() != pending.len() {
                 return Err(StoreError::with_source(
                     StoreErrorKind::Corrupt,
@@ -273,58 +342,129 @@ impl<DB: Dialect> SqlStore<DB> {
             .map(|found| found.ok_or_else(unsettled))
             .collect()
     }
+}
 
-    async fn complete_uncached(
+/// The ordered events: one transaction per event, the key's statement first, then the
+/// object's.
+impl<DB: Dialect> SqlStore<DB> {
+    async fn reserve_event(
         &self,
-        key: &StoreKey,
+        event: &OrderedEvent,
+        claim: &Claim,
+        lease: Duration,
+        equal: EqualPositions,
+    ) -> Result<Reservation, StoreError> {
+        let mut tx = self.begin().await?;
+        let found = self.reserve_on(&mut tx, &event.key, claim, lease).await?;
+        if found != Reservation::Acquired {
+            // Nothing was written.
+            return Ok(found);
+        }
+        let params = [
+            Param::Text(event.object.as_str()),
+            Param::Bytes(claim.token().as_bytes()),
+            Param::Int(millis(lease)),
+        ];
+        let Some(row) = self
+            .fetch_one(&mut tx, &self.sql.lease_object, &params)
+            .await?
+        else {
+            // Another event of the object is in flight: the key's claim is undone.
+            rollback::<DB>(tx).await?;
+            return Ok(Reservation::ObjectBusy);
+        };
+        let watermark = DB::bytes(&row, 0)
+            .map_err(error::<DB>)?
+            .map(position)
+            .transpose()?;
+        commit::<DB>(tx).await?;
+        Ok(match watermark {
+            Some(watermark) if equal.is_stale(event.position, watermark) => {
+                Reservation::Stale { watermark }
+            }
+            _ => Reservation::Acquired,
+        })
+    }
+
+    async fn complete_event(
+        &self,
+        event: &OrderedEvent,
         claim: &Claim,
         record: &Record,
         retention: Duration,
     ) -> Result<Completion, StoreError> {
-        let (fingerprint, encoded) = (record.fingerprint(), record.encode_for(claim.token()));
-        let params = [
-            Param::Text(key.as_str()),
-            Param::Bytes(claim.token().as_bytes()),
-            Param::Bytes(fingerprint.as_bytes()),
-            Param::Bytes(&encoded),
-            Param::Int(millis(retention)),
-        ];
-        if self.execute(&self.sql.complete, &params).await? == 1 {
-            return Ok(Completion::Written);
+        let mut tx = self.begin().await?;
+        let done = self
+            .complete_on(&mut tx, &event.key, claim, record, retention)
+            .await?;
+        let object = Param::Text(event.object.as_str());
+        if done == Completion::Written {
+            let position = event.position.to_bytes();
+            let params = [
+                object,
+                Param::Bytes(&position),
+                Param::Int(millis(retention)),
+            ];
+            self.execute(&mut tx, &self.sql.raise_watermark, &params)
+                .await?;
         }
-        let row = self.fetch_one(&self.sql.read_record, &params[..1]).await?;
-        let record = match &row {
-            Some(row) => DB::bytes(row, 0).map_err(error::<DB>)?,
-            None => None,
-        };
-        completion_after_miss(record, claim)
+        let params = [object, Param::Bytes(claim.token().as_bytes())];
+        self.execute(&mut tx, &self.sql.unlock_object, &params)
+            .await?;
+        commit::<DB>(tx).await?;
+        Ok(done)
     }
 
-    async fn release_uncached(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
+    async fn release_event(&self, event: &OrderedEvent, claim: &Claim) -> Result<bool, StoreError> {
+        let mut tx = self.begin().await?;
+        let released = self.release_on(&mut tx, &event.key, claim).await?;
         let params = [
-            Param::Text(key.as_str()),
+            Param::Text(event.object.as_str()),
             Param::Bytes(claim.token().as_bytes()),
         ];
-        Ok(self.execute(&self.sql.release, &params).await? == 1)
+        self.execute(&mut tx, &self.sql.unlock_object, &params)
+            .await?;
+        commit::<DB>(tx).await?;
+        Ok(released)
     }
 
-    async fn renew_uncached(
+    async fn renew_event(
         &self,
-        key: &StoreKey,
+        event: &OrderedEvent,
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
+        let mut tx = self.begin().await?;
+        let renewed = self.renew_on(&mut tx, &event.key, claim, lease).await?;
         let params = [
-            Param::Text(key.as_str()),
+            Param::Text(event.object.as_str()),
             Param::Bytes(claim.token().as_bytes()),
             Param::Int(millis(lease)),
         ];
-        Ok(self.execute(&self.sql.renew, &params).await? == 1)
+        self.execute(&mut tx, &self.sql.renew_object, &params)
+            .await?;
+        commit::<DB>(tx).await?;
+        Ok(renewed)
     }
 }
 
-/// Every call goes through the [local cache](SqlStore::local_cache) first; the batch
-/// completion, release and renewal are one statement per key.
+async fn commit<DB: Dialect>(tx: Transaction<'static, DB>) -> Result<(), StoreError> {
+    tx.commit().await.map_err(error::<DB>)
+}
+
+async fn rollback<DB: Dialect>(tx: Transaction<'static, DB>) -> Result<(), StoreError> {
+    tx.rollback().await.map_err(error::<DB>)
+}
+
+/// A watermark column's position.
+fn position(bytes: &[u8]) -> Result<Position, StoreError> {
+    let bytes: [u8; Position::LEN] = bytes.try_into().map_err(|_| {
+        StoreError::with_source(StoreErrorKind::Corrupt, "a watermark of the wrong length")
+    })?;
+    Ok(Position::from_bytes(bytes))
+}
+
+/// The batch completion, release and renewal are one statement per key, on one connection.
 impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
     /// One `SELECT` of the live record and the milliseconds it has left, by the database's
     /// clock (SQLite: the store's).
@@ -333,8 +473,10 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         key: &StoreKey,
         record: &Record,
     ) -> Result<Option<Duration>, StoreError> {
+        let mut conn = self.connection().await?;
+        let params = [Param::Text(key.as_str())];
         let Some(row) = self
-            .fetch_one(&self.sql.remaining, &[Param::Text(key.as_str())])
+            .fetch_one(&mut conn, &self.sql.remaining, &params)
             .await?
         else {
             return Ok(None);
@@ -355,8 +497,8 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         claim: &Claim,
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
-        let store = self.reserve_uncached(key, claim, lease);
-        self.cache.reserve(key, self, store).await
+        let mut conn = self.connection().await?;
+        self.reserve_on(&mut conn, key, claim, lease).await
     }
 
     async fn reserve_many(
@@ -365,10 +507,15 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         claim: &Claim,
         lease: Duration,
     ) -> Result<Vec<Reservation>, StoreError> {
-        let store = |misses: Vec<StoreKey>| async move {
-            self.reserve_many_uncached(&misses, claim, lease).await
-        };
-        self.cache.reserve_many(keys, self, store).await
+        if let Some(sql) = &self.sql.reserve_many {
+            return self.reserve_batch(sql, keys, claim, lease).await;
+        }
+        let mut conn = self.connection().await?;
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            out.push(self.reserve_on(&mut conn, key, claim, lease).await?);
+        }
+        Ok(out)
     }
 
     async fn complete(
@@ -378,17 +525,14 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         record: &Record,
         retention: Duration,
     ) -> Result<Completion, StoreError> {
-        let store = self.complete_uncached(key, claim, record, retention);
-        self.cache
-            .complete(key, claim, record, retention, self, store)
+        let mut conn = self.connection().await?;
+        self.complete_on(&mut conn, key, claim, record, retention)
             .await
     }
 
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        let store = self.release_uncached(key, claim);
-        self.cache
-            .forgetting(std::slice::from_ref(key), store)
-            .await
+        let mut conn = self.connection().await?;
+        self.release_on(&mut conn, key, claim).await
     }
 
     async fn renew(
@@ -397,16 +541,72 @@ impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        let store = self.renew_uncached(key, claim, lease);
-        self.cache
-            .forgetting(std::slice::from_ref(key), store)
-            .await
+        let mut conn = self.connection().await?;
+        self.renew_on(&mut conn, key, claim, lease).await
+    }
+
+    fn orders_events(&self) -> bool {
+        true
+    }
+
+    async fn reserve_ordered(
+        &self,
+        events: &[OrderedEvent],
+        claim: &Claim,
+        lease: Duration,
+        equal: EqualPositions,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        let mut out = Vec::with_capacity(events.len());
+        for event in events {
+            out.push(self.reserve_event(event, claim, lease, equal).await?);
+        }
+        Ok(out)
+    }
+
+    async fn complete_ordered(
+        &self,
+        events: &[OrderedEvent],
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Vec<Completion>, StoreError> {
+        let mut out = Vec::with_capacity(events.len());
+        for event in events {
+            out.push(self.complete_event(event, claim, record, retention).await?);
+        }
+        Ok(out)
+    }
+
+    async fn release_ordered(
+        &self,
+        events: &[OrderedEvent],
+        claim: &Claim,
+    ) -> Result<usize, StoreError> {
+        let mut released = 0;
+        for event in events {
+            released += usize::from(self.release_event(event, claim).await?);
+        }
+        Ok(released)
+    }
+
+    async fn renew_ordered(
+        &self,
+        events: &[OrderedEvent],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut all = true;
+        for event in events {
+            all &= self.renew_event(event, claim, lease).await?;
+        }
+        Ok(all)
     }
 }
 
-/// What a row of a reserve statement says: `acquired`, or the `state`, `fingerprint` and
-/// `record` of the live row holding the key; `None` when there is no such row (it vanished, or
-/// the statement's snapshot could not see it): the key is to be claimed again.
+/// What a row of a reserve statement says: `acquired`, or the `state`, `fingerprint`,
+/// `record` and milliseconds left of the live row holding the key; `None` when there is no
+/// such row (it vanished, or the statement's snapshot could not see it): the key is to be
+/// claimed again.
 fn reservation<DB: Dialect>(row: &DB::Row) -> Result<Option<Reservation>, StoreError> {
     if DB::flag(row, 0).map_err(error::<DB>)? {
         return Ok(Some(Reservation::Acquired));
@@ -416,7 +616,16 @@ fn reservation<DB: Dialect>(row: &DB::Row) -> Result<Option<Reservation>, StoreE
     };
     let fingerprint = DB::bytes(row, 2).map_err(error::<DB>)?;
     let record = DB::bytes(row, 3).map_err(error::<DB>)?;
-    held(state, fingerprint.unwrap_or_default(), record).map(Some)
+    let left = DB::int(row, 4).map_err(error::<DB>)?;
+    let found = held(state, fingerprint.unwrap_or_default(), record)?;
+    Ok(Some(
+        match (found, left.and_then(|ms| u64::try_from(ms).ok())) {
+            (Reservation::Completed(record), Some(ms)) if ms > 0 => {
+                Reservation::Completed(record.expiring_in(Duration::from_millis(ms)))
+            }
+            (found, _) => found,
+        },
+    ))
 }
 
 /// Maps an sqlx error to a [`StoreError`], classified by the dialect.

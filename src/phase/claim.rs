@@ -1,0 +1,238 @@
+//! Phase 4: the claim. The reserve (waiting, when asked, for an attempt in flight), then what
+//! its answers mean: call the inner service, or answer now.
+
+use std::time::{Duration, Instant};
+
+use http::Request;
+use http::request::Parts;
+
+use super::Prelude;
+use super::key::Derived;
+use crate::answer::{duplicate, stale};
+use crate::body::RequestBody;
+use crate::config::{FailureMode, OnMismatch, Settings};
+use crate::fingerprint::Fingerprint;
+use crate::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany};
+use crate::items::BatchItems;
+use crate::order::{StaleEvent, StaleEvents};
+use crate::outcome::Outcome;
+use crate::rejection::Rejection;
+use crate::store::{Claim, Reservation, StoreError, StoreErrorKind};
+
+/// Claims what `derived` names, then calls the inner service or answers.
+pub(crate) async fn claim<B, ResBody>(
+    claims: &ClaimOpener,
+    settings: &Settings,
+    parts: Parts,
+    body: RequestBody<B>,
+    derived: Derived,
+    grpc: bool,
+) -> Prelude<B, ResBody> {
+    // Until the reserve's answer is in, the claim may land without us knowing: if this future
+    // is dropped (the client went away) or the reserve fails, the guard undoes it.
+    let claim = Claim::new(derived.fingerprint);
+    let mut guard = claims.open(derived.targets.clone(), claim, settings);
+    guard.set_grpc(grpc);
+    match reserve(&mut guard, settings, &derived.fingerprint).await {
+        Ok(answers) => decide(guard, answers, settings, parts, body, derived, grpc).await,
+        Err(err) => {
+            if err.kind() == StoreErrorKind::Capacity && derived.items.is_none() {
+                // Refused before anything was written.
+                guard.forget();
+            } else {
+                // A reserve that timed out or lost its connection may still be applied later
+                // (a client that queues and retries commands across a reconnect): dropping the
+                // guard undoes it, token-checked, so it cannot block the sender's retries until
+                // the lease expires.
+                drop(guard);
+            }
+            store_failure(err, settings, parts, body, derived, grpc)
+        }
+    }
+}
+
+/// The reserve; a duplicate of an attempt in flight (or an event whose object is busy) may wait
+/// for it, as configured (a batch retries its own claims: they answer "acquired" again).
+async fn reserve(
+    guard: &mut ClaimGuard,
+    settings: &Settings,
+    fingerprint: &Fingerprint,
+) -> Result<OneOrMany<Reservation>, StoreError> {
+    let deadline = settings.wait_in_flight.map(|wait| Instant::now() + wait);
+    let mut pause = Duration::from_millis(10);
+    loop {
+        let answers = guard.reserve().await?;
+        let waits = match busy(&answers) {
+            Some(Busy::Key(held)) => held.matches(fingerprint),
+            Some(Busy::Object) => true,
+            None => false,
+        };
+        if !(waits && deadline.is_some_and(|d| Instant::now() + pause < d)) {
+            return Ok(answers);
+        }
+        Box::pin(tokio::time::sleep(pause)).await;
+        pause = (pause * 2).min(Duration::from_millis(250));
+    }
+}
+
+/// What holds a request back: another attempt with one of its keys, or another event of one
+/// of its objects.
+enum Busy {
+    Key(Fingerprint),
+    Object,
+}
+
+fn busy(answers: &[Reservation]) -> Option<Busy> {
+    answers.iter().find_map(|a| match a {
+        Reservation::InFlight { fingerprint } => Some(Busy::Key(*fingerprint)),
+        Reservation::ObjectBusy => Some(Busy::Object),
+        _ => None,
+    })
+}
+
+/// What the reserve's answers mean.
+async fn decide<B, ResBody>(
+    mut guard: ClaimGuard,
+    answers: OneOrMany<Reservation>,
+    settings: &Settings,
+    mut parts: Parts,
+    body: RequestBody<B>,
+    derived: Derived,
+    grpc: bool,
+) -> Prelude<B, ResBody> {
+    let fingerprint = derived.fingerprint;
+    if let Some(busy) = busy(&answers) {
+        // Let go of what this request claimed, so the other holder's items are not blocked.
+        guard.keep(&answers);
+        guard.release().await;
+        let rejection = match busy {
+            Busy::Key(held)
+                if !held.matches(&fingerprint) && settings.on_mismatch == OnMismatch::Reject =>
+            {
+                Rejection::Mismatch
+            }
+            Busy::Key(_) => Rejection::InFlight {
+                retry_after: settings.in_flight_retry_after,
+            },
+            Busy::Object => Rejection::ObjectInFlight {
+                retry_after: settings.in_flight_retry_after,
+            },
+        };
+        return Prelude::reject(settings, rejection, grpc);
+    }
+    guard.keep(&answers);
+    if !answers.iter().any(Reservation::is_ours) {
+        drop(guard);
+        // Every key (every item) was completed earlier: a duplicate.
+        return completed(answers, settings, &fingerprint, grpc);
+    }
+    let pass_on = settings.order.as_deref().map(|o| o.stale()) == Some(StaleEvents::PassOn);
+    let stale_at = first_stale(&answers, &derived);
+    let mut outcome = Outcome::First;
+    match derived.items {
+        Some(ids) => {
+            let batch = batch_items(ids, &answers, pass_on);
+            if batch.nothing_new() {
+                // Every new item is stale: acknowledged, and recorded, without the handler.
+                guard.set_items(batch);
+                guard.settle(Ending::Succeeded(None)).await;
+                let (position, watermark) = stale_at.unwrap_or_default();
+                return Prelude::Respond(stale(settings, grpc, position, watermark));
+            }
+            parts.extensions.insert(batch.clone());
+            guard.set_items(batch);
+        }
+        None => match stale_at {
+            Some((position, watermark)) if !pass_on => {
+                guard.settle(Ending::Succeeded(None)).await;
+                return Prelude::Respond(stale(settings, grpc, position, watermark));
+            }
+            Some((position, watermark)) => {
+                parts.extensions.insert(StaleEvent {
+                    position,
+                    watermark,
+                });
+                outcome = Outcome::Stale;
+            }
+            None => {}
+        },
+    }
+    // The key goes to the inner service only: a duplicate or a rejection never reads it.
+    parts.extensions.insert(derived.key);
+    Prelude::Call {
+        request: Request::from_parts(parts, body),
+        guard: Some(guard),
+        outcome,
+    }
+}
+
+/// The answer to a request whose every key was completed earlier.
+fn completed<B, ResBody>(
+    answers: OneOrMany<Reservation>,
+    settings: &Settings,
+    fingerprint: &Fingerprint,
+    grpc: bool,
+) -> Prelude<B, ResBody> {
+    let Some(Reservation::Completed(record)) = answers.into_iter().next() else {
+        unreachable!("neither ours nor in flight is completed");
+    };
+    let mut outcome = Outcome::Replayed;
+    if !record.fingerprint().matches(fingerprint) {
+        if settings.on_mismatch == OnMismatch::Reject {
+            return Prelude::reject(settings, Rejection::Mismatch, grpc);
+        }
+        outcome = Outcome::MismatchAcked;
+    }
+    Prelude::Respond(duplicate(record, settings, grpc, outcome))
+}
+
+/// The position and watermark of the first stale event among the answers.
+fn first_stale(
+    answers: &[Reservation],
+    derived: &Derived,
+) -> Option<(crate::order::Position, crate::order::Position)> {
+    answers
+        .iter()
+        .zip(&derived.positions)
+        .find_map(|(answer, position)| match answer {
+            Reservation::Stale { watermark } => Some((*position, *watermark)),
+            _ => None,
+        })
+}
+
+/// What the handler learns of a batch: its items held (new or stale) and done before.
+fn batch_items(ids: Vec<String>, answers: &[Reservation], pass_on: bool) -> BatchItems {
+    let (mut held, mut before) = (Vec::new(), Vec::new());
+    for (id, answer) in ids.into_iter().zip(answers) {
+        match answer {
+            Reservation::Acquired => held.push((id, false)),
+            Reservation::Stale { .. } => held.push((id, true)),
+            _ => before.push(id),
+        }
+    }
+    BatchItems::new(held, before, pass_on)
+}
+
+/// The answer when the store failed: 503 (fail closed), or the inner service unprotected (fail
+/// open).
+fn store_failure<B, ResBody>(
+    err: StoreError,
+    settings: &Settings,
+    mut parts: Parts,
+    body: RequestBody<B>,
+    derived: Derived,
+    grpc: bool,
+) -> Prelude<B, ResBody> {
+    match settings.failure_mode {
+        FailureMode::Closed => {
+            tracing::error!(error = %err, "idempotency store error; failing closed");
+            let retry_after = settings.store_retry_after;
+            Prelude::reject(settings, Rejection::StoreUnavailable { retry_after }, grpc)
+        }
+        FailureMode::Open => {
+            tracing::error!(error = %err, "idempotency store error; failing open");
+            parts.extensions.insert(derived.key);
+            Prelude::unprotected(parts, body, Outcome::FailOpen)
+        }
+    }
+}

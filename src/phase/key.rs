@@ -1,0 +1,151 @@
+//! Phase 3: the idempotency key of a request, its payload fingerprint and, on routes that order
+//! events, each event's object and position, as the store will see them.
+
+use bytes::Bytes;
+use http::request::Parts;
+
+use crate::config::Settings;
+use crate::fingerprint::Fingerprint;
+use crate::guard::{OneOrMany, Targets};
+use crate::key::{ExtractKey, IdempotencyKey, KeyInput};
+use crate::order::{Placed, Position};
+use crate::rejection::Rejection;
+use crate::store::{ObjectKey, OrderedEvent, StoreKey};
+
+/// What a request is, for its claim.
+pub(crate) struct Derived {
+    /// The key, handed to the inner service.
+    pub(crate) key: IdempotencyKey,
+    /// What the claim is on.
+    pub(crate) targets: Targets,
+    pub(crate) fingerprint: Fingerprint,
+    /// A batch's item ids, in the targets' order.
+    pub(crate) items: Option<Vec<String>>,
+    /// Ordered events' positions, in the targets' order.
+    pub(crate) positions: Vec<Position>,
+}
+
+/// The key of a request (`None`: it carries none), or the rejection of a malformed one.
+pub(crate) fn derive<K: ExtractKey>(
+    extractor: &K,
+    settings: &Settings,
+    parts: &Parts,
+    data: Option<&Bytes>,
+) -> Result<Option<Derived>, Rejection> {
+    let input = KeyInput::new(parts, data);
+    let order = settings.order.as_deref();
+    if let Some(placed) = order.and_then(|order| order.items_of(&input)) {
+        let placed = placed.map_err(Rejection::MalformedOrder)?;
+        if !placed.is_empty() {
+            return ordered_items(settings, parts, placed).map(Some);
+        }
+        // No items: the key extractor's key, unordered (a callback of another kind).
+        return plain(extractor, settings, parts, &input, data, false);
+    }
+    plain(extractor, settings, parts, &input, data, order.is_some())
+}
+
+/// The key from the layer's extractor: one key, the items of a batch, or one ordered event.
+fn plain<K: ExtractKey>(
+    extractor: &K,
+    settings: &Settings,
+    parts: &Parts,
+    input: &KeyInput<'_>,
+    data: Option<&Bytes>,
+    ordered: bool,
+) -> Result<Option<Derived>, Rejection> {
+    let Some(key) = extractor
+        .extract_key(input)
+        .map_err(Rejection::MalformedKey)?
+    else {
+        return Ok(None);
+    };
+    // Items of a batch are keyed one by one: an item may come again in another batch, so a
+    // payload fingerprint means nothing for them.
+    let fingerprint = match data {
+        Some(data) if settings.fingerprint && !key.is_items() => Fingerprint::of_bytes(data),
+        _ => Fingerprint::NONE,
+    };
+    let (namespace, scope) = (settings.observer.namespace(), settings.scope.of(parts));
+    let store_key = |text: &str| StoreKey::new(namespace, scope.as_deref(), text);
+    let (targets, items, positions) = match settings.order.as_deref().filter(|_| ordered) {
+        Some(order) => {
+            let placed = order
+                .place(input, &key)
+                .map_err(Rejection::MalformedOrder)?;
+            let positions = placed.iter().map(|p| p.position).collect();
+            (events(settings, parts, placed), None, positions)
+        }
+        // One store key per item of a batch; otherwise one for the whole key (a composite key
+        // is one key: its sorted, joined values).
+        None if key.is_items() => {
+            let keys = key.parts().map(store_key).collect();
+            let items = key.parts().map(str::to_owned).collect();
+            (
+                Targets::Keys(OneOrMany::Many(keys)),
+                Some(items),
+                Vec::new(),
+            )
+        }
+        None => (
+            Targets::Keys(OneOrMany::One(store_key(key.as_str()))),
+            None,
+            Vec::new(),
+        ),
+    };
+    name_the_key(&targets);
+    Ok(Some(Derived {
+        key,
+        targets,
+        fingerprint,
+        items,
+        positions,
+    }))
+}
+
+/// The ordered items of a batch: each its own key, object and position, in the order of their
+/// keys (the order of the key's parts).
+fn ordered_items(
+    settings: &Settings,
+    parts: &Parts,
+    mut placed: Vec<Placed>,
+) -> Result<Derived, Rejection> {
+    placed.sort_by(|a, b| a.key.cmp(&b.key));
+    let key = IdempotencyKey::items(placed.iter().map(|p| p.key.clone()))
+        .map_err(Rejection::MalformedOrder)?
+        .ok_or(Rejection::MissingKey { expected: None })?;
+    let items = placed.iter().map(|p| p.key.clone()).collect();
+    let positions = placed.iter().map(|p| p.position).collect();
+    let targets = events(settings, parts, placed);
+    name_the_key(&targets);
+    Ok(Derived {
+        key,
+        targets,
+        fingerprint: Fingerprint::NONE,
+        items: Some(items),
+        positions,
+    })
+}
+
+/// The store's view of placed events.
+fn events(settings: &Settings, parts: &Parts, placed: Vec<Placed>) -> Targets {
+    let (namespace, scope) = (settings.observer.namespace(), settings.scope.of(parts));
+    let scope = scope.as_deref();
+    Targets::Events(
+        placed
+            .into_iter()
+            .map(|p| OrderedEvent {
+                key: StoreKey::new(namespace, scope, &p.key),
+                object: ObjectKey::new(namespace, scope, &p.object),
+                position: p.position,
+            })
+            .collect(),
+    )
+}
+
+/// Names the hashed key in the request's span, when there is one.
+fn name_the_key(targets: &Targets) {
+    if let Some(key) = targets.single_key() {
+        tracing::Span::current().record("key", key.as_str());
+    }
+}

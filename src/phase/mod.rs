@@ -1,0 +1,153 @@
+//! The life of one covered request, in the order it happens, each phase a short function with
+//! one job and a verdict between them:
+//!
+//! 1. **read**: the body, bounded by the layer's limit and timeout
+//!    ([`read_request`](crate::body::read_request)), when something needs it (the fingerprint,
+//!    the verifier, a key or an order in the body);
+//! 2. **verify**: the signature over the exact bytes ([`verify`]), before anything else
+//!    looks at the request: an unverified request never reaches the key, the store or the
+//!    inner service;
+//! 3. **key**: the idempotency key, the fingerprint and, on ordered routes, each event's
+//!    object and position ([`key::derive`]), as the store will see them ([`Targets`]);
+//! 4. **claim**: the atomic reserve, and what its answers mean ([`claim::claim`]): call the
+//!    inner service, or answer now (a duplicate, a conflict, a stale event, a store failure);
+//! 5. **call**: the inner service, driven by the [`ResponseFuture`](crate::ResponseFuture)
+//!    while the claim's lease is renewed;
+//! 6. **settle**: success or failure decided by the one classifier, then the claim recorded or
+//!    released ([`settle::finish`], and the streamed body for responses too large to hold).
+//!
+//! Phases 1 to 4 make the [`Prelude`]: one future, boxed once per request.
+//!
+//! [`Targets`]: crate::guard::Targets
+
+pub(crate) mod claim;
+pub(crate) mod key;
+pub(crate) mod settle;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
+
+use crate::answer::reject;
+use crate::body::{RequestBody, ResponseBody, read_request};
+use crate::config::{MissingKey, Settings};
+use crate::guard::ClaimGuard;
+use crate::key::ExtractKey;
+use crate::outcome::Outcome;
+use crate::rejection::Rejection;
+use crate::service::Config;
+use crate::store::BoxError;
+
+/// What the phases before the call decided: answer now, or call the inner service.
+pub(crate) enum Prelude<B, ResBody> {
+    Respond(Response<ResponseBody<ResBody>>),
+    Call {
+        request: Request<RequestBody<B>>,
+        /// The claim to settle once the inner service answered: `None` when the request runs
+        /// unprotected (pass-through, fail open).
+        guard: Option<ClaimGuard>,
+        /// The outcome when the inner service succeeds: `First`, `Stale` (a stale event
+        /// passed on), `PassThrough`, `FailOpen`.
+        outcome: Outcome,
+    },
+}
+
+impl<B, ResBody> Prelude<B, ResBody> {
+    /// Answers `rejection`.
+    pub(crate) fn reject(settings: &Settings, rejection: Rejection, grpc: bool) -> Self {
+        Prelude::Respond(reject(settings, rejection, grpc))
+    }
+
+    /// Calls the inner service with `parts` and `body`, unprotected.
+    fn unprotected(parts: Parts, body: RequestBody<B>, outcome: Outcome) -> Self {
+        Prelude::Call {
+            request: Request::from_parts(parts, body),
+            guard: None,
+            outcome,
+        }
+    }
+}
+
+/// Phases 1 to 4: read, verify, key, claim. An async block rather than an async fn: the block
+/// holds what it was handed once, where an async fn would keep its arguments and their moved
+/// copies side by side.
+#[expect(clippy::manual_async_fn, reason = "an async fn's future is larger")]
+pub(crate) fn prelude<K, B, ResBody>(
+    config: Arc<Config<K>>,
+    parts: Parts,
+    body: B,
+    grpc: bool,
+) -> impl Future<Output = Prelude<B, ResBody>> + use<K, B, ResBody>
+where
+    K: ExtractKey,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    async move {
+        let settings = &config.settings;
+        let (body, data) = match read(settings, config.extractor.needs_body(), body).await {
+            Ok(read) => read,
+            Err(rejection) => return Prelude::reject(settings, rejection, grpc),
+        };
+        if let Err(rejection) = verify(settings, &parts, data.as_ref()) {
+            return Prelude::reject(settings, rejection, grpc);
+        }
+        let derived = match key::derive(&config.extractor, settings, &parts, data.as_ref()) {
+            Ok(Some(derived)) => derived,
+            Ok(None) => return missing_key(settings, &config.extractor, parts, body, grpc),
+            Err(rejection) => return Prelude::reject(settings, rejection, grpc),
+        };
+        claim::claim(&config.claims, settings, parts, body, derived, grpc).await
+    }
+}
+
+/// Phase 1: the body the inner service will get and, when it had to be read whole, its bytes.
+async fn read<B>(
+    settings: &Settings,
+    key_needs_body: bool,
+    body: B,
+) -> Result<(RequestBody<B>, Option<Bytes>), Rejection>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    if !settings.buffers(key_needs_body) {
+        return Ok((RequestBody::limited(body, settings.body_limit), None));
+    }
+    let collected = read_request(body, settings.body_limit, settings.body_timeout).await?;
+    let (data, trailers) = collected.into_parts();
+    Ok((RequestBody::buffered(data.clone(), trailers), Some(data)))
+}
+
+/// Phase 2: the signature, over the exact bytes that arrived. Logged at warn without the
+/// signature, the secret or the body.
+fn verify(settings: &Settings, parts: &Parts, data: Option<&Bytes>) -> Result<(), Rejection> {
+    let Some(verifier) = &settings.verifier else {
+        return Ok(());
+    };
+    let body = data.map_or(&[][..], |data| &data[..]);
+    verifier.verify(parts, body).map_err(|err| {
+        tracing::warn!(reason = err.kind().code(), detail = %err, "request signature not verified");
+        Rejection::Unverified(err)
+    })
+}
+
+/// A request without a key: rejected, or passed through unprotected, as configured.
+fn missing_key<K: ExtractKey, B, ResBody>(
+    settings: &Settings,
+    extractor: &K,
+    parts: Parts,
+    body: RequestBody<B>,
+    grpc: bool,
+) -> Prelude<B, ResBody> {
+    match settings.missing_key {
+        MissingKey::Reject => {
+            let expected = extractor.expected();
+            Prelude::reject(settings, Rejection::MissingKey { expected }, grpc)
+        }
+        MissingKey::PassThrough => Prelude::unprotected(parts, body, Outcome::PassThrough),
+    }
+}

@@ -1,0 +1,921 @@
+//! The Redis store: [`RedisStore`] (its documentation is on the type), the scripts it runs,
+//! durable completion and how fred's errors map to the layer's answers.
+
+mod durable;
+mod errors;
+mod scripts;
+
+use std::fmt;
+use std::time::Duration;
+
+use fred::clients::{Client, Pool};
+use fred::interfaces::{KeysInterface, LuaInterface};
+use fred::types::Value;
+use fred::types::scripts::Script;
+
+use self::durable::complete_durably;
+use self::errors::store_error;
+use self::scripts::{
+    COMPLETE, COMPLETE_ORDERED, Keys, RELEASE, RELEASE_ORDERED, REMAINING, RENEW, RENEW_ORDERED,
+    RESERVE_ORDERED, completion, evalsha_with_reload, ordered_reservation, pipeline_replies,
+    reservation, script_reply, scripts_pipelined, set_nx_get, unexpected,
+};
+use crate::IdempotencyStore;
+use crate::order::EqualPositions;
+#[cfg(doc)]
+use crate::store::StoreErrorKind;
+use crate::store::record::{Record, StoredValue, encoded_owner};
+use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError, StoreKey, millis};
+
+/// The Redis store, on [`fred`]: standalone, cluster and sentinel, one round trip per call,
+/// batches included.
+///
+/// [`RedisStore`] wraps an already connected fred client: a [`Pool`] or a
+/// [`Client`], for a standalone, clustered or sentinel deployment alike
+/// (they are the same types, built from another [`Config`](fred::types::config::Config)).
+/// Build and connect the client as your application already does, then hand it over:
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_idempotency::RedisStore;
+/// use tower_idempotency::fred::prelude::*;
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), fred::error::Error> {
+/// let config = Config::from_url("redis://127.0.0.1:6379")?;
+/// let pool = Builder::from_config(config)
+///     // Keep reconnecting (0 = no limit), 100 ms apart, after Redis restarts or fails over.
+///     .set_policy(ReconnectPolicy::new_constant(0, 100))
+///     // Do not let commands queue forever while Redis is unreachable.
+///     .with_performance_config(|perf| perf.default_command_timeout = Duration::from_secs(2))
+///     .with_connection_config(|conn| conn.connection_timeout = Duration::from_secs(2))
+///     .build_pool(4)?;
+/// pool.init().await?;
+///
+/// let store = RedisStore::new(pool);
+/// // Hand `store` to the idempotency layer.
+/// # let _ = store;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # What is stored
+///
+/// One Redis string per key, named `ti:<16 base64url digits>` (see
+/// [`StoreKey`](crate::store::StoreKey): the namespace, the optional request scope and the idempotency key hashed with
+/// SHA-256, so no raw user bytes reach Redis). Its value is binary, in the versioned encoding of
+/// [`record`](crate::store::record):
+///
+/// - **in flight**: [`StoredValue::encode_in_flight`](crate::store::record::StoredValue::encode_in_flight), 25 bytes (tag, owner token, request
+///   fingerprint), written with `PX <lease>`: if the worker dies, Redis drops the claim when the
+///   lease runs out and the sender's next retry is processed again;
+/// - **completed**: [`Record::encode_for`](crate::store::record::Record::encode_for) the claim's token, 12 bytes in ack mode (tag, the
+///   first 3 bytes of the owner token as the record's owner tag, fingerprint), or with the
+///   stored status, allow-listed headers, body and trailers in replay mode, written with
+///   `PX <retention>`: Redis drops the record when the retention period ends. An ack-mode key
+///   costs 88 bytes of Redis memory (`MEMORY USAGE`, Redis 7.0, 64-bit: see
+///   `tests/redis_store.rs`).
+///
+/// Nothing else is written: no index, no second key, no background task.
+///
+/// # The local cache in front of it
+///
+/// The store talks to Redis and nothing else. A layer puts a bounded
+/// [`LocalCache`](crate::store::LocalCache) of completed records in front of it (on by
+/// default, see [`IdempotencyLayer::local_cache`](crate::IdempotencyLayer::local_cache)), which
+/// answers the duplicates of records this instance completed or read without a command.
+/// In-flight claims are never cached.
+///
+/// # Commands
+///
+/// - [`reserve`](IdempotencyStore::reserve) is **one round trip**: `SET key <in flight> NX PX
+///   <lease ms> GET`, and `PTTL key` pipelined behind it on the same connection. A nil reply
+///   means the claim is ours; otherwise the reply is the value already there (in flight or
+///   completed), and a completed record comes with how long Redis keeps it
+///   ([`Record::expires_in`](crate::store::record::Record::expires_in)), so that the local cache keeps a record it read no longer than
+///   Redis does without asking again: a duplicate costs one round trip on an instance that
+///   never saw its key, none on one whose cache holds it. (The `PTTL` runs right after the
+///   `SET`, not atomically with it: a record that expired in between shows a negative or
+///   another key's TTL, and is then not cached, or cached at most the cache's `read_ttl`.)
+///   `NX` together with `GET` needs **Redis 7.0 or later** (or a compatible server).
+/// - [`remaining`](IdempotencyStore::remaining), which the local cache calls in the background
+///   for a record whose expiry it does not know (a retried completion that found its own
+///   record), is one `EVALSHA` of a script that reads the head of the value (`GETRANGE`) and,
+///   when it is that record's, its `PTTL`.
+/// - [`complete`](IdempotencyStore::complete), [`release`](IdempotencyStore::release) and
+///   [`renew`](IdempotencyStore::renew) are one `EVALSHA` each, of a Lua script that compares
+///   the owner token (the first 17 bytes of the in-flight value, [`StoredValue::owner_prefix`](crate::store::record::StoredValue::owner_prefix))
+///   before it overwrites the claim with the record, deletes it or extends its lease, so a slow
+///   original whose lease expired never touches a newer claim. (`complete` also recognises the
+///   record its own claim wrote, by the owner tag in it, and answers
+///   [`Completion::AlreadyWritten`] to a retry.) When the server answers `NOSCRIPT` (after a
+///   restart, a failover or `SCRIPT FLUSH`), the script is sent again with `EVAL`, which runs it
+///   and puts it back in the server's script cache; the following calls are plain `EVALSHA`
+///   again. A first delivery therefore costs two commands: `SET` and `EVALSHA`.
+///
+/// Every command touches exactly one key, so the store works unchanged on Redis Cluster (no hash
+/// tags needed, no `CROSSSLOT`).
+///
+/// ## Batches
+///
+/// The items of a batch request are claimed and settled with the batch methods
+/// ([`reserve_many`](IdempotencyStore::reserve_many),
+/// [`complete_many`](IdempotencyStore::complete_many),
+/// [`release_many`](IdempotencyStore::release_many),
+/// [`renew_many`](IdempotencyStore::renew_many)). Each sends the same one-key command as its
+/// single-key method, once per item, all in **one fred pipeline**: every command is written
+/// before any reply is awaited, so a batch costs **one round trip** whatever its size (N
+/// commands). No multi-key command and no multi-key script is used, so the items of one batch
+/// may hash to any slots: a clustered client routes each command of the pipeline to the
+/// primary owning its own key and awaits those primaries in parallel (still one round trip,
+/// no `CROSSSLOT`); a standalone or sentinel client writes them all on one connection.
+///
+/// - A first delivery of N new items costs 2 round trips and 2N commands (N `SET`, then N
+///   `EVALSHA`); a duplicate batch costs 1 round trip (N `SET` and N `PTTL`). `tests/redis.rs`
+///   counts both, commands with `MONITOR` and round trips through a proxy that holds replies
+///   back.
+/// - `NOSCRIPT`: the items whose script reply is `NOSCRIPT` are sent again with `EVAL`, all in a
+///   second pipeline: one more round trip for the batch, not one per item.
+/// - An error reply for any item fails the whole call with the first one (in the batch's
+///   order); the other commands of the pipeline did run. After a failed `reserve_many` some
+///   items may be claimed: the layer releases them, as after a failed `reserve`.
+/// - The pipeline goes through one [`Client`]: a [`Pool`] picks one of its clients for the
+///   batch ([`PickClient`]), so the store's client type must implement [`PickClient`].
+/// - With [durable completion](Self#durable-completion), `complete_many` does not pipeline: see
+///   there.
+///
+/// A batch request with one item goes through the single-key methods.
+///
+/// # Ordered events
+///
+/// For a route that orders events ([`order`](crate::order)), an event and its object live in
+/// three keys that carry the object's digits as their hash tag, so that they share one slot of
+/// a cluster and one script settles them together:
+///
+/// - `ti:{O}E`: the event's key (its claim, then its record: the same values as above);
+/// - `tl:{O}`: the object's lease, the owner token of the claim whose event of the object is in
+///   flight, with the lease's `PX`;
+/// - `tw:{O}`: the object's watermark, the highest position processed (16 bytes, compared byte
+///   by byte in Lua, never with the locale's `strcoll`), with the retention's `PX`.
+///
+/// `reserve_ordered`, `complete_ordered`, `release_ordered` and `renew_ordered` are one
+/// `EVALSHA` each per event (one pipeline per request): an ordered first delivery costs **two
+/// round trips**, as an unordered one, and writes the record and the watermark and lets go of
+/// the object's lease in the same script. A cluster never answers `CROSSSLOT`: the three keys
+/// of an event are in one slot; the events of a batch, in as many slots as they have objects,
+/// travel in one pipeline as above. An ordered event's key costs 104 bytes of Redis memory in
+/// ack mode (its name is 37 bytes long); a watermark about as much, per object.
+///
+/// # Redis Cluster and Sentinel
+///
+/// Nothing changes but the client's configuration: a clustered client
+/// (`redis-cluster://host:port?node=host2:port2`, or
+/// [`ServerConfig::Clustered`](fred::types::config::ServerConfig::Clustered)) routes each command
+/// to the primary that owns its key's hash slot and follows `MOVED` / `ASK` redirections; a
+/// sentinel client (`redis-sentinel://host:26379?sentinelServiceName=mymaster&node=host:26380`,
+/// or [`ServerConfig::Sentinel`](fred::types::config::ServerConfig::Sentinel)) asks the sentinels
+/// for the current primary, and asks again when its connection drops after a failover. Give
+/// either a [`ReconnectPolicy`](fred::types::config::ReconnectPolicy), as above: it is what lets
+/// the same client find the new primary.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_idempotency::RedisStore;
+/// use tower_idempotency::fred::prelude::*;
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), fred::error::Error> {
+/// // Any one node is enough: the client discovers the others with `CLUSTER SLOTS`.
+/// let config = Config::from_url("redis-cluster://10.0.0.1:6379?node=10.0.0.2:6379")?;
+/// // Or, behind Sentinel:
+/// // Config::from_url("redis-sentinel://10.0.0.1:26379?sentinelServiceName=mymaster&node=10.0.0.2:26379")?;
+/// let pool = Builder::from_config(config)
+///     .set_policy(ReconnectPolicy::new_constant(0, 100))
+///     .with_performance_config(|perf| perf.default_command_timeout = Duration::from_secs(2))
+///     .build_pool(4)?;
+/// pool.init().await?;
+/// let store = RedisStore::new(pool);
+/// # let _ = store;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// After a failover the new primary's script cache is empty: the first `EVALSHA` there answers
+/// `NOSCRIPT` and is sent again as `EVAL` (see above), on the node that owns the key.
+///
+/// ## What a failover costs
+///
+/// While a primary is down and until its replica is promoted (a few seconds: the detection
+/// timeout, `cluster-node-timeout` or `down-after-milliseconds`, plus the election), the client
+/// cannot reach the keys of that primary; a cluster client reconnects as a whole, so commands for
+/// the other primaries wait too. What the layer answers meanwhile depends on the timeouts:
+///
+/// - **store timeout (and fred's `default_command_timeout`) longer than the failover**: calls
+///   wait in the client's queue and go to the new primary: requests are slower, none fails, and
+///   a claim taken before the failover is completed on the promoted replica (which received it);
+/// - **shorter**: reserves fail, answered 503 (the sender retries, nothing is lost); but a
+///   completion that fails leaves its claim in place until the lease expires, after the
+///   response went out, so a *later* duplicate of that event is processed again.
+///
+/// Replication in Redis is asynchronous: a write the old primary acknowledged but had not yet
+/// sent to its replica is lost when the replica is promoted. For a claim, that opens a short
+/// window in which a concurrent duplicate may be processed; for a completed record, a duplicate
+/// delivered after the failover is processed again. [Durable
+/// completion](RedisStore::durable_completion) closes the second window.
+///
+/// # Durable completion
+///
+/// [`RedisStore::durable_completion`]`(replicas, timeout)` makes
+/// [`complete`](IdempotencyStore::complete) send `WAIT replicas timeout` right behind the
+/// `EVALSHA` that writes the record, pipelined on the same connection of the same client (for a
+/// [`Pool`], one of its clients is picked for the pair; in a cluster both are routed by the key's
+/// hash slot, so they reach the primary that owns the key). `WAIT` answers once `replicas`
+/// replicas have acknowledged every write of that connection, or when `timeout` has passed, with
+/// the number that did. The call returns:
+///
+/// - `Ok(Completion::Written)` (or `AlreadyWritten`, for a retry whose first attempt landed)
+///   when the record was written *and* at least `replicas` replicas acknowledged it: a failover
+///   to one of them keeps the record;
+/// - `Ok(Completion::Lost)` when the claim was no longer ours, as without the option (the
+///   `WAIT`'s answer is then ignored);
+/// - an error of kind [`StoreErrorKind::NotReplicated`] whose [`source`](std::error::Error::source)
+///   is a [`NotReplicated`] when fewer replicas acknowledged in time. The record **was written**
+///   on the primary, and stays there; only a failover before the replicas catch up loses it.
+///
+/// The completion is not over before the replicas have acknowledged. If the primary dies in
+/// between, the pipeline fails with its connection (the `WAIT` is never re-sent alone on another
+/// connection, where it would count nothing), and the store sends the pair again: after the
+/// failover, it reaches the promoted replica, which holds the claim, and writes the record
+/// there. If that second attempt finds the claim gone, the first may have written the record
+/// after all: the outcome is unknown and reported as an `Unavailable` error. This is why the
+/// lease, renewed every third of itself, must outlive a failover (the default 10 s outlives a
+/// typical one; raise it where failovers take longer), and why the store timeout should too.
+///
+/// The layer logs a failed completion and still sends the response: the inner service's effect
+/// has happened, and answering an error would only make the sender retry and, if the record is
+/// lost, run the effect again. So durable completion does not change any response; it changes
+/// what a `2xx` is worth: after a successful durable completion, the record is on the primary
+/// and on `replicas` replicas, and a duplicate arriving after a failover is still answered from
+/// it. A [`NotReplicated`] in the logs names the events that lack this guarantee.
+///
+/// A batch ([`complete_many`](IdempotencyStore::complete_many)) is completed durably one item
+/// at a time, not in one pipeline: one durable `complete` per item as above (script and
+/// `WAIT`, with the same retries), all started at once (for a [`Pool`], each on a client of
+/// its own choosing). Every item is attempted; the call fails with the first error in the
+/// batch's order, for example a [`NotReplicated`] for one item while the others were
+/// acknowledged. N items cost N pairs: their round trips overlap, but the `WAIT`s sharing a
+/// connection are answered one after the other.
+///
+/// The cost: the pair still takes one round trip, but its answer waits for the replicas'
+/// acknowledgement (about one more replication round trip: on loopback, about 0.1 to 0.2 ms
+/// at the median, see `docs/operations.md`), and the connection carrying the `WAIT` serves nothing
+/// else meanwhile. When the replicas are down or lagging (after a failover, until the old
+/// primary returns as a replica), every completion waits the full `timeout`, holds its
+/// connection that long and ends in a [`NotReplicated`]: keep `timeout` short (tens of
+/// milliseconds), prefer a [`Pool`], and keep the client's `default_command_timeout` well above
+/// `timeout`. Claims and releases are never waited for.
+///
+/// `WAIT` is not consensus. It does not stop a primary from accepting writes, and with several
+/// replicas per primary a failover may promote one that had not acknowledged. If the key's slot
+/// moves while the pair is in flight (`MOVED`), the store repeats the `WAIT` on the new owner:
+/// right after a failover to the replica that has the write, best effort during a live
+/// resharding. The `WAIT` is not flagged as a blocking command for fred (its wait is bounded by
+/// `timeout`), so fred's `Blocking` policies never interrupt it nor fail other commands for it.
+///
+/// # When Redis is down
+///
+/// Every call then fails with a [`StoreError`] of kind [`StoreErrorKind::Unavailable`] (connection
+/// refused or lost, command canceled, server loading or read-only) or
+/// [`StoreErrorKind::Timeout`], and the layer answers as configured: 503 with `Retry-After`
+/// (fail closed, the default) or passing the request through (fail open). No claim is taken, so
+/// the sender's retry is processed once Redis is back.
+///
+/// How fast a call fails is decided by the fred client, configured once for all its commands:
+///
+/// - a [`ReconnectPolicy`](fred::types::config::ReconnectPolicy) (for example
+///   `ReconnectPolicy::new_constant(0, 100)`: retry forever, 100 ms apart) so that the *same*
+///   client, and so the same store, recovers by itself when Redis comes back or fails over;
+/// - [`PerformanceConfig::default_command_timeout`](fred::types::config::PerformanceConfig):
+///   while the client reconnects, commands wait in its queue; this bounds the wait, and a command
+///   that exceeds it fails with [`StoreErrorKind::Timeout`] (and, if still queued, is dropped
+///   rather than sent late);
+/// - [`ConnectionConfig::connection_timeout`](fred::types::config::ConnectionConfig) and
+///   `internal_command_timeout` bound each connection attempt when the host does not answer at
+///   all (no `RST`), and `max_command_attempts` bounds how often a command caught by a dropped
+///   connection is re-sent.
+///
+/// Beware fred's defaults: without a reconnect policy the client stops for good when its
+/// connection drops, and without a command timeout its commands then wait without limit. The
+/// layer wraps every store call in its own timeout, so a request is still answered (503 when
+/// failing closed), but only a reconnect policy brings the store back.
+///
+/// Redis out of memory (`OOM`, with `maxmemory-policy noeviction`) is a
+/// [`StoreErrorKind::Capacity`] error, answered like any store error. Prefer `noeviction` for a
+/// Redis that holds these keys: every key has a TTL, so a `volatile-*` or `allkeys-*` policy may
+/// evict a completed record early and let a duplicate through.
+///
+/// A `SET` whose reply was lost with the connection may be re-sent by the client after it
+/// reconnects; [`reserve`](IdempotencyStore::reserve) recognises its own claim (same token) in
+/// the reply and still reports [`Reservation::Acquired`].
+///
+/// An [`IdempotencyStore`] on Redis, through a connected [`fred`] client `C`: a [`Pool`] by
+/// default, or a [`Client`]. Cheap to clone: fred clients are handles over shared state.
+#[derive(Clone, Debug)]
+pub struct RedisStore<C = Pool> {
+    client: C,
+    durability: Option<Durability<C>>,
+}
+
+/// The settings of [`RedisStore::durable_completion`].
+pub(super) struct Durability<C> {
+    pub(super) replicas: u32,
+    pub(super) timeout: Duration,
+    /// Picks the one client that sends both the write and its `WAIT`.
+    pub(super) pick: fn(&C) -> Client,
+}
+
+impl<C> Clone for Durability<C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C> Copy for Durability<C> {}
+
+impl<C> fmt::Debug for Durability<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Durability")
+            .field("replicas", &self.replicas)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A fred client type that can hand out one [`Client`], so that a sequence of commands travels
+/// through one client: a [`Client`] is itself, a [`Pool`] picks one of its clients (a connected
+/// one when it can).
+///
+/// Needed by the batch methods ([`reserve_many`](IdempotencyStore::reserve_many) and the
+/// others send one [`Pipeline`](fred::clients::Pipeline) per batch, and only a [`Client`] has
+/// pipelines) and by [`RedisStore::durable_completion`] (a write and the `WAIT` behind it share
+/// a connection).
+pub trait PickClient {
+    /// One client, for a command sequence that must go through one client.
+    fn pick_client(&self) -> Client;
+}
+
+impl PickClient for Client {
+    fn pick_client(&self) -> Client {
+        self.clone()
+    }
+}
+
+impl PickClient for Pool {
+    fn pick_client(&self) -> Client {
+        self.next_connected().clone()
+    }
+}
+
+/// The error behind a [`StoreErrorKind::NotReplicated`] from a durable
+/// [`complete`](IdempotencyStore::complete): the record was written on the primary, but fewer
+/// replicas than required acknowledged it within the timeout (see
+/// [`RedisStore::durable_completion`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotReplicated {
+    pub(super) acknowledged: u32,
+    pub(super) required: u32,
+    pub(super) timeout: Duration,
+}
+
+impl NotReplicated {
+    /// How many replicas acknowledged the record (`WAIT`'s reply).
+    pub fn acknowledged(&self) -> u32 {
+        self.acknowledged
+    }
+
+    /// How many were required.
+    pub fn required(&self) -> u32 {
+        self.required
+    }
+
+    /// How long the primary waited for them.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+impl fmt::Display for NotReplicated {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the completed record was written on the primary but acknowledged by {} of {} \
+             required replicas within {} ms; it may not survive a failover",
+            self.acknowledged,
+            self.required,
+            self.timeout.as_millis()
+        )
+    }
+}
+
+impl std::error::Error for NotReplicated {}
+
+impl<C> RedisStore<C>
+where
+    C: KeysInterface + LuaInterface + 'static,
+{
+    /// A store over `client`, which should already be connected (`init().await`).
+    ///
+    /// Commands use the client's own configuration (timeouts, retries, reconnection policy).
+    pub fn new(client: C) -> Self {
+        RedisStore {
+            client,
+            durability: None,
+        }
+    }
+
+    /// Durable completion: after writing a completed record, waits until at least `replicas`
+    /// replicas have acknowledged it (`WAIT replicas timeout`, pipelined behind the write on the
+    /// same connection), and reports an error when fewer did within `timeout`. See [Durable
+    /// completion](Self#durable-completion) for the guarantees and the cost.
+    ///
+    /// `replicas` = 0 turns it off. `timeout` is rounded to whole milliseconds, at least 1
+    /// (`WAIT` with 0 would wait forever); keep it well below the client's
+    /// `default_command_timeout`. Claims and releases are not waited for.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::RedisStore;
+    /// # fn docs(pool: fred::clients::Pool) {
+    /// // Every primary has one replica: a completed record is on both before the response.
+    /// let store = RedisStore::new(pool).durable_completion(1, Duration::from_millis(50));
+    /// # }
+    /// ```
+    pub fn durable_completion(mut self, replicas: u32, timeout: Duration) -> Self
+    where
+        C: PickClient,
+    {
+        self.durability = (replicas > 0).then_some(Durability {
+            replicas,
+            timeout,
+            pick: C::pick_client,
+        });
+        self
+    }
+
+    /// The `(replicas, timeout)` of [`durable_completion`](Self::durable_completion), if on.
+    pub fn durability(&self) -> Option<(u32, Duration)> {
+        self.durability.map(|d| (d.replicas, d.timeout))
+    }
+
+    /// The underlying fred client.
+    pub fn client(&self) -> &C {
+        &self.client
+    }
+
+    /// Returns the underlying fred client.
+    pub fn into_inner(self) -> C {
+        self.client
+    }
+
+    /// Loads every script of the store into the server's script cache (`SCRIPT LOAD`, on
+    /// every primary of a cluster).
+    ///
+    /// Optional: a script missing from the cache is reloaded on first use anyway. Calling this
+    /// at start-up saves the first call of each script (single-key or batch) a second round
+    /// trip.
+    pub async fn load_scripts(&self) -> Result<(), StoreError> {
+        for script in scripts::all() {
+            let lua = script.lua().cloned().unwrap_or_default();
+            let _: Value = self
+                .client
+                .script_load_cluster(lua)
+                .await
+                .map_err(store_error)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `script` on `keys`: its reply.
+    async fn run(
+        &self,
+        script: &Script,
+        keys: &Keys<'_>,
+        args: impl Fn() -> Vec<Value>,
+    ) -> Result<Value, StoreError> {
+        evalsha_with_reload(&self.client, script, keys, args)
+            .await
+            .map_err(store_error)
+    }
+
+    /// Runs `script` (`complete`, `release` or `renew`, ordered or not) on `keys`: its integer
+    /// reply.
+    async fn run_counted(
+        &self,
+        script: &Script,
+        keys: &Keys<'_>,
+        args: impl Fn() -> Vec<Value>,
+    ) -> Result<i64, StoreError> {
+        script_reply(self.run(script, keys, args).await?)
+    }
+}
+
+/// The arguments of the `complete` script for `claim`, `record` and `retention`.
+fn complete_args(claim: &Claim, record: &Record, retention: Duration) -> Vec<Value> {
+    vec![
+        Value::Bytes(StoredValue::owner_prefix(claim.token())),
+        Value::Bytes(record.encode_for(claim.token())),
+        Value::Integer(millis(retention)),
+        Value::Bytes(encoded_owner(claim.token())),
+    ]
+}
+
+/// The arguments of `release` (ordered or not).
+fn owner_args(claim: &Claim) -> Vec<Value> {
+    vec![Value::Bytes(StoredValue::owner_prefix(claim.token()))]
+}
+
+/// The arguments of `renew` (ordered or not).
+fn renew_args(claim: &Claim, lease: Duration) -> Vec<Value> {
+    vec![
+        Value::Bytes(StoredValue::owner_prefix(claim.token())),
+        Value::Integer(millis(lease)),
+    ]
+}
+
+/// The `PTTL` reply of a batch reserve's pipeline, when it is one.
+fn pttl(reply: Option<Result<Value, fred::error::Error>>) -> Option<i64> {
+    match reply {
+        Some(Ok(Value::Integer(ms))) => Some(ms),
+        _ => None,
+    }
+}
+
+/// The store works with any fred client that can hand out a [`Client`] ([`PickClient`]: a
+/// [`Client`] or a [`Pool`]), which pipelines need.
+impl<C> IdempotencyStore for RedisStore<C>
+where
+    C: KeysInterface + LuaInterface + PickClient + 'static,
+{
+    /// `EVALSHA` of a script that reads the key and, when it holds `record`, its `PTTL`: one
+    /// round trip, made by the local cache in the background.
+    async fn remaining(
+        &self,
+        key: &StoreKey,
+        record: &Record,
+    ) -> Result<Option<std::time::Duration>, StoreError> {
+        let args = || vec![Value::Bytes(record.encoded_head())];
+        match self.run(&REMAINING, &Keys::One(key), args).await? {
+            Value::Integer(ms) => Ok(u64::try_from(ms).ok().map(Duration::from_millis)),
+            other => Err(unexpected("script", &other)),
+        }
+    }
+
+    /// `SET key <in flight> NX PX lease GET`, and `PTTL key` right behind it on the same
+    /// client: one round trip (fred writes the second without waiting for the first's reply).
+    /// Two commands rather than a pipeline: a command that times out while its client is
+    /// reconnecting is dropped, never sent late, and a pipeline's are not.
+    async fn reserve(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Reservation, StoreError> {
+        let value = StoredValue::encode_in_flight(claim.token(), &claim.fingerprint());
+        let client = self.client.pick_client();
+        let set = set_nx_get(&client, key, value, millis(lease));
+        let ttl = Box::pin(client.pttl::<Value, _>(key.as_str()));
+        let (held, left) = futures_util::future::join(set, ttl).await;
+        let left = match left {
+            Ok(Value::Integer(ms)) => Some(ms),
+            _ => None,
+        };
+        reservation(held.map_err(store_error)?, claim, left)
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Completion, StoreError> {
+        let keys = Keys::One(key);
+        match self.durability {
+            None => {
+                let args = || complete_args(claim, record, retention);
+                Ok(completion(self.run_counted(&COMPLETE, &keys, args).await?))
+            }
+            Some(durability) => {
+                let client = (durability.pick)(&self.client);
+                let args = complete_args(claim, record, retention);
+                Box::pin(complete_durably(
+                    &client, durability, &COMPLETE, &keys, args,
+                ))
+                .await
+            }
+        }
+    }
+
+    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
+        let args = || owner_args(claim);
+        Ok(self.run_counted(&RELEASE, &Keys::One(key), args).await? == 1)
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let args = || renew_args(claim, lease);
+        Ok(self.run_counted(&RENEW, &Keys::One(key), args).await? == 1)
+    }
+
+    /// One `SET key <in flight> NX PX <lease ms> GET` and one `PTTL` per key, all in one
+    /// pipeline: one round trip. An error reply for any key fails the call with the first one
+    /// (in key order); the other keys were claimed or not, and the caller releases what is
+    /// ours.
+    async fn reserve_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let value = StoredValue::encode_in_flight(claim.token(), &claim.fingerprint());
+        let lease = millis(lease);
+        let client = self.client.pick_client();
+        let pipeline = client.pipeline();
+        for key in keys {
+            let _: Value = set_nx_get(&pipeline, key, value.clone(), lease)
+                .await
+                .map_err(store_error)?;
+            let _: Value = Box::pin(pipeline.pttl(key.as_str()))
+                .await
+                .map_err(store_error)?;
+        }
+        let replies = pipeline.try_all::<Value>().await;
+        let mut replies = pipeline_replies(replies, 2 * keys.len())
+            .map_err(store_error)?
+            .into_iter();
+        let mut out = Vec::with_capacity(keys.len());
+        while let (Some(held), left) = (replies.next(), replies.next()) {
+            out.push(reservation(held.map_err(store_error)?, claim, pttl(left))?);
+        }
+        Ok(out)
+    }
+
+    /// One `EVALSHA` of the `complete` script per key, all in one pipeline: one round trip
+    /// (two after a `NOSCRIPT`). With [durable completion](RedisStore::durable_completion),
+    /// one durable [`complete`](IdempotencyStore::complete) per key instead, all started at
+    /// once: every key is attempted, and the first error (in key order) is returned.
+    async fn complete_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Vec<Completion>, StoreError> {
+        let targets = keys.iter().map(Keys::One);
+        self.complete_each(targets, &COMPLETE, complete_args(claim, record, retention))
+            .await
+    }
+
+    /// One `EVALSHA` of the `release` script per key, all in one pipeline: one round trip (two
+    /// after a `NOSCRIPT`).
+    async fn release_many(&self, keys: &[StoreKey], claim: &Claim) -> Result<usize, StoreError> {
+        let replies = self
+            .pipelined(keys.iter().map(Keys::One), &RELEASE, owner_args(claim))
+            .await?;
+        Ok(replies.into_iter().filter(|&reply| reply == 1).count())
+    }
+
+    /// One `EVALSHA` of the `renew` script per key, all in one pipeline: one round trip (two
+    /// after a `NOSCRIPT`). Every key is renewed that is still ours, even when another is not.
+    async fn renew_many(
+        &self,
+        keys: &[StoreKey],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let replies = self
+            .pipelined(keys.iter().map(Keys::One), &RENEW, renew_args(claim, lease))
+            .await?;
+        Ok(replies.into_iter().all(|reply| reply == 1))
+    }
+
+    fn orders_events(&self) -> bool {
+        true
+    }
+
+    /// One `EVALSHA` per event (its key, its object's lease and watermark in one slot), all in
+    /// one pipeline: one round trip.
+    async fn reserve_ordered(
+        &self,
+        events: &[OrderedEvent],
+        claim: &Claim,
+        lease: Duration,
+        equal: EqualPositions,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        let value = StoredValue::encode_in_flight(claim.token(), &claim.fingerprint());
+        let strict = if equal == EqualPositions::Stale {
+            "1"
+        } else {
+            "0"
+        };
+        let args = |event: &OrderedEvent| {
+            vec![
+                Value::Bytes(value.clone()),
+                Value::Integer(millis(lease)),
+                Value::Bytes(bytes::Bytes::copy_from_slice(&event.position.to_bytes())),
+                Value::from(strict),
+            ]
+        };
+        if let [event] = events {
+            let keys = Keys::event(event);
+            let reply = self.run(&RESERVE_ORDERED, &keys, || args(event)).await?;
+            return Ok(vec![ordered_reservation(reply, claim)?]);
+        }
+        let targets: Vec<_> = events.iter().map(|e| (Keys::event(e), args(e))).collect();
+        let client = self.client.pick_client();
+        scripts_pipelined(&client, &RESERVE_ORDERED, &targets)
+            .await?
+            .into_iter()
+            .map(|reply| ordered_reservation(reply, claim))
+            .collect()
+    }
+
+    /// One `EVALSHA` per event, all in one pipeline: the record, the watermark and the
+    /// object's lease in one script each (durably, as
+    /// [`complete_many`](IdempotencyStore::complete_many), with durable completion on).
+    async fn complete_ordered(
+        &self,
+        events: &[OrderedEvent],
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Vec<Completion>, StoreError> {
+        let targets: Vec<(Keys<'_>, Vec<Value>)> = events
+            .iter()
+            .map(|event| {
+                let mut args = complete_args(claim, record, retention);
+                let position = bytes::Bytes::copy_from_slice(&event.position.to_bytes());
+                args.push(Value::Bytes(position));
+                (Keys::event(event), args)
+            })
+            .collect();
+        self.complete_targets(targets, &COMPLETE_ORDERED).await
+    }
+
+    async fn release_ordered(
+        &self,
+        events: &[OrderedEvent],
+        claim: &Claim,
+    ) -> Result<usize, StoreError> {
+        let replies = self
+            .pipelined(
+                events.iter().map(Keys::event),
+                &RELEASE_ORDERED,
+                owner_args(claim),
+            )
+            .await?;
+        Ok(replies.into_iter().filter(|&reply| reply == 1).count())
+    }
+
+    async fn renew_ordered(
+        &self,
+        events: &[OrderedEvent],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let args = renew_args(claim, lease);
+        let replies = self
+            .pipelined(events.iter().map(Keys::event), &RENEW_ORDERED, args)
+            .await?;
+        Ok(replies.into_iter().all(|reply| reply == 1))
+    }
+}
+
+impl<C> RedisStore<C>
+where
+    C: KeysInterface + LuaInterface + PickClient + 'static,
+{
+    /// `script` on every target with the same `args`: one `EVALSHA` (one round trip) for one
+    /// target, one pipeline for more; the integer replies, in order.
+    async fn pipelined<'k>(
+        &self,
+        targets: impl Iterator<Item = Keys<'k>>,
+        script: &Script,
+        args: Vec<Value>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let targets: Vec<_> = targets.map(|keys| (keys, args.clone())).collect();
+        if let [(keys, args)] = &targets[..] {
+            return Ok(vec![self.run_counted(script, keys, || args.clone()).await?]);
+        }
+        if targets.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.client.pick_client();
+        scripts_pipelined(&client, script, &targets)
+            .await?
+            .into_iter()
+            .map(script_reply)
+            .collect()
+    }
+
+    /// A completion of every target with the same `args`.
+    async fn complete_each<'k>(
+        &self,
+        targets: impl Iterator<Item = Keys<'k>>,
+        script: &Script,
+        args: Vec<Value>,
+    ) -> Result<Vec<Completion>, StoreError> {
+        let targets = targets.map(|keys| (keys, args.clone())).collect();
+        self.complete_targets(targets, script).await
+    }
+
+    /// A completion of every target (keys and arguments): pipelined, or one durable completion
+    /// each, all started at once (every target is attempted; the first error, in order, is
+    /// returned).
+    async fn complete_targets(
+        &self,
+        targets: Vec<(Keys<'_>, Vec<Value>)>,
+        script: &Script,
+    ) -> Result<Vec<Completion>, StoreError> {
+        match self.durability {
+            None => {
+                let replies = self.pipelined_targets(&targets, script).await?;
+                Ok(replies.into_iter().map(completion).collect())
+            }
+            Some(durability) => {
+                let each = targets.into_iter().map(|(keys, args)| {
+                    let client = (durability.pick)(&self.client);
+                    async move { complete_durably(&client, durability, script, &keys, args).await }
+                });
+                futures_util::future::join_all(each)
+                    .await
+                    .into_iter()
+                    .collect()
+            }
+        }
+    }
+
+    /// `script` on every target with its own arguments (see [`pipelined`](Self::pipelined)).
+    async fn pipelined_targets(
+        &self,
+        targets: &[(Keys<'_>, Vec<Value>)],
+        script: &Script,
+    ) -> Result<Vec<i64>, StoreError> {
+        match targets {
+            [] => Ok(Vec::new()),
+            [(keys, args)] => Ok(vec![self.run_counted(script, keys, || args.clone()).await?]),
+            _ => {
+                let client = self.client.pick_client();
+                scripts_pipelined(&client, script, targets)
+                    .await?
+                    .into_iter()
+                    .map(script_reply)
+                    .collect()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+    use crate::store::StoreErrorKind;
+
+    #[test]
+    fn durable_completion_settings() {
+        let store = RedisStore::new(Client::default());
+        assert_eq!(store.durability(), None);
+        let store = store.durable_completion(2, Duration::from_millis(50));
+        assert_eq!(store.durability(), Some((2, Duration::from_millis(50))));
+        // Cloned along with the store; zero replicas turns it off.
+        assert_eq!(store.clone().durability(), store.durability());
+        let store = store.durable_completion(0, Duration::from_millis(50));
+        assert_eq!(store.durability(), None);
+        assert!(format!("{store:?}").contains("RedisStore"));
+    }
+
+    #[test]
+    fn not_replicated_says_what_was_missing() {
+        let error = NotReplicated {
+            acknowledged: 0,
+            required: 1,
+            timeout: Duration::from_millis(50),
+        };
+        assert_eq!((error.acknowledged(), error.required()), (0, 1));
+        assert_eq!(error.timeout(), Duration::from_millis(50));
+        let text = error.to_string();
+        assert!(text.contains("0 of 1") && text.contains("50 ms"), "{text}");
+        let store_error = StoreError::with_source(StoreErrorKind::Unavailable, error.clone());
+        let source = store_error.source().unwrap();
+        assert_eq!(source.downcast_ref::<NotReplicated>(), Some(&error));
+    }
+}

@@ -1,0 +1,214 @@
+//! Turning configured secrets into keys: as given (Stripe, GitHub, Shopify, Slack) or as
+//! Standard Webhooks `whsec_<base64>`. Secrets are checked at start-up, so a typo is a
+//! configuration error rather than every request answered 401.
+
+use std::fmt;
+
+use base64::Engine;
+use base64::engine::DecodePaddingMode;
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+
+use super::hmac::Keys;
+
+/// The prefix of Standard Webhooks secrets.
+const WHSEC_PREFIX: &str = "whsec_";
+
+/// Standard base64, padding optional: a secret copied without its `=` is still the same secret.
+const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// A secret or a scheme's setting that cannot be used: a configuration error, reported at
+/// start-up. [`Display`](fmt::Display) says which secret (by position, from 1) and what is
+/// wrong, never the secret itself.
+#[derive(Clone, Debug)]
+pub struct InvalidSecret {
+    problem: Problem,
+}
+
+#[derive(Clone, Debug)]
+enum Problem {
+    NoSecret,
+    Empty { position: usize },
+    Whitespace { position: usize },
+    NotBase64 { position: usize },
+    Rejected { position: usize },
+    HeaderName { name: String },
+}
+
+impl InvalidSecret {
+    fn at(position: usize, problem: fn(usize) -> Problem) -> Self {
+        InvalidSecret {
+            problem: problem(position),
+        }
+    }
+
+    /// A header name that is not valid (a setting of the scheme, not a secret: it is shown).
+    pub(crate) fn header_name(name: &str) -> Self {
+        InvalidSecret {
+            problem: Problem::HeaderName {
+                name: name.to_owned(),
+            },
+        }
+    }
+}
+
+impl fmt::Display for InvalidSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.problem {
+            Problem::NoSecret => f.write_str("no secret was configured; at least one is needed"),
+            Problem::Empty { position } => write!(f, "secret #{position} is empty"),
+            Problem::Whitespace { position } => write!(
+                f,
+                "secret #{position} starts or ends with whitespace (a newline read from a file?)"
+            ),
+            Problem::NotBase64 { position } => write!(
+                f,
+                "secret #{position} is not valid base64 after the optional `{WHSEC_PREFIX}` prefix"
+            ),
+            Problem::Rejected { position } => {
+                write!(f, "secret #{position} cannot be used as an HMAC key")
+            }
+            Problem::HeaderName { name } => write!(f, "invalid header name {name:?}"),
+        }
+    }
+}
+
+impl std::error::Error for InvalidSecret {}
+
+/// Keys whose bytes are the secrets as given (the whole `whsec_...` string for Stripe).
+pub(crate) fn as_given<I, S>(secrets: I) -> Result<Keys, InvalidSecret>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let secrets = checked(secrets)?;
+    keys(secrets.iter().map(|secret| secret.as_ref().as_bytes()))
+}
+
+/// Keys of Standard Webhooks secrets: `whsec_<base64>` or the bare base64, the decoded bytes
+/// being the key.
+pub(crate) fn standard_webhooks<I, S>(secrets: I) -> Result<Keys, InvalidSecret>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let secrets = checked(secrets)?;
+    let decoded = secrets
+        .iter()
+        .enumerate()
+        .map(|(i, secret)| {
+            let secret = secret.as_ref();
+            let encoded = secret.strip_prefix(WHSEC_PREFIX).unwrap_or(secret);
+            match SECRET_BASE64.decode(encoded) {
+                Ok(key) if !key.is_empty() => Ok(key),
+                Ok(_) => Err(InvalidSecret::at(i + 1, |position| Problem::Empty {
+                    position,
+                })),
+                Err(_) => Err(InvalidSecret::at(i + 1, |position| Problem::NotBase64 {
+                    position,
+                })),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    keys(decoded.iter().map(Vec::as_slice))
+}
+
+/// The secrets, at least one, none empty or padded with whitespace.
+fn checked<I, S>(secrets: I) -> Result<Vec<S>, InvalidSecret>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let secrets: Vec<S> = secrets.into_iter().collect();
+    if secrets.is_empty() {
+        return Err(InvalidSecret {
+            problem: Problem::NoSecret,
+        });
+    }
+    for (i, secret) in secrets.iter().enumerate() {
+        let secret = secret.as_ref();
+        if secret.is_empty() {
+            return Err(InvalidSecret::at(i + 1, |position| Problem::Empty {
+                position,
+            }));
+        }
+        if secret.trim() != secret {
+            return Err(InvalidSecret::at(i + 1, |position| Problem::Whitespace {
+                position,
+            }));
+        }
+    }
+    Ok(secrets)
+}
+
+fn keys<'a>(secrets: impl IntoIterator<Item = &'a [u8]>) -> Result<Keys, InvalidSecret> {
+    // HMAC takes keys of any length, so this is not expected; an error all the same, not a
+    // panic.
+    Keys::new(secrets)
+        .map_err(|i| InvalidSecret::at(i + 1, |position| Problem::Rejected { position }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message<T: fmt::Debug>(result: Result<T, InvalidSecret>) -> String {
+        result.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn at_least_one_secret() {
+        assert!(message(as_given(Vec::<String>::new())).contains("no secret"));
+        assert!(message(standard_webhooks(Vec::<&str>::new())).contains("no secret"));
+    }
+
+    #[test]
+    fn no_empty_secret() {
+        assert_eq!(message(as_given(["a", ""])), "secret #2 is empty");
+        assert_eq!(message(standard_webhooks([""])), "secret #1 is empty");
+        // Nothing after the prefix is an empty key.
+        assert_eq!(message(standard_webhooks(["whsec_"])), "secret #1 is empty");
+    }
+
+    #[test]
+    fn no_whitespace_around_a_secret() {
+        let err = message(as_given(["It's a Secret to Everybody\n"]));
+        assert!(
+            err.contains("secret #1 starts or ends with whitespace"),
+            "{err}"
+        );
+        assert!(!err.contains("Everybody"), "{err}");
+        // Inside a secret, spaces are the secret's own.
+        assert!(as_given(["It's a Secret to Everybody"]).is_ok());
+    }
+
+    #[test]
+    fn standard_webhooks_secrets_are_base64() {
+        assert_eq!(
+            standard_webhooks(["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"])
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(standard_webhooks(["MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]).is_ok());
+        // Padding is optional: the same key either way.
+        assert!(standard_webhooks(["whsec_dGVzdA=="]).is_ok());
+        assert!(standard_webhooks(["whsec_dGVzdA"]).is_ok());
+        let err = message(standard_webhooks([
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "whsec_not base64!",
+        ]));
+        assert!(err.starts_with("secret #2 is not valid base64"), "{err}");
+        assert!(!err.contains("not base64!"), "{err}");
+    }
+
+    #[test]
+    fn a_header_name_is_shown() {
+        assert_eq!(
+            InvalidSecret::header_name("bad header").to_string(),
+            r#"invalid header name "bad header""#
+        );
+    }
+}
