@@ -45,11 +45,10 @@ async fn store_down_fails_closed_or_open() {
     suite::fail_open_processes_without_protection(store, async || server.kill()).await;
 }
 
-/// Through the layer, a first delivery costs 2 round trips (`SET NX GET` and `PTTL`
-/// pipelined, then `EVALSHA`); a duplicate costs 1 (`SET NX GET` and `PTTL`) on an instance
-/// whose local cache does not hold the record, even one that never saw the key (the `PTTL`
-/// tells its cache how long the record has left: nothing more is sent, in the background or
-/// later), and none on one that does; as sent by the clients (`MONITOR`).
+/// Through the layer, a first delivery costs 2 commands, one round trip each (`SET NX GET`,
+/// then `EVALSHA`); a duplicate costs 1 (`SET NX GET`) on an instance whose local cache does
+/// not hold the record, even one that never saw the key (nothing more is sent, in the
+/// background or later), and none on one that does; as sent by the clients (`MONITOR`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_round_trips_per_first_delivery_one_per_duplicate() {
     let server = RedisServer::start();
@@ -70,7 +69,7 @@ async fn two_round_trips_per_first_delivery_one_per_duplicate() {
     let monitor = server.monitor();
     let (status, _, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(monitor.finish(), ["SET", "PTTL", "EVALSHA"]);
+    assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
 
     // The instance that completed the key answers its duplicates from its local cache.
     let monitor = server.monitor();
@@ -78,7 +77,7 @@ async fn two_round_trips_per_first_delivery_one_per_duplicate() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(monitor.finish(), Vec::<String>::new());
 
-    // Another instance reads the record once, with how long it has left, and caches it at once.
+    // Another instance reads the record once, and caches it at once.
     let monitor = server.monitor();
     let (status, _, _) = send(&other, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::OK);
@@ -86,7 +85,7 @@ async fn two_round_trips_per_first_delivery_one_per_duplicate() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
         monitor.finish(),
-        ["SET", "PTTL"],
+        ["SET"],
         "nothing more, even in the background"
     );
     let monitor = server.monitor();
@@ -102,7 +101,7 @@ async fn two_round_trips_per_first_delivery_one_per_duplicate() {
         .insert("x-demo-fail", "true".parse().unwrap());
     let (status, _, _) = send(&app, req).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(monitor.finish(), ["SET", "PTTL", "EVALSHA"]);
+    assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
 }
 
 /// Two app instances (two clients, two routers) on one Redis: 50 concurrent deliveries of one
@@ -281,17 +280,13 @@ async fn a_batch_of_five_costs_two_round_trips() {
         sent.len(),
         rounds.len()
     );
-    // Each claim with its `PTTL`, all in one pipeline; then every completion, in another.
-    let set: Vec<String> = ["SET", "PTTL"]
-        .repeat(N)
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
+    // Every claim, all in one pipeline; then every completion, in another.
+    let set = vec!["SET".to_owned(); N];
     let evalsha = vec!["EVALSHA".to_owned(); N];
     assert_eq!(sent, [set.clone(), evalsha.clone()].concat());
     assert_eq!(rounds, [set.clone(), evalsha]);
 
-    // The same batch again (a duplicate delivery): one round trip of N SETs (and PTTLs).
+    // The same batch again (a duplicate delivery): one round trip of N SETs.
     let monitor = server.monitor();
     let again = Claim::new(Fingerprint::of_bytes(b"{}"));
     let duplicate = store
@@ -352,7 +347,7 @@ async fn a_batch_of_five_costs_two_round_trips() {
     }
     let rounds = proxy.take_rounds();
     println!("3 single-key reserves: {} round trips", rounds.len());
-    let one = vec!["SET".to_owned(), "PTTL".to_owned()];
+    let one = vec!["SET".to_owned()];
     assert_eq!(rounds, vec![one; 3]);
 }
 

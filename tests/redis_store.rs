@@ -434,24 +434,22 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
         sent.len(),
         &sent[..4]
     );
-    // What the client sent: exactly SET and PTTL (one round trip), then EVALSHA, per first
-    // delivery.
-    assert_eq!(sent.len() as u64, 3 * N, "{sent:?}");
+    // What the client sent: exactly SET, then EVALSHA, per first delivery.
+    assert_eq!(sent.len() as u64, 2 * N, "{sent:?}");
     assert!(
-        sent.chunks(3)
-            .all(|three| three == ["SET".to_owned(), "PTTL".to_owned(), "EVALSHA".to_owned()]),
+        sent.chunks(2)
+            .all(|two| two == ["SET".to_owned(), "EVALSHA".to_owned()]),
         "{sent:?}"
     );
     // commandstats also counts what the script runs: GET, then SET.
-    let pttl = redis_server::command_calls(&client, "pttl").await;
-    assert_eq!((evalsha, pttl), (N, N));
+    assert_eq!(evalsha, N);
     assert_eq!(eval, 0);
     assert_eq!(set, 2 * N);
     assert_eq!(get, N);
-    assert_eq!(total, 5 * N, "no hidden SCRIPT LOAD / EXISTS / PING");
+    assert_eq!(total, 4 * N, "no hidden SCRIPT LOAD / EXISTS / PING / PTTL");
 
     // A store behind a local cache (a layer's default) answers the duplicates of records it
-    // read once (with how long each has left) from its cache.
+    // read once from its cache.
     let store = tower_idempotency::store::CachedStore::new(store);
     for i in 0..N {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
@@ -466,7 +464,7 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
     }
     assert_eq!(monitor.finish(), Vec::<String>::new());
 
-    // Another instance, without a local cache: one round trip (SET and PTTL) per duplicate.
+    // Another instance, without a local cache: one command (SET) per duplicate.
     let other = RedisStore::new(client.clone());
     redis_server::reset_stats(&client).await;
     let monitor = server.monitor();
@@ -487,22 +485,17 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
         "{N} duplicates: client sent {} commands; commandstats: SET {set}, all {total}",
         sent.len()
     );
-    let one: Vec<String> = ["SET", "PTTL"]
-        .repeat(N as usize)
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-    assert_eq!(sent, one);
+    assert_eq!(sent, vec!["SET".to_owned(); N as usize]);
     assert_eq!(set, N);
-    assert_eq!(total, 2 * N);
+    assert_eq!(total, N);
 
-    // A failed attempt: the claim (SET and PTTL), then EVALSHA (release).
+    // A failed attempt: the claim (SET), then EVALSHA (release).
     let monitor = server.monitor();
     let key = StoreKey::new("cost", None, "failed");
     let c = claim(b"payload");
     store.reserve(&key, &c, LEASE).await.unwrap();
     assert!(store.release(&key, &c).await.unwrap());
-    assert_eq!(monitor.finish(), ["SET", "PTTL", "EVALSHA"]);
+    assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
 }
 
 /// `MEMORY USAGE` of a completed key in ack mode: 88 bytes (measured on Redis 7.0, jemalloc,

@@ -344,14 +344,6 @@ impl IdempotencyStore for AnyStore {
         dispatch!(self, s => s.in_process())
     }
 
-    async fn remaining(
-        &self,
-        key: &StoreKey,
-        record: &Record,
-    ) -> Result<Option<Duration>, StoreError> {
-        dispatch!(self, s => s.remaining(key, record).await)
-    }
-
     async fn reserve_many(
         &self,
         keys: &[StoreKey],

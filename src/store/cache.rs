@@ -76,20 +76,17 @@ fn cost(record: &Record) -> usize {
 ///   [`Self::DEFAULT_MAX_TTL`], 10 minutes), whichever comes first. The clock starts
 ///   before the store is asked, so the entry does not outlive the record.
 /// - **Records read from the store** (a reserve that found the key completed) and retried
-///   completions ([`Completion::AlreadyWritten`]): their retention started elsewhere, so the
-///   cache asks the store how long each has left ([`IdempotencyStore::remaining`]: one round
-///   trip, on a spawned task, off the request's path) and keeps it that long, and at most
-///   [`read_ttl`](Self::read_ttl) (default [`Self::DEFAULT_READ_TTL`], 5 seconds).
-///   A store that says so with the record it reads ([`Record::expires_in`]: the Redis store's
-///   reserve pipelines a `PTTL`, the SQL stores read it in the same statement, the memory store
-///   knows) spares that call: the record is cached at once. Otherwise, until the answer is in,
-///   duplicates of the record still ask the store; a store that cannot tell (the trait's
-///   default) has its reads never cached, and neither are reads made outside a Tokio runtime
-///   (there is no task to ask on). Entries end a millisecond before the
-///   store's (which counts whole milliseconds), so no entry outlives its record's expiry in
-///   the store. What no cache can see is a record the store drops *before* its expiry
-///   (evicted, deleted by hand): that one may still be answered up to `read_ttl` later (see
-///   below); set `read_ttl` to zero to never cache a record you did not write.
+///   completions ([`Completion::AlreadyWritten`]): for [`read_ttl`](Self::read_ttl) (default
+///   [`Self::DEFAULT_READ_TTL`], 5 seconds), and no longer than the store said it keeps the
+///   record when it said so with the record it read ([`Record::expires_in`]: the memory and
+///   SQL stores do, at no cost; the Redis store does not, so that a reserve stays one plain
+///   `SET`). The cache never asks the store how long a record has left: a duplicate that
+///   misses the cache costs the one reserve call, nothing more.
+///   A record read near the end of its retention may therefore be answered from the cache up
+///   to `read_ttl` after the store dropped it, as may a record the store dropped *before* its
+///   expiry (evicted, deleted by hand, see below): the event was processed, so the answer is
+///   still true; only the retention is a few seconds longer. Set `read_ttl` to zero to never
+///   cache a record you did not write.
 /// - A cache hit answers [`Reservation::Completed`] with no call to the inner store. A miss
 ///   asks the inner store, as without the cache. Batches send only the keys the cache does not
 ///   hold, in one call, and merge the answers in order; ordered events likewise.
@@ -230,8 +227,8 @@ impl LocalCache {
     pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(600);
 
     /// The default longest life of a record read from the store rather than written by this
-    /// instance: 5 seconds (and never past the record's expiry in the store, which the cache
-    /// asks the store for). This is how late a duplicate may be answered after the record was
+    /// instance: 5 seconds (and never past the record's expiry in the store, when the store
+    /// tells it). This is how late a duplicate may be answered after the record was
     /// deleted from the store by hand. Short enough to be harmless, long enough to absorb a
     /// burst of duplicates with one round trip.
     pub const DEFAULT_READ_TTL: Duration = Duration::from_secs(5);
@@ -301,8 +298,9 @@ impl LocalCache {
 
     /// Sets how long a record read from the store (not written by this instance) is cached at
     /// most (default [`DEFAULT_READ_TTL`](Self::DEFAULT_READ_TTL), never more than
-    /// [`max_ttl`](Self::max_ttl), never past the record's expiry in the store): how late a
-    /// duplicate may be answered after the record was deleted from the store by hand. Zero
+    /// [`max_ttl`](Self::max_ttl), never past the record's expiry in the store when the store
+    /// tells it): how late a duplicate may be answered after the record was deleted from the
+    /// store by hand, or expired there. Zero
     /// caches only the records this instance wrote.
     pub fn read_ttl(mut self, read_ttl: Duration) -> Self {
         self.read_ttl = read_ttl;
@@ -356,15 +354,23 @@ impl LocalCache {
         self.read_ttl.min(self.max_ttl)
     }
 
-    /// Whether records read from the store are cached at all: checked before anything is
-    /// copied for [`learn`](Self::learn).
-    fn learns(&self) -> bool {
+    /// Whether records read from the store are cached at all.
+    fn reads(&self) -> bool {
         self.read_life() > CLOCK_MARGIN && self.is_on()
     }
 
     /// The life of a record this instance wrote with `retention`, from before the write.
     fn written_life(&self, retention: Duration) -> Duration {
         retention.min(self.max_ttl).saturating_sub(CLOCK_MARGIN)
+    }
+
+    /// The life of `record`, read from the store: the read life, and no longer than the store
+    /// said it keeps the record, when it said.
+    fn read_life_of(&self, record: &Record) -> Duration {
+        let life = record
+            .expires_in()
+            .map_or(self.read_life(), |left| left.min(self.read_life()));
+        life.saturating_sub(CLOCK_MARGIN)
     }
 
     /// Caches `record` for `key` until `life` after `from` (a clock read made before the
@@ -383,64 +389,14 @@ impl LocalCache {
         let _ = table.insert_until(slot, Cached(record.clone()), expires, life, now, true);
     }
 
-    /// Caches the records of `found`, read from `source`, for as long as `source` still keeps
-    /// each (and at most the [read life](Self::read_ttl)): asks it how long each has left
-    /// ([`IdempotencyStore::remaining`]) on a spawned task, one key after the other, off the
-    /// request's path. Until that answer is in, duplicates of these keys still ask the store;
-    /// a key the store no longer holds as that record, or a store that cannot tell, is not
-    /// cached. Outside a Tokio runtime nothing is cached.
-    fn learn<St: IdempotencyStore>(&self, source: &St, found: Vec<(StoreKey, Record)>) {
-        let cap = self.read_life();
-        if found.is_empty() || !self.learns() {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (cache, source) = (self.clone(), source.clone());
-        runtime.spawn(async move {
-            for (key, record) in found {
-                // Learnt meanwhile (a burst of duplicates, each a miss): nothing to ask.
-                if cache.get(&key).is_some() {
-                    continue;
-                }
-                // Before the store is asked: the entry ends no later than the record.
-                let asked = Instant::now();
-                // An answer later than the longest it could be cached for is of no use.
-                match tokio::time::timeout(cap, source.remaining(&key, &record)).await {
-                    Ok(Ok(Some(left))) => {
-                        let life = left.min(cap).saturating_sub(CLOCK_MARGIN);
-                        cache.remember(&key, &record, asked, life);
-                    }
-                    Ok(Ok(None)) => {}
-                    Ok(Err(err)) => {
-                        tracing::debug!(error = %err, "could not read how long a record has left; not cached");
-                    }
-                    Err(_) => tracing::debug!("no answer in time on how long a record has left; not cached"),
-                }
-            }
-        });
-    }
-
     /// What a reserve's answer (to a call made at `asked`) teaches: a completed record is
-    /// cached for as long as the store said it keeps it, when it said (at most the read life),
-    /// or else learnt from the store in the background (in `found`); any other answer drops
-    /// what was cached for `key`.
-    fn heed(
-        &self,
-        key: &StoreKey,
-        answer: &Reservation,
-        asked: Instant,
-        found: &mut Vec<(StoreKey, Record)>,
-    ) {
+    /// cached for its [read life](Self::read_life_of); any other answer drops what was cached
+    /// for `key`.
+    fn heed(&self, key: &StoreKey, answer: &Reservation, asked: Instant) {
         match answer {
-            Reservation::Completed(record) if self.learns() => match record.expires_in() {
-                Some(left) => {
-                    let life = left.min(self.read_life()).saturating_sub(CLOCK_MARGIN);
-                    self.remember(key, record, asked, life);
-                }
-                None => found.push((key.clone(), record.clone())),
-            },
+            Reservation::Completed(record) if self.reads() => {
+                self.remember(key, record, asked, self.read_life_of(record));
+            }
             Reservation::Completed(_) => {}
             _ => self.forget(key),
         }
@@ -448,8 +404,7 @@ impl LocalCache {
 
     /// What a completion teaches: a record written is cached for its retention (at most
     /// `max_ttl`) from `asked`; one an earlier attempt of the claim wrote, whose retention
-    /// started earlier, is learnt (in `found`).
-    #[allow(clippy::too_many_arguments)]
+    /// started earlier, like a record read.
     fn heed_completion(
         &self,
         key: &StoreKey,
@@ -457,11 +412,13 @@ impl LocalCache {
         owned: &Record,
         retention: Duration,
         asked: Instant,
-        found: &mut Vec<(StoreKey, Record)>,
     ) {
         match done {
             Completion::Written => self.remember(key, owned, asked, self.written_life(retention)),
-            Completion::AlreadyWritten if self.learns() => found.push((key.clone(), owned.clone())),
+            Completion::AlreadyWritten if self.reads() => {
+                let life = self.read_life_of(owned).min(retention);
+                self.remember(key, owned, asked, life);
+            }
             _ => {}
         }
     }
@@ -616,7 +573,6 @@ impl<St: IdempotencyStore> CachedStore<St> {
             ));
         }
         let mut fetched = fetched.into_iter();
-        let mut found = Vec::new();
         for (item, answer) in items.iter().zip(&mut answers) {
             if answer.is_some() {
                 continue;
@@ -624,11 +580,9 @@ impl<St: IdempotencyStore> CachedStore<St> {
             let Some(reservation) = fetched.next() else {
                 break;
             };
-            self.cache
-                .heed(key_of(item), &reservation, asked, &mut found);
+            self.cache.heed(key_of(item), &reservation, asked);
             *answer = Some(reservation);
         }
-        self.cache.learn(&self.inner, found);
         Ok(answers.into_iter().flatten().collect())
     }
 
@@ -645,12 +599,10 @@ impl<St: IdempotencyStore> CachedStore<St> {
         let asked = Instant::now();
         let done = store.await?;
         let owned = record.clone().owned_by(claim.token());
-        let mut found = Vec::new();
         for (key, completion) in keys.zip(&done) {
             self.cache
-                .heed_completion(key, *completion, &owned, retention, asked, &mut found);
+                .heed_completion(key, *completion, &owned, retention, asked);
         }
-        self.cache.learn(&self.inner, found);
         Ok(done)
     }
 
@@ -684,19 +636,10 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         self.inner.in_process()
     }
 
-    /// Asks the inner store.
-    async fn remaining(
-        &self,
-        key: &StoreKey,
-        record: &Record,
-    ) -> Result<Option<Duration>, StoreError> {
-        self.inner.remaining(key, record).await
-    }
-
     /// A live cached record answers [`Reservation::Completed`] without calling the inner
     /// store; otherwise the inner store answers, and a completed record it returns is cached
-    /// for as long as the inner store keeps it, at most [`read_ttl`](LocalCache::read_ttl)
-    /// (once a background [`remaining`](IdempotencyStore::remaining) call told how long).
+    /// for [`read_ttl`](LocalCache::read_ttl), no longer than the inner store said it keeps
+    /// it ([`Record::expires_in`]), when it said.
     async fn reserve(
         &self,
         key: &StoreKey,
@@ -708,9 +651,7 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         }
         let asked = Instant::now();
         let answer = self.inner.reserve(key, claim, lease).await?;
-        let mut found = Vec::new();
-        self.cache.heed(key, &answer, asked, &mut found);
-        self.cache.learn(&self.inner, found);
+        self.cache.heed(key, &answer, asked);
         Ok(answer)
     }
 
@@ -728,11 +669,9 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
     ) -> Result<Completion, StoreError> {
         let asked = Instant::now();
         let done = self.inner.complete(key, claim, record, retention).await?;
-        let mut found = Vec::new();
         let owned = record.clone().owned_by(claim.token());
         self.cache
-            .heed_completion(key, done, &owned, retention, asked, &mut found);
-        self.cache.learn(&self.inner, found);
+            .heed_completion(key, done, &owned, retention, asked);
         Ok(done)
     }
 
@@ -872,7 +811,7 @@ mod tests {
     use super::*;
     use crate::MemoryStore;
     use crate::fingerprint::Fingerprint;
-    use crate::store::record::StoredResponse;
+    use crate::store::record::{StoredResponse, StoredValue};
     use crate::store::slot::Slot;
 
     const LEASE: Duration = Duration::from_secs(30);
@@ -896,24 +835,7 @@ mod tests {
         }
     }
 
-    /// Lets the background tasks that learn how long read records have left run (the
-    /// stores of these tests answer at once).
-    async fn learnt() {
-        for _ in 0..8 {
-            tokio::task::yield_now().await;
-        }
-    }
-
     impl IdempotencyStore for Counting {
-        /// Not counted: the cache asks it in the background, apart from the requests.
-        async fn remaining(
-            &self,
-            key: &StoreKey,
-            record: &Record,
-        ) -> Result<Option<Duration>, StoreError> {
-            self.store.remaining(key, record).await
-        }
-
         async fn reserve(
             &self,
             key: &StoreKey,
@@ -1097,7 +1019,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_record_read_is_never_served_past_its_expiry_in_the_store() {
+    async fn a_record_read_is_never_served_past_the_expiry_the_store_told() {
         let inner = MemoryStore::new();
         let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_secs(60));
         let k = key(1);
@@ -1106,10 +1028,74 @@ mod tests {
             store.reserve(&k, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
-        learnt().await;
-        assert_eq!(store.len(), 1, "learnt in the background");
+        assert_eq!(store.len(), 1, "cached with the expiry the store told");
         tokio::time::sleep(Duration::from_millis(400)).await;
         // The record expired in the store: so did the entry, long before `read_ttl`.
+        assert_claimed_anew(&store, &k).await;
+    }
+
+    /// A store that does not say how long it keeps the records it returns (as Redis).
+    #[derive(Clone, Default)]
+    struct Untold(MemoryStore);
+
+    impl IdempotencyStore for Untold {
+        async fn reserve(
+            &self,
+            key: &StoreKey,
+            claim: &Claim,
+            lease: Duration,
+        ) -> Result<Reservation, StoreError> {
+            Ok(match self.0.reserve(key, claim, lease).await? {
+                Reservation::Completed(record) => match StoredValue::decode(&record.encode())? {
+                    StoredValue::Completed(untold) => Reservation::Completed(untold),
+                    StoredValue::InFlight { .. } => unreachable!("a record encodes as one"),
+                },
+                other => other,
+            })
+        }
+
+        async fn complete(
+            &self,
+            key: &StoreKey,
+            claim: &Claim,
+            record: &Record,
+            retention: Duration,
+        ) -> Result<Completion, StoreError> {
+            self.0.complete(key, claim, record, retention).await
+        }
+
+        async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
+            self.0.release(key, claim).await
+        }
+
+        async fn renew(
+            &self,
+            key: &StoreKey,
+            claim: &Claim,
+            lease: Duration,
+        ) -> Result<bool, StoreError> {
+            self.0.renew(key, claim, lease).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_read_without_its_expiry_lives_read_ttl() {
+        let inner = Untold::default();
+        let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_millis(300));
+        let k = key(1);
+        complete(&inner.0, &k, Duration::from_millis(100)).await;
+        let Reservation::Completed(read) = store.reserve(&k, &claim(), LEASE).await.unwrap() else {
+            panic!("completed");
+        };
+        assert_eq!(read.expires_in(), None, "the store did not tell");
+        assert_eq!(store.len(), 1, "cached for read_ttl");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Gone from the store, still answered from the cache: the event was processed.
+        assert!(matches!(
+            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            Reservation::Completed(_)
+        ));
+        tokio::time::sleep(Duration::from_millis(200)).await;
         assert_claimed_anew(&store, &k).await;
     }
 
@@ -1159,7 +1145,6 @@ mod tests {
             store.reserve(&k, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
-        learnt().await;
         assert!(matches!(
             store.reserve(&k, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
@@ -1357,7 +1342,7 @@ mod tests {
         );
         assert_eq!(inner.calls(), calls);
 
-        // Records read in a batch are cached (once the store told how long they have left).
+        // Records read in a batch are cached.
         store.clear();
         let answers = store
             .reserve_many(&[new_e.clone(), busy_d.clone()], &claim(), LEASE)
@@ -1365,7 +1350,6 @@ mod tests {
             .unwrap();
         assert!(matches!(answers[0], Reservation::Completed(_)));
         assert!(matches!(answers[1], Reservation::InFlight { .. }));
-        learnt().await;
         assert_eq!(store.len(), 1);
 
         // Releasing or renewing keys drops their entries.

@@ -76,24 +76,6 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
         false
     }
 
-    /// How long `key` still holds the completed `record`, counted from a moment during the
-    /// call: `None` when it holds something else or nothing (the record expired, was deleted or
-    /// replaced), or when the store cannot tell.
-    ///
-    /// This is what lets a [`LocalCache`](super::LocalCache) keep a record it *read* from the
-    /// store no longer than the store keeps it. The default answers `None`, and the cache then
-    /// never keeps a record read from this store (records this instance wrote are kept: their
-    /// expiry is known). The memory, Redis and SQL stores answer from the store, in one round
-    /// trip that the cache makes in the background, off the request's path.
-    fn remaining(
-        &self,
-        key: &StoreKey,
-        record: &Record,
-    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
-        let _ = (key, record);
-        async { Ok(None) }
-    }
-
     /// [`reserve`](Self::reserve) of every key, one answer per key, in order. Not atomic as a
     /// whole: each key is claimed atomically on its own. After an error some keys may be held
     /// by `claim`: the caller releases them.

@@ -424,19 +424,6 @@ impl IdempotencyStore for MemoryStore {
         true
     }
 
-    async fn remaining(
-        &self,
-        key: &StoreKey,
-        record: &Record,
-    ) -> Result<Option<Duration>, StoreError> {
-        let slot = Slot::of(key);
-        let (table, now) = self.shared.map.shard(&slot);
-        Ok(match table.get_with_life(&slot, now) {
-            Some((State::Completed(held), left)) if held == record => Some(left),
-            _ => None,
-        })
-    }
-
     async fn reserve(
         &self,
         key: &StoreKey,

@@ -16,9 +16,9 @@ use fred::types::scripts::Script;
 use self::durable::complete_durably;
 use self::errors::store_error;
 use self::scripts::{
-    COMPLETE, COMPLETE_ORDERED, Keys, RELEASE, RELEASE_ORDERED, REMAINING, RENEW, RENEW_ORDERED,
+    COMPLETE, COMPLETE_ORDERED, Keys, RELEASE, RELEASE_ORDERED, RENEW, RENEW_ORDERED,
     RESERVE_ORDERED, completion, evalsha_with_reload, ordered_reservation, pipeline_replies,
-    reservation, script_reply, scripts_pipelined, set_nx_get, unexpected,
+    reservation, script_reply, scripts_pipelined, set_nx_get,
 };
 use crate::IdempotencyStore;
 use crate::order::EqualPositions;
@@ -88,20 +88,14 @@ use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError, Sto
 ///
 /// # Commands
 ///
-/// - [`reserve`](IdempotencyStore::reserve) is **one round trip**: `SET key <in flight> NX PX
-///   <lease ms> GET`, and `PTTL key` pipelined behind it on the same connection. A nil reply
-///   means the claim is ours; otherwise the reply is the value already there (in flight or
-///   completed), and a completed record comes with how long Redis keeps it
-///   ([`Record::expires_in`](crate::store::record::Record::expires_in)), so that the local cache keeps a record it read no longer than
-///   Redis does without asking again: a duplicate costs one round trip on an instance that
-///   never saw its key, none on one whose cache holds it. (The `PTTL` runs right after the
-///   `SET`, not atomically with it: a record that expired in between shows a negative or
-///   another key's TTL, and is then not cached, or cached at most the cache's `read_ttl`.)
-///   `NX` together with `GET` needs **Redis 7.0 or later** (or a compatible server).
-/// - [`remaining`](IdempotencyStore::remaining), which the local cache calls in the background
-///   for a record whose expiry it does not know (a retried completion that found its own
-///   record), is one `EVALSHA` of a script that reads the head of the value (`GETRANGE`) and,
-///   when it is that record's, its `PTTL`.
+/// - [`reserve`](IdempotencyStore::reserve) is **one command**: `SET key <in flight> NX PX
+///   <lease ms> GET`. A nil reply means the claim is ours; otherwise the reply is the value
+///   already there (in flight or completed). A duplicate therefore costs one command on an
+///   instance whose local cache does not hold its key, even one that never saw it, and none on
+///   one whose cache does; a first delivery pays for nothing it does not need. (The record's
+///   remaining TTL is not read: the local cache keeps a record it read for its `read_ttl`, 5
+///   seconds by default, see [`LocalCache`](crate::store::LocalCache).) `NX` together with
+///   `GET` needs **Redis 7.0 or later** (or a compatible server).
 /// - [`complete`](IdempotencyStore::complete), [`release`](IdempotencyStore::release) and
 ///   [`renew`](IdempotencyStore::renew) are one `EVALSHA` each, of a Lua script that compares
 ///   the owner token (the first 17 bytes of the in-flight value, [`StoredValue::owner_prefix`](crate::store::record::StoredValue::owner_prefix))
@@ -131,7 +125,7 @@ use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError, Sto
 /// no `CROSSSLOT`); a standalone or sentinel client writes them all on one connection.
 ///
 /// - A first delivery of N new items costs 2 round trips and 2N commands (N `SET`, then N
-///   `EVALSHA`); a duplicate batch costs 1 round trip (N `SET` and N `PTTL`). `tests/redis.rs`
+///   `EVALSHA`); a duplicate batch costs 1 round trip (N `SET`). `tests/redis.rs`
 ///   counts both, commands with `MONITOR` and round trips through a proxy that holds replies
 ///   back.
 /// - `NOSCRIPT`: the items whose script reply is `NOSCRIPT` are sent again with `EVAL`, all in a
@@ -542,38 +536,13 @@ fn renew_args(claim: &Claim, lease: Duration) -> Vec<Value> {
     ]
 }
 
-/// The `PTTL` reply of a batch reserve's pipeline, when it is one.
-fn pttl(reply: Option<Result<Value, fred::error::Error>>) -> Option<i64> {
-    match reply {
-        Some(Ok(Value::Integer(ms))) => Some(ms),
-        _ => None,
-    }
-}
-
 /// The store works with any fred client that can hand out a [`Client`] ([`PickClient`]: a
 /// [`Client`] or a [`Pool`]), which pipelines need.
 impl<C> IdempotencyStore for RedisStore<C>
 where
     C: KeysInterface + LuaInterface + PickClient + 'static,
 {
-    /// `EVALSHA` of a script that reads the key and, when it holds `record`, its `PTTL`: one
-    /// round trip, made by the local cache in the background.
-    async fn remaining(
-        &self,
-        key: &StoreKey,
-        record: &Record,
-    ) -> Result<Option<std::time::Duration>, StoreError> {
-        let args = || vec![Value::Bytes(record.encoded_head())];
-        match self.run(&REMAINING, &Keys::One(key), args).await? {
-            Value::Integer(ms) => Ok(u64::try_from(ms).ok().map(Duration::from_millis)),
-            other => Err(unexpected("script", &other)),
-        }
-    }
-
-    /// `SET key <in flight> NX PX lease GET`, and `PTTL key` right behind it on the same
-    /// client: one round trip (fred writes the second without waiting for the first's reply).
-    /// Two commands rather than a pipeline: a command that times out while its client is
-    /// reconnecting is dropped, never sent late, and a pipeline's are not.
+    /// `SET key <in flight> NX PX lease GET`: one command.
     async fn reserve(
         &self,
         key: &StoreKey,
@@ -581,15 +550,8 @@ where
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
         let value = StoredValue::encode_in_flight(claim.token(), &claim.fingerprint());
-        let client = self.client.pick_client();
-        let set = set_nx_get(&client, key, value, millis(lease));
-        let ttl = Box::pin(client.pttl::<Value, _>(key.as_str()));
-        let (held, left) = futures_util::future::join(set, ttl).await;
-        let left = match left {
-            Ok(Value::Integer(ms)) => Some(ms),
-            _ => None,
-        };
-        reservation(held.map_err(store_error)?, claim, left)
+        let held = set_nx_get(&self.client, key, value, millis(lease)).await;
+        reservation(held.map_err(store_error)?, claim)
     }
 
     async fn complete(
@@ -631,8 +593,8 @@ where
         Ok(self.run_counted(&RENEW, &Keys::One(key), args).await? == 1)
     }
 
-    /// One `SET key <in flight> NX PX <lease ms> GET` and one `PTTL` per key, all in one
-    /// pipeline: one round trip. An error reply for any key fails the call with the first one
+    /// One `SET key <in flight> NX PX <lease ms> GET` per key, all in one pipeline: one round
+    /// trip. An error reply for any key fails the call with the first one
     /// (in key order); the other keys were claimed or not, and the caller releases what is
     /// ours.
     async fn reserve_many(
@@ -652,19 +614,13 @@ where
             let _: Value = set_nx_get(&pipeline, key, value.clone(), lease)
                 .await
                 .map_err(store_error)?;
-            let _: Value = Box::pin(pipeline.pttl(key.as_str()))
-                .await
-                .map_err(store_error)?;
         }
         let replies = pipeline.try_all::<Value>().await;
-        let mut replies = pipeline_replies(replies, 2 * keys.len())
+        pipeline_replies(replies, keys.len())
             .map_err(store_error)?
-            .into_iter();
-        let mut out = Vec::with_capacity(keys.len());
-        while let (Some(held), left) = (replies.next(), replies.next()) {
-            out.push(reservation(held.map_err(store_error)?, claim, pttl(left))?);
-        }
-        Ok(out)
+            .into_iter()
+            .map(|held| reservation(held.map_err(store_error)?, claim))
+            .collect()
     }
 
     /// One `EVALSHA` of the `complete` script per key, all in one pipeline: one round trip

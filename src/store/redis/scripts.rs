@@ -12,7 +12,7 @@ use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Expiration, MultipleKeys, SetOptions, Value};
 
 use super::errors::store_error;
-use crate::store::record::{Record, StoredValue};
+use crate::store::record::StoredValue;
 use crate::store::{Claim, Completion, OrderedEvent, Position, Reservation, StoreError};
 use crate::store::{StoreErrorKind, StoreKey};
 
@@ -53,17 +53,6 @@ if v and string.sub(v, 1, 17) == ARGV[1] then
   return 1
 end
 return 0
-"#;
-
-/// `remaining`: KEYS[1] = key, ARGV[1] = the head of a completed record (tag, owner tag,
-/// fingerprint). Returns the key's time to live in milliseconds when its value starts with
-/// that head (read with `GETRANGE`: a replay record's body is not copied), a negative number
-/// otherwise (-3; or -1 from `PTTL` for a key someone made persistent by hand).
-pub(super) const REMAINING_LUA: &str = r#"local head = redis.call('GETRANGE', KEYS[1], 0, string.len(ARGV[1]) - 1)
-if head == ARGV[1] then
-  return redis.call('PTTL', KEYS[1])
-end
-return -3
 "#;
 
 /// Byte-wise `a < b` of two positions (16 bytes each). Lua's own `<` on strings goes through
@@ -171,7 +160,6 @@ return renewed
 pub(super) static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COMPLETE_LUA));
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RELEASE_LUA));
 pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RENEW_LUA));
-pub(super) static REMAINING: LazyLock<Script> = LazyLock::new(|| Script::from_lua(REMAINING_LUA));
 pub(super) static RESERVE_ORDERED: LazyLock<Script> =
     LazyLock::new(|| Script::from_lua(RESERVE_ORDERED_LUA.as_str()));
 pub(super) static COMPLETE_ORDERED: LazyLock<Script> =
@@ -182,12 +170,11 @@ pub(super) static RENEW_ORDERED: LazyLock<Script> =
     LazyLock::new(|| Script::from_lua(RENEW_ORDERED_LUA));
 
 /// Every script of the store, for `load_scripts`.
-pub(super) fn all() -> [&'static Script; 8] {
+pub(super) fn all() -> [&'static Script; 7] {
     [
         &COMPLETE,
         &RELEASE,
         &RENEW,
-        &REMAINING,
         &RESERVE_ORDERED,
         &COMPLETE_ORDERED,
         &RELEASE_ORDERED,
@@ -417,14 +404,9 @@ fn bytes_of(reply: Value) -> Option<Bytes> {
     }
 }
 
-/// The [`Reservation`] that a value already held under a key means for `claim` (`None`: the
-/// key was absent and is now ours). `left`: how long Redis said the key has left
-/// (`PTTL`, milliseconds), told to a completed record.
-pub(super) fn reservation(
-    held: Value,
-    claim: &Claim,
-    left: Option<i64>,
-) -> Result<Reservation, StoreError> {
+/// The [`Reservation`] that a value already held under a key means for `claim` (nil: the key
+/// was absent and is now ours).
+pub(super) fn reservation(held: Value, claim: &Claim) -> Result<Reservation, StoreError> {
     if held.is_null() {
         return Ok(Reservation::Acquired);
     }
@@ -438,19 +420,8 @@ pub(super) fn reservation(
         // Our own claim: the client retried a SET whose reply was lost with the connection.
         StoredValue::InFlight { token, .. } if token == *claim.token() => Reservation::Acquired,
         StoredValue::InFlight { fingerprint, .. } => Reservation::InFlight { fingerprint },
-        StoredValue::Completed(record) => Reservation::Completed(with_left(record, left)),
+        StoredValue::Completed(record) => Reservation::Completed(record),
     })
-}
-
-/// `record`, told how long Redis keeps it when `PTTL` said (a positive number of ms).
-fn with_left(record: Record, left: Option<i64>) -> Record {
-    match left
-        .and_then(|ms| u64::try_from(ms).ok())
-        .filter(|&ms| ms > 0)
-    {
-        Some(ms) => record.expiring_in(std::time::Duration::from_millis(ms)),
-        None => record,
-    }
 }
 
 /// The [`Reservation`] of a `reserve_ordered` script's reply.
@@ -465,7 +436,7 @@ pub(super) fn ordered_reservation(reply: Value, claim: &Claim) -> Result<Reserva
     let value = (parts.len() > 1).then(|| parts.swap_remove(1));
     match (code, value) {
         (0, _) => Ok(Reservation::Acquired),
-        (1, Some(held)) => reservation(held, claim, None),
+        (1, Some(held)) => reservation(held, claim),
         (2, _) => Ok(Reservation::ObjectBusy),
         (3, Some(watermark)) => {
             let bytes = bytes_of(watermark).unwrap_or_default();
@@ -556,7 +527,7 @@ mod tests {
         // The SHA-1 Redis computes for the script text is what EVALSHA sends.
         assert_eq!(COMPLETE.sha1().len(), 40);
         let shas: std::collections::HashSet<_> = all().iter().map(|s| s.sha1().clone()).collect();
-        assert_eq!(shas.len(), 8);
+        assert_eq!(shas.len(), all().len(), "no two scripts alike");
     }
 
     #[test]
@@ -577,7 +548,7 @@ mod tests {
             Value::Bytes(Bytes::copy_from_slice(&mark.to_bytes())),
         ]);
         assert_eq!(stale.unwrap(), Reservation::Stale { watermark: mark });
-        let record = Record::ack(Fingerprint::NONE);
+        let record = crate::store::record::Record::ack(Fingerprint::NONE);
         let held = reply(vec![Value::Integer(1), Value::Bytes(record.encode())]);
         assert_eq!(held.unwrap(), Reservation::Completed(record));
         assert!(reply(vec![Value::Integer(3), Value::from("short")]).is_err());

@@ -78,9 +78,6 @@
 //!   statement (the keys inserted in sorted order, so that overlapping batches lock rows in one
 //!   order and never deadlock; each key is still claimed atomically on its own). The other
 //!   batch methods, and every batch method on SQLite, run one statement per key, in order.
-//! - **remaining** (for the local cache, in the background, once per record it reads) is one
-//!   `SELECT` of the key's live completed record and the whole milliseconds until its
-//!   `expires_at`.
 //! - **purge** deletes expired rows in batches, of both tables.
 //! - **ordered events** (`reserve_ordered` and the others) run in one transaction per event:
 //!   the key's statement as above, then the object's (an `INSERT ... ON CONFLICT ... DO UPDATE

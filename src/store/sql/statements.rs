@@ -33,8 +33,6 @@ pub(super) struct Statements {
     pub(super) renew: String,
     /// $1 key. The live completed record, after a `complete` that updated no row.
     pub(super) read_record: String,
-    /// $1 key. The live completed record and the milliseconds it has left.
-    pub(super) remaining: String,
     /// $1 the most rows to delete.
     pub(super) purge: String,
     /// $1 object, $2 token, $3 lease (ms). Takes the object's lease for the token when free,
@@ -118,12 +116,6 @@ WHERE {}",
             read_record: format!(
                 "SELECT record FROM {table}
 WHERE key = $1 AND state = 'completed' AND expires_at > {}",
-                now(2)
-            ),
-            remaining: format!(
-                "SELECT record, {} FROM {table}
-WHERE key = $1 AND state = 'completed' AND expires_at > {}",
-                DB::millis_until("expires_at", &now(2)),
                 now(2)
             ),
             // Deletes in batches (short transactions); the condition is checked again on the

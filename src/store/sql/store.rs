@@ -466,31 +466,6 @@ fn position(bytes: &[u8]) -> Result<Position, StoreError> {
 
 /// The batch completion, release and renewal are one statement per key, on one connection.
 impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
-    /// One `SELECT` of the live record and the milliseconds it has left, by the database's
-    /// clock (SQLite: the store's).
-    async fn remaining(
-        &self,
-        key: &StoreKey,
-        record: &Record,
-    ) -> Result<Option<Duration>, StoreError> {
-        let mut conn = self.connection().await?;
-        let params = [Param::Text(key.as_str())];
-        let Some(row) = self
-            .fetch_one(&mut conn, &self.sql.remaining, &params)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let stored = DB::bytes(&row, 0).map_err(error::<DB>)?;
-        if !stored.is_some_and(|stored| stored.starts_with(&record.encoded_head())) {
-            return Ok(None);
-        }
-        let left = DB::int(&row, 1).map_err(error::<DB>)?;
-        Ok(left
-            .and_then(|ms| u64::try_from(ms).ok())
-            .map(Duration::from_millis))
-    }
-
     async fn reserve(
         &self,
         key: &StoreKey,
