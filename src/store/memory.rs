@@ -79,6 +79,12 @@ struct Shared {
     max_bytes: usize,
     /// When the last "store full" warning was logged (seconds since `epoch`, plus one).
     warned_at: AtomicU64,
+    /// Evictions so far, for that warning: it is logged under a shard's lock, where reading
+    /// the shards' own counters would wait for that lock forever.
+    evicted: AtomicU64,
+    /// Whether the eviction counter was registered (at zero) with the recorder.
+    #[cfg(feature = "metrics")]
+    counted: std::sync::atomic::AtomicBool,
     epoch: Instant,
 }
 
@@ -169,6 +175,9 @@ impl MemoryStore {
                 max_entries,
                 max_bytes,
                 warned_at: AtomicU64::new(0),
+                evicted: AtomicU64::new(0),
+                #[cfg(feature = "metrics")]
+                counted: std::sync::atomic::AtomicBool::new(false),
                 epoch: Instant::now(),
             }),
             when_full: WhenFull::EvictOldest,
@@ -245,8 +254,17 @@ impl MemoryStore {
         }
     }
 
-    /// Counts and logs evictions (a warning at most once a minute).
+    /// Counts and logs evictions (a warning at most once a minute). The first call of a store
+    /// (with or without evictions) registers the eviction counter at zero, so that it is
+    /// exported before the first eviction (an alert on its increase then sees that one). The
+    /// effective retention gauge has no value until something was evicted. It runs under the
+    /// lock of the shard that evicted, so it locks no shard.
     fn report(&self, evicted: &[Evicted]) {
+        #[cfg(feature = "metrics")]
+        if !self.shared.counted.load(Ordering::Relaxed) {
+            self.shared.counted.store(true, Ordering::Relaxed);
+            metrics::counter!("idempotency_memory_evictions_total").increment(0);
+        }
         let Some(youngest) = evicted.iter().map(|e| e.age).min() else {
             return;
         };
@@ -257,6 +275,10 @@ impl MemoryStore {
                 .set(youngest.as_secs_f64());
         }
         let shared = &*self.shared;
+        let evictions = shared
+            .evicted
+            .fetch_add(evicted.len() as u64, Ordering::Relaxed)
+            + evicted.len() as u64;
         let second = shared.epoch.elapsed().as_secs() + 1;
         let last = shared.warned_at.load(Ordering::Relaxed);
         if (last == 0 || second >= last + 60)
@@ -267,7 +289,7 @@ impl MemoryStore {
         {
             tracing::warn!(
                 effective_retention_s = youngest.as_secs(),
-                evictions = self.evictions(),
+                evictions,
                 "idempotency memory store full: evicting the oldest completed records; \
                  duplicates older than the effective retention are no longer recognised"
             );
