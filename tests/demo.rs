@@ -4,9 +4,7 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, StatusCode};
-use http_body_util::Full;
+use http::StatusCode;
 use serde_json::{Value, json};
 
 #[path = "support/harness.rs"]
@@ -637,6 +635,10 @@ async fn slow_handler_keeps_its_lease() {
 #[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn a_killed_receiver_frees_its_key_within_the_lease() {
+    use bytes::Bytes;
+    use http::Request;
+    use http_body_util::Full;
+
     let path = std::env::temp_dir().join(format!("demo-killed-{}.db", std::process::id()));
     let remove = || {
         for suffix in ["", "-wal", "-shm"] {
@@ -996,4 +998,84 @@ async fn an_exclusive_sqlite_store_maps_no_shared_memory_file() {
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
+}
+
+#[cfg(feature = "redis")]
+/// The metric names the operator's files in `ops/` (the Grafana dashboard and the Prometheus
+/// alerting rules) query.
+fn metric_names_in_ops() -> std::collections::BTreeSet<String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut names = std::collections::BTreeSet::new();
+    for file in [
+        "ops/grafana/tower-idempotency.json",
+        "ops/prometheus/alerts.yml",
+    ] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("idempotency_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            names.insert(name);
+        }
+    }
+    names
+}
+
+#[cfg(feature = "redis")]
+/// The metric names of a Prometheus text exposition (samples, not comments).
+fn exported(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .map(|line| line.split(['{', ' ']).next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Every metric the dashboard and the alerting rules name is in the demo's `/metrics`: on
+/// Redis after one first delivery and one duplicate (the store's and the handler's latency,
+/// the outcomes, and the counters of lost leases and failed store calls, exported at zero from
+/// the first request on), and on a memory store small enough to evict (its eviction counter
+/// and its effective retention).
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn every_metric_the_dashboard_and_the_alerts_name_is_exported() {
+    let wanted = metric_names_in_ops();
+    assert!(wanted.len() >= 7, "{wanted:?}");
+
+    let server = redis_server::RedisServer::start();
+    let url = server.url();
+    let on_redis = start_demo(&[("REDIS_URL", &url)]);
+    let http = Http::new(&on_redis);
+    let id = [("X-Kalipto-Delivery-Id", "pd_exported")];
+    for _ in 0..2 {
+        let (status, _, _) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let mut found = exported(&http.metrics().await);
+
+    let small = start_demo(&[("MEMORY_MAX_ENTRIES", "4")]);
+    let http = Http::new(&small);
+    for i in 0..40 {
+        let id = format!("pd_evicted_{i}");
+        let headers = [("X-Kalipto-Delivery-Id", id.as_str())];
+        let (status, _, _) = http.send("POST", "/webhooks/kalipto", &headers, "{}").await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let memory = http.metrics().await;
+    found.extend(exported(&memory));
+
+    let missing: Vec<_> = wanted.difference(&found).collect();
+    assert!(
+        missing.is_empty(),
+        "named in ops/ but not exported by the demo: {missing:?}\nexported: {found:?}"
+    );
+    // Counted at zero, not yet at one: nothing was lost, nothing failed.
+    assert!(
+        memory
+            .lines()
+            .any(|l| l.starts_with("idempotency_lease_lost_total{") && l.ends_with(" 0")),
+        "{memory}"
+    );
 }
