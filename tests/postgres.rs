@@ -14,8 +14,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use postgres_server::PostgresServer;
-use sqlx::Row;
 use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Row};
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::PostgresStore;
 use tower_idempotency::fingerprint::Fingerprint;
@@ -59,7 +59,7 @@ async fn own_table_store(name: &str) -> PostgresStore {
     let store = PostgresStore::new(pool(&url, 8).await)
         .with_table(&table)
         .unwrap();
-    sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+    sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
         .execute(store.pool())
         .await
         .unwrap();
@@ -72,10 +72,13 @@ fn claim(body: &[u8]) -> Claim {
 }
 
 async fn count(store: &PostgresStore) -> i64 {
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {}", store.table()))
-        .fetch_one(store.pool())
-        .await
-        .unwrap()
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        store.table()
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
 }
 
 suite::store_smoke!(async { (shared_store().await, ()) });
@@ -404,7 +407,7 @@ async fn purge_removes_only_expired_rows() {
     let table = store.table().to_owned();
     // 2500 expired rows: in-flight claims whose worker died and completed records past their
     // retention.
-    sqlx::query(&format!(
+    sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO {table} (key, state, token, fingerprint, record, expires_at, created_at)
          SELECT 'expired-' || g,
                 CASE WHEN g % 2 = 0 THEN 'in_flight' ELSE 'completed' END,
@@ -414,7 +417,7 @@ async fn purge_removes_only_expired_rows() {
                 now() - interval '1 second' * g,
                 now() - interval '1 hour'
          FROM generate_series(1, 2500) AS g"
-    ))
+    )))
     .execute(store.pool())
     .await
     .unwrap();

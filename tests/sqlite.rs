@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::Row;
+use sqlx::{AssertSqlSafe, Row};
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::SqliteStore;
 use tower_idempotency::fingerprint::Fingerprint;
@@ -64,10 +64,13 @@ fn claim(body: &[u8]) -> Claim {
 }
 
 async fn count(store: &SqliteStore) -> i64 {
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {}", store.table()))
-        .fetch_one(store.pool())
-        .await
-        .unwrap()
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        store.table()
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
 }
 
 fn now_ms() -> i64 {

@@ -8,6 +8,8 @@ use std::future::Future;
 
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
+use super::statements::Sql;
+
 /// A value bound to a statement parameter.
 #[derive(Clone, Copy, Debug)]
 pub enum Param<'a> {
@@ -25,23 +27,23 @@ pub trait Backend: Database {
     /// Runs `sql` with `params`, then `clock` when given (see `Dialect::clock`), on `conn`.
     fn execute<'a>(
         conn: &'a mut Self::Connection,
-        sql: &'a str,
-        params: &[Param<'a>],
+        sql: &Sql,
+        params: &[Param<'_>],
         clock: Option<i64>,
     ) -> impl Future<Output = Result<Self::QueryResult, sqlx::Error>> + Send + 'a;
 
     /// Runs `sql` like [`execute`](Self::execute) and returns its rows.
     fn fetch_all<'a>(
         conn: &'a mut Self::Connection,
-        sql: &'a str,
-        params: &[Param<'a>],
+        sql: &Sql,
+        params: &[Param<'_>],
         clock: Option<i64>,
     ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send + 'a;
 
     /// Runs the statements of `script`, without parameters.
     fn execute_script<'a>(
         pool: &'a Pool<Self>,
-        script: &'a str,
+        script: &Sql,
     ) -> impl Future<Output = Result<Self::QueryResult, sqlx::Error>> + Send + 'a;
 
     /// The boolean in `column` of `row`.
@@ -66,12 +68,12 @@ where
     for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
     for<'r> bool: Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    DB::Arguments: IntoArguments<DB>,
 {
     fn execute<'a>(
         conn: &'a mut DB::Connection,
-        sql: &'a str,
-        params: &[Param<'a>],
+        sql: &Sql,
+        params: &[Param<'_>],
         clock: Option<i64>,
     ) -> impl Future<Output = Result<DB::QueryResult, sqlx::Error>> + Send + 'a {
         conn.execute(query(sql, params, clock))
@@ -79,8 +81,8 @@ where
 
     fn fetch_all<'a>(
         conn: &'a mut DB::Connection,
-        sql: &'a str,
-        params: &[Param<'a>],
+        sql: &Sql,
+        params: &[Param<'_>],
         clock: Option<i64>,
     ) -> impl Future<Output = Result<Vec<DB::Row>, sqlx::Error>> + Send + 'a {
         conn.fetch_all(query(sql, params, clock))
@@ -88,9 +90,9 @@ where
 
     fn execute_script<'a>(
         pool: &'a Pool<DB>,
-        script: &'a str,
+        script: &Sql,
     ) -> impl Future<Output = Result<DB::QueryResult, sqlx::Error>> + Send + 'a {
-        pool.execute(sqlx::raw_sql(script))
+        pool.execute(sqlx::raw_sql(script.sql_str()))
     }
 
     fn flag(row: &DB::Row, column: usize) -> Result<bool, sqlx::Error> {
@@ -110,12 +112,12 @@ where
     }
 }
 
-/// `sql` with `params` bound in order, then `clock`.
-fn query<'a, DB>(
-    sql: &'a str,
-    params: &[Param<'a>],
+/// `sql` with `params` bound (encoded, copied) in order, then `clock`.
+fn query<DB>(
+    sql: &Sql,
+    params: &[Param<'_>],
     clock: Option<i64>,
-) -> sqlx::query::Query<'a, DB, DB::Arguments<'a>>
+) -> sqlx::query::Query<'static, DB, DB::Arguments>
 where
     DB: Database,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
@@ -124,7 +126,7 @@ where
 {
     let query = params
         .iter()
-        .fold(sqlx::query(sql), |query, param| match *param {
+        .fold(sqlx::query(sql.sql_str()), |query, param| match *param {
             Param::Text(text) => query.bind(text),
             Param::Bytes(bytes) => query.bind(bytes),
             Param::Int(int) => query.bind(int),

@@ -231,7 +231,7 @@ WHERE key = $1 AND state = 'in_flight' AND token = $2 AND expires_at > $4"
         );
         assert!(sql.complete.contains("expires_at = $6 + $5\n"));
         assert!(sql.purge.contains("LIMIT $1\n"));
-        assert_eq!(sql.migrate, sql.schema);
+        assert_eq!(*sql.migrate, *sql.schema);
         assert!(sql.reserve_many.is_none());
     }
 

@@ -3,7 +3,57 @@
 //! `now()`, or a clock bound after the statement's own parameters), the shape of a claim, the
 //! purge's row locks and the schema.
 
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
 use super::Dialect;
+
+/// The text of one statement (or script), shared: handing it to sqlx clones an `Arc`, never
+/// the text.
+///
+/// sqlx (0.9) runs only SQL it is told is safe: a `&'static str`, or a string wrapped in
+/// [`AssertSqlSafe`]. Ours are built at start-up by `format!` from this crate's own literals
+/// and the table name, which `validate_table` restricts to an SQL identifier (optionally
+/// schema-qualified) before it is written into them; every value is a bound parameter. That is
+/// what [`sql_str`](Self::sql_str), the one place that asserts it, relies on.
+pub struct Sql(Arc<str>);
+
+impl Sql {
+    /// The statement, as sqlx takes it.
+    pub(super) fn sql_str(&self) -> SqlStr {
+        // Safe: see the type's docs (our literals and a validated identifier, no values).
+        AssertSqlSafe(Arc::clone(&self.0)).into_sql_str()
+    }
+}
+
+impl From<String> for Sql {
+    fn from(text: String) -> Self {
+        Sql(text.into())
+    }
+}
+
+impl Deref for Sql {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Sql {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl PartialEq<&str> for Sql {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
 
 /// The text of every statement of a store, for one table.
 #[derive(Debug)]
@@ -13,41 +63,41 @@ pub(super) struct Statements {
     /// `CREATE TABLE IF NOT EXISTS` and `CREATE INDEX IF NOT EXISTS`.
     pub(super) schema: String,
     /// The script `migrate` runs.
-    pub(super) migrate: String,
+    pub(super) migrate: Sql,
     /// $1 key, $2 token, $3 fingerprint, $4 lease (ms). One row when the claim is ours
     /// (`acquired` true); or, where the dialect reads it in the same statement, the live row
     /// holding the key (`acquired` false, `state`, `fingerprint`, `record`).
-    pub(super) reserve: String,
+    pub(super) reserve: Sql,
     /// $1 key. The live row holding the key, as in `reserve`, for dialects whose `reserve`
     /// does not read it.
-    pub(super) read_live: Option<String>,
+    pub(super) read_live: Option<Sql>,
     /// $1 the keys, comma-separated (a [`StoreKey`](crate::store::StoreKey) has no comma),
     /// then as in `reserve`: one row per key, in order, as `reserve` returns them (with
     /// `state` `NULL` when the key is to be claimed again). `None`: one `reserve` per key.
-    pub(super) reserve_many: Option<String>,
+    pub(super) reserve_many: Option<Sql>,
     /// $1 key, $2 token, $3 fingerprint, $4 record, $5 retention (ms).
-    pub(super) complete: String,
+    pub(super) complete: Sql,
     /// $1 key, $2 token.
-    pub(super) release: String,
+    pub(super) release: Sql,
     /// $1 key, $2 token, $3 lease (ms).
-    pub(super) renew: String,
+    pub(super) renew: Sql,
     /// $1 key. The live completed record, after a `complete` that updated no row.
-    pub(super) read_record: String,
+    pub(super) read_record: Sql,
     /// $1 the most rows to delete.
-    pub(super) purge: String,
+    pub(super) purge: Sql,
     /// $1 object, $2 token, $3 lease (ms). Takes the object's lease for the token when free,
     /// expired or the token's already: one row, the live watermark (or `NULL`); no row when
     /// another claim holds the object.
-    pub(super) lease_object: String,
+    pub(super) lease_object: Sql,
     /// $1 object, $2 position (16 bytes), $3 retention (ms). Raises the watermark to the
     /// position when it is higher (or there is none).
-    pub(super) raise_watermark: String,
+    pub(super) raise_watermark: Sql,
     /// $1 object, $2 token. Lets go of the object's lease when the token holds it.
-    pub(super) unlock_object: String,
+    pub(super) unlock_object: Sql,
     /// $1 object, $2 token, $3 lease (ms). Extends the object's lease when the token holds it.
-    pub(super) renew_object: String,
+    pub(super) renew_object: Sql,
     /// $1 the most rows to delete: objects whose lease and watermark have both expired.
-    pub(super) purge_objects: String,
+    pub(super) purge_objects: Sql,
 }
 
 impl Statements {
@@ -93,31 +143,35 @@ WHERE key = $1 AND expires_at > {now}",
         let schema = DB::schema(table);
         let objects = format!("{table}_objects");
         let objects_sql = ObjectStatements::new::<DB>(&objects);
+        let migrate = DB::migrate(table, &schema).into();
         Statements {
             table: table.to_owned(),
-            migrate: DB::migrate(table, &schema),
             schema,
-            reserve,
-            read_live,
-            reserve_many,
+            migrate,
+            reserve: reserve.into(),
+            read_live: read_live.map(Sql::from),
+            reserve_many: reserve_many.map(Sql::from),
             complete: format!(
                 "UPDATE {table}
 SET state = 'completed', token = NULL, fingerprint = $3, record = $4, expires_at = {}
 WHERE {}",
                 DB::plus_millis(&now(6), "$5"),
                 live_claim(6)
-            ),
-            release: format!("DELETE FROM {table}\nWHERE {}", live_claim(3)),
+            )
+            .into(),
+            release: format!("DELETE FROM {table}\nWHERE {}", live_claim(3)).into(),
             renew: format!(
                 "UPDATE {table} SET expires_at = {}\nWHERE {}",
                 DB::plus_millis(&now(4), "$3"),
                 live_claim(4)
-            ),
+            )
+            .into(),
             read_record: format!(
                 "SELECT record FROM {table}
 WHERE key = $1 AND state = 'completed' AND expires_at > {}",
                 now(2)
-            ),
+            )
+            .into(),
             // Deletes in batches (short transactions); the condition is checked again on the
             // rows selected.
             purge: format!(
@@ -128,12 +182,13 @@ WHERE key IN (
 ) AND expires_at <= {now}",
                 now = now(2),
                 locks = DB::PURGE_LOCKS,
-            ),
-            lease_object: objects_sql.lease,
-            raise_watermark: objects_sql.raise,
-            unlock_object: objects_sql.unlock,
-            renew_object: objects_sql.renew,
-            purge_objects: objects_sql.purge,
+            )
+            .into(),
+            lease_object: objects_sql.lease.into(),
+            raise_watermark: objects_sql.raise.into(),
+            unlock_object: objects_sql.unlock.into(),
+            renew_object: objects_sql.renew.into(),
+            purge_objects: objects_sql.purge.into(),
         }
     }
 }

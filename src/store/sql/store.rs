@@ -7,7 +7,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Transaction};
 
 use super::query::Param;
-use super::statements::Statements;
+use super::statements::{Sql, Statements};
 use super::{
     DEFAULT_PURGE_BATCH, DEFAULT_TABLE, Dialect, InvalidTable, RESERVE_ATTEMPTS,
     completion_after_miss, held, millis, purge_in_batches, store_error, unsettled, validate_table,
@@ -170,7 +170,7 @@ impl<DB: Dialect> SqlStore<DB> {
     async fn execute(
         &self,
         conn: &mut DB::Connection,
-        sql: &str,
+        sql: &Sql,
         params: &[Param<'_>],
     ) -> Result<u64, StoreError> {
         let done = DB::execute(conn, sql, params, DB::clock())
@@ -183,7 +183,7 @@ impl<DB: Dialect> SqlStore<DB> {
     async fn fetch(
         &self,
         conn: &mut DB::Connection,
-        sql: &str,
+        sql: &Sql,
         params: &[Param<'_>],
     ) -> Result<Vec<DB::Row>, StoreError> {
         DB::fetch_all(conn, sql, params, DB::clock())
@@ -195,7 +195,7 @@ impl<DB: Dialect> SqlStore<DB> {
     async fn fetch_one(
         &self,
         conn: &mut DB::Connection,
-        sql: &str,
+        sql: &Sql,
         params: &[Param<'_>],
     ) -> Result<Option<DB::Row>, StoreError> {
         Ok(self.fetch(conn, sql, params).await?.into_iter().next())
@@ -297,7 +297,7 @@ impl<DB: Dialect> SqlStore<DB> {
     /// statement's snapshot could not see the row holding it.
     async fn reserve_batch(
         &self,
-        sql: &str,
+        sql: &Sql,
         keys: &[StoreKey],
         claim: &Claim,
         lease: Duration,
