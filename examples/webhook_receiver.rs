@@ -45,6 +45,8 @@
 //! Logs go to stderr through `tracing-subscriber`; `RUST_LOG` is respected (default `info`).
 //!
 //! `IDEMPOTENCY_LEASE_MS` sets the lease (default 10 s; renewed while a handler runs).
+//! `MEMORY_MAX_ENTRIES` bounds the embedded memory store (default 1 000 000 keys; past it the
+//! records nearest to expiry are evicted, as `idempotency_memory_*` shows).
 //! `REDIS_WAIT_REPLICAS=N` (with `REDIS_WAIT_TIMEOUT_MS`, default 50) turns on durable
 //! completion: a record is acknowledged by N replicas before the response.
 //!
@@ -376,7 +378,11 @@ fn app(store: AnyStore, metrics: PrometheusHandle, settings: &Settings) -> Resul
 async fn store_from_env() -> Result<AnyStore, Error> {
     let url = std::env::var("REDIS_URL").or_else(|_| std::env::var("DATABASE_URL"));
     let Ok(url) = url else {
-        return Ok(MemoryStore::new().into());
+        let store = match std::env::var("MEMORY_MAX_ENTRIES") {
+            Ok(entries) => MemoryStore::new().with_max_entries(entries.parse()?),
+            Err(_) => MemoryStore::new(),
+        };
+        return Ok(store.into());
     };
     let store = connect(&url).await?;
     match std::env::var("REDIS_WAIT_REPLICAS").ok() {
@@ -428,9 +434,11 @@ async fn main() -> Result<(), Error> {
         .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
         .parse()?;
     let settings = Settings::from_env()?;
+    // The recorder first: what the store and the layers register goes to it.
+    let metrics = metrics()?;
     let store = store_from_env().await?;
     let backend = store.backend();
-    let router = app(store, metrics()?, &settings)?;
+    let router = app(store, metrics, &settings)?;
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!("listening on http://{}", listener.local_addr()?);
     println!("store: {backend}");

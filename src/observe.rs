@@ -226,7 +226,10 @@ impl Observer {
             ),
         }
         #[cfg(feature = "metrics")]
-        self.metrics.count_outcome(&self.namespace, outcome, reason);
+        {
+            self.metrics.announce();
+            self.metrics.count_outcome(&self.namespace, outcome, reason);
+        }
         if let Some(hook) = &self.hook {
             hook(&OutcomeEvent {
                 namespace: &self.namespace,
@@ -293,6 +296,9 @@ struct MetricKeys {
     store: [StoreKeys; 4],
     lease_lost: MetricKey,
     inner: MetricKey,
+    /// Whether the counters of rare events have been registered at zero (see
+    /// [`announce`](Self::announce)).
+    announced: std::sync::atomic::AtomicBool,
     /// `idempotency_requests_total` of every outcome without a reason (those with one, rejected
     /// and unverified, are built per call: rare).
     outcomes: [(Outcome, MetricKey); 11],
@@ -325,7 +331,11 @@ impl MetricKey {
     }
 
     fn increment(&self) {
-        metrics::with_recorder(|r| r.register_counter(&self.0, &METADATA)).increment(1);
+        self.add(1);
+    }
+
+    fn add(&self, n: u64) {
+        metrics::with_recorder(|r| r.register_counter(&self.0, &METADATA)).increment(n);
     }
 
     fn record(&self, elapsed: Duration) {
@@ -368,7 +378,25 @@ impl MetricKeys {
                 "idempotency_inner_duration_seconds",
                 &[("namespace", namespace)],
             ),
+            announced: std::sync::atomic::AtomicBool::new(false),
             outcomes,
+        }
+    }
+
+    /// Registers, once per layer, the counters of events that may never happen (a lost lease,
+    /// a failed store call) at zero, so that they are exported from the first request on:
+    /// `rate()` and `increase()` over a counter that appears only with its first event miss
+    /// that event, and an alert on it would never fire for the first one. Done at the first
+    /// covered request rather than when the layer is built, since the application may install
+    /// its recorder after building its layers.
+    fn announce(&self) {
+        use std::sync::atomic::Ordering;
+        if self.announced.load(Ordering::Relaxed) || self.announced.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        self.lease_lost.add(0);
+        for keys in &self.store {
+            keys.errors.add(0);
         }
     }
 
