@@ -213,7 +213,14 @@ pub use self::store::sql::sqlite::SqliteStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use fred;
 
-/// The README's code blocks, compiled and run as doctests (`cargo test --doc`).
-#[cfg(doctest)]
+/// The README's code blocks, compiled and run as doctests (`cargo test --all-features --doc`:
+/// they use every store and the built-in signature schemes).
+#[cfg(all(
+    doctest,
+    feature = "redis",
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "verify"
+))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

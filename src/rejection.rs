@@ -376,6 +376,62 @@ fn percent_encode(message: &str) -> String {
 mod tests {
     use super::*;
 
+    /// `docs/problems.md`, where every problem `type` points, has a section for every code
+    /// and a table row with its HTTP status and gRPC code.
+    #[test]
+    fn every_problem_type_is_documented() {
+        use crate::key::KeyErrorKind;
+        use crate::verify::VerifyError;
+        const GRPC: [&str; 17] = [
+            "OK",
+            "CANCELLED",
+            "UNKNOWN",
+            "INVALID_ARGUMENT",
+            "DEADLINE_EXCEEDED",
+            "NOT_FOUND",
+            "ALREADY_EXISTS",
+            "PERMISSION_DENIED",
+            "RESOURCE_EXHAUSTED",
+            "FAILED_PRECONDITION",
+            "ABORTED",
+            "OUT_OF_RANGE",
+            "UNIMPLEMENTED",
+            "INTERNAL",
+            "UNAVAILABLE",
+            "DATA_LOSS",
+            "UNAUTHENTICATED",
+        ];
+        let docs = include_str!("../docs/problems.md");
+        let wait = Duration::from_secs(1);
+        let key = || KeyError::new(KeyErrorKind::Empty, "empty");
+        let every = [
+            Rejection::PayloadTooLarge { limit: 1 },
+            Rejection::BodyTimeout,
+            Rejection::BodyUnreadable,
+            Rejection::Unverified(VerifyError::no_match()),
+            Rejection::MissingKey { expected: None },
+            Rejection::MalformedKey(key()),
+            Rejection::MalformedOrder(key()),
+            Rejection::InFlight { retry_after: wait },
+            Rejection::ObjectInFlight { retry_after: wait },
+            Rejection::Mismatch,
+            Rejection::StoreUnavailable { retry_after: wait },
+        ];
+        for rejection in every {
+            let code = rejection.code();
+            assert!(
+                docs.contains(&format!("\n## {code}\n")),
+                "no section for {code}"
+            );
+            let row = format!(
+                "| [`{code}`](#{code}) | {} | `{}` |",
+                rejection.status().as_u16(),
+                GRPC[usize::from(rejection.grpc_code())]
+            );
+            assert!(docs.contains(&row), "no row {row}");
+        }
+    }
+
     #[test]
     fn problem_json_has_the_rfc_9457_members() {
         let doc: serde_json::Value = serde_json::from_str(
