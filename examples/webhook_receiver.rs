@@ -1,7 +1,8 @@
 //! A webhook receiver that applies every delivery exactly once.
 //!
 //! ```text
-//! cargo run --example webhook_receiver --all-features
+//! cargo run --example webhook_receiver --features metrics,verify     # the memory store
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example webhook_receiver --all-features
 //! ```
 //!
 //! Binds `127.0.0.1:3000`, or `BIND` (`BIND=127.0.0.1:0` picks a free port); the first line on
@@ -39,8 +40,7 @@
 //!   (`by_key` holds message ids for Meta batches, delivery or event ids elsewhere).
 //! - `GET /messages/{message_id}`: `{"message_id": .., "status": ..}`, the status the newest
 //!   processed email event set.
-//! - `GET /metrics`: Prometheus text; the layer's `idempotency_*` metrics need the crate
-//!   feature `metrics` (`--all-features`).
+//! - `GET /metrics`: Prometheus text with the layer's `idempotency_*` metrics.
 //!
 //! Logs go to stderr through `tracing-subscriber`; `RUST_LOG` is respected (default `info`).
 //!
@@ -419,7 +419,19 @@ fn metrics() -> Result<PrometheusHandle, Error> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Error> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // The error's message (a store URL whose feature is off names the feature), not its
+        // `Debug` form.
+        Err(err) => {
+            eprintln!("webhook_receiver: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Error> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
