@@ -18,7 +18,7 @@ mod on_memory {
 }
 
 #[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
+#[path = "../examples/provider_sim/redis_server.rs"]
 mod redis_server;
 
 #[cfg(feature = "redis")]

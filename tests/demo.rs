@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 #[path = "support/harness.rs"]
 mod harness;
 #[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
+#[path = "../examples/provider_sim/redis_server.rs"]
 mod redis_server;
 #[path = "support/signing.rs"]
 mod signing;

@@ -1,4 +1,4 @@
-//! The fault harness, small: the provider simulator (`tests/support/provider_sim.rs`) sends 200
+//! The fault harness, small: the provider simulator (`examples/provider_sim/sim.rs`) sends 200
 //! events at least once each, over two app instances sharing one real `redis-server`, with
 //! handler 500s, panics, handlers slower than the lease, client disconnects and a Redis kill and
 //! restart; no event may be lost and no double effect may lack a documented cause.
@@ -6,7 +6,7 @@
 //! The full run is `cargo run --release --all-features --example provider_sim -- --events 10000`.
 #![cfg(feature = "redis")]
 
-#[path = "support/provider_sim.rs"]
+#[path = "../examples/provider_sim/sim.rs"]
 mod provider_sim;
 
 use provider_sim::{SimConfig, run};

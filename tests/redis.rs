@@ -6,7 +6,7 @@
 mod contract;
 #[path = "support/redis_proxy.rs"]
 mod redis_proxy;
-#[path = "support/redis_server.rs"]
+#[path = "../examples/provider_sim/redis_server.rs"]
 mod redis_server;
 mod suite;
 

@@ -2,7 +2,7 @@
 //! thing). Every test starts its own server, so killing one never disturbs another.
 #![cfg(feature = "redis")]
 
-#[path = "support/redis_server.rs"]
+#[path = "../examples/provider_sim/redis_server.rs"]
 mod redis_server;
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! A TCP proxy in front of a `redis-server` that counts the client's round trips.
 //!
-//! Include it next to `support/redis_server.rs`:
+//! Include it next to `examples/provider_sim/redis_server.rs`:
 //!
 //! ```ignore
 //! #[path = "support/redis_proxy.rs"]

@@ -21,10 +21,11 @@
 //!   store's durability is part of the guarantee).
 //!
 //! Exits with status 1 when an invariant is broken. The core lives in
-//! `tests/support/provider_sim.rs`, shared with `tests/faults.rs`.
+//! `examples/provider_sim/sim.rs` (with the `redis-server` it starts in `redis_server.rs`), which
+//! `tests/faults.rs` and the Redis tests include too.
 
 #[cfg(feature = "redis")]
-#[path = "../tests/support/provider_sim.rs"]
+#[path = "sim.rs"]
 mod provider_sim;
 
 #[cfg(feature = "redis")]

@@ -2,11 +2,11 @@
 //! instances sharing one real `redis-server`, checking that the receiver's effects are
 //! exactly-once.
 //!
-//! Used by `examples/provider_sim.rs` (`cargo run --all-features --example provider_sim -- --events 10000`)
-//! and by `tests/faults.rs` (a smaller run). Include it with
+//! Used by the `provider_sim` example (`cargo run --all-features --example provider_sim --
+//! --events 10000`) and by `tests/faults.rs` (a smaller run), which includes it with
 //!
 //! ```ignore
-//! #[path = "support/provider_sim.rs"]
+//! #[path = "../examples/provider_sim/sim.rs"]
 //! mod provider_sim;
 //! ```
 //!

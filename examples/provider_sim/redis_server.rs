@@ -1,16 +1,16 @@
-//! A real `redis-server` for integration tests: one throw-away process per [`RedisServer`].
+//! A real `redis-server`, one throw-away process per [`RedisServer`]: the provider simulator's
+//! (`sim.rs`), and the integration tests' too.
 //!
-//! Include it from any integration test with:
+//! The example owns it (an example depends on the crate only); a test includes it with:
 //!
 //! ```ignore
-//! #[path = "support/redis_server.rs"]
+//! #[path = "../examples/provider_sim/redis_server.rs"]
 //! mod redis_server;
 //!
 //! use redis_server::RedisServer;
 //! ```
 //!
-//! (`tests/support/` is not a test crate of its own: Cargo only builds the `.rs` files directly
-//! under `tests/`.) The harness uses `fred`, an optional dependency: gate the including test
+//! The harness uses `fred`, an optional dependency: gate the including test
 //! file with `#![cfg(feature = "redis")]`.
 //!
 //! [`RedisServer::start`] runs `redis-server` (or `$REDIS_SERVER_BIN`) on `127.0.0.1` and a free
