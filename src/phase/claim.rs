@@ -90,6 +90,21 @@ fn busy(answers: &[Reservation]) -> Option<Busy> {
     })
 }
 
+/// The answer to a request whose key (or object) another request holds: 422 when the held
+/// key's payload differs and mismatches are rejected, else 409.
+fn busy_rejection(busy: Busy, fingerprint: &Fingerprint, settings: &Settings) -> Rejection {
+    let retry_after = settings.in_flight_retry_after;
+    match busy {
+        Busy::Key(held)
+            if !held.matches(fingerprint) && settings.on_mismatch == OnMismatch::Reject =>
+        {
+            Rejection::Mismatch
+        }
+        Busy::Key(_) => Rejection::InFlight { retry_after },
+        Busy::Object => Rejection::ObjectInFlight { retry_after },
+    }
+}
+
 /// What the reserve's answers mean.
 async fn decide<B, ResBody>(
     mut guard: ClaimGuard,
@@ -105,20 +120,7 @@ async fn decide<B, ResBody>(
         // Let go of what this request claimed, so the other holder's items are not blocked.
         guard.keep(&answers);
         guard.release().await;
-        let rejection = match busy {
-            Busy::Key(held)
-                if !held.matches(&fingerprint) && settings.on_mismatch == OnMismatch::Reject =>
-            {
-                Rejection::Mismatch
-            }
-            Busy::Key(_) => Rejection::InFlight {
-                retry_after: settings.in_flight_retry_after,
-            },
-            Busy::Object => Rejection::ObjectInFlight {
-                retry_after: settings.in_flight_retry_after,
-            },
-        };
-        return Prelude::reject(settings, rejection, grpc);
+        return Prelude::reject(settings, busy_rejection(busy, &fingerprint, settings), grpc);
     }
     guard.keep(&answers);
     if !answers.iter().any(Reservation::is_ours) {
