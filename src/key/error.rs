@@ -97,7 +97,8 @@ impl fmt::Display for KeyError {
 
 impl std::error::Error for KeyError {}
 
-/// A JSONPath that does not parse (RFC 9535 syntax), from [`JsonPathKey`](super::JsonPathKey)
+/// A JSONPath that does not parse (RFC 9535 syntax), or needs the `jsonpath` feature that is
+/// off, from [`JsonPathKey`](super::JsonPathKey)
 /// or [`FieldsFingerprintKey`](super::FieldsFingerprintKey): a configuration error, reported at
 /// start-up.
 #[derive(Clone, Debug)]

@@ -1,7 +1,7 @@
 use serde_json::Value;
-use serde_json_path::JsonPath;
 use sha2::{Digest, Sha256};
 
+use super::query::ValuePath;
 use super::{ExtractKey, IdempotencyKey, KeyError, KeyInput, PathError};
 
 /// A key for senders without a stable id: a canonical hash of chosen trusted JSON fields.
@@ -20,7 +20,7 @@ use super::{ExtractKey, IdempotencyKey, KeyError, KeyInput, PathError};
 /// ```
 #[derive(Clone, Debug)]
 pub struct FieldsFingerprintKey {
-    paths: Vec<JsonPath>,
+    paths: Vec<ValuePath>,
 }
 
 impl FieldsFingerprintKey {
@@ -32,7 +32,7 @@ impl FieldsFingerprintKey {
     {
         let paths = paths
             .into_iter()
-            .map(|p| JsonPath::parse(p.as_ref()).map_err(|err| PathError::new(p.as_ref(), err)))
+            .map(|p| ValuePath::parse(p.as_ref()))
             .collect::<Result<_, _>>()?;
         Ok(FieldsFingerprintKey { paths })
     }
@@ -80,7 +80,7 @@ impl ExtractKey for FieldsFingerprintKey {
             if i > 0 {
                 canonical.push(b',');
             }
-            let nodes = path.query(json).all();
+            let nodes = path.select(json);
             matched |= !nodes.is_empty();
             canonical.push(b'[');
             for (j, node) in nodes.into_iter().enumerate() {

@@ -1,8 +1,8 @@
 use std::borrow::Cow;
 
 use serde_json::Value;
-use serde_json_path::JsonPath;
 
+use super::query::ValuePath;
 use super::scan::{ScanError, SimplePath, scan};
 use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput, PathError};
 
@@ -32,8 +32,9 @@ use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput, PathEr
 /// Paths made of members, indexes and wildcards (`$.a.b`, `$['a b']`, `[0]`, `[-1]`, `[*]`,
 /// `.*`: every path providers document) are read straight from the raw body, without building
 /// a DOM: a few microseconds at 1 KiB. Other RFC 9535 forms (filters, descendants, slices)
-/// query a parsed `serde_json::Value`; there, integers beyond 64 bits are a 400, since the DOM
-/// cannot hold their digits.
+/// need the crate feature `jsonpath` (without it, [`new`](Self::new) says so) and query a
+/// parsed `serde_json::Value`; there, integers beyond 64 bits are a 400, since the DOM cannot
+/// hold their digits.
 ///
 /// ```
 /// use tower_idempotency::key::{HeaderKey, JsonPathKey};
@@ -62,14 +63,14 @@ pub struct JsonPathKey {
 
 #[derive(Clone, Debug)]
 struct Path {
-    dom: JsonPath,
+    dom: ValuePath,
     source: String,
 }
 
 impl Path {
     fn parse(path: &str) -> Result<Self, PathError> {
         Ok(Path {
-            dom: JsonPath::parse(path).map_err(|err| PathError::new(path, err))?,
+            dom: ValuePath::parse(path)?,
             source: path.to_owned(),
         })
     }
@@ -136,7 +137,7 @@ impl JsonPathKey {
         let json = input.json()?;
         let mut values = Vec::new();
         for path in &self.paths {
-            for value in path.dom.query(json).all() {
+            for value in path.dom.select(json) {
                 values.push(scalar_text(value, &path.source)?);
             }
         }
@@ -155,7 +156,7 @@ impl JsonPathKey {
         let Some(path) = self.paths.first() else {
             return Ok(None);
         };
-        let mut found = path.dom.query(value).all().into_iter();
+        let mut found = path.dom.select(value).into_iter();
         let Some(first) = found.next() else {
             return Ok(None);
         };

@@ -29,6 +29,7 @@ mod fields;
 mod func;
 mod header;
 mod json;
+pub(crate) mod query;
 mod scan;
 pub(crate) mod value;
 

@@ -131,6 +131,38 @@ impl SimplePath {
     }
 }
 
+impl SimplePath {
+    /// The values this path selects in a parsed document, in document order (as an RFC 9535
+    /// query returns them): what a batch's items and a fingerprint's fields are read with.
+    pub(crate) fn select<'v>(&self, root: &'v serde_json::Value) -> Vec<&'v serde_json::Value> {
+        use serde_json::Value;
+        let mut nodes = vec![root];
+        for segment in &self.segments {
+            let mut next = Vec::with_capacity(nodes.len());
+            for node in nodes {
+                match (segment, node) {
+                    (Segment::Name(name), Value::Object(map)) => next.extend(map.get(name)),
+                    (Segment::Index(index), Value::Array(items)) => {
+                        let at = if *index < 0 {
+                            usize::try_from(index.unsigned_abs())
+                                .ok()
+                                .and_then(|back| items.len().checked_sub(back))
+                        } else {
+                            usize::try_from(*index).ok()
+                        };
+                        next.extend(at.and_then(|at| items.get(at)));
+                    }
+                    (Segment::Wildcard, Value::Array(items)) => next.extend(items),
+                    (Segment::Wildcard, Value::Object(map)) => next.extend(map.values()),
+                    _ => {}
+                }
+            }
+            nodes = next;
+        }
+        nodes
+    }
+}
+
 /// A position in the text of a path being parsed.
 struct PathCursor<'s> {
     /// The whole path.

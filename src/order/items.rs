@@ -5,10 +5,10 @@ use std::collections::HashSet;
 use std::fmt;
 
 use serde_json::Value;
-use serde_json_path::JsonPath;
 
 use super::value::{RankAt, SequenceAt, TimestampAt, UnixSecondsAt};
 use super::{Placed, Position};
+use crate::key::query::ValuePath;
 use crate::key::{JsonPathKey, KeyError, KeyErrorKind, KeyInput, MAX_KEY_PARTS, PathError};
 
 /// Where the items of a batch are, and in each item its key, its object and its position: a
@@ -42,7 +42,7 @@ use crate::key::{JsonPathKey, KeyError, KeyErrorKind, KeyInput, MAX_KEY_PARTS, P
 /// ```
 #[derive(Clone)]
 pub struct OrderedItems {
-    items: Vec<(JsonPath, String)>,
+    items: Vec<(ValuePath, String)>,
     key: Vec<JsonPathKey>,
     object: JsonPathKey,
     position: ItemPosition,
@@ -121,7 +121,7 @@ impl OrderedItems {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let parsed = JsonPath::parse(items).map_err(|err| PathError::new(items, err))?;
+        let parsed = ValuePath::parse(items)?;
         Ok(OrderedItems {
             items: vec![(parsed, items.to_owned())],
             key: key
@@ -139,7 +139,7 @@ impl OrderedItems {
         let mut seen = HashSet::new();
         let mut placed = Vec::new();
         for (path, source) in &self.items {
-            for item in path.query(json).all() {
+            for item in path.select(json) {
                 let event = self.place_item(item, source)?;
                 if seen.insert(event.key.clone()) {
                     placed.push(event);

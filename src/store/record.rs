@@ -199,33 +199,6 @@ impl Record {
         self.encode_with_owner(&owner_tag(token))
     }
 
-    /// The first bytes of [`encode`](Self::encode): the tag, the owner tag and the
-    /// fingerprint, which tell this record (the one completion that wrote it) from any other
-    /// value of its key. What a store that keeps encoded records compares, in
-    /// [`IdempotencyStore::remaining`](crate::IdempotencyStore::remaining), with the
-    /// value it holds.
-    ///
-    /// ```
-    /// use tower_idempotency::fingerprint::Fingerprint;
-    /// use tower_idempotency::store::record::Record;
-    ///
-    /// let record = Record::ack(Fingerprint::of_bytes(b"{}"));
-    /// assert!(record.encode().starts_with(&record.encoded_head()));
-    /// assert_eq!(record.encoded_head().len(), 12);
-    /// ```
-    pub fn encoded_head(&self) -> Bytes {
-        let tag = if self.response.is_some() {
-            TAG_REPLAY
-        } else {
-            TAG_ACK
-        };
-        let mut out = BytesMut::with_capacity(1 + OWNER_LEN + Fingerprint::LEN);
-        out.put_u8(tag);
-        out.put_slice(&self.owner);
-        out.put_slice(self.fingerprint.as_bytes());
-        out.freeze()
-    }
-
     fn encode_with_owner(&self, owner: &[u8; OWNER_LEN]) -> Bytes {
         let Some(response) = &self.response else {
             let mut out = BytesMut::with_capacity(1 + OWNER_LEN + Fingerprint::LEN);
