@@ -306,6 +306,24 @@ macro_rules! dispatch {
     };
 }
 
+/// Forwards an async call to the backend's store. The calls of the server stores are boxed:
+/// unboxed, every call's future would be as large as the largest backend's (sqlx's and
+/// fred's run to kilobytes), and a memory store call, which finishes in process, would copy
+/// that much on every request; a server store's call pays one allocation beside its round trip.
+macro_rules! dispatch_async {
+    ($self:expr, $store:ident => $call:expr) => {
+        match &$self.0 {
+            Backend::Memory($store) => $call,
+            #[cfg(feature = "redis")]
+            Backend::Redis($store) => Box::pin(async move { $call }).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres($store) => Box::pin(async move { $call }).await,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite($store) => Box::pin(async move { $call }).await,
+        }
+    };
+}
+
 /// Every call goes to the backend's store.
 impl IdempotencyStore for AnyStore {
     async fn reserve(
@@ -314,7 +332,7 @@ impl IdempotencyStore for AnyStore {
         claim: &Claim,
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
-        dispatch!(self, s => s.reserve(key, claim, lease).await)
+        dispatch_async!(self, s => s.reserve(key, claim, lease).await)
     }
 
     async fn complete(
@@ -324,11 +342,11 @@ impl IdempotencyStore for AnyStore {
         record: &Record,
         retention: Duration,
     ) -> Result<Completion, StoreError> {
-        dispatch!(self, s => s.complete(key, claim, record, retention).await)
+        dispatch_async!(self, s => s.complete(key, claim, record, retention).await)
     }
 
     async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.release(key, claim).await)
+        dispatch_async!(self, s => s.release(key, claim).await)
     }
 
     async fn renew(
@@ -337,7 +355,7 @@ impl IdempotencyStore for AnyStore {
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.renew(key, claim, lease).await)
+        dispatch_async!(self, s => s.renew(key, claim, lease).await)
     }
 
     fn in_process(&self) -> bool {
@@ -350,7 +368,7 @@ impl IdempotencyStore for AnyStore {
         claim: &Claim,
         lease: Duration,
     ) -> Result<Vec<Reservation>, StoreError> {
-        dispatch!(self, s => s.reserve_many(keys, claim, lease).await)
+        dispatch_async!(self, s => s.reserve_many(keys, claim, lease).await)
     }
 
     async fn complete_many(
@@ -360,11 +378,11 @@ impl IdempotencyStore for AnyStore {
         record: &Record,
         retention: Duration,
     ) -> Result<Vec<Completion>, StoreError> {
-        dispatch!(self, s => s.complete_many(keys, claim, record, retention).await)
+        dispatch_async!(self, s => s.complete_many(keys, claim, record, retention).await)
     }
 
     async fn release_many(&self, keys: &[StoreKey], claim: &Claim) -> Result<usize, StoreError> {
-        dispatch!(self, s => s.release_many(keys, claim).await)
+        dispatch_async!(self, s => s.release_many(keys, claim).await)
     }
 
     async fn renew_many(
@@ -373,7 +391,7 @@ impl IdempotencyStore for AnyStore {
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.renew_many(keys, claim, lease).await)
+        dispatch_async!(self, s => s.renew_many(keys, claim, lease).await)
     }
 
     fn orders_events(&self) -> bool {
@@ -387,7 +405,7 @@ impl IdempotencyStore for AnyStore {
         lease: Duration,
         equal: EqualPositions,
     ) -> Result<Vec<Reservation>, StoreError> {
-        dispatch!(self, s => s.reserve_ordered(events, claim, lease, equal).await)
+        dispatch_async!(self, s => s.reserve_ordered(events, claim, lease, equal).await)
     }
 
     async fn complete_ordered(
@@ -397,7 +415,7 @@ impl IdempotencyStore for AnyStore {
         record: &Record,
         retention: Duration,
     ) -> Result<Vec<Completion>, StoreError> {
-        dispatch!(self, s => s.complete_ordered(events, claim, record, retention).await)
+        dispatch_async!(self, s => s.complete_ordered(events, claim, record, retention).await)
     }
 
     async fn release_ordered(
@@ -405,7 +423,7 @@ impl IdempotencyStore for AnyStore {
         events: &[OrderedEvent],
         claim: &Claim,
     ) -> Result<usize, StoreError> {
-        dispatch!(self, s => s.release_ordered(events, claim).await)
+        dispatch_async!(self, s => s.release_ordered(events, claim).await)
     }
 
     async fn renew_ordered(
@@ -414,7 +432,7 @@ impl IdempotencyStore for AnyStore {
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.renew_ordered(events, claim, lease).await)
+        dispatch_async!(self, s => s.renew_ordered(events, claim, lease).await)
     }
 }
 
