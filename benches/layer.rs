@@ -13,7 +13,16 @@
 //!   reserve, inner call, record;
 //! - `duplicate/*`: the same delivery again and again: buffer, fingerprint, key, reserve → ack;
 //! - `in_flight/*`: a delivery whose key is held by an attempt still in flight: → 409;
-//! - `record/*`: the byte encoding that the Redis and SQL stores write and read.
+//! - `record/*`: the byte encoding that the Redis and SQL stores write and read;
+//! - `verify/*` (feature `verify`): first deliveries of a Standard Webhooks request (key
+//!   `webhook-id`, a constant body of 1 KiB or 64 KiB), `standard_webhooks` verifying its
+//!   signature against `unverified` not. Both sign every request (HMAC-SHA256 over
+//!   `id.timestamp.body`, as the sender does) while making it, so their difference is what
+//!   verification adds.
+//!
+//! `layer_any` is the layer on the memory store behind [`AnyStore`] (what `store::connect`
+//! returns, and what the demo runs on): a store type whose calls are as large as its largest
+//! backend's would show there, not on the plain memory store.
 //!
 //! Keys come from the `Idempotency-Key` header (`header`) or from every message id of a
 //! WhatsApp-shaped batch (`json_path`, `$.entry[*].changes[*].value.messages[*].id`), on
@@ -58,7 +67,7 @@ use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::key::{ExtractKey, HeaderKey, JsonPathKey};
 use tower_idempotency::store::record::{Record, StoredResponse, StoredValue};
-use tower_idempotency::store::{Claim, StoreKey};
+use tower_idempotency::store::{AnyStore, Claim, StoreKey};
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 /// The JSONPath of every WhatsApp message id of a batch.
@@ -102,7 +111,7 @@ fn bare() -> Svc {
 }
 
 /// The layer with its defaults (10 s lease, renewed; 72 h retention, ack mode), on `store`.
-fn layered<K: ExtractKey + Clone>(store: MemoryStore, key: K, fingerprint: bool) -> Svc {
+fn layered<K: ExtractKey + Clone>(store: impl IdempotencyStore, key: K, fingerprint: bool) -> Svc {
     let layer = IdempotencyLayer::new(store)
         .namespace(NAMESPACE)
         .key(key)
@@ -285,12 +294,18 @@ fn scenarios(rt: &tokio::runtime::Runtime) -> Vec<Scenario> {
         let json = || JsonPathKey::new(WHATSAPP_IDS).unwrap();
 
         // First deliveries: a new key on every iteration.
-        let first: [(&'static str, KeyKind, Svc); 5] = [
+        let first: [(&'static str, KeyKind, Svc); 6] = [
             ("bare/header", KeyKind::Header, bare()),
             (
                 "layer/header",
                 KeyKind::Header,
                 layered(store(), header(), true),
+            ),
+            // The memory store behind `AnyStore`, as `store::connect` gives it (the demo's).
+            (
+                "layer_any/header",
+                KeyKind::Header,
+                layered(AnyStore::from(store()), header(), true),
             ),
             (
                 "layer/header_nofp",
@@ -319,11 +334,16 @@ fn scenarios(rt: &tokio::runtime::Runtime) -> Vec<Scenario> {
         }
 
         // Duplicates of a completed key: the acknowledgement, the inner service not called.
-        let duplicate: [(&'static str, KeyKind, Svc); 2] = [
+        let duplicate: [(&'static str, KeyKind, Svc); 3] = [
             (
                 "layer/header",
                 KeyKind::Header,
                 layered(store(), header(), true),
+            ),
+            (
+                "layer_any/header",
+                KeyKind::Header,
+                layered(AnyStore::from(store()), header(), true),
             ),
             (
                 "layer/json_path",
@@ -470,10 +490,81 @@ fn config() -> Criterion {
         .configure_from_args()
 }
 
+/// The Standard Webhooks specification's test secret.
+#[cfg(feature = "verify")]
+const STANDARD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// Request `n` of a Standard Webhooks sender: id `msg_<n>`, now, signed over `body`.
+#[cfg(feature = "verify")]
+fn signed_request(body: &Bytes, n: u64) -> Request<Full<Bytes>> {
+    use base64::Engine as _;
+    use hmac::{Hmac, Mac};
+    let engine = base64::engine::general_purpose::STANDARD;
+    let key = engine
+        .decode(STANDARD_SECRET.trim_start_matches("whsec_"))
+        .expect("base64 secret");
+    let id = format!("msg_{n:016x}");
+    let timestamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+        .to_string();
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&key).expect("any key length");
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    let signature = format!("v1,{}", engine.encode(mac.finalize().into_bytes()));
+    Request::post(PATH)
+        .header("content-type", "application/json")
+        .header("content-length", body.len())
+        .header("webhook-id", as_parsed(&id))
+        .header("webhook-timestamp", as_parsed(&timestamp))
+        .header("webhook-signature", as_parsed(&signature))
+        .body(Full::new(body.clone()))
+        .expect("request")
+}
+
+/// First deliveries of signed requests, verified and not (see the module docs).
+#[cfg(feature = "verify")]
+fn verify(c: &mut Criterion) {
+    use tower_idempotency::verify::StandardWebhooks;
+    let rt = runtime();
+    let wrap = |layer: IdempotencyLayer<HeaderKey>| {
+        let svc = ServiceBuilder::new()
+            .layer(layer.namespace(NAMESPACE))
+            .service_fn(handler::<tower_idempotency::RequestBody<Full<Bytes>>>);
+        BoxCloneService::new(svc.and_then(|r| async move { Ok(read(r).await) }))
+    };
+    let mut group = c.benchmark_group("verify");
+    for payload in payloads() {
+        let body = payload.with_ids(0);
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        let unverified: Svc = wrap(IdempotencyLayer::webhook(store()).key(HeaderKey::from_name(
+            http::HeaderName::from_static("webhook-id"),
+        )));
+        let scheme = StandardWebhooks::new([STANDARD_SECRET]).expect("a valid secret");
+        let verified: Svc = wrap(IdempotencyLayer::standard_webhooks(store(), scheme));
+        for (variant, svc) in [("unverified", unverified), ("standard_webhooks", verified)] {
+            let counter = AtomicU64::new(0);
+            group.bench_function(BenchmarkId::new(variant, payload.label), |b| {
+                b.to_async(&rt).iter(|| async {
+                    let n = counter.fetch_add(1, Ordering::Relaxed);
+                    let response = call(&svc, signed_request(&body, n)).await;
+                    assert_eq!(response.status(), StatusCode::OK, "{variant}");
+                    response
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+#[cfg(not(feature = "verify"))]
+fn verify(_: &mut Criterion) {}
+
 criterion_group! {
     name = benches;
     config = config();
-    targets = layer, record
+    targets = layer, record, verify
 }
 
 /// Counts heap allocations while [`COUNTING`] is on (profile mode only).
