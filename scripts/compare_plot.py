@@ -1,24 +1,35 @@
 #!/usr/bin/env python3
-"""Turns the output of `../shared/bench/compare` runs into a markdown table and an SVG plot.
+"""Turns the output of `compare/run` runs into a markdown table and an SVG plot.
 
-    ../shared/bench/compare | tee run1.txt      # once per run, from the project root
+    compare/run | tee run1.txt      # once per run, from the project root
     scripts/compare_plot.py run1.txt run2.txt run3.txt > table.md   # writes compare.svg too
 
-Each input is one run's output (lines `NAME MIX rps=.. p99=.. server_cmds/req=.. non2xx=..`).
-Ratios are taken within a run (ours / rustango on Redis, ours-mem / naive in memory), then the
-table gives each run's figure and ratio, and the plot draws req/s per receiver and mix, one bar
-per run. Standard library only.
+Each input is one run's table (rows `NAME MIX RPS P99 NON2XX CPU/REQ RCV REDIS WRK CMDS/REQ`).
+Ratios are taken within a run (ours / handwritten-redis and ours / rustango on Redis, ours-mem /
+handwritten in memory): the table gives each run's req/s and CPU per request (receiver + Redis)
+and their ratios, and the plot draws req/s per receiver and mix, one bar per run. Standard
+library only.
 """
 import os
 import re
 import sys
 
 LINE = re.compile(
-    r"^(\S+)\s+(wrk-\S+)\s+rps=([\d.]+)\s+p99=(\S+)\s+server_cmds/req=([\d.]+)\s+non2xx=(\d+)"
+    r"^(\S+)\s+(unique|dup)\s+(\d+)\s+(\S+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+(\S+)\s+(\S+)$"
 )
-PAIRS = [("ours", "rustango", "Redis"), ("ours-mem", "naive", "memory")]
-MIXES = [("wrk-unique", "first deliveries"), ("wrk-dup", "duplicates")]
-COLORS = {"ours": "#2b6cb0", "rustango": "#c05621", "ours-mem": "#2f855a", "naive": "#718096"}
+PAIRS = [
+    ("ours", "handwritten-redis", "Redis"),
+    ("ours", "rustango", "Redis"),
+    ("ours-mem", "handwritten", "memory"),
+]
+MIXES = [("unique", "first deliveries"), ("dup", "duplicates")]
+COLORS = {
+    "ours": "#2b6cb0",
+    "rustango": "#c05621",
+    "handwritten-redis": "#718096",
+    "ours-mem": "#2f855a",
+    "handwritten": "#a0aec0",
+}
 
 
 def parse(path):
@@ -27,36 +38,39 @@ def parse(path):
         for line in f:
             m = LINE.match(line.strip())
             if m:
-                name, mix, rps, p99, cmds, bad = m.groups()
+                name, mix, rps, p99, bad, cpu, _rcv, _redis, _wrk, cmds = m.groups()
                 run[(name, mix)] = {
                     "rps": float(rps),
                     "p99": p99,
-                    "cmds": float(cmds),
                     "non2xx": int(bad),
+                    "cpu": float(cpu),
+                    "cmds": cmds,
                 }
     return run
 
 
 def table(runs):
-    out = ["| store | mix | ours req/s | peer | peer req/s | ratio | p99 (ours, peer) | Redis cmds/req (ours, peer) |",
-           "|---|---|---:|---|---:|---:|---|---|"]
+    out = [
+        "| store | mix | ours req/s | peer | peer req/s | req/s ratio | CPU µs/req (ours, peer) "
+        "| CPU ratio | Redis cmds/req (ours, peer) |",
+        "|---|---|---:|---|---:|---:|---|---:|---|",
+    ]
     for ours, peer, store in PAIRS:
         for mix, label in MIXES:
             for i, run in enumerate(runs, 1):
                 a, b = run.get((ours, mix)), run.get((peer, mix))
                 if not a or not b:
                     continue
-                ratio = a["rps"] / b["rps"]
-                cmds = f"{a['cmds']:.2f}, {b['cmds']:.2f}" if store == "Redis" else "–"
                 out.append(
                     f"| {store} | {label} (run {i}) | {a['rps']:,.0f} | {peer} | {b['rps']:,.0f} "
-                    f"| **{ratio:.2f}×** | {a['p99']}, {b['p99']} | {cmds} |"
+                    f"| **{a['rps'] / b['rps']:.2f}×** | {a['cpu']:.1f}, {b['cpu']:.1f} "
+                    f"| {a['cpu'] / b['cpu']:.2f}× | {a['cmds']}, {b['cmds']} |"
                 )
     return "\n".join(out)
 
 
 def svg(runs, path):
-    names = [n for pair in PAIRS for n in pair[:2]]
+    names = list(COLORS)
     groups = [(mix, label) for mix, label in MIXES]
     width, height, left, top, bottom = 900, 380, 70, 40, 70
     plot_w, plot_h = width - left - 20, height - top - bottom
@@ -93,7 +107,7 @@ def svg(runs, path):
                     f'{cell["rps"]:,.0f} req/s</title></rect>'
                 )
     for n, name in enumerate(names):
-        x = left + n * 150
+        x = left + n * 165
         parts.append(f'<rect x="{x}" y="{height - 22}" width="12" height="12" fill="{COLORS[name]}"/>')
         parts.append(f'<text x="{x + 18}" y="{height - 12}">{name}</text>')
     parts.append("</svg>")
