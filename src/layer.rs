@@ -15,8 +15,9 @@ use crate::guard::ClaimOpener;
 use crate::key::{ExtractKey, HeaderKey};
 use crate::observe::OutcomeEvent;
 use crate::order::EventOrder;
+use crate::phase::Config;
 use crate::rejection::RenderRejection;
-use crate::service::{Config, Idempotency};
+use crate::service::Idempotency;
 use crate::store::LocalCache;
 use crate::verify::VerifyRequest;
 

@@ -40,20 +40,11 @@ use tower_service::Service;
 use crate::answer::reject;
 use crate::body::{RequestBody, ResponseBody};
 use crate::classify::is_grpc;
-use crate::config::Settings;
 use crate::future::ResponseFuture;
-use crate::guard::ClaimOpener;
 use crate::key::ExtractKey;
-use crate::phase::prelude;
+use crate::phase::{Config, prelude};
 use crate::rejection::Rejection;
 use crate::store::BoxError;
-
-/// The claims (on the layer's store), the key extractor and the settings of one layer.
-pub(crate) struct Config<K> {
-    pub(crate) claims: ClaimOpener,
-    pub(crate) extractor: K,
-    pub(crate) settings: Arc<Settings>,
-}
 
 /// The middleware service built by [`IdempotencyLayer`](crate::IdempotencyLayer).
 pub struct Idempotency<S, K> {

@@ -34,12 +34,19 @@ use http_body::Body;
 use crate::answer::reject;
 use crate::body::{RequestBody, ResponseBody, read_request};
 use crate::config::{MissingKey, Settings};
-use crate::guard::ClaimGuard;
+use crate::guard::{ClaimGuard, ClaimOpener};
 use crate::key::ExtractKey;
 use crate::outcome::Outcome;
 use crate::rejection::Rejection;
-use crate::service::Config;
 use crate::store::BoxError;
+
+/// What the phases of a request read from its layer: the claims (on the layer's store), the
+/// key extractor and the settings. The layer builds it; the service hands it to every request.
+pub(crate) struct Config<K> {
+    pub(crate) claims: ClaimOpener,
+    pub(crate) extractor: K,
+    pub(crate) settings: Arc<Settings>,
+}
 
 /// What the phases before the call decided: answer now, or call the inner service.
 pub(crate) enum Prelude<B, ResBody> {

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use super::record::Record;
 use super::{Claim, Completion, OrderedEvent, Reservation, StoreError, StoreKey};
-use crate::IdempotencyStore;
-use crate::MemoryStore;
 use crate::order::EqualPositions;
+use crate::store::contract::IdempotencyStore;
+use crate::store::memory::MemoryStore;
 
 /// A store chosen at run time: one type for every backend, so that an application picks its
 /// store from configuration without being generic over it. Built by [`connect`] (or from a
@@ -38,11 +38,11 @@ pub struct AnyStore(Backend);
 enum Backend {
     Memory(MemoryStore),
     #[cfg(feature = "redis")]
-    Redis(crate::RedisStore),
+    Redis(crate::store::redis::RedisStore),
     #[cfg(feature = "postgres")]
-    Postgres(crate::PostgresStore),
+    Postgres(crate::store::sql::postgres::PostgresStore),
     #[cfg(feature = "sqlite")]
-    Sqlite(crate::SqliteStore),
+    Sqlite(crate::store::sql::sqlite::SqliteStore),
 }
 
 impl AnyStore {
@@ -94,22 +94,22 @@ impl From<MemoryStore> for AnyStore {
 }
 
 #[cfg(feature = "redis")]
-impl From<crate::RedisStore> for AnyStore {
-    fn from(store: crate::RedisStore) -> Self {
+impl From<crate::store::redis::RedisStore> for AnyStore {
+    fn from(store: crate::store::redis::RedisStore) -> Self {
         AnyStore(Backend::Redis(store))
     }
 }
 
 #[cfg(feature = "postgres")]
-impl From<crate::PostgresStore> for AnyStore {
-    fn from(store: crate::PostgresStore) -> Self {
+impl From<crate::store::sql::postgres::PostgresStore> for AnyStore {
+    fn from(store: crate::store::sql::postgres::PostgresStore) -> Self {
         AnyStore(Backend::Postgres(store))
     }
 }
 
 #[cfg(feature = "sqlite")]
-impl From<crate::SqliteStore> for AnyStore {
-    fn from(store: crate::SqliteStore) -> Self {
+impl From<crate::store::sql::sqlite::SqliteStore> for AnyStore {
+    fn from(store: crate::store::sql::sqlite::SqliteStore) -> Self {
         AnyStore(Backend::Sqlite(store))
     }
 }
@@ -215,7 +215,7 @@ async fn redis(url: &str) -> Result<AnyStore, ConnectError> {
         .build_pool(REDIS_CONNECTIONS)
         .map_err(backend)?;
     pool.init().await.map_err(backend)?;
-    let store = crate::RedisStore::new(pool);
+    let store = crate::store::redis::RedisStore::new(pool);
     // Saves the first call of each script a round trip (`NOSCRIPT`, then `EVAL`).
     store
         .load_scripts()
@@ -240,7 +240,7 @@ async fn postgres(url: &str) -> Result<AnyStore, ConnectError> {
         .connect(url)
         .await
         .map_err(|err| ConnectError::Backend(err.into()))?;
-    let store = crate::PostgresStore::new(pool);
+    let store = crate::store::sql::postgres::PostgresStore::new(pool);
     store
         .migrate()
         .await
@@ -274,9 +274,9 @@ async fn sqlite(url: &str) -> Result<AnyStore, ConnectError> {
         }
     };
     let opened = if exclusive {
-        crate::SqliteStore::open_exclusive(path).await
+        crate::store::sql::sqlite::SqliteStore::open_exclusive(path).await
     } else {
-        crate::SqliteStore::open(path).await
+        crate::store::sql::sqlite::SqliteStore::open(path).await
     };
     let store = opened.map_err(|err| ConnectError::Backend(err.into()))?;
     drop(store.spawn_purge(PURGE_EVERY));

@@ -20,8 +20,8 @@ use super::map::{ExpiringMap, Weigh};
 use super::record::Record;
 use super::slot::Slot;
 use super::{Claim, Completion, OrderedEvent, Reservation, StoreError, StoreErrorKind, StoreKey};
-use crate::IdempotencyStore;
 use crate::order::EqualPositions;
+use crate::store::contract::IdempotencyStore;
 
 /// How much earlier than the store a cached record expires: stores count time in whole
 /// milliseconds (Redis, SQL), rounded down from a clock read after the cache's own, so the
@@ -809,8 +809,8 @@ mod tests {
     use http::{HeaderMap, StatusCode};
 
     use super::*;
-    use crate::MemoryStore;
     use crate::fingerprint::Fingerprint;
+    use crate::store::memory::MemoryStore;
     use crate::store::record::{StoredResponse, StoredValue};
     use crate::store::slot::Slot;
 

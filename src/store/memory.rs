@@ -10,9 +10,9 @@ use super::slot::Slot;
 use super::{
     Claim, Completion, OrderedEvent, Reservation, StoreError, StoreErrorKind, StoreKey, Token,
 };
-use crate::IdempotencyStore;
 use crate::fingerprint::Fingerprint;
 use crate::order::{EqualPositions, Position};
+use crate::store::contract::IdempotencyStore;
 use crate::store::record::Record;
 
 /// What a full [`MemoryStore`] does with a new key.

@@ -20,10 +20,10 @@ use self::scripts::{
     RESERVE_ORDERED, completion, evalsha_with_reload, ordered_reservation, pipeline_replies,
     reservation, script_reply, scripts_pipelined, set_nx_get,
 };
-use crate::IdempotencyStore;
 use crate::order::EqualPositions;
 #[cfg(doc)]
 use crate::store::StoreErrorKind;
+use crate::store::contract::IdempotencyStore;
 use crate::store::record::{Record, StoredValue, encoded_owner};
 use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError, StoreKey, millis};
 

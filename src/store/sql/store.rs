@@ -12,9 +12,9 @@ use super::{
     DEFAULT_PURGE_BATCH, DEFAULT_TABLE, Dialect, InvalidTable, RESERVE_ATTEMPTS,
     completion_after_miss, held, millis, purge_in_batches, store_error, unsettled, validate_table,
 };
-use crate::IdempotencyStore;
 use crate::order::EqualPositions;
 use crate::order::Position;
+use crate::store::contract::IdempotencyStore;
 use crate::store::record::Record;
 use crate::store::{
     Claim, Completion, OrderedEvent, Reservation, StoreError, StoreErrorKind, StoreKey,
