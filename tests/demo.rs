@@ -275,6 +275,50 @@ async fn email_events_never_move_a_status_back() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
+/// The watermark is in the store: a receiver restarted on the same store still finds an
+/// older event of the message stale (no effect at the new process).
+#[cfg(any(feature = "sqlite", feature = "redis"))]
+async fn a_stale_event_stays_stale_after_a_restart(envs: &[(&str, &str)]) {
+    {
+        let demo = start_demo(envs);
+        let http = Http::new(&demo);
+        let delivered = email("evt_r2", "email.delivered", "2026-10-29T14:02:00Z");
+        let (status, headers, _) = http.send("POST", "/webhooks/email", &[], &delivered).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(headers.get("idempotent-stale").is_none());
+    }
+    let demo = start_demo(envs);
+    let http = Http::new(&demo);
+    let processed = email("evt_r1", "email.processed", "2026-10-29T14:01:00Z");
+    let (status, headers, _) = http.send("POST", "/webhooks/email", &[], &processed).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-stale"], "true");
+    assert_eq!(
+        http.effects().await["total"],
+        0,
+        "a stale event had an effect"
+    );
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_watermark_survives_a_receiver_restart_on_sqlite() {
+    let path = std::env::temp_dir().join(format!("demo-order-{}.db", std::process::id()));
+    let url = format!("sqlite://{}", path.display());
+    a_stale_event_stays_stale_after_a_restart(&[("DATABASE_URL", &url)]).await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_watermark_survives_a_receiver_restart_on_redis() {
+    let server = redis_server::RedisServer::start();
+    let url = server.url();
+    a_stale_event_stays_stale_after_a_restart(&[("REDIS_URL", &url)]).await;
+}
+
 /// The same on Redis, across two receivers: the watermark is in Redis, not in either process.
 #[cfg(feature = "redis")]
 #[tokio::test]
