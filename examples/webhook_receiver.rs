@@ -379,7 +379,12 @@ async fn store_from_env() -> Result<AnyStore, Error> {
     let url = std::env::var("REDIS_URL").or_else(|_| std::env::var("DATABASE_URL"));
     let Ok(url) = url else {
         let store = match std::env::var("MEMORY_MAX_ENTRIES") {
-            Ok(entries) => MemoryStore::new().with_max_entries(entries.parse()?),
+            Ok(entries) => {
+                let entries = entries
+                    .parse()
+                    .map_err(|err| format!("MEMORY_MAX_ENTRIES={entries:?}: {err}"))?;
+                MemoryStore::new().with_max_entries(entries)
+            }
             Err(_) => MemoryStore::new(),
         };
         return Ok(store.into());

@@ -17,7 +17,7 @@
 //! port, without persistence (`--save "" --appendonly no`), in its own temporary directory, and
 //! returns once it answers `PING`. The process is killed when the value is dropped. If
 //! `redis-server` cannot be found the harness **panics**: a missing server is a test failure,
-//! never a silent skip. In CI it is installed by `.ci/run`; locally, `apt-get install
+//! never a silent skip. In CI it is installed by `scripts/test`; locally, `apt-get install
 //! redis-server` (Redis 7.0 or later, for `SET ... NX GET`).
 //!
 //! Helpers: [`RedisServer::connect`] builds a fred client that reconnects by itself and fails
@@ -231,7 +231,7 @@ impl RedisServer {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
                 "\n\n*** `{binary}` NOT FOUND: the Redis integration tests need a real \
                  redis-server (7.0 or later) on PATH, or REDIS_SERVER_BIN set to one. \
-                 Install it (e.g. `apt-get install redis-server`); CI installs it in .ci/run. \
+                 Install it (e.g. `apt-get install redis-server`); scripts/test (which .ci/run runs) installs it. \
                  This is a failure, not a skip. ***\n"
             ),
             Err(e) => panic!("could not run `{binary}`: {e}"),

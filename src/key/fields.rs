@@ -6,7 +6,8 @@ use super::{ExtractKey, IdempotencyKey, KeyError, KeyInput, PathError};
 
 /// A key for senders without a stable id: a canonical hash of chosen trusted JSON fields.
 ///
-/// The fields are selected by RFC 9535 JSONPaths. Their values are written canonically (object
+/// The fields are selected by RFC 9535 JSONPaths (filters, descendants and slices with the
+/// `jsonpath` feature). Their values are written canonically (object
 /// members sorted by name, no insignificant whitespace) and hashed with SHA-256, so field order
 /// and formatting of the body do not matter, and fields not listed (a `user_agent`, a delivery
 /// timestamp) do not change the key. The key is `fields:` and 64 hex digits.

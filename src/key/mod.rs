@@ -10,6 +10,10 @@
 //! - closures: any `Fn(&http::request::Parts) -> Option<String>` is an extractor; [`from_body_fn`]
 //!   wraps a closure that reads the buffered body bytes.
 //!
+//! JSONPaths (of keys, fields, batch items and positions) made of members, indexes and
+//! wildcards need no feature; the other RFC 9535 forms (filters, descendants, slices) need the
+//! crate feature `jsonpath`, and without it are refused when the extractor is built.
+//!
 //! ```
 //! use http::Request;
 //! use tower_idempotency::key::{ExtractKey, HeaderKey, JsonPathKey, KeyInput};

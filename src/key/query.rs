@@ -37,13 +37,14 @@ impl ValuePath {
         #[cfg(not(feature = "jsonpath"))]
         Err(PathError::new(
             path,
-            "not a path of members (`.a`, `['a']`), indexes (`[0]`, `[-1]`) and wildcards \
-             (`[*]`, `.*`); filters, descendants, slices and the other RFC 9535 forms need the \
-             crate feature `jsonpath`",
+            "malformed, or not a path of members (`.a`, `['a']`), indexes (`[0]`, `[-1]`) and \
+             wildcards (`[*]`, `.*`): filters, descendants, slices and the other RFC 9535 forms \
+             need the crate feature `jsonpath`",
         ))
     }
 
-    /// The values the path selects in `root`, in document order.
+    /// The values the path selects in `root`, in the order of the parsed document (members of
+    /// an object in serde_json's order: by name, unless its `preserve_order` feature is on).
     pub(crate) fn select<'v>(&self, root: &'v Value) -> Vec<&'v Value> {
         match self {
             ValuePath::Simple(simple) => simple.select(root),

@@ -132,8 +132,9 @@ impl SimplePath {
 }
 
 impl SimplePath {
-    /// The values this path selects in a parsed document, in document order (as an RFC 9535
-    /// query returns them): what a batch's items and a fingerprint's fields are read with.
+    /// The values this path selects in a parsed document, in its order (an object's members in
+    /// serde_json's order, as `serde_json_path` returns them): what a batch's items and a
+    /// fingerprint's fields are read with.
     pub(crate) fn select<'v>(&self, root: &'v serde_json::Value) -> Vec<&'v serde_json::Value> {
         use serde_json::Value;
         let mut nodes = vec![root];

@@ -15,7 +15,8 @@ use crate::key::{JsonPathKey, KeyError, KeyErrorKind, KeyInput, MAX_KEY_PARTS, P
 /// WhatsApp status callback carries statuses of several messages (`sent`, `delivered`,
 /// `read`), each an event of its message.
 ///
-/// Paths inside an item are RFC 9535 JSONPaths on the item (`$` is the item). An item's key is
+/// Paths inside an item are RFC 9535 JSONPaths on the item (`$` is the item; filters,
+/// descendants and slices with the `jsonpath` feature). An item's key is
 /// the values at its key paths, joined with `:` (`wamid.A:read`): each item is claimed,
 /// recorded and released on its own, and the handler sees them in
 /// [`BatchItems`](crate::BatchItems). The items are read from the parsed body (a DOM), so

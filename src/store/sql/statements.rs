@@ -49,6 +49,7 @@ impl fmt::Debug for Sql {
     }
 }
 
+#[cfg(test)]
 impl PartialEq<&str> for Sql {
     fn eq(&self, other: &&str) -> bool {
         &*self.0 == *other
