@@ -82,6 +82,18 @@ async fn count(store: &PostgresStore) -> i64 {
 }
 
 suite::store_smoke!(async { (shared_store().await, ()) });
+
+/// The contract on the store `store::connect` makes from a `postgres://` URL (migrated).
+mod from_url {
+    use super::*;
+
+    contract::store_contract!(async {
+        let url = tokio::task::block_in_place(|| shared_server().url());
+        let store = tower_idempotency::store::connect(&url).await.unwrap();
+        assert_eq!(store.backend(), "postgres");
+        (store, ())
+    });
+}
 contract::store_contract!(async { (shared_store().await, ()) });
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,6 +48,25 @@ mod plain {
     });
 }
 
+/// The contract on the store `store::connect` makes from a `redis-cluster://` URL naming every
+/// node.
+mod from_url {
+    use super::*;
+
+    contract::store_contract!(async {
+        let cluster = RedisCluster::shared();
+        let ports = cluster.ports();
+        let nodes: Vec<String> = ports[1..]
+            .iter()
+            .map(|p| format!("node=127.0.0.1:{p}"))
+            .collect();
+        let url = format!("redis-cluster://127.0.0.1:{}?{}", ports[0], nodes.join("&"));
+        let store = tower_idempotency::store::connect(&url).await.unwrap();
+        assert_eq!(store.backend(), "redis");
+        (store, cluster)
+    });
+}
+
 /// The suite and the contract on a clustered pool with durable completion: every completed
 /// record waits for the replica of the primary owning its key.
 mod durable {

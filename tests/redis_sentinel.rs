@@ -48,6 +48,30 @@ mod plain {
     });
 }
 
+/// The contract on the store `store::connect` makes from a `redis-sentinel://` URL naming the
+/// sentinels and the service.
+mod from_url {
+    use super::*;
+
+    contract::store_contract!(async {
+        let deployment = RedisSentinel::shared();
+        let ports = deployment.sentinel_ports();
+        let nodes: Vec<String> = ports[1..]
+            .iter()
+            .map(|p| format!("node=127.0.0.1:{p}&"))
+            .collect();
+        let url = format!(
+            "redis-sentinel://127.0.0.1:{}?{}sentinelServiceName={}",
+            ports[0],
+            nodes.concat(),
+            redis_sentinel::SERVICE
+        );
+        let store = tower_idempotency::store::connect(&url).await.unwrap();
+        assert_eq!(store.backend(), "redis");
+        (store, deployment)
+    });
+}
+
 /// The suite and the contract on a pool with durable completion: every completed record waits
 /// for the replica.
 mod durable {
