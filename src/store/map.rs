@@ -95,9 +95,10 @@ struct Entry<V> {
     cost: usize,
 }
 
-/// The map is full: nothing could be evicted to make room (or eviction was not allowed).
+/// The map is full: nothing could be evicted to make room (or eviction was not allowed), or
+/// not enough within [`MAX_EVICTIONS`]. Holds the entries evicted trying, which are gone.
 #[derive(Debug)]
-pub(super) struct Full;
+pub(super) struct Full(pub(super) Vec<Evicted>);
 
 /// An entry evicted to make room: how long it had been in the map.
 #[derive(Clone, Copy, Debug)]
@@ -307,13 +308,13 @@ impl<V: Weigh> Table<V> {
         let mut evicted = Vec::new();
         if !self.entries.contains_key(&slot) {
             if self.max_entries == 0 || cost > self.max_bytes {
-                return Err(Full);
+                return Err(Full(evicted));
             }
             while self.entries.len() >= self.max_entries || self.bytes + cost > self.max_bytes {
                 let made_room = evict && evicted.len() < MAX_EVICTIONS;
                 match made_room.then(|| self.evict_oldest(now)).flatten() {
                     Some(one) => evicted.push(one),
-                    None => return Err(Full),
+                    None => return Err(Full(evicted)),
                 }
             }
         }
@@ -634,7 +635,9 @@ mod tests {
     #[test]
     fn entries_expire_and_memory_follows() {
         let map: ExpiringMap<Value> = ExpiringMap::new(1000, 1 << 30);
-        let short = Duration::from_millis(5);
+        // Long enough that a loaded machine inserts and counts them all before the first
+        // expires.
+        let short = Duration::from_millis(300);
         for i in 0..100 {
             let (mut table, now) = map.shard(&slot(i));
             table
@@ -642,7 +645,7 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(map.len(), 100);
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(400));
         map.for_each_shard(|_, _| {});
         assert_eq!(map.len(), 0);
         assert_eq!(map.bytes(), 0);

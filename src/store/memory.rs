@@ -250,7 +250,10 @@ impl MemoryStore {
                 self.report(&evicted);
                 Ok(())
             }
-            Err(Full) => Err(StoreError::new(StoreErrorKind::Capacity)),
+            Err(Full(evicted)) => {
+                self.report(&evicted);
+                Err(StoreError::new(StoreErrorKind::Capacity))
+            }
         }
     }
 
@@ -422,7 +425,7 @@ fn complete_in(
     // In place of the claim: always set, even past the byte bound (the next claims make room).
     match table.insert(*slot, state, retention, now, false) {
         Ok(_) => Completion::Written,
-        Err(Full) => Completion::Lost,
+        Err(Full(_)) => Completion::Lost,
     }
 }
 
