@@ -48,9 +48,10 @@ pub(crate) async fn timed<T>(
     {
         return result;
     }
-    // Boxed: only calls still pending after their first poll pay for a timer, and the future
-    // of every store call stays small.
-    match Box::pin(tokio::time::timeout(timeout, fut)).await {
+    // Only calls still pending after their first poll pay for a timer. Not boxed: the call's
+    // future is already boxed where the guard makes it, and a box here was one more
+    // allocation per store call.
+    match tokio::time::timeout(timeout, fut).await {
         Ok(result) => result,
         Err(_) => Err(StoreError::new(StoreErrorKind::Timeout)),
     }

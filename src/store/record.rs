@@ -48,6 +48,9 @@ pub const OWNER_LEN: usize = 3;
 /// The length of an encoded in-flight value: tag, token, fingerprint.
 pub const IN_FLIGHT_LEN: usize = 1 + 16 + Fingerprint::LEN;
 
+/// The length of [`StoredValue::owner_prefix`]: the tag and the token.
+pub(crate) const OWNER_PREFIX_LEN: usize = 1 + 16;
+
 /// A response kept for replay: status, allow-listed headers, body and trailers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredResponse {
@@ -200,29 +203,48 @@ impl Record {
     }
 
     fn encode_with_owner(&self, owner: &[u8; OWNER_LEN]) -> Bytes {
+        let mut out = BytesMut::with_capacity(self.encoded_len());
+        self.put_with_owner(owner, &mut out);
+        out.freeze()
+    }
+
+    /// Appends [`encode_for`](Self::encode_for)'s bytes to `out`, so that a store can send
+    /// them with other arguments out of one buffer.
+    pub(crate) fn put_for(&self, token: &Token, out: &mut BytesMut) {
+        self.put_with_owner(&owner_tag(token), out);
+    }
+
+    /// The length of the encoded record, exactly.
+    pub(crate) fn encoded_len(&self) -> usize {
+        let head = 1 + OWNER_LEN + Fingerprint::LEN;
         let Some(response) = &self.response else {
-            let mut out = BytesMut::with_capacity(1 + OWNER_LEN + Fingerprint::LEN);
+            return head;
+        };
+        let trailers = response.trailers.as_ref().map_or(0, headers_len);
+        head + 2 + headers_len(&response.headers) + 4 + response.body.len() + 1 + trailers
+    }
+
+    fn put_with_owner(&self, owner: &[u8; OWNER_LEN], out: &mut BytesMut) {
+        let Some(response) = &self.response else {
             out.put_u8(TAG_ACK);
             out.put_slice(owner);
             out.put_slice(self.fingerprint.as_bytes());
-            return out.freeze();
+            return;
         };
-        let mut out = BytesMut::with_capacity(64 + response.body.len());
         out.put_u8(TAG_REPLAY);
         out.put_slice(owner);
         out.put_slice(self.fingerprint.as_bytes());
         out.put_u16(response.status.as_u16());
-        put_headers(&mut out, &response.headers);
+        put_headers(out, &response.headers);
         out.put_u32(response.body.len() as u32);
         out.put_slice(&response.body);
         match &response.trailers {
             None => out.put_u8(0),
             Some(trailers) => {
                 out.put_u8(1);
-                put_headers(&mut out, trailers);
+                put_headers(out, trailers);
             }
         }
-        out.freeze()
     }
 }
 
@@ -237,6 +259,19 @@ fn owner_tag(token: &Token) -> [u8; OWNER_LEN] {
 /// both ack and replay records at offset 1 (what the Redis `complete` script compares).
 pub fn encoded_owner(token: &Token) -> Bytes {
     Bytes::copy_from_slice(&owner_tag(token))
+}
+
+/// Appends [`encoded_owner`]'s bytes to `out`.
+pub(crate) fn put_owner(token: &Token, out: &mut BytesMut) {
+    out.put_slice(&owner_tag(token));
+}
+
+/// What [`put_headers`] writes for `headers`.
+fn headers_len(headers: &HeaderMap) -> usize {
+    2 + headers
+        .iter()
+        .map(|(name, value)| 2 + name.as_str().len() + 4 + value.len())
+        .sum::<usize>()
 }
 
 fn put_headers(out: &mut BytesMut, headers: &HeaderMap) {
@@ -278,10 +313,15 @@ impl StoredValue {
 
     /// The first 17 bytes of the in-flight value of `token`: what a token check compares.
     pub fn owner_prefix(token: &Token) -> Bytes {
-        let mut out = BytesMut::with_capacity(17);
+        let mut out = BytesMut::with_capacity(OWNER_PREFIX_LEN);
+        Self::put_owner_prefix(token, &mut out);
+        out.freeze()
+    }
+
+    /// Appends [`owner_prefix`](Self::owner_prefix)'s bytes to `out`.
+    pub(crate) fn put_owner_prefix(token: &Token, out: &mut BytesMut) {
         out.put_u8(TAG_IN_FLIGHT);
         out.put_slice(token.as_bytes());
-        out.freeze()
     }
 
     /// Decodes a value written by [`Record::encode`] or [`StoredValue::encode_in_flight`].
@@ -431,6 +471,37 @@ mod tests {
                 fingerprint: fp
             }
         );
+    }
+
+    /// `encoded_len` is exact (the Redis store sizes one buffer for all its arguments with it),
+    /// and the bytes put into a shared buffer are the ones `encode_for` returns.
+    #[test]
+    fn encoded_len_is_exact_and_put_matches_encode() {
+        let token = Token::random();
+        let without_trailers = Record::replay(
+            Fingerprint::of_bytes(b"w"),
+            StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::new(), None),
+        );
+        for record in [
+            sample(),
+            without_trailers,
+            Record::ack(Fingerprint::of_bytes(b"y")),
+        ] {
+            assert_eq!(record.encoded_len(), record.encode().len());
+            let mut out = BytesMut::from(&b"prefix"[..]);
+            record.put_for(&token, &mut out);
+            assert_eq!(&out[..6], b"prefix");
+            assert_eq!(&out[6..], &record.encode_for(&token)[..]);
+        }
+        let mut out = BytesMut::new();
+        StoredValue::put_owner_prefix(&token, &mut out);
+        put_owner(&token, &mut out);
+        assert_eq!(out.len(), OWNER_PREFIX_LEN + OWNER_LEN);
+        assert_eq!(
+            &out[..OWNER_PREFIX_LEN],
+            &StoredValue::owner_prefix(&token)[..]
+        );
+        assert_eq!(&out[OWNER_PREFIX_LEN..], &encoded_owner(&token)[..]);
     }
 
     #[test]

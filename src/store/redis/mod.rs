@@ -8,6 +8,7 @@ mod scripts;
 use std::fmt;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use fred::clients::{Client, Pool};
 use fred::interfaces::{KeysInterface, LuaInterface};
 use fred::types::Value;
@@ -24,7 +25,7 @@ use crate::order::EqualPositions;
 #[cfg(doc)]
 use crate::store::StoreErrorKind;
 use crate::store::contract::IdempotencyStore;
-use crate::store::record::{Record, StoredValue, encoded_owner};
+use crate::store::record::{OWNER_LEN, OWNER_PREFIX_LEN, Record, StoredValue, put_owner};
 use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError, StoreKey, millis};
 
 /// The Redis store, on [`fred`]: standalone, cluster and sentinel, one round trip per call,
@@ -514,12 +515,23 @@ where
 }
 
 /// The arguments of the `complete` script for `claim`, `record` and `retention`.
+///
+/// The three byte strings are slices of one buffer: fred clones every argument it sends, and a
+/// clone of a slice of a shared buffer only counts a reference, where a clone of bytes made on
+/// their own allocates (two allocations per completion instead of six).
 fn complete_args(claim: &Claim, record: &Record, retention: Duration) -> Vec<Value> {
+    let token = claim.token();
+    let mut buf = BytesMut::with_capacity(OWNER_PREFIX_LEN + OWNER_LEN + record.encoded_len());
+    StoredValue::put_owner_prefix(token, &mut buf);
+    let prefix = buf.split().freeze();
+    put_owner(token, &mut buf);
+    let owner = buf.split().freeze();
+    record.put_for(token, &mut buf);
     vec![
-        Value::Bytes(StoredValue::owner_prefix(claim.token())),
-        Value::Bytes(record.encode_for(claim.token())),
+        Value::Bytes(prefix),
+        Value::Bytes(buf.freeze()),
         Value::Integer(millis(retention)),
-        Value::Bytes(encoded_owner(claim.token())),
+        Value::Bytes(owner),
     ]
 }
 
