@@ -119,7 +119,9 @@ async fn decide<B, ResBody>(
     if let Some(busy) = busy(&answers) {
         // Let go of what this request claimed, so the other holder's items are not blocked.
         guard.keep(&answers);
-        guard.release().await;
+        // The rare paths' store calls are boxed: awaited inline, their futures would make the
+        // prelude's (boxed on every request) several times larger.
+        Box::pin(guard.release()).await;
         return Prelude::reject(settings, busy_rejection(busy, &fingerprint, settings), grpc);
     }
     guard.keep(&answers);
@@ -137,7 +139,7 @@ async fn decide<B, ResBody>(
             if batch.nothing_new() {
                 // Every new item is stale: acknowledged, and recorded, without the handler.
                 guard.set_items(batch);
-                guard.settle(Ending::Succeeded(None)).await;
+                Box::pin(guard.settle(Ending::Succeeded(None))).await;
                 let (position, watermark) = stale_at.unwrap_or_default();
                 return Prelude::Respond(stale(settings, grpc, position, watermark));
             }
@@ -146,7 +148,7 @@ async fn decide<B, ResBody>(
         }
         None => match stale_at {
             Some((position, watermark)) if !pass_on => {
-                guard.settle(Ending::Succeeded(None)).await;
+                Box::pin(guard.settle(Ending::Succeeded(None))).await;
                 return Prelude::Respond(stale(settings, grpc, position, watermark));
             }
             Some((position, watermark)) => {
