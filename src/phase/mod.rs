@@ -16,7 +16,9 @@
 //! 6. **settle**: success or failure decided by the one classifier, then the claim recorded or
 //!    released ([`settle::finish`], and the streamed body for responses too large to hold).
 //!
-//! Phases 1 to 4 make the [`Prelude`]: one future, boxed once per request.
+//! Phases 1 to 4 make the [`Prelude`]: one future, boxed once per request (under 1 KiB, in the
+//! allocator's per-thread cache); the request they claim travels in a box of its own
+//! ([`claim::Claiming`]), so that no async step keeps a copy of it.
 //!
 //! [`Targets`]: crate::guard::Targets
 
@@ -107,7 +109,12 @@ where
             Ok(None) => return missing_key(settings, &config.extractor, parts, body, grpc),
             Err(rejection) => return Prelude::reject(settings, rejection, grpc),
         };
-        claim::claim(&config.claims, settings, parts, body, derived, grpc).await
+        let request = Box::new(claim::Claiming {
+            parts,
+            body,
+            derived,
+        });
+        claim::claim(&config.claims, settings, request, grpc).await
     }
 }
 
