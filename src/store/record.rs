@@ -199,7 +199,9 @@ impl Record {
     /// The encoded record as completed by the claim of `token` (its owner tag set to the
     /// token's), whatever owner the record holds: what a store writes in `complete`.
     pub fn encode_for(&self, token: &Token) -> Bytes {
-        self.encode_with_owner(&owner_tag(token))
+        let mut out = BytesMut::with_capacity(self.encoded_len());
+        self.put_for(token, &mut out);
+        out.freeze()
     }
 
     fn encode_with_owner(&self, owner: &[u8; OWNER_LEN]) -> Bytes {
@@ -258,7 +260,9 @@ fn owner_tag(token: &Token) -> [u8; OWNER_LEN] {
 /// The prefix of a record written by the claim of `token`: tag byte excluded, so it matches
 /// both ack and replay records at offset 1 (what the Redis `complete` script compares).
 pub fn encoded_owner(token: &Token) -> Bytes {
-    Bytes::copy_from_slice(&owner_tag(token))
+    let mut out = BytesMut::with_capacity(OWNER_LEN);
+    put_owner(token, &mut out);
+    out.freeze()
 }
 
 /// Appends [`encoded_owner`]'s bytes to `out`.
