@@ -48,6 +48,9 @@
 //!     valgrind --tool=callgrind target/release/deps/layer-<hash>
 //! ```
 //!
+//! On a noisy host, `scripts/icount SCENARIO..` counts instructions per request with callgrind
+//! in this profile mode (set-up subtracted): a figure that does not move between runs.
+//!
 //! Results and how to read them: `benches/results/RESULTS.md`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
