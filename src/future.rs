@@ -210,9 +210,10 @@ struct Outer<'a> {
     renewal: &'a mut Option<Renewal>,
 }
 
+/// Drives the state machine: prelude, inner call, finishing.
 fn poll_state<S, ReqBody, ResBody>(
     mut state: Pin<&mut State<S, ReqBody, ResBody>>,
-    outer: Outer<'_>,
+    mut outer: Outer<'_>,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Response<ResponseBody<ResBody>>, S::Error>>
 where
@@ -233,23 +234,9 @@ where
                     guard,
                     outcome,
                 } => {
-                    match &guard {
-                        None => *outer.outcome_on_err = outcome,
-                        Some(guard) => *outer.renewal = Some(guard.renewal()),
-                    }
-                    let mut inner = inner.take().expect("polled after the inner call");
-                    let fut = inner.call(request);
-                    let timer = match (&guard, outer.settings) {
-                        (Some(guard), _) => guard.inner_stopwatch(),
-                        (None, Some(s)) => s.observer.stopwatch(),
-                        (None, None) => Stopwatch::OFF,
-                    };
-                    state.set(State::Calling {
-                        fut,
-                        guard,
-                        outcome,
-                        timer,
-                    });
+                    let inner = inner.take().expect("polled after the inner call");
+                    let calling = start_call(inner, request, guard, outcome, &mut outer);
+                    state.set(calling);
                 }
             },
             StateProj::Calling {
@@ -277,6 +264,37 @@ where
                 return Poll::Ready(Ok(response));
             }
         }
+    }
+}
+
+/// Calls the inner service with a request the prelude let through: the state that awaits it.
+/// An unprotected request's `Err` reports the prelude's outcome; a claimed one's claim starts
+/// its renewal clock, and its handler's time is measured by the claim.
+fn start_call<S, ReqBody, ResBody>(
+    mut inner: S,
+    request: Request<RequestBody<ReqBody>>,
+    guard: Option<ClaimGuard>,
+    outcome: Outcome,
+    outer: &mut Outer<'_>,
+) -> State<S, ReqBody, ResBody>
+where
+    S: Service<Request<RequestBody<ReqBody>>>,
+{
+    match &guard {
+        None => *outer.outcome_on_err = outcome,
+        Some(guard) => *outer.renewal = Some(guard.renewal()),
+    }
+    let fut = inner.call(request);
+    let timer = match (&guard, outer.settings) {
+        (Some(guard), _) => guard.inner_stopwatch(),
+        (None, Some(settings)) => settings.observer.stopwatch(),
+        (None, None) => Stopwatch::OFF,
+    };
+    State::Calling {
+        fut,
+        guard,
+        outcome,
+        timer,
     }
 }
 

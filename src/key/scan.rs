@@ -590,6 +590,14 @@ impl<'a, P: Borrow<SimplePath>> Scanner<'a, '_, P> {
                     self.array(depth, rest)
                 }
             }
+            _ => self.scalar(ends, start),
+        }
+    }
+
+    /// Reads the scalar at the current position (`start`), recorded for the paths in `ends`
+    /// that end there.
+    fn scalar(&mut self, ends: u64, start: usize) -> Parsed<()> {
+        match self.peek() {
             Some(b'"') => {
                 let span = self.string()?;
                 if ends != 0 {
@@ -879,32 +887,43 @@ impl<'a, P: Borrow<SimplePath>> Scanner<'a, '_, P> {
                 _ => return Err(self.unexpected("expected a value")),
             }
             // A value is complete: continue or close the enclosing containers.
-            loop {
-                if level == 0 {
-                    return Ok(());
+            match self.after_value(objects, level)? {
+                Some(open) => level = open,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Goes on after a complete value inside `level` open containers (`objects` has a 1 for
+    /// each that is an object): reads a `,` and the next member's name, or closes containers.
+    /// The number of containers still open when another value follows; `None` once the
+    /// outermost is closed.
+    fn after_value(&mut self, objects: u128, mut level: usize) -> Parsed<Option<usize>> {
+        loop {
+            if level == 0 {
+                return Ok(None);
+            }
+            self.skip_ws();
+            let in_object = (objects >> (level - 1)) & 1 == 1;
+            match self.peek() {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_ws();
+                    if in_object {
+                        self.member_name()?;
+                    }
+                    return Ok(Some(level));
                 }
-                self.skip_ws();
-                let in_object = (objects >> (level - 1)) & 1 == 1;
-                match self.peek() {
-                    Some(b',') => {
-                        self.pos += 1;
-                        self.skip_ws();
-                        if in_object {
-                            self.member_name()?;
-                        }
-                        continue 'value;
-                    }
-                    Some(b'}') if in_object => {
-                        self.pos += 1;
-                        level -= 1;
-                    }
-                    Some(b']') if !in_object => {
-                        self.pos += 1;
-                        level -= 1;
-                    }
-                    _ if in_object => return Err(self.unexpected("expected ',' or '}'")),
-                    _ => return Err(self.unexpected("expected ',' or ']'")),
+                Some(b'}') if in_object => {
+                    self.pos += 1;
+                    level -= 1;
                 }
+                Some(b']') if !in_object => {
+                    self.pos += 1;
+                    level -= 1;
+                }
+                _ if in_object => return Err(self.unexpected("expected ',' or '}'")),
+                _ => return Err(self.unexpected("expected ',' or ']'")),
             }
         }
     }
@@ -1015,33 +1034,7 @@ impl<'a, P: Borrow<SimplePath>> Scanner<'a, '_, P> {
         let mut exponent: i64 = 0;
         if let Some(b'e' | b'E') = bytes.get(i) {
             integer = false;
-            i += 1;
-            let negative = match bytes.get(i) {
-                Some(b'-') => {
-                    i += 1;
-                    true
-                }
-                Some(b'+') => {
-                    i += 1;
-                    false
-                }
-                _ => false,
-            };
-            let digits_start = i;
-            while let Some(&d @ b'0'..=b'9') = bytes.get(i) {
-                // Saturate: only whether the magnitude passes 308 matters.
-                exponent = (exponent * 10 + i64::from(d - b'0')).min(1 << 40);
-                i += 1;
-            }
-            if i == digits_start {
-                return Err(Syntax {
-                    at: i,
-                    what: "invalid number",
-                });
-            }
-            if negative {
-                exponent = -exponent;
-            }
+            (i, exponent) = read_exponent(bytes, i + 1)?;
         }
         self.pos = i;
         let number = Number {
@@ -1142,6 +1135,36 @@ fn bits(mut mask: u64) -> impl Iterator<Item = usize> {
         mask &= mask - 1;
         Some(bit)
     })
+}
+
+/// Reads the exponent of a number whose `e` or `E` ends before `i`: an optional sign and at
+/// least one digit. Returns the offset after it and its value, saturated (only whether the
+/// magnitude passes 308 matters).
+fn read_exponent(bytes: &[u8], mut i: usize) -> Result<(usize, i64), Syntax> {
+    let negative = match bytes.get(i) {
+        Some(b'-') => {
+            i += 1;
+            true
+        }
+        Some(b'+') => {
+            i += 1;
+            false
+        }
+        _ => false,
+    };
+    let digits_start = i;
+    let mut exponent: i64 = 0;
+    while let Some(&d @ b'0'..=b'9') = bytes.get(i) {
+        exponent = (exponent * 10 + i64::from(d - b'0')).min(1 << 40);
+        i += 1;
+    }
+    if i == digits_start {
+        return Err(Syntax {
+            at: i,
+            what: "invalid number",
+        });
+    }
+    Ok((i, if negative { -exponent } else { exponent }))
 }
 
 /// The offset of the first byte at or after `i` that is not an ASCII digit.
