@@ -418,6 +418,21 @@ mod tests {
             Rejection::StoreUnavailable { retry_after: wait },
         ];
         for rejection in every {
+            // A new variant stops this from compiling until it is listed: the reminder to add
+            // it to `every` too.
+            match rejection {
+                Rejection::PayloadTooLarge { .. }
+                | Rejection::BodyTimeout
+                | Rejection::BodyUnreadable
+                | Rejection::Unverified(_)
+                | Rejection::MissingKey { .. }
+                | Rejection::MalformedKey(_)
+                | Rejection::MalformedOrder(_)
+                | Rejection::InFlight { .. }
+                | Rejection::ObjectInFlight { .. }
+                | Rejection::Mismatch
+                | Rejection::StoreUnavailable { .. } => {}
+            }
             let code = rejection.code();
             assert!(
                 docs.contains(&format!("\n## {code}\n")),
