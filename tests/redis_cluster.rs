@@ -16,7 +16,6 @@ mod suite;
 
 use std::collections::BTreeMap;
 use std::error::Error as _;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
@@ -465,68 +464,19 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
 /// one call at a time (printed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_completion_cost() {
-    let cluster = RedisCluster::shared();
-    let client = cluster.connect().await;
-    let plain = RedisStore::new(client.clone());
-    let durable = RedisStore::new(client).durable_completion(1, Duration::from_millis(500));
-    plain.load_scripts().await.unwrap();
-    let plain_times = scale_out::complete_latencies(&plain, "cost-plain", 1000).await;
-    let durable_times = scale_out::complete_latencies(&durable, "cost-durable", 1000).await;
-    println!("cluster complete latency, 1000 sequential calls on loopback (debug build):");
-    println!("  plain   {}", scale_out::summary(&plain_times));
-    println!("  durable {}", scale_out::summary(&durable_times));
+    let deployment = RedisCluster::shared();
+    let client = deployment.connect().await;
+    scale_out::print_completion_cost("cluster", client).await;
 }
 
-fn load() -> scale_out::Load {
-    scale_out::Load {
-        // Ride through the failover (about 3 s): store calls wait for the new primary rather
-        // than fail, so completions are not lost while it is elected; and claims outlive it,
-        // so that a completion delayed by the failover still finds its claim.
-        store_timeout: Duration::from_secs(10),
-        lease: Duration::from_secs(8),
-        ..scale_out::Load::default()
-    }
-}
-
-async fn ride_through_pool(mut builder: Builder) -> Pool {
-    builder
-        .with_performance_config(|perf| perf.default_command_timeout = Duration::from_secs(10))
-        .with_connection_config(|conn| conn.max_command_attempts = 10);
-    let pool = builder.build_pool(4).unwrap();
-    pool.init().await.unwrap();
-    pool
-}
-
-/// Runs the failover load on a fresh cluster, killing the primary of a third of the keys.
+/// Runs the failover load on a fresh deployment, riding through the failover.
 async fn failover_under_load(durable: bool) -> scale_out::Report {
-    failover_under(load(), durable, true).await
-}
-
-async fn failover_under(
-    load: scale_out::Load,
-    durable: bool,
-    ride_through: bool,
-) -> scale_out::Report {
-    let cluster = Arc::new(Mutex::new(RedisCluster::start()));
-    let builder = cluster.lock().unwrap().builder();
-    let pool = if ride_through {
-        ride_through_pool(builder).await
-    } else {
-        let pool = builder.build_pool(4).unwrap();
-        pool.init().await.unwrap();
-        pool
-    };
-    let mut store = RedisStore::new(pool);
-    if durable {
-        store = store.durable_completion(1, Duration::from_millis(50));
-    }
-    let victim = StoreKey::new("anything", None, "x");
-    let fixture = cluster.clone();
-    scale_out::deliver_through_failover(store, load, move || {
-        let mut cluster = fixture.lock().unwrap();
-        let killed = cluster.kill_master_of(victim.as_str());
-        cluster.wait_for_failover(killed, Duration::from_secs(20));
-    })
+    scale_out::failover_under(
+        RedisCluster::start(),
+        scale_out::ride_through_load(),
+        durable,
+        true,
+    )
     .await
 }
 
@@ -601,7 +551,13 @@ impl scale_out::Topology for RedisCluster {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_with_a_store_timeout_shorter_than_the_failover() {
     for durable in [false, true] {
-        let report = failover_under(scale_out::Load::default(), durable, false).await;
+        let report = scale_out::failover_under(
+            RedisCluster::start(),
+            scale_out::Load::default(),
+            durable,
+            false,
+        )
+        .await;
         println!("cluster failover, default timeouts, durable completion {durable}: {report}");
         assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
         assert!(report.unacknowledged.is_empty(), "{report}");

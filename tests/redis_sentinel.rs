@@ -16,7 +16,6 @@ mod scale_out;
 mod suite;
 
 use std::error::Error as _;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
@@ -265,65 +264,17 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
 async fn durable_completion_cost() {
     let deployment = RedisSentinel::shared();
     let client = deployment.connect().await;
-    let plain = RedisStore::new(client.clone());
-    let durable = RedisStore::new(client).durable_completion(1, Duration::from_millis(500));
-    plain.load_scripts().await.unwrap();
-    let plain_times = scale_out::complete_latencies(&plain, "cost-plain", 1000).await;
-    let durable_times = scale_out::complete_latencies(&durable, "cost-durable", 1000).await;
-    println!("sentinel complete latency, 1000 sequential calls on loopback (debug build):");
-    println!("  plain   {}", scale_out::summary(&plain_times));
-    println!("  durable {}", scale_out::summary(&durable_times));
+    scale_out::print_completion_cost("sentinel", client).await;
 }
 
-fn load() -> scale_out::Load {
-    scale_out::Load {
-        // Ride through the failover (about 3 s): store calls wait for the new primary rather
-        // than fail, so completions are not lost while it is elected; and claims outlive it,
-        // so that a completion delayed by the failover still finds its claim.
-        store_timeout: Duration::from_secs(10),
-        lease: Duration::from_secs(8),
-        ..scale_out::Load::default()
-    }
-}
-
-async fn ride_through_pool(mut builder: Builder) -> Pool {
-    builder
-        .with_performance_config(|perf| perf.default_command_timeout = Duration::from_secs(10))
-        .with_connection_config(|conn| conn.max_command_attempts = 10);
-    let pool = builder.build_pool(4).unwrap();
-    pool.init().await.unwrap();
-    pool
-}
-
-/// Runs the failover load on a fresh deployment, killing its primary.
+/// Runs the failover load on a fresh deployment, riding through the failover.
 async fn failover_under_load(durable: bool) -> scale_out::Report {
-    failover_under(load(), durable, true).await
-}
-
-async fn failover_under(
-    load: scale_out::Load,
-    durable: bool,
-    ride_through: bool,
-) -> scale_out::Report {
-    let deployment = Arc::new(Mutex::new(RedisSentinel::start()));
-    let builder = deployment.lock().unwrap().builder();
-    let pool = if ride_through {
-        ride_through_pool(builder).await
-    } else {
-        let pool = builder.build_pool(4).unwrap();
-        pool.init().await.unwrap();
-        pool
-    };
-    let mut store = RedisStore::new(pool);
-    if durable {
-        store = store.durable_completion(1, Duration::from_millis(50));
-    }
-    let fixture = deployment.clone();
-    scale_out::deliver_through_failover(store, load, move || {
-        let mut deployment = fixture.lock().unwrap();
-        let killed = deployment.kill_master();
-        deployment.wait_for_failover(killed, Duration::from_secs(30));
-    })
+    scale_out::failover_under(
+        RedisSentinel::start(),
+        scale_out::ride_through_load(),
+        durable,
+        true,
+    )
     .await
 }
 
@@ -399,7 +350,13 @@ impl scale_out::Topology for RedisSentinel {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_with_a_store_timeout_shorter_than_the_failover() {
     for durable in [false, true] {
-        let report = failover_under(scale_out::Load::default(), durable, false).await;
+        let report = scale_out::failover_under(
+            RedisSentinel::start(),
+            scale_out::Load::default(),
+            durable,
+            false,
+        )
+        .await;
         println!("sentinel failover, default timeouts, durable completion {durable}: {report}");
         assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
         assert!(report.unacknowledged.is_empty(), "{report}");

@@ -7,7 +7,10 @@
 //!   [`Report`] lists lost and doubled effects;
 //! - [`lost_write_failover`]: one event across a failover that loses the primary's last,
 //!   unreplicated writes, set up on purpose on any [`Topology`];
-//! - [`complete_latencies`] and [`summary`]: the latency of `complete`, one call at a time.
+//! - [`failover_under`]: [`deliver_through_failover`] on a fresh [`Topology`] whose primary
+//!   is killed, through a pool that rides through the failover or keeps the defaults;
+//! - [`complete_latencies`] and [`summary`]: the latency of `complete`, one call at a time
+//!   ([`print_completion_cost`]: plain against durable).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -313,6 +316,66 @@ pub trait Topology: Send + 'static {
     fn kill_primary_of(&mut self, key: &str) -> u16;
     /// Waits until a replica of the killed primary has taken over; returns its port.
     fn wait_for_failover(&self, killed: u16) -> u16;
+}
+
+/// The load that rides through a failover (about 3 s): store calls wait for the new primary
+/// rather than fail, so completions are not lost while it is elected; and claims outlive it,
+/// so that a completion delayed by the failover still finds its claim.
+pub fn ride_through_load() -> Load {
+    Load {
+        store_timeout: Duration::from_secs(10),
+        lease: Duration::from_secs(8),
+        ..Load::default()
+    }
+}
+
+/// Runs `load` on `topology` (freshly started) while the primary of a key is killed (in a
+/// cluster, of a third of the keys), through a pool of 4 that retries commands for 10 s when
+/// `ride_through`, with fred's defaults otherwise; with durable completion (`WAIT 1`, 50 ms)
+/// or not.
+pub async fn failover_under<T: Topology>(
+    topology: T,
+    load: Load,
+    durable: bool,
+    ride_through: bool,
+) -> Report {
+    let mut builder = topology.builder();
+    if ride_through {
+        builder
+            .with_performance_config(|perf| perf.default_command_timeout = Duration::from_secs(10))
+            .with_connection_config(|conn| conn.max_command_attempts = 10);
+    }
+    let pool = builder.build_pool(4).unwrap();
+    pool.init().await.unwrap();
+    let mut store = RedisStore::new(pool);
+    if durable {
+        store = store.durable_completion(1, Duration::from_millis(50));
+    }
+    let victim = StoreKey::new("anything", None, "x");
+    // Kept until the deliveries are over: dropping it stops the servers.
+    let topology = Arc::new(Mutex::new(topology));
+    let failing = topology.clone();
+    let report = deliver_through_failover(store, load, move || {
+        let mut topology = failing.lock().unwrap();
+        let killed = topology.kill_primary_of(victim.as_str());
+        topology.wait_for_failover(killed);
+    })
+    .await;
+    drop(topology);
+    report
+}
+
+/// Prints the latency of `complete` without and with `WAIT 1`, on loopback, 1000 calls one at
+/// a time through `client`, under `label`.
+pub async fn print_completion_cost(label: &str, client: Client) {
+    let plain = RedisStore::new(client.clone());
+    let durable = RedisStore::new(client).durable_completion(1, Duration::from_millis(500));
+    plain.load_scripts().await.unwrap();
+    let plain_times = complete_latencies(&plain, "cost-plain", 1000).await;
+    let durable_times = complete_latencies(&durable, "cost-durable", 1000).await;
+    println!("{label} complete latency, 1000 sequential calls on loopback (debug build):");
+    println!("  plain   {}", summary(&plain_times));
+    println!("  durable {}", summary(&durable_times));
 }
 
 /// One event across a failover that loses the primary's last writes, set up on purpose, through
