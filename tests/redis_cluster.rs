@@ -460,61 +460,7 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
     }
 }
 
-/// What durable completion costs: `complete` latency without and with `WAIT 1`, on loopback,
-/// one call at a time (printed).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn durable_completion_cost() {
-    let deployment = RedisCluster::shared();
-    let client = deployment.connect().await;
-    scale_out::print_completion_cost("cluster", client).await;
-}
-
-/// Runs the failover load on a fresh deployment, riding through the failover.
-async fn failover_under_load(durable: bool) -> scale_out::Report {
-    scale_out::failover_under(
-        RedisCluster::start(),
-        scale_out::ride_through_load(),
-        durable,
-        true,
-    )
-    .await
-}
-
-/// Deliveries keep flowing while the primary of a third of the keys is killed: every event
-/// acknowledged 2xx got its effect, and with durable completion none got it twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failover_under_load_with_durable_completion() {
-    let report = failover_under_load(true).await;
-    println!("cluster failover, durable completion: {report}");
-    assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
-    assert!(report.unacknowledged.is_empty(), "{report}");
-    assert!(report.doubled.is_empty(), "doubled: {:?}", report.doubled);
-}
-
-/// The same without durable completion: nothing lost; double effects measured and printed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failover_under_load_without_durable_completion() {
-    let report = failover_under_load(false).await;
-    println!("cluster failover, plain completion: {report}");
-    assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
-    assert!(report.unacknowledged.is_empty(), "{report}");
-}
-
-/// A failover that loses the primary's last writes, set up on purpose (see
-/// `scale_out::lost_write_failover`): the plain record dies with the primary and the duplicate
-/// is processed again; the durable completion, cut off while waiting, is sent again to the
-/// promoted replica (which holds the claim) and the duplicate is answered from the record.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unreplicated_completion_lost_in_failover_plain_vs_durable() {
-    let plain = scale_out::lost_write_failover(RedisCluster::start(), false).await;
-    let durable = scale_out::lost_write_failover(RedisCluster::start(), true).await;
-    println!(
-        "cluster, one event across a failover that loses unreplicated writes: \
-         {plain} effects plain, {durable} durable"
-    );
-    assert_eq!(plain, 2, "the plain record was lost with the primary");
-    assert_eq!(durable, 1, "the durable record survived");
-}
+scale_out::failover_tests!(RedisCluster, "cluster");
 
 impl scale_out::Topology for RedisCluster {
     fn builder(&self) -> Builder {
@@ -540,26 +486,5 @@ impl scale_out::Topology for RedisCluster {
 
     fn wait_for_failover(&self, killed: u16) -> u16 {
         RedisCluster::wait_for_failover(self, killed, Duration::from_secs(30))
-    }
-}
-
-/// With the defaults instead (store timeout 2 s, fred command timeout 1.5 s, shorter than the
-/// failover), completions attempted during the switch fail: their responses still go out
-/// (the effect happened), their claims stay until the lease expires, and the provider's
-/// duplicate is then processed again, durable completion or not. Nothing is lost; the double
-/// effects are printed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failover_with_a_store_timeout_shorter_than_the_failover() {
-    for durable in [false, true] {
-        let report = scale_out::failover_under(
-            RedisCluster::start(),
-            scale_out::Load::default(),
-            durable,
-            false,
-        )
-        .await;
-        println!("cluster failover, default timeouts, durable completion {durable}: {report}");
-        assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
-        assert!(report.unacknowledged.is_empty(), "{report}");
     }
 }

@@ -554,3 +554,85 @@ fn admin_command(port: u16, args: &[&str]) -> String {
         None => line,
     }
 }
+
+/// The failover tests of one deployment type, as `#[tokio::test]`s of the file that invokes
+/// it: `$deployment` has `shared()` (an `Arc` of a running deployment, with `connect()`) and
+/// `start()` (a fresh one, a [`Topology`]); `$label` names it in what they print.
+#[macro_export]
+macro_rules! failover_tests {
+    ($deployment:ty, $label:literal) => {
+        /// What durable completion costs: `complete` latency without and with `WAIT 1`, on
+        /// loopback, one call at a time (printed).
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn durable_completion_cost() {
+            let deployment = <$deployment>::shared();
+            let client = deployment.connect().await;
+            scale_out::print_completion_cost($label, client).await;
+        }
+
+        /// Deliveries keep flowing while a primary is killed and a replica takes over: every
+        /// event acknowledged 2xx got its effect, and with durable completion none got it
+        /// twice.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn failover_under_load_with_durable_completion() {
+            let load = scale_out::ride_through_load();
+            let report = scale_out::failover_under(<$deployment>::start(), load, true, true).await;
+            println!("{} failover, durable completion: {report}", $label);
+            assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
+            assert!(report.unacknowledged.is_empty(), "{report}");
+            assert!(report.doubled.is_empty(), "doubled: {:?}", report.doubled);
+        }
+
+        /// The same without durable completion: nothing lost; double effects measured and
+        /// printed.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn failover_under_load_without_durable_completion() {
+            let load = scale_out::ride_through_load();
+            let report = scale_out::failover_under(<$deployment>::start(), load, false, true).await;
+            println!("{} failover, plain completion: {report}", $label);
+            assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
+            assert!(report.unacknowledged.is_empty(), "{report}");
+        }
+
+        /// With the defaults instead (store timeout 2 s, fred command timeout 1.5 s, shorter
+        /// than the failover), completions attempted during the switch fail: their responses
+        /// still go out (the effect happened), their claims stay until the lease expires, and
+        /// the provider's duplicate is then processed again, durable completion or not.
+        /// Nothing is lost; the double effects are printed.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn failover_with_a_store_timeout_shorter_than_the_failover() {
+            for durable in [false, true] {
+                let load = scale_out::Load::default();
+                let report =
+                    scale_out::failover_under(<$deployment>::start(), load, durable, false).await;
+                println!(
+                    "{} failover, default timeouts, durable completion {durable}: {report}",
+                    $label
+                );
+                assert!(report.lost.is_empty(), "lost: {:?}", report.lost);
+                assert!(report.unacknowledged.is_empty(), "{report}");
+            }
+        }
+
+        /// A failover that loses the primary's last writes, set up on purpose (see
+        /// `scale_out::lost_write_failover`): the plain record dies with the primary and the
+        /// duplicate is processed again; the durable completion, cut off while waiting, is
+        /// sent again to the promoted replica (which holds the claim) and the duplicate is
+        /// answered from the record.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn unreplicated_completion_lost_in_failover_plain_vs_durable() {
+            let plain = scale_out::lost_write_failover(<$deployment>::start(), false).await;
+            let durable = scale_out::lost_write_failover(<$deployment>::start(), true).await;
+            println!(
+                "{}, one event across a failover that loses unreplicated writes: \
+                 {plain} effects plain, {durable} durable",
+                $label
+            );
+            assert_eq!(plain, 2, "the plain record was lost with the primary");
+            assert_eq!(durable, 1, "the durable record survived");
+        }
+    };
+}
+
+#[allow(unused_imports)]
+pub use failover_tests;
