@@ -6,6 +6,8 @@
 mod contract;
 #[path = "support/postgres_server.rs"]
 mod postgres_server;
+#[path = "support/sql_purge.rs"]
+mod sql_purge;
 mod suite;
 
 use std::sync::OnceLock;
@@ -433,50 +435,7 @@ async fn purge_removes_only_expired_rows() {
     .execute(store.pool())
     .await
     .unwrap();
-    // 30 live rows through the store: 15 in flight, 15 completed.
-    let mut live = Vec::new();
-    for i in 0..30 {
-        let key = StoreKey::new("purge", None, &i.to_string());
-        let c = claim(b"live");
-        store.reserve(&key, &c, LEASE).await.unwrap();
-        if i % 2 == 1 {
-            store
-                .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
-                .await
-                .unwrap();
-        }
-        live.push(key);
-    }
-    assert_eq!(count(&store).await, 2530);
-
-    assert_eq!(store.purge_expired(1000).await.unwrap(), 2500);
-    assert_eq!(count(&store).await, 30);
-    assert_eq!(store.purge_expired(1000).await.unwrap(), 0);
-    for (i, key) in live.iter().enumerate() {
-        let found = store.reserve(key, &claim(b"live"), LEASE).await.unwrap();
-        if i % 2 == 1 {
-            assert!(matches!(found, Reservation::Completed(_)), "{found:?}");
-        } else {
-            assert!(matches!(found, Reservation::InFlight { .. }), "{found:?}");
-        }
-    }
-
-    // The background purge removes rows as they expire.
-    for i in 0..20 {
-        let key = StoreKey::new("purge-bg", None, &i.to_string());
-        store
-            .reserve(&key, &claim(b"x"), Duration::from_millis(1))
-            .await
-            .unwrap();
-    }
-    let purge = store.spawn_purge(Duration::from_millis(50));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while count(&store).await > 30 {
-        assert!(tokio::time::Instant::now() < deadline, "not purged");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    purge.abort();
-    assert_eq!(count(&store).await, 30);
+    sql_purge::removes_only_expired_rows(&store, async || count(&store).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
