@@ -268,8 +268,9 @@ where
 }
 
 /// Calls the inner service with a request the prelude let through: the state that awaits it.
-/// An unprotected request's `Err` reports the prelude's outcome; a claimed one's claim starts
-/// its renewal clock, and its handler's time is measured by the claim.
+/// An unprotected request's `Err` reports the prelude's outcome; a claimed one hands its
+/// claim's renewal to the future (armed only if the handler is still busy when next polled),
+/// and its handler's time is measured by the claim.
 fn start_call<S, ReqBody, ResBody>(
     mut inner: S,
     request: Request<RequestBody<ReqBody>>,
