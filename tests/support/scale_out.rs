@@ -339,14 +339,8 @@ pub async fn failover_under<T: Topology>(
     durable: bool,
     ride_through: bool,
 ) -> Report {
-    let mut builder = topology.builder();
-    if ride_through {
-        builder
-            .with_performance_config(|perf| perf.default_command_timeout = Duration::from_secs(10))
-            .with_connection_config(|conn| conn.max_command_attempts = 10);
-    }
-    let pool = builder.build_pool(4).unwrap();
-    pool.init().await.unwrap();
+    let patience = ride_through.then_some(Duration::from_secs(10));
+    let pool = pool_to(&topology, 4, patience).await;
     let mut store = RedisStore::new(pool);
     if durable {
         store = store.durable_completion(1, Duration::from_millis(50));
@@ -363,6 +357,21 @@ pub async fn failover_under<T: Topology>(
     .await;
     drop(topology);
     report
+}
+
+/// A connected pool of `size` clients to `topology`. With `patience`, each command waits up to
+/// that long and is sent up to 10 times, so that it rides through a failover; fred's defaults
+/// otherwise.
+async fn pool_to<T: Topology>(topology: &T, size: usize, patience: Option<Duration>) -> Pool {
+    let mut builder = topology.builder();
+    if let Some(timeout) = patience {
+        builder
+            .with_performance_config(|perf| perf.default_command_timeout = timeout)
+            .with_connection_config(|conn| conn.max_command_attempts = 10);
+    }
+    let pool = builder.build_pool(size).unwrap();
+    pool.init().await.unwrap();
+    pool
 }
 
 /// Prints the latency of `complete` without and with `WAIT 1`, on loopback, 1000 calls one at
@@ -403,12 +412,7 @@ pub async fn lost_write_failover<T: Topology>(topology: T, durable: bool) -> usi
     let namespace = "lost-write";
     let store_key = StoreKey::new(namespace, None, "evt_1");
     let (primary, replica) = topology.primary_and_replica(store_key.as_str());
-    let mut builder = topology.builder();
-    builder
-        .with_performance_config(|perf| perf.default_command_timeout = Duration::from_secs(15))
-        .with_connection_config(|conn| conn.max_command_attempts = 10);
-    let pool = builder.build_pool(2).unwrap();
-    pool.init().await.unwrap();
+    let pool = pool_to(&topology, 2, Some(Duration::from_secs(15))).await;
     // Without the local cache: the duplicate must ask Redis, as another instance would (the
     // instance that completed the key would answer it from its cache, record lost or not).
     let mut store = RedisStore::new(pool);
