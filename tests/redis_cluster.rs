@@ -74,14 +74,14 @@ mod durable {
     suite::store_smoke!(async {
         let cluster = RedisCluster::shared();
         let store = RedisStore::new(cluster.connect_pool(2).await)
-            .durable_completion(1, Duration::from_millis(500));
+            .durable_completion(1, Duration::from_secs(1));
         (store, cluster)
     });
 
     contract::store_contract!(async {
         let cluster = RedisCluster::shared();
         let store = RedisStore::new(cluster.connect_pool(2).await)
-            .durable_completion(1, Duration::from_millis(500));
+            .durable_completion(1, Duration::from_secs(1));
         (store, cluster)
     });
 }
@@ -122,7 +122,7 @@ async fn a_batch_spread_over_every_primary() {
     let plain = RedisStore::new(cluster.connect().await);
     batch_over_every_primary(&cluster, "plain", plain).await;
     let durable = RedisStore::new(cluster.connect_pool(2).await)
-        .durable_completion(1, Duration::from_millis(500));
+        .durable_completion(1, Duration::from_secs(1));
     batch_over_every_primary(&cluster, "durable", durable).await;
 }
 
@@ -407,8 +407,13 @@ async fn complete_eventually<St: IdempotencyStore>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_completion_waits_on_the_primary_owning_the_key() {
     let cluster = RedisCluster::start();
-    let timeout = Duration::from_millis(200);
-    let store = RedisStore::new(cluster.connect_pool(3).await).durable_completion(1, timeout);
+    // Long enough for a healthy replica on a loaded 2-core CI machine (200 ms was not: a
+    // healthy primary's `WAIT` once timed out there with 0 acknowledgements); each completion
+    // on the frozen primary waits it out.
+    let timeout = Duration::from_secs(1);
+    // Commands may take longer than the `WAIT` (the fixture's 1.5 s would be close to it).
+    let pool = scale_out::pool_to(&cluster, 3, Some(Duration::from_secs(5))).await;
+    let store = RedisStore::new(pool).durable_completion(1, timeout);
     let primaries = cluster.primaries();
     let frozen_primary = primaries[0];
     let frozen_replica = cluster.replicas_of(frozen_primary)[0];

@@ -79,14 +79,14 @@ mod durable {
     suite::store_smoke!(async {
         let deployment = RedisSentinel::shared();
         let store = RedisStore::new(deployment.connect_pool(2).await)
-            .durable_completion(1, Duration::from_millis(500));
+            .durable_completion(1, Duration::from_secs(1));
         (store, deployment)
     });
 
     contract::store_contract!(async {
         let deployment = RedisSentinel::shared();
         let store = RedisStore::new(deployment.connect_pool(2).await)
-            .durable_completion(1, Duration::from_millis(500));
+            .durable_completion(1, Duration::from_secs(1));
         (store, deployment)
     });
 }
@@ -130,8 +130,11 @@ fn not_replicated(error: &tower_idempotency::store::StoreError) -> &NotReplicate
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
     let deployment = RedisSentinel::start();
-    let timeout = Duration::from_millis(200);
-    let pool = deployment.connect_pool(3).await;
+    // Long enough for a healthy replica on a loaded 2-core CI machine (200 ms was not, for the
+    // same test on the cluster); each completion while the replica is frozen waits it out.
+    let timeout = Duration::from_secs(1);
+    // Commands may take longer than the `WAIT` (the fixture's 1.5 s would be close to it).
+    let pool = scale_out::pool_to(&deployment, 3, Some(Duration::from_secs(5))).await;
     let store = RedisStore::new(pool.clone()).durable_completion(1, timeout);
     assert_eq!(store.durability(), Some((1, timeout)));
 

@@ -362,7 +362,7 @@ pub async fn failover_under<T: Topology>(
 /// A connected pool of `size` clients to `topology`. With `patience`, each command waits up to
 /// that long and is sent up to 10 times, so that it rides through a failover; fred's defaults
 /// otherwise.
-async fn pool_to<T: Topology>(topology: &T, size: usize, patience: Option<Duration>) -> Pool {
+pub async fn pool_to<T: Topology>(topology: &T, size: usize, patience: Option<Duration>) -> Pool {
     let mut builder = topology.builder();
     if let Some(timeout) = patience {
         builder
