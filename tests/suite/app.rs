@@ -25,6 +25,8 @@ pub struct Effects {
     items: Arc<Mutex<HashMap<String, usize>>>,
     /// Events applied by `/ordered`, and each object's state.
     ordered: Arc<Mutex<Ordered>>,
+    /// Handlers asked to hold (`x-demo-hold`) wait until it is open ([`Effects::open_gate`]).
+    gate: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 /// What `/ordered` applied: each event's effects, in order, and each object's state (the
@@ -63,6 +65,11 @@ impl Effects {
         self.ordered.lock().unwrap().clone()
     }
 
+    /// Lets the handlers held by `x-demo-hold` go on (and every later one pass).
+    pub fn open_gate(&self) {
+        self.gate.send_replace(true);
+    }
+
     /// Waits until `n` handlers have started.
     pub async fn wait_started(&self, n: usize) {
         for _ in 0..500 {
@@ -75,14 +82,24 @@ impl Effects {
     }
 }
 
-async fn effect(State(effects): State<Effects>, headers: HeaderMap, _body: Bytes) -> Response {
-    let n = effects.started.fetch_add(1, Ordering::SeqCst) + 1;
+/// Where a handler works: `x-demo-delay-ms: N` takes N ms; `x-demo-hold` holds it until the
+/// test opens the gate (an in-flight window that no machine is too slow for).
+async fn work(effects: &Effects, headers: &HeaderMap) {
     if let Some(ms) = headers
         .get("x-demo-delay-ms")
         .and_then(|v| v.to_str().ok()?.parse().ok())
     {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
+    if headers.contains_key("x-demo-hold") {
+        let mut gate = effects.gate.subscribe();
+        gate.wait_for(|open| *open).await.expect("the gate is kept");
+    }
+}
+
+async fn effect(State(effects): State<Effects>, headers: HeaderMap, _body: Bytes) -> Response {
+    let n = effects.started.fetch_add(1, Ordering::SeqCst) + 1;
+    work(&effects, &headers).await;
     if headers.contains_key("x-demo-panic") {
         panic!("handler panicked on purpose");
     }
@@ -106,12 +123,7 @@ async fn items(
     headers: HeaderMap,
 ) -> Response {
     effects.started.fetch_add(1, Ordering::SeqCst);
-    if let Some(ms) = headers
-        .get("x-demo-delay-ms")
-        .and_then(|v| v.to_str().ok()?.parse().ok())
-    {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
+    work(&effects, &headers).await;
     let Some(Extension(items)) = items else {
         return (StatusCode::CREATED, "no items").into_response();
     };
@@ -136,7 +148,7 @@ async fn items(
 
 /// Applies an ordered event `{"event_id", "object", "seq"}`: sets the object's state to `seq`
 /// (last writer wins: only the layer keeps an older event from overwriting a newer one).
-/// `x-demo-fail` fails it (500) without an effect; `x-demo-delay-ms` delays it.
+/// `x-demo-fail` fails it (500) without an effect; `x-demo-delay-ms` or `x-demo-hold` delays it.
 async fn ordered(
     State(effects): State<Effects>,
     stale: Option<Extension<tower_idempotency::order::StaleEvent>>,
@@ -144,12 +156,7 @@ async fn ordered(
     body: Bytes,
 ) -> Response {
     effects.started.fetch_add(1, Ordering::SeqCst);
-    if let Some(ms) = headers
-        .get("x-demo-delay-ms")
-        .and_then(|v| v.to_str().ok()?.parse().ok())
-    {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
+    work(&effects, &headers).await;
     if headers.contains_key("x-demo-fail") {
         return (StatusCode::INTERNAL_SERVER_ERROR, "failed on purpose").into_response();
     }

@@ -231,7 +231,7 @@ pub async fn duplicate_in_flight_is_409_with_retry_after<St: IdempotencyStore>(s
         tokio::spawn(async move {
             let mut req = post("/effect", Some("k1"), "{}");
             req.headers_mut()
-                .insert("x-demo-delay-ms", "300".parse().unwrap());
+                .insert("x-demo-hold", "1".parse().unwrap());
             send(&app, req).await
         })
     };
@@ -240,6 +240,7 @@ pub async fn duplicate_in_flight_is_409_with_retry_after<St: IdempotencyStore>(s
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(headers["retry-after"], "1");
     assert_problem(&headers, &body, 409, "in_flight");
+    effects.open_gate();
     let (status, _, _) = slow.await.unwrap();
     assert_eq!(status, StatusCode::CREATED);
     let (status, headers, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
@@ -403,7 +404,7 @@ pub async fn slow_handler_keeps_its_claim_by_renewal<St: IdempotencyStore>(store
     let effects = Effects::default();
     let app = router(
         layer(store, "lease")
-            .lease(Duration::from_millis(300))
+            .lease(Duration::from_secs(1))
             .mode(Mode::Replay),
         &effects,
     );
@@ -411,15 +412,16 @@ pub async fn slow_handler_keeps_its_claim_by_renewal<St: IdempotencyStore>(store
         let app = app.clone();
         tokio::spawn(async move {
             let mut req = post("/effect", Some("k1"), "{}");
-            // Four leases long: only renewal keeps the claim.
+            // Four leases long: only renewal keeps the claim. (A lease of a second: a renewal
+            // that a loaded machine delays by a few hundred ms still comes in time.)
             req.headers_mut()
-                .insert("x-demo-delay-ms", "1200".parse().unwrap());
+                .insert("x-demo-delay-ms", "4000".parse().unwrap());
             send(&app, req).await
         })
     };
     effects.wait_started(1).await;
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
         // Past the first lease, the claim is still held: a duplicate meanwhile is a 409.
         let (status, headers, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
         assert_eq!(status, StatusCode::CONFLICT);
@@ -642,9 +644,9 @@ pub async fn batch_item_in_flight_elsewhere_is_409_and_releases_its_claims<St: I
     let app = router(items_layer(store, "items-409"), &effects);
     let slow = {
         let app = app.clone();
-        tokio::spawn(async move {
-            send(&app, post_batch(&["A", "B"], &[("x-demo-delay-ms", "600")])).await
-        })
+        tokio::spawn(
+            async move { send(&app, post_batch(&["A", "B"], &[("x-demo-hold", "1")])).await },
+        )
     };
     effects.wait_started(1).await;
     let (status, headers, body) = send(&app, post_batch(&["B", "C"], &[])).await;
@@ -654,6 +656,7 @@ pub async fn batch_item_in_flight_elsewhere_is_409_and_releases_its_claims<St: I
     let (status, _, body) = send(&app, post_batch(&["C"], &[])).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(body, "C");
+    effects.open_gate();
     assert_eq!(slow.await.unwrap().0, StatusCode::CREATED);
     let (status, _, body) = send(&app, post_batch(&["B", "C"], &[])).await;
     assert_eq!(status, StatusCode::OK, "{body:?}");

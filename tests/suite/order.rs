@@ -90,11 +90,7 @@ pub async fn one_event_of_an_object_at_a_time<St: IdempotencyStore>(store: St) {
     let slow = {
         let app = app.clone();
         tokio::spawn(async move {
-            send(
-                &app,
-                deliver(event("e5", "m1", 5), &[("x-demo-delay-ms", "300")]),
-            )
-            .await
+            send(&app, deliver(event("e5", "m1", 5), &[("x-demo-hold", "1")])).await
         })
     };
     effects.wait_started(1).await;
@@ -105,6 +101,7 @@ pub async fn one_event_of_an_object_at_a_time<St: IdempotencyStore>(store: St) {
     // Another object is not held up.
     let (status, _, _) = send(&app, deliver(event("x1", "m2", 1), &[])).await;
     assert_eq!(status, StatusCode::CREATED);
+    effects.open_gate();
     assert_eq!(slow.await.unwrap().0, StatusCode::CREATED);
     // The retry of e4 now finds it stale; e6 is processed.
     let (status, headers, _) = send(&app, deliver(event("e4", "m1", 4), &[])).await;
