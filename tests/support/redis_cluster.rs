@@ -168,7 +168,11 @@ impl RedisCluster {
         if let Some(cluster) = shared.upgrade() {
             return cluster;
         }
-        let cluster = Arc::new(RedisCluster::start());
+        // Nobody kills its nodes: a longer node timeout, so that a node starved of CPU on a
+        // loaded machine is not failed over under the tests that share it.
+        let cluster = Arc::new(RedisCluster::start_with_node_timeout(Duration::from_secs(
+            5,
+        )));
         *shared = Arc::downgrade(&cluster);
         cluster
     }

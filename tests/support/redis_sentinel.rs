@@ -52,6 +52,11 @@ pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(1500);
 /// considered down.
 pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
 
+/// `down-after-milliseconds` of the [shared](RedisSentinel::shared) deployment, which nobody
+/// kills: longer, so that a primary starved of CPU on a loaded machine is not failed over under
+/// the tests that share it.
+const SHARED_DOWN_AFTER: Duration = Duration::from_secs(5);
+
 /// A primary, its replica, and three sentinels.
 pub struct RedisSentinel {
     /// Data nodes: the initial primary, then the initial replica.
@@ -71,6 +76,11 @@ impl RedisSentinel {
     /// Like [`RedisSentinel::start`], with an explicit `redis-server` binary (by default
     /// `$REDIS_SERVER_BIN`, or from `PATH`), which also runs the sentinels.
     pub fn start_with_binary(binary: &str) -> Self {
+        Self::start_with(binary, DOWN_AFTER)
+    }
+
+    /// Like [`RedisSentinel::start_with_binary`], with another `down-after-milliseconds`.
+    fn start_with(binary: &str, down_after: Duration) -> Self {
         let dir = TempDir::new("redis-sentinel");
         let data_node = |name: &str, replica_of: Option<u16>| {
             let node_dir = dir.subdir(name);
@@ -138,7 +148,7 @@ impl RedisSentinel {
                      sentinel parallel-syncs {SERVICE} 1\n",
                     dir = sentinel_dir.display(),
                     log = log.display(),
-                    down = DOWN_AFTER.as_millis(),
+                    down = down_after.as_millis(),
                 );
                 std::fs::write(&conf, text).expect("write sentinel.conf");
                 vec![conf.to_string_lossy().into_owned(), "--sentinel".into()]
@@ -163,7 +173,10 @@ impl RedisSentinel {
         if let Some(deployment) = shared.upgrade() {
             return deployment;
         }
-        let deployment = Arc::new(RedisSentinel::start());
+        let deployment = Arc::new(RedisSentinel::start_with(
+            &nodes::redis_server_binary(),
+            SHARED_DOWN_AFTER,
+        ));
         *shared = Arc::downgrade(&deployment);
         deployment
     }

@@ -268,7 +268,11 @@ use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError, Sto
 /// primary returns as a replica), every completion waits the full `timeout`, holds its
 /// connection that long and ends in a [`NotReplicated`]: keep `timeout` short (tens of
 /// milliseconds), prefer a [`Pool`], and keep the client's `default_command_timeout` well above
-/// `timeout`. Claims and releases are never waited for.
+/// `timeout`. Claims and releases are never waited for. A primary that does not have the script
+/// yet (after its start, or a failover) answers the pair's `EVALSHA` with `NOSCRIPT`, and the
+/// pair is sent again with `EVAL`: that first completion waits for its replicas twice, the first
+/// time without having written anything. [`RedisStore::load_scripts`] at start-up spares the
+/// primaries there then.
 ///
 /// `WAIT` is not consensus. It does not stop a primary from accepting writes, and with several
 /// replicas per primary a failover may promote one that had not acknowledged. If the key's slot
