@@ -28,6 +28,9 @@ use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, S
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
+/// The retention of a record that must expire during a test: long enough that the next
+/// reserve still finds it on a loaded machine, short enough to wait out.
+const RECORD_RETENTION: Duration = Duration::from_secs(1);
 
 /// The server shared by the tests that never stop it. Kept for the whole test process; its
 /// watchdog removes it when the process exits.
@@ -46,10 +49,23 @@ async fn pool(url: &str, max_connections: u32) -> PgPool {
         .unwrap_or_else(|e| panic!("could not connect to {url}: {e}"))
 }
 
+/// A pool of `connections` connections opened one at a time, for the tests that race them
+/// all at once: that many connection starts at once (one server process each) can outlast the
+/// pool's acquire timeout on a loaded machine.
+async fn warm_pool(url: &str, connections: u32) -> PgPool {
+    let pool = pool(url, connections).await;
+    let mut open = Vec::new();
+    for _ in 0..connections {
+        open.push(pool.acquire().await.expect("open a connection"));
+    }
+    drop(open);
+    pool
+}
+
 /// A migrated store on the shared server, in the default table.
 async fn shared_store() -> PostgresStore {
     let url = tokio::task::block_in_place(|| shared_server().url());
-    let store = PostgresStore::new(pool(&url, 8).await);
+    let store = PostgresStore::new(warm_pool(&url, 8).await);
     store.migrate().await.unwrap();
     store
 }
@@ -58,7 +74,7 @@ async fn shared_store() -> PostgresStore {
 async fn own_table_store(name: &str) -> PostgresStore {
     let url = tokio::task::block_in_place(|| shared_server().url());
     let table = format!("{name}_{}", std::process::id());
-    let store = PostgresStore::new(pool(&url, 8).await)
+    let store = PostgresStore::new(warm_pool(&url, 8).await)
         .with_table(&table)
         .unwrap();
     sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
@@ -255,7 +271,7 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
     assert!(
         store
-            .complete(&key, &first, &record, Duration::from_millis(50))
+            .complete(&key, &first, &record, RECORD_RETENTION)
             .await
             .unwrap()
             .is_recorded()
@@ -264,7 +280,7 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
         store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
         Reservation::Completed(record)
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(RECORD_RETENTION + Duration::from_millis(200)).await;
     assert_eq!(
         store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
         Reservation::Acquired
@@ -274,7 +290,7 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_concurrent_claims_have_exactly_one_winner() {
     let url = tokio::task::block_in_place(|| shared_server().url());
-    let store = PostgresStore::new(pool(&url, 50).await);
+    let store = PostgresStore::new(warm_pool(&url, 50).await);
     store.migrate().await.unwrap();
     let ns = suite::ns("pg-race");
     for round in 0..10 {
@@ -642,7 +658,7 @@ async fn batch_racing_an_uncommitted_insert_reports_the_winner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn opposite_batches_never_deadlock() {
     let url = tokio::task::block_in_place(|| shared_server().url());
-    let store = PostgresStore::new(pool(&url, 16).await);
+    let store = PostgresStore::new(warm_pool(&url, 16).await);
     store.migrate().await.unwrap();
     let ns = suite::ns("pg-batch-deadlock");
     for round in 0..5 {

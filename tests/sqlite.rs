@@ -21,6 +21,9 @@ use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, S
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
+/// The retention of a record that must expire during a test: long enough that the next
+/// reserve still finds it on a loaded machine, short enough to wait out.
+const RECORD_RETENTION: Duration = Duration::from_secs(1);
 
 /// A temporary directory, removed on drop.
 struct TempDir(PathBuf);
@@ -219,14 +222,14 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     store.reserve(&key, &first, LEASE).await.unwrap();
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
     store
-        .complete(&key, &first, &record, Duration::from_millis(30))
+        .complete(&key, &first, &record, RECORD_RETENTION)
         .await
         .unwrap();
     assert_eq!(
         store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
         Reservation::Completed(record)
     );
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    tokio::time::sleep(RECORD_RETENTION + Duration::from_millis(200)).await;
     assert_eq!(
         store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
         Reservation::Acquired
