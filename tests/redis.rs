@@ -153,9 +153,9 @@ async fn redis_restart_then_retries_are_processed_once() {
     let store = RedisStore::new(server.connect().await);
     let effects = Effects::default();
     let app = router(
-        IdempotencyLayer::new(store)
-            .namespace("restart")
-            .store_timeout(Duration::from_millis(500)),
+        // The default store timeout (2 s): the call before the kill must not time out on a
+        // loaded machine; the ones after it fail as the client sees the server gone.
+        IdempotencyLayer::new(store).namespace("restart"),
         &effects,
     );
     let (status, _, _) = send(&app, post("/effect", Some("before"), "{}")).await;
@@ -201,21 +201,26 @@ async fn lease_of_a_dead_instance_expires_then_processed_once() {
             .fingerprint(false),
         &effects,
     );
-    // What the dead instance left behind: its claim, with a 400 ms lease, never settled.
+    // What the dead instance left behind: its claim, with a 1.5 s lease, never settled.
     let key = StoreKey::new("dead", Some("/effect"), "evt_1");
+    let lease = Duration::from_millis(1500);
+    let claimed = tokio::time::Instant::now();
     store
-        .reserve(
-            &key,
-            &Claim::new(Fingerprint::NONE),
-            Duration::from_millis(400),
-        )
+        .reserve(&key, &Claim::new(Fingerprint::NONE), lease)
         .await
         .unwrap();
     let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
     assert_eq!(status, StatusCode::CONFLICT);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
+    // The sender retries while it gets 409; once the lease has run out, the event is processed.
+    let status = loop {
+        let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
+        if status != StatusCode::CONFLICT || claimed.elapsed() > lease * 4 {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(status, StatusCode::CREATED);
+    assert!(claimed.elapsed() >= lease, "processed while the lease ran");
     let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(effects.total(), 1);
