@@ -301,21 +301,20 @@ mod on_redis {
     }
 
     /// A record read from Redis is cached for `read_ttl` (Redis's reserve does not say how
-    /// long the record has left): B reads a record of A's that expires in 500 ms, answers it
+    /// long the record has left): B reads a record of A's that expires in 1 s, answers it
     /// from its cache a little past that (the event was processed: only the retention is
-    /// longer), and claims the key once its `read_ttl` (1.5 s here) is over.
+    /// longer), and claims the key once its `read_ttl` (3 s here) is over.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_record_read_is_cached_for_read_ttl() {
         let server = RedisServer::start();
         let a = instance(&server).await;
-        let b = instance(&server)
-            .await
-            .read_ttl(Duration::from_millis(1500));
+        let b = instance(&server).await.read_ttl(Duration::from_secs(3));
         let key = StoreKey::new("expiry", None, "evt_1");
         let owner = claim();
         a.reserve(&key, &owner, LEASE).await.unwrap();
         let record = Record::ack(owner.fingerprint());
-        let retention = Duration::from_millis(500);
+        // B reads the record at once, well within its retention.
+        let retention = Duration::from_secs(1);
         assert_eq!(
             a.complete(&key, &owner, &record, retention).await.unwrap(),
             Completion::Written
@@ -326,6 +325,7 @@ mod on_redis {
         ));
         cached(b.cache(), 1).await;
 
+        // Past the retention; 1.8 s before B's read_ttl runs out.
         tokio::time::sleep(retention + Duration::from_millis(200)).await;
         let monitor = server.monitor();
         assert!(matches!(
@@ -338,7 +338,8 @@ mod on_redis {
             "expired in Redis, still a cache hit within read_ttl"
         );
 
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        // 3.2 s at least after B's read: past read_ttl.
+        tokio::time::sleep(Duration::from_millis(2000)).await;
         let next = claim();
         assert_eq!(
             b.reserve(&key, &next, LEASE).await.unwrap(),
@@ -355,7 +356,10 @@ mod on_redis {
     async fn a_key_deleted_by_hand_is_seen_after_read_ttl_or_clear() {
         let server = RedisServer::start();
         let writer = instance(&server).await;
-        let reader = instance(&server).await.read_ttl(Duration::from_millis(300));
+        // Long enough that the reader still holds it after the `DEL` on a loaded machine.
+        let reader = instance(&server)
+            .await
+            .read_ttl(Duration::from_millis(1500));
         let key = StoreKey::new("by-hand", None, "evt_1");
         let owner = claim();
         writer.reserve(&key, &owner, LEASE).await.unwrap();
@@ -378,7 +382,8 @@ mod on_redis {
             ));
         }
 
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // 1.7 s at least after the reader's read: past its read_ttl.
+        tokio::time::sleep(Duration::from_millis(1700)).await;
         let again = claim();
         assert_eq!(
             reader.reserve(&key, &again, LEASE).await.unwrap(),

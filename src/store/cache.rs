@@ -1023,13 +1023,15 @@ mod tests {
         let inner = MemoryStore::new();
         let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_secs(60));
         let k = key(1);
-        complete(&inner, &k, Duration::from_millis(300)).await;
+        // Read at once, well within the retention.
+        let retention = Duration::from_secs(1);
+        complete(&inner, &k, retention).await;
         assert!(matches!(
             store.reserve(&k, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
         assert_eq!(store.len(), 1, "cached with the expiry the store told");
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(retention + Duration::from_millis(200)).await;
         // The record expired in the store: so did the entry, long before `read_ttl`.
         assert_claimed_anew(&store, &k).await;
     }
@@ -1081,21 +1083,24 @@ mod tests {
     #[tokio::test]
     async fn a_record_read_without_its_expiry_lives_read_ttl() {
         let inner = Untold::default();
-        let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_millis(300));
+        // Read at once, well within the retention (500 ms); cached for read_ttl (2 s).
+        let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_secs(2));
         let k = key(1);
-        complete(&inner.0, &k, Duration::from_millis(100)).await;
+        complete(&inner.0, &k, Duration::from_millis(500)).await;
         let Reservation::Completed(read) = store.reserve(&k, &claim(), LEASE).await.unwrap() else {
             panic!("completed");
         };
         assert_eq!(read.expires_in(), None, "the store did not tell");
         assert_eq!(store.len(), 1, "cached for read_ttl");
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // 600 ms at least after the completion, past the retention; 1.4 s before read_ttl.
+        tokio::time::sleep(Duration::from_millis(600)).await;
         // Gone from the store, still answered from the cache: the event was processed.
         assert!(matches!(
             store.reserve(&k, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // 2.1 s at least after the read: past read_ttl.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_claimed_anew(&store, &k).await;
     }
 
@@ -1138,7 +1143,7 @@ mod tests {
     #[tokio::test]
     async fn records_read_from_the_store_live_read_ttl() {
         let inner = Counting::default();
-        let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_millis(300));
+        let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_secs(1));
         let k = key(1);
         complete(&inner.store, &k, RETENTION).await;
         assert!(matches!(
@@ -1150,7 +1155,7 @@ mod tests {
             Reservation::Completed(_)
         ));
         assert_eq!(inner.calls(), 1, "the second duplicate is a cache hit");
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
         assert!(matches!(
             store.reserve(&k, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
@@ -1168,10 +1173,10 @@ mod tests {
     #[tokio::test]
     async fn entries_expire_with_the_retention_or_max_ttl() {
         let inner = Counting::default();
-        let store = CachedStore::new(inner.clone()).max_ttl(Duration::from_millis(600));
+        let store = CachedStore::new(inner.clone()).max_ttl(Duration::from_secs(2));
         // Retention shorter than max_ttl: the entry never outlives the record.
         let short = key(1);
-        complete(&store, &short, Duration::from_millis(300)).await;
+        complete(&store, &short, Duration::from_millis(500)).await;
         // Retention longer than max_ttl: kept max_ttl.
         let long = key(2);
         complete(&store, &long, RETENTION).await;
@@ -1185,7 +1190,8 @@ mod tests {
         }
         assert_eq!(inner.calls(), calls);
 
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // Past the short retention (500 ms), 1.3 s before max_ttl (2 s).
+        tokio::time::sleep(Duration::from_millis(700)).await;
         assert_eq!(
             store.reserve(&short, &claim(), LEASE).await.unwrap(),
             Reservation::Acquired,
@@ -1196,7 +1202,8 @@ mod tests {
             Reservation::Completed(_)
         ));
         assert_eq!(inner.calls(), calls + 1);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // 2.1 s at least after the completion: past max_ttl.
+        tokio::time::sleep(Duration::from_millis(1400)).await;
         assert!(matches!(
             store.reserve(&long, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)

@@ -582,12 +582,14 @@ mod tests {
     #[tokio::test]
     async fn expired_entries_are_dropped() {
         let store = MemoryStore::new();
-        let lease = Duration::from_millis(20);
+        // Long enough that a loaded machine reserves and counts them all before the first
+        // expires (`len` drops expired entries).
+        let lease = Duration::from_millis(500);
         for i in 0..100 {
             store.reserve(&key(i), &claim(), lease).await.unwrap();
         }
         assert_eq!(store.len(), 100);
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        tokio::time::sleep(lease + Duration::from_millis(100)).await;
         assert_eq!(store.len(), 0);
         assert_eq!(store.bytes(), 0);
     }
@@ -596,26 +598,26 @@ mod tests {
     async fn a_completed_key_outlives_its_lease_and_expires_with_its_retention() {
         let store = MemoryStore::new();
         let (k, first) = (key(1), claim());
-        store
-            .reserve(&k, &first, Duration::from_millis(20))
-            .await
-            .unwrap();
+        let (lease, retention) = (Duration::from_millis(100), Duration::from_secs(1));
+        store.reserve(&k, &first, lease).await.unwrap();
         let record = Record::ack(first.fingerprint());
         assert_eq!(
             store
-                .complete(&k, &first, &record, Duration::from_millis(80))
+                .complete(&k, &first, &record, retention)
                 .await
                 .unwrap(),
             Completion::Written
         );
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        // Past the lease (by 200 ms at least), well within the retention (700 ms to spare).
+        tokio::time::sleep(Duration::from_millis(300)).await;
         // The lease's expiry item is due, but the entry was set again: it stays.
         assert_eq!(store.len(), 1);
         assert!(matches!(
             store.reserve(&k, &claim(), Duration::from_secs(1)).await,
             Ok(Reservation::Completed(_))
         ));
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        // 1.1 s at least after the completion: past the retention.
+        tokio::time::sleep(Duration::from_millis(800)).await;
         assert_eq!(store.len(), 0);
     }
 
@@ -777,13 +779,14 @@ mod tests {
         let store = MemoryStore::new();
         let k = key(7);
         let owner = Claim::new(Fingerprint::NONE);
-        let lease = Duration::from_millis(40);
+        // Renewed every 100 ms: each renewal comes 400 ms before the lease would run out.
+        let lease = Duration::from_millis(500);
         store.reserve(&k, &owner, lease).await.unwrap();
-        for _ in 0..4 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
             assert!(store.renew(&k, &owner, lease).await.unwrap());
         }
-        // 80 ms after the claim, two leases: still held.
+        // 1 s at least after the claim, two leases: still held.
         let other = Claim::new(Fingerprint::NONE);
         assert!(matches!(
             store.reserve(&k, &other, lease).await.unwrap(),
@@ -791,7 +794,7 @@ mod tests {
         ));
         assert!(!store.renew(&k, &other, lease).await.unwrap());
         // Without renewal it expires within one lease.
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        tokio::time::sleep(lease + Duration::from_millis(200)).await;
         assert!(!store.renew(&k, &owner, lease).await.unwrap());
         assert_eq!(
             store.reserve(&k, &other, lease).await.unwrap(),
