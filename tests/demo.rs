@@ -47,6 +47,8 @@ async fn kalipto_retry_after_error_and_duplicates() {
     assert_eq!(body["code"], "missing_key");
 }
 
+/// A duplicate that arrives while the first delivery's handler runs (3 s) gets 409; the first
+/// is then processed, once.
 #[tokio::test]
 async fn concurrent_duplicates_get_409_then_ack() {
     let demo = start_demo(&[]);
@@ -59,14 +61,17 @@ async fn concurrent_duplicates_get_409_then_ack() {
                 "/webhooks/kalipto",
                 &[
                     ("X-Kalipto-Delivery-Id", "pd_slow"),
-                    ("x-demo-delay-ms", "500"),
+                    ("x-demo-delay-ms", "3000"),
                 ],
                 "{}",
             )
             .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The demo shows nothing of a request in flight (a probe on the key would claim it), so a
+    // margin of seconds on both sides: 1 s for the slow request to claim the key (another
+    // process, over a fresh connection), 2 s left of its handler for the duplicate to arrive.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     let (status, headers, body) = http
         .send(
             "POST",
@@ -300,15 +305,24 @@ async fn a_stale_event_stays_stale_after_a_restart(envs: &[(&str, &str)]) {
     );
 }
 
+/// Removes the SQLite database at `path` and its `-wal` and `-shm` files, if there are any.
+/// Called before a test too: the files are named by process id, and ones left by an earlier run
+/// killed mid-test with the same id would turn a first delivery into a replay.
+#[cfg(feature = "sqlite")]
+fn remove_sqlite_files(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
 #[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn a_watermark_survives_a_receiver_restart_on_sqlite() {
     let path = std::env::temp_dir().join(format!("demo-order-{}.db", std::process::id()));
+    remove_sqlite_files(&path);
     let url = format!("sqlite://{}", path.display());
     a_stale_event_stays_stale_after_a_restart(&[("DATABASE_URL", &url)]).await;
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
+    remove_sqlite_files(&path);
 }
 
 #[cfg(feature = "redis")]
@@ -390,6 +404,7 @@ async fn metrics_endpoint_counts_outcomes() {
 #[tokio::test]
 async fn metrics_endpoint_has_store_latency_buckets_for_a_server_side_store() {
     let path = std::env::temp_dir().join(format!("demo-metrics-{}.db", std::process::id()));
+    remove_sqlite_files(&path);
     let url = format!("sqlite://{}", path.display());
     let demo = start_demo(&[("DATABASE_URL", &url)]);
     let http = Http::new(&demo);
@@ -410,9 +425,7 @@ async fn metrics_endpoint_has_store_latency_buckets_for_a_server_side_store() {
         );
     }
     drop(demo);
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
+    remove_sqlite_files(&path);
 }
 
 /// With `DATABASE_URL=sqlite://...` the demo's records survive a restart of the receiver.
@@ -420,6 +433,7 @@ async fn metrics_endpoint_has_store_latency_buckets_for_a_server_side_store() {
 #[tokio::test]
 async fn sqlite_records_survive_a_receiver_restart() {
     let path = std::env::temp_dir().join(format!("demo-{}.db", std::process::id()));
+    remove_sqlite_files(&path);
     let url = format!("sqlite://{}", path.display());
     let id = [("X-Kalipto-Delivery-Id", "pd_restart")];
     {
@@ -440,9 +454,7 @@ async fn sqlite_records_survive_a_receiver_restart() {
         "no effect after the restart"
     );
     drop(demo);
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
+    remove_sqlite_files(&path);
 }
 
 /// A WhatsApp batch body with these message ids.
@@ -642,29 +654,40 @@ async fn reserialized_redelivery_is_acknowledged() {
     assert_eq!(by_key(&http.effects().await, "evt_reser"), 1);
 }
 
-/// A handler four times slower than the lease keeps its claim (renewed while it runs): a
-/// duplicate meanwhile gets 409, and the event takes effect once.
+/// A handler more than four times slower than the lease keeps its claim (renewed while it
+/// runs): a duplicate meanwhile gets 409, and the event takes effect once.
 #[tokio::test]
 async fn slow_handler_keeps_its_lease() {
-    let demo = start_demo(&[("IDEMPOTENCY_LEASE_MS", "300")]);
+    // A 1 s lease (renewed every third of it) and a 4.5 s handler: without renewal the claim
+    // would expire 1 s after it was taken, and the duplicates at 2 s and 3 s would take it.
+    let demo = start_demo(&[("IDEMPOTENCY_LEASE_MS", "1000")]);
     let http = std::sync::Arc::new(Http::new(&demo));
     let id = ("X-Kalipto-Delivery-Id", "pd_slow_lease");
+    let sent = tokio::time::Instant::now();
     let slow = {
         let http = http.clone();
         tokio::spawn(async move {
             http.send(
                 "POST",
                 "/webhooks/kalipto",
-                &[id, ("x-demo-delay-ms", "1200")],
+                &[id, ("x-demo-delay-ms", "4500")],
                 "{}",
             )
             .await
         })
     };
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    // At 1, 2 and 3 s after the slow request was sent (not after each other's answer, so a
+    // slow answer does not push the next one later): the first leaves the slow request 1 s to
+    // claim the key, the last arrives 1.5 s before its handler ends.
+    for second in 1..=3 {
+        tokio::time::sleep_until(sent + Duration::from_secs(second)).await;
         let (status, _, body) = http.send("POST", "/webhooks/kalipto", &[id], "{}").await;
-        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert_eq!(
+            status,
+            StatusCode::CONFLICT,
+            "duplicate at {:?}: {body}",
+            sent.elapsed()
+        );
     }
     assert_eq!(slow.await.unwrap().0, StatusCode::OK);
     let (status, headers, _) = http.send("POST", "/webhooks/kalipto", &[id], "{}").await;
@@ -1011,6 +1034,7 @@ async fn silent_connections_and_withheld_bodies_are_cut_off() {
 #[tokio::test]
 async fn an_exclusive_sqlite_store_maps_no_shared_memory_file() {
     let path = std::env::temp_dir().join(format!("demo-exclusive-{}.db", std::process::id()));
+    remove_sqlite_files(&path);
     let url = format!("sqlite://{}?locking=exclusive", path.display());
     let mut demo = start_demo(&[("DATABASE_URL", &url)]);
     assert_eq!(demo.next_line(), "store: sqlite");
@@ -1039,9 +1063,7 @@ async fn an_exclusive_sqlite_store_maps_no_shared_memory_file() {
         "the receiver died"
     );
     drop(demo);
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
+    remove_sqlite_files(&path);
 }
 
 #[cfg(feature = "redis")]

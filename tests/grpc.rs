@@ -176,6 +176,9 @@ async fn failed_call_is_not_recorded_and_its_retry_runs() {
 async fn concurrent_duplicates_run_once_and_the_others_are_aborted() {
     let (client, payments) = start(layer()).await;
 
+    // Four at once, racing for the claim; the winner's handler holds it for 2 s, by which time
+    // the other three (sent together with it, over one connection) have long reached the
+    // layer.
     let calls = (0..4).map(|_| {
         let mut client = client.clone();
         tokio::spawn(async move {
@@ -183,7 +186,7 @@ async fn concurrent_duplicates_run_once_and_the_others_are_aborted() {
                 .charge(with_key(
                     charge(4200),
                     Some("ord_3001"),
-                    &[("x-demo-delay-ms", "500")],
+                    &[("x-demo-delay-ms", "2000")],
                 ))
                 .await
         })
@@ -222,26 +225,33 @@ async fn concurrent_duplicates_run_once_and_the_others_are_aborted() {
 async fn call_cancelled_by_its_deadline_is_released() {
     let (mut client, payments) = start(layer()).await;
 
-    // The client gives up after 100 ms (grpc-timeout); the handler would take 600 ms. tonic's
+    // The client gives up after 1 s (grpc-timeout): time enough for the call to reach the
+    // handler (counted in `calls`) on a loaded machine. The handler would take 3 s. tonic's
     // server-side deadline (outside the layer) drops the call, handler and claim included,
     // before it charges.
     let sent = Instant::now();
-    let mut request = with_key(charge(700), Some("ord_3501"), &[("x-demo-delay-ms", "600")]);
-    request.set_timeout(Duration::from_millis(100));
+    let mut request = with_key(
+        charge(700),
+        Some("ord_3501"),
+        &[("x-demo-delay-ms", "3000")],
+    );
+    request.set_timeout(Duration::from_millis(1000));
     let status = client.charge(request).await.unwrap_err();
     assert!(
         matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
         "{status:?}"
     );
 
-    // The release may run in the background: until then a retry is told ABORTED.
+    // The release may run in the background: until then a retry is told ABORTED. (Were the
+    // abandoned call still running, the retry would be ABORTED until it charged, then get its
+    // reply replayed.)
     let started = Instant::now();
     let reply = loop {
         match client
             .charge(with_key(charge(700), Some("ord_3501"), &[]))
             .await
         {
-            Err(status) if status.code() == Code::Aborted && started.elapsed().as_secs() < 2 => {
+            Err(status) if status.code() == Code::Aborted && started.elapsed().as_secs() < 5 => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             other => break other.unwrap(),
@@ -250,8 +260,9 @@ async fn call_cancelled_by_its_deadline_is_released() {
     assert!(!replayed(&reply));
     assert_eq!((payments.calls(), payments.charges()), (2, 1));
 
-    // The abandoned attempt never charges.
-    tokio::time::sleep(Duration::from_millis(800).saturating_sub(sent.elapsed())).await;
+    // The abandoned attempt never charges: it started within its 1 s deadline, so it would
+    // have charged about 4 s after the send at the latest; wait past that.
+    tokio::time::sleep(Duration::from_millis(4500).saturating_sub(sent.elapsed())).await;
     assert_eq!(payments.charges(), 1);
 }
 
@@ -532,9 +543,13 @@ async fn per_method_wrapping_leaves_streams_alone() {
     assert_eq!(payments.calls(), 1);
 
     // The server stream flows as it is produced, and is not protected: it runs every time.
-    let hooks = [("x-demo-delay-ms", "150")];
+    // Three installments, 500 ms apart: the whole stream takes at least 1.5 s, so a first
+    // message within that time was not held back until the stream ended (it comes after about
+    // 500 ms; 1 s to spare).
+    let delay = Duration::from_millis(500);
+    let hooks = [("x-demo-delay-ms", "500")];
     let (first_after, _, items) = installments(&mut client, "inst_3", &hooks).await;
-    assert!(first_after < Duration::from_millis(450), "{first_after:?}");
+    assert!(first_after < 3 * delay, "{first_after:?}");
     assert_eq!(items.len(), 3);
     let (_, was_replayed, _) = installments(&mut client, "inst_3", &hooks).await;
     assert!(!was_replayed);

@@ -497,22 +497,32 @@ impl IdempotencyStore for SlowComplete {
 #[tokio::test]
 async fn client_disconnect_while_recording_still_records_the_key() {
     let store = SlowComplete::default();
+    // A lease far longer than the 300 ms the record takes: the record never finds its claim
+    // expired, however slow the machine.
     let app = App::start(
         IdempotencyLayer::new(store.clone())
             .namespace("hostile")
-            .lease(Duration::from_millis(600)),
+            .lease(Duration::from_secs(2)),
     )
     .await;
     let mut request = head(&[b"Idempotency-Key: evt_gone", b"Content-Length: 2"]);
     request.extend_from_slice(b"{}");
     let mut stream = TcpStream::connect(app.addr).await.unwrap();
     stream.write_all(&request).await.unwrap();
-    // The handler answers at once; the record takes 300 ms. Leave in the middle.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The handler answers at once; the record takes 300 ms. Leave in the middle: as soon as
+    // the handler has run (the server shares this thread, so it is now waiting on the record).
+    let waiting = Instant::now();
+    while app.calls() == 0 {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(5),
+            "the handler never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(app.calls(), 1);
     drop(stream);
     // Past the lease: an abandoned claim would have expired by now.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     let key = StoreKey::new("hostile", Some("/hook"), "evt_gone");
     let probe = Claim::new(Fingerprint::of_bytes(b"{}"));
     let found = store

@@ -245,11 +245,14 @@ async fn concurrent_duplicates_run_once_and_the_others_get_409() {
         let (http, ledger) = start(version).await;
         let http = std::sync::Arc::new(http);
 
+        // Four at once, racing for the claim; the winner's handler holds it for 2 s, by which
+        // time the other three (sent together with it) have long reached the layer.
         let calls = (0..4).map(|_| {
             let http = http.clone();
-            tokio::spawn(
-                async move { http.charge("ord_4001", &[("x-demo-delay-ms", "400")]).await },
-            )
+            tokio::spawn(async move {
+                http.charge("ord_4001", &[("x-demo-delay-ms", "2000")])
+                    .await
+            })
         });
         let replies: Vec<Reply> = futures_util::future::join_all(calls)
             .await
