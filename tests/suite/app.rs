@@ -70,15 +70,17 @@ impl Effects {
         self.gate.send_replace(true);
     }
 
-    /// Waits until `n` handlers have started.
+    /// Waits until `n` handlers have started (at most 10 s: a loaded machine can be slow to
+    /// get there, and nothing is decided by how long it took).
     pub async fn wait_started(&self, n: usize) {
-        for _ in 0..500 {
-            if self.total() >= n {
-                return;
-            }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self.total() < n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "handler never started"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        panic!("handler never started");
     }
 }
 
