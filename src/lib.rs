@@ -183,6 +183,7 @@ mod phase;
 pub mod rejection;
 mod service;
 pub mod store;
+mod throttle;
 mod util;
 pub mod verify;
 

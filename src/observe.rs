@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 
 use crate::outcome::Outcome;
+use crate::throttle::LogThrottle;
 
 /// What the outcome hook receives, once per covered request.
 #[derive(Debug)]
@@ -55,6 +56,9 @@ type Hook = Arc<dyn Fn(&OutcomeEvent<'_>) + Send + Sync>;
 pub(crate) struct Observer {
     namespace: Arc<str>,
     hook: Option<Hook>,
+    /// The lines of problems an outsider can cause, at most one per outcome and reason per
+    /// interval.
+    throttle: Arc<LogThrottle>,
     #[cfg(feature = "metrics")]
     metrics: Arc<MetricKeys>,
 }
@@ -128,6 +132,7 @@ impl Observer {
         Observer {
             namespace: namespace.into(),
             hook: None,
+            throttle: Arc::default(),
             #[cfg(feature = "metrics")]
             metrics: Arc::new(MetricKeys::new(namespace)),
         }
@@ -147,6 +152,10 @@ impl Observer {
 
     pub(crate) fn set_hook(&mut self, hook: Hook) {
         self.hook = Some(hook);
+    }
+
+    pub(crate) fn set_log_interval(&mut self, interval: Duration) {
+        self.throttle = Arc::new(LogThrottle::new(interval));
     }
 
     /// Starts timing a step (see [`Stopwatch`]).
@@ -188,43 +197,7 @@ impl Observer {
         let span = tracing::Span::current();
         span.record("outcome", outcome.as_str());
         let reason = outcome.reason();
-        let status_code = status.map(|s| s.as_u16());
-        match outcome {
-            Outcome::StoreError | Outcome::FailOpen => tracing::error!(
-                outcome = outcome.as_str(),
-                status = status_code,
-                "idempotency store unavailable"
-            ),
-            Outcome::Mismatch => tracing::warn!(
-                outcome = outcome.as_str(),
-                status = status_code,
-                "idempotency key reused with a different payload"
-            ),
-            Outcome::Unverified(reason) => tracing::warn!(
-                outcome = outcome.as_str(),
-                reason,
-                status = status_code,
-                "request signature not verified; nothing claimed"
-            ),
-            Outcome::MismatchAcked => tracing::warn!(
-                outcome = outcome.as_str(),
-                status = status_code,
-                "idempotency key reused with a different payload; acknowledged as a duplicate"
-            ),
-            Outcome::Replayed | Outcome::InFlight | Outcome::ObjectInFlight | Outcome::Released => {
-                tracing::info!(
-                    outcome = outcome.as_str(),
-                    status = status_code,
-                    "idempotency outcome"
-                )
-            }
-            _ => tracing::debug!(
-                outcome = outcome.as_str(),
-                reason,
-                status = status_code,
-                "idempotency outcome"
-            ),
-        }
+        self.log(outcome, status.map(|s| s.as_u16()));
         #[cfg(feature = "metrics")]
         {
             self.metrics.announce();
@@ -237,6 +210,67 @@ impl Observer {
                 status,
                 elapsed: timer.elapsed().unwrap_or_default(),
             });
+        }
+    }
+
+    /// Logs one outcome. What an outsider can cause at will (a refusal before the claim, a
+    /// mismatch, a store that refuses or fails) is throttled: at most one line per outcome and
+    /// reason per interval, with the count of the lines left out since the previous one.
+    fn log(&self, outcome: Outcome, status: Option<u16>) {
+        let (name, reason) = (outcome.as_str(), outcome.reason());
+        if let Outcome::Replayed | Outcome::InFlight | Outcome::ObjectInFlight | Outcome::Released =
+            outcome
+        {
+            return tracing::info!(outcome = name, status, "idempotency outcome");
+        }
+        let throttled = matches!(
+            outcome,
+            Outcome::StoreError
+                | Outcome::FailOpen
+                | Outcome::Mismatch
+                | Outcome::MismatchAcked
+                | Outcome::Unverified(_)
+                | Outcome::Rejected(_)
+        );
+        if !throttled {
+            return tracing::debug!(outcome = name, reason, status, "idempotency outcome");
+        }
+        let Some(suppressed) = self.throttle.admit((name, reason)) else {
+            return;
+        };
+        match outcome {
+            Outcome::StoreError | Outcome::FailOpen => tracing::error!(
+                outcome = name,
+                status,
+                suppressed,
+                "idempotency store unavailable"
+            ),
+            Outcome::Mismatch => tracing::warn!(
+                outcome = name,
+                status,
+                suppressed,
+                "idempotency key reused with a different payload"
+            ),
+            Outcome::MismatchAcked => tracing::warn!(
+                outcome = name,
+                status,
+                suppressed,
+                "idempotency key reused with a different payload; acknowledged as a duplicate"
+            ),
+            Outcome::Unverified(_) => tracing::warn!(
+                outcome = name,
+                reason,
+                status,
+                suppressed,
+                "request signature not verified; nothing claimed"
+            ),
+            _ => tracing::debug!(
+                outcome = name,
+                reason,
+                status,
+                suppressed,
+                "idempotency request rejected"
+            ),
         }
     }
 
