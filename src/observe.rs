@@ -280,7 +280,7 @@ impl Observer {
         let ended = timer.0.map(|_| Instant::now());
         let elapsed = timer.0.zip(ended).map(|(started, ended)| ended - started);
         if let (StoreOp::Reserve, Some(elapsed)) = (op, elapsed) {
-            tracing::Span::current().record("store_ms", elapsed.as_secs_f64() * 1e3);
+            tracing::Span::current().record("store_ms", millis(elapsed));
         }
         tracing::trace!(
             operation = op.as_str(),
@@ -317,6 +317,11 @@ impl Observer {
         #[cfg(not(feature = "metrics"))]
         let _ = timer;
     }
+}
+
+/// `elapsed` in milliseconds, to the microsecond (`0.034`, not `0.034251000000000004`).
+fn millis(elapsed: Duration) -> f64 {
+    elapsed.as_micros() as f64 / 1e3
 }
 
 /// The metric keys of one layer, built once: a key built per call (the `metrics` macros with a
@@ -453,8 +458,23 @@ impl MetricKeys {
     }
 }
 
-#[cfg(all(test, feature = "metrics"))]
+#[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn milliseconds_are_shown_to_the_microsecond() {
+        let elapsed = Duration::from_nanos(34_251);
+        assert_eq!(format!("{}", millis(elapsed)), "0.034");
+        assert_eq!(
+            format!("{}", millis(Duration::from_micros(1_234_567))),
+            "1234.567"
+        );
+    }
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod metric_tests {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
     use super::*;
