@@ -196,11 +196,11 @@ impl Observer {
     pub(crate) fn outcome(&self, outcome: Outcome, status: Option<StatusCode>, timer: Stopwatch) {
         let span = tracing::Span::current();
         span.record("outcome", outcome.as_str());
-        let reason = outcome.reason();
         self.log(outcome, status.map(|s| s.as_u16()));
         #[cfg(feature = "metrics")]
         {
             self.metrics.announce();
+            let reason = outcome.reason();
             self.metrics.count_outcome(&self.namespace, outcome, reason);
         }
         if let Some(hook) = &self.hook {
