@@ -40,6 +40,18 @@ impl Capture {
     }
 }
 
+/// Captures every log line up to `level` on this thread while the guard lives.
+fn capture_logs(level: tracing::Level) -> (Capture, tracing::subscriber::DefaultGuard) {
+    let capture = Capture::default();
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    (capture, tracing::subscriber::set_default(subscriber))
+}
+
 type Counters = Vec<(String, Vec<(String, String)>, u64)>;
 
 /// One snapshot of `recorder`, a value per metric that `measure` reads (a snapshot drains
@@ -92,14 +104,7 @@ fn count(counters: &Counters, name: &str, labels: &[(&str, &str)]) -> u64 {
 
 #[tokio::test(flavor = "current_thread")]
 async fn every_outcome_is_traced_and_counted_without_secrets() {
-    let capture = Capture::default();
-    let writer = capture.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _tracing = tracing::subscriber::set_default(subscriber);
+    let (capture, _tracing) = capture_logs(tracing::Level::TRACE);
     let recorder = DebuggingRecorder::new();
     let _metrics = metrics::set_default_local_recorder(&recorder);
 
@@ -380,14 +385,7 @@ fn lines_and_suppressed(text: &str, message: &str) -> (u64, u64) {
 /// for every one left out; metrics count every one.
 #[tokio::test(flavor = "current_thread")]
 async fn a_flood_of_refusals_is_logged_throttled_and_counted_whole() {
-    let capture = Capture::default();
-    let writer = capture.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _tracing = tracing::subscriber::set_default(subscriber);
+    let (capture, _tracing) = capture_logs(tracing::Level::DEBUG);
     let recorder = DebuggingRecorder::new();
     let _metrics = metrics::set_default_local_recorder(&recorder);
 
