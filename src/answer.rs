@@ -99,10 +99,15 @@ pub(crate) fn stale<B>(
     position: Position,
     watermark: Position,
 ) -> Response<ResponseBody<B>> {
+    // Positions as the route reads them: RFC 3339 for timestamps, else the number.
+    let show = |at: Position| match settings.order.as_deref() {
+        Some(order) => order.show(at),
+        None => at.to_string(),
+    };
     tracing::info!(
         namespace = settings.observer.namespace(),
-        %position,
-        %watermark,
+        position = %show(position),
+        watermark = %show(watermark),
         "stale event: older than what was processed for its object; acknowledged"
     );
     let mut response = if grpc {

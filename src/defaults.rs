@@ -25,3 +25,7 @@ pub const RETENTION: Duration = Duration::from_secs(72 * 3600);
 pub const STORE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The default limit of a response kept in memory (and so replayable): 64 KiB.
 pub const RESPONSE_BUFFER_LIMIT: usize = 64 * 1024;
+/// The default interval of throttled log lines: at most one line per outcome and reason every
+/// 10 s for what an outsider can cause at will (see
+/// [`log_interval`](crate::IdempotencyLayer::log_interval)).
+pub const LOG_INTERVAL: Duration = Duration::from_secs(10);

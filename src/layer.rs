@@ -391,6 +391,16 @@ impl<K: Clone> IdempotencyLayer<K> {
         self.with_settings(|s| s.observer.set_hook(hook))
     }
 
+    /// Sets the interval of the log lines of problems an outsider can cause at will (default
+    /// 10 s): a forged signature, a missing or malformed key or order, a body too large or too
+    /// slow, a key reused with another payload, a store that refuses or fails. Each is logged
+    /// at most once per outcome and reason in an interval, and the next line says in its
+    /// `suppressed` field how many were left out since; metrics and the outcome hook still see
+    /// every request. `Duration::ZERO` logs every one.
+    pub fn log_interval(self, interval: Duration) -> Self {
+        self.with_settings(|s| s.observer.set_log_interval(interval))
+    }
+
     /// Sets how the layer's own answers (400, 409, 413, 422, 503, …) are rendered (default
     /// [`ProblemJson`](crate::rejection::ProblemJson)): see [`rejection`](crate::rejection).
     pub fn render_rejection(self, render: impl RenderRejection) -> Self {

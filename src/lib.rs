@@ -129,7 +129,9 @@
 //!
 //! Each covered request has a `tracing` span `idempotency{namespace, method, key, outcome,
 //! store_ms}` (the key hashed, never raw); outcomes ([`Outcome`]) are logged at the right
-//! levels; bodies, tokens, secrets and signatures never are. With the `metrics` feature,
+//! levels, and what an outsider can cause at will (forgeries, malformed requests, a store
+//! that refuses) at most once per outcome and reason every 10 s, with the count left out
+//! ([`IdempotencyLayer::log_interval`]); bodies, tokens, secrets and signatures never are. With the `metrics` feature,
 //! through the `metrics` facade:
 //!
 //! | name | type | labels | meaning |
@@ -183,6 +185,7 @@ mod phase;
 pub mod rejection;
 mod service;
 pub mod store;
+mod throttle;
 mod util;
 pub mod verify;
 

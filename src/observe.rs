@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 
 use crate::outcome::Outcome;
+use crate::throttle::LogThrottle;
 
 /// What the outcome hook receives, once per covered request.
 #[derive(Debug)]
@@ -55,6 +56,9 @@ type Hook = Arc<dyn Fn(&OutcomeEvent<'_>) + Send + Sync>;
 pub(crate) struct Observer {
     namespace: Arc<str>,
     hook: Option<Hook>,
+    /// The lines of problems an outsider can cause, at most one per outcome and reason per
+    /// interval.
+    throttle: Arc<LogThrottle>,
     #[cfg(feature = "metrics")]
     metrics: Arc<MetricKeys>,
 }
@@ -128,6 +132,7 @@ impl Observer {
         Observer {
             namespace: namespace.into(),
             hook: None,
+            throttle: Arc::default(),
             #[cfg(feature = "metrics")]
             metrics: Arc::new(MetricKeys::new(namespace)),
         }
@@ -147,6 +152,10 @@ impl Observer {
 
     pub(crate) fn set_hook(&mut self, hook: Hook) {
         self.hook = Some(hook);
+    }
+
+    pub(crate) fn set_log_interval(&mut self, interval: Duration) {
+        self.throttle = Arc::new(LogThrottle::new(interval));
     }
 
     /// Starts timing a step (see [`Stopwatch`]).
@@ -187,47 +196,11 @@ impl Observer {
     pub(crate) fn outcome(&self, outcome: Outcome, status: Option<StatusCode>, timer: Stopwatch) {
         let span = tracing::Span::current();
         span.record("outcome", outcome.as_str());
-        let reason = outcome.reason();
-        let status_code = status.map(|s| s.as_u16());
-        match outcome {
-            Outcome::StoreError | Outcome::FailOpen => tracing::error!(
-                outcome = outcome.as_str(),
-                status = status_code,
-                "idempotency store unavailable"
-            ),
-            Outcome::Mismatch => tracing::warn!(
-                outcome = outcome.as_str(),
-                status = status_code,
-                "idempotency key reused with a different payload"
-            ),
-            Outcome::Unverified(reason) => tracing::warn!(
-                outcome = outcome.as_str(),
-                reason,
-                status = status_code,
-                "request signature not verified; nothing claimed"
-            ),
-            Outcome::MismatchAcked => tracing::warn!(
-                outcome = outcome.as_str(),
-                status = status_code,
-                "idempotency key reused with a different payload; acknowledged as a duplicate"
-            ),
-            Outcome::Replayed | Outcome::InFlight | Outcome::ObjectInFlight | Outcome::Released => {
-                tracing::info!(
-                    outcome = outcome.as_str(),
-                    status = status_code,
-                    "idempotency outcome"
-                )
-            }
-            _ => tracing::debug!(
-                outcome = outcome.as_str(),
-                reason,
-                status = status_code,
-                "idempotency outcome"
-            ),
-        }
+        self.log(outcome, status.map(|s| s.as_u16()));
         #[cfg(feature = "metrics")]
         {
             self.metrics.announce();
+            let reason = outcome.reason();
             self.metrics.count_outcome(&self.namespace, outcome, reason);
         }
         if let Some(hook) = &self.hook {
@@ -240,13 +213,74 @@ impl Observer {
         }
     }
 
+    /// Logs one outcome. What an outsider can cause at will (a refusal before the claim, a
+    /// mismatch, a store that refuses or fails) is throttled: at most one line per outcome and
+    /// reason per interval, with the count of the lines left out since the previous one.
+    fn log(&self, outcome: Outcome, status: Option<u16>) {
+        let (name, reason) = (outcome.as_str(), outcome.reason());
+        if let Outcome::Replayed | Outcome::InFlight | Outcome::ObjectInFlight | Outcome::Released =
+            outcome
+        {
+            return tracing::info!(outcome = name, status, "idempotency outcome");
+        }
+        let throttled = matches!(
+            outcome,
+            Outcome::StoreError
+                | Outcome::FailOpen
+                | Outcome::Mismatch
+                | Outcome::MismatchAcked
+                | Outcome::Unverified(_)
+                | Outcome::Rejected(_)
+        );
+        if !throttled {
+            return tracing::debug!(outcome = name, reason, status, "idempotency outcome");
+        }
+        let Some(suppressed) = self.throttle.admit((name, reason)) else {
+            return;
+        };
+        match outcome {
+            Outcome::StoreError | Outcome::FailOpen => tracing::error!(
+                outcome = name,
+                status,
+                suppressed,
+                "idempotency store unavailable"
+            ),
+            Outcome::Mismatch => tracing::warn!(
+                outcome = name,
+                status,
+                suppressed,
+                "idempotency key reused with a different payload"
+            ),
+            Outcome::MismatchAcked => tracing::warn!(
+                outcome = name,
+                status,
+                suppressed,
+                "idempotency key reused with a different payload; acknowledged as a duplicate"
+            ),
+            Outcome::Unverified(_) => tracing::warn!(
+                outcome = name,
+                reason,
+                status,
+                suppressed,
+                "request signature not verified; nothing claimed"
+            ),
+            _ => tracing::debug!(
+                outcome = name,
+                reason,
+                status,
+                suppressed,
+                "idempotency request rejected"
+            ),
+        }
+    }
+
     /// Records the latency (and failure) of one store call; returns when it ended, if
     /// measured.
     pub(crate) fn store_call(&self, op: StoreOp, timer: Stopwatch, ok: bool) -> Option<Instant> {
         let ended = timer.0.map(|_| Instant::now());
         let elapsed = timer.0.zip(ended).map(|(started, ended)| ended - started);
         if let (StoreOp::Reserve, Some(elapsed)) = (op, elapsed) {
-            tracing::Span::current().record("store_ms", elapsed.as_secs_f64() * 1e3);
+            tracing::Span::current().record("store_ms", millis(elapsed));
         }
         tracing::trace!(
             operation = op.as_str(),
@@ -283,6 +317,11 @@ impl Observer {
         #[cfg(not(feature = "metrics"))]
         let _ = timer;
     }
+}
+
+/// `elapsed` in milliseconds, to the microsecond (`0.034`, not `0.034251000000000004`).
+fn millis(elapsed: Duration) -> f64 {
+    elapsed.as_micros() as f64 / 1e3
 }
 
 /// The metric keys of one layer, built once: a key built per call (the `metrics` macros with a
@@ -419,8 +458,23 @@ impl MetricKeys {
     }
 }
 
-#[cfg(all(test, feature = "metrics"))]
+#[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn milliseconds_are_shown_to_the_microsecond() {
+        let elapsed = Duration::from_nanos(34_251);
+        assert_eq!(format!("{}", millis(elapsed)), "0.034");
+        assert_eq!(
+            format!("{}", millis(Duration::from_micros(1_234_567))),
+            "1234.567"
+        );
+    }
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod metric_tests {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
     use super::*;

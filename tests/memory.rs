@@ -78,3 +78,231 @@ fn a_full_store_evicts_and_warns_without_waiting_for_itself() {
     assert!(store.evictions() >= 18, "{}", store.evictions());
     assert!(store.len() <= 2);
 }
+
+mod bounded {
+    //! A bounded store evicts the completed records nearest to expiry for as long as it holds
+    //! any; only a store full of in-flight claims refuses, and only until they settle.
+
+    use std::time::{Duration, Instant};
+
+    use tower_idempotency::IdempotencyStore;
+    use tower_idempotency::MemoryStore;
+    use tower_idempotency::fingerprint::Fingerprint;
+    use tower_idempotency::order::{EqualPositions, Position};
+    use tower_idempotency::store::record::Record;
+    use tower_idempotency::store::{
+        Claim, Completion, ObjectKey, OrderedEvent, Reservation, StoreError, StoreErrorKind,
+        StoreKey,
+    };
+
+    const LEASE: Duration = Duration::from_secs(60);
+    const RETENTION: Duration = Duration::from_secs(3600);
+
+    fn key(i: usize) -> StoreKey {
+        StoreKey::new("fill", None, &format!("k{i}"))
+    }
+
+    /// Reserves the key `i` under a new claim.
+    async fn reserve_new(store: &MemoryStore, i: usize) -> Result<Reservation, StoreError> {
+        store
+            .reserve(&key(i), &Claim::new(Fingerprint::NONE), LEASE)
+            .await
+    }
+
+    /// Completes the keys `from..from + count`; every one must be taken as new.
+    async fn complete_new_keys(store: &MemoryStore, from: usize, count: usize) {
+        for i in from..from + count {
+            let claim = Claim::new(Fingerprint::NONE);
+            let answer = store.reserve(&key(i), &claim, LEASE).await;
+            assert_eq!(answer.unwrap(), Reservation::Acquired, "key {i} refused");
+            let record = Record::ack(claim.fingerprint());
+            let done = store.complete(&key(i), &claim, &record, RETENTION).await;
+            assert_eq!(done.unwrap(), Completion::Written, "key {i}");
+        }
+    }
+
+    /// The value of the metric `name` in `recorder`, as a float (counter or gauge).
+    #[cfg(feature = "metrics")]
+    fn metric(recorder: &metrics_util::debugging::DebuggingRecorder, name: &str) -> Option<f64> {
+        use metrics_util::debugging::DebugValue;
+        let snapshot = recorder.snapshotter().snapshot().into_vec();
+        snapshot.into_iter().find_map(|(key, _, _, value)| {
+            (key.key().name() == name).then_some(())?;
+            match value {
+                DebugValue::Counter(n) => Some(n as f64),
+                DebugValue::Gauge(g) => Some(g.into_inner()),
+                DebugValue::Histogram(_) => None,
+            }
+        })
+    }
+
+    /// 10× the bound of completed keys, then 10× more: all taken as new, every eviction
+    /// counted, the retention reported that of the records really kept (the eviction counter
+    /// and the effective-retention gauge too, with `metrics`), and a duplicate of an evicted
+    /// key taken as new.
+    #[tokio::test]
+    async fn a_full_store_keeps_evicting_for_as_long_as_records_exist() {
+        #[cfg(feature = "metrics")]
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        #[cfg(feature = "metrics")]
+        let _metrics = metrics::set_default_local_recorder(&recorder);
+        let bound = 1000;
+        let store = MemoryStore::new().with_max_entries(bound);
+        complete_new_keys(&store, 0, 10 * bound).await;
+        assert!(store.len() <= bound);
+        assert_eq!(store.evictions(), (10 * bound - store.len()) as u64);
+        let second = Instant::now();
+        complete_new_keys(&store, 10 * bound, 10 * bound).await;
+        let kept = store.len();
+        assert!(kept <= bound && kept > bound / 2, "{kept}");
+        assert_eq!(store.evictions(), (20 * bound - kept) as u64);
+        // Each shard took 10 times its share since `second`: what it keeps is from then.
+        let retention = store.effective_retention().expect("records are kept");
+        assert!(retention <= second.elapsed(), "{retention:?}");
+        #[cfg(feature = "metrics")]
+        {
+            let evictions = metric(&recorder, "idempotency_memory_evictions_total");
+            assert_eq!(evictions, Some(store.evictions() as f64));
+            let gauge = metric(&recorder, "idempotency_memory_effective_retention_seconds");
+            let gauge = gauge.expect("the gauge is set once evicting");
+            assert!(gauge <= second.elapsed().as_secs_f64(), "{gauge}");
+        }
+        // The first key's record was evicted long ago: its duplicate is new, and it evicts one
+        // more record.
+        assert_eq!(reserve_new(&store, 0).await.unwrap(), Reservation::Acquired);
+        assert_eq!(store.evictions(), (20 * bound + 1 - kept) as u64);
+        // A key still kept is still a duplicate.
+        let answer = reserve_new(&store, 20 * bound - 1).await;
+        assert!(matches!(answer.unwrap(), Reservation::Completed(_)));
+    }
+
+    /// A store whose every entry is an in-flight claim refuses a new key, and takes new keys
+    /// again as soon as a claim settles, completed or released. (A bound this small is one
+    /// shard: exact.)
+    #[tokio::test]
+    async fn a_store_full_of_claims_refuses_until_they_settle() {
+        let bound = 60;
+        let store = MemoryStore::new().with_max_entries(bound);
+        let claims: Vec<Claim> = (0..bound).map(|_| Claim::new(Fingerprint::NONE)).collect();
+        for (i, claim) in claims.iter().enumerate() {
+            let answer = store.reserve(&key(i), claim, LEASE).await.unwrap();
+            assert_eq!(answer, Reservation::Acquired);
+        }
+        let refused = reserve_new(&store, bound).await;
+        assert_eq!(refused.unwrap_err().kind(), StoreErrorKind::Capacity);
+        // One claim completes: its record may go, so the new key is taken.
+        let record = Record::ack(claims[0].fingerprint());
+        let done = store
+            .complete(&key(0), &claims[0], &record, RETENTION)
+            .await;
+        assert_eq!(done.unwrap(), Completion::Written);
+        assert_eq!(
+            reserve_new(&store, bound).await.unwrap(),
+            Reservation::Acquired
+        );
+        assert_eq!(store.evictions(), 1);
+        // Full of claims again; one is released: room for one more.
+        let refused = reserve_new(&store, bound + 1).await;
+        assert_eq!(refused.unwrap_err().kind(), StoreErrorKind::Capacity);
+        assert!(store.release(&key(1), &claims[1]).await.unwrap());
+        let taken = reserve_new(&store, bound + 1).await;
+        assert_eq!(taken.unwrap(), Reservation::Acquired);
+        // Every claim settles: the store takes 10 times its bound again.
+        for (i, claim) in claims.iter().enumerate().skip(2) {
+            let record = Record::ack(claim.fingerprint());
+            store
+                .complete(&key(i), claim, &record, RETENTION)
+                .await
+                .unwrap();
+        }
+        complete_new_keys(&store, 10 * bound, 10 * bound).await;
+        assert!(store.len() <= bound);
+    }
+
+    fn event(i: usize, object: usize, position: i128) -> OrderedEvent {
+        OrderedEvent {
+            key: StoreKey::new("ordered", None, &format!("e{i}")),
+            object: ObjectKey::new("ordered", None, &format!("o{object}")),
+            position: Position::new(position),
+        }
+    }
+
+    /// Reserves and completes `event`, which must be taken as new.
+    async fn complete_event(store: &MemoryStore, event: OrderedEvent) {
+        let claim = Claim::new(Fingerprint::NONE);
+        let events = [event];
+        let answers = store
+            .reserve_ordered(&events, &claim, LEASE, EqualPositions::Process)
+            .await
+            .unwrap_or_else(|err| panic!("{:?} refused: {err}", events[0].key));
+        assert_eq!(answers, [Reservation::Acquired]);
+        let record = Record::ack(claim.fingerprint());
+        let done = store.complete_ordered(&events, &claim, &record, RETENTION);
+        assert_eq!(done.await.unwrap(), [Completion::Written]);
+    }
+
+    /// The ordered route's per-object state is bounded the same way: events of 20× as many
+    /// objects as the bound are all taken (records and watermarks evicted, nearest to expiry
+    /// first); an object whose watermark was evicted takes an older event as new.
+    #[tokio::test]
+    async fn ordered_objects_are_bounded_and_evicted_the_same_way() {
+        let bound = 300;
+        let store = MemoryStore::new().with_max_entries(bound);
+        for i in 0..20 * bound {
+            complete_event(&store, event(i, i, 10)).await;
+        }
+        assert!(store.len() <= bound);
+        assert_eq!(store.evictions(), (2 * 20 * bound - store.len()) as u64);
+        // Object 0's watermark (10) was evicted: an older event of it is taken as new.
+        complete_event(&store, event(20 * bound, 0, 5)).await;
+        // The last object's watermark is kept: an older event of it is stale.
+        let claim = Claim::new(Fingerprint::NONE);
+        let stale = [event(20 * bound + 1, 20 * bound - 1, 5)];
+        let answers = store
+            .reserve_ordered(&stale, &claim, LEASE, EqualPositions::Process)
+            .await
+            .unwrap();
+        assert!(
+            matches!(answers[..], [Reservation::Stale { .. }]),
+            "{answers:?}"
+        );
+    }
+
+    /// Objects' leases are never evicted: a store full of events in flight refuses the next
+    /// one whole, and takes events again once those settle.
+    #[tokio::test]
+    async fn a_store_full_of_ordered_claims_refuses_until_they_settle() {
+        let bound = 60;
+        let store = MemoryStore::new().with_max_entries(bound);
+        // Each event in flight holds its key and its object's lease.
+        let held: Vec<(OrderedEvent, Claim)> = (0..bound / 2)
+            .map(|i| (event(i, i, 1), Claim::new(Fingerprint::NONE)))
+            .collect();
+        for (event, claim) in &held {
+            let events = std::slice::from_ref(event);
+            let answers = store
+                .reserve_ordered(events, claim, LEASE, EqualPositions::Process)
+                .await
+                .unwrap();
+            assert_eq!(answers, [Reservation::Acquired]);
+        }
+        assert_eq!(store.len(), bound);
+        let next = [event(bound, bound, 1)];
+        let claim = Claim::new(Fingerprint::NONE);
+        let refused = store
+            .reserve_ordered(&next, &claim, LEASE, EqualPositions::Process)
+            .await;
+        assert_eq!(refused.unwrap_err().kind(), StoreErrorKind::Capacity);
+        assert_eq!(store.len(), bound, "nothing of the refused event is left");
+        for (event, claim) in &held {
+            let record = Record::ack(claim.fingerprint());
+            let events = std::slice::from_ref(event);
+            let done = store.complete_ordered(events, claim, &record, RETENTION);
+            assert_eq!(done.await.unwrap(), [Completion::Written]);
+        }
+        for i in 0..10 * bound {
+            complete_event(&store, event(bound + i, bound + i, 1)).await;
+        }
+        assert!(store.len() <= bound);
+    }
+}

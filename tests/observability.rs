@@ -40,6 +40,18 @@ impl Capture {
     }
 }
 
+/// Captures every log line up to `level` on this thread while the guard lives.
+fn capture_logs(level: tracing::Level) -> (Capture, tracing::subscriber::DefaultGuard) {
+    let capture = Capture::default();
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    (capture, tracing::subscriber::set_default(subscriber))
+}
+
 type Counters = Vec<(String, Vec<(String, String)>, u64)>;
 
 /// One snapshot of `recorder`, a value per metric that `measure` reads (a snapshot drains
@@ -92,14 +104,7 @@ fn count(counters: &Counters, name: &str, labels: &[(&str, &str)]) -> u64 {
 
 #[tokio::test(flavor = "current_thread")]
 async fn every_outcome_is_traced_and_counted_without_secrets() {
-    let capture = Capture::default();
-    let writer = capture.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _tracing = tracing::subscriber::set_default(subscriber);
+    let (capture, _tracing) = capture_logs(tracing::Level::TRACE);
     let recorder = DebuggingRecorder::new();
     let _metrics = metrics::set_default_local_recorder(&recorder);
 
@@ -356,4 +361,91 @@ async fn store_calls_are_timed_unless_the_store_answers_in_process() {
     // Local: no store samples, the handler still timed.
     assert_eq!(samples(store, &[("namespace", "local")]), 0);
     assert_eq!(samples(inner, &[("namespace", "local")]), 1);
+}
+
+/// The number of lines of `text` holding `message`, and the sum of their `suppressed` fields.
+fn lines_and_suppressed(text: &str, message: &str) -> (u64, u64) {
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(message)).collect();
+    let suppressed = lines
+        .iter()
+        .map(|line| {
+            let field = line
+                .split("suppressed=")
+                .nth(1)
+                .expect("a suppressed field");
+            let digits: String = field.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<u64>().unwrap()
+        })
+        .sum();
+    (lines.len() as u64, suppressed)
+}
+
+/// A flood of refusals an outsider can cause (here a store full of in-flight claims, and
+/// malformed keys) writes a line per outcome and interval, whose `suppressed` fields account
+/// for every one left out; metrics count every one.
+#[tokio::test(flavor = "current_thread")]
+async fn a_flood_of_refusals_is_logged_throttled_and_counted_whole() {
+    let (capture, _tracing) = capture_logs(tracing::Level::DEBUG);
+    let recorder = DebuggingRecorder::new();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+
+    // One entry, held by a claim that never settles: every new key is refused.
+    let store = MemoryStore::new().with_max_entries(1);
+    let filler = StoreKey::new("flood", None, "filler");
+    let claim = Claim::new(Fingerprint::NONE);
+    store
+        .reserve(&filler, &claim, Duration::from_secs(600))
+        .await
+        .unwrap();
+    let interval = Duration::from_millis(500);
+    let layer = IdempotencyLayer::new(store)
+        .namespace("flood")
+        .log_interval(interval);
+    let app = router(layer, &Effects::default());
+
+    let too_long = "k".repeat(300);
+    let started = std::time::Instant::now();
+    for i in 0..1000 {
+        let request = post("/effect", Some(&format!("flood-{i}")), "{}");
+        assert_eq!(send(&app, request).await.0, StatusCode::SERVICE_UNAVAILABLE);
+        let malformed = post("/effect", Some(&too_long), "{}");
+        assert_eq!(send(&app, malformed).await.0, StatusCode::BAD_REQUEST);
+    }
+    let elapsed = started.elapsed();
+    // One more of each once an interval has passed: its line reports what was left out.
+    tokio::time::sleep(interval + Duration::from_millis(100)).await;
+    let request = post("/effect", Some("after-the-flood"), "{}");
+    assert_eq!(send(&app, request).await.0, StatusCode::SERVICE_UNAVAILABLE);
+    let malformed = post("/effect", Some(&too_long), "{}");
+    assert_eq!(send(&app, malformed).await.0, StatusCode::BAD_REQUEST);
+
+    let text = capture.text();
+    let most = 2 + elapsed.as_millis() as u64 / interval.as_millis() as u64;
+    for message in [
+        "idempotency store unavailable",
+        "idempotency request rejected",
+    ] {
+        let (lines, suppressed) = lines_and_suppressed(&text, message);
+        assert!(
+            lines >= 2 && lines <= most,
+            "{message}: {lines} lines in {elapsed:?}"
+        );
+        assert!(lines < 100, "{message}: {lines} lines");
+        assert_eq!(
+            lines + suppressed,
+            1001,
+            "{message}: every one is accounted for"
+        );
+    }
+    let counters = counters(&recorder);
+    let refused = [("namespace", "flood"), ("outcome", "store_error")];
+    assert_eq!(
+        count(&counters, "idempotency_requests_total", &refused),
+        1001
+    );
+    let rejected = [("namespace", "flood"), ("outcome", "rejected")];
+    assert_eq!(
+        count(&counters, "idempotency_requests_total", &rejected),
+        1001
+    );
 }

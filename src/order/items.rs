@@ -97,6 +97,11 @@ impl From<RankAt> for ItemPosition {
 }
 
 impl ItemPosition {
+    /// Whether the positions are instants (see [`ExtractPosition::instant`]).
+    fn instant(&self) -> bool {
+        matches!(self.0, Kind::Timestamp(_) | Kind::UnixSeconds(_))
+    }
+
     /// The position of `item`, `None` when it has none.
     fn of(&self, item: &Value) -> Result<Option<Position>, KeyError> {
         match &self.0 {
@@ -182,6 +187,11 @@ impl OrderedItems {
             object,
             position,
         })
+    }
+
+    /// Whether the items' positions are instants (see [`ExtractPosition::instant`]).
+    pub(crate) fn instant(&self) -> bool {
+        self.position.instant()
     }
 }
 

@@ -144,6 +144,12 @@ pub trait ExtractPosition: Send + Sync + 'static {
     fn expected(&self) -> Option<String> {
         None
     }
+
+    /// Whether the positions are instants, nanoseconds since the Unix epoch (as
+    /// [`TimestampAt`] and [`UnixSecondsAt`] give): logs then show them as RFC 3339 date-times.
+    fn instant(&self) -> bool {
+        false
+    }
 }
 
 impl<F> ExtractPosition for F
@@ -289,6 +295,19 @@ impl EventOrder {
         }])
     }
 
+    /// `position` as logs show it: an RFC 3339 date-time when the positions are instants,
+    /// else the number.
+    pub(crate) fn show(&self, position: Position) -> String {
+        let instant = match &self.source {
+            Source::PerRequest { position, .. } => position.instant(),
+            Source::Items(items) => items.instant(),
+        };
+        instant
+            .then(|| position.to_rfc3339())
+            .flatten()
+            .unwrap_or_else(|| position.to_string())
+    }
+
     /// The ordered items of a request, when this guard orders items: `None` when it does not,
     /// `Some(empty)` when the body holds none.
     pub(crate) fn items_of(&self, input: &KeyInput<'_>) -> Option<Result<Vec<Placed>, KeyError>> {
@@ -302,8 +321,8 @@ impl EventOrder {
 /// The error for a missing object or position.
 fn missing(what: &str, expected: Option<String>) -> KeyError {
     let detail = match expected {
-        Some(at) => format!("the request carries no {what}; it was expected {at}"),
-        None => format!("the request carries no {what}"),
+        Some(at) => format!("the request does not carry {what}; it was expected {at}"),
+        None => format!("the request does not carry {what}"),
     };
     KeyError::new(crate::key::KeyErrorKind::Other, detail)
 }
@@ -342,9 +361,13 @@ mod tests {
         // A missing position or object is an error saying what and where.
         let body = Bytes::from_static(br#"{"message_id":"m1"}"#);
         let err = order.place(&input_of(&parts, &body), &key).unwrap_err();
+        let detail = "the request does not carry the event's position; it was expected at";
+        assert!(err.to_string().contains(detail), "{err}");
         assert!(err.to_string().contains("$.occurred_at"), "{err}");
         let body = Bytes::from_static(br#"{"occurred_at":"2024-05-01T14:02:00Z"}"#);
         let err = order.place(&input_of(&parts, &body), &key).unwrap_err();
+        let detail = "the request does not carry the object the event is about";
+        assert!(err.to_string().contains(detail), "{err}");
         assert!(err.to_string().contains("$.message_id"), "{err}");
         // A batch key needs items.
         let items = IdempotencyKey::items(["a", "b"]).unwrap().unwrap();
@@ -373,6 +396,29 @@ mod tests {
         assert_eq!(
             placed[0].position,
             Position::new(18_446_744_073_709_551_617)
+        );
+    }
+
+    /// Logs show a timestamp position as RFC 3339, any other as its number.
+    #[test]
+    fn positions_are_shown_as_the_route_reads_them() {
+        let at = Position::from_rfc3339("2024-05-01T14:02:03.5Z").unwrap();
+        let object = || JsonPathKey::new("$.object").unwrap();
+        let timestamps = EventOrder::new(object(), TimestampAt::new("$.at").unwrap());
+        assert_eq!(timestamps.show(at), "2024-05-01T14:02:03.5Z");
+        let seconds = EventOrder::new(object(), UnixSecondsAt::new("$.at").unwrap());
+        assert_eq!(seconds.show(Position::new(0)), "1970-01-01T00:00:00Z");
+        let sequence = EventOrder::new(object(), SequenceAt::new("$.seq").unwrap());
+        assert_eq!(sequence.show(Position::new(42)), "42");
+        let items = OrderedItems::new(
+            "$.items[*]",
+            ["$.id"],
+            "$.object",
+            TimestampAt::new("$.at").unwrap(),
+        );
+        assert_eq!(
+            EventOrder::items(items.unwrap()).show(at),
+            "2024-05-01T14:02:03.5Z"
         );
     }
 

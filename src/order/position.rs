@@ -57,11 +57,46 @@ impl Position {
 
     /// An RFC 3339 date-time (`2024-05-01T14:02:03.123456789Z`, `...+02:00`; `t`, `z` and a
     /// space for `T` accepted, as RFC 3339 allows), as nanoseconds since the Unix epoch in
-    /// UTC. Fractional digits beyond nanoseconds are cut (not rounded). `None` when `text` is
-    /// not one: a missing offset, a month 13, February 30, an hour 24, a leap second `:60`
-    /// (not representable: give it as `:59.999999999`), or years outside 0000 to 9999.
+    /// UTC. Fractional digits beyond nanoseconds are cut (not rounded). A leap second (`:60`,
+    /// which RFC 3339 allows) is taken as the next second: `23:59:60Z` is the next day's
+    /// `00:00:00Z` (the Unix clock has no leap seconds). `None` when `text` is not one: a
+    /// missing offset, a month 13, February 30, an hour 24, a second 61, or years outside 0000
+    /// to 9999.
     pub fn from_rfc3339(text: &str) -> Option<Self> {
         rfc3339_nanos(text.as_bytes()).map(Position)
+    }
+
+    /// The instant this position is as nanoseconds since the Unix epoch, as an RFC 3339
+    /// date-time in UTC (`2024-05-01T14:02:03.5Z`; the fraction without trailing zeros, none
+    /// for a whole second): `None` outside the years 0000 to 9999.
+    ///
+    /// ```
+    /// use tower_idempotency::order::Position;
+    ///
+    /// let at = Position::from_rfc3339("2024-05-01T16:02:03.500+02:00").unwrap();
+    /// assert_eq!(at.to_rfc3339().as_deref(), Some("2024-05-01T14:02:03.5Z"));
+    /// ```
+    pub fn to_rfc3339(&self) -> Option<String> {
+        let seconds = i64::try_from(self.0.div_euclid(1_000_000_000)).ok()?;
+        let nanos = self.0.rem_euclid(1_000_000_000);
+        let (days, second_of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
+        let (year, month, day) = civil_from_days(days);
+        if !(0..=9999).contains(&year) {
+            return None;
+        }
+        let (hour, minute, second) = (
+            second_of_day / 3600,
+            second_of_day / 60 % 60,
+            second_of_day % 60,
+        );
+        let mut text = format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}");
+        if nanos > 0 {
+            let fraction = format!("{nanos:09}");
+            text.push('.');
+            text.push_str(fraction.trim_end_matches('0'));
+        }
+        text.push('Z');
+        Some(text)
     }
 }
 
@@ -96,6 +131,25 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + day_of_era - 719_468
 }
 
+/// The `(year, month, day)` of `days` since 1970-01-01 (the inverse of [`days_from_civil`]).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let days = days + 719_468;
+    let era = days.div_euclid(146_097);
+    let day_of_era = days - era * 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
 fn days_in_month(year: i64, month: i64) -> i64 {
     match month {
         2 if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 => 29,
@@ -121,7 +175,8 @@ fn rfc3339_nanos(s: &[u8]) -> Option<i128> {
     if !(1..=12).contains(&month) || day < 1 || day > days_in_month(year, month) {
         return None;
     }
-    if hour > 23 || minute > 59 || second > 59 {
+    // A leap second, 60, counts as the next one (what the Unix clock shows).
+    if hour > 23 || minute > 59 || second > 60 {
         return None;
     }
     let mut rest = &s[19..];
@@ -180,6 +235,31 @@ mod tests {
     }
 
     #[test]
+    fn timestamps_are_shown_in_rfc3339() {
+        for text in [
+            "1970-01-01T00:00:00Z",
+            "1969-12-31T23:59:59.999999999Z",
+            "2000-02-29T12:00:00.5Z",
+            "2024-05-01T14:02:03.123456789Z",
+            "0000-01-01T00:00:00Z",
+            "9999-12-31T23:59:59Z",
+        ] {
+            let position = Position::from_rfc3339(text).unwrap();
+            assert_eq!(position.to_rfc3339().as_deref(), Some(text));
+        }
+        assert_eq!(Position::new(i128::MAX).to_rfc3339(), None);
+    }
+
+    #[test]
+    fn a_leap_second_is_the_next_second() {
+        assert_eq!(at("2016-12-31T23:59:60Z"), at("2017-01-01T00:00:00Z"));
+        assert_eq!(at("2016-12-31T23:59:60.5Z"), at("2017-01-01T00:00:00.5Z"));
+        // The same leap second in another offset.
+        assert_eq!(at("2017-01-01T05:29:60+05:30"), at("2017-01-01T00:00:00Z"));
+        assert!(at("2016-12-31T23:59:59.999999999Z") < at("2016-12-31T23:59:60Z"));
+    }
+
+    #[test]
     fn malformed_timestamps_are_refused() {
         for bad in [
             "",
@@ -191,7 +271,7 @@ mod tests {
             "2024-04-31T14:02:00Z",
             "2024-05-01T24:00:00Z",
             "2024-05-01T14:60:00Z",
-            "2024-05-01T14:02:60Z",
+            "2024-05-01T14:02:61Z",
             "2024-05-01T14:02:00.Z",
             "2024-05-01T14:02:00+24:00",
             "2024-05-01T14:02:00Zjunk",

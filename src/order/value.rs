@@ -32,6 +32,10 @@ trait Reading {
     fn read(&self, text: &str) -> Option<Position>;
     /// What the value should be, for the `400` detail.
     fn should_be(&self) -> String;
+    /// Whether the positions are instants (nanoseconds since the Unix epoch).
+    fn instant(&self) -> bool {
+        false
+    }
 
     fn position_of(&self, text: Option<String>) -> Result<Option<Position>, KeyError> {
         let Some(text) = text else { return Ok(None) };
@@ -56,6 +60,10 @@ macro_rules! reading_position {
 
             fn expected(&self) -> Option<String> {
                 Some(format!("at {}", self.path().path()))
+            }
+
+            fn instant(&self) -> bool {
+                Reading::instant(self)
             }
         }
 
@@ -100,6 +108,10 @@ impl Reading for TimestampAt {
         &self.path
     }
 
+    fn instant(&self) -> bool {
+        true
+    }
+
     fn read(&self, text: &str) -> Option<Position> {
         Position::from_rfc3339(text)
     }
@@ -129,6 +141,10 @@ impl UnixSecondsAt {
 impl Reading for UnixSecondsAt {
     fn path(&self) -> &JsonPathKey {
         &self.path
+    }
+
+    fn instant(&self) -> bool {
+        true
     }
 
     fn read(&self, text: &str) -> Option<Position> {

@@ -230,7 +230,8 @@ fn batch_items(ids: Vec<String>, answers: &[Reservation], pass_on: bool) -> Batc
 }
 
 /// The answer when the store failed: 503 (fail closed), or the inner service unprotected (fail
-/// open).
+/// open). The error is logged at debug; the outcome's line, at error, is throttled (a full
+/// store refuses every request an outsider sends).
 fn store_failure<B, ResBody>(
     err: StoreError,
     settings: &Settings,
@@ -244,12 +245,12 @@ fn store_failure<B, ResBody>(
     } = request;
     match settings.failure_mode {
         FailureMode::Closed => {
-            tracing::error!(error = %err, "idempotency store error; failing closed");
+            tracing::debug!(error = %err, "idempotency store error; failing closed");
             let retry_after = settings.store_retry_after;
             Prelude::reject(settings, Rejection::StoreUnavailable { retry_after }, grpc)
         }
         FailureMode::Open => {
-            tracing::error!(error = %err, "idempotency store error; failing open");
+            tracing::debug!(error = %err, "idempotency store error; failing open");
             parts.extensions.insert(derived.key);
             Prelude::unprotected(parts, body, Outcome::FailOpen)
         }

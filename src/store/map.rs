@@ -14,8 +14,10 @@
 //! - **bounds on entries and on bytes**, each shard holding an equal share of both, so that a
 //!   full shard makes room by itself under its own lock: the entry nearest to its expiry among
 //!   those its value allows to be evicted ([`Weigh::evictable`]: the memory store never evicts
-//!   an in-flight claim; the cache evicts anything). Small bounds use fewer shards, so that
-//!   they stay exact;
+//!   an in-flight claim; the cache evicts anything), for as long as the shard holds one.
+//!   Evictable and kept entries wait in queues of their own, so the head of an evictable
+//!   queue, once what was removed or set again is dropped from it, is the one to evict: an
+//!   eviction costs O(1), amortised. Small bounds use fewer shards, so that they stay exact;
 //! - **several entries changed at once**: [`ExpiringMap::lock`] locks the shards of several
 //!   slots in index order (never a deadlock), for the memory store's ordered events (an
 //!   event, its object's lock and its object's watermark, in one step).
@@ -39,20 +41,16 @@ const MAX_SHARDS: usize = 16;
 const MIN_SHARD_ENTRIES: usize = 64;
 const MIN_SHARD_BYTES: usize = 1024 * 1024;
 
-/// How many distinct lives a shard keeps a first-in, first-out queue for; others go to a heap.
+/// How many distinct lives a shard keeps a first-in, first-out queue for, among its evictable
+/// entries and among its kept ones; others go to a heap.
 const MAX_QUEUES: usize = 8;
-
-/// How many expiry items of one queue are looked at for an evictable entry.
-const EVICTION_SCAN: usize = 64;
-
-/// How many entries one insertion may evict to make room before it gives up.
-const MAX_EVICTIONS: usize = 8;
 
 /// What the map needs to know of a value.
 pub(super) trait Weigh {
     /// The bytes the value is accounted as (on top of nothing: include the entry itself).
     fn bytes(&self) -> usize;
-    /// Whether the value may be evicted before its expiry to make room.
+    /// Whether the value may be evicted before its expiry to make room. It must not change
+    /// while the value is in the map (the map files the entry by it).
     fn evictable(&self) -> bool;
 }
 
@@ -96,7 +94,8 @@ struct Entry<V> {
 }
 
 /// The map is full: nothing could be evicted to make room (or eviction was not allowed), or
-/// not enough within [`MAX_EVICTIONS`]. Holds the entries evicted trying, which are gone.
+/// not enough (the bytes of the evictable entries left are too few). Holds the entries
+/// evicted trying, which are gone.
 #[derive(Debug)]
 pub(super) struct Full(pub(super) Vec<Evicted>);
 
@@ -310,14 +309,16 @@ impl<V: Weigh> Table<V> {
             if self.max_entries == 0 || cost > self.max_bytes {
                 return Err(Full(evicted));
             }
+            // Each eviction is O(1), amortised, and an entry is evicted at most once: however
+            // many one insertion takes, the cost per insertion stays O(1) on average.
             while self.entries.len() >= self.max_entries || self.bytes + cost > self.max_bytes {
-                let made_room = evict && evicted.len() < MAX_EVICTIONS;
-                match made_room.then(|| self.evict_oldest(now)).flatten() {
+                match evict.then(|| self.evict_oldest(now)).flatten() {
                     Some(one) => evicted.push(one),
                     None => return Err(Full(evicted)),
                 }
             }
         }
+        let evictable = value.evictable();
         let entry = Entry {
             value,
             expires,
@@ -327,8 +328,11 @@ impl<V: Weigh> Table<V> {
         match self.entries.entry(slot) {
             hash_map::Entry::Occupied(mut occupied) => {
                 let old = occupied.get();
-                self.expiries
-                    .retire(old.expires, Duration::from_nanos(old.life), &slot);
+                self.expiries.lane(old.value.evictable()).retire(
+                    old.expires,
+                    Duration::from_nanos(old.life),
+                    &slot,
+                );
                 self.bytes -= old.cost;
                 occupied.insert(entry);
             }
@@ -337,7 +341,7 @@ impl<V: Weigh> Table<V> {
             }
         }
         self.bytes += cost;
-        self.expiries.schedule(life, expires, slot);
+        self.expiries.lane(evictable).schedule(life, expires, slot);
         Ok(evicted)
     }
 
@@ -347,19 +351,22 @@ impl<V: Weigh> Table<V> {
         let Some(entry) = self.entries.get_mut(slot).filter(|e| e.expires > now) else {
             return false;
         };
-        self.expiries
-            .retire(entry.expires, Duration::from_nanos(entry.life), slot);
+        let lane = self.expiries.lane(entry.value.evictable());
+        lane.retire(entry.expires, Duration::from_nanos(entry.life), slot);
         entry.expires = now.saturating_add(nanos(life));
         entry.life = nanos(life);
-        self.expiries.schedule(life, entry.expires, *slot);
+        lane.schedule(life, entry.expires, *slot);
         true
     }
 
     /// Removes the entry of `slot`; returns its value.
     pub(super) fn remove(&mut self, slot: &Slot) -> Option<V> {
         let entry = self.entries.remove(slot)?;
-        self.expiries
-            .retire(entry.expires, Duration::from_nanos(entry.life), slot);
+        self.expiries.lane(entry.value.evictable()).retire(
+            entry.expires,
+            Duration::from_nanos(entry.life),
+            slot,
+        );
         self.bytes -= entry.cost;
         Some(entry.value)
     }
@@ -390,48 +397,28 @@ impl<V: Weigh> Table<V> {
 
     /// Evicts the evictable entry of this shard nearest to its expiry.
     fn evict_oldest(&mut self, now: u64) -> Option<Evicted> {
-        let (slot, expires, life) = self.oldest_evictable()?;
+        let entries = &self.entries;
+        let current = |at: u64, slot: &Slot| entries.get(slot).is_some_and(|e| e.expires == at);
+        let (head, expires, slot) = self.expiries.evictable.oldest(current)?;
+        self.expiries.evictable.pop(head);
         let entry = self.entries.remove(&slot)?;
-        self.expiries.retire(expires, life, &slot);
         self.bytes -= entry.cost;
         self.evictions += 1;
-        let set_at = expires.saturating_sub(nanos(life));
+        let set_at = expires.saturating_sub(entry.life);
         Some(Evicted {
             age: Duration::from_nanos(now.saturating_sub(set_at)),
         })
     }
 
-    /// The evictable entry nearest to its expiry, among the first [`EVICTION_SCAN`] items of
-    /// each queue (a queue is sorted by expiry) and the heap's head: its slot, expiry and life.
-    fn oldest_evictable(&self) -> Option<(Slot, u64, Duration)> {
-        let current = |at: u64, slot: &Slot| {
-            *slot != Slot::RETIRED
-                && self
-                    .entries
-                    .get(slot)
-                    .is_some_and(|e| e.expires == at && e.value.evictable())
-        };
-        let mut best: Option<(Slot, u64, Duration)> = None;
-        for queue in &self.expiries.queues {
-            let found = queue
-                .items
-                .iter()
-                .take(EVICTION_SCAN)
-                .find(|(at, slot)| current(*at, slot));
-            if let Some(&(at, slot)) = found {
-                if best.is_none_or(|(_, b, _)| at < b) {
-                    best = Some((slot, at, queue.life));
-                }
-            }
-        }
-        if let Some(Reverse((at, slot))) = self.expiries.heap.peek() {
-            if current(*at, slot) && best.is_none_or(|(_, b, _)| *at < b) {
-                let life = self.entries.get(slot).map_or(0, |e| e.life);
-                let life = Duration::from_nanos(life);
-                best = Some((*slot, *at, life));
-            }
-        }
-        best
+    /// The evictable entry nearest to its expiry (the earliest head of the evictable queues
+    /// and heap, after dropping the items of entries removed or set again since): its slot,
+    /// expiry and life.
+    fn oldest_evictable(&mut self) -> Option<(Slot, u64, Duration)> {
+        let entries = &self.entries;
+        let current = |at: u64, slot: &Slot| entries.get(slot).is_some_and(|e| e.expires == at);
+        let (_, expires, slot) = self.expiries.evictable.oldest(current)?;
+        let life = self.entries.get(&slot).map_or(0, |e| e.life);
+        Some((slot, expires, Duration::from_nanos(life)))
     }
 
     /// The number of entries of this shard.
@@ -456,9 +443,41 @@ pub(super) fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// When each entry expires, as `(nanoseconds, slot)` items.
+/// When each entry expires, as `(nanoseconds, slot)` items: the evictable entries' apart from
+/// the others', so that the head of an evictable queue is always one that may go.
 #[derive(Default)]
 struct Expiries {
+    evictable: Lane,
+    kept: Lane,
+}
+
+impl Expiries {
+    fn lane(&mut self, evictable: bool) -> &mut Lane {
+        if evictable {
+            &mut self.evictable
+        } else {
+            &mut self.kept
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.evictable.len() + self.kept.len()
+    }
+
+    fn pop_due(&mut self, now: u64, mut expire: impl FnMut(u64, &Slot)) {
+        self.evictable.pop_due(now, &mut expire);
+        self.kept.pop_due(now, expire);
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(u64, &Slot) -> bool) {
+        self.evictable.retain(&mut keep);
+        self.kept.retain(keep);
+    }
+}
+
+/// The expiry items of one kind of entry (evictable or kept).
+#[derive(Default)]
+struct Lane {
     /// Items in insertion order, one queue per life: `now + life` grows with `now`, so each
     /// queue is sorted and its head is the next to expire.
     queues: Vec<Queue>,
@@ -471,7 +490,14 @@ struct Queue {
     items: VecDeque<(u64, Slot)>,
 }
 
-impl Expiries {
+/// Where the head of a lane was found: a queue (its index) or the heap.
+#[derive(Clone, Copy)]
+enum Head {
+    Queue(usize),
+    Heap,
+}
+
+impl Lane {
     fn len(&self) -> usize {
         self.queues.iter().map(|q| q.items.len()).sum::<usize>() + self.heap.len()
     }
@@ -489,6 +515,44 @@ impl Expiries {
         }
     }
 
+    /// The earliest head of the lane's queues and heap whose entry is `current` (still
+    /// expires at that instant), after popping the heads that are not (retired, removed or
+    /// set again since): each item is popped once, so this is O(1) amortised.
+    fn oldest(&mut self, current: impl Fn(u64, &Slot) -> bool) -> Option<(Head, u64, Slot)> {
+        let live = |&(at, slot): &(u64, Slot)| slot != Slot::RETIRED && current(at, &slot);
+        let mut best: Option<(Head, u64, Slot)> = None;
+        for (index, queue) in self.queues.iter_mut().enumerate() {
+            while queue.items.front().is_some_and(|item| !live(item)) {
+                queue.items.pop_front();
+            }
+            if let Some(&(at, slot)) = queue.items.front() {
+                if best.is_none_or(|(_, b, _)| at < b) {
+                    best = Some((Head::Queue(index), at, slot));
+                }
+            }
+        }
+        while self.heap.peek().is_some_and(|Reverse(item)| !live(item)) {
+            self.heap.pop();
+        }
+        if let Some(&Reverse((at, slot))) = self.heap.peek() {
+            if best.is_none_or(|(_, b, _)| at < b) {
+                best = Some((Head::Heap, at, slot));
+            }
+        }
+        best
+    }
+
+    /// Pops the head found by [`oldest`](Self::oldest).
+    fn pop(&mut self, head: Head) {
+        match head {
+            Head::Queue(index) => {
+                self.queues[index].items.pop_front();
+            }
+            Head::Heap => {
+                self.heap.pop();
+            }
+        }
+    }
     /// Hands every item due at `now` to `expire`, except retired ones. A queue is only sorted
     /// as far as its writers' clocks were (an entry set from an earlier clock read): an item
     /// due behind one that is not stays until that one is due, and is skipped by lookups,
@@ -677,11 +741,64 @@ mod tests {
             let life = Duration::from_millis(10 + i as u64);
             table.insert(slot(i), value(true), life, now, true).unwrap();
         }
-        assert!(!table.expiries.heap.is_empty());
+        assert!(!table.expiries.evictable.heap.is_empty());
         table.expire(now + nanos(Duration::from_millis(15)));
         assert_eq!(table.len(), MAX_QUEUES + 4 - 6);
         table.expire(now + nanos(Duration::from_secs(1)));
         assert_eq!(table.len(), 0);
+    }
+
+    /// A full shard keeps evicting for as long as it holds an evictable entry, however many it
+    /// evicted before, through queues and heap alike, the oldest first; it refuses only when
+    /// every entry is kept. Its expiry items follow its entries.
+    #[test]
+    fn a_full_shard_evicts_for_as_long_as_something_may_go() {
+        let map: ExpiringMap<Value> = ExpiringMap::new(64, 1 << 30);
+        let (mut table, now) = map.shard(&slot(0));
+        for i in 0..8 {
+            table
+                .insert(slot(i), value(false), LONG, now, true)
+                .unwrap();
+        }
+        for i in 8..10_000 {
+            // Claimed (kept), then completed in place (evictable), a second apart, under lives
+            // that overflow the queues into the heap.
+            let life = LONG + Duration::from_millis((i % (2 * MAX_QUEUES)) as u64);
+            let at = now + i as u64 * 1_000_000_000;
+            let evicted = table.insert(slot(i), value(false), LONG, at, true).unwrap();
+            assert!(evicted.len() <= 1, "{i}: {evicted:?}");
+            table.insert(slot(i), value(true), life, at, false).unwrap();
+        }
+        assert_eq!(table.len(), 64);
+        assert_eq!(table.evictions, 10_000 - 64);
+        for i in 0..8 {
+            assert!(table.get(&slot(i), now).is_some(), "kept entry {i} evicted");
+        }
+        // The 56 evictable entries left are the newest.
+        for i in 10_000 - 56..10_000 {
+            assert!(table.get(&slot(i), now).is_some(), "{i} evicted too early");
+        }
+        // The claims' items, retired in place, go at the next lock (nothing is due yet).
+        table.expire(now);
+        assert!(
+            table.expiry_items() <= 2 * 64 + 1024,
+            "{}",
+            table.expiry_items()
+        );
+        // Only kept entries: full.
+        for i in 10_000 - 56..10_000 {
+            table.remove(&slot(i));
+            table
+                .insert(slot(i), value(false), LONG, now, true)
+                .unwrap();
+        }
+        assert!(table.insert(slot(1), value(false), LONG, now, true).is_ok());
+        assert!(
+            table
+                .insert(slot(20_000), value(false), LONG, now, true)
+                .is_err()
+        );
+        assert!(table.oldest_evictable().is_none());
     }
 
     #[test]

@@ -20,10 +20,11 @@ use crate::store::record::Record;
 #[non_exhaustive]
 pub enum WhenFull {
     /// Evict the completed records nearest to their expiry (the oldest), never an in-flight
-    /// claim, and take the new key (the default). A warning is logged (at most once a minute),
-    /// evictions are counted, and [`MemoryStore::effective_retention`] says how old the oldest
-    /// record kept is: when it falls below the sender's retry window, a late redelivery of an
-    /// evicted event would be processed again, so give the store more room or use Redis.
+    /// claim, and take the new key (the default); refuse it only when every entry is an
+    /// in-flight claim. A warning is logged (at most once a minute), evictions are counted,
+    /// and [`MemoryStore::effective_retention`] says how old the oldest record kept is: a
+    /// duplicate of an evicted key is processed again, so when it falls below the sender's
+    /// retry window, give the store more room or use Redis.
     #[default]
     EvictOldest,
     /// Refuse the new key with a [`StoreErrorKind::Capacity`] error (503 and `Retry-After` when
@@ -43,11 +44,26 @@ pub enum WhenFull {
 ///   (default [`DEFAULT_MAX_ENTRIES`](Self::DEFAULT_MAX_ENTRIES); ack-mode records cost 100–170
 ///   bytes each) and at most [`with_max_bytes`](MemoryStore::with_max_bytes) accounted bytes
 ///   (default [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES); replay-mode records count their
-///   response on top). When full, the completed records nearest to expiry are evicted to make
-///   room, never an in-flight claim ([`WhenFull::EvictOldest`], the default), or the new key
-///   is refused ([`WhenFull::Refuse`]). Watch [`effective_retention`](Self::effective_retention)
-///   (and the `idempotency_memory_effective_retention_seconds` gauge with the `metrics`
-///   feature): it must stay above the sender's retry window.
+///   response on top). Ordered routes count their per-object state against the same bounds
+///   (an object's lease while one of its events is in flight, its watermark afterwards).
+/// - When full ([`WhenFull::EvictOldest`], the default), the completed records (and
+///   watermarks) nearest to expiry are evicted to make room, for as long as there are any,
+///   each eviction in O(1); an in-flight claim or an object's lease never is. Only a store
+///   whose entries are all in flight refuses a new key ([`StoreErrorKind::Capacity`]: 503 and
+///   `Retry-After` when failing closed), and it takes new keys again as soon as a claim
+///   settles. With [`WhenFull::Refuse`], every new key is refused while the store is full.
+///   The bounds are split evenly between up to 16 shards (one shard below 128 entries), each
+///   of which makes room by itself: a shard's share fills a little before the whole does.
+/// - **An evicted key is forgotten**: a duplicate of it is processed again, like one that
+///   arrives after its retention, and an event older than an evicted watermark is not found
+///   stale. Size the bound for every first delivery of the sender's retry window: at least
+///   peak first deliveries per second × retry window in seconds (keys of a batch count one
+///   each, ordered events one more per object), plus the claims in flight. Watch
+///   [`effective_retention`](Self::effective_retention) (and the
+///   `idempotency_memory_effective_retention_seconds` gauge with the `metrics` feature): it is
+///   how far back duplicates are still recognised, and must stay above that window;
+///   [`evictions`](Self::evictions) (and `idempotency_memory_evictions_total`) counts every
+///   record forgotten early.
 /// - It is fast: the key space is split into up to 16 independently locked shards, each with
 ///   its share of both bounds; expiries wait in first-in, first-out queues, one per time to
 ///   live, so a claim or a record costs O(1) whatever the number of keys held (the map is the
