@@ -224,3 +224,15 @@ pub use fred;
 ))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The guide's code blocks (docs/guide.md, the longer half of what the README once held),
+/// compiled and run as doctests like the README's.
+#[cfg(all(
+    doctest,
+    feature = "redis",
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "verify"
+))]
+#[doc = include_str!("../docs/guide.md")]
+pub struct GuideDoctests;
