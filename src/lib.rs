@@ -216,8 +216,9 @@ pub use self::store::sql::sqlite::SqliteStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use fred;
 
-/// The README's code blocks, compiled and run as doctests (`cargo test --all-features --doc`:
-/// they use every store and the built-in signature schemes).
+/// The code blocks of the README and of docs/guide.md (the longer half of what the README once
+/// held), compiled and run as doctests (`cargo test --all-features --doc`: they use every store
+/// and the built-in signature schemes).
 #[cfg(all(
     doctest,
     feature = "redis",
@@ -226,4 +227,5 @@ pub use fred;
     feature = "verify"
 ))]
 #[doc = include_str!("../README.md")]
+#[doc = include_str!("../docs/guide.md")]
 pub struct ReadmeDoctests;

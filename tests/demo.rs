@@ -906,6 +906,68 @@ async fn github_deliveries_are_verified() {
     );
 }
 
+/// The secret the README's signed requests tell the reader to start the demo with.
+const README_SANGHO_SECRET: &str = "sangho_test_secret";
+
+/// The README's signed-request block (the `sh` block after its `readme-signed-requests`
+/// marker), aimed at `base` instead of `localhost:3000`.
+fn readme_signed_requests(base: &str) -> String {
+    let readme = include_str!("../README.md");
+    let (_, after) = readme
+        .split_once("<!-- readme-signed-requests")
+        .expect("README.md has lost its readme-signed-requests marker");
+    let (_, block) = after.split_once("```sh\n").unwrap();
+    let (block, _) = block.split_once("```").unwrap();
+    block.replace("localhost:3000", base)
+}
+
+/// Runs `script` with bash, failing on the first failing command; its stdout.
+fn bash(script: &str) -> String {
+    let output = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("set -euo pipefail\n{script}"))
+        .output()
+        .expect("bash");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// How often `needle` (lowercase) occurs in `text`, ignoring ASCII case.
+fn occurrences(text: &str, needle: &str) -> usize {
+    text.to_ascii_lowercase().matches(needle).count()
+}
+
+/// The README's copy-paste signed requests (Standard Webhooks, GitHub, Stripe-style), run as
+/// written with bash, openssl, python3 and curl: each is accepted once (200, one effect), and
+/// sent again is acknowledged as a duplicate.
+#[tokio::test]
+async fn the_readme_signed_requests_are_accepted_once() {
+    let demo = start_demo(&[("SANGHO_WEBHOOK_SECRET", README_SANGHO_SECRET)]);
+    let http = Http::new(&demo);
+    let script = readme_signed_requests(&demo.base);
+    let first = bash(&script);
+    assert_eq!(occurrences(&first, "http/1.1 200"), 3, "{first}");
+    assert_eq!(occurrences(&first, "idempotent-replayed:"), 0, "{first}");
+    let effects = http.effects().await;
+    assert_eq!(effects["total"], 3, "{effects}");
+    for id in ["msg_1", "72d3162e-cc78-11e3-81ab-4c9367dc0958", "evt_1"] {
+        assert_eq!(by_key(&effects, id), 1, "{id}: {effects}");
+    }
+    let again = bash(&script);
+    assert_eq!(occurrences(&again, "http/1.1 200"), 3, "{again}");
+    assert_eq!(
+        occurrences(&again, "idempotent-replayed: true"),
+        3,
+        "{again}"
+    );
+    assert_eq!(http.effects().await["total"], 3);
+}
+
 /// Routes verify only when their secret is set: Sangho's Stripe-style `Sangho-Signature`, and
 /// `X-Hub-Signature-256` on Kalipto's and Meta's.
 #[tokio::test]
