@@ -1,6 +1,8 @@
 use http::HeaderName;
 
-use super::{ExtractKey, IdempotencyKey, InvalidHeaderName, KeyError, KeyErrorKind, KeyInput};
+use super::{
+    ExtractKey, IdempotencyKey, InvalidHeaderName, KeyError, KeyErrorKind, KeyInput, KeySource,
+};
 
 /// Takes the key from one request header (or gRPC metadata entry).
 ///
@@ -70,7 +72,7 @@ impl ExtractKey for HeaderKey {
                 ),
             )
         })?;
-        key.map(Some)
+        key.map(|key| Some(key.with_source(KeySource::Header(self.name.clone()))))
     }
 
     fn expected(&self) -> Option<String> {

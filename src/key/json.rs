@@ -4,7 +4,7 @@ use serde_json::Value;
 
 use super::query::ValuePath;
 use super::scan::{ScanError, SimplePath, scan};
-use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput, PathError};
+use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput, KeySource, PathError};
 
 /// Takes the key from the JSON body, selected by RFC 9535 JSONPaths.
 ///
@@ -221,11 +221,12 @@ impl ExtractKey for JsonPathKey {
             }
             None => self.queried(input)?.into_iter().map(Cow::Owned).collect(),
         };
-        if self.items {
+        let key = if self.items {
             IdempotencyKey::items_of(values)
         } else {
             IdempotencyKey::composite_of(values)
-        }
+        };
+        key.map(|key| key.map(|key| key.with_source(KeySource::Body)))
     }
 
     fn needs_body(&self) -> bool {

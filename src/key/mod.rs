@@ -48,7 +48,7 @@ pub use self::fields::FieldsFingerprintKey;
 pub use self::func::{BodyFn, from_body_fn};
 pub use self::header::HeaderKey;
 pub use self::json::JsonPathKey;
-pub use self::value::IdempotencyKey;
+pub use self::value::{IdempotencyKey, KeySource};
 
 /// The longest accepted key part, in bytes (Stripe's limit).
 pub const MAX_KEY_LEN: usize = 255;

@@ -3,11 +3,12 @@
 
 use bytes::Bytes;
 use http::request::Parts;
+use sha2::{Digest, Sha256};
 
 use crate::config::Settings;
 use crate::fingerprint::Fingerprint;
 use crate::guard::{OneOrMany, Targets};
-use crate::key::{ExtractKey, IdempotencyKey, KeyInput};
+use crate::key::{ExtractKey, IdempotencyKey, KeyInput, KeySource};
 use crate::order::{Placed, Position};
 use crate::rejection::Rejection;
 use crate::store::{ObjectKey, OrderedEvent, StoreKey};
@@ -23,6 +24,9 @@ pub(crate) struct Derived {
     pub(crate) items: Option<Vec<String>>,
     /// Ordered events' positions, in the targets' order.
     pub(crate) positions: Vec<Position>,
+    /// The targets are the key, then the signed content: the key does not come from what the
+    /// signature covers, so a replay of the signed bytes under another key is a duplicate.
+    pub(crate) signed: bool,
 }
 
 /// The key of a request (`None`: it carries none), or the rejection of a malformed one.
@@ -94,12 +98,20 @@ fn plain<K: ExtractKey>(
         ),
     };
     name_the_key(&targets);
+    let (targets, signed) = match (&targets, signed_content(settings, parts, data, &key)) {
+        (Targets::Keys(OneOrMany::One(one)), Some(content)) => (
+            Targets::Keys(OneOrMany::Many(vec![one.clone(), store_key(&content)])),
+            true,
+        ),
+        _ => (targets, false),
+    };
     Ok(Some(Derived {
         key,
         targets,
         fingerprint,
         items,
         positions,
+        signed,
     }))
 }
 
@@ -124,6 +136,7 @@ fn ordered_items(
         fingerprint: Fingerprint::NONE,
         items: Some(items),
         positions,
+        signed: false,
     })
 }
 
@@ -141,6 +154,39 @@ fn events(settings: &Settings, parts: &Parts, placed: Vec<Placed>) -> Targets {
             })
             .collect(),
     )
+}
+
+/// On a verified route whose `key` does not come from what the signature covers (a header it
+/// does not sign, or a source its extractor does not tell), the key text of the signed
+/// content: a SHA-256 of the scheme's signed context and the body, each length-prefixed.
+/// `None` when the key is covered (from the body, or a signed header) or nothing verifies.
+///
+/// The text starts with a NUL, which no extracted key may hold: it never meets a real key.
+fn signed_content(
+    settings: &Settings,
+    parts: &Parts,
+    data: Option<&Bytes>,
+    key: &IdempotencyKey,
+) -> Option<String> {
+    let verifier = settings.verifier.as_deref()?;
+    let covered = match key.source() {
+        KeySource::Body => true,
+        KeySource::Header(name) => verifier.covers_header(name),
+        _ => false,
+    };
+    if covered {
+        return None;
+    }
+    let body = data.map_or(&[][..], |data| &data[..]);
+    let mut hasher = Sha256::new();
+    for value in verifier.signed_context(parts).into_iter().chain([body]) {
+        hasher.update((value.len() as u64).to_be_bytes());
+        hasher.update(value);
+    }
+    let mut text = String::with_capacity(8 + 64);
+    text.push_str("\0signed:");
+    crate::util::push_hex(&mut text, &hasher.finalize());
+    Some(text)
 }
 
 /// Names the hashed key in the request's span, when there is one.

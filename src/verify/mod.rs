@@ -49,6 +49,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderName;
 use http::request::Parts;
 
 /// The `tolerance` and `clock` builder methods of the schemes that sign a timestamp, written
@@ -128,9 +129,45 @@ pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 ///
 /// Any `Fn(&http::request::Parts, &[u8]) -> Result<(), VerifyError>` closure implements this
 /// trait, and so does `Arc<V>` (`Arc<dyn VerifyRequest>` for verifiers chosen at run time).
+///
+/// # What the signature covers
+///
+/// A signature covers the body and, depending on the scheme, some headers (an id, a
+/// timestamp). A key taken from anything else, such as a delivery-id header the sender does
+/// not sign, can be changed by whoever captured one signed request: the same body and
+/// signature, sent again under a new id, verify. So when a verified route's key does not come
+/// from what the signature covers, the layer also claims the **signed content** (a SHA-256 of
+/// the body and [`signed_context`](Self::signed_context)) under the same claim: a replay under
+/// a new id finds it completed and is a duplicate. Two methods say what a scheme covers; their
+/// defaults say "the body only", which is right for a scheme that signs the body alone and
+/// conservative for any other.
 pub trait VerifyRequest: Send + Sync + 'static {
     /// `Ok(())` when the request is authentic.
     fn verify(&self, parts: &Parts, body: &[u8]) -> Result<(), VerifyError>;
+
+    /// Whether the signature covers the value of header `name`, so that a key taken from it
+    /// cannot be changed without breaking the signature. Default: no header (the body only).
+    ///
+    /// Standard Webhooks covers `webhook-id` and `webhook-timestamp`, Slack its
+    /// `X-Slack-Request-Timestamp`; Stripe-style, `X-Hub-Signature-256` and Shopify no header
+    /// a key could come from.
+    fn covers_header(&self, name: &HeaderName) -> bool {
+        let _ = name;
+        false
+    }
+
+    /// What the signature covers besides the body in this verified request, as sent (the
+    /// signed id, the signed timestamp), in a fixed order. The layer hashes it with the body
+    /// into the signed content it claims when the key is not covered: so two genuine events
+    /// with the same body but signed at different times are not merged, while a captured
+    /// request replayed as is (it must keep its signed values to verify) is. Default: nothing.
+    ///
+    /// Standard Webhooks: `webhook-id` and `webhook-timestamp`; Stripe-style: the `t=` value;
+    /// Slack: `X-Slack-Request-Timestamp`; `X-Hub-Signature-256` and Shopify: nothing.
+    fn signed_context<'a>(&self, parts: &'a Parts) -> Vec<&'a [u8]> {
+        let _ = parts;
+        Vec::new()
+    }
 }
 
 impl<F> VerifyRequest for F
@@ -146,6 +183,14 @@ where
 impl<V: VerifyRequest + ?Sized> VerifyRequest for Arc<V> {
     fn verify(&self, parts: &Parts, body: &[u8]) -> Result<(), VerifyError> {
         (**self).verify(parts, body)
+    }
+
+    fn covers_header(&self, name: &HeaderName) -> bool {
+        (**self).covers_header(name)
+    }
+
+    fn signed_context<'a>(&self, parts: &'a Parts) -> Vec<&'a [u8]> {
+        (**self).signed_context(parts)
     }
 }
 
