@@ -2,7 +2,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::query::ValuePath;
-use super::{ExtractKey, IdempotencyKey, KeyError, KeyInput, KeySource, PathError};
+use super::{ExtractKey, IdempotencyKey, KeyError, KeyInput, PathError};
+use crate::verify::VerifyRequest;
 
 /// A key for senders without a stable id: a canonical hash of chosen trusted JSON fields.
 ///
@@ -99,10 +100,15 @@ impl ExtractKey for FieldsFingerprintKey {
         let mut key = String::with_capacity(7 + 64);
         key.push_str("fields:");
         crate::util::push_hex(&mut key, &Sha256::digest(&canonical));
-        IdempotencyKey::new(key).map(|key| Some(key.with_source(KeySource::Body)))
+        IdempotencyKey::new(key).map(Some)
     }
 
     fn needs_body(&self) -> bool {
+        true
+    }
+
+    /// The body is signed by every built-in scheme.
+    fn covered_by(&self, _verifier: &dyn VerifyRequest) -> bool {
         true
     }
 }

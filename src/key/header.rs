@@ -1,8 +1,8 @@
 use http::HeaderName;
 
-use super::{
-    ExtractKey, IdempotencyKey, InvalidHeaderName, KeyError, KeyErrorKind, KeyInput, KeySource,
-};
+use crate::verify::VerifyRequest;
+
+use super::{ExtractKey, IdempotencyKey, InvalidHeaderName, KeyError, KeyErrorKind, KeyInput};
 
 /// Takes the key from one request header (or gRPC metadata entry).
 ///
@@ -72,10 +72,14 @@ impl ExtractKey for HeaderKey {
                 ),
             )
         })?;
-        key.map(|key| Some(key.with_source(KeySource::Header(self.name.clone()))))
+        key.map(Some)
     }
 
     fn expected(&self) -> Option<String> {
         Some(format!("in the {} header", self.name))
+    }
+
+    fn covered_by(&self, verifier: &dyn VerifyRequest) -> bool {
+        verifier.covers_header(&self.name)
     }
 }

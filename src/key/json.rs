@@ -4,7 +4,8 @@ use serde_json::Value;
 
 use super::query::ValuePath;
 use super::scan::{ScanError, SimplePath, scan};
-use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput, KeySource, PathError};
+use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput, PathError};
+use crate::verify::VerifyRequest;
 
 /// Takes the key from the JSON body, selected by RFC 9535 JSONPaths.
 ///
@@ -221,15 +222,19 @@ impl ExtractKey for JsonPathKey {
             }
             None => self.queried(input)?.into_iter().map(Cow::Owned).collect(),
         };
-        let key = if self.items {
+        if self.items {
             IdempotencyKey::items_of(values)
         } else {
             IdempotencyKey::composite_of(values)
-        };
-        key.map(|key| key.map(|key| key.with_source(KeySource::Body)))
+        }
     }
 
     fn needs_body(&self) -> bool {
+        true
+    }
+
+    /// The body is signed by every built-in scheme.
+    fn covered_by(&self, _verifier: &dyn VerifyRequest) -> bool {
         true
     }
 

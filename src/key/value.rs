@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use http::{HeaderName, HeaderValue};
+use http::HeaderValue;
 
 use super::{KeyError, MAX_KEY_LEN, MAX_KEY_PARTS, PART_SEPARATOR};
 
@@ -18,31 +18,6 @@ use super::{KeyError, MAX_KEY_LEN, MAX_KEY_PARTS, PART_SEPARATOR};
 pub struct IdempotencyKey {
     value: KeyText,
     items: bool,
-    source: KeySource,
-}
-
-/// Where a key was taken from, as its extractor reports it: what a verified route checks
-/// against what the signature covers ([`VerifyRequest::covers_header`]).
-///
-/// The built-in extractors say it ([`HeaderKey`](super::HeaderKey): its header;
-/// [`JsonPathKey`](super::JsonPathKey) and [`FieldsFingerprintKey`](super::FieldsFingerprintKey):
-/// the body), and a [`Fallback`](super::Fallback) hands on the source of whichever extractor
-/// found the key. A key built by hand ([`IdempotencyKey::new`], a closure, [`from_body_fn`](super::from_body_fn),
-/// which also sees the head) is [`Unknown`](Self::Unknown) unless its maker says otherwise with
-/// [`IdempotencyKey::with_source`]; a verified route treats an unknown source as not covered
-/// and also claims the signed content.
-///
-/// [`VerifyRequest::covers_header`]: crate::verify::VerifyRequest::covers_header
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeySource {
-    /// Not known: treated as not covered by a signature.
-    #[default]
-    Unknown,
-    /// The value of this request header.
-    Header(HeaderName),
-    /// The request body (every built-in signature scheme covers it).
-    Body,
 }
 
 /// Where a key's text lives.
@@ -73,7 +48,6 @@ impl Clone for IdempotencyKey {
         IdempotencyKey {
             value: KeyText::Owned(self.as_str().to_owned()),
             items: self.items,
-            source: self.source.clone(),
         }
     }
 }
@@ -101,7 +75,6 @@ impl IdempotencyKey {
         Ok(IdempotencyKey {
             value: KeyText::Owned(value),
             items: false,
-            source: KeySource::Unknown,
         })
     }
 
@@ -112,7 +85,6 @@ impl IdempotencyKey {
         Some(validate_part(text).map(|()| IdempotencyKey {
             value: KeyText::Header(value.clone()),
             items: false,
-            source: KeySource::Unknown,
         }))
     }
 
@@ -172,7 +144,6 @@ impl IdempotencyKey {
             return Ok(Some(IdempotencyKey {
                 value: KeyText::Owned(first.as_ref().to_owned()),
                 items: false,
-                source: KeySource::Unknown,
             }));
         };
         let mut parts: Vec<S> = Vec::new();
@@ -198,21 +169,7 @@ impl IdempotencyKey {
         Ok(Some(IdempotencyKey {
             value: KeyText::Owned(joined),
             items: false,
-            source: KeySource::Unknown,
         }))
-    }
-
-    /// Where the key was taken from (see [`KeySource`]).
-    pub fn source(&self) -> &KeySource {
-        &self.source
-    }
-
-    /// The same key, taken from `source`: for an extractor of its own that knows where its key
-    /// comes from (say, [`KeySource::Body`] for a key read from a signed body, so that a
-    /// verified route needs no claim of the signed content).
-    pub fn with_source(mut self, source: KeySource) -> Self {
-        self.source = source;
-        self
     }
 
     /// The key (values of a composite or per-item key are separated by `'\n'`).

@@ -135,12 +135,19 @@ pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 /// A signature covers the body and, depending on the scheme, some headers (an id, a
 /// timestamp). A key taken from anything else, such as a delivery-id header the sender does
 /// not sign, can be changed by whoever captured one signed request: the same body and
-/// signature, sent again under a new id, verify. So when a verified route's key does not come
-/// from what the signature covers, the layer also claims the **signed content** (a SHA-256 of
-/// the body and [`signed_context`](Self::signed_context)) under the same claim: a replay under
-/// a new id finds it completed and is a duplicate. Two methods say what a scheme covers; their
-/// defaults say "the body only", which is right for a scheme that signs the body alone and
-/// conservative for any other.
+/// signature, sent again under a new id, verify. So when a verified route's key extractor
+/// cannot prove that every key it yields is covered
+/// ([`ExtractKey::covered_by`](crate::key::ExtractKey::covered_by)), the layer also claims the
+/// **signed content** of each request (a SHA-256 of the body and
+/// [`signed_context`](Self::signed_context)) beside its key, in the same reserve: a replay
+/// under a new id finds it completed and is a duplicate, and a redelivery under the same id
+/// stays one. Two methods say what a scheme covers; their defaults say "the body only", which
+/// is right for a scheme that signs the body alone and conservative for any other.
+///
+/// The cost: under a scheme that signs the body only (`X-Hub-Signature-256`, Shopify), two
+/// events with byte-identical bodies under different ids are one event. Where a timestamp or
+/// an id is signed, it is part of the signed content, and only a replay of the same signed
+/// values is merged.
 pub trait VerifyRequest: Send + Sync + 'static {
     /// `Ok(())` when the request is authentic.
     fn verify(&self, parts: &Parts, body: &[u8]) -> Result<(), VerifyError>;

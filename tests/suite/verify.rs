@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{Request, StatusCode};
-use tower_idempotency::key::HeaderKey;
+use tower_idempotency::key::{HeaderKey, JsonPathKey};
 use tower_idempotency::verify::{
     HubSignature256, ShopifyHmac, SlackSignature, StandardWebhooks, StripeSignature, VerifyRequest,
 };
@@ -305,6 +305,52 @@ pub async fn a_replay_under_a_new_delivery_id_is_a_duplicate<St: IdempotencyStor
         }
         assert_eq!(effects.total(), 2 + usize::from(timestamped), "{name}");
     }
+}
+
+/// A route keyed by an unsigned header, else by the signed body's `$.id` (Sangho's): a
+/// request captured without the header and sent again with one under new ids is a duplicate
+/// too (the signed content is claimed whichever extractor found the key), and a provider
+/// redelivery without the header stays one.
+pub async fn a_header_fallback_cannot_rekey_a_signed_body<St: IdempotencyStore>(store: St) {
+    const SANGHO: &str = "whsec_sangho";
+    let effects = Effects::default();
+    let key = HeaderKey::new("x-delivery")
+        .unwrap()
+        .or(JsonPathKey::new("$.id").unwrap());
+    let layer = IdempotencyLayer::webhook(store)
+        .namespace(ns("replay-fallback"))
+        .key(key)
+        .verify(StripeSignature::new("sangho-signature", [SANGHO]).unwrap());
+    let app = router(layer, &effects);
+    let (body, t) = (r#"{"id":"evt_1","type":"charge.succeeded"}"#, now());
+    let signed = [("sangho-signature", signing::stripe(SANGHO, t, body))];
+    let unkeyed = |signed: &[(&'static str, String)], body: &str| {
+        let mut request = keyed_delivery("-", signed, body);
+        request.headers_mut().remove("x-delivery");
+        request
+    };
+    assert_eq!(
+        send(&app, unkeyed(&signed, body)).await.0,
+        StatusCode::CREATED
+    );
+    for replay in ["d-2", "d-3"] {
+        let (status, headers, _) = send(&app, keyed_delivery(replay, &signed, body)).await;
+        assert_eq!(status, StatusCode::OK, "a replay under {replay}");
+        assert_eq!(headers["idempotent-replayed"], "true");
+    }
+    let later = [("sangho-signature", signing::stripe(SANGHO, t + 30, body))];
+    let (status, headers, _) = send(&app, unkeyed(&later, body)).await;
+    assert_eq!(
+        (status, &headers["idempotent-replayed"]),
+        (StatusCode::OK, &"true".parse().unwrap())
+    );
+    let other = r#"{"id":"evt_2","type":"charge.succeeded"}"#;
+    let fresh = [("sangho-signature", signing::stripe(SANGHO, t, other))];
+    assert_eq!(
+        send(&app, unkeyed(&fresh, other)).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(effects.total(), 2);
 }
 
 /// `send`, with the response's outcome.
