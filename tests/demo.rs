@@ -1146,6 +1146,9 @@ async fn every_metric_the_dashboard_and_the_alerts_name_is_exported() {
     );
 }
 
+/// A signed route of the demo: its path, its delivery-id header, the signed headers, the body.
+type Route<'a> = (&'a str, &'a str, Vec<(&'a str, String)>, &'a str);
+
 /// A body and signature captured once, sent again under three new delivery ids, to every
 /// signed route of the demo: one effect per route. GitHub, Kalipto and Meta sign the body
 /// only and Sangho `t.body`, so the replays verify and are acknowledged as duplicates (the
@@ -1163,7 +1166,7 @@ async fn a_captured_request_replayed_under_new_ids_runs_once() {
     let body = r#"{"id":"evt_cap","type":"charge.succeeded"}"#;
     let status_callback = r#"{"entry":[{"changes":[{"value":{"statuses":[{"id":"wamid.C"}]}}]}]}"#;
     // Each route: its path, its delivery-id header, the signed headers, the body.
-    let routes: [(&str, &str, Vec<(&str, String)>, &str); 5] = [
+    let routes: [Route; 5] = [
         (
             "/webhooks/github",
             "X-GitHub-Delivery",
