@@ -906,15 +906,18 @@ async fn github_deliveries_are_verified() {
     );
 }
 
+/// The secrets that turn verification on for Sangho, Kalipto and Meta.
+const OPTIONAL_SECRETS: [(&str, &str); 3] = [
+    ("SANGHO_WEBHOOK_SECRET", "whsec_sangho_test"),
+    ("KALIPTO_WEBHOOK_SECRET", "kalipto-secret"),
+    ("META_APP_SECRET", "meta-secret"),
+];
+
 /// Routes verify only when their secret is set: Sangho's Stripe-style `Sangho-Signature`, and
 /// `X-Hub-Signature-256` on Kalipto's and Meta's.
 #[tokio::test]
 async fn optional_secrets_turn_verification_on() {
-    let demo = start_demo(&[
-        ("SANGHO_WEBHOOK_SECRET", "whsec_sangho_test"),
-        ("KALIPTO_WEBHOOK_SECRET", "kalipto-secret"),
-        ("META_APP_SECRET", "meta-secret"),
-    ]);
+    let demo = start_demo(&OPTIONAL_SECRETS);
     let http = Http::new(&demo);
     let body = r#"{"id":"evt_1","type":"charge.succeeded"}"#;
     let unsigned = [("Sangho-Event-ID", "evt_1")];
@@ -1156,11 +1159,7 @@ type Route<'a> = (&'a str, &'a str, Vec<(&'a str, String)>, &'a str);
 /// replay under another id is 401. Before the signed content was claimed, each replay ran.
 #[tokio::test]
 async fn a_captured_request_replayed_under_new_ids_runs_once() {
-    let demo = start_demo(&[
-        ("SANGHO_WEBHOOK_SECRET", "whsec_sangho_test"),
-        ("KALIPTO_WEBHOOK_SECRET", "kalipto-secret"),
-        ("META_APP_SECRET", "meta-secret"),
-    ]);
+    let demo = start_demo(&OPTIONAL_SECRETS);
     let http = Http::new(&demo);
     let t = signing::now();
     let body = r#"{"id":"evt_cap","type":"charge.succeeded"}"#;
