@@ -340,6 +340,46 @@ pub(crate) mod testing {
     }
 }
 
+/// What each built-in scheme says it covers.
+#[cfg(all(test, feature = "verify"))]
+mod coverage {
+    use super::testing::request;
+    use super::*;
+
+    #[test]
+    fn each_scheme_names_what_it_signs() {
+        let secret = ["It's a Secret to Everybody"];
+        let parts = request(&[
+            ("webhook-id", b"msg_1"),
+            ("webhook-timestamp", b"1614265330"),
+            ("stripe-signature", b"t=1492774577,v1=00,v1=11"),
+            ("x-slack-request-timestamp", b"1531420618"),
+        ]);
+        let name = HeaderName::from_static;
+        let standard = StandardWebhooks::new(["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]).unwrap();
+        assert!(standard.covers_header(&name("webhook-id")));
+        assert!(standard.covers_header(&name("webhook-timestamp")));
+        assert!(!standard.covers_header(&name("x-delivery")));
+        let signed: [&[u8]; 2] = [b"msg_1", b"1614265330"];
+        assert_eq!(standard.signed_context(&parts), signed);
+        // Stripe-style: the `t=` value only, not the (paddable) signature entries.
+        let stripe = StripeSignature::stripe(secret).unwrap();
+        assert!(!stripe.covers_header(&name("stripe-signature")));
+        assert_eq!(stripe.signed_context(&parts), [b"1492774577"]);
+        let slack = SlackSignature::new(secret).unwrap();
+        assert!(slack.covers_header(&name("x-slack-request-timestamp")));
+        assert_eq!(slack.signed_context(&parts), [b"1531420618"]);
+        let body_only: [Arc<dyn VerifyRequest>; 2] = [
+            Arc::new(HubSignature256::new(secret).unwrap()),
+            Arc::new(ShopifyHmac::new(secret).unwrap()),
+        ];
+        for scheme in body_only {
+            assert!(!scheme.covers_header(&name("webhook-id")));
+            assert!(scheme.signed_context(&parts).is_empty());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
