@@ -968,15 +968,18 @@ async fn the_readme_signed_requests_are_accepted_once() {
     assert_eq!(http.effects().await["total"], 3);
 }
 
+/// The secrets that turn verification on for Sangho, Kalipto and Meta.
+const OPTIONAL_SECRETS: [(&str, &str); 3] = [
+    ("SANGHO_WEBHOOK_SECRET", "whsec_sangho_test"),
+    ("KALIPTO_WEBHOOK_SECRET", "kalipto-secret"),
+    ("META_APP_SECRET", "meta-secret"),
+];
+
 /// Routes verify only when their secret is set: Sangho's Stripe-style `Sangho-Signature`, and
 /// `X-Hub-Signature-256` on Kalipto's and Meta's.
 #[tokio::test]
 async fn optional_secrets_turn_verification_on() {
-    let demo = start_demo(&[
-        ("SANGHO_WEBHOOK_SECRET", "whsec_sangho_test"),
-        ("KALIPTO_WEBHOOK_SECRET", "kalipto-secret"),
-        ("META_APP_SECRET", "meta-secret"),
-    ]);
+    let demo = start_demo(&OPTIONAL_SECRETS);
     let http = Http::new(&demo);
     let body = r#"{"id":"evt_1","type":"charge.succeeded"}"#;
     let unsigned = [("Sangho-Event-ID", "evt_1")];
@@ -1206,4 +1209,91 @@ async fn every_metric_the_dashboard_and_the_alerts_name_is_exported() {
             .any(|l| l.starts_with("idempotency_lease_lost_total{") && l.ends_with(" 0")),
         "{memory}"
     );
+}
+
+/// A signed route of the demo: its path, its delivery-id header, the signed headers, the body.
+type Route<'a> = (&'a str, &'a str, Vec<(&'a str, String)>, &'a str);
+
+/// A body and signature captured once, sent again under three new delivery ids, to every
+/// signed route of the demo: one effect per route. GitHub, Kalipto and Meta sign the body
+/// only and Sangho `t.body`, so the replays verify and are acknowledged as duplicates (the
+/// signed content was claimed with the first delivery); Standard Webhooks signs its id, so a
+/// replay under another id is 401. Before the signed content was claimed, each replay ran.
+#[tokio::test]
+async fn a_captured_request_replayed_under_new_ids_runs_once() {
+    let demo = start_demo(&OPTIONAL_SECRETS);
+    let http = Http::new(&demo);
+    let t = signing::now();
+    let body = r#"{"id":"evt_cap","type":"charge.succeeded"}"#;
+    let status_callback = r#"{"entry":[{"changes":[{"value":{"statuses":[{"id":"wamid.C"}]}}]}]}"#;
+    // Each route: its path, its delivery-id header, the signed headers, the body.
+    let routes: [Route; 5] = [
+        (
+            "/webhooks/github",
+            "X-GitHub-Delivery",
+            vec![(
+                "X-Hub-Signature-256",
+                signing::hub(signing::GITHUB_SECRET, body),
+            )],
+            body,
+        ),
+        (
+            "/webhooks/sangho",
+            "Sangho-Event-ID",
+            vec![(
+                "Sangho-Signature",
+                signing::stripe("whsec_sangho_test", t, body),
+            )],
+            body,
+        ),
+        (
+            "/webhooks/kalipto",
+            "X-Kalipto-Delivery-Id",
+            vec![("X-Hub-Signature-256", signing::hub("kalipto-secret", body))],
+            body,
+        ),
+        (
+            "/webhooks/meta",
+            "X-Kalipto-Delivery-Id",
+            vec![(
+                "X-Hub-Signature-256",
+                signing::hub("meta-secret", status_callback),
+            )],
+            status_callback,
+        ),
+        (
+            "/webhooks/standard",
+            "webhook-id",
+            vec![
+                ("webhook-timestamp", t.to_string()),
+                (
+                    "webhook-signature",
+                    signing::standard(signing::STANDARD_SECRET, "cap-0", t, body),
+                ),
+            ],
+            body,
+        ),
+    ];
+    for (round, (path, id_header, signed, body)) in routes.iter().enumerate() {
+        for (i, id) in ["cap-0", "cap-1", "cap-2", "cap-3"].into_iter().enumerate() {
+            let mut headers: Vec<(&str, &str)> = vec![(id_header, id)];
+            headers.extend(signed.iter().map(|(name, value)| (*name, value.as_str())));
+            let (status, response, _) = http.send("POST", path, &headers, body).await;
+            let replayed = response
+                .get("idempotent-replayed")
+                .map(|v| v.to_str().unwrap());
+            match (i, *path) {
+                (0, _) => assert_eq!((status, replayed), (StatusCode::OK, None), "{path}"),
+                (_, "/webhooks/standard") => {
+                    assert_eq!(status, StatusCode::UNAUTHORIZED, "{path} {id}")
+                }
+                _ => assert_eq!(
+                    (status, replayed),
+                    (StatusCode::OK, Some("true")),
+                    "{path} {id}"
+                ),
+            }
+        }
+        assert_eq!(http.effects().await["total"], round as u64 + 1, "{path}");
+    }
 }

@@ -1,3 +1,5 @@
+use crate::verify::VerifyRequest;
+
 use super::{ExtractKey, IdempotencyKey, KeyError, KeyInput};
 
 /// Tries `A`, then `B` when `A` finds no key; built by
@@ -28,6 +30,12 @@ impl<A: ExtractKey, B: ExtractKey> ExtractKey for Fallback<A, B> {
 
     fn needs_body(&self) -> bool {
         self.first.needs_body() || self.second.needs_body()
+    }
+
+    /// Only when both are: a header that takes precedence over a signed body value is a way
+    /// to send a captured request again under a new key.
+    fn covered_by(&self, verifier: &dyn VerifyRequest) -> bool {
+        self.first.covered_by(verifier) && self.second.covered_by(verifier)
     }
 
     fn expected(&self) -> Option<String> {

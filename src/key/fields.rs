@@ -3,6 +3,7 @@ use sha2::{Digest, Sha256};
 
 use super::query::ValuePath;
 use super::{ExtractKey, IdempotencyKey, KeyError, KeyInput, PathError};
+use crate::verify::VerifyRequest;
 
 /// A key for senders without a stable id: a canonical hash of chosen trusted JSON fields.
 ///
@@ -103,6 +104,11 @@ impl ExtractKey for FieldsFingerprintKey {
     }
 
     fn needs_body(&self) -> bool {
+        true
+    }
+
+    /// The body is signed by every built-in scheme.
+    fn covered_by(&self, _verifier: &dyn VerifyRequest) -> bool {
         true
     }
 }

@@ -1,5 +1,7 @@
 use http::HeaderName;
 
+use crate::verify::VerifyRequest;
+
 use super::{ExtractKey, IdempotencyKey, InvalidHeaderName, KeyError, KeyErrorKind, KeyInput};
 
 /// Takes the key from one request header (or gRPC metadata entry).
@@ -75,5 +77,9 @@ impl ExtractKey for HeaderKey {
 
     fn expected(&self) -> Option<String> {
         Some(format!("in the {} header", self.name))
+    }
+
+    fn covered_by(&self, verifier: &dyn VerifyRequest) -> bool {
+        verifier.covers_header(&self.name)
     }
 }

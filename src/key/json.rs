@@ -5,6 +5,7 @@ use serde_json::Value;
 use super::query::ValuePath;
 use super::scan::{ScanError, SimplePath, scan};
 use super::{ExtractKey, IdempotencyKey, KeyError, KeyErrorKind, KeyInput, PathError};
+use crate::verify::VerifyRequest;
 
 /// Takes the key from the JSON body, selected by RFC 9535 JSONPaths.
 ///
@@ -229,6 +230,11 @@ impl ExtractKey for JsonPathKey {
     }
 
     fn needs_body(&self) -> bool {
+        true
+    }
+
+    /// The body is signed by every built-in scheme.
+    fn covered_by(&self, _verifier: &dyn VerifyRequest) -> bool {
         true
     }
 

@@ -42,6 +42,8 @@ use std::sync::OnceLock;
 use bytes::Bytes;
 use http::request::Parts;
 
+use crate::verify::VerifyRequest;
+
 pub use self::error::{InvalidHeaderName, KeyError, KeyErrorKind, PathError};
 pub use self::fallback::Fallback;
 pub use self::fields::FieldsFingerprintKey;
@@ -143,6 +145,21 @@ pub trait ExtractKey: Send + Sync + 'static {
         None
     }
 
+    /// Whether every key this extractor can yield is covered by `verifier`'s signature (see
+    /// [what a signature covers](crate::verify::VerifyRequest#what-the-signature-covers)), so
+    /// that a captured request cannot be sent again under another key. When not, a verified
+    /// route also claims each request's signed content (one more key in the same reserve).
+    ///
+    /// Default: `false` (not proven), which is what closures and
+    /// [`from_body_fn`] get: a route keyed by them claims the signed content. A key from a
+    /// JSON body ([`JsonPathKey`], [`FieldsFingerprintKey`]) is covered, a [`HeaderKey`] when
+    /// the scheme [covers its header](crate::verify::VerifyRequest::covers_header) (Standard
+    /// Webhooks' `webhook-id`), a [`Fallback`] when both of its extractors are.
+    fn covered_by(&self, verifier: &dyn VerifyRequest) -> bool {
+        let _ = verifier;
+        false
+    }
+
     /// Tries `self`, and `other` when `self` finds no key. An error from `self` (a malformed
     /// key) is returned as is: a malformed header is not silently replaced by a body value.
     ///
@@ -182,5 +199,9 @@ impl<K: ExtractKey + ?Sized> ExtractKey for std::sync::Arc<K> {
 
     fn expected(&self) -> Option<String> {
         (**self).expected()
+    }
+
+    fn covered_by(&self, verifier: &dyn VerifyRequest) -> bool {
+        (**self).covered_by(verifier)
     }
 }

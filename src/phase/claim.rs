@@ -45,7 +45,8 @@ pub(crate) async fn claim<B, ResBody>(
     match reserve(&mut guard, settings, &fingerprint).await {
         Ok(answers) => decide(guard, answers, settings, request, grpc).await,
         Err(err) => {
-            if err.kind() == StoreErrorKind::Capacity && request.derived.items.is_none() {
+            let one_key = request.derived.items.is_none() && !request.derived.signed;
+            if err.kind() == StoreErrorKind::Capacity && one_key {
                 // Refused before anything was written.
                 guard.forget();
             } else {
@@ -137,6 +138,18 @@ async fn decide<B, ResBody>(
         // Every key (every item) was completed earlier: a duplicate.
         return completed(answers, settings, &fingerprint, grpc);
     }
+    if request.derived.signed
+        && answers
+            .iter()
+            .any(|answer| matches!(answer, Reservation::Completed(_)))
+    {
+        // The key is new but the signed content was done before (a captured request replayed
+        // under another id), or the key was done before and the signed content is new (a
+        // redelivery signed again at another time): a duplicate either way. What this request
+        // claimed is let go.
+        Box::pin(guard.release()).await;
+        return completed(answers, settings, &fingerprint, grpc);
+    }
     let pass_on = settings.order.as_deref().map(|o| o.stale()) == Some(StaleEvents::PassOn);
     let stale_at = first_stale(&answers, &request.derived);
     let mut outcome = Outcome::First;
@@ -182,15 +195,20 @@ async fn decide<B, ResBody>(
     }
 }
 
-/// The answer to a request whose every key was completed earlier.
+/// The answer to a request done before: every key was completed earlier, or (a request whose
+/// key the signature does not cover) its key or its signed content was. The first completed
+/// answer's record is the one answered: the key's, when it was completed.
 fn completed<B, ResBody>(
     answers: OneOrMany<Reservation>,
     settings: &Settings,
     fingerprint: &Fingerprint,
     grpc: bool,
 ) -> Prelude<B, ResBody> {
-    let Some(Reservation::Completed(record)) = answers.into_iter().next() else {
-        unreachable!("neither ours nor in flight is completed");
+    let Some(record) = answers.into_iter().find_map(|answer| match answer {
+        Reservation::Completed(record) => Some(record),
+        _ => None,
+    }) else {
+        unreachable!("a request done before has a completed answer");
     };
     let mut outcome = Outcome::Replayed;
     if !record.fingerprint().matches(fingerprint) {

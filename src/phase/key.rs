@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 use http::request::Parts;
+use sha2::{Digest, Sha256};
 
 use crate::config::Settings;
 use crate::fingerprint::Fingerprint;
@@ -23,6 +24,9 @@ pub(crate) struct Derived {
     pub(crate) items: Option<Vec<String>>,
     /// Ordered events' positions, in the targets' order.
     pub(crate) positions: Vec<Position>,
+    /// The targets are the key, then the signed content: the key does not come from what the
+    /// signature covers, so a replay of the signed bytes under another key is a duplicate.
+    pub(crate) signed: bool,
 }
 
 /// The key of a request (`None`: it carries none), or the rejection of a malformed one.
@@ -94,12 +98,20 @@ fn plain<K: ExtractKey>(
         ),
     };
     name_the_key(&targets);
+    let (targets, signed) = match (&targets, signed_content(extractor, settings, parts, data)) {
+        (Targets::Keys(OneOrMany::One(one)), Some(content)) => (
+            Targets::Keys(OneOrMany::Many(vec![one.clone(), store_key(&content)])),
+            true,
+        ),
+        _ => (targets, false),
+    };
     Ok(Some(Derived {
         key,
         targets,
         fingerprint,
         items,
         positions,
+        signed,
     }))
 }
 
@@ -124,6 +136,7 @@ fn ordered_items(
         fingerprint: Fingerprint::NONE,
         items: Some(items),
         positions,
+        signed: false,
     })
 }
 
@@ -143,9 +156,99 @@ fn events(settings: &Settings, parts: &Parts, placed: Vec<Placed>) -> Targets {
     )
 }
 
+/// On a verified route whose extractor's keys the signature does not cover (a header it does
+/// not sign, a fallback to one, a closure), the key text of the request's signed content: a
+/// SHA-256 of the scheme's signed context and the body, each length-prefixed. `None` when the
+/// keys are covered (from the body, or a signed header) or nothing verifies.
+///
+/// The text starts with a NUL, which no extracted key may hold: it never meets a real key.
+fn signed_content<K: ExtractKey>(
+    extractor: &K,
+    settings: &Settings,
+    parts: &Parts,
+    data: Option<&Bytes>,
+) -> Option<String> {
+    let verifier = settings.verifier.as_deref()?;
+    if extractor.covered_by(verifier) {
+        return None;
+    }
+    let body = data.map_or(&[][..], |data| &data[..]);
+    let mut hasher = Sha256::new();
+    for value in verifier.signed_context(parts).into_iter().chain([body]) {
+        hasher.update((value.len() as u64).to_be_bytes());
+        hasher.update(value);
+    }
+    let mut text = String::with_capacity(8 + 64);
+    text.push_str("\0signed:");
+    crate::util::push_hex(&mut text, &hasher.finalize());
+    Some(text)
+}
+
 /// Names the hashed key in the request's span, when there is one.
 fn name_the_key(targets: &Targets) {
     if let Some(key) = targets.single_key() {
         tracing::Span::current().record("key", key.as_str());
+    }
+}
+
+#[cfg(all(test, feature = "verify"))]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::key::{HeaderKey, JsonPathKey};
+    use crate::verify::StandardWebhooks;
+
+    fn derived<K: ExtractKey>(key: &K, id: &str, body: &'static [u8]) -> Derived {
+        let verifier = StandardWebhooks::new(["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]).unwrap();
+        let settings = Settings {
+            verifier: Some(Arc::new(verifier)),
+            ..Settings::default()
+        };
+        let (parts, ()) = http::Request::post("/hook")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", "1614265330")
+            .header("x-delivery", "d-1")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let body = Bytes::from_static(body);
+        derive(key, &settings, &parts, Some(&body))
+            .unwrap()
+            .unwrap()
+    }
+
+    /// A covered key is claimed alone (one store key, the single-key path); an uncovered one
+    /// with the signed content, which the signed id and the body change.
+    #[test]
+    fn only_an_uncovered_key_claims_the_signed_content() {
+        let covered = [
+            derived(&HeaderKey::new("webhook-id").unwrap(), "msg_1", b"{}"),
+            derived(
+                &JsonPathKey::new("$.id").unwrap(),
+                "msg_1",
+                br#"{"id":"a"}"#,
+            ),
+        ];
+        for derived in covered {
+            assert!(!derived.signed);
+            assert!(matches!(derived.targets, Targets::Keys(OneOrMany::One(_))));
+        }
+        let uncovered = HeaderKey::new("x-delivery").unwrap();
+        let content = |id, body| match derived(&uncovered, id, body) {
+            Derived {
+                signed: true,
+                targets: Targets::Keys(OneOrMany::Many(keys)),
+                ..
+            } if keys.len() == 2 => keys[1].clone(),
+            _ => panic!("the signed content was not claimed"),
+        };
+        assert_eq!(content("msg_1", b"{}"), content("msg_1", b"{}"));
+        assert_ne!(content("msg_1", b"{}"), content("msg_2", b"{}"));
+        assert_ne!(content("msg_1", b"{}"), content("msg_1", b"[]"));
+        let fallback = HeaderKey::new("webhook-id")
+            .unwrap()
+            .or(HeaderKey::new("x-delivery").unwrap());
+        assert!(derived(&fallback, "msg_1", b"{}").signed);
     }
 }

@@ -33,6 +33,17 @@ pub(crate) fn single<'a>(parts: &'a Parts, name: &HeaderName) -> Result<&'a str,
     }
 }
 
+/// The raw values of headers `names` that the request carries, in that order: the signed
+/// context of a scheme whose signature covers those headers (called after verification, so
+/// each is there once).
+pub(crate) fn signed_values<'a>(parts: &'a Parts, names: &[&HeaderName]) -> Vec<&'a [u8]> {
+    names
+        .iter()
+        .filter_map(|name| parts.headers.get(*name))
+        .map(|value| value.as_bytes())
+        .collect()
+}
+
 /// A unix timestamp in seconds, written as a plain unsigned decimal integer: no sign, no
 /// spaces, no fraction, no exponent (`u64::from_str` would accept a leading `+`).
 pub(crate) fn unix_seconds(name: &str, text: &str) -> Result<u64, VerifyError> {

@@ -49,6 +49,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderName;
 use http::request::Parts;
 
 /// The `tolerance` and `clock` builder methods of the schemes that sign a timestamp, written
@@ -128,9 +129,52 @@ pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 ///
 /// Any `Fn(&http::request::Parts, &[u8]) -> Result<(), VerifyError>` closure implements this
 /// trait, and so does `Arc<V>` (`Arc<dyn VerifyRequest>` for verifiers chosen at run time).
+///
+/// # What the signature covers
+///
+/// A signature covers the body and, depending on the scheme, some headers (an id, a
+/// timestamp). A key taken from anything else, such as a delivery-id header the sender does
+/// not sign, can be changed by whoever captured one signed request: the same body and
+/// signature, sent again under a new id, verify. So when a verified route's key extractor
+/// cannot prove that every key it yields is covered
+/// ([`ExtractKey::covered_by`](crate::key::ExtractKey::covered_by)), the layer also claims the
+/// **signed content** of each request (a SHA-256 of the body and
+/// [`signed_context`](Self::signed_context)) beside its key, in the same reserve: a replay
+/// under a new id finds it completed and is a duplicate, and a redelivery under the same id
+/// stays one. Two methods say what a scheme covers; their defaults say "the body only", which
+/// is right for a scheme that signs the body alone and conservative for any other.
+///
+/// The cost: under a scheme that signs the body only (`X-Hub-Signature-256`, Shopify), two
+/// events with byte-identical bodies under different ids are one event. Where a timestamp or
+/// an id is signed, it is part of the signed content, and only a replay of the same signed
+/// values is merged.
 pub trait VerifyRequest: Send + Sync + 'static {
     /// `Ok(())` when the request is authentic.
     fn verify(&self, parts: &Parts, body: &[u8]) -> Result<(), VerifyError>;
+
+    /// Whether the signature covers the value of header `name`, so that a key taken from it
+    /// cannot be changed without breaking the signature. Default: no header (the body only).
+    ///
+    /// Standard Webhooks covers `webhook-id` and `webhook-timestamp`, Slack its
+    /// `X-Slack-Request-Timestamp`; Stripe-style, `X-Hub-Signature-256` and Shopify no header
+    /// a key could come from.
+    fn covers_header(&self, name: &HeaderName) -> bool {
+        let _ = name;
+        false
+    }
+
+    /// What the signature covers besides the body in this verified request, as sent (the
+    /// signed id, the signed timestamp), in a fixed order. The layer hashes it with the body
+    /// into the signed content it claims when the key is not covered: so two genuine events
+    /// with the same body but signed at different times are not merged, while a captured
+    /// request replayed as is (it must keep its signed values to verify) is. Default: nothing.
+    ///
+    /// Standard Webhooks: `webhook-id` and `webhook-timestamp`; Stripe-style: the `t=` value;
+    /// Slack: `X-Slack-Request-Timestamp`; `X-Hub-Signature-256` and Shopify: nothing.
+    fn signed_context<'a>(&self, parts: &'a Parts) -> Vec<&'a [u8]> {
+        let _ = parts;
+        Vec::new()
+    }
 }
 
 impl<F> VerifyRequest for F
@@ -146,6 +190,14 @@ where
 impl<V: VerifyRequest + ?Sized> VerifyRequest for Arc<V> {
     fn verify(&self, parts: &Parts, body: &[u8]) -> Result<(), VerifyError> {
         (**self).verify(parts, body)
+    }
+
+    fn covers_header(&self, name: &HeaderName) -> bool {
+        (**self).covers_header(name)
+    }
+
+    fn signed_context<'a>(&self, parts: &'a Parts) -> Vec<&'a [u8]> {
+        (**self).signed_context(parts)
     }
 }
 
@@ -285,6 +337,46 @@ pub(crate) mod testing {
     /// A clock stopped at `secs` after the epoch.
     pub(crate) fn at(secs: u64) -> impl Fn() -> SystemTime + Send + Sync + 'static {
         move || UNIX_EPOCH + Duration::from_secs(secs)
+    }
+}
+
+/// What each built-in scheme says it covers.
+#[cfg(all(test, feature = "verify"))]
+mod coverage {
+    use super::testing::request;
+    use super::*;
+
+    #[test]
+    fn each_scheme_names_what_it_signs() {
+        let secret = ["It's a Secret to Everybody"];
+        let parts = request(&[
+            ("webhook-id", b"msg_1"),
+            ("webhook-timestamp", b"1614265330"),
+            ("stripe-signature", b"t=1492774577,v1=00,v1=11"),
+            ("x-slack-request-timestamp", b"1531420618"),
+        ]);
+        let name = HeaderName::from_static;
+        let standard = StandardWebhooks::new(["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]).unwrap();
+        assert!(standard.covers_header(&name("webhook-id")));
+        assert!(standard.covers_header(&name("webhook-timestamp")));
+        assert!(!standard.covers_header(&name("x-delivery")));
+        let signed: [&[u8]; 2] = [b"msg_1", b"1614265330"];
+        assert_eq!(standard.signed_context(&parts), signed);
+        // Stripe-style: the `t=` value only, not the (paddable) signature entries.
+        let stripe = StripeSignature::stripe(secret).unwrap();
+        assert!(!stripe.covers_header(&name("stripe-signature")));
+        assert_eq!(stripe.signed_context(&parts), [b"1492774577"]);
+        let slack = SlackSignature::new(secret).unwrap();
+        assert!(slack.covers_header(&name("x-slack-request-timestamp")));
+        assert_eq!(slack.signed_context(&parts), [b"1531420618"]);
+        let body_only: [Arc<dyn VerifyRequest>; 2] = [
+            Arc::new(HubSignature256::new(secret).unwrap()),
+            Arc::new(ShopifyHmac::new(secret).unwrap()),
+        ];
+        for scheme in body_only {
+            assert!(!scheme.covers_header(&name("webhook-id")));
+            assert!(scheme.signed_context(&parts).is_empty());
+        }
     }
 }
 

@@ -99,6 +99,15 @@ impl VerifyRequest for SlackSignature {
             Err(VerifyError::no_match())
         }
     }
+
+    /// `X-Slack-Request-Timestamp` is signed.
+    fn covers_header(&self, name: &HeaderName) -> bool {
+        name == TIMESTAMP
+    }
+
+    fn signed_context<'a>(&self, parts: &'a Parts) -> Vec<&'a [u8]> {
+        header::signed_values(parts, &[&TIMESTAMP])
+    }
 }
 
 impl fmt::Debug for SlackSignature {

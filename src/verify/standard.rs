@@ -96,6 +96,15 @@ impl VerifyRequest for StandardWebhooks {
             Err(VerifyError::no_match())
         }
     }
+
+    /// `webhook-id` and `webhook-timestamp` are signed.
+    fn covers_header(&self, name: &HeaderName) -> bool {
+        name == ID || name == TIMESTAMP
+    }
+
+    fn signed_context<'a>(&self, parts: &'a Parts) -> Vec<&'a [u8]> {
+        header::signed_values(parts, &[&ID, &TIMESTAMP])
+    }
 }
 
 /// The decoded `v1` signatures of the header, after checking its syntax: space-separated

@@ -97,6 +97,14 @@ impl VerifyRequest for StripeSignature {
             Err(VerifyError::no_match())
         }
     }
+
+    /// The `t=` timestamp (no header a key could come from is signed).
+    fn signed_context<'a>(&self, parts: &'a Parts) -> Vec<&'a [u8]> {
+        header::single(parts, &self.header)
+            .and_then(|value| Signed::parse(self.header.as_str(), value))
+            .map(|signed| vec![signed.timestamp.as_bytes()])
+            .unwrap_or_default()
+    }
 }
 
 /// The header's items: its timestamp, as sent and as a number, and the whole value to draw the

@@ -900,6 +900,8 @@ macro_rules! store_suite {
             forged_requests_are_401_and_claim_nothing,
             either_of_two_secrets_verifies,
             a_forged_flood_never_blocks_the_genuine_delivery,
+            a_replay_under_a_new_delivery_id_is_a_duplicate,
+            a_header_fallback_cannot_rekey_a_signed_body,
         );
         $crate::store_suite!(@tests_in order $make;
             a_stale_event_is_acknowledged_without_the_handler,

@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{Request, StatusCode};
-use tower_idempotency::key::HeaderKey;
-use tower_idempotency::verify::{HubSignature256, StandardWebhooks};
+use tower_idempotency::key::{HeaderKey, JsonPathKey};
+use tower_idempotency::verify::{
+    HubSignature256, ShopifyHmac, SlackSignature, StandardWebhooks, StripeSignature, VerifyRequest,
+};
 use tower_idempotency::{IdempotencyLayer, IdempotencyStore, Outcome};
 
 use super::app::{Effects, router};
@@ -120,10 +122,11 @@ pub async fn either_of_two_secrets_verifies<St: IdempotencyStore>(store: St) {
         .verify(HubSignature256::new([old, new]).unwrap());
     let app = router(layer, &effects);
     for (i, secret) in [old, new].into_iter().enumerate() {
-        let body = r#"{"zen":"Design for failure."}"#;
+        // Two events (two bodies: the same body under another id would be a replay).
+        let body = format!(r#"{{"zen":"Design for failure.","hook_id":{i}}}"#);
         let request = Request::post("/effect")
             .header("x-github-delivery", format!("delivery-{i}"))
-            .header("x-hub-signature-256", hub_signature(secret, body))
+            .header("x-hub-signature-256", hub_signature(secret, &body))
             .body(Body::from(body))
             .unwrap();
         assert_eq!(send(&app, request).await.0, StatusCode::CREATED, "{secret}");
@@ -181,6 +184,173 @@ pub async fn a_forged_flood_never_blocks_the_genuine_delivery<St: IdempotencySto
         "rounds where the genuine delivery was not processed"
     );
     assert_eq!(effects.total(), ROUNDS);
+}
+
+/// The signed headers of one delivery: webhook id (signed by Standard Webhooks only), time
+/// and body.
+type Sign = fn(&str, u64, &str) -> Vec<(&'static str, String)>;
+
+/// Every built-in scheme, with how its sender signs, and whether it signs a timestamp.
+fn schemes() -> Vec<(&'static str, Box<dyn VerifyRequest>, Sign, bool)> {
+    const SECRET_AS_GIVEN: &str = "It's a Secret to Everybody";
+    vec![
+        (
+            "standard",
+            Box::new(StandardWebhooks::new([SECRET]).unwrap()),
+            |id, t, body| {
+                vec![
+                    ("webhook-id", id.to_owned()),
+                    ("webhook-timestamp", t.to_string()),
+                    ("webhook-signature", standard_signature(SECRET, id, t, body)),
+                ]
+            },
+            true,
+        ),
+        (
+            "stripe",
+            Box::new(StripeSignature::stripe([SECRET_AS_GIVEN]).unwrap()),
+            |_, t, body| {
+                vec![(
+                    "stripe-signature",
+                    signing::stripe(SECRET_AS_GIVEN, t, body),
+                )]
+            },
+            true,
+        ),
+        (
+            "hub",
+            Box::new(HubSignature256::new([SECRET_AS_GIVEN]).unwrap()),
+            |_, _, body| vec![("x-hub-signature-256", hub_signature(SECRET_AS_GIVEN, body))],
+            false,
+        ),
+        (
+            "shopify",
+            Box::new(ShopifyHmac::new([SECRET_AS_GIVEN]).unwrap()),
+            |_, _, body| {
+                let signature = signing::shopify(SECRET_AS_GIVEN, body);
+                vec![("x-shopify-hmac-sha256", signature)]
+            },
+            false,
+        ),
+        (
+            "slack",
+            Box::new(SlackSignature::new([SECRET_AS_GIVEN]).unwrap()),
+            |_, t, body| {
+                vec![
+                    ("x-slack-request-timestamp", t.to_string()),
+                    (
+                        "x-slack-signature",
+                        signing::slack(SECRET_AS_GIVEN, t, body),
+                    ),
+                ]
+            },
+            true,
+        ),
+    ]
+}
+
+/// A delivery keyed by the unsigned `x-delivery` header, with `signed` headers.
+fn keyed_delivery(delivery: &str, signed: &[(&'static str, String)], body: &str) -> Request<Body> {
+    let mut request = Request::post("/effect").header("x-delivery", delivery);
+    for (name, value) in signed {
+        request = request.header(*name, value);
+    }
+    request.body(Body::from(body.to_owned())).unwrap()
+}
+
+/// For every built-in scheme, on a route keyed by a header the signature does not cover: a
+/// captured signed request replayed under new delivery ids is a duplicate (one effect); the
+/// provider's redelivery (same id, same body, signed again later) is one too; other genuine
+/// events (another body, or where a timestamp is signed the same body signed at another
+/// time) run. Before the signed content was claimed, every replay ran again.
+pub async fn a_replay_under_a_new_delivery_id_is_a_duplicate<St: IdempotencyStore>(store: St) {
+    for (name, scheme, sign, timestamped) in schemes() {
+        let effects = Effects::default();
+        let layer = IdempotencyLayer::webhook(store.clone())
+            .namespace(ns(&format!("replay-{name}")))
+            .key(HeaderKey::new("x-delivery").unwrap())
+            .verify(std::sync::Arc::<dyn VerifyRequest>::from(scheme));
+        let app = router(layer, &effects);
+        let (body, t) = (r#"{"type":"payment.succeeded","amount":100}"#, now());
+        let captured = sign("msg_1", t, body);
+        let (status, _, _) = send(&app, keyed_delivery("d-1", &captured, body)).await;
+        assert_eq!(status, StatusCode::CREATED, "{name}");
+        for replay in ["d-2", "d-3", "d-4"] {
+            let (status, headers, _) = send(&app, keyed_delivery(replay, &captured, body)).await;
+            assert_eq!(status, StatusCode::OK, "{name}: a replay under {replay}");
+            assert_eq!(headers["idempotent-replayed"], "true", "{name}");
+        }
+        assert_eq!(
+            effects.total(),
+            1,
+            "{name}: replays under new ids ran again"
+        );
+        let redelivery = sign("msg_1", t + 30, body);
+        let (status, headers, _) = send(&app, keyed_delivery("d-1", &redelivery, body)).await;
+        assert_eq!(status, StatusCode::OK, "{name}: the redelivery");
+        assert_eq!(headers["idempotent-replayed"], "true", "{name}");
+        assert_eq!(effects.total(), 1, "{name}");
+        let other = r#"{"type":"payment.succeeded","amount":200}"#;
+        let fresh = sign("msg_2", t, other);
+        let (status, _, _) = send(&app, keyed_delivery("d-5", &fresh, other)).await;
+        assert_eq!(status, StatusCode::CREATED, "{name}: another body");
+        if timestamped {
+            let later = sign("msg_3", t + 60, body);
+            let (status, _, _) = send(&app, keyed_delivery("d-6", &later, body)).await;
+            assert_eq!(
+                status,
+                StatusCode::CREATED,
+                "{name}: the same body signed later"
+            );
+        }
+        assert_eq!(effects.total(), 2 + usize::from(timestamped), "{name}");
+    }
+}
+
+/// A route keyed by an unsigned header, else by the signed body's `$.id` (Sangho's): a
+/// request captured without the header and sent again with one under new ids is a duplicate
+/// too (the signed content is claimed whichever extractor found the key), and a provider
+/// redelivery without the header stays one.
+pub async fn a_header_fallback_cannot_rekey_a_signed_body<St: IdempotencyStore>(store: St) {
+    const SANGHO: &str = "whsec_sangho";
+    let effects = Effects::default();
+    let key = HeaderKey::new("x-delivery")
+        .unwrap()
+        .or(JsonPathKey::new("$.id").unwrap());
+    let layer = IdempotencyLayer::webhook(store)
+        .namespace(ns("replay-fallback"))
+        .key(key)
+        .verify(StripeSignature::new("sangho-signature", [SANGHO]).unwrap());
+    let app = router(layer, &effects);
+    let (body, t) = (r#"{"id":"evt_1","type":"charge.succeeded"}"#, now());
+    let signed = [("sangho-signature", signing::stripe(SANGHO, t, body))];
+    let unkeyed = |signed: &[(&'static str, String)], body: &str| {
+        let mut request = keyed_delivery("-", signed, body);
+        request.headers_mut().remove("x-delivery");
+        request
+    };
+    assert_eq!(
+        send(&app, unkeyed(&signed, body)).await.0,
+        StatusCode::CREATED
+    );
+    for replay in ["d-2", "d-3"] {
+        let (status, headers, _) = send(&app, keyed_delivery(replay, &signed, body)).await;
+        assert_eq!(status, StatusCode::OK, "a replay under {replay}");
+        assert_eq!(headers["idempotent-replayed"], "true");
+    }
+    let later = [("sangho-signature", signing::stripe(SANGHO, t + 30, body))];
+    let (status, headers, _) = send(&app, unkeyed(&later, body)).await;
+    assert_eq!(
+        (status, &headers["idempotent-replayed"]),
+        (StatusCode::OK, &"true".parse().unwrap())
+    );
+    let other = r#"{"id":"evt_2","type":"charge.succeeded"}"#;
+    let fresh = [("sangho-signature", signing::stripe(SANGHO, t, other))];
+    assert_eq!(
+        send(&app, unkeyed(&fresh, other)).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(effects.total(), 2);
 }
 
 /// `send`, with the response's outcome.

@@ -50,3 +50,17 @@ pub fn now() -> u64 {
         .unwrap()
         .as_secs()
 }
+
+/// The `X-Shopify-Hmac-Sha256` of `body` under `secret`: base64 of its HMAC-SHA256.
+pub fn shopify(secret: &str, body: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(mac(secret.as_bytes(), body.as_bytes()))
+}
+
+/// The `X-Slack-Signature` of `v0:{timestamp}:{body}` under `secret`, as Slack sends it.
+pub fn slack(secret: &str, timestamp: u64, body: &str) -> String {
+    let signed = mac(
+        secret.as_bytes(),
+        format!("v0:{timestamp}:{body}").as_bytes(),
+    );
+    format!("v0={}", hex(&signed))
+}
