@@ -50,11 +50,15 @@
 //! `REDIS_WAIT_REPLICAS=N` (with `REDIS_WAIT_TIMEOUT_MS`, default 50) turns on durable
 //! completion: a record is acknowledged by N replicas before the response.
 //!
-//! The server's defences, what a production server should set too: a connection that sends
-//! nothing within `HEADER_TIMEOUT_MS` (default 10 000) of its opening, or no request head within
-//! that time, is closed; a request body slower than `BODY_TIMEOUT_MS` (default 10 000) is 408
-//! (and its claim is never taken); after a failed `accept` (out of file descriptors, say) the
-//! loop pauses instead of spinning.
+//! The server's defences, what a production server should set too (see `serve.rs` and
+//! docs/operations.md): a connection that has not delivered a complete request head (HTTP/1) or
+//! HEADERS frame (HTTP/2) within `HEADER_TIMEOUT_MS` (default 10 000) of its opening is
+//! closed, whatever it sent; a connection with no request in flight for `IDLE_TIMEOUT_MS`
+//! (default 30 000) is shut down, and HTTP/2 keep-alive pings at that interval close a peer that
+//! stops answering; at most `MAX_CONNECTIONS` (default 1024) are served at once, the newest
+//! beyond it closed on accept; a request body slower than `BODY_TIMEOUT_MS` (default 10 000) is
+//! 408 (and its claim is never taken); after a failed `accept` (out of file descriptors, say)
+//! the loop pauses instead of spinning.
 //!
 //! On every webhook route, `x-demo-fail: true` makes the handler answer 500 (no effect) and
 //! `x-demo-delay-ms: N` makes it sleep N ms first, so retries and concurrent duplicates can be
@@ -80,6 +84,10 @@ use tower_idempotency::order::{EventOrder, TimestampAt};
 use tower_idempotency::store::{AnyStore, connect};
 use tower_idempotency::verify::{HubSignature256, StandardWebhooks, StripeSignature};
 use tower_idempotency::{BatchItems, IdempotencyKey, IdempotencyLayer, MemoryStore};
+
+/// The serving loop and its bounds on connections.
+#[path = "webhook_receiver/serve.rs"]
+mod serve;
 
 /// The Standard Webhooks secret of the specification's test vector: the default of
 /// `STANDARD_WEBHOOKS_SECRET`, for trying the route by hand.
@@ -257,7 +265,7 @@ async fn effects(State(state): State<AppState>) -> Json<Value> {
 struct Settings {
     lease: Duration,
     body_timeout: Duration,
-    header_timeout: Duration,
+    limits: serve::Limits,
     standard_secrets: Vec<String>,
     github_secret: String,
     kalipto_secret: Option<String>,
@@ -279,7 +287,14 @@ impl Settings {
         Ok(Settings {
             lease: millis("IDEMPOTENCY_LEASE_MS", 10_000)?,
             body_timeout: millis("BODY_TIMEOUT_MS", 10_000)?,
-            header_timeout: millis("HEADER_TIMEOUT_MS", 10_000)?,
+            limits: serve::Limits {
+                header_timeout: millis("HEADER_TIMEOUT_MS", 10_000)?,
+                idle_timeout: millis("IDLE_TIMEOUT_MS", 30_000)?,
+                max_connections: match var("MAX_CONNECTIONS").map(|v| v.parse()).transpose()? {
+                    Some(0) => return Err("MAX_CONNECTIONS must be at least 1".into()),
+                    max => max.unwrap_or(1024),
+                },
+            },
             standard_secrets: standard.split_whitespace().map(str::to_owned).collect(),
             github_secret: var("GITHUB_WEBHOOK_SECRET")
                 .unwrap_or_else(|| TEST_GITHUB_SECRET.into()),
@@ -459,90 +474,6 @@ async fn run() -> Result<(), Error> {
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!("listening on http://{}", listener.local_addr()?);
     println!("store: {backend}");
-    serve(listener, router, settings.header_timeout).await
-}
-
-/// Serves `router` until Ctrl-C, then lets requests in flight finish (up to 10 s): a claim is
-/// never left to expire because the process stopped mid-request.
-async fn serve(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    header_timeout: Duration,
-) -> Result<(), Error> {
-    use hyper_util::rt::{TokioExecutor, TokioTimer};
-    use hyper_util::server::conn::auto;
-    use hyper_util::server::graceful::GracefulShutdown;
-
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
-    builder.http2().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
-    let graceful = GracefulShutdown::new();
-    let mut shutdown = std::pin::pin!(tokio::signal::ctrl_c());
-    let mut pause = Duration::from_millis(10);
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    pause = Duration::from_millis(10);
-                    stream
-                }
-                Err(err) => {
-                    // Out of file descriptors, say: pause rather than spin (and log once a
-                    // pause, not once an attempt).
-                    tracing::warn!(error = %err, pause_ms = pause.as_millis() as u64, "accept failed; pausing");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                    continue;
-                }
-            },
-            _ = &mut shutdown => break,
-        };
-        let (builder, watcher, router) = (builder.clone(), graceful.watcher(), router.clone());
-        tokio::spawn(serve_connection(
-            stream,
-            builder,
-            watcher,
-            router,
-            header_timeout,
-        ));
-    }
-    tracing::info!("shutting down: waiting for requests in flight");
-    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("requests still in flight after 10 s; stopping anyway");
-    }
+    serve::serve(listener, router, settings.limits).await;
     Ok(())
-}
-
-/// One connection: closed if it sends nothing within `header_timeout` (hyper-util's automatic
-/// protocol choice runs no timer while it waits for the first bytes, so HTTP/1's header read
-/// timeout would never start), then served.
-async fn serve_connection(
-    stream: tokio::net::TcpStream,
-    builder: Arc<hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>>,
-    watcher: hyper_util::server::graceful::Watcher,
-    router: Router,
-    header_timeout: Duration,
-) {
-    use hyper_util::rt::TokioIo;
-    use hyper_util::service::TowerToHyperService;
-
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(header_timeout, stream.peek(&mut first)).await {
-        Ok(Ok(n)) if n > 0 => {}
-        // Closed, failed, or silent for too long.
-        _ => return,
-    }
-    let service = TowerToHyperService::new(router);
-    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-    let connection = watcher.watch(connection.into_owned());
-    if let Err(err) = connection.await {
-        tracing::debug!(error = %err, "connection closed with an error");
-    }
 }

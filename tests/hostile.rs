@@ -643,3 +643,161 @@ async fn thousand_concurrent_one_mib_bodies_are_all_answered_with_bounded_memory
         );
     }
 }
+
+/// The demo's bounds on connections, over real sockets against the built demo.
+#[cfg(all(feature = "metrics", feature = "verify"))]
+#[path = "support/harness.rs"]
+mod harness;
+
+#[cfg(all(feature = "metrics", feature = "verify"))]
+mod demo_connections {
+    use super::harness::{Http, start_demo, start_example_with_fd_limit};
+    use super::*;
+
+    /// Reads until the server closes `stream` (or `limit` passes): how long it took from
+    /// `opened`, or `None` if it stayed open.
+    async fn closed_after(
+        mut stream: TcpStream,
+        opened: Instant,
+        limit: Duration,
+    ) -> Option<Duration> {
+        let mut buf = [0u8; 1024];
+        let deadline = opened + limit;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            match tokio::time::timeout(left, stream.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return Some(opened.elapsed()),
+                Ok(Ok(_)) => continue,
+                Err(_) => return None,
+            }
+        }
+    }
+
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    /// An empty SETTINGS frame.
+    const SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+
+    /// Whatever a connection sent short of a request head (nothing, `P`, `PR`, part of the
+    /// HTTP/2 preface, the preface and SETTINGS, a partial HTTP/1 head), it is closed at
+    /// `HEADER_TIMEOUT_MS` from its opening, not before.
+    #[tokio::test]
+    async fn connections_without_a_request_head_are_closed_at_the_header_timeout() {
+        let demo = start_demo(&[("HEADER_TIMEOUT_MS", "500")]);
+        let addr = demo.base.trim_start_matches("http://").to_owned();
+        let preface_settings = [PREFACE, SETTINGS].concat();
+        let sends: Vec<(&str, Vec<u8>)> = vec![
+            ("nothing", vec![]),
+            ("P", b"P".to_vec()),
+            ("PR", b"PR".to_vec()),
+            ("partial preface", PREFACE[..10].to_vec()),
+            ("preface + SETTINGS", preface_settings),
+            (
+                "partial h1 head",
+                b"POST /webhooks/kalipto HTTP/1.1\r\nho".to_vec(),
+            ),
+        ];
+        let mut waits = Vec::new();
+        for (name, bytes) in sends {
+            let opened = Instant::now();
+            let mut stream = TcpStream::connect(&addr).await.unwrap();
+            stream.write_all(&bytes).await.unwrap();
+            waits.push(async move {
+                (
+                    name,
+                    closed_after(stream, opened, Duration::from_secs(5)).await,
+                )
+            });
+        }
+        for (name, closed) in futures_util::future::join_all(waits).await {
+            let closed = closed.unwrap_or_else(|| panic!("{name}: still open after 5 s"));
+            assert!(
+                closed >= Duration::from_millis(450),
+                "{name}: closed early, {closed:?}"
+            );
+        }
+    }
+
+    /// An HTTP/2 connection is served past the header timeout once a request came, and is
+    /// closed after `IDLE_TIMEOUT_MS` without one (the client answers pings: only the idle
+    /// deadline closes it).
+    #[tokio::test]
+    async fn an_idle_http2_connection_is_closed_after_the_idle_time() {
+        let demo = start_demo(&[("HEADER_TIMEOUT_MS", "500"), ("IDLE_TIMEOUT_MS", "1500")]);
+        let addr = demo.base.trim_start_matches("http://").to_owned();
+        let stream = TcpStream::connect(&addr).await.unwrap();
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            .await
+            .unwrap();
+        let conn = tokio::spawn(conn);
+        let get = || {
+            Request::get(format!("http://{addr}/effects"))
+                .body(Full::new(Bytes::new()))
+                .unwrap()
+        };
+        assert_eq!(
+            sender.send_request(get()).await.unwrap().status(),
+            StatusCode::OK
+        );
+        // Past the header timeout: still served.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert_eq!(
+            sender.send_request(get()).await.unwrap().status(),
+            StatusCode::OK
+        );
+        let idle = Instant::now();
+        tokio::time::timeout(Duration::from_secs(6), conn)
+            .await
+            .expect("an idle HTTP/2 connection was kept open")
+            .unwrap()
+            .ok();
+        assert!(
+            idle.elapsed() >= Duration::from_millis(1300),
+            "closed early: {:?}",
+            idle.elapsed()
+        );
+    }
+
+    /// File-descriptor exhaustion, scaled down: the demo may open 150 files, serves at most 50
+    /// connections; 200 one-byte connections are opened, and a genuine delivery still gets 200
+    /// within a few seconds (the excess shed on accept, the rest closed at the header timeout).
+    #[tokio::test]
+    async fn one_byte_flood_past_max_connections_does_not_starve_a_delivery() {
+        let demo = start_example_with_fd_limit(
+            "webhook_receiver",
+            150,
+            &[("HEADER_TIMEOUT_MS", "500"), ("MAX_CONNECTIONS", "50")],
+        );
+        let addr = demo.base.trim_start_matches("http://").to_owned();
+        let mut flood = Vec::new();
+        for _ in 0..200 {
+            let mut stream = TcpStream::connect(&addr).await.unwrap();
+            let _ = stream.write_all(b"P").await;
+            flood.push(stream);
+        }
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let started = Instant::now();
+        let status = loop {
+            let request = Request::post(format!("{}/webhooks/kalipto", demo.base))
+                .header("content-type", "application/json")
+                .header("X-Kalipto-Delivery-Id", "pd_flood")
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap();
+            match tokio::time::timeout(Duration::from_secs(2), client.request(request)).await {
+                Ok(Ok(response)) => break response.status(),
+                _ if started.elapsed() < Duration::from_secs(8) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                other => panic!("no answer to a genuine delivery: {other:?}"),
+            }
+        };
+        assert_eq!(status, StatusCode::OK);
+        assert!(started.elapsed() < Duration::from_secs(8));
+        let metrics = Http::new(&demo).metrics().await;
+        assert!(
+            metrics.contains("demo_connections_shed_total"),
+            "nothing was shed"
+        );
+        drop(flood);
+    }
+}

@@ -61,7 +61,19 @@ pub fn example_path(name: &str) -> std::path::PathBuf {
 /// Starts the example `name` with `envs` (and without the caller's `REDIS_URL` and
 /// `DATABASE_URL`, unless `envs` sets them), once it is listening.
 pub fn start_example(name: &str, envs: &[(&str, &str)]) -> Example {
-    let mut command = Command::new(example_path(name));
+    spawn_listening(Command::new(example_path(name)), envs)
+}
+
+/// [`start_example`] with at most `limit` open file descriptors (through `prlimit`).
+pub fn start_example_with_fd_limit(name: &str, limit: u64, envs: &[(&str, &str)]) -> Example {
+    let mut command = Command::new("prlimit");
+    command
+        .arg(format!("--nofile={limit}"))
+        .arg(example_path(name));
+    spawn_listening(command, envs)
+}
+
+fn spawn_listening(mut command: Command, envs: &[(&str, &str)]) -> Example {
     command
         .env("BIND", "127.0.0.1:0")
         .env_remove("REDIS_URL")
