@@ -43,11 +43,13 @@
 mod entry;
 mod memory;
 mod retry;
+mod route;
 mod store;
 mod worker;
 
 pub use self::entry::{EntryOrder, InboxEntry, InboxRequest, Lease};
 pub use self::memory::{DEFAULT_CAPACITY, MemoryInbox};
 pub use self::retry::{Backoff, Decision, RetryPolicy};
+pub use self::route::{IDEMPOTENCY_CORRELATION_ID, InboxRoute};
 pub use self::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 pub use self::worker::Worker;
