@@ -95,6 +95,26 @@ async fn failures_become_a_dead_letter_that_can_be_requeued() {
     );
     assert_eq!(http.send("GET", "/inbox", &[], "").await.2["dead"], 1);
     assert!(http.effects().await["by_key"]["evt_inbox_dead"].is_null());
+    let metrics = http.metrics().await;
+    let line = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .map(str::to_owned)
+    };
+    let dead_line = line("idempotency_inbox_dead_letters_total{namespace=\"inbox-email\"}");
+    assert_eq!(
+        dead_line.as_deref().map(|l| l.ends_with(" 1")),
+        Some(true),
+        "{metrics}"
+    );
+    let attempts = line("idempotency_inbox_attempts_total{namespace=\"inbox-email\"}");
+    assert_eq!(
+        attempts.as_deref().map(|l| l.ends_with(" 2")),
+        Some(true),
+        "{metrics}"
+    );
+    assert!(metrics.contains("outcome=\"queued\""), "{metrics}");
     let (status, _, _) = http
         .send("POST", "/inbox/dead/evt_inbox_dead/retry", &[], "")
         .await;

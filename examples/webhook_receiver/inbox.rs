@@ -68,6 +68,7 @@ pub(super) fn routes(
         .inbox(InboxRoute::new(inbox.clone()).keep_headers([CONTENT_TYPE]));
     if env.workers > 0 {
         let worker = Worker::new(inbox.clone(), apply(state.clone()))
+            .namespace("inbox-email")
             .workers(env.workers)
             .lease(env.lease)
             .retention(Duration::from_secs(72 * 3600))

@@ -42,6 +42,7 @@
 
 mod entry;
 mod memory;
+mod metrics;
 mod retry;
 mod route;
 mod store;

@@ -5,7 +5,7 @@ use std::future::{Future, poll_fn};
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::FutureExt;
 use futures_util::future::{Either, select};
@@ -14,6 +14,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::entry::{InboxRequest, Lease};
+use super::metrics;
 use super::retry::{Backoff, Decision, RetryPolicy};
 use super::store::{Failure, InboxStore};
 use crate::store::BoxError;
@@ -31,8 +32,9 @@ pub struct Worker<St, S, P = Backoff> {
     settings: Settings,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Settings {
+    namespace: Arc<str>,
     workers: usize,
     lease: Duration,
     retention: Duration,
@@ -48,6 +50,7 @@ impl<St, S> Worker<St, S> {
             service,
             policy: Arc::new(Backoff::default()),
             settings: Settings {
+                namespace: Arc::from("default"),
                 workers: 1,
                 lease: Duration::from_secs(30),
                 retention: Duration::from_secs(7 * 24 * 3600),
@@ -58,6 +61,12 @@ impl<St, S> Worker<St, S> {
 }
 
 impl<St, S, P> Worker<St, S, P> {
+    /// The namespace of the worker's metrics (`default`): the route's, for one view of both.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.settings.namespace = Arc::from(namespace.into());
+        self
+    }
+
     /// Runs up to `n` entries at once (at least 1).
     pub fn workers(mut self, n: usize) -> Self {
         self.settings.workers = n.max(1);
@@ -107,8 +116,10 @@ where
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = pin!(shutdown);
         let mut running = JoinSet::new();
+        let mut measured: Option<Instant> = None;
         loop {
             while running.try_join_next().is_some() {}
+            self.measure(&mut measured).await;
             let free = self.settings.workers - running.len();
             let took = match free {
                 0 => 0,
@@ -123,6 +134,18 @@ where
             }
         }
         while running.join_next().await.is_some() {}
+    }
+
+    /// Sets the inbox's gauges, at most once a second (counting may scan the inbox).
+    async fn measure(&self, last: &mut Option<Instant>) {
+        let recent = last.is_some_and(|at| at.elapsed() < Duration::from_secs(1));
+        if !cfg!(feature = "metrics") || recent {
+            return;
+        }
+        *last = Some(Instant::now());
+        if let Ok(counts) = self.store.counts().await {
+            metrics::gauges(&self.settings.namespace, &counts);
+        }
     }
 
     /// Takes up to `free` entries and starts each; how many were started.
@@ -144,7 +167,7 @@ where
             let run = Run {
                 store: self.store.clone(),
                 policy: self.policy.clone(),
-                settings: self.settings,
+                settings: self.settings.clone(),
             };
             running.spawn(run.settle(self.service.clone(), lease).instrument(span));
         }
@@ -185,6 +208,7 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
             return report("complete", done);
         }
         let attempts = lease.entry.attempts;
+        metrics::attempt(&self.settings.namespace);
         let outcome = self
             .call(service, InboxRequest::new(lease.entry, token))
             .await;
@@ -198,9 +222,13 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
                 tracing::warn!(%error, attempts, "inbox: attempt failed");
                 let failure = match self.policy.decide(attempts) {
                     Decision::RetryAfter(delay) => {
+                        metrics::retry(&self.settings.namespace);
                         Failure::RetryAt(SystemTime::now() + delay, error)
                     }
-                    Decision::DeadLetter => Failure::Dead(error),
+                    Decision::DeadLetter => {
+                        metrics::dead_letter(&self.settings.namespace);
+                        Failure::Dead(error)
+                    }
                 };
                 self.store.fail(&key, &token, failure).await
             }
