@@ -427,6 +427,47 @@ pub async fn shutdown_finishes_what_runs<St: InboxStore + Clone>(store: St) {
     );
 }
 
+/// A handler that outlives several leases keeps its entry: the worker renews the lease.
+pub async fn a_running_entry_is_renewed<St: InboxStore + Clone>(store: St) {
+    let first = entry("renewed");
+    store.enqueue(first.clone()).await.unwrap();
+    let started = Arc::new(tokio::sync::Notify::new());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (s, g) = (started.clone(), gate.clone());
+    let handler = tower::service_fn(move |_request: InboxRequest| {
+        let (s, g) = (s.clone(), g.clone());
+        async move {
+            s.notify_one();
+            let _permit = g.acquire().await.unwrap();
+            Ok::<_, Infallible>(())
+        }
+    });
+    let worker = Worker::new(store.clone(), handler).lease(Duration::from_secs(1));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        stopped.await.ok();
+    }));
+    tokio::time::timeout(DEADLINE, started.notified())
+        .await
+        .expect("the handler starts");
+    // Two and a half leases: without renewal the entry would be due again.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert!(
+        store.take(10, LONG).await.unwrap().is_empty(),
+        "still held by the running worker"
+    );
+    gate.add_permits(1);
+    stop.send(()).unwrap();
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("run returns")
+        .unwrap();
+    assert_eq!(
+        store.enqueue(first).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done)
+    );
+}
+
 #[macro_export]
 macro_rules! inbox_contract {
     ($make:expr) => {
@@ -439,6 +480,7 @@ macro_rules! inbox_contract {
             a_dead_workers_lease_is_taken_over,
             order_per_object_with_a_failing_entry_in_front,
             shutdown_finishes_what_runs,
+            a_running_entry_is_renewed,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
