@@ -122,6 +122,14 @@ impl AppState {
         }
     }
 
+    /// The status an email event of type `kind` (`email.delivered`) gives its message.
+    fn set_status<'a>(&self, message_id: &str, kind: &'a str) -> &'a str {
+        let status = kind.strip_prefix("email.").unwrap_or(kind);
+        let mut messages = self.messages.lock().unwrap();
+        messages.insert(message_id.to_owned(), status.to_owned());
+        status
+    }
+
     /// One effect per message of a batch.
     fn record_item(&self, item: &str) {
         let mut effects = self.effects.lock().unwrap();
@@ -217,12 +225,7 @@ async fn email(
             .into_response();
     };
     state.record(&key);
-    let status = kind.strip_prefix("email.").unwrap_or(kind);
-    state
-        .messages
-        .lock()
-        .unwrap()
-        .insert(message_id.to_owned(), status.to_owned());
+    let status = state.set_status(message_id, kind);
     Json(json!({"ok": true, "status": status})).into_response()
 }
 

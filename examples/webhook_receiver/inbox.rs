@@ -118,12 +118,7 @@ fn apply(
                 return Err("event_id, message_id and type are required".to_owned());
             };
             state.record_item(event_id);
-            let status = kind.strip_prefix("email.").unwrap_or(kind);
-            state
-                .messages
-                .lock()
-                .unwrap()
-                .insert(message_id.to_owned(), status.to_owned());
+            state.set_status(message_id, kind);
             Ok(())
         }
     })

@@ -82,6 +82,11 @@ async fn take_within<St: InboxStore>(
     }
 }
 
+/// The one entry due now.
+async fn take_one<St: InboxStore>(store: &St, what: &str) -> tower_idempotency::inbox::Lease {
+    store.take(10, LONG).await.unwrap().pop().expect(what)
+}
+
 /// Two concurrent enqueues of one delivery store one entry, many times over.
 pub async fn enqueue_is_atomic_with_the_claim<St: InboxStore + Clone>(store: St) {
     for _ in 0..50 {
@@ -114,12 +119,7 @@ pub async fn duplicates_never_enqueue<St: InboxStore>(store: St) {
         store.enqueue(first.clone()).await.unwrap(),
         Enqueued::Duplicate(KeyState::Queued)
     );
-    let lease = store
-        .take(10, LONG)
-        .await
-        .unwrap()
-        .pop()
-        .expect("the entry is due");
+    let lease = take_one(&store, "the entry is due").await;
     assert_eq!(lease.entry.attempts, 1);
     assert_eq!(
         store.enqueue(first.clone()).await.unwrap(),
@@ -202,7 +202,7 @@ pub async fn retries_with_backoff<St: InboxStore + Clone>(store: St) {
 pub async fn dead_letters_and_requeue<St: InboxStore>(store: St) {
     let first = entry("dead");
     store.enqueue(first.clone()).await.unwrap();
-    let lease = store.take(10, LONG).await.unwrap().pop().unwrap();
+    let lease = take_one(&store, "the entry is due").await;
     let failure = Failure::Dead("gateway said no".to_owned());
     assert!(store.fail(&first.key, &lease.token, failure).await.unwrap());
     assert!(
@@ -225,12 +225,7 @@ pub async fn dead_letters_and_requeue<St: InboxStore>(store: St) {
         !store.requeue(&first.key).await.unwrap(),
         "only a dead letter is re-queued"
     );
-    let again = store
-        .take(10, LONG)
-        .await
-        .unwrap()
-        .pop()
-        .expect("due again");
+    let again = take_one(&store, "due again").await;
     assert_eq!(again.entry.attempts, 1);
     assert!(
         store
@@ -245,7 +240,7 @@ pub async fn dead_letters_and_requeue<St: InboxStore>(store: St) {
 pub async fn a_retry_waits_for_its_time<St: InboxStore>(store: St) {
     let first = entry("retry-at");
     store.enqueue(first.clone()).await.unwrap();
-    let lease = store.take(10, LONG).await.unwrap().pop().unwrap();
+    let lease = take_one(&store, "the entry is due").await;
     let at = SystemTime::now() + Duration::from_millis(300);
     assert!(
         store
@@ -351,12 +346,7 @@ pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(stor
             .await
             .unwrap()
     );
-    let next = store
-        .take(10, LONG)
-        .await
-        .unwrap()
-        .pop()
-        .expect("x2 after x1");
+    let next = take_one(&store, "x2 after x1").await;
     assert_eq!(
         (next.entry.key.clone(), next.stale),
         (x2.key.clone(), false)
@@ -369,12 +359,7 @@ pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(stor
     );
     let x0 = ordered(&x, 0);
     store.enqueue(x0.clone()).await.unwrap();
-    let stale = store
-        .take(10, LONG)
-        .await
-        .unwrap()
-        .pop()
-        .expect("x0 is due");
+    let stale = take_one(&store, "x0 is due").await;
     assert!(stale.stale, "x0 is behind x's watermark");
 }
 
