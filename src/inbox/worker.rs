@@ -114,28 +114,50 @@ where
     /// Takes and runs entries until `shutdown` completes, then finishes what runs and returns:
     /// nothing new is taken after `shutdown`.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        // The service is held by value and only cloned between awaits: it need not be `Sync`.
+        let Worker {
+            store,
+            service,
+            policy,
+            settings,
+        } = self;
+        let run = Run {
+            store,
+            policy,
+            settings,
+        };
         let mut shutdown = pin!(shutdown);
         let mut running = JoinSet::new();
         let mut measured: Option<Instant> = None;
         loop {
             while running.try_join_next().is_some() {}
-            self.measure(&mut measured).await;
-            let free = self.settings.workers - running.len();
-            let took = match free {
-                0 => 0,
-                _ => self.take_into(free, &mut running).await,
+            run.measure(&mut measured).await;
+            let free = run.settings.workers - running.len();
+            let leases = match free {
+                0 => Vec::new(),
+                _ => run.take(free).await,
             };
-            if took > 0 {
+            if !leases.is_empty() {
+                for lease in leases {
+                    let span = tracing::info_span!(
+                        "inbox.entry",
+                        correlation_id = %lease.entry.correlation_id,
+                        attempt = lease.entry.attempts,
+                    );
+                    running.spawn(run.clone().settle(service.clone(), lease).instrument(span));
+                }
                 continue;
             }
-            let idle = pin!(wait_for_room(&mut running, free, self.settings.poll));
+            let idle = pin!(wait_for_room(&mut running, free, run.settings.poll));
             if let Either::Right(_) = select(idle, shutdown.as_mut()).await {
                 break;
             }
         }
         while running.join_next().await.is_some() {}
     }
+}
 
+impl<St: InboxStore, P> Run<St, P> {
     /// Sets the inbox's gauges, at most once a second (counting may scan the inbox).
     async fn measure(&self, last: &mut Option<Instant>) {
         let recent = last.is_some_and(|at| at.elapsed() < Duration::from_secs(1));
@@ -148,30 +170,25 @@ where
         }
     }
 
-    /// Takes up to `free` entries and starts each; how many were started.
-    async fn take_into(&self, free: usize, running: &mut JoinSet<()>) -> usize {
-        let leases = match self.store.take(free, self.settings.lease).await {
-            Ok(leases) => leases,
-            Err(error) => {
+    /// Up to `free` due entries, each under a new lease (none when the store fails).
+    async fn take(&self, free: usize) -> Vec<Lease> {
+        self.store
+            .take(free, self.settings.lease)
+            .await
+            .unwrap_or_else(|error| {
                 tracing::warn!(%error, "inbox: taking entries failed");
-                return 0;
-            }
-        };
-        let took = leases.len();
-        for lease in leases {
-            let span = tracing::info_span!(
-                "inbox.entry",
-                correlation_id = %lease.entry.correlation_id,
-                attempt = lease.entry.attempts,
-            );
-            let run = Run {
-                store: self.store.clone(),
-                policy: self.policy.clone(),
-                settings: self.settings.clone(),
-            };
-            running.spawn(run.settle(self.service.clone(), lease).instrument(span));
+                Vec::new()
+            })
+    }
+}
+
+impl<St, P> Clone for Run<St, P> {
+    fn clone(&self) -> Self {
+        Run {
+            store: self.store.clone(),
+            policy: self.policy.clone(),
+            settings: self.settings.clone(),
         }
-        took
     }
 }
 

@@ -87,6 +87,72 @@ async fn take_one<St: InboxStore>(store: &St, what: &str) -> tower_idempotency::
     store.take(10, LONG).await.unwrap().pop().expect(what)
 }
 
+/// A handler that says when it starts and waits for a permit of its gate.
+#[derive(Clone)]
+struct Gated {
+    started: Arc<tokio::sync::Notify>,
+    gate: Arc<tokio::sync::Semaphore>,
+    calls: Arc<AtomicU32>,
+}
+
+impl Default for Gated {
+    fn default() -> Self {
+        Gated {
+            started: Arc::new(tokio::sync::Notify::new()),
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
+            calls: Arc::new(AtomicU32::new(0)),
+        }
+    }
+}
+
+impl Gated {
+    fn handler(
+        &self,
+    ) -> impl tower::Service<InboxRequest, Response = (), Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + 'static {
+        let gated = self.clone();
+        tower::service_fn(move |_request: InboxRequest| {
+            let gated = gated.clone();
+            async move {
+                gated.calls.fetch_add(1, Ordering::SeqCst);
+                gated.started.notify_one();
+                let _permit = gated.gate.acquire().await.unwrap();
+                Ok(())
+            }
+        })
+    }
+
+    async fn started(&self) {
+        let started = self.started.notified();
+        tokio::time::timeout(DEADLINE, started)
+            .await
+            .expect("the handler starts");
+    }
+}
+
+/// Runs `worker` until the returned sender is used.
+fn spawn<St, S, P>(
+    worker: Worker<St, S, P>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+)
+where
+    St: InboxStore,
+    S: tower::Service<InboxRequest> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<tower_idempotency::store::BoxError>,
+    P: tower_idempotency::inbox::RetryPolicy,
+{
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        stopped.await.ok();
+    }));
+    (stop, run)
+}
+
 /// Two concurrent enqueues of one delivery store one entry, many times over.
 pub async fn enqueue_is_atomic_with_the_claim<St: InboxStore + Clone>(store: St) {
     for _ in 0..50 {
@@ -166,10 +232,7 @@ pub async fn retries_with_backoff<St: InboxStore + Clone>(store: St) {
     let worker = Worker::new(store.clone(), handler)
         .retry(Backoff::new(Duration::from_millis(200)).max_attempts(5))
         .poll_interval(Duration::from_millis(5));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(worker.run(async {
-        stopped.await.ok();
-    }));
+    let (stop, run) = spawn(worker);
     eventually("the entry is applied", || {
         let store = store.clone();
         let first = first.clone();
@@ -367,39 +430,22 @@ pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(stor
 pub async fn shutdown_finishes_what_runs<St: InboxStore + Clone>(store: St) {
     let (first, second) = (entry("shutdown"), entry("shutdown"));
     store.enqueue(first.clone()).await.unwrap();
-    let started = Arc::new(tokio::sync::Notify::new());
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let calls = Arc::new(AtomicU32::new(0));
-    let (s, g, c) = (started.clone(), gate.clone(), calls.clone());
-    let handler = tower::service_fn(move |_request: InboxRequest| {
-        let (s, g, c) = (s.clone(), g.clone(), c.clone());
-        async move {
-            c.fetch_add(1, Ordering::SeqCst);
-            s.notify_one();
-            let _permit = g.acquire().await.unwrap();
-            Ok::<_, Infallible>(())
-        }
-    });
-    let worker = Worker::new(store.clone(), handler)
+    let gated = Gated::default();
+    let worker = Worker::new(store.clone(), gated.handler())
         .workers(2)
         .poll_interval(Duration::from_millis(5));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(worker.run(async {
-        stopped.await.ok();
-    }));
-    tokio::time::timeout(DEADLINE, started.notified())
-        .await
-        .expect("the handler starts");
+    let (stop, run) = spawn(worker);
+    gated.started().await;
     stop.send(()).unwrap();
     // Whatever the loop does next, it must not take this one.
     store.enqueue(second.clone()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    gate.add_permits(10);
+    gated.gate.add_permits(10);
     tokio::time::timeout(DEADLINE, run)
         .await
         .expect("run returns")
         .unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(gated.calls.load(Ordering::SeqCst), 1);
     assert_eq!(
         store.enqueue(first).await.unwrap(),
         Enqueued::Duplicate(KeyState::Done),
@@ -416,32 +462,17 @@ pub async fn shutdown_finishes_what_runs<St: InboxStore + Clone>(store: St) {
 pub async fn a_running_entry_is_renewed<St: InboxStore + Clone>(store: St) {
     let first = entry("renewed");
     store.enqueue(first.clone()).await.unwrap();
-    let started = Arc::new(tokio::sync::Notify::new());
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let (s, g) = (started.clone(), gate.clone());
-    let handler = tower::service_fn(move |_request: InboxRequest| {
-        let (s, g) = (s.clone(), g.clone());
-        async move {
-            s.notify_one();
-            let _permit = g.acquire().await.unwrap();
-            Ok::<_, Infallible>(())
-        }
-    });
-    let worker = Worker::new(store.clone(), handler).lease(Duration::from_secs(1));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(worker.run(async {
-        stopped.await.ok();
-    }));
-    tokio::time::timeout(DEADLINE, started.notified())
-        .await
-        .expect("the handler starts");
+    let gated = Gated::default();
+    let worker = Worker::new(store.clone(), gated.handler()).lease(Duration::from_secs(1));
+    let (stop, run) = spawn(worker);
+    gated.started().await;
     // Two and a half leases: without renewal the entry would be due again.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert!(
         store.take(10, LONG).await.unwrap().is_empty(),
         "still held by the running worker"
     );
-    gate.add_permits(1);
+    gated.gate.add_permits(1);
     stop.send(()).unwrap();
     tokio::time::timeout(DEADLINE, run)
         .await
