@@ -484,6 +484,32 @@ pub async fn a_running_entry_is_renewed<St: InboxStore + Clone>(store: St) {
     );
 }
 
+/// A worker settles a stale entry (behind its object's watermark) without its handler.
+pub async fn a_worker_settles_a_stale_entry_without_the_handler<St: InboxStore + Clone>(store: St) {
+    let object = ObjectKey::new("inbox-contract", None, &fresh("stale"));
+    let (newer, older) = (ordered(&object, 2), ordered(&object, 1));
+    store.enqueue(newer.clone()).await.unwrap();
+    let gated = Gated::default();
+    gated.gate.add_permits(10);
+    let worker =
+        Worker::new(store.clone(), gated.handler()).poll_interval(Duration::from_millis(5));
+    let (stop, run) = spawn(worker);
+    let done = |entry: InboxEntry| {
+        let store = store.clone();
+        async move { store.enqueue(entry).await.unwrap() == Enqueued::Duplicate(KeyState::Done) }
+    };
+    eventually("the newer event is applied", || done(newer.clone())).await;
+    store.enqueue(older.clone()).await.unwrap();
+    eventually("the older event is settled", || done(older.clone())).await;
+    stop.send(()).unwrap();
+    run.await.unwrap();
+    assert_eq!(
+        gated.calls.load(Ordering::SeqCst),
+        1,
+        "only the newer event ran"
+    );
+}
+
 #[macro_export]
 macro_rules! inbox_contract {
     ($make:expr) => {
@@ -497,6 +523,7 @@ macro_rules! inbox_contract {
             order_per_object_with_a_failing_entry_in_front,
             shutdown_finishes_what_runs,
             a_running_entry_is_renewed,
+            a_worker_settles_a_stale_entry_without_the_handler,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
