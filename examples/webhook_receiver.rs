@@ -41,6 +41,14 @@
 //! - `GET /messages/{message_id}`: `{"message_id": .., "status": ..}`, the status the newest
 //!   processed email event set.
 //! - `GET /metrics`: Prometheus text with the layer's `idempotency_*` metrics.
+//! - `POST /inbox/email`: the body of `/webhooks/email` in **inbox mode**: 202 at once (200 with
+//!   `Idempotent-Replayed: true` on a duplicate), both with `Idempotency-Correlation-Id` (the
+//!   request's `X-Request-Id`, else generated); workers in this process apply it later, in
+//!   order per message, with retries (`demo_fail_attempts: N` in the body fails the first N
+//!   attempts, `demo_delay_ms: N` sleeps first). `GET /inbox`, `GET /inbox/dead` and
+//!   `POST /inbox/dead/{event_id}/retry` show and re-queue; `INBOX_WORKERS` (2; 0 receives
+//!   only), `INBOX_MAX_ATTEMPTS` (5), `INBOX_RETRY_BASE_MS` (200), `INBOX_LEASE_MS` (10 000).
+//!   The inbox is held in memory whatever the store (see examples/webhook_receiver/inbox.rs).
 //!
 //! Logs go to stderr through `tracing-subscriber`; `RUST_LOG` is respected (default `info`).
 //!
@@ -65,6 +73,9 @@
 //! seen with curl. On `/webhooks/meta`, `x-demo-fail-item: <message id>` applies the batch's
 //! new messages in order and fails (500) at that one: the messages applied before it are
 //! reported done and recorded, so the retry applies only the rest.
+
+#[path = "webhook_receiver/inbox.rs"]
+mod inbox;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -117,6 +128,14 @@ impl AppState {
         for part in key.parts() {
             *effects.by_key.entry(part.to_owned()).or_default() += 1;
         }
+    }
+
+    /// The status an email event of type `kind` (`email.delivered`) gives its message.
+    fn set_status<'a>(&self, message_id: &str, kind: &'a str) -> &'a str {
+        let status = kind.strip_prefix("email.").unwrap_or(kind);
+        let mut messages = self.messages.lock().unwrap();
+        messages.insert(message_id.to_owned(), status.to_owned());
+        status
     }
 
     /// One effect per message of a batch.
@@ -214,12 +233,7 @@ async fn email(
             .into_response();
     };
     state.record(&key);
-    let status = kind.strip_prefix("email.").unwrap_or(kind);
-    state
-        .messages
-        .lock()
-        .unwrap()
-        .insert(message_id.to_owned(), status.to_owned());
+    let status = state.set_status(message_id, kind);
     Json(json!({"ok": true, "status": status})).into_response()
 }
 
@@ -367,6 +381,8 @@ fn app(store: AnyStore, metrics: PrometheusHandle, settings: &Settings) -> Resul
     let email_layer = webhook_layer(&store, settings, "email", 72)
         .key(JsonPathKey::new("$.event_id")?)
         .order(email_order);
+    let state = AppState::default();
+    let inbox_routes = inbox::routes(&store, settings, &state)?;
     let orders = IdempotencyLayer::api(store)
         .namespace("orders")
         .lease(settings.lease)
@@ -386,7 +402,8 @@ fn app(store: AnyStore, metrics: PrometheusHandle, settings: &Settings) -> Resul
             "/metrics",
             get(move || std::future::ready(metrics.render())),
         )
-        .with_state(AppState::default()))
+        .with_state(state)
+        .merge(inbox_routes))
 }
 
 /// The store the environment names: `REDIS_URL`, else `DATABASE_URL`, else the memory store.

@@ -12,6 +12,7 @@ use crate::IdempotencyStore;
 use crate::classify::Classifier;
 use crate::config::{AckResponse, FailureMode, MissingKey, Mode, OnMismatch, Scope, Settings};
 use crate::guard::ClaimOpener;
+use crate::inbox::InboxRoute;
 use crate::key::{ExtractKey, HeaderKey};
 use crate::observe::OutcomeEvent;
 use crate::order::EventOrder;
@@ -90,6 +91,7 @@ impl IdempotencyLayer<HeaderKey> {
                 claims: ClaimOpener::new(store),
                 extractor: HeaderKey::idempotency_key(),
                 settings: Arc::new(Settings::default()),
+                inbox: None,
             }),
         }
     }
@@ -166,15 +168,20 @@ impl<K> IdempotencyLayer<K> {
     /// Sets where the key comes from: a [`HeaderKey`], a [`JsonPathKey`](crate::key::JsonPathKey),
     /// a fallback chain, a closure, …
     pub fn key<K2: ExtractKey>(self, extractor: K2) -> IdempotencyLayer<K2> {
-        let (claims, settings) = match Arc::try_unwrap(self.config) {
-            Ok(config) => (config.claims, config.settings),
-            Err(shared) => (shared.claims.clone(), shared.settings.clone()),
+        let (claims, settings, inbox) = match Arc::try_unwrap(self.config) {
+            Ok(config) => (config.claims, config.settings, config.inbox),
+            Err(shared) => (
+                shared.claims.clone(),
+                shared.settings.clone(),
+                shared.inbox.clone(),
+            ),
         };
         IdempotencyLayer {
             config: Arc::new(Config {
                 claims,
                 extractor,
                 settings,
+                inbox,
             }),
         }
     }
@@ -188,6 +195,7 @@ impl<K> IdempotencyLayer<K> {
             claims: shared.claims.clone(),
             extractor: shared.extractor.clone(),
             settings: shared.settings.clone(),
+            inbox: shared.inbox.clone(),
         });
         let mut settings = Arc::unwrap_or_clone(config.settings.clone());
         f(&mut config, &mut settings);
@@ -207,6 +215,15 @@ impl<K> IdempotencyLayer<K> {
 }
 
 impl<K: Clone> IdempotencyLayer<K> {
+    /// Puts the route in **inbox mode**: read, verify and key as configured, then store the
+    /// delivery in `route`'s inbox, the key `queued` in the same atomic step, and answer at
+    /// once (202 on a first delivery, the ack with `Idempotent-Replayed: true` on a duplicate,
+    /// 503 + `Retry-After` when the inbox cannot take it). The inner service is not called:
+    /// [`Worker`](crate::inbox::Worker)s apply the entries. See [`crate::inbox`].
+    pub fn inbox(self, route: InboxRoute) -> Self {
+        self.with(|config, _| config.inbox = Some(route))
+    }
+
     /// Verifies every covered request with `verifier` (a built-in scheme of
     /// [`verify`](crate::verify), or a closure) **before its key is extracted or claimed**: a
     /// request that fails gets `401` (gRPC `UNAUTHENTICATED`), outcome `unverified`, and never

@@ -175,6 +175,7 @@ pub mod defaults;
 pub mod fingerprint;
 mod future;
 mod guard;
+pub mod inbox;
 mod items;
 pub mod key;
 mod layer;

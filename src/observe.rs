@@ -187,6 +187,7 @@ impl Observer {
             namespace = %self.namespace,
             method = %method,
             key = tracing::field::Empty,
+            correlation_id = tracing::field::Empty,
             outcome = tracing::field::Empty,
             store_ms = tracing::field::Empty,
         )
@@ -340,7 +341,7 @@ struct MetricKeys {
     announced: std::sync::atomic::AtomicBool,
     /// `idempotency_requests_total` of every outcome without a reason (those with one, rejected
     /// and unverified, are built per call: rare).
-    outcomes: [(Outcome, MetricKey); 11],
+    outcomes: [(Outcome, MetricKey); 12],
 }
 
 #[cfg(feature = "metrics")]
@@ -408,6 +409,7 @@ impl MetricKeys {
             Outcome::PassThrough,
             Outcome::Stale,
             Outcome::ObjectInFlight,
+            Outcome::Queued,
         ]
         .map(|outcome| (outcome, Self::outcome_key(namespace, outcome, "none")));
         MetricKeys {

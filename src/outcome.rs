@@ -45,6 +45,8 @@ pub enum Outcome {
     StoreError,
     /// The store failed and the layer failed open: processed without protection.
     FailOpen,
+    /// Inbox mode: the delivery was stored for the workers and acknowledged (202).
+    Queued,
     /// Not protected: an uncovered method, or a missing key with the pass-through policy.
     PassThrough,
 }
@@ -75,6 +77,7 @@ impl Outcome {
             Outcome::StoreError => "store_error",
             Outcome::FailOpen => "fail_open",
             Outcome::PassThrough => "pass_through",
+            Outcome::Queued => "queued",
         }
     }
 }

@@ -23,6 +23,7 @@
 //! [`Targets`]: crate::guard::Targets
 
 pub(crate) mod claim;
+pub(crate) mod enqueue;
 pub(crate) mod key;
 pub(crate) mod settle;
 
@@ -37,6 +38,7 @@ use crate::answer::reject;
 use crate::body::{RequestBody, ResponseBody, read_request};
 use crate::config::{MissingKey, Settings};
 use crate::guard::{ClaimGuard, ClaimOpener};
+use crate::inbox::InboxRoute;
 use crate::key::ExtractKey;
 use crate::outcome::Outcome;
 use crate::rejection::Rejection;
@@ -48,6 +50,8 @@ pub(crate) struct Config<K> {
     pub(crate) claims: ClaimOpener,
     pub(crate) extractor: K,
     pub(crate) settings: Arc<Settings>,
+    /// Inbox mode: enqueue in place of claim and call.
+    pub(crate) inbox: Option<InboxRoute>,
 }
 
 /// What the phases before the call decided: answer now, or call the inner service.
@@ -97,7 +101,9 @@ where
 {
     async move {
         let settings = &config.settings;
-        let (body, data) = match read(settings, config.extractor.needs_body(), body).await {
+        // Inbox mode stores the body: it is read whole.
+        let needs_body = config.extractor.needs_body() || config.inbox.is_some();
+        let (body, data) = match read(settings, needs_body, body).await {
             Ok(read) => read,
             Err(rejection) => return Prelude::reject(settings, rejection, grpc),
         };
@@ -109,6 +115,9 @@ where
             Ok(None) => return missing_key(settings, &config.extractor, parts, body, grpc),
             Err(rejection) => return Prelude::reject(settings, rejection, grpc),
         };
+        if let (Some(route), Some(data)) = (&config.inbox, data) {
+            return enqueue::enqueue(route, settings, &parts, data, derived, grpc).await;
+        }
         let request = Box::new(claim::Claiming {
             parts,
             body,

@@ -1,0 +1,133 @@
+//! What the inbox stores and hands to a worker: [`InboxEntry`], [`Lease`], [`InboxRequest`].
+
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::HeaderMap;
+
+use crate::order::Position;
+use crate::store::{ObjectKey, StoreKey, Token};
+
+/// One stored delivery, waiting to be applied: what the worker needs and no more.
+#[derive(Clone, Debug)]
+pub struct InboxEntry {
+    /// The delivery's idempotency key (it is `queued` while the entry exists).
+    pub key: StoreKey,
+    /// The request body, byte for byte as it arrived (and as it was verified).
+    pub body: Bytes,
+    /// The headers the route names (content type, event type, ...); no others are kept.
+    pub headers: HeaderMap,
+    /// On ordered routes, the object the event is about and its position among its events.
+    pub order: Option<EntryOrder>,
+    /// Relates the callback, its acknowledgement and the worker's run (a request id).
+    pub correlation_id: String,
+    /// How many attempts were started so far (0 until a worker first takes it).
+    pub attempts: u32,
+    /// The earliest time a worker may take it.
+    pub next_attempt_at: SystemTime,
+    /// When it was stored (for the age of the oldest entry).
+    pub enqueued_at: SystemTime,
+}
+
+impl InboxEntry {
+    /// A new entry of `key` carrying `body`, due now, with no named headers and no order.
+    pub fn new(key: StoreKey, body: Bytes, correlation_id: impl Into<String>) -> Self {
+        let now = SystemTime::now();
+        InboxEntry {
+            key,
+            body,
+            headers: HeaderMap::new(),
+            order: None,
+            correlation_id: correlation_id.into(),
+            attempts: 0,
+            next_attempt_at: now,
+            enqueued_at: now,
+        }
+    }
+
+    /// The entry with the headers the route keeps.
+    pub fn with_headers(mut self, headers: HeaderMap) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// The entry ordered among the events of `object` at `position`.
+    pub fn ordered(mut self, object: ObjectKey, position: Position) -> Self {
+        self.order = Some(EntryOrder { object, position });
+        self
+    }
+}
+
+/// Where an entry of an ordered route stands: its object and its position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryOrder {
+    /// The object the event is about.
+    pub object: ObjectKey,
+    /// Its position among the object's events.
+    pub position: Position,
+}
+
+/// An entry a worker took: the entry (its attempt counted), the lease's token, and whether the
+/// entry is stale (its object already went past its position: settle it without the handler).
+#[derive(Clone, Debug)]
+pub struct Lease {
+    /// The entry, `attempts` including this one.
+    pub entry: InboxEntry,
+    /// The lease's owner token: renew, complete and fail are refused without it.
+    pub token: Token,
+    /// The object's watermark is at or past the entry's position.
+    pub stale: bool,
+}
+
+/// What the worker's service is called with: the entry and its lease's token.
+#[derive(Clone, Debug)]
+pub struct InboxRequest {
+    entry: InboxEntry,
+    token: Token,
+}
+
+impl InboxRequest {
+    pub(crate) fn new(entry: InboxEntry, token: Token) -> Self {
+        InboxRequest { entry, token }
+    }
+
+    /// The delivery's idempotency key.
+    pub fn key(&self) -> &StoreKey {
+        &self.entry.key
+    }
+
+    /// The body as it arrived.
+    pub fn body(&self) -> &Bytes {
+        &self.entry.body
+    }
+
+    /// The headers the route keeps.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.entry.headers
+    }
+
+    /// The correlation id of the delivery (the acknowledgement's `Idempotency-Correlation-Id`).
+    pub fn correlation_id(&self) -> &str {
+        &self.entry.correlation_id
+    }
+
+    /// This attempt's number, from 1.
+    pub fn attempt(&self) -> u32 {
+        self.entry.attempts
+    }
+
+    /// The object and position on ordered routes.
+    pub fn order(&self) -> Option<&EntryOrder> {
+        self.entry.order.as_ref()
+    }
+
+    /// The lease's token: a handler writing its effect where the record lives can check it.
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// The whole entry.
+    pub fn entry(&self) -> &InboxEntry {
+        &self.entry
+    }
+}

@@ -1,0 +1,359 @@
+//! [`MemoryInbox`]: the inbox in one process, every operation one critical section; bounded.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use super::entry::{InboxEntry, Lease};
+use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
+use crate::order::Position;
+use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
+
+/// The default bound on entries (dead letters included) and on done keys, each.
+pub const DEFAULT_CAPACITY: usize = 100_000;
+
+/// An inbox held in memory: for one process, tests and the demo.
+///
+/// Bounded: past `capacity` entries, or `capacity` done keys still within their retention, an
+/// enqueue fails with [`StoreErrorKind::Capacity`] (the route answers 503 + `Retry-After`);
+/// no entry is ever dropped to make room. Cloning shares the inbox.
+///
+/// ```
+/// use bytes::Bytes;
+/// use tower_idempotency::inbox::{Enqueued, InboxEntry, InboxStore, KeyState, MemoryInbox};
+/// use tower_idempotency::store::StoreKey;
+///
+/// # tokio_test();
+/// # fn tokio_test() { tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let inbox = MemoryInbox::new(1_000);
+/// let key = StoreKey::new("webhooks", None, "evt_1");
+/// let entry = InboxEntry::new(key.clone(), Bytes::from_static(b"{}"), "req-1");
+/// assert_eq!(inbox.enqueue(entry.clone()).await.unwrap(), Enqueued::Queued);
+/// assert_eq!(
+///     inbox.enqueue(entry).await.unwrap(),
+///     Enqueued::Duplicate(KeyState::Queued)
+/// );
+/// # }) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemoryInbox {
+    state: Arc<Mutex<State>>,
+    capacity: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: HashMap<StoreKey, Slot>,
+    /// Pending entries by next attempt time and leased ones by lease end: what `take` scans.
+    due: BTreeSet<(SystemTime, StoreKey)>,
+    done: HashMap<StoreKey, SystemTime>,
+    objects: HashMap<ObjectKey, Object>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    entry: InboxEntry,
+    phase: Phase,
+}
+
+#[derive(Debug)]
+enum Phase {
+    Pending,
+    Leased { token: Token, until: SystemTime },
+    Dead { error: String },
+}
+
+/// An object's watermark and its entries that are neither done nor dead, in position order.
+#[derive(Debug, Default)]
+struct Object {
+    watermark: Option<Position>,
+    queue: BTreeSet<(Position, StoreKey)>,
+}
+
+impl MemoryInbox {
+    /// An inbox of at most `capacity` entries and `capacity` done keys.
+    pub fn new(capacity: usize) -> Self {
+        MemoryInbox {
+            state: Arc::default(),
+            capacity,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere while holding the lock leaves consistent data: each operation
+        // checks before it writes.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Default for MemoryInbox {
+    fn default() -> Self {
+        MemoryInbox::new(DEFAULT_CAPACITY)
+    }
+}
+
+impl State {
+    fn known(&mut self, key: &StoreKey, now: SystemTime) -> Option<KeyState> {
+        if let Some(slot) = self.entries.get(key) {
+            return Some(match slot.phase {
+                Phase::Pending => KeyState::Queued,
+                Phase::Leased { .. } => KeyState::Running,
+                Phase::Dead { .. } => KeyState::Dead,
+            });
+        }
+        match self.done.get(key) {
+            Some(until) if *until > now => Some(KeyState::Done),
+            Some(_) => {
+                self.done.remove(key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn purge_done(&mut self, now: SystemTime) {
+        self.done.retain(|_, until| *until > now);
+    }
+
+    /// Puts `entry` in its object's queue and the due set (pending, due at `at`).
+    fn schedule(&mut self, entry: InboxEntry, at: SystemTime) {
+        if let Some(order) = &entry.order {
+            let object = self.objects.entry(order.object.clone()).or_default();
+            object.queue.insert((order.position, entry.key.clone()));
+        }
+        self.due.insert((at, entry.key.clone()));
+        let key = entry.key.clone();
+        let slot = Slot {
+            entry,
+            phase: Phase::Pending,
+        };
+        self.entries.insert(key, slot);
+    }
+
+    /// The time under which `key` sits in the due set, if it does.
+    fn due_at(slot: &Slot) -> Option<SystemTime> {
+        match slot.phase {
+            Phase::Pending => Some(slot.entry.next_attempt_at),
+            Phase::Leased { until, .. } => Some(until),
+            Phase::Dead { .. } => None,
+        }
+    }
+
+    /// Takes `key`'s slot out of the due set and its object's queue, if `token` holds it.
+    fn settle(&mut self, key: &StoreKey, token: &Token) -> Option<Slot> {
+        let slot = self.entries.get(key)?;
+        if !matches!(&slot.phase, Phase::Leased { token: held, .. } if held == token) {
+            return None;
+        }
+        let slot = self.entries.remove(key)?;
+        if let Some(at) = Self::due_at(&slot) {
+            self.due.remove(&(at, key.clone()));
+        }
+        if let Some(order) = &slot.entry.order {
+            if let Some(object) = self.objects.get_mut(&order.object) {
+                object.queue.remove(&(order.position, key.clone()));
+            }
+        }
+        Some(slot)
+    }
+
+    /// Whether `key` may run now: unordered, or its object's first waiting entry; and stale if
+    /// its object's watermark is at or past its position.
+    fn runnable(&self, slot: &Slot) -> Option<bool> {
+        let Some(order) = &slot.entry.order else {
+            return Some(false);
+        };
+        let object = self.objects.get(&order.object)?;
+        let first = object.queue.first()?;
+        (first.1 == slot.entry.key)
+            .then(|| object.watermark.is_some_and(|mark| mark >= order.position))
+    }
+
+    fn take(&mut self, max: usize, lease: Duration, now: SystemTime) -> Vec<Lease> {
+        let due: Vec<(SystemTime, StoreKey)> = self
+            .due
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .cloned()
+            .collect();
+        let mut taken = Vec::new();
+        for (at, key) in due {
+            if taken.len() == max {
+                break;
+            }
+            let Some(slot) = self.entries.get(&key) else {
+                continue;
+            };
+            let Some(stale) = self.runnable(slot) else {
+                continue;
+            };
+            let token = Token::random();
+            let until = now + lease;
+            let slot = self.entries.get_mut(&key).expect("checked above");
+            slot.entry.attempts += 1;
+            slot.phase = Phase::Leased { token, until };
+            let entry = slot.entry.clone();
+            self.due.remove(&(at, key.clone()));
+            self.due.insert((until, key));
+            taken.push(Lease {
+                entry,
+                token,
+                stale,
+            });
+        }
+        taken
+    }
+}
+
+impl InboxStore for MemoryInbox {
+    async fn enqueue(&self, entry: InboxEntry) -> Result<Enqueued, StoreError> {
+        let now = SystemTime::now();
+        let mut state = self.lock();
+        if let Some(known) = state.known(&entry.key, now) {
+            return Ok(Enqueued::Duplicate(known));
+        }
+        if state.done.len() >= self.capacity {
+            state.purge_done(now);
+        }
+        if state.entries.len() >= self.capacity || state.done.len() >= self.capacity {
+            return Err(StoreError::new(StoreErrorKind::Capacity));
+        }
+        let at = entry.next_attempt_at;
+        state.schedule(entry, at);
+        Ok(Enqueued::Queued)
+    }
+
+    async fn take(&self, max: usize, lease: Duration) -> Result<Vec<Lease>, StoreError> {
+        Ok(self.lock().take(max, lease, SystemTime::now()))
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.lock();
+        let Some(slot) = state.entries.get_mut(key) else {
+            return Ok(false);
+        };
+        let Phase::Leased { token: held, until } = &mut slot.phase else {
+            return Ok(false);
+        };
+        if held != token {
+            return Ok(false);
+        }
+        let (old, new) = (*until, SystemTime::now() + lease);
+        *until = new;
+        state.due.remove(&(old, key.clone()));
+        state.due.insert((new, key.clone()));
+        Ok(true)
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let now = SystemTime::now();
+        let mut state = self.lock();
+        let Some(slot) = state.settle(key, token) else {
+            return Ok(false);
+        };
+        // Past the bound the key is still marked: an applied entry must never run again
+        // within its retention, and the entry it replaces is gone.
+        state.done.insert(key.clone(), now + retention);
+        if let Some(order) = slot.entry.order {
+            let object = state.objects.entry(order.object.clone()).or_default();
+            object.watermark = object.watermark.max(Some(order.position));
+        }
+        Ok(true)
+    }
+
+    async fn fail(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        failure: Failure,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.lock();
+        let Some(mut slot) = state.settle(key, token) else {
+            return Ok(false);
+        };
+        match failure {
+            // The last error of a retried entry is in the worker's log; a dead letter keeps it.
+            Failure::RetryAt(at, _error) => {
+                slot.entry.next_attempt_at = at;
+                state.schedule(slot.entry, at);
+            }
+            Failure::Dead(error) => {
+                slot.phase = Phase::Dead { error };
+                state.entries.insert(key.clone(), slot);
+            }
+        }
+        Ok(true)
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        let state = self.lock();
+        let mut dead: Vec<DeadLetter> = state
+            .entries
+            .values()
+            .filter_map(|slot| match &slot.phase {
+                Phase::Dead { error } => Some(DeadLetter {
+                    entry: slot.entry.clone(),
+                    last_error: error.clone(),
+                }),
+                _ => None,
+            })
+            .collect();
+        dead.sort_by_key(|letter| letter.entry.enqueued_at);
+        dead.truncate(limit);
+        Ok(dead)
+    }
+
+    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        let mut state = self.lock();
+        if !matches!(
+            state.entries.get(key),
+            Some(Slot {
+                phase: Phase::Dead { .. },
+                ..
+            })
+        ) {
+            return Ok(false);
+        }
+        let mut slot = state.entries.remove(key).expect("checked above");
+        let now = SystemTime::now();
+        slot.entry.attempts = 0;
+        slot.entry.next_attempt_at = now;
+        state.schedule(slot.entry, now);
+        Ok(true)
+    }
+
+    async fn counts(&self) -> Result<InboxCounts, StoreError> {
+        let now = SystemTime::now();
+        let state = self.lock();
+        let mut counts = InboxCounts::default();
+        let mut oldest: Option<SystemTime> = None;
+        for slot in state.entries.values() {
+            match slot.phase {
+                Phase::Pending => counts.pending += 1,
+                Phase::Leased { until, .. } if until > now => counts.in_flight += 1,
+                // A lease that ran out waits for the next worker.
+                Phase::Leased { .. } => counts.pending += 1,
+                Phase::Dead { .. } => {
+                    counts.dead += 1;
+                    continue;
+                }
+            }
+            let at = slot.entry.enqueued_at;
+            oldest = Some(oldest.map_or(at, |seen| seen.min(at)));
+        }
+        counts.oldest_age = oldest.map(|at| now.duration_since(at).unwrap_or_default());
+        Ok(counts)
+    }
+}

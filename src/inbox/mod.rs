@@ -1,0 +1,56 @@
+//! The inbox: answer the sender at once, apply every event exactly once in workers.
+//!
+//! A route in inbox mode reads, verifies and keys a delivery, then **enqueues** it: the key
+//! becomes `queued` in the same atomic step that stores the [`InboxEntry`], and the sender is
+//! answered. [`Worker`]s take the entries (any number, in any number of processes), each under
+//! a lease renewed while the handler runs, call a `tower::Service<InboxRequest>` and settle:
+//! success marks the key done and removes the entry; failure asks the [`RetryPolicy`] for a
+//! retry time or makes the entry a dead letter, listable and re-queueable.
+//!
+//! The pieces:
+//! - [`InboxEntry`], [`Lease`], [`InboxRequest`]: what is stored, taken, and handled;
+//! - [`InboxStore`]: the queue contract, beside the record contract; [`MemoryInbox`] in memory;
+//! - [`RetryPolicy`] and [`Backoff`]: the policy decides, the worker's loop executes;
+//! - [`Worker`]: the loop.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use tower_idempotency::inbox::{InboxEntry, InboxRequest, InboxStore, MemoryInbox, Worker};
+//! use tower_idempotency::store::StoreKey;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! let inbox = MemoryInbox::default();
+//! let key = StoreKey::new("webhooks", None, "evt_1");
+//! inbox.enqueue(InboxEntry::new(key, Bytes::from_static(b"{}"), "req-1")).await.unwrap();
+//!
+//! let handler = tower::service_fn(|request: InboxRequest| async move {
+//!     println!("applying {} ({})", request.key(), request.correlation_id());
+//!     Ok::<_, Infallible>(())
+//! });
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! let worker = Worker::new(inbox.clone(), handler).workers(2).lease(Duration::from_secs(10));
+//! let running = tokio::spawn(worker.run(async { stopped.await.ok(); }));
+//! while inbox.counts().await.unwrap().pending + inbox.counts().await.unwrap().in_flight > 0 {
+//!     tokio::time::sleep(Duration::from_millis(10)).await;
+//! }
+//! stop.send(()).unwrap();
+//! running.await.unwrap();
+//! # });
+//! ```
+
+mod entry;
+mod memory;
+mod metrics;
+mod retry;
+mod route;
+mod store;
+mod worker;
+
+pub use self::entry::{EntryOrder, InboxEntry, InboxRequest, Lease};
+pub use self::memory::{DEFAULT_CAPACITY, MemoryInbox};
+pub use self::retry::{Backoff, Decision, RetryPolicy};
+pub use self::route::{IDEMPOTENCY_CORRELATION_ID, InboxRoute};
+pub use self::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
+pub use self::worker::Worker;

@@ -1,0 +1,127 @@
+//! [`InboxStore`]: the queue contract, beside the record contract ([`IdempotencyStore`]).
+//!
+//! [`IdempotencyStore`]: crate::IdempotencyStore
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use super::entry::{InboxEntry, Lease};
+use crate::store::{StoreError, StoreKey, Token};
+
+/// What became of an enqueue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Enqueued {
+    /// The key was absent: it is `queued` and the entry is stored, in one atomic step.
+    Queued,
+    /// The key was already known: nothing was stored.
+    Duplicate(KeyState),
+}
+
+/// The state of a key an inbox knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyState {
+    /// Its entry waits for a worker (first time or a retry).
+    Queued,
+    /// A worker holds its entry under a lease.
+    Running,
+    /// Its entry ran out of attempts and is kept as a dead letter.
+    Dead,
+    /// Its entry was applied; the key is kept for the retention.
+    Done,
+}
+
+/// How a failed attempt is settled (the retry policy decides, the worker tells the store).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// Take it again at this time.
+    RetryAt(SystemTime, String),
+    /// No attempts left: keep it as a dead letter with this error.
+    Dead(String),
+}
+
+/// An entry that ran out of attempts, with the last attempt's error.
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    /// The entry as it was last taken.
+    pub entry: InboxEntry,
+    /// The last attempt's error.
+    pub last_error: String,
+}
+
+/// The counts an operator watches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InboxCounts {
+    /// Entries waiting (first attempt or retry).
+    pub pending: u64,
+    /// Entries under a live lease.
+    pub in_flight: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// Age of the oldest entry that is not dead, if any.
+    pub oldest_age: Option<Duration>,
+}
+
+/// A store of inbox entries. The key's claim and its entry change together: `enqueue` is one
+/// atomic step, and `complete` marks the key done as it removes the entry.
+///
+/// Every settlement (`renew`, `complete`, `fail`) is checked against the lease's token: a
+/// worker whose lease ran out and was taken by another can no longer renew, complete or fail
+/// the entry, and gets `false`.
+///
+/// On ordered entries the store hands out an object's entries one at a time, in position
+/// order: only the object's first entry that is neither done nor dead can be taken.
+pub trait InboxStore: Send + Sync + 'static {
+    /// Stores `entry` if its key is absent; a known key (queued, running, dead or done) is a
+    /// duplicate and stores nothing; a full store is an error (`StoreErrorKind::Capacity`).
+    fn enqueue(
+        &self,
+        entry: InboxEntry,
+    ) -> impl Future<Output = Result<Enqueued, StoreError>> + Send;
+
+    /// Takes up to `max` due entries (their next attempt time passed, or their lease ran
+    /// out), each under a new lease of `lease`, its attempt counted.
+    fn take(
+        &self,
+        max: usize,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send;
+
+    /// Extends the lease of `key` held by `token`; `false` if it is no longer held by it.
+    fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Marks `key` done for `retention`, removes its entry and moves its object's watermark;
+    /// `false` (and nothing changed) if the lease is not `token`'s.
+    fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        retention: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Schedules a retry or keeps the entry as a dead letter; `false` (and nothing changed)
+    /// if the lease is not `token`'s.
+    fn fail(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        failure: Failure,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Up to `limit` dead letters, oldest first.
+    fn dead_letters(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, StoreError>> + Send;
+
+    /// Queues a dead letter again, due now, its attempts reset; `false` if `key` is not dead.
+    fn requeue(&self, key: &StoreKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Pending, in flight, dead, and the oldest entry's age.
+    fn counts(&self) -> impl Future<Output = Result<InboxCounts, StoreError>> + Send;
+}

@@ -1,0 +1,302 @@
+//! [`Worker`]: a `tower::Service` driven by a loop that takes entries, runs them under a
+//! renewed lease and settles them.
+
+use std::future::{Future, poll_fn};
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures_util::FutureExt;
+use futures_util::future::{Either, select};
+use tokio::task::JoinSet;
+use tower_service::Service;
+use tracing::Instrument;
+
+use super::entry::{InboxRequest, Lease};
+use super::metrics;
+use super::retry::{Backoff, Decision, RetryPolicy};
+use super::store::{Failure, InboxStore};
+use crate::store::BoxError;
+
+/// Runs inbox entries through a service: up to `workers` at a time, each under a lease
+/// renewed while it runs; success marks the key done, failure (an `Err`, a panic) asks the
+/// retry policy for a retry time or a dead letter.
+///
+/// The service is any `tower::Service<InboxRequest>`: wrap it in tower's timeout, concurrency
+/// limit or tracing layers as for a request path. A timeout's error is a failure like another.
+pub struct Worker<St, S, P = Backoff> {
+    store: Arc<St>,
+    service: S,
+    policy: Arc<P>,
+    settings: Settings,
+}
+
+#[derive(Clone, Debug)]
+struct Settings {
+    namespace: Arc<str>,
+    workers: usize,
+    lease: Duration,
+    retention: Duration,
+    poll: Duration,
+}
+
+impl<St, S> Worker<St, S> {
+    /// A worker over `store` calling `service`: 1 entry at a time, a 30 s lease, keys kept
+    /// 7 days once done, the default [`Backoff`], polled every 50 ms when idle.
+    pub fn new(store: St, service: S) -> Self {
+        Worker {
+            store: Arc::new(store),
+            service,
+            policy: Arc::new(Backoff::default()),
+            settings: Settings {
+                namespace: Arc::from("default"),
+                workers: 1,
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(7 * 24 * 3600),
+                poll: Duration::from_millis(50),
+            },
+        }
+    }
+}
+
+impl<St, S, P> Worker<St, S, P> {
+    /// The namespace of the worker's metrics (`default`): the route's, for one view of both.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.settings.namespace = Arc::from(namespace.into());
+        self
+    }
+
+    /// Runs up to `n` entries at once (at least 1).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.settings.workers = n.max(1);
+        self
+    }
+
+    /// The lease each entry is held under; renewed every third of it while the handler runs,
+    /// and taken by another worker about one lease after this one died.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.settings.lease = lease;
+        self
+    }
+
+    /// How long a done key stays known (the provider's retry horizon).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.settings.retention = retention;
+        self
+    }
+
+    /// How long an idle worker waits before looking for due entries again.
+    pub fn poll_interval(mut self, poll: Duration) -> Self {
+        self.settings.poll = poll;
+        self
+    }
+
+    /// The retry policy (which decides; the worker executes).
+    pub fn retry<Q>(self, policy: Q) -> Worker<St, S, Q> {
+        Worker {
+            store: self.store,
+            service: self.service,
+            policy: Arc::new(policy),
+            settings: self.settings,
+        }
+    }
+}
+
+impl<St, S, P> Worker<St, S, P>
+where
+    St: InboxStore,
+    S: Service<InboxRequest> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    P: RetryPolicy,
+{
+    /// Takes and runs entries until `shutdown` completes, then finishes what runs and returns:
+    /// nothing new is taken after `shutdown`.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        // The service is held by value and only cloned between awaits: it need not be `Sync`.
+        let Worker {
+            store,
+            service,
+            policy,
+            settings,
+        } = self;
+        let run = Run {
+            store,
+            policy,
+            settings,
+        };
+        let mut shutdown = pin!(shutdown);
+        let mut running = JoinSet::new();
+        let mut measured: Option<Instant> = None;
+        loop {
+            while running.try_join_next().is_some() {}
+            run.measure(&mut measured).await;
+            let free = run.settings.workers - running.len();
+            let leases = match free {
+                0 => Vec::new(),
+                _ => run.take(free).await,
+            };
+            if !leases.is_empty() {
+                for lease in leases {
+                    let span = tracing::info_span!(
+                        "inbox.entry",
+                        correlation_id = %lease.entry.correlation_id,
+                        attempt = lease.entry.attempts,
+                    );
+                    running.spawn(run.clone().settle(service.clone(), lease).instrument(span));
+                }
+                continue;
+            }
+            let idle = pin!(wait_for_room(&mut running, free, run.settings.poll));
+            if let Either::Right(_) = select(idle, shutdown.as_mut()).await {
+                break;
+            }
+        }
+        while running.join_next().await.is_some() {}
+    }
+}
+
+impl<St: InboxStore, P> Run<St, P> {
+    /// Sets the inbox's gauges, at most once a second (counting may scan the inbox).
+    async fn measure(&self, last: &mut Option<Instant>) {
+        let recent = last.is_some_and(|at| at.elapsed() < Duration::from_secs(1));
+        if !cfg!(feature = "metrics") || recent {
+            return;
+        }
+        *last = Some(Instant::now());
+        if let Ok(counts) = self.store.counts().await {
+            metrics::gauges(&self.settings.namespace, &counts);
+        }
+    }
+
+    /// Up to `free` due entries, each under a new lease (none when the store fails).
+    async fn take(&self, free: usize) -> Vec<Lease> {
+        self.store
+            .take(free, self.settings.lease)
+            .await
+            .unwrap_or_else(|error| {
+                tracing::warn!(%error, "inbox: taking entries failed");
+                Vec::new()
+            })
+    }
+}
+
+impl<St, P> Clone for Run<St, P> {
+    fn clone(&self) -> Self {
+        Run {
+            store: self.store.clone(),
+            policy: self.policy.clone(),
+            settings: self.settings.clone(),
+        }
+    }
+}
+
+/// Waits for a running entry to end when none is free, else for the poll interval.
+async fn wait_for_room(running: &mut JoinSet<()>, free: usize, poll: Duration) {
+    if free == 0 {
+        running.join_next().await;
+    } else {
+        tokio::time::sleep(poll).await;
+    }
+}
+
+/// One entry's run: what it needs of the worker.
+struct Run<St, P> {
+    store: Arc<St>,
+    policy: Arc<P>,
+    settings: Settings,
+}
+
+impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
+    async fn settle<S>(self, service: S, lease: Lease)
+    where
+        S: Service<InboxRequest> + Send,
+        S::Future: Send,
+        S::Error: Into<BoxError>,
+    {
+        let (key, token) = (lease.entry.key.clone(), lease.token);
+        if lease.stale {
+            tracing::debug!("inbox: stale entry settled without the handler");
+            let done = self
+                .store
+                .complete(&key, &token, self.settings.retention)
+                .await;
+            return report("complete", done);
+        }
+        let attempts = lease.entry.attempts;
+        metrics::attempt(&self.settings.namespace);
+        let outcome = self
+            .call(service, InboxRequest::new(lease.entry, token))
+            .await;
+        let settled = match outcome {
+            Ok(()) => {
+                self.store
+                    .complete(&key, &token, self.settings.retention)
+                    .await
+            }
+            Err(error) => {
+                tracing::warn!(%error, attempts, "inbox: attempt failed");
+                let failure = match self.policy.decide(attempts) {
+                    Decision::RetryAfter(delay) => {
+                        metrics::retry(&self.settings.namespace);
+                        Failure::RetryAt(SystemTime::now() + delay, error)
+                    }
+                    Decision::DeadLetter => {
+                        metrics::dead_letter(&self.settings.namespace);
+                        Failure::Dead(error)
+                    }
+                };
+                self.store.fail(&key, &token, failure).await
+            }
+        };
+        report("settle", settled);
+    }
+
+    /// Calls the service with the lease renewed meanwhile; a panic is a failure.
+    async fn call<S>(&self, mut service: S, request: InboxRequest) -> Result<(), String>
+    where
+        S: Service<InboxRequest> + Send,
+        S::Future: Send,
+        S::Error: Into<BoxError>,
+    {
+        let (key, token) = (request.key().clone(), *request.token());
+        let attempt = async move {
+            poll_fn(|cx| service.poll_ready(cx)).await?;
+            service.call(request).await.map(drop)
+        };
+        let attempt = pin!(AssertUnwindSafe(attempt).catch_unwind());
+        let renew = pin!(async {
+            loop {
+                tokio::time::sleep(self.settings.lease / 3).await;
+                match self.store.renew(&key, &token, self.settings.lease).await {
+                    Ok(true) => {}
+                    // Lost to another worker: its settlement will be refused; let it run.
+                    Ok(false) => std::future::pending::<()>().await,
+                    Err(error) => tracing::warn!(%error, "inbox: renewing a lease failed"),
+                }
+            }
+        });
+        match select(attempt, renew).await {
+            Either::Left((Ok(Ok(())), _)) => Ok(()),
+            Either::Left((Ok(Err(error)), _)) => Err(error.into().to_string()),
+            Either::Left((Err(_panic), _)) => Err("the handler panicked".to_owned()),
+            Either::Right(_) => Err("the lease's renewal ended".to_owned()),
+        }
+    }
+}
+
+/// Logs a settlement refused (the lease was taken over) or failed (the lease is the backstop:
+/// the entry runs again after it).
+fn report(what: &str, settled: Result<bool, crate::store::StoreError>) {
+    match settled {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            what,
+            "inbox: lease lost before settling; another worker has it"
+        ),
+        Err(error) => {
+            tracing::warn!(what, %error, "inbox: settling failed; retried after the lease")
+        }
+    }
+}

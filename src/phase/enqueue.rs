@@ -1,0 +1,120 @@
+//! Phase 4 of a route in inbox mode: **enqueue** in place of claim and call. The key becomes
+//! `queued` in the same atomic step that stores the entry; the sender is answered at once.
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Response};
+
+use super::Prelude;
+use super::key::Derived;
+use crate::answer::{IDEMPOTENT_REPLAYED, reject};
+use crate::config::{AckResponse, Settings};
+use crate::guard::{OneOrMany, Targets};
+use crate::inbox::{Enqueued, IDEMPOTENCY_CORRELATION_ID, InboxEntry, InboxRoute};
+use crate::key::{KeyError, KeyErrorKind};
+use crate::outcome::Outcome;
+use crate::rejection::Rejection;
+use crate::store::{StoreErrorKind, Token};
+
+/// The longest correlation id taken from a request header; a longer one is replaced.
+const MAX_CORRELATION_LEN: usize = 200;
+
+/// Stores the delivery as an entry and answers: the accepted answer, the duplicate's ack, or
+/// 503 + `Retry-After` when the inbox could not take it (nothing acknowledged that was not
+/// stored).
+pub(crate) async fn enqueue<B, ResBody>(
+    route: &InboxRoute,
+    settings: &Settings,
+    parts: &Parts,
+    data: Bytes,
+    derived: Derived,
+    grpc: bool,
+) -> Prelude<B, ResBody> {
+    let correlation = correlation_id(route, parts);
+    tracing::Span::current().record("correlation_id", correlation.as_str());
+    let entry = match entry_of(route, parts, data, derived.targets, &correlation) {
+        Ok(entry) => entry,
+        Err(rejection) => return Prelude::reject(settings, rejection, grpc),
+    };
+    let enqueued = match tokio::time::timeout(settings.store_timeout, route.enqueue(entry)).await {
+        Ok(result) => result,
+        Err(_elapsed) => Err(crate::store::StoreError::new(StoreErrorKind::Timeout)),
+    };
+    let mut response = match enqueued {
+        Ok(Enqueued::Queued) => answer(&route.accepted, Outcome::Queued),
+        Ok(Enqueued::Duplicate(_)) => {
+            let mut response = answer(&settings.ack, Outcome::Replayed);
+            let replayed = HeaderValue::from_static("true");
+            response.headers_mut().insert(IDEMPOTENT_REPLAYED, replayed);
+            response
+        }
+        Err(error) => {
+            tracing::warn!(%error, "inbox: the entry could not be stored");
+            let retry_after = settings.store_retry_after;
+            reject(settings, Rejection::StoreUnavailable { retry_after }, grpc)
+        }
+    };
+    if let Ok(value) = HeaderValue::from_str(&correlation) {
+        response
+            .headers_mut()
+            .insert(IDEMPOTENCY_CORRELATION_ID, value);
+    }
+    Prelude::Respond(response)
+}
+
+/// The entry of one delivery: one key (an inbox route takes no batches), ordered or not.
+fn entry_of(
+    route: &InboxRoute,
+    parts: &Parts,
+    data: Bytes,
+    targets: Targets,
+    correlation: &str,
+) -> Result<InboxEntry, Rejection> {
+    let mut headers = HeaderMap::new();
+    for name in &route.keep_headers {
+        for value in parts.headers.get_all(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    let entry = |key| InboxEntry::new(key, data.clone(), correlation).with_headers(headers.clone());
+    match targets {
+        Targets::Keys(OneOrMany::One(key)) => Ok(entry(key)),
+        Targets::Events(mut events) if events.len() == 1 => {
+            let event = events.pop().expect("one");
+            Ok(entry(event.key).ordered(event.object, event.position))
+        }
+        _ => Err(Rejection::MalformedKey(KeyError::new(
+            KeyErrorKind::TooManyParts,
+            "an inbox route takes one key per delivery, not a batch",
+        ))),
+    }
+}
+
+/// The request's correlation header when it is short visible text, else a generated id.
+fn correlation_id(route: &InboxRoute, parts: &Parts) -> String {
+    let given = parts.headers.get(&route.correlation_header);
+    match given.and_then(|value| value.to_str().ok()) {
+        Some(text) if !text.is_empty() && text.len() <= MAX_CORRELATION_LEN => text.to_owned(),
+        _ => Token::random()
+            .as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+    }
+}
+
+/// An answer of the inbox with `outcome` in its extensions.
+fn answer<ResBody>(
+    ack: &AckResponse,
+    outcome: Outcome,
+) -> Response<crate::body::ResponseBody<ResBody>> {
+    let (status, content_type, body) = ack.parts();
+    let mut response = Response::new(crate::body::ResponseBody::buffered(body.clone(), None));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, content_type.clone());
+    response.extensions_mut().insert(outcome);
+    response
+}

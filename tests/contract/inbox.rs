@@ -1,0 +1,544 @@
+//! The inbox contract every queue backend must honour, called on the store and through a
+//! `Worker` (no HTTP): enqueue atomic with the claim, duplicates, retries with backoff, dead
+//! letters, re-queue, lease take-over, order per object, shutdown.
+//!
+//! Each store's test file instantiates it with `inbox_contract!(async { (store, guard) })`.
+
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use tower_idempotency::inbox::{
+    Backoff, Enqueued, Failure, InboxEntry, InboxRequest, InboxStore, KeyState, Worker,
+};
+use tower_idempotency::order::Position;
+use tower_idempotency::store::{ObjectKey, StoreKey};
+
+const RETENTION: Duration = Duration::from_secs(3600);
+const LONG: Duration = Duration::from_secs(60);
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// A name no other test (nor an earlier run against the same server) uses.
+fn fresh(test: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "{test}-{}-{}-{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn entry(test: &str) -> InboxEntry {
+    let key = StoreKey::new("inbox-contract", None, &fresh(test));
+    InboxEntry::new(key, Bytes::from_static(b"{\"event\":1}"), fresh("corr"))
+}
+
+fn ordered(object: &ObjectKey, position: i64) -> InboxEntry {
+    entry("ordered").ordered(
+        object.clone(),
+        Position::from_integer_text(&position.to_string()).unwrap(),
+    )
+}
+
+/// Polls `check` until it holds, failing after the deadline.
+async fn eventually<F: std::future::Future<Output = bool>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) {
+    let start = Instant::now();
+    while !check().await {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "not within {DEADLINE:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Polls `take` until it hands out entries, failing after the deadline.
+async fn take_within<St: InboxStore>(
+    store: &St,
+    what: &str,
+) -> Vec<tower_idempotency::inbox::Lease> {
+    let start = Instant::now();
+    loop {
+        let taken = store.take(10, LONG).await.unwrap();
+        if !taken.is_empty() {
+            return taken;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "not within {DEADLINE:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The one entry due now.
+async fn take_one<St: InboxStore>(store: &St, what: &str) -> tower_idempotency::inbox::Lease {
+    store.take(10, LONG).await.unwrap().pop().expect(what)
+}
+
+/// A handler that says when it starts and waits for a permit of its gate.
+#[derive(Clone)]
+struct Gated {
+    started: Arc<tokio::sync::Notify>,
+    gate: Arc<tokio::sync::Semaphore>,
+    calls: Arc<AtomicU32>,
+}
+
+impl Default for Gated {
+    fn default() -> Self {
+        Gated {
+            started: Arc::new(tokio::sync::Notify::new()),
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
+            calls: Arc::new(AtomicU32::new(0)),
+        }
+    }
+}
+
+impl Gated {
+    fn handler(
+        &self,
+    ) -> impl tower::Service<InboxRequest, Response = (), Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + 'static {
+        let gated = self.clone();
+        tower::service_fn(move |_request: InboxRequest| {
+            let gated = gated.clone();
+            async move {
+                gated.calls.fetch_add(1, Ordering::SeqCst);
+                gated.started.notify_one();
+                let _permit = gated.gate.acquire().await.unwrap();
+                Ok(())
+            }
+        })
+    }
+
+    async fn started(&self) {
+        let started = self.started.notified();
+        tokio::time::timeout(DEADLINE, started)
+            .await
+            .expect("the handler starts");
+    }
+}
+
+/// Runs `worker` until the returned sender is used.
+fn spawn<St, S, P>(
+    worker: Worker<St, S, P>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+)
+where
+    St: InboxStore,
+    S: tower::Service<InboxRequest> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<tower_idempotency::store::BoxError>,
+    P: tower_idempotency::inbox::RetryPolicy,
+{
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        stopped.await.ok();
+    }));
+    (stop, run)
+}
+
+/// Two concurrent enqueues of one delivery store one entry, many times over.
+pub async fn enqueue_is_atomic_with_the_claim<St: InboxStore + Clone>(store: St) {
+    for _ in 0..50 {
+        let entry = entry("atomic");
+        let (a, b) = (store.clone(), store.clone());
+        let (e1, e2) = (entry.clone(), entry.clone());
+        let (r1, r2) = tokio::join!(
+            tokio::spawn(async move { a.enqueue(e1).await.unwrap() }),
+            tokio::spawn(async move { b.enqueue(e2).await.unwrap() }),
+        );
+        let mut results = [r1.unwrap(), r2.unwrap()];
+        results.sort_by_key(|r| matches!(r, Enqueued::Duplicate(_)));
+        assert_eq!(
+            results,
+            [Enqueued::Queued, Enqueued::Duplicate(KeyState::Queued)]
+        );
+    }
+    let taken = store.take(1_000, LONG).await.unwrap();
+    assert_eq!(taken.len(), 50, "one entry per delivery");
+}
+
+/// A duplicate of a queued, running or done key is acknowledged and stores nothing.
+pub async fn duplicates_never_enqueue<St: InboxStore>(store: St) {
+    let first = entry("duplicates");
+    assert_eq!(
+        store.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Queued
+    );
+    assert_eq!(
+        store.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Queued)
+    );
+    let lease = take_one(&store, "the entry is due").await;
+    assert_eq!(lease.entry.attempts, 1);
+    assert_eq!(
+        store.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Running)
+    );
+    assert!(
+        store
+            .complete(&first.key, &lease.token, RETENTION)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done)
+    );
+    assert!(
+        store.take(10, LONG).await.unwrap().is_empty(),
+        "nothing was enqueued again"
+    );
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.in_flight, counts.dead), (0, 0, 0));
+}
+
+/// A failing handler (an error, then a panic) is retried with growing delays, then applied.
+pub async fn retries_with_backoff<St: InboxStore + Clone>(store: St) {
+    let first = entry("retries");
+    store.enqueue(first.clone()).await.unwrap();
+    let starts = Arc::new(Mutex::new(Vec::<Instant>::new()));
+    let seen = starts.clone();
+    let handler = tower::service_fn(move |_request: InboxRequest| {
+        let attempt = {
+            let mut starts = seen.lock().unwrap();
+            starts.push(Instant::now());
+            starts.len()
+        };
+        async move {
+            match attempt {
+                1 => Err("first attempt fails".to_owned()),
+                2 => panic!("second attempt panics"),
+                _ => Ok(()),
+            }
+        }
+    });
+    let worker = Worker::new(store.clone(), handler)
+        .retry(Backoff::new(Duration::from_millis(200)).max_attempts(5))
+        .poll_interval(Duration::from_millis(5));
+    let (stop, run) = spawn(worker);
+    eventually("the entry is applied", || {
+        let store = store.clone();
+        let first = first.clone();
+        async move { store.enqueue(first).await.unwrap() == Enqueued::Duplicate(KeyState::Done) }
+    })
+    .await;
+    stop.send(()).unwrap();
+    run.await.unwrap();
+    let starts = starts.lock().unwrap().clone();
+    assert_eq!(
+        starts.len(),
+        3,
+        "an error and a panic are failures, then success"
+    );
+    // Equal jitter: at least half of 200 ms, then half of 400 ms.
+    assert!(
+        starts[1] - starts[0] >= Duration::from_millis(100),
+        "{:?}",
+        starts[1] - starts[0]
+    );
+    assert!(
+        starts[2] - starts[1] >= Duration::from_millis(200),
+        "{:?}",
+        starts[2] - starts[1]
+    );
+}
+
+/// After the last attempt the entry is a dead letter with its last error; re-queued, it runs
+/// again from its first attempt.
+pub async fn dead_letters_and_requeue<St: InboxStore>(store: St) {
+    let first = entry("dead");
+    store.enqueue(first.clone()).await.unwrap();
+    let lease = take_one(&store, "the entry is due").await;
+    let failure = Failure::Dead("gateway said no".to_owned());
+    assert!(store.fail(&first.key, &lease.token, failure).await.unwrap());
+    assert!(
+        store.take(10, LONG).await.unwrap().is_empty(),
+        "a dead letter is not taken"
+    );
+    assert_eq!(
+        store.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Dead)
+    );
+    let dead = store.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (dead[0].entry.key.clone(), dead[0].last_error.as_str()),
+        (first.key.clone(), "gateway said no")
+    );
+    assert_eq!(store.counts().await.unwrap().dead, 1);
+    assert!(store.requeue(&first.key).await.unwrap());
+    assert!(
+        !store.requeue(&first.key).await.unwrap(),
+        "only a dead letter is re-queued"
+    );
+    let again = take_one(&store, "due again").await;
+    assert_eq!(again.entry.attempts, 1);
+    assert!(
+        store
+            .complete(&first.key, &again.token, RETENTION)
+            .await
+            .unwrap()
+    );
+    assert!(store.dead_letters(10).await.unwrap().is_empty());
+}
+
+/// A failed attempt scheduled later is not taken before its time.
+pub async fn a_retry_waits_for_its_time<St: InboxStore>(store: St) {
+    let first = entry("retry-at");
+    store.enqueue(first.clone()).await.unwrap();
+    let lease = take_one(&store, "the entry is due").await;
+    let at = SystemTime::now() + Duration::from_millis(300);
+    assert!(
+        store
+            .fail(
+                &first.key,
+                &lease.token,
+                Failure::RetryAt(at, "later".into())
+            )
+            .await
+            .unwrap()
+    );
+    assert!(
+        store.take(10, LONG).await.unwrap().is_empty(),
+        "not before its time"
+    );
+    take_within(&store, "the retry is due").await;
+    assert!(SystemTime::now() >= at);
+}
+
+/// A worker that stopped renewing loses its entry after its lease, and can no longer renew,
+/// fail or complete it.
+pub async fn a_dead_workers_lease_is_taken_over<St: InboxStore>(store: St) {
+    let first = entry("takeover");
+    store.enqueue(first.clone()).await.unwrap();
+    let lease = Duration::from_millis(300);
+    let dead = store.take(10, lease).await.unwrap().pop().unwrap();
+    assert!(
+        store.take(10, lease).await.unwrap().is_empty(),
+        "held while the lease lasts"
+    );
+    let next = take_within(&store, "taken again after the lease")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(next.entry.attempts, 2, "the dead worker's attempt counts");
+    assert!(!store.renew(&first.key, &dead.token, LONG).await.unwrap());
+    assert!(
+        !store
+            .complete(&first.key, &dead.token, RETENTION)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .fail(&first.key, &dead.token, Failure::Dead("late".into()))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .complete(&first.key, &next.token, RETENTION)
+            .await
+            .unwrap()
+    );
+}
+
+/// An object's entries run one at a time in position order; one behind a failing entry
+/// waits while other objects go on; one older than what was applied comes back stale.
+pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(store: St) {
+    let (x, y) = (
+        ObjectKey::new("inbox-contract", None, &fresh("x")),
+        ObjectKey::new("inbox-contract", None, &fresh("y")),
+    );
+    let (x2, x1, y1) = (ordered(&x, 2), ordered(&x, 1), ordered(&y, 1));
+    for entry in [&x2, &x1, &y1] {
+        store.enqueue(entry.clone()).await.unwrap();
+    }
+    let mut taken = store.take(10, LONG).await.unwrap();
+    taken.sort_by_key(|lease| lease.entry.key == y1.key);
+    let keys: Vec<_> = taken.iter().map(|lease| lease.entry.key.clone()).collect();
+    assert_eq!(
+        keys,
+        [x1.key.clone(), y1.key.clone()],
+        "x's first position and y"
+    );
+    let later = SystemTime::now() + Duration::from_millis(300);
+    assert!(
+        store
+            .fail(
+                &x1.key,
+                &taken[0].token,
+                Failure::RetryAt(later, "down".into())
+            )
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .complete(&y1.key, &taken[1].token, RETENTION)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store.take(10, LONG).await.unwrap().is_empty(),
+        "x2 waits behind failing x1"
+    );
+    let retried = take_within(&store, "x1 is retried").await;
+    assert_eq!(retried.len(), 1);
+    assert_eq!(retried[0].entry.key, x1.key, "x1 again, before x2");
+    assert!(
+        store
+            .complete(&x1.key, &retried[0].token, RETENTION)
+            .await
+            .unwrap()
+    );
+    let next = take_one(&store, "x2 after x1").await;
+    assert_eq!(
+        (next.entry.key.clone(), next.stale),
+        (x2.key.clone(), false)
+    );
+    assert!(
+        store
+            .complete(&x2.key, &next.token, RETENTION)
+            .await
+            .unwrap()
+    );
+    let x0 = ordered(&x, 0);
+    store.enqueue(x0.clone()).await.unwrap();
+    let stale = take_one(&store, "x0 is due").await;
+    assert!(stale.stale, "x0 is behind x's watermark");
+}
+
+/// Shutdown finishes the entry that runs and takes nothing new.
+pub async fn shutdown_finishes_what_runs<St: InboxStore + Clone>(store: St) {
+    let (first, second) = (entry("shutdown"), entry("shutdown"));
+    store.enqueue(first.clone()).await.unwrap();
+    let gated = Gated::default();
+    let worker = Worker::new(store.clone(), gated.handler())
+        .workers(2)
+        .poll_interval(Duration::from_millis(5));
+    let (stop, run) = spawn(worker);
+    gated.started().await;
+    stop.send(()).unwrap();
+    // Whatever the loop does next, it must not take this one.
+    store.enqueue(second.clone()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gated.gate.add_permits(10);
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("run returns")
+        .unwrap();
+    assert_eq!(gated.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        store.enqueue(first).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done),
+        "finished"
+    );
+    assert_eq!(
+        store.enqueue(second).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Queued),
+        "not taken"
+    );
+}
+
+/// A handler that outlives several leases keeps its entry: the worker renews the lease.
+pub async fn a_running_entry_is_renewed<St: InboxStore + Clone>(store: St) {
+    let first = entry("renewed");
+    store.enqueue(first.clone()).await.unwrap();
+    let gated = Gated::default();
+    let worker = Worker::new(store.clone(), gated.handler()).lease(Duration::from_secs(1));
+    let (stop, run) = spawn(worker);
+    gated.started().await;
+    // Two and a half leases: without renewal the entry would be due again.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert!(
+        store.take(10, LONG).await.unwrap().is_empty(),
+        "still held by the running worker"
+    );
+    gated.gate.add_permits(1);
+    stop.send(()).unwrap();
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("run returns")
+        .unwrap();
+    assert_eq!(
+        store.enqueue(first).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done)
+    );
+}
+
+/// A worker settles a stale entry (behind its object's watermark) without its handler.
+pub async fn a_worker_settles_a_stale_entry_without_the_handler<St: InboxStore + Clone>(store: St) {
+    let object = ObjectKey::new("inbox-contract", None, &fresh("stale"));
+    let (newer, older) = (ordered(&object, 2), ordered(&object, 1));
+    store.enqueue(newer.clone()).await.unwrap();
+    let gated = Gated::default();
+    gated.gate.add_permits(10);
+    let worker =
+        Worker::new(store.clone(), gated.handler()).poll_interval(Duration::from_millis(5));
+    let (stop, run) = spawn(worker);
+    let done = |entry: InboxEntry| {
+        let store = store.clone();
+        async move { store.enqueue(entry).await.unwrap() == Enqueued::Duplicate(KeyState::Done) }
+    };
+    eventually("the newer event is applied", || done(newer.clone())).await;
+    store.enqueue(older.clone()).await.unwrap();
+    eventually("the older event is settled", || done(older.clone())).await;
+    stop.send(()).unwrap();
+    run.await.unwrap();
+    assert_eq!(
+        gated.calls.load(Ordering::SeqCst),
+        1,
+        "only the newer event ran"
+    );
+}
+
+#[macro_export]
+macro_rules! inbox_contract {
+    ($make:expr) => {
+        $crate::inbox_contract!(@tests $make;
+            enqueue_is_atomic_with_the_claim,
+            duplicates_never_enqueue,
+            retries_with_backoff,
+            dead_letters_and_requeue,
+            a_retry_waits_for_its_time,
+            a_dead_workers_lease_is_taken_over,
+            order_per_object_with_a_failing_entry_in_front,
+            shutdown_finishes_what_runs,
+            a_running_entry_is_renewed,
+            a_worker_settles_a_stale_entry_without_the_handler,
+        );
+    };
+    (@tests $make:expr; $($name:ident),* $(,)?) => {
+        mod inbox_contract_tests {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let (store, _guard) = $make.await;
+                    inbox_contract::$name(store).await;
+                }
+            )*
+        }
+    };
+}
+
+#[allow(unused_imports)]
+pub use inbox_contract;

@@ -1,0 +1,117 @@
+//! The inbox contract on the memory inbox, and what only the memory inbox shows (its bound).
+
+#[path = "contract/inbox.rs"]
+mod inbox_contract;
+
+use bytes::Bytes;
+use tower_idempotency::inbox::{InboxEntry, InboxStore, MemoryInbox};
+use tower_idempotency::store::{StoreErrorKind, StoreKey};
+
+inbox_contract::inbox_contract!(async { (MemoryInbox::new(10_000), ()) });
+
+/// A full memory inbox refuses a new entry (the route answers 503) and drops none.
+#[tokio::test]
+async fn a_full_memory_inbox_refuses_and_drops_nothing() {
+    let inbox = MemoryInbox::new(2);
+    let entry = |n: u32| {
+        InboxEntry::new(
+            StoreKey::new("full", None, &n.to_string()),
+            Bytes::new(),
+            "c",
+        )
+    };
+    inbox.enqueue(entry(1)).await.unwrap();
+    inbox.enqueue(entry(2)).await.unwrap();
+    let error = inbox.enqueue(entry(3)).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Capacity);
+    assert_eq!(inbox.counts().await.unwrap().pending, 2);
+}
+
+mod route {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::routing::post;
+    use http::{Request, StatusCode};
+    use tower::ServiceExt;
+    use tower_idempotency::inbox::{InboxRoute, InboxStore, MemoryInbox};
+    use tower_idempotency::key::JsonPathKey;
+    use tower_idempotency::{IdempotencyLayer, MemoryStore, Outcome};
+
+    fn app(inbox: MemoryInbox, calls: Arc<AtomicU32>) -> Router {
+        let layer = IdempotencyLayer::webhook(MemoryStore::new())
+            .namespace("inbox-route")
+            .key(JsonPathKey::new("$.event_id").unwrap())
+            .inbox(InboxRoute::new(inbox).keep_headers([http::header::CONTENT_TYPE]));
+        let handler = post(move || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { "inner" }
+        });
+        Router::new().route("/inbox", handler.route_layer(layer))
+    }
+
+    fn delivery(event: &str, request_id: Option<&str>) -> Request<Body> {
+        let mut request = Request::post("/inbox").header("content-type", "application/json");
+        if let Some(id) = request_id {
+            request = request.header("x-request-id", id);
+        }
+        request
+            .body(Body::from(format!(r#"{{"event_id":"{event}"}}"#)))
+            .unwrap()
+    }
+
+    /// First delivery 202 (queued, entry stored), duplicate acked with `Idempotent-Replayed`,
+    /// both with the correlation id; the inner service is never called.
+    #[tokio::test]
+    async fn first_is_queued_and_a_duplicate_is_acked_without_the_handler() {
+        let (inbox, calls) = (MemoryInbox::default(), Arc::new(AtomicU32::new(0)));
+        let app = app(inbox.clone(), calls.clone());
+        let first = app
+            .clone()
+            .oneshot(delivery("evt_1", Some("req-42")))
+            .await
+            .unwrap();
+        assert_eq!(first.status(), StatusCode::ACCEPTED);
+        assert_eq!(first.extensions().get::<Outcome>(), Some(&Outcome::Queued));
+        assert_eq!(first.headers()["idempotency-correlation-id"], "req-42");
+        let again = app.clone().oneshot(delivery("evt_1", None)).await.unwrap();
+        assert_eq!(again.status(), StatusCode::OK);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        let generated = again.headers()["idempotency-correlation-id"]
+            .to_str()
+            .unwrap();
+        assert_eq!(generated.len(), 32, "generated when the request has none");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            0,
+            "the handler is the workers' job"
+        );
+        let taken = inbox
+            .take(10, std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(taken.len(), 1, "one entry for two deliveries");
+        let entry = &taken[0].entry;
+        assert_eq!(&entry.body[..], br#"{"event_id":"evt_1"}"#);
+        assert_eq!(
+            (entry.correlation_id.as_str(), entry.headers.len()),
+            ("req-42", 1)
+        );
+    }
+
+    /// A full inbox: 503 + `Retry-After` as problem+json, nothing acknowledged.
+    #[tokio::test]
+    async fn a_full_inbox_is_503_with_retry_after() {
+        let (inbox, calls) = (MemoryInbox::new(1), Arc::new(AtomicU32::new(0)));
+        let app = app(inbox.clone(), calls);
+        let first = app.clone().oneshot(delivery("evt_1", None)).await.unwrap();
+        assert_eq!(first.status(), StatusCode::ACCEPTED);
+        let full = app.oneshot(delivery("evt_2", None)).await.unwrap();
+        assert_eq!(full.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(full.headers().contains_key("retry-after"));
+        assert_eq!(full.headers()["content-type"], "application/problem+json");
+        assert_eq!(inbox.counts().await.unwrap().pending, 1);
+    }
+}
