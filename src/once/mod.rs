@@ -1,8 +1,7 @@
 //! [`Idempotent::once`]: run an async closure at most once per key, outside HTTP (a job
 //! retried by its queue, a consumer that gets a message again, a cron run overlapping the last).
 //!
-//! A door onto the same core as the HTTP layer: the claim is a [`ClaimGuard`] opened by a
-//! [`ClaimOpener`] (atomic reserve, lease renewed while the closure runs, token-checked record
+//! A door onto the same core as the HTTP layer: the claim is the crate's one claim guard (atomic reserve, lease renewed while the closure runs, token-checked record
 //! on `Ok`, release on `Err`, a panic or a dropped future), and the output is kept in the
 //! record the stores already hold (a stored response whose body is the output as JSON).
 //!
@@ -36,8 +35,7 @@
 //! # }
 //! ```
 //!
-//! [`ClaimGuard`]: crate::guard
-//! [`ClaimOpener`]: crate::guard
+//! The longer story: `docs/once.md`.
 
 mod error;
 
