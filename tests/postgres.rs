@@ -4,7 +4,6 @@
 #![cfg(feature = "postgres")]
 
 mod contract;
-mod once;
 #[path = "support/postgres_server.rs"]
 mod postgres_server;
 #[path = "support/sql_purge.rs"]
@@ -101,7 +100,6 @@ async fn count(store: &PostgresStore) -> i64 {
 }
 
 suite::store_smoke!(async { (shared_store().await, ()) });
-once_suite!(async { (shared_store().await, ()) });
 
 /// The contract on the store `store::connect` makes from a `postgres://` URL (migrated).
 mod from_url {
