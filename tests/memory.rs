@@ -1,12 +1,14 @@
 //! The behaviour suite and the store contract on the embedded [`MemoryStore`].
 
 mod contract;
+mod once;
 mod suite;
 
 use tower_idempotency::MemoryStore;
 
 suite::store_suite!(async { (MemoryStore::new(), ()) });
 contract::store_contract!(async { (MemoryStore::new(), ()) });
+once_suite!(async { (MemoryStore::new(), ()) });
 
 /// A full memory store fails claims like a store that is down: 503 when failing closed.
 #[tokio::test]

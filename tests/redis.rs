@@ -4,6 +4,7 @@
 #![cfg(feature = "redis")]
 
 mod contract;
+mod once;
 #[path = "support/redis_proxy.rs"]
 mod redis_proxy;
 #[path = "../examples/provider_sim/redis_server.rs"]
@@ -26,6 +27,12 @@ use suite::app::{Effects, router};
 use suite::{post, send};
 
 suite::store_smoke!(async {
+    let server = RedisServer::start();
+    let store = RedisStore::new(server.connect().await);
+    (store, server)
+});
+
+once_suite!(async {
     let server = RedisServer::start();
     let store = RedisStore::new(server.connect().await);
     (store, server)

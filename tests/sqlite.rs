@@ -4,6 +4,7 @@
 #![cfg(feature = "sqlite")]
 
 mod contract;
+mod once;
 #[path = "support/sql_purge.rs"]
 mod sql_purge;
 mod suite;
@@ -87,6 +88,7 @@ fn now_ms() -> i64 {
 
 suite::store_smoke!(fresh());
 contract::store_contract!(fresh());
+once_suite!(fresh());
 
 #[tokio::test]
 async fn absent_in_flight_completed_transitions() {
