@@ -231,6 +231,11 @@ where
             .unwrap()
     );
     tx.commit().await.unwrap();
+    assert!(
+        inbox.complete(key, &again.token, RETENTION).await.unwrap(),
+        "the worker's completion after the handler's is not a lost lease"
+    );
+    assert!(!inbox.complete(key, &taken.token, RETENTION).await.unwrap());
     assert_eq!(
         inbox.enqueue(first.clone()).await.unwrap(),
         Enqueued::Duplicate(KeyState::Done)
@@ -255,24 +260,32 @@ async fn completion_in_an_sqlite_transaction() {
     completion_joins_the_handlers_transaction(inbox, "effects").await;
 }
 
-/// Done keys past their retention are purged, and the key can be enqueued again; entries are
-/// never purged.
+/// A done key past its retention is free again: enqueued in place, or purged (and entries are
+/// never purged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expired_done_keys_are_purged_and_free_again() {
+async fn expired_done_keys_are_free_again_and_purged() {
     let (inbox, _dir) = sqlite_inbox().await;
-    let (done, waiting) = (entry(1), entry(2));
-    inbox.enqueue(done.clone()).await.unwrap();
-    let lease = inbox.take(10, LONG).await.unwrap().pop().unwrap();
-    inbox.enqueue(waiting.clone()).await.unwrap();
+    let (again, purged, waiting) = (entry(1), entry(2), entry(3));
+    inbox.enqueue(again.clone()).await.unwrap();
+    inbox.enqueue(purged.clone()).await.unwrap();
     let short = Duration::from_millis(50);
-    assert!(
-        inbox
-            .complete(&done.key, &lease.token, short)
-            .await
-            .unwrap()
+    for lease in inbox.take(10, LONG).await.unwrap() {
+        assert!(
+            inbox
+                .complete(&lease.entry.key, &lease.token, short)
+                .await
+                .unwrap()
+        );
+    }
+    inbox.enqueue(waiting.clone()).await.unwrap();
+    assert_eq!(
+        inbox.enqueue(again.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done),
+        "within its retention"
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(inbox.purge().await.unwrap(), 1);
-    assert_eq!(inbox.counts().await.unwrap().pending, 1);
-    assert_eq!(inbox.enqueue(done).await.unwrap(), Enqueued::Queued);
+    assert_eq!(inbox.enqueue(again).await.unwrap(), Enqueued::Queued);
+    assert_eq!(inbox.purge().await.unwrap(), 1, "only the expired done key");
+    assert_eq!(inbox.enqueue(purged).await.unwrap(), Enqueued::Queued);
+    assert_eq!(inbox.counts().await.unwrap().pending, 3);
 }

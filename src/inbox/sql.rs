@@ -1,32 +1,6 @@
-//! [`SqlInbox`]: the inbox in an SQL table, on [`sqlx`]: [`PostgresInbox`] (feature
-//! `postgres`) and [`SqliteInbox`] (feature `sqlite`), one implementation over the record
-//! store's [`Dialect`].
-//!
-//! # The tables
-//!
-//! One row per key in `<table>` ([`DEFAULT_INBOX_TABLE`] unless configured otherwise), its
-//! `state` one of `queued`, `running`, `dead` and `done`: the key is the `PRIMARY KEY`, so the
-//! database itself guarantees one entry per key, and a done key keeps its row (without its
-//! body) until `expires_at`. Times are milliseconds since the Unix epoch from this host's clock
-//! (a retry time comes from it anyway). `<table>_objects` holds each ordered object's
-//! watermark: the highest position completed (16 bytes, byte order is position order).
-//!
-//! # Statements
-//!
-//! - **enqueue** is one transaction: `INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE` the
-//!   row there is a done key past its retention, then, when that wrote nothing, the `SELECT`
-//!   of the known key's state. Never a `SELECT` then an `INSERT`: two enqueues of one
-//!   delivery store one entry.
-//! - **take** is one `UPDATE ... WHERE key IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)
-//!   RETURNING` on PostgreSQL (several workers in several processes each lock their own due
-//!   rows and skip the others'), the same without row locks on SQLite (writers are
-//!   serialized). An ordered entry is due only when no queued or running entry of its object
-//!   stands before it; it comes back stale when its object's watermark is at or past its
-//!   position.
-//! - **renew**, **complete** and **fail** are `UPDATE`s whose `WHERE` holds the lease's token;
-//!   **complete** also raises the watermark, in the same transaction.
-//!
-//! The entries of one `take` share their lease token (each is still settled by its own key).
+//! [`SqlInbox`]: the inbox in an SQL table, on [`sqlx`]: `PostgresInbox` (feature `postgres`)
+//! and `SqliteInbox` (feature `sqlite`), one implementation over the record store's
+//! [`Dialect`].
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -47,6 +21,10 @@ use crate::store::sql::{
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
 
 /// The default name of the inbox's table (and `inbox_entries_objects` for watermarks).
+///
+/// ```
+/// assert_eq!(tower_idempotency::inbox::DEFAULT_INBOX_TABLE, "inbox_entries");
+/// ```
 pub const DEFAULT_INBOX_TABLE: &str = "inbox_entries";
 
 /// How often an enqueue is tried again when the key it conflicted with vanished before its
@@ -57,12 +35,40 @@ const ENQUEUE_ATTEMPTS: usize = 3;
 const ENTRY_COLUMNS: &str =
     "key, body, headers, object, position, correlation_id, attempts, next_at, enqueued_at";
 
-/// An [`InboxStore`] in an SQL table: [`PostgresInbox`] and [`SqliteInbox`] (see the [module
-/// docs](self) for the tables and the statements).
+/// An [`InboxStore`] in an SQL table: `PostgresInbox` (feature `postgres`) and `SqliteInbox`
+/// (feature `sqlite`).
 ///
 /// Cheap to clone (the pool and the statements are shared). Build it over a pool with
 /// [`new`](Self::new), create the tables with [`migrate`](Self::migrate), and delete done keys
-/// past their retention with [`purge_expired`](Self::purge_expired).
+/// past their retention with [`purge_expired`](Self::purge_expired). A handler whose effect
+/// lives in the same database completes its entry in its own transaction with
+/// [`complete_in_tx`](Self::complete_in_tx).
+///
+/// # The tables
+///
+/// One row per key in `<table>` ([`DEFAULT_INBOX_TABLE`] unless configured otherwise), its
+/// `state` one of `queued`, `running`, `dead` and `done`: the key is the `PRIMARY KEY`, so the
+/// database itself guarantees one entry per key, and a done key keeps its row (without its
+/// body) until `expires_at`. Times are milliseconds since the Unix epoch from this host's clock
+/// (a retry time comes from it anyway). `<table>_objects` holds each ordered object's
+/// watermark: the highest position completed (16 bytes, byte order is position order).
+///
+/// # Statements
+///
+/// - **enqueue** is one transaction: `INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE` the
+///   row there is a done key past its retention, then, when that wrote nothing, the `SELECT`
+///   of the known key's state. Never a `SELECT` then an `INSERT`: two enqueues of one
+///   delivery store one entry.
+/// - **take** is one `UPDATE ... WHERE key IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)
+///   RETURNING` on PostgreSQL (several workers in several processes each lock their own due
+///   rows and skip the others'), the same without row locks on SQLite (writers are
+///   serialized). An ordered entry is due only when no queued or running entry of its object
+///   stands before it; it comes back stale when its object's watermark is at or past its
+///   position.
+/// - **renew**, **complete** and **fail** are `UPDATE`s whose `WHERE` holds the lease's token;
+///   **complete** also raises the watermark, in the same transaction.
+///
+/// The entries of one `take` share their lease token (each is still settled by its own key).
 ///
 /// ```no_run
 /// # #[cfg(feature = "sqlite")]
@@ -254,7 +260,9 @@ impl<DB: Dialect> SqlInbox<DB> {
     /// `tx` commits, and not at all when it rolls back (the entry is then taken again after
     /// its lease). A handler that writes its effect in the same database commits the effect
     /// and the completion together. `false` (and nothing written) when the lease is not
-    /// `token`'s; the worker's own completion afterwards then finds nothing to do.
+    /// `token`'s. Once `tx` committed, the worker's own completion with the same token finds
+    /// the key done by it and changes nothing; when `tx` does not commit, the handler must
+    /// return an error, so that the worker schedules a retry instead of completing.
     ///
     /// ```no_run
     /// # #[cfg(feature = "postgres")]
@@ -510,7 +518,9 @@ struct Statements {
     take: Sql,
     /// $1 key, $2 token, $3 lease end.
     renew: Sql,
-    /// $1 key, $2 token, $3 retention end. The entry's object and position when it wrote.
+    /// $1 key, $2 token, $3 retention end. The entry's object and position when the token
+    /// holds the entry, or already completed it (the done key keeps the token: the worker's
+    /// completion after the handler's `complete_in_tx` is not a lost lease).
     complete: Sql,
     /// $1 object, $2 position.
     raise_watermark: Sql,
@@ -544,7 +554,8 @@ ON CONFLICT (key) DO UPDATE
     SET state = 'queued', body = EXCLUDED.body, headers = EXCLUDED.headers,
         object = EXCLUDED.object, position = EXCLUDED.position,
         correlation_id = EXCLUDED.correlation_id, attempts = EXCLUDED.attempts,
-        next_at = EXCLUDED.next_at, enqueued_at = EXCLUDED.enqueued_at, expires_at = NULL
+        next_at = EXCLUDED.next_at, enqueued_at = EXCLUDED.enqueued_at, lease_token = NULL,
+        lease_until = NULL, last_error = NULL, expires_at = NULL
     WHERE cur.state = 'done' AND cur.expires_at <= $10
 RETURNING key"
             )
@@ -554,9 +565,9 @@ RETURNING key"
             renew: format!("UPDATE {table} SET lease_until = $3 WHERE {held}").into(),
             complete: format!(
                 "UPDATE {table}
-SET state = 'done', body = NULL, headers = NULL, lease_token = NULL, lease_until = NULL,
-    last_error = NULL, expires_at = $3
-WHERE {held}
+SET state = 'done', body = NULL, headers = NULL, lease_until = NULL, last_error = NULL,
+    expires_at = CASE WHEN state = 'done' THEN expires_at ELSE $3 END
+WHERE key = $1 AND state IN ('running', 'done') AND lease_token = $2
 RETURNING object, position"
             )
             .into(),
@@ -656,7 +667,8 @@ fn schema(table: &str, bytes: &str) -> String {
     last_error     text,
     enqueued_at    bigint  NOT NULL,
     expires_at     bigint,
-    CHECK ((state = 'running') = (lease_token IS NOT NULL)),
+    -- A done key keeps the token that completed it.
+    CHECK (state = 'done' OR (state = 'running') = (lease_token IS NOT NULL)),
     CHECK ((state = 'done') = (expires_at IS NOT NULL))
 );
 CREATE INDEX IF NOT EXISTS {index}_due_idx ON {table} (state, next_at);
