@@ -20,7 +20,8 @@ use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use tower_idempotency::inbox::{
-    Enqueued, InboxEntry, InboxStore, KeyState, PostgresInbox, SqlInbox, SqliteInbox,
+    Enqueued, InboxCounts, InboxEntry, InboxRequest, InboxStore, KeyState, PostgresInbox, SqlInbox,
+    SqliteInbox, Worker,
 };
 use tower_idempotency::store::StoreKey;
 
@@ -288,4 +289,66 @@ async fn expired_done_keys_are_free_again_and_purged() {
     assert_eq!(inbox.purge().await.unwrap(), 1, "only the expired done key");
     assert_eq!(inbox.enqueue(purged).await.unwrap(), Enqueued::Queued);
     assert_eq!(inbox.counts().await.unwrap().pending, 3);
+}
+
+/// A worker whose handler writes its effect and completes its entry in one transaction: each
+/// effect lands once (its table's key would refuse a second) and every key is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_handler_completes_in_its_own_transaction() {
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    let inbox = pg_inbox().await;
+    let effects = format!("{}_effects", inbox.table());
+    let run = |sql: String| sqlx::query(AssertSqlSafe(sql));
+    run(format!("CREATE TABLE {effects} (event text PRIMARY KEY)"))
+        .execute(inbox.pool())
+        .await
+        .unwrap();
+    let handler = {
+        let (inbox, effects) = (inbox.clone(), effects.clone());
+        tower::service_fn(move |request: InboxRequest| {
+            let (inbox, insert) = (inbox.clone(), format!("INSERT INTO {effects} VALUES ($1)"));
+            async move {
+                let mut tx = inbox.pool().begin().await?;
+                sqlx::query(AssertSqlSafe(insert))
+                    .bind(request.key().as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                let (key, token) = (request.key(), request.token());
+                if !inbox.complete_in_tx(&mut tx, key, token, RETENTION).await? {
+                    return Err::<(), BoxError>("the lease was lost".into());
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+        })
+    };
+    let entries: Vec<InboxEntry> = (0..20).map(entry).collect();
+    for entry in &entries {
+        inbox.enqueue(entry.clone()).await.unwrap();
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = Worker::new(inbox.clone(), handler)
+        .workers(4)
+        .poll_interval(Duration::from_millis(5));
+    let running = tokio::spawn(worker.run(async {
+        stopped.await.ok();
+    }));
+    let start = Instant::now();
+    while inbox.counts().await.unwrap() != InboxCounts::default() {
+        assert!(start.elapsed() < DEADLINE, "the entries are not applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    for entry in entries {
+        assert_eq!(
+            inbox.enqueue(entry).await.unwrap(),
+            Enqueued::Duplicate(KeyState::Done)
+        );
+    }
+    let applied: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {effects}")))
+        .fetch_one(inbox.pool())
+        .await
+        .unwrap();
+    assert_eq!(applied, 20);
 }
