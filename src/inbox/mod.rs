@@ -9,7 +9,8 @@
 //!
 //! The pieces:
 //! - [`InboxEntry`], [`Lease`], [`InboxRequest`]: what is stored, taken, and handled;
-//! - [`InboxStore`]: the queue contract, beside the record contract; [`MemoryInbox`] in memory;
+//! - [`InboxStore`]: the queue contract, beside the record contract; [`MemoryInbox`] in memory,
+//!   `SqlInbox` in PostgreSQL and SQLite (features `postgres`, `sqlite`);
 //! - [`RetryPolicy`] and [`Backoff`]: the policy decides, the worker's loop executes;
 //! - [`Worker`]: the loop.
 //!
@@ -45,6 +46,8 @@ mod memory;
 mod metrics;
 mod retry;
 mod route;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
 mod store;
 mod worker;
 
@@ -52,5 +55,11 @@ pub use self::entry::{EntryOrder, InboxEntry, InboxRequest, Lease};
 pub use self::memory::{DEFAULT_CAPACITY, MemoryInbox};
 pub use self::retry::{Backoff, Decision, RetryPolicy};
 pub use self::route::{IDEMPOTENCY_CORRELATION_ID, InboxRoute};
+#[cfg(feature = "postgres")]
+pub use self::sql::PostgresInbox;
+#[cfg(feature = "sqlite")]
+pub use self::sql::SqliteInbox;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use self::sql::{DEFAULT_INBOX_TABLE, SqlInbox};
 pub use self::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 pub use self::worker::Worker;

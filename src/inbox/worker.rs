@@ -138,6 +138,12 @@ where
                 _ => run.take(free).await,
             };
             if !leases.is_empty() {
+                // A take in flight when the shutdown came may return entries enqueued after it
+                // (a store's take takes time): they are handed back, due now, not started.
+                if shutdown.as_mut().now_or_never().is_some() {
+                    run.hand_back(leases).await;
+                    break;
+                }
                 for lease in leases {
                     let span = tracing::info_span!(
                         "inbox.entry",
@@ -179,6 +185,21 @@ impl<St: InboxStore, P> Run<St, P> {
                 tracing::warn!(%error, "inbox: taking entries failed");
                 Vec::new()
             })
+    }
+}
+
+impl<St: InboxStore, P> Run<St, P> {
+    /// Makes entries taken but not started due again now (their attempt stays counted).
+    async fn hand_back(&self, leases: Vec<Lease>) {
+        for lease in leases {
+            let why = "the worker shut down before starting it".to_owned();
+            let failure = Failure::RetryAt(SystemTime::now(), why);
+            let handed = self
+                .store
+                .fail(&lease.entry.key, &lease.token, failure)
+                .await;
+            report("hand back", handed);
+        }
     }
 }
 

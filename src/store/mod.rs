@@ -168,6 +168,14 @@ impl StoreKey {
         &self.0
     }
 
+    /// The key read back from a store (what [`as_str`](Self::as_str) wrote), `None` when it
+    /// is not one.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    pub(crate) fn from_stored(text: &str) -> Option<Self> {
+        let bytes: [u8; STORE_KEY_LEN] = text.as_bytes().try_into().ok()?;
+        text.starts_with(KEY_PREFIX).then_some(StoreKey(bytes))
+    }
+
     /// The 16 hashed digits, without the prefix.
     pub fn digits(&self) -> &str {
         &self.as_str()[KEY_PREFIX.len()..]
@@ -219,6 +227,13 @@ impl ObjectKey {
     /// The key's bytes (ASCII).
     pub(crate) fn as_bytes(&self) -> &[u8; STORE_KEY_LEN] {
         &self.0
+    }
+
+    /// The key read back from a store, `None` when it is not one.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    pub(crate) fn from_stored(text: &str) -> Option<Self> {
+        let bytes: [u8; STORE_KEY_LEN] = text.as_bytes().try_into().ok()?;
+        text.starts_with(OBJECT_PREFIX).then_some(ObjectKey(bytes))
     }
 
     /// The 16 hashed digits, without the prefix.

@@ -138,10 +138,10 @@ macro_rules! schema {
 
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
-mod query;
+pub(crate) mod query;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
-mod statements;
+pub(crate) mod statements;
 mod store;
 
 pub use self::store::SqlStore;
@@ -167,7 +167,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// error codes) is private to this crate.
 pub trait Dialect: dialect::Sealed {}
 
-mod dialect {
+pub(crate) mod dialect {
     use super::query::Backend;
     use crate::store::StoreErrorKind;
 
@@ -178,8 +178,11 @@ mod dialect {
         const BACKEND: &'static str;
         /// Whether a table name may be schema-qualified (`app.idempotency_keys`).
         const QUALIFIED_TABLES: bool;
-        /// Appended to the purge's `SELECT` of expired rows (row locks).
+        /// Appended to the purge's `SELECT` of expired rows (row locks), and to the inbox's
+        /// `SELECT` of the entries it takes.
         const PURGE_LOCKS: &'static str;
+        /// The column type of bytes (`bytea`, `BLOB`).
+        const BYTES: &'static str;
 
         /// The current time, in a statement whose bound clock (if the dialect has one, see
         /// [`clock`](Self::clock)) is parameter `$clock`.
@@ -217,7 +220,7 @@ mod dialect {
 const RESERVE_ATTEMPTS: usize = 3;
 
 /// `d` in milliseconds, capped at [`MAX_TTL`].
-fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     crate::store::millis(d.min(MAX_TTL))
 }
 
@@ -250,7 +253,7 @@ impl std::error::Error for InvalidTable {}
 /// Checks a table name: an SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 characters so
 /// that the index name derived from it fits PostgreSQL's 63), optionally schema-qualified. A
 /// table name is written into statements unquoted.
-fn validate_table(table: &str, allow_schema: bool) -> Result<(), InvalidTable> {
+pub(crate) fn validate_table(table: &str, allow_schema: bool) -> Result<(), InvalidTable> {
     let parts: Vec<&str> = table.split('.').collect();
     let valid_part = |part: &&str| {
         !part.is_empty()
@@ -273,12 +276,12 @@ fn validate_table(table: &str, allow_schema: bool) -> Result<(), InvalidTable> {
 }
 
 /// The unqualified name of `table`, for the names of its index.
-fn bare_name(table: &str) -> &str {
+pub(crate) fn bare_name(table: &str) -> &str {
     table.rsplit('.').next().unwrap_or(table)
 }
 
 /// Maps an sqlx error to a [`StoreError`], asking `classify` about database error codes.
-fn store_error(error: sqlx::Error, classify: fn(&str) -> StoreErrorKind) -> StoreError {
+pub(crate) fn store_error(error: sqlx::Error, classify: fn(&str) -> StoreErrorKind) -> StoreError {
     let kind = match &error {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
@@ -341,7 +344,10 @@ fn unsettled() -> StoreError {
 }
 
 /// Runs `delete_batch(batch)` until it deletes fewer than `batch` rows; returns the total.
-async fn purge_in_batches<F, Fut>(batch: u32, mut delete_batch: F) -> Result<u64, StoreError>
+pub(crate) async fn purge_in_batches<F, Fut>(
+    batch: u32,
+    mut delete_batch: F,
+) -> Result<u64, StoreError>
 where
     F: FnMut(i64) -> Fut,
     Fut: Future<Output = Result<u64, StoreError>>,

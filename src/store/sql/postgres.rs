@@ -93,6 +93,7 @@ impl dialect::Sealed for Postgres {
     // Never wait for (nor block) a claim taking an expired row over, and let several purgers
     // share the work.
     const PURGE_LOCKS: &'static str = " FOR UPDATE SKIP LOCKED";
+    const BYTES: &'static str = "bytea";
 
     fn now(_clock: usize) -> String {
         "now()".to_owned()

@@ -131,6 +131,7 @@ impl dialect::Sealed for Sqlite {
     const QUALIFIED_TABLES: bool = false;
     // Writers are serialized: the purge's short transactions just take their turn.
     const PURGE_LOCKS: &'static str = "";
+    const BYTES: &'static str = "BLOB";
 
     fn now(clock: usize) -> String {
         format!("${clock}")

@@ -1,0 +1,824 @@
+//! [`SqlInbox`]: the inbox in an SQL table, on [`sqlx`]: `PostgresInbox` (feature `postgres`)
+//! and `SqliteInbox` (feature `sqlite`), one implementation over the record store's
+//! [`Dialect`].
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use sqlx::{Pool, Transaction};
+
+use super::entry::{EntryOrder, InboxEntry, Lease};
+use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
+use crate::order::Position;
+use crate::store::sql::query::Param;
+use crate::store::sql::statements::Sql;
+use crate::store::sql::{
+    DEFAULT_PURGE_BATCH, Dialect, InvalidTable, bare_name, millis, purge_in_batches, store_error,
+    validate_table,
+};
+use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
+
+/// The default name of the inbox's table (and `inbox_entries_objects` for watermarks).
+///
+/// ```
+/// assert_eq!(tower_idempotency::inbox::DEFAULT_INBOX_TABLE, "inbox_entries");
+/// ```
+pub const DEFAULT_INBOX_TABLE: &str = "inbox_entries";
+
+/// How often an enqueue is tried again when the key it conflicted with vanished before its
+/// state could be read (a done key purged in between).
+const ENQUEUE_ATTEMPTS: usize = 3;
+
+/// The columns of an entry, in the order `entry` reads them (then `stale` or `last_error`).
+const ENTRY_COLUMNS: &str =
+    "key, body, headers, object, position, correlation_id, attempts, next_at, enqueued_at";
+
+/// An [`InboxStore`] in an SQL table: `PostgresInbox` (feature `postgres`) and `SqliteInbox`
+/// (feature `sqlite`).
+///
+/// Cheap to clone (the pool and the statements are shared). Build it over a pool with
+/// [`new`](Self::new), create the tables with [`migrate`](Self::migrate), and delete done keys
+/// past their retention with [`purge_expired`](Self::purge_expired). A handler whose effect
+/// lives in the same database completes its entry in its own transaction with
+/// [`complete_in_tx`](Self::complete_in_tx).
+///
+/// # The tables
+///
+/// One row per key in `<table>` ([`DEFAULT_INBOX_TABLE`] unless configured otherwise), its
+/// `state` one of `queued`, `running`, `dead` and `done`: the key is the `PRIMARY KEY`, so the
+/// database itself guarantees one entry per key, and a done key keeps its row (without its
+/// body) until `expires_at`. Times are milliseconds since the Unix epoch from this host's clock
+/// (a retry time comes from it anyway). `<table>_objects` holds each ordered object's
+/// watermark: the highest position completed (16 bytes, byte order is position order).
+///
+/// # Statements
+///
+/// - **enqueue** is one transaction: `INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE` the
+///   row there is a done key past its retention, then, when that wrote nothing, the `SELECT`
+///   of the known key's state. Never a `SELECT` then an `INSERT`: two enqueues of one
+///   delivery store one entry.
+/// - **take** is one `UPDATE ... WHERE key IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)
+///   RETURNING` on PostgreSQL (several workers in several processes each lock their own due
+///   rows and skip the others'), the same without row locks on SQLite (writers are
+///   serialized). An ordered entry is due only when no queued or running entry of its object
+///   stands before it; it comes back stale when its object's watermark is at or past its
+///   position.
+/// - **renew**, **complete** and **fail** are `UPDATE`s whose `WHERE` holds the lease's token;
+///   **complete** also raises the watermark, in the same transaction.
+///
+/// The entries of one `take` share their lease token (each is still settled by its own key).
+///
+/// ```no_run
+/// # #[cfg(feature = "sqlite")]
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_idempotency::inbox::{InboxStore, SqliteInbox};
+///
+/// let pool = sqlx::SqlitePool::connect("sqlite:inbox.db?mode=rwc").await?;
+/// let inbox = SqliteInbox::new(pool);
+/// inbox.migrate().await?;
+/// println!("{:?}", inbox.counts().await?);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct SqlInbox<DB: Dialect> {
+    pool: Pool<DB>,
+    sql: Arc<Statements>,
+}
+
+/// The inbox in PostgreSQL: [`SqlInbox`] over a `PgPool`.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_idempotency::inbox::PostgresInbox;
+///
+/// let pool = sqlx::PgPool::connect("postgres://app@127.0.0.1/app").await?;
+/// let inbox = PostgresInbox::new(pool).with_table("app_inbox")?;
+/// inbox.migrate().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(feature = "postgres")]
+pub type PostgresInbox = SqlInbox<sqlx::Postgres>;
+
+/// The inbox in SQLite: [`SqlInbox`] over an `SqlitePool` (on a file: an in-memory database
+/// is per connection).
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_idempotency::inbox::SqliteInbox;
+///
+/// let pool = sqlx::SqlitePool::connect("sqlite:inbox.db?mode=rwc").await?;
+/// let inbox = SqliteInbox::new(pool);
+/// inbox.migrate().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(feature = "sqlite")]
+pub type SqliteInbox = SqlInbox<sqlx::Sqlite>;
+
+impl<DB: Dialect> Clone for SqlInbox<DB> {
+    fn clone(&self) -> Self {
+        SqlInbox {
+            pool: self.pool.clone(),
+            sql: self.sql.clone(),
+        }
+    }
+}
+
+impl<DB: Dialect> SqlInbox<DB> {
+    /// An inbox over `pool`, in the table [`DEFAULT_INBOX_TABLE`].
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn run(pool: sqlx::PgPool) {
+    /// let inbox = tower_idempotency::inbox::PostgresInbox::new(pool);
+    /// assert_eq!(inbox.table(), "inbox_entries");
+    /// # }
+    /// ```
+    pub fn new(pool: Pool<DB>) -> Self {
+        SqlInbox {
+            pool,
+            sql: Arc::new(Statements::new::<DB>(DEFAULT_INBOX_TABLE)),
+        }
+    }
+
+    /// Uses the table `table` (and `<table>_objects`); on PostgreSQL it may be
+    /// schema-qualified. An [`InvalidTable`] error when it is not an SQL identifier of at most
+    /// 40 characters.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn run(pool: sqlx::PgPool) {
+    /// let inbox = tower_idempotency::inbox::PostgresInbox::new(pool)
+    ///     .with_table("app.inbox")
+    ///     .unwrap();
+    /// assert_eq!(inbox.table(), "app.inbox");
+    /// # }
+    /// ```
+    pub fn with_table(mut self, table: &str) -> Result<Self, InvalidTable> {
+        validate_table(table, DB::QUALIFIED_TABLES)?;
+        self.sql = Arc::new(Statements::new::<DB>(table));
+        Ok(self)
+    }
+
+    /// The table name.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "sqlite")]
+    /// # async fn run(pool: sqlx::SqlitePool) {
+    /// let inbox = tower_idempotency::inbox::SqliteInbox::new(pool);
+    /// assert_eq!(inbox.table(), tower_idempotency::inbox::DEFAULT_INBOX_TABLE);
+    /// # }
+    /// ```
+    pub fn table(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// The `CREATE TABLE IF NOT EXISTS` and `CREATE INDEX IF NOT EXISTS` statements of the
+    /// inbox's tables, for your own migration tool.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "sqlite")]
+    /// # async fn run(pool: sqlx::SqlitePool) {
+    /// let inbox = tower_idempotency::inbox::SqliteInbox::new(pool);
+    /// assert!(inbox.schema().starts_with("CREATE TABLE IF NOT EXISTS inbox_entries"));
+    /// # }
+    /// ```
+    pub fn schema(&self) -> &str {
+        &self.sql.schema
+    }
+
+    /// The pool.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "sqlite")]
+    /// # async fn run(inbox: tower_idempotency::inbox::SqliteInbox) {
+    /// let tx = inbox.pool().begin().await.unwrap();
+    /// # drop(tx);
+    /// # }
+    /// ```
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.pool
+    }
+
+    /// Creates the tables and their indexes if they do not exist yet ([`schema`](Self::schema)).
+    /// Idempotent; on PostgreSQL it runs as one transaction under an advisory lock, so
+    /// instances starting together do not trip over each other.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), tower_idempotency::store::StoreError> {
+    /// let inbox = tower_idempotency::inbox::PostgresInbox::new(pool);
+    /// inbox.migrate().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        DB::execute_script(&self.pool, &self.sql.migrate)
+            .await
+            .map_err(error::<DB>)?;
+        Ok(())
+    }
+
+    /// Deletes the done keys past their retention, at most `batch_size` per statement, until
+    /// a statement deletes fewer; returns how many. Entries (queued, running, dead) are never
+    /// deleted. Run it from a scheduled job.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn run(inbox: tower_idempotency::inbox::PostgresInbox) {
+    /// let deleted = inbox.purge_expired(1000).await.unwrap();
+    /// println!("{deleted} done keys purged");
+    /// # }
+    /// ```
+    pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, StoreError> {
+        purge_in_batches(batch_size, |limit| async move {
+            let params = [Param::Int(limit), Param::Int(epoch_ms(SystemTime::now()))];
+            let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+            execute::<DB>(&mut conn, &self.sql.purge, &params).await
+        })
+        .await
+    }
+
+    /// [`purge_expired`](Self::purge_expired) with [`DEFAULT_PURGE_BATCH`].
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "sqlite")]
+    /// # async fn run(inbox: tower_idempotency::inbox::SqliteInbox) {
+    /// inbox.purge().await.unwrap();
+    /// # }
+    /// ```
+    pub async fn purge(&self) -> Result<u64, StoreError> {
+        self.purge_expired(DEFAULT_PURGE_BATCH).await
+    }
+
+    /// [`complete`](InboxStore::complete) inside the caller's transaction: the key is marked
+    /// done for `retention`, the entry's body dropped and its object's watermark moved when
+    /// `tx` commits, and not at all when it rolls back (the entry is then taken again after
+    /// its lease). A handler that writes its effect in the same database commits the effect
+    /// and the completion together. `false` (and nothing written) when the lease is not
+    /// `token`'s. Once `tx` committed, the worker's own completion with the same token finds
+    /// the key done by it and changes nothing; when `tx` does not commit, the handler must
+    /// return an error, so that the worker schedules a retry instead of completing.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn run(
+    /// #     inbox: tower_idempotency::inbox::PostgresInbox,
+    /// #     request: tower_idempotency::inbox::InboxRequest,
+    /// # ) -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    ///
+    /// let mut tx = inbox.pool().begin().await?;
+    /// sqlx::query("INSERT INTO refunds (event) VALUES ($1)")
+    ///     .bind(request.key().as_str())
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// let retention = Duration::from_secs(7 * 24 * 3600);
+    /// if inbox.complete_in_tx(&mut tx, request.key(), request.token(), retention).await? {
+    ///     tx.commit().await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn complete_in_tx(
+        &self,
+        tx: &mut Transaction<'_, DB>,
+        key: &StoreKey,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        self.complete_on(tx, key, token, retention).await
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, DB>, StoreError> {
+        self.pool.begin().await.map_err(error::<DB>)
+    }
+
+    /// Marks the key done and raises the watermark, on a connection in a transaction.
+    async fn complete_on(
+        &self,
+        conn: &mut DB::Connection,
+        key: &StoreKey,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let until = epoch_ms(SystemTime::now()).saturating_add(millis(retention));
+        let params = [
+            Param::Text(key.as_str()),
+            Param::Bytes(token.as_bytes()),
+            Param::Int(until),
+        ];
+        let rows = fetch::<DB>(conn, &self.sql.complete, &params).await?;
+        let Some(row) = rows.first() else {
+            return Ok(false);
+        };
+        let object = DB::text(row, 0).map_err(error::<DB>)?;
+        let position = DB::bytes(row, 1).map_err(error::<DB>)?;
+        if let (Some(object), Some(position)) = (object, position) {
+            let params = [Param::Text(object), Param::Bytes(position)];
+            execute::<DB>(conn, &self.sql.raise_watermark, &params).await?;
+        }
+        Ok(true)
+    }
+
+    /// The state of a key an enqueue found there; `None` when no row holds it (any more).
+    async fn known(
+        &self,
+        conn: &mut DB::Connection,
+        key: &StoreKey,
+    ) -> Result<Option<KeyState>, StoreError> {
+        let rows = fetch::<DB>(conn, &self.sql.read_state, &[Param::Text(key.as_str())]).await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let state = DB::text(row, 0).map_err(error::<DB>)?.unwrap_or_default();
+        key_state(state).map(Some)
+    }
+}
+
+impl<DB: Dialect> InboxStore for SqlInbox<DB> {
+    async fn enqueue(&self, entry: InboxEntry) -> Result<Enqueued, StoreError> {
+        let headers = encode_headers(&entry.headers);
+        let (object, position) = match &entry.order {
+            Some(order) => (order.object.as_str(), order.position.to_bytes().to_vec()),
+            None => ("", Vec::new()),
+        };
+        for _ in 0..ENQUEUE_ATTEMPTS {
+            let params = [
+                Param::Text(entry.key.as_str()),
+                Param::Bytes(&entry.body),
+                Param::Bytes(&headers),
+                Param::Text(object),
+                Param::Bytes(&position),
+                Param::Text(&entry.correlation_id),
+                Param::Int(i64::from(entry.attempts)),
+                Param::Int(epoch_ms(entry.next_attempt_at)),
+                Param::Int(epoch_ms(entry.enqueued_at)),
+                Param::Int(epoch_ms(SystemTime::now())),
+            ];
+            let mut tx = self.begin().await?;
+            let stored = !fetch::<DB>(&mut tx, &self.sql.enqueue, &params)
+                .await?
+                .is_empty();
+            let known = if stored {
+                None
+            } else {
+                self.known(&mut tx, &entry.key).await?
+            };
+            tx.commit().await.map_err(error::<DB>)?;
+            match (stored, known) {
+                (true, _) => return Ok(Enqueued::Queued),
+                (false, Some(state)) => return Ok(Enqueued::Duplicate(state)),
+                // The row it conflicted with is gone: claim again.
+                (false, None) => {}
+            }
+        }
+        Err(StoreError::with_source(
+            StoreErrorKind::Other,
+            "the key kept changing while it was being enqueued",
+        ))
+    }
+
+    async fn take(&self, max: usize, lease: Duration) -> Result<Vec<Lease>, StoreError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let now = epoch_ms(SystemTime::now());
+        let token = Token::random();
+        let params = [
+            Param::Int(i64::try_from(max).unwrap_or(i64::MAX)),
+            Param::Int(now.saturating_add(millis(lease))),
+            Param::Bytes(token.as_bytes()),
+            Param::Int(now),
+        ];
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let rows = fetch::<DB>(&mut conn, &self.sql.take, &params).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Lease {
+                    entry: entry::<DB>(row)?,
+                    token,
+                    stale: DB::flag(row, 9).map_err(error::<DB>)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let until = epoch_ms(SystemTime::now()).saturating_add(millis(lease));
+        let params = [
+            Param::Text(key.as_str()),
+            Param::Bytes(token.as_bytes()),
+            Param::Int(until),
+        ];
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        Ok(execute::<DB>(&mut conn, &self.sql.renew, &params).await? == 1)
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.begin().await?;
+        let done = self.complete_on(&mut tx, key, token, retention).await?;
+        tx.commit().await.map_err(error::<DB>)?;
+        Ok(done)
+    }
+
+    async fn fail(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        failure: Failure,
+    ) -> Result<bool, StoreError> {
+        let (key, token) = (Param::Text(key.as_str()), Param::Bytes(token.as_bytes()));
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let written = match &failure {
+            Failure::RetryAt(at, error) => {
+                let params = [key, token, Param::Int(epoch_ms(*at)), Param::Text(error)];
+                execute::<DB>(&mut conn, &self.sql.retry, &params).await?
+            }
+            Failure::Dead(error) => {
+                let params = [key, token, Param::Text(error)];
+                execute::<DB>(&mut conn, &self.sql.bury, &params).await?
+            }
+        };
+        Ok(written == 1)
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        let limit = Param::Int(i64::try_from(limit).unwrap_or(i64::MAX));
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let rows = fetch::<DB>(&mut conn, &self.sql.dead_letters, &[limit]).await?;
+        rows.iter()
+            .map(|row| {
+                let last_error = DB::text(row, 9).map_err(error::<DB>)?;
+                Ok(DeadLetter {
+                    entry: entry::<DB>(row)?,
+                    last_error: last_error.unwrap_or_default().to_owned(),
+                })
+            })
+            .collect()
+    }
+
+    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        let params = [
+            Param::Text(key.as_str()),
+            Param::Int(epoch_ms(SystemTime::now())),
+        ];
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        Ok(execute::<DB>(&mut conn, &self.sql.requeue, &params).await? == 1)
+    }
+
+    async fn counts(&self) -> Result<InboxCounts, StoreError> {
+        let now = SystemTime::now();
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let params = [Param::Int(epoch_ms(now))];
+        let rows = fetch::<DB>(&mut conn, &self.sql.counts, &params).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| corrupt("counts returned no row"))?;
+        let count = |column| -> Result<u64, StoreError> {
+            let n = DB::int(row, column).map_err(error::<DB>)?.unwrap_or(0);
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        let oldest = DB::int(row, 3).map_err(error::<DB>)?.map(from_epoch_ms);
+        Ok(InboxCounts {
+            pending: count(0)?,
+            in_flight: count(1)?,
+            dead: count(2)?,
+            oldest_age: oldest.map(|at| now.duration_since(at).unwrap_or_default()),
+        })
+    }
+}
+
+/// The text of every statement of an inbox, for one table.
+#[derive(Debug)]
+struct Statements {
+    table: String,
+    schema: String,
+    migrate: Sql,
+    /// $1 key, $2 body, $3 headers, $4 object (`''`: none), $5 position, $6 correlation id,
+    /// $7 attempts, $8 next attempt, $9 enqueued at, $10 now. A row when it stored the entry.
+    enqueue: Sql,
+    /// $1 key. The key's state.
+    read_state: Sql,
+    /// $1 max, $2 lease end, $3 token, $4 now. The entries taken, then `stale`.
+    take: Sql,
+    /// $1 key, $2 token, $3 lease end.
+    renew: Sql,
+    /// $1 key, $2 token, $3 retention end. The entry's object and position when the token
+    /// holds the entry, or already completed it (the done key keeps the token: the worker's
+    /// completion after the handler's `complete_in_tx` is not a lost lease).
+    complete: Sql,
+    /// $1 object, $2 position.
+    raise_watermark: Sql,
+    /// $1 key, $2 token, $3 next attempt, $4 error.
+    retry: Sql,
+    /// $1 key, $2 token, $3 error.
+    bury: Sql,
+    /// $1 limit. The dead entries, then `last_error`.
+    dead_letters: Sql,
+    /// $1 key, $2 now.
+    requeue: Sql,
+    /// $1 now. Pending, in flight, dead, the oldest enqueue time.
+    counts: Sql,
+    /// $1 the most rows to delete, $2 now.
+    purge: Sql,
+}
+
+impl Statements {
+    fn new<DB: Dialect>(table: &str) -> Self {
+        let schema = schema(table, DB::BYTES);
+        let held = "key = $1 AND state = 'running' AND lease_token = $2";
+        Statements {
+            table: table.to_owned(),
+            migrate: DB::migrate(table, &schema).into(),
+            schema,
+            enqueue: format!(
+                "INSERT INTO {table} AS cur (key, state, body, headers, object, position,
+    correlation_id, attempts, next_at, enqueued_at)
+VALUES ($1, 'queued', $2, $3, NULLIF($4, ''), $5, $6, $7, $8, $9)
+ON CONFLICT (key) DO UPDATE
+    SET state = 'queued', body = EXCLUDED.body, headers = EXCLUDED.headers,
+        object = EXCLUDED.object, position = EXCLUDED.position,
+        correlation_id = EXCLUDED.correlation_id, attempts = EXCLUDED.attempts,
+        next_at = EXCLUDED.next_at, enqueued_at = EXCLUDED.enqueued_at, lease_token = NULL,
+        lease_until = NULL, last_error = NULL, expires_at = NULL
+    WHERE cur.state = 'done' AND cur.expires_at <= $10
+RETURNING key"
+            )
+            .into(),
+            read_state: format!("SELECT state FROM {table} WHERE key = $1").into(),
+            take: take(table, DB::PURGE_LOCKS).into(),
+            renew: format!("UPDATE {table} SET lease_until = $3 WHERE {held}").into(),
+            complete: format!(
+                "UPDATE {table}
+SET state = 'done', body = NULL, headers = NULL, lease_until = NULL, last_error = NULL,
+    expires_at = CASE WHEN state = 'done' THEN expires_at ELSE $3 END
+WHERE key = $1 AND state IN ('running', 'done') AND lease_token = $2
+RETURNING object, position"
+            )
+            .into(),
+            raise_watermark: format!(
+                "INSERT INTO {table}_objects AS cur (object, watermark) VALUES ($1, $2)
+ON CONFLICT (object) DO UPDATE SET watermark = EXCLUDED.watermark
+    WHERE cur.watermark < EXCLUDED.watermark"
+            )
+            .into(),
+            retry: format!(
+                "UPDATE {table}
+SET state = 'queued', next_at = $3, lease_token = NULL, lease_until = NULL, last_error = $4
+WHERE {held}"
+            )
+            .into(),
+            bury: format!(
+                "UPDATE {table}
+SET state = 'dead', lease_token = NULL, lease_until = NULL, last_error = $3
+WHERE {held}"
+            )
+            .into(),
+            dead_letters: format!(
+                "SELECT {ENTRY_COLUMNS}, last_error FROM {table}
+WHERE state = 'dead' ORDER BY enqueued_at, key LIMIT $1"
+            )
+            .into(),
+            requeue: format!(
+                "UPDATE {table} SET state = 'queued', attempts = 0, next_at = $2, last_error = NULL
+WHERE key = $1 AND state = 'dead'"
+            )
+            .into(),
+            counts: format!(
+                "SELECT
+    COALESCE(SUM(CASE WHEN state = 'queued' OR (state = 'running' AND lease_until <= $1)
+        THEN 1 ELSE 0 END), 0),
+    COALESCE(SUM(CASE WHEN state = 'running' AND lease_until > $1 THEN 1 ELSE 0 END), 0),
+    COALESCE(SUM(CASE WHEN state = 'dead' THEN 1 ELSE 0 END), 0),
+    MIN(CASE WHEN state <> 'dead' THEN enqueued_at END)
+FROM {table} WHERE state <> 'done'"
+            )
+            .into(),
+            purge: format!(
+                "DELETE FROM {table}
+WHERE key IN (
+    SELECT key FROM {table} WHERE state = 'done' AND expires_at <= $2
+    ORDER BY expires_at LIMIT $1{locks}
+) AND state = 'done' AND expires_at <= $2",
+                locks = DB::PURGE_LOCKS,
+            )
+            .into(),
+        }
+    }
+}
+
+/// The take: the due entries (queued and due, or running with a lease that ran out), an
+/// ordered one only when no queued or running entry of its object stands before it (by
+/// position, then key), locked with `locks` and skipped when another take holds them.
+fn take(table: &str, locks: &str) -> String {
+    format!(
+        "UPDATE {table}
+SET state = 'running', attempts = attempts + 1, lease_token = $3, lease_until = $2
+WHERE key IN (
+    SELECT e.key FROM {table} AS e
+    WHERE ((e.state = 'queued' AND e.next_at <= $4)
+        OR (e.state = 'running' AND e.lease_until <= $4))
+      AND (e.object IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {table} AS o
+        WHERE o.object = e.object AND o.state IN ('queued', 'running')
+          AND (o.position < e.position OR (o.position = e.position AND o.key < e.key))))
+    ORDER BY CASE WHEN e.state = 'queued' THEN e.next_at ELSE e.lease_until END, e.key
+    LIMIT $1{locks}
+)
+RETURNING {ENTRY_COLUMNS}, EXISTS (
+    SELECT 1 FROM {table}_objects AS w
+    WHERE w.object = {table}.object AND w.watermark >= {table}.position
+) AS stale"
+    )
+}
+
+/// The tables, with `bytes` the dialect's column type of bytes. Times are `bigint`
+/// milliseconds (an integer column on SQLite too).
+fn schema(table: &str, bytes: &str) -> String {
+    let index = bare_name(table);
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (
+    key            text    NOT NULL PRIMARY KEY,
+    state          text    NOT NULL CHECK (state IN ('queued', 'running', 'dead', 'done')),
+    body           {bytes},
+    headers        {bytes},
+    object         text,
+    position       {bytes},
+    correlation_id text    NOT NULL,
+    attempts       bigint  NOT NULL,
+    next_at        bigint  NOT NULL,
+    lease_token    {bytes},
+    lease_until    bigint,
+    last_error     text,
+    enqueued_at    bigint  NOT NULL,
+    expires_at     bigint,
+    -- A done key keeps the token that completed it.
+    CHECK (state = 'done' OR (state = 'running') = (lease_token IS NOT NULL)),
+    CHECK ((state = 'done') = (expires_at IS NOT NULL))
+);
+CREATE INDEX IF NOT EXISTS {index}_due_idx ON {table} (state, next_at);
+CREATE INDEX IF NOT EXISTS {index}_object_idx ON {table} (object, position);
+CREATE TABLE IF NOT EXISTS {table}_objects (
+    object    text    NOT NULL PRIMARY KEY,
+    watermark {bytes} NOT NULL
+);
+"
+    )
+}
+
+/// The entry in the first nine columns of `row` (as [`ENTRY_COLUMNS`]).
+fn entry<DB: Dialect>(row: &DB::Row) -> Result<InboxEntry, StoreError> {
+    let text = |column| DB::text(row, column).map_err(error::<DB>);
+    let bytes = |column| DB::bytes(row, column).map_err(error::<DB>);
+    let int = |column| DB::int(row, column).map_err(error::<DB>);
+    let key = text(0)?
+        .and_then(StoreKey::from_stored)
+        .ok_or_else(|| corrupt("an inbox row without a valid key"))?;
+    let order = match (text(3)?, bytes(4)?) {
+        (Some(object), Some(position)) => Some(EntryOrder {
+            object: ObjectKey::from_stored(object)
+                .ok_or_else(|| corrupt("an inbox row with an invalid object"))?,
+            position: Position::from_bytes(
+                position
+                    .try_into()
+                    .map_err(|_| corrupt("a position of the wrong length"))?,
+            ),
+        }),
+        _ => None,
+    };
+    Ok(InboxEntry {
+        key,
+        body: Bytes::copy_from_slice(bytes(1)?.unwrap_or_default()),
+        headers: decode_headers(bytes(2)?.unwrap_or_default())?,
+        order,
+        correlation_id: text(5)?.unwrap_or_default().to_owned(),
+        attempts: u32::try_from(int(6)?.unwrap_or(0)).unwrap_or(u32::MAX),
+        next_attempt_at: from_epoch_ms(int(7)?.unwrap_or(0)),
+        enqueued_at: from_epoch_ms(int(8)?.unwrap_or(0)),
+    })
+}
+
+fn key_state(state: &str) -> Result<KeyState, StoreError> {
+    Ok(match state {
+        "queued" => KeyState::Queued,
+        "running" => KeyState::Running,
+        "dead" => KeyState::Dead,
+        "done" => KeyState::Done,
+        _ => return Err(corrupt("an inbox row in an unknown state")),
+    })
+}
+
+/// The headers as `name: value` lines (a header value holds no line break, a name no colon).
+fn encode_headers(headers: &HeaderMap) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.push(b'\n');
+    }
+    out
+}
+
+fn decode_headers(bytes: &[u8]) -> Result<HeaderMap, StoreError> {
+    let mut headers = HeaderMap::new();
+    for line in bytes.split(|&b| b == b'\n').filter(|line| !line.is_empty()) {
+        let colon = line
+            .iter()
+            .position(|&b| b == b':')
+            .ok_or_else(|| corrupt("a stored header without a colon"))?;
+        let name = HeaderName::from_bytes(&line[..colon])
+            .map_err(|e| StoreError::with_source(StoreErrorKind::Corrupt, e))?;
+        let value = line[colon + 1..]
+            .strip_prefix(b" ")
+            .unwrap_or(&line[colon + 1..]);
+        let value = HeaderValue::from_bytes(value)
+            .map_err(|e| StoreError::with_source(StoreErrorKind::Corrupt, e))?;
+        headers.append(name, value);
+    }
+    Ok(headers)
+}
+
+fn epoch_ms(at: SystemTime) -> i64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn from_epoch_ms(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+fn corrupt(why: &'static str) -> StoreError {
+    StoreError::with_source(StoreErrorKind::Corrupt, why)
+}
+
+fn error<DB: Dialect>(error: sqlx::Error) -> StoreError {
+    store_error(error, DB::classify)
+}
+
+async fn execute<DB: Dialect>(
+    conn: &mut DB::Connection,
+    sql: &Sql,
+    params: &[Param<'_>],
+) -> Result<u64, StoreError> {
+    let done = DB::execute(conn, sql, params, None)
+        .await
+        .map_err(error::<DB>)?;
+    Ok(DB::rows_affected(&done))
+}
+
+async fn fetch<DB: Dialect>(
+    conn: &mut DB::Connection,
+    sql: &Sql,
+    params: &[Param<'_>],
+) -> Result<Vec<DB::Row>, StoreError> {
+    DB::fetch_all(conn, sql, params, None)
+        .await
+        .map_err(error::<DB>)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        headers.append("x-multi", HeaderValue::from_static("a: b"));
+        headers.append("x-multi", HeaderValue::from_static(""));
+        let back = decode_headers(&encode_headers(&headers)).unwrap();
+        assert_eq!(back, headers);
+        assert!(decode_headers(b"no colon\n").is_err());
+    }
+
+    #[test]
+    fn times_round_trip_in_milliseconds() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        assert_eq!(from_epoch_ms(epoch_ms(at)), at);
+        assert_eq!(from_epoch_ms(-5), UNIX_EPOCH);
+    }
+
+    #[test]
+    fn the_take_locks_only_where_asked() {
+        assert!(
+            take("t", " FOR UPDATE SKIP LOCKED").contains("LIMIT $1 FOR UPDATE SKIP LOCKED\n)")
+        );
+        assert!(take("t", "").contains("LIMIT $1\n)"));
+    }
+}

@@ -1,0 +1,354 @@
+//! The inbox contract on `SqliteInbox` (a temporary file per test) and on `PostgresInbox` (a
+//! real server, a table per test: `take` hands out every due entry of its table), and what
+//! only the SQL inboxes show: several pools taking at once, the completion in the handler's
+//! own transaction.
+
+#[path = "contract/inbox.rs"]
+mod inbox_contract;
+#[path = "support/postgres_server.rs"]
+mod postgres_server;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use postgres_server::PostgresServer;
+use sqlx::AssertSqlSafe;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use tower_idempotency::inbox::{
+    Enqueued, InboxCounts, InboxEntry, InboxRequest, InboxStore, KeyState, PostgresInbox, SqlInbox,
+    SqliteInbox, Worker,
+};
+use tower_idempotency::store::StoreKey;
+
+const LONG: Duration = Duration::from_secs(60);
+const RETENTION: Duration = Duration::from_secs(3600);
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A temporary directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(unique("tower-idem-inbox-sqlite"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A migrated SQLite inbox on a fresh file (WAL, 5 s busy timeout); the file goes with the
+/// guard.
+async fn sqlite_inbox() -> (SqliteInbox, TempDir) {
+    let dir = TempDir::new();
+    let options = SqliteConnectOptions::new()
+        .filename(dir.0.join("inbox.db"))
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(5));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let inbox = SqliteInbox::new(pool);
+    inbox.migrate().await.unwrap();
+    (inbox, dir)
+}
+
+fn shared_server() -> &'static PostgresServer {
+    static SERVER: OnceLock<PostgresServer> = OnceLock::new();
+    SERVER.get_or_init(PostgresServer::new)
+}
+
+async fn pg_pool() -> PgPool {
+    let url = tokio::task::block_in_place(|| shared_server().url());
+    PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("could not connect to {url}: {e}"))
+}
+
+/// A migrated PostgreSQL inbox in a table of its own, on the shared server.
+async fn pg_inbox() -> PostgresInbox {
+    let inbox = PostgresInbox::new(pg_pool().await)
+        .with_table(&unique("inbox"))
+        .unwrap();
+    inbox.migrate().await.unwrap();
+    inbox
+}
+
+fn entry(n: usize) -> InboxEntry {
+    let key = StoreKey::new("inbox-sql", None, &unique(&format!("evt{n}")));
+    InboxEntry::new(key, Bytes::from(format!("{{\"n\":{n}}}")), unique("corr"))
+}
+
+mod sqlite {
+    use super::*;
+
+    inbox_contract::inbox_contract!(sqlite_inbox());
+}
+
+mod postgres {
+    use super::*;
+
+    inbox_contract::inbox_contract!(async { (pg_inbox().await, ()) });
+}
+
+/// Two pools on one database (as two processes), four takers each: every entry is taken
+/// exactly once, and each completion with its lease's token lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pools_on_postgres_never_take_an_entry_twice() {
+    let first = pg_inbox().await;
+    let second = PostgresInbox::new(pg_pool().await)
+        .with_table(first.table())
+        .unwrap();
+    const ENTRIES: usize = 300;
+    for n in 0..ENTRIES {
+        assert_eq!(first.enqueue(entry(n)).await.unwrap(), Enqueued::Queued);
+    }
+    let mut takers = Vec::new();
+    for inbox in [first.clone(), second.clone()] {
+        for _ in 0..4 {
+            let inbox = inbox.clone();
+            takers.push(tokio::spawn(async move {
+                let (mut mine, start) = (Vec::new(), Instant::now());
+                loop {
+                    let taken = inbox.take(7, LONG).await.unwrap();
+                    if taken.is_empty() && inbox.counts().await.unwrap().pending == 0 {
+                        return mine;
+                    }
+                    assert!(start.elapsed() < DEADLINE, "the takers do not finish");
+                    for lease in taken {
+                        assert!(!lease.stale);
+                        let key = lease.entry.key.clone();
+                        assert!(inbox.complete(&key, &lease.token, RETENTION).await.unwrap());
+                        mine.push(key);
+                    }
+                }
+            }));
+        }
+    }
+    let (mut all, mut seen) = (0, HashSet::new());
+    for taker in takers {
+        for key in taker.await.unwrap() {
+            all += 1;
+            assert!(seen.insert(key.clone()), "{key} was taken twice");
+        }
+    }
+    assert_eq!((all, seen.len()), (ENTRIES, ENTRIES));
+    let counts = second.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.in_flight, counts.dead), (0, 0, 0));
+}
+
+/// The completion in the handler's transaction: rolled back with the effect, the entry is
+/// taken again after its lease; committed, the effect and the done key land together.
+async fn completion_joins_the_handlers_transaction<DB>(inbox: SqlInbox<DB>, effects: &str)
+where
+    DB: tower_idempotency::store::sql::Dialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let run = |sql: String| sqlx::query(AssertSqlSafe(sql));
+    run(format!("CREATE TABLE {effects} (event text NOT NULL)"))
+        .execute(inbox.pool())
+        .await
+        .unwrap();
+    let first = entry(0);
+    inbox.enqueue(first.clone()).await.unwrap();
+    let lease = Duration::from_millis(300);
+    let taken = inbox.take(10, lease).await.unwrap().pop().unwrap();
+
+    let mut tx = inbox.pool().begin().await.unwrap();
+    run(format!("INSERT INTO {effects} (event) VALUES ($1)"))
+        .bind(first.key.as_str())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let key = &first.key;
+    assert!(
+        inbox
+            .complete_in_tx(&mut tx, key, &taken.token, RETENTION)
+            .await
+            .unwrap()
+    );
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        inbox.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Running),
+        "the rolled-back completion left the entry running"
+    );
+
+    let start = Instant::now();
+    let again = loop {
+        if let Some(again) = inbox.take(10, LONG).await.unwrap().pop() {
+            break again;
+        }
+        assert!(start.elapsed() < DEADLINE, "the entry is not taken again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!((&again.entry.key, again.entry.attempts), (key, 2));
+    let mut tx = inbox.pool().begin().await.unwrap();
+    assert!(
+        !inbox
+            .complete_in_tx(&mut tx, key, &taken.token, RETENTION)
+            .await
+            .unwrap(),
+        "the first lease's token no longer holds the entry"
+    );
+    run(format!("INSERT INTO {effects} (event) VALUES ($1)"))
+        .bind(key.as_str())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert!(
+        inbox
+            .complete_in_tx(&mut tx, key, &again.token, RETENTION)
+            .await
+            .unwrap()
+    );
+    tx.commit().await.unwrap();
+    assert!(
+        inbox.complete(key, &again.token, RETENTION).await.unwrap(),
+        "the worker's completion after the handler's is not a lost lease"
+    );
+    assert!(!inbox.complete(key, &taken.token, RETENTION).await.unwrap());
+    assert_eq!(
+        inbox.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done)
+    );
+    let effects: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {effects}")))
+        .fetch_one(inbox.pool())
+        .await
+        .unwrap();
+    assert_eq!(effects, 1, "one effect: the rolled-back one is gone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_in_a_postgres_transaction() {
+    let inbox = pg_inbox().await;
+    let effects = format!("{}_effects", inbox.table());
+    completion_joins_the_handlers_transaction(inbox, &effects).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_in_an_sqlite_transaction() {
+    let (inbox, _dir) = sqlite_inbox().await;
+    completion_joins_the_handlers_transaction(inbox, "effects").await;
+}
+
+/// A done key past its retention is free again: enqueued in place, or purged (and entries are
+/// never purged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_done_keys_are_free_again_and_purged() {
+    let (inbox, _dir) = sqlite_inbox().await;
+    let (again, purged, waiting) = (entry(1), entry(2), entry(3));
+    inbox.enqueue(again.clone()).await.unwrap();
+    inbox.enqueue(purged.clone()).await.unwrap();
+    let short = Duration::from_millis(50);
+    for lease in inbox.take(10, LONG).await.unwrap() {
+        assert!(
+            inbox
+                .complete(&lease.entry.key, &lease.token, short)
+                .await
+                .unwrap()
+        );
+    }
+    inbox.enqueue(waiting.clone()).await.unwrap();
+    assert_eq!(
+        inbox.enqueue(again.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done),
+        "within its retention"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(inbox.enqueue(again).await.unwrap(), Enqueued::Queued);
+    assert_eq!(inbox.purge().await.unwrap(), 1, "only the expired done key");
+    assert_eq!(inbox.enqueue(purged).await.unwrap(), Enqueued::Queued);
+    assert_eq!(inbox.counts().await.unwrap().pending, 3);
+}
+
+/// A worker whose handler writes its effect and completes its entry in one transaction: each
+/// effect lands once (its table's key would refuse a second) and every key is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_handler_completes_in_its_own_transaction() {
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    let inbox = pg_inbox().await;
+    let effects = format!("{}_effects", inbox.table());
+    let run = |sql: String| sqlx::query(AssertSqlSafe(sql));
+    run(format!("CREATE TABLE {effects} (event text PRIMARY KEY)"))
+        .execute(inbox.pool())
+        .await
+        .unwrap();
+    let handler = {
+        let (inbox, effects) = (inbox.clone(), effects.clone());
+        tower::service_fn(move |request: InboxRequest| {
+            let (inbox, insert) = (inbox.clone(), format!("INSERT INTO {effects} VALUES ($1)"));
+            async move {
+                let mut tx = inbox.pool().begin().await?;
+                sqlx::query(AssertSqlSafe(insert))
+                    .bind(request.key().as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                let (key, token) = (request.key(), request.token());
+                if !inbox.complete_in_tx(&mut tx, key, token, RETENTION).await? {
+                    return Err::<(), BoxError>("the lease was lost".into());
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+        })
+    };
+    let entries: Vec<InboxEntry> = (0..20).map(entry).collect();
+    for entry in &entries {
+        inbox.enqueue(entry.clone()).await.unwrap();
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = Worker::new(inbox.clone(), handler)
+        .workers(4)
+        .poll_interval(Duration::from_millis(5));
+    let running = tokio::spawn(worker.run(async {
+        stopped.await.ok();
+    }));
+    let start = Instant::now();
+    while inbox.counts().await.unwrap() != InboxCounts::default() {
+        assert!(start.elapsed() < DEADLINE, "the entries are not applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    for entry in entries {
+        assert_eq!(
+            inbox.enqueue(entry).await.unwrap(),
+            Enqueued::Duplicate(KeyState::Done)
+        );
+    }
+    let applied: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {effects}")))
+        .fetch_one(inbox.pool())
+        .await
+        .unwrap();
+    assert_eq!(applied, 20);
+}
