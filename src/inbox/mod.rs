@@ -9,7 +9,8 @@
 //!
 //! The pieces:
 //! - [`InboxEntry`], [`Lease`], [`InboxRequest`]: what is stored, taken, and handled;
-//! - [`InboxStore`]: the queue contract, beside the record contract; [`MemoryInbox`] in memory;
+//! - [`InboxStore`]: the queue contract, beside the record contract; [`MemoryInbox`] in memory,
+//!   `RedisInbox` on Redis (feature `redis`);
 //! - [`RetryPolicy`] and [`Backoff`]: the policy decides, the worker's loop executes;
 //! - [`Worker`]: the loop.
 //!
@@ -43,6 +44,8 @@
 mod entry;
 mod memory;
 mod metrics;
+#[cfg(feature = "redis")]
+mod redis;
 mod retry;
 mod route;
 mod store;
@@ -50,6 +53,9 @@ mod worker;
 
 pub use self::entry::{EntryOrder, InboxEntry, InboxRequest, Lease};
 pub use self::memory::{DEFAULT_CAPACITY, MemoryInbox};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use self::redis::{MAX_TAKE, RedisInbox};
 pub use self::retry::{Backoff, Decision, RetryPolicy};
 pub use self::route::{IDEMPOTENCY_CORRELATION_ID, InboxRoute};
 pub use self::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};

@@ -168,6 +168,15 @@ impl StoreKey {
         &self.0
     }
 
+    /// The key a store wrote as [`as_str`](Self::as_str), read back; `None` if it is not one.
+    #[cfg(feature = "redis")]
+    pub(crate) fn from_stored(stored: &[u8]) -> Option<Self> {
+        let bytes: [u8; STORE_KEY_LEN] = stored.try_into().ok()?;
+        bytes
+            .starts_with(KEY_PREFIX.as_bytes())
+            .then_some(StoreKey(bytes))
+    }
+
     /// The 16 hashed digits, without the prefix.
     pub fn digits(&self) -> &str {
         &self.as_str()[KEY_PREFIX.len()..]
@@ -219,6 +228,15 @@ impl ObjectKey {
     /// The key's bytes (ASCII).
     pub(crate) fn as_bytes(&self) -> &[u8; STORE_KEY_LEN] {
         &self.0
+    }
+
+    /// The key a store wrote as [`as_str`](Self::as_str), read back; `None` if it is not one.
+    #[cfg(feature = "redis")]
+    pub(crate) fn from_stored(stored: &[u8]) -> Option<Self> {
+        let bytes: [u8; STORE_KEY_LEN] = stored.try_into().ok()?;
+        bytes
+            .starts_with(OBJECT_PREFIX.as_bytes())
+            .then_some(ObjectKey(bytes))
     }
 
     /// The 16 hashed digits, without the prefix.
