@@ -1,10 +1,13 @@
 //! The inbox contract on [`RedisInbox`], against a real `redis-server` started on 127.0.0.1
 //! for each test, and what only a shared inbox shows: two instances (two clients) on one
-//! server never hand one entry to both, and see each other's keys as duplicates.
+//! server never hand one entry to both, and see each other's keys as duplicates. The contract
+//! runs again on a shared Redis Cluster (three primaries): every script touches one hash slot.
 #![cfg(feature = "redis")]
 
 #[path = "contract/inbox.rs"]
 mod inbox_contract;
+#[path = "support/redis_cluster.rs"]
+mod redis_cluster;
 #[path = "../examples/provider_sim/redis_server.rs"]
 mod redis_server;
 
@@ -34,6 +37,17 @@ inbox_contract::inbox_contract!(async {
     let inbox = RedisInbox::new(server.connect().await, &fresh_name());
     (inbox, server)
 });
+
+/// The contract on a clustered client: no script answers `CROSSSLOT`.
+mod cluster {
+    use super::*;
+
+    inbox_contract::inbox_contract!(async {
+        let cluster = redis_cluster::RedisCluster::shared();
+        let inbox = RedisInbox::new(cluster.connect().await, &fresh_name());
+        (inbox, cluster)
+    });
+}
 
 fn entry(n: u32) -> InboxEntry {
     let key = StoreKey::new("inbox-redis", None, &format!("evt-{n}"));

@@ -18,7 +18,13 @@ use crate::store::redis::errors::store_error;
 use crate::store::redis::scripts::{Keys, LESS_LUA, bytes_of, evalsha_with_reload, unexpected};
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token, millis};
 
-/// The most entries one `take` hands out: the client sends one token per entry it may take.
+/// The most entries one [`RedisInbox`] `take` hands out: the client sends one token per entry
+/// it may take, so a larger `max` is cut to this.
+///
+/// ```
+/// // A worker pool larger than this takes in several calls.
+/// assert_eq!(tower_idempotency::inbox::MAX_TAKE, 1_000);
+/// ```
 pub const MAX_TAKE: usize = 1_000;
 
 /// `enqueue`: KEYS = entry, done, due, live, dead; ARGV[1] = prefix, [2] = key, [3] = body,
@@ -212,7 +218,10 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 ///
 /// Unbounded by default (Redis's `maxmemory` with `noeviction` bounds it: an `OOM` is a
 /// [`StoreErrorKind::Capacity`] error); [`capacity`](Self::capacity) bounds the entries, dead
-/// letters included.
+/// letters included; done keys are bounded by their retention only.
+///
+/// `take` scans the due entries in time order and passes over those that wait behind another
+/// entry of their object (as [`MemoryInbox`] does): cheap while few wait so, linear in them.
 ///
 /// ```no_run
 /// use bytes::Bytes;
