@@ -6,6 +6,8 @@
 
 #[path = "contract/inbox.rs"]
 mod inbox_contract;
+// The harness re-exports helpers for the tests that kill nodes; this file needs only the start.
+#[allow(unused_imports)]
 #[path = "support/redis_cluster.rs"]
 mod redis_cluster;
 #[path = "../examples/provider_sim/redis_server.rs"]
