@@ -86,6 +86,8 @@ async fn two_instances_never_hand_one_entry_to_both() {
                     return keys;
                 }
                 keys.extend(taken.into_iter().map(|lease| lease.entry.key));
+                // An entry handed out again would make this loop endless: fail instead.
+                assert!(keys.len() <= N as usize, "more entries taken than enqueued");
             }
         })
     };
