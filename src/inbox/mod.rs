@@ -10,7 +10,8 @@
 //! The pieces:
 //! - [`InboxEntry`], [`Lease`], [`InboxRequest`]: what is stored, taken, and handled;
 //! - [`InboxStore`]: the queue contract, beside the record contract; [`MemoryInbox`] in memory,
-//!   `SqlInbox` in PostgreSQL and SQLite (features `postgres`, `sqlite`);
+//!   `SqlInbox` in PostgreSQL and SQLite (features `postgres`, `sqlite`),
+//!   `RedisInbox` on Redis (feature `redis`);
 //! - [`RetryPolicy`] and [`Backoff`]: the policy decides, the worker's loop executes;
 //! - [`Worker`]: the loop.
 //!
@@ -44,6 +45,8 @@
 mod entry;
 mod memory;
 mod metrics;
+#[cfg(feature = "redis")]
+mod redis;
 mod retry;
 mod route;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -53,6 +56,9 @@ mod worker;
 
 pub use self::entry::{EntryOrder, InboxEntry, InboxRequest, Lease};
 pub use self::memory::{DEFAULT_CAPACITY, MemoryInbox};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use self::redis::{MAX_TAKE, RedisInbox};
 pub use self::retry::{Backoff, Decision, RetryPolicy};
 pub use self::route::{IDEMPOTENCY_CORRELATION_ID, InboxRoute};
 #[cfg(feature = "postgres")]

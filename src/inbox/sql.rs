@@ -687,11 +687,11 @@ fn entry<DB: Dialect>(row: &DB::Row) -> Result<InboxEntry, StoreError> {
     let bytes = |column| DB::bytes(row, column).map_err(error::<DB>);
     let int = |column| DB::int(row, column).map_err(error::<DB>);
     let key = text(0)?
-        .and_then(StoreKey::from_stored)
+        .and_then(|key| StoreKey::from_stored(key.as_bytes()))
         .ok_or_else(|| corrupt("an inbox row without a valid key"))?;
     let order = match (text(3)?, bytes(4)?) {
         (Some(object), Some(position)) => Some(EntryOrder {
-            object: ObjectKey::from_stored(object)
+            object: ObjectKey::from_stored(object.as_bytes())
                 .ok_or_else(|| corrupt("an inbox row with an invalid object"))?,
             position: Position::from_bytes(
                 position

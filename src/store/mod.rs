@@ -168,12 +168,16 @@ impl StoreKey {
         &self.0
     }
 
-    /// The key read back from a store (what [`as_str`](Self::as_str) wrote), `None` when it
-    /// is not one.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
-    pub(crate) fn from_stored(text: &str) -> Option<Self> {
-        let bytes: [u8; STORE_KEY_LEN] = text.as_bytes().try_into().ok()?;
-        text.starts_with(KEY_PREFIX).then_some(StoreKey(bytes))
+    /// The key a store wrote as [`as_str`](Self::as_str), read back; `None` if it is not one.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "sqlite", feature = "postgres")),
+        allow(dead_code)
+    )]
+    pub(crate) fn from_stored(stored: &[u8]) -> Option<Self> {
+        let bytes: [u8; STORE_KEY_LEN] = stored.try_into().ok()?;
+        bytes
+            .starts_with(KEY_PREFIX.as_bytes())
+            .then_some(StoreKey(bytes))
     }
 
     /// The 16 hashed digits, without the prefix.
@@ -229,11 +233,16 @@ impl ObjectKey {
         &self.0
     }
 
-    /// The key read back from a store, `None` when it is not one.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
-    pub(crate) fn from_stored(text: &str) -> Option<Self> {
-        let bytes: [u8; STORE_KEY_LEN] = text.as_bytes().try_into().ok()?;
-        text.starts_with(OBJECT_PREFIX).then_some(ObjectKey(bytes))
+    /// The key a store wrote as [`as_str`](Self::as_str), read back; `None` if it is not one.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "sqlite", feature = "postgres")),
+        allow(dead_code)
+    )]
+    pub(crate) fn from_stored(stored: &[u8]) -> Option<Self> {
+        let bytes: [u8; STORE_KEY_LEN] = stored.try_into().ok()?;
+        bytes
+            .starts_with(OBJECT_PREFIX.as_bytes())
+            .then_some(ObjectKey(bytes))
     }
 
     /// The 16 hashed digits, without the prefix.

@@ -41,7 +41,7 @@ fn error_kind(error: &FredError) -> StoreErrorKind {
     }
 }
 
-pub(super) fn store_error(error: FredError) -> StoreError {
+pub(crate) fn store_error(error: FredError) -> StoreError {
     StoreError::with_source(error_kind(&error), error)
 }
 

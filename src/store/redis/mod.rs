@@ -2,8 +2,8 @@
 //! durable completion and how fred's errors map to the layer's answers.
 
 mod durable;
-mod errors;
-mod scripts;
+pub(crate) mod errors;
+pub(crate) mod scripts;
 
 use std::fmt;
 use std::time::Duration;

@@ -57,7 +57,7 @@ return 0
 
 /// Byte-wise `a < b` of two positions (16 bytes each). Lua's own `<` on strings goes through
 /// the C library's `strcoll`, which depends on the server's locale: never used here.
-const LESS_LUA: &str = r#"local function less(a, b)
+pub(crate) const LESS_LUA: &str = r#"local function less(a, b)
   for i = 1, 16 do
     local x, y = string.byte(a, i), string.byte(b, i)
     if x ~= y then
@@ -183,13 +183,15 @@ pub(super) fn all() -> [&'static Script; 7] {
 }
 
 /// The keys one script call touches, all in one hash slot.
-pub(super) enum Keys<'a> {
+pub(crate) enum Keys<'a> {
     /// One event's key (`ti:` and 16 digits).
     One(&'a StoreKey),
     /// An ordered event: its key, its object's lease and its object's watermark, each carrying
     /// the object's digits as its hash tag (`ti:{O}E`, `tl:{O}`, `tw:{O}`), so that one script
     /// settles all three, on one node of a cluster.
     Ordered([String; 3]),
+    /// Keys named by their caller, all under one hash tag (the inbox's keys).
+    Tagged(Vec<String>),
 }
 
 impl<'a> Keys<'a> {
@@ -207,6 +209,7 @@ impl<'a> Keys<'a> {
         match self {
             Keys::One(key) => key.as_str(),
             Keys::Ordered(names) => &names[0],
+            Keys::Tagged(names) => names.first().map_or("", String::as_str),
         }
     }
 
@@ -219,6 +222,7 @@ impl<'a> Keys<'a> {
         match self {
             Keys::One(_) => 1,
             Keys::Ordered(_) => 3,
+            Keys::Tagged(names) => names.len() as i64,
         }
     }
 
@@ -226,6 +230,7 @@ impl<'a> Keys<'a> {
         match self {
             Keys::One(key) => key.as_str().into(),
             Keys::Ordered(names) => names.to_vec().into(),
+            Keys::Tagged(names) => names.clone().into(),
         }
     }
 
@@ -233,6 +238,7 @@ impl<'a> Keys<'a> {
         match self {
             Keys::One(key) => out.push(Value::from(key.as_str())),
             Keys::Ordered(names) => out.extend(names.iter().map(|n| Value::from(n.as_str()))),
+            Keys::Tagged(names) => out.extend(names.iter().map(|n| Value::from(n.as_str()))),
         }
     }
 }
@@ -261,7 +267,7 @@ pub(super) async fn set_nx_get<X: KeysInterface>(
 /// `EVALSHA`, and on `NOSCRIPT` the same call as `EVAL`, which also puts the script back in the
 /// cache of the server that owns the keys. `args` makes the arguments: once, and again only for
 /// the `EVAL` (a copy kept for a rare retry would cost an allocation per argument).
-pub(super) async fn evalsha_with_reload<X: LuaInterface>(
+pub(crate) async fn evalsha_with_reload<X: LuaInterface>(
     client: &X,
     script: &Script,
     keys: &Keys<'_>,
@@ -379,7 +385,7 @@ pub(super) fn script_reply(reply: Value) -> Result<i64, StoreError> {
 }
 
 /// The error for a reply of an unexpected shape.
-pub(super) fn unexpected(what: &str, reply: &Value) -> StoreError {
+pub(crate) fn unexpected(what: &str, reply: &Value) -> StoreError {
     StoreError::with_source(
         StoreErrorKind::Corrupt,
         format!("unexpected {what} reply of type {:?}", reply.kind()),
@@ -396,7 +402,7 @@ pub(super) fn completion(reply: i64) -> Completion {
 }
 
 /// The bytes of a bulk-string reply.
-fn bytes_of(reply: Value) -> Option<Bytes> {
+pub(crate) fn bytes_of(reply: Value) -> Option<Bytes> {
     match reply {
         Value::Bytes(bytes) => Some(bytes),
         Value::String(s) => Some(s.into_inner()),

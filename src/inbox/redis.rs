@@ -1,0 +1,762 @@
+//! [`RedisInbox`]: the inbox on Redis, every operation one Lua script over keys that share the
+//! inbox's hash tag.
+
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use fred::clients::Pool;
+use fred::interfaces::LuaInterface;
+use fred::types::Value;
+use fred::types::scripts::Script;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use super::entry::{EntryOrder, InboxEntry, Lease};
+use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
+use crate::order::Position;
+use crate::store::redis::errors::store_error;
+use crate::store::redis::scripts::{Keys, LESS_LUA, bytes_of, evalsha_with_reload, unexpected};
+use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token, millis};
+
+/// The most entries one [`RedisInbox`] `take` hands out: the client sends one token per entry
+/// it may take, so a larger `max` is cut to this.
+///
+/// ```
+/// // A worker pool larger than this takes in several calls.
+/// assert_eq!(tower_idempotency::inbox::MAX_TAKE, 1_000);
+/// ```
+pub const MAX_TAKE: usize = 1_000;
+
+/// `enqueue`: KEYS = entry, done, due, live, dead; ARGV[1] = prefix, [2] = key, [3] = body,
+/// [4] = headers, [5] = correlation id, [6] = attempts, [7] = next attempt (µs), [8] = enqueued
+/// (µs), [9] = capacity (0: none), [10] = object ('' if none), [11] = position. Returns 0 when
+/// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full.
+const ENQUEUE_LUA: &str = r#"local s = redis.call('HGET', KEYS[1], 's')
+if s == 'q' then return 1 elseif s == 'r' then return 2 elseif s == 'd' then return 3 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 4 end
+local cap = tonumber(ARGV[9])
+if cap > 0 and redis.call('ZCARD', KEYS[4]) + redis.call('ZCARD', KEYS[5]) >= cap then
+  return 5
+end
+redis.call('HSET', KEYS[1], 's', 'q', 'b', ARGV[3], 'h', ARGV[4], 'c', ARGV[5], 'a', ARGV[6],
+  'n', ARGV[7], 'e', ARGV[8])
+if ARGV[10] ~= '' then
+  redis.call('HSET', KEYS[1], 'o', ARGV[10], 'p', ARGV[11])
+  redis.call('ZADD', ARGV[1] .. 'o:' .. ARGV[10], 0, ARGV[11] .. ARGV[2])
+end
+redis.call('ZADD', KEYS[3], ARGV[7], ARGV[2])
+redis.call('ZADD', KEYS[4], ARGV[8], ARGV[2])
+return 0
+"#;
+
+/// `take`: KEYS = due, leased; ARGV[1] = prefix, [2] = now (µs), [3] = lease end (µs), [4] =
+/// max, [5..] = one fresh token per entry it may take. Scans the due set in time order,
+/// skipping an ordered entry that is not its object's first; returns one row per entry taken:
+/// key, stale (0/1), token, then the entry's fields as `ENTRY_FIELDS`.
+static TAKE_LUA: LazyLock<String> = LazyLock::new(|| {
+    LESS_LUA.to_owned()
+        + r#"local prefix, now, lease_end, max = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local out, skipped = {}, 0
+while #out < max do
+  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', skipped, 100)
+  if #due == 0 then break end
+  for _, key in ipairs(due) do
+    if #out == max then break end
+    local e = prefix .. 'e:' .. key
+    local f = redis.call('HMGET', e, 's', 'o', 'p')
+    local runnable, stale = f[1] == 'q' or f[1] == 'r', 0
+    if not runnable then
+      redis.call('ZREM', KEYS[1], key)
+    elseif f[2] then
+      local first = redis.call('ZRANGE', prefix .. 'o:' .. f[2], 0, 0)[1]
+      if first ~= f[3] .. key then
+        runnable = false
+        skipped = skipped + 1
+      else
+        local w = redis.call('GET', prefix .. 'w:' .. f[2])
+        if w and string.len(w) == 16 and not less(w, f[3]) then stale = 1 end
+      end
+    end
+    if runnable then
+      local token = ARGV[5 + #out]
+      redis.call('HSET', e, 's', 'r', 't', token, 'u', lease_end)
+      redis.call('HINCRBY', e, 'a', 1)
+      redis.call('ZADD', KEYS[1], lease_end, key)
+      redis.call('ZADD', KEYS[2], lease_end, key)
+      local g = redis.call('HMGET', e, 'b', 'h', 'o', 'p', 'c', 'a', 'n', 'e')
+      out[#out + 1] = {key, stale, token, g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]}
+    end
+  end
+end
+return out
+"#
+});
+
+/// `renew`: KEYS = entry, due, leased; ARGV[1] = key, [2] = token, [3] = lease end (µs).
+const RENEW_LUA: &str = r#"local f = redis.call('HMGET', KEYS[1], 's', 't')
+if f[1] ~= 'r' or f[2] ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'u', ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
+return 1
+"#;
+
+/// `complete`: KEYS = entry, done, due, leased, live; ARGV[1] = prefix, [2] = key, [3] =
+/// token, [4] = retention (ms). Marks the key done, removes the entry and raises its object's
+/// watermark (kept for the retention).
+static COMPLETE_LUA: LazyLock<String> = LazyLock::new(|| {
+    LESS_LUA.to_owned()
+        + r#"local f = redis.call('HMGET', KEYS[1], 's', 't', 'o', 'p')
+if f[1] ~= 'r' or f[2] ~= ARGV[3] then return 0 end
+redis.call('DEL', KEYS[1])
+for i = 3, 5 do redis.call('ZREM', KEYS[i], ARGV[2]) end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
+if f[3] then
+  redis.call('ZREM', ARGV[1] .. 'o:' .. f[3], f[4] .. ARGV[2])
+  local wk = ARGV[1] .. 'w:' .. f[3]
+  local w = redis.call('GET', wk)
+  local mark = f[4]
+  if w and string.len(w) == 16 and less(mark, w) then mark = w end
+  redis.call('SET', wk, mark, 'PX', ARGV[4])
+end
+return 1
+"#
+});
+
+/// `fail`: KEYS = entry, due, leased, live, dead; ARGV[1] = prefix, [2] = key, [3] = token,
+/// [4] = `r` (retry) or `d` (dead), [5] = retry time (µs), [6] = error.
+const FAIL_LUA: &str = r#"local f = redis.call('HMGET', KEYS[1], 's', 't', 'o', 'p', 'e')
+if f[1] ~= 'r' or f[2] ~= ARGV[3] then return 0 end
+redis.call('ZREM', KEYS[3], ARGV[2])
+redis.call('HDEL', KEYS[1], 't', 'u')
+if ARGV[4] == 'r' then
+  redis.call('HSET', KEYS[1], 's', 'q', 'n', ARGV[5])
+  redis.call('ZADD', KEYS[2], ARGV[5], ARGV[2])
+  return 1
+end
+redis.call('HSET', KEYS[1], 's', 'd', 'x', ARGV[6])
+redis.call('ZREM', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[2])
+redis.call('ZADD', KEYS[5], f[5], ARGV[2])
+if f[3] then redis.call('ZREM', ARGV[1] .. 'o:' .. f[3], f[4] .. ARGV[2]) end
+return 1
+"#;
+
+/// `requeue`: KEYS = entry, due, live, dead; ARGV[1] = prefix, [2] = key, [3] = now (µs).
+const REQUEUE_LUA: &str = r#"local f = redis.call('HMGET', KEYS[1], 's', 'o', 'p', 'e')
+if f[1] ~= 'd' then return 0 end
+redis.call('HSET', KEYS[1], 's', 'q', 'a', 0, 'n', ARGV[3])
+redis.call('HDEL', KEYS[1], 'x')
+redis.call('ZREM', KEYS[4], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+redis.call('ZADD', KEYS[3], f[4], ARGV[2])
+if f[2] then redis.call('ZADD', ARGV[1] .. 'o:' .. f[2], 0, f[3] .. ARGV[2]) end
+return 1
+"#;
+
+/// `dead_letters`: KEYS = dead; ARGV[1] = prefix, [2] = limit (at least 1). One row per dead
+/// letter, oldest enqueued first: key, last error, then `ENTRY_FIELDS`.
+const DEAD_LUA: &str = r#"local out = {}
+for _, key in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)) do
+  local g = redis.call('HMGET', ARGV[1] .. 'e:' .. key, 'x', 'b', 'h', 'o', 'p', 'c', 'a', 'n', 'e')
+  out[#out + 1] = {key, g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9]}
+end
+return out
+"#;
+
+/// `counts`: KEYS = leased, live, dead; ARGV[1] = prefix, [2] = now (µs). Returns in flight,
+/// live (pending and in flight), dead, and the oldest live entry's enqueue time (or nil).
+const COUNTS_LUA: &str = r#"local in_flight = redis.call('ZCOUNT', KEYS[1], '(' .. ARGV[2], '+inf')
+local live = redis.call('ZCARD', KEYS[2])
+local dead = redis.call('ZCARD', KEYS[3])
+local oldest = false
+local first = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+if first then oldest = redis.call('HGET', ARGV[1] .. 'e:' .. first, 'e') end
+return {in_flight, live, dead, oldest}
+"#;
+
+static ENQUEUE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(ENQUEUE_LUA));
+static TAKE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(TAKE_LUA.as_str()));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RENEW_LUA));
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COMPLETE_LUA.as_str()));
+static FAIL: LazyLock<Script> = LazyLock::new(|| Script::from_lua(FAIL_LUA));
+static REQUEUE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(REQUEUE_LUA));
+static DEAD: LazyLock<Script> = LazyLock::new(|| Script::from_lua(DEAD_LUA));
+static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA));
+
+/// An inbox on Redis, through a connected [`fred`] client `C` (a [`Pool`] by default, or a
+/// [`Client`](fred::clients::Client)), shared by any number of receivers and workers.
+///
+/// Every operation is **one `EVALSHA`** of a Lua script (sent again as `EVAL` on `NOSCRIPT`,
+/// as [`RedisStore`](crate::RedisStore) does), so each is atomic on the server: `enqueue` checks
+/// the key and stores the entry in one step, `take` hands an entry to one worker only, and
+/// `renew`, `complete` and `fail` compare the lease's token before they write.
+///
+/// # Keys
+///
+/// Every key of the inbox named `N` starts with the hash tag `{inbox:N}`, so all of them are in
+/// one hash slot: the scripts never answer `CROSSSLOT` on Redis Cluster (one inbox lives on one
+/// primary; use several inboxes to spread the load):
+///
+/// - `{inbox:N}:e:<key>`: a hash, the entry (body, kept headers, object and position,
+///   correlation id, attempts, next attempt, enqueue time) with its state (queued, running,
+///   dead), its lease's token and end, its last error;
+/// - `{inbox:N}:d:<key>`: the key done, with the retention's `PX`;
+/// - `{inbox:N}:due`: a sorted set of the queued and running entries, by next attempt time or
+///   lease end, what `take` scans; `{inbox:N}:leased`: the running ones, by lease end;
+///   `{inbox:N}:live`: the entries that are not dead, by enqueue time; `{inbox:N}:dead`: the dead
+///   letters, by enqueue time;
+/// - `{inbox:N}:o:<object>`: an object's entries that are neither done nor dead, by position;
+///   `{inbox:N}:w:<object>`: its watermark, the highest position completed (with the
+///   retention's `PX`).
+///
+/// Times are the clients' clocks in microseconds since the epoch (as [`MemoryInbox`] uses its
+/// own clock): keep the hosts' clocks in sync (NTP), since a skew between two workers shifts
+/// when one sees the other's lease run out.
+///
+/// # Bound
+///
+/// Unbounded by default (Redis's `maxmemory` with `noeviction` bounds it: an `OOM` is a
+/// [`StoreErrorKind::Capacity`] error); [`capacity`](Self::capacity) bounds the entries, dead
+/// letters included; done keys are bounded by their retention only.
+///
+/// `take` scans the due entries in time order and passes over those that wait behind another
+/// entry of their object (as [`MemoryInbox`] does): cheap while few wait so, linear in them.
+///
+/// ```no_run
+/// use bytes::Bytes;
+/// use tower_idempotency::fred::prelude::*;
+/// use tower_idempotency::inbox::{Enqueued, InboxEntry, InboxStore, RedisInbox};
+/// use tower_idempotency::store::StoreKey;
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = Builder::from_config(Config::from_url("redis://127.0.0.1:6379")?).build_pool(4)?;
+/// pool.init().await?;
+/// let inbox = RedisInbox::new(pool, "webhooks").capacity(1_000_000);
+/// let key = StoreKey::new("webhooks", None, "evt_1");
+/// let entry = InboxEntry::new(key, Bytes::from_static(b"{}"), "req-1");
+/// assert_eq!(inbox.enqueue(entry).await?, Enqueued::Queued);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// [`MemoryInbox`]: super::MemoryInbox
+#[derive(Clone, Debug)]
+pub struct RedisInbox<C = Pool> {
+    client: C,
+    prefix: Arc<str>,
+    capacity: u64,
+}
+
+impl<C> RedisInbox<C>
+where
+    C: LuaInterface + 'static,
+{
+    /// The inbox `name` on `client`: its keys start with `{inbox:<name>}:`.
+    ///
+    /// ```no_run
+    /// # async fn example(client: tower_idempotency::fred::clients::Client) {
+    /// let inbox = tower_idempotency::inbox::RedisInbox::new(client, "payments");
+    /// assert_eq!(inbox.prefix(), "{inbox:payments}:");
+    /// # }
+    /// ```
+    pub fn new(client: C, name: &str) -> Self {
+        RedisInbox {
+            client,
+            prefix: format!("{{inbox:{name}}}:").into(),
+            capacity: 0,
+        }
+    }
+
+    /// Bounds the entries (pending, in flight and dead) to `max_entries`: past it, an enqueue
+    /// fails with [`StoreErrorKind::Capacity`] (the route answers 503 + `Retry-After`).
+    ///
+    /// ```no_run
+    /// # async fn example(client: tower_idempotency::fred::clients::Client) {
+    /// let inbox = tower_idempotency::inbox::RedisInbox::new(client, "payments").capacity(10_000);
+    /// # }
+    /// ```
+    pub fn capacity(mut self, max_entries: u64) -> Self {
+        self.capacity = max_entries;
+        self
+    }
+
+    /// The prefix of every key of this inbox, its hash tag included.
+    ///
+    /// ```no_run
+    /// # async fn example(client: tower_idempotency::fred::clients::Client) {
+    /// let inbox = tower_idempotency::inbox::RedisInbox::new(client, "a");
+    /// assert!(inbox.prefix().starts_with("{inbox:a}"));
+    /// # }
+    /// ```
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The fred client.
+    ///
+    /// ```no_run
+    /// # async fn example(client: tower_idempotency::fred::clients::Client) {
+    /// let inbox = tower_idempotency::inbox::RedisInbox::new(client, "a");
+    /// let _client = inbox.client();
+    /// # }
+    /// ```
+    pub fn client(&self) -> &C {
+        &self.client
+    }
+
+    fn entry_key(&self, key: &StoreKey) -> String {
+        format!("{}e:{}", self.prefix, key.as_str())
+    }
+
+    fn done_key(&self, key: &StoreKey) -> String {
+        format!("{}d:{}", self.prefix, key.as_str())
+    }
+
+    fn set(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    async fn run(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        args: impl Fn() -> Vec<Value>,
+    ) -> Result<Value, StoreError> {
+        evalsha_with_reload(&self.client, script, &Keys::Tagged(keys), args)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn run_flag(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        args: impl Fn() -> Vec<Value>,
+    ) -> Result<bool, StoreError> {
+        match self.run(script, keys, args).await? {
+            Value::Integer(n @ 0..=1) => Ok(n == 1),
+            other => Err(unexpected("inbox script", &other)),
+        }
+    }
+}
+
+impl<C> InboxStore for RedisInbox<C>
+where
+    C: LuaInterface + Send + Sync + 'static,
+{
+    async fn enqueue(&self, entry: InboxEntry) -> Result<Enqueued, StoreError> {
+        let keys = vec![
+            self.entry_key(&entry.key),
+            self.done_key(&entry.key),
+            self.set("due"),
+            self.set("live"),
+            self.set("dead"),
+        ];
+        let headers = encode_headers(&entry.headers);
+        let (object, position) = match &entry.order {
+            Some(order) => (order.object.as_str(), &order.position.to_bytes()[..]),
+            None => ("", &[][..]),
+        };
+        let args = || {
+            vec![
+                Value::from(&*self.prefix),
+                Value::from(entry.key.as_str()),
+                Value::Bytes(entry.body.clone()),
+                Value::Bytes(headers.clone()),
+                Value::from(entry.correlation_id.as_str()),
+                Value::Integer(i64::from(entry.attempts)),
+                Value::Integer(micros(entry.next_attempt_at)),
+                Value::Integer(micros(entry.enqueued_at)),
+                Value::Integer(self.capacity.min(i64::MAX as u64) as i64),
+                Value::from(object),
+                Value::Bytes(Bytes::copy_from_slice(position)),
+            ]
+        };
+        match self.run(&ENQUEUE, keys, args).await? {
+            Value::Integer(0) => Ok(Enqueued::Queued),
+            Value::Integer(1) => Ok(Enqueued::Duplicate(KeyState::Queued)),
+            Value::Integer(2) => Ok(Enqueued::Duplicate(KeyState::Running)),
+            Value::Integer(3) => Ok(Enqueued::Duplicate(KeyState::Dead)),
+            Value::Integer(4) => Ok(Enqueued::Duplicate(KeyState::Done)),
+            Value::Integer(5) => Err(StoreError::new(StoreErrorKind::Capacity)),
+            other => Err(unexpected("enqueue", &other)),
+        }
+    }
+
+    async fn take(&self, max: usize, lease: Duration) -> Result<Vec<Lease>, StoreError> {
+        let max = max.min(MAX_TAKE);
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let now = SystemTime::now();
+        let tokens: Vec<Token> = (0..max).map(|_| Token::random()).collect();
+        let keys = vec![self.set("due"), self.set("leased")];
+        let args = || {
+            let mut args = vec![
+                Value::from(&*self.prefix),
+                Value::Integer(micros(now)),
+                Value::Integer(micros(now + lease)),
+                Value::Integer(max as i64),
+            ];
+            args.extend(tokens.iter().map(token_value));
+            args
+        };
+        rows(self.run(&TAKE, keys, args).await?, "take")?
+            .into_iter()
+            .map(|row| {
+                let mut row = Row::new(row, "take")?;
+                let key = row.key()?;
+                let stale = row.int()? == 1;
+                let token = row.token()?;
+                let entry = row.entry(key)?;
+                Ok(Lease {
+                    entry,
+                    token,
+                    stale,
+                })
+            })
+            .collect()
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let keys = vec![self.entry_key(key), self.set("due"), self.set("leased")];
+        let until = micros(SystemTime::now() + lease);
+        let args = || {
+            vec![
+                Value::from(key.as_str()),
+                token_value(token),
+                Value::Integer(until),
+            ]
+        };
+        self.run_flag(&RENEW, keys, args).await
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let keys = vec![
+            self.entry_key(key),
+            self.done_key(key),
+            self.set("due"),
+            self.set("leased"),
+            self.set("live"),
+        ];
+        let args = || {
+            vec![
+                Value::from(&*self.prefix),
+                Value::from(key.as_str()),
+                token_value(token),
+                Value::Integer(millis(retention)),
+            ]
+        };
+        self.run_flag(&COMPLETE, keys, args).await
+    }
+
+    async fn fail(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        failure: Failure,
+    ) -> Result<bool, StoreError> {
+        let keys = vec![
+            self.entry_key(key),
+            self.set("due"),
+            self.set("leased"),
+            self.set("live"),
+            self.set("dead"),
+        ];
+        // The last error of a retried entry is in the worker's log; a dead letter keeps it.
+        let (mode, at, error) = match &failure {
+            Failure::RetryAt(at, _error) => ("r", micros(*at), ""),
+            Failure::Dead(error) => ("d", 0, error.as_str()),
+        };
+        let args = || {
+            vec![
+                Value::from(&*self.prefix),
+                Value::from(key.as_str()),
+                token_value(token),
+                Value::from(mode),
+                Value::Integer(at),
+                Value::from(error),
+            ]
+        };
+        self.run_flag(&FAIL, keys, args).await
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = limit.min(i64::MAX as usize) as i64;
+        let args = || vec![Value::from(&*self.prefix), Value::Integer(limit)];
+        rows(
+            self.run(&DEAD, vec![self.set("dead")], args).await?,
+            "dead_letters",
+        )?
+        .into_iter()
+        .map(|row| {
+            let mut row = Row::new(row, "dead_letters")?;
+            let key = row.key()?;
+            let last_error = row.text()?;
+            let entry = row.entry(key)?;
+            Ok(DeadLetter { entry, last_error })
+        })
+        .collect()
+    }
+
+    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        let keys = vec![
+            self.entry_key(key),
+            self.set("due"),
+            self.set("live"),
+            self.set("dead"),
+        ];
+        let now = micros(SystemTime::now());
+        let args = || {
+            vec![
+                Value::from(&*self.prefix),
+                Value::from(key.as_str()),
+                Value::Integer(now),
+            ]
+        };
+        self.run_flag(&REQUEUE, keys, args).await
+    }
+
+    async fn counts(&self) -> Result<InboxCounts, StoreError> {
+        let now = SystemTime::now();
+        let keys = vec![self.set("leased"), self.set("live"), self.set("dead")];
+        let args = || vec![Value::from(&*self.prefix), Value::Integer(micros(now))];
+        let mut row = Row::new(self.run(&COUNTS, keys, args).await?, "counts")?;
+        let (in_flight, live, dead) = (row.count()?, row.count()?, row.count()?);
+        let oldest = row.optional_int()?.map(from_micros);
+        Ok(InboxCounts {
+            pending: live.saturating_sub(in_flight),
+            in_flight,
+            dead,
+            oldest_age: oldest.map(|at| now.duration_since(at).unwrap_or_default()),
+        })
+    }
+}
+
+/// `at` in whole microseconds since the epoch (0 before it): exact in Lua's doubles and in
+/// sorted-set scores until the year 2255.
+fn micros(at: SystemTime) -> i64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_micros().min(i64::MAX as u128) as i64)
+}
+
+fn from_micros(micros: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(micros.max(0) as u64)
+}
+
+fn token_value(token: &Token) -> Value {
+    Value::Bytes(Bytes::copy_from_slice(token.as_bytes()))
+}
+
+/// The rows of a script that answers an array of arrays.
+fn rows(reply: Value, what: &str) -> Result<Vec<Value>, StoreError> {
+    match reply {
+        Value::Array(rows) => Ok(rows),
+        other => Err(unexpected(what, &other)),
+    }
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::with_source(StoreErrorKind::Corrupt, format!("inbox: {what}"))
+}
+
+/// One row of a script's reply, read field by field.
+struct Row {
+    fields: std::vec::IntoIter<Value>,
+}
+
+impl Row {
+    fn new(row: Value, what: &str) -> Result<Row, StoreError> {
+        match row {
+            Value::Array(fields) => Ok(Row {
+                fields: fields.into_iter(),
+            }),
+            other => Err(unexpected(what, &other)),
+        }
+    }
+
+    /// The next field's bytes, `None` for nil.
+    fn optional(&mut self) -> Result<Option<Bytes>, StoreError> {
+        match self.fields.next() {
+            None => Err(corrupt("a row is too short")),
+            Some(Value::Null) => Ok(None),
+            Some(Value::Integer(n)) => Ok(Some(Bytes::from(n.to_string()))),
+            Some(value) => bytes_of(value)
+                .map(Some)
+                .ok_or_else(|| corrupt("a field is not a string")),
+        }
+    }
+
+    fn bytes(&mut self) -> Result<Bytes, StoreError> {
+        self.optional()?
+            .ok_or_else(|| corrupt("a field is missing"))
+    }
+
+    fn text(&mut self) -> Result<String, StoreError> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| corrupt("a field is not UTF-8"))
+    }
+
+    fn optional_int(&mut self) -> Result<Option<i64>, StoreError> {
+        let Some(bytes) = self.optional()? else {
+            return Ok(None);
+        };
+        let text = std::str::from_utf8(&bytes).map_err(|_| corrupt("a number is not UTF-8"))?;
+        text.parse()
+            .map(Some)
+            .map_err(|_| corrupt("a field is not an integer"))
+    }
+
+    fn int(&mut self) -> Result<i64, StoreError> {
+        self.optional_int()?
+            .ok_or_else(|| corrupt("a number is missing"))
+    }
+
+    fn count(&mut self) -> Result<u64, StoreError> {
+        Ok(self.int()?.max(0) as u64)
+    }
+
+    fn key(&mut self) -> Result<StoreKey, StoreError> {
+        StoreKey::from_stored(&self.bytes()?).ok_or_else(|| corrupt("not a store key"))
+    }
+
+    fn token(&mut self) -> Result<Token, StoreError> {
+        let bytes: [u8; 16] = self.bytes()?[..]
+            .try_into()
+            .map_err(|_| corrupt("a token of the wrong length"))?;
+        Ok(Token::from_bytes(bytes))
+    }
+
+    /// The entry of `key` from the fields body, headers, object, position, correlation id,
+    /// attempts, next attempt and enqueue time.
+    fn entry(&mut self, key: StoreKey) -> Result<InboxEntry, StoreError> {
+        let body = self.bytes()?;
+        let headers = decode_headers(&self.bytes()?)?;
+        let order = self.order()?;
+        let correlation_id = self.text()?;
+        let attempts = u32::try_from(self.int()?).map_err(|_| corrupt("attempts"))?;
+        let next_attempt_at = from_micros(self.int()?);
+        let enqueued_at = from_micros(self.int()?);
+        Ok(InboxEntry {
+            key,
+            body,
+            headers,
+            order,
+            correlation_id,
+            attempts,
+            next_attempt_at,
+            enqueued_at,
+        })
+    }
+
+    fn order(&mut self) -> Result<Option<EntryOrder>, StoreError> {
+        let (object, position) = (self.optional()?, self.optional()?);
+        let (Some(object), Some(position)) = (object, position) else {
+            return Ok(None);
+        };
+        let object = ObjectKey::from_stored(&object).ok_or_else(|| corrupt("not an object"))?;
+        let position: [u8; Position::LEN] = position[..]
+            .try_into()
+            .map_err(|_| corrupt("a position of the wrong length"))?;
+        Ok(Some(EntryOrder {
+            object,
+            position: Position::from_bytes(position),
+        }))
+    }
+}
+
+/// The kept headers, each as its name's length (2 bytes), name, value's length (4 bytes) and
+/// value.
+fn encode_headers(headers: &HeaderMap) -> Bytes {
+    let mut out = BytesMut::new();
+    for (name, value) in headers {
+        out.put_u16(name.as_str().len() as u16);
+        out.put_slice(name.as_str().as_bytes());
+        out.put_u32(value.len() as u32);
+        out.put_slice(value.as_bytes());
+    }
+    out.freeze()
+}
+
+fn decode_headers(mut bytes: &[u8]) -> Result<HeaderMap, StoreError> {
+    let mut headers = HeaderMap::new();
+    while bytes.has_remaining() {
+        let name = take_part(&mut bytes, 2)?;
+        let name = HeaderName::from_bytes(name).map_err(|_| corrupt("a header name"))?;
+        let value = take_part(&mut bytes, 4)?;
+        let value = HeaderValue::from_bytes(value).map_err(|_| corrupt("a header value"))?;
+        headers.append(name, value);
+    }
+    Ok(headers)
+}
+
+/// A part prefixed by its length in `width` big-endian bytes.
+fn take_part<'a>(bytes: &mut &'a [u8], width: usize) -> Result<&'a [u8], StoreError> {
+    if bytes.len() < width {
+        return Err(corrupt("headers are cut short"));
+    }
+    let len = match width {
+        2 => bytes.get_u16() as usize,
+        _ => bytes.get_u32() as usize,
+    };
+    if bytes.len() < len {
+        return Err(corrupt("headers are cut short"));
+    }
+    let (part, rest) = bytes.split_at(len);
+    *bytes = rest;
+    Ok(part)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        headers.append("x-event", HeaderValue::from_static("a"));
+        headers.append("x-event", HeaderValue::from_static("b"));
+        let decoded = decode_headers(&encode_headers(&headers)).unwrap();
+        assert_eq!(decoded, headers);
+        assert!(decode_headers(&encode_headers(&headers)[..5]).is_err());
+    }
+
+    #[test]
+    fn times_keep_their_microseconds() {
+        let at = UNIX_EPOCH + Duration::from_micros(1_764_745_000_123_456);
+        assert_eq!(from_micros(micros(at)), at);
+        assert_eq!(micros(UNIX_EPOCH - Duration::from_secs(1)), 0);
+    }
+
+    #[test]
+    fn every_key_of_an_inbox_is_in_one_slot() {
+        let prefix = "{inbox:webhooks}:";
+        let key = StoreKey::new("n", None, "k");
+        let names = [
+            format!("{prefix}e:{key}"),
+            format!("{prefix}due"),
+            format!("{prefix}o:to:abc"),
+        ];
+        let slot = fred::util::redis_keyslot(names[0].as_bytes());
+        assert!(
+            names
+                .iter()
+                .all(|name| fred::util::redis_keyslot(name.as_bytes()) == slot)
+        );
+    }
+}

@@ -1,0 +1,185 @@
+//! The inbox contract on [`RedisInbox`], against a real `redis-server` started on 127.0.0.1
+//! for each test, and what only a shared inbox shows: two instances (two clients) on one
+//! server never hand one entry to both, and see each other's keys as duplicates. The contract
+//! runs again on a shared Redis Cluster (three primaries): every script touches one hash slot.
+#![cfg(feature = "redis")]
+
+#[path = "contract/inbox.rs"]
+mod inbox_contract;
+// The harness re-exports helpers for the tests that kill nodes; this file needs only the start.
+#[allow(unused_imports)]
+#[path = "support/redis_cluster.rs"]
+mod redis_cluster;
+#[path = "../examples/provider_sim/redis_server.rs"]
+mod redis_server;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue};
+use redis_server::RedisServer;
+use tower_idempotency::inbox::{Enqueued, InboxEntry, InboxStore, KeyState, RedisInbox};
+use tower_idempotency::order::Position;
+use tower_idempotency::store::{ObjectKey, StoreErrorKind, StoreKey};
+
+/// An inbox name no other test on the same server uses.
+fn fresh_name() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "t{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+inbox_contract::inbox_contract!(async {
+    let server = RedisServer::start();
+    let inbox = RedisInbox::new(server.connect().await, &fresh_name());
+    (inbox, server)
+});
+
+/// The contract on a clustered client: no script answers `CROSSSLOT`.
+mod cluster {
+    use super::*;
+
+    inbox_contract::inbox_contract!(async {
+        let cluster = redis_cluster::RedisCluster::shared();
+        let inbox = RedisInbox::new(cluster.connect().await, &fresh_name());
+        (inbox, cluster)
+    });
+}
+
+fn entry(n: u32) -> InboxEntry {
+    let key = StoreKey::new("inbox-redis", None, &format!("evt-{n}"));
+    InboxEntry::new(
+        key,
+        Bytes::from(format!("{{\"n\":{n}}}")),
+        format!("req-{n}"),
+    )
+}
+
+/// Two instances, each with its own client, take from one inbox at once: every entry goes to
+/// exactly one of them; and an entry enqueued through one is a duplicate through the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_never_hand_one_entry_to_both() {
+    let server = RedisServer::start();
+    let name = fresh_name();
+    let a = RedisInbox::new(server.connect().await, &name);
+    let b = RedisInbox::new(server.connect().await, &name);
+    const N: u32 = 300;
+    for n in 0..N {
+        assert_eq!(a.enqueue(entry(n)).await.unwrap(), Enqueued::Queued);
+        assert_eq!(
+            b.enqueue(entry(n)).await.unwrap(),
+            Enqueued::Duplicate(KeyState::Queued),
+            "a duplicate across instances"
+        );
+    }
+    let take_all = |inbox: RedisInbox<fred::clients::Client>| {
+        tokio::spawn(async move {
+            let mut keys = Vec::new();
+            loop {
+                let taken = inbox.take(7, Duration::from_secs(60)).await.unwrap();
+                if taken.is_empty() {
+                    return keys;
+                }
+                keys.extend(taken.into_iter().map(|lease| lease.entry.key));
+                // An entry handed out again would make this loop endless: fail instead.
+                assert!(keys.len() <= N as usize, "more entries taken than enqueued");
+            }
+        })
+    };
+    let (from_a, from_b) = tokio::join!(take_all(a.clone()), take_all(b.clone()));
+    let (from_a, from_b) = (from_a.unwrap(), from_b.unwrap());
+    let mut seen = HashSet::new();
+    for key in from_a.iter().chain(&from_b) {
+        assert!(seen.insert(key.clone()), "{key} was handed out twice");
+    }
+    assert_eq!(seen.len(), N as usize, "every entry was taken once");
+    assert_eq!(
+        b.enqueue(entry(0)).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Running)
+    );
+    let counts = a.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.in_flight), (0, u64::from(N)));
+}
+
+/// What is stored comes back as it was: body, kept headers, order, correlation id, enqueue
+/// time (to the microsecond).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_comes_back_as_it_was_stored() {
+    let server = RedisServer::start();
+    let inbox = RedisInbox::new(server.connect().await, &fresh_name());
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.append("x-event", HeaderValue::from_static("one"));
+    headers.append("x-event", HeaderValue::from_static("two"));
+    let object = ObjectKey::new("inbox-redis", Some("tenant"), "obj");
+    let position = Position::from_integer_text("-170141183460469231731687303715884105728").unwrap();
+    let stored = entry(1)
+        .with_headers(headers.clone())
+        .ordered(object.clone(), position);
+    inbox.enqueue(stored.clone()).await.unwrap();
+    let lease = inbox
+        .take(10, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    let taken = lease.entry;
+    assert_eq!(taken.key, stored.key);
+    assert_eq!(taken.body, stored.body);
+    assert_eq!(taken.headers, headers);
+    assert_eq!(taken.order, stored.order);
+    assert_eq!(taken.correlation_id, stored.correlation_id);
+    assert_eq!(taken.attempts, 1);
+    let micros = |at: std::time::SystemTime| {
+        at.duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros()
+    };
+    assert_eq!(micros(taken.enqueued_at), micros(stored.enqueued_at));
+    assert!(!lease.stale);
+}
+
+/// A bounded inbox refuses a new entry past its capacity (dead letters count) and drops none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_inbox_refuses_and_drops_nothing() {
+    let server = RedisServer::start();
+    let inbox = RedisInbox::new(server.connect().await, &fresh_name()).capacity(2);
+    inbox.enqueue(entry(1)).await.unwrap();
+    inbox.enqueue(entry(2)).await.unwrap();
+    let error = inbox.enqueue(entry(3)).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Capacity);
+    assert_eq!(
+        inbox.enqueue(entry(1)).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Queued),
+        "a duplicate is still acknowledged when full"
+    );
+    assert_eq!(inbox.counts().await.unwrap().pending, 2);
+}
+
+/// Every script is sent again when the server forgot it (`SCRIPT FLUSH`, a failover).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_after_a_flush() {
+    let server = RedisServer::start();
+    let client = server.connect().await;
+    let inbox = RedisInbox::new(client.clone(), &fresh_name());
+    inbox.enqueue(entry(1)).await.unwrap();
+    redis_server::script_flush(&client).await;
+    let lease = inbox
+        .take(1, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    redis_server::script_flush(&client).await;
+    assert!(
+        inbox
+            .complete(&lease.entry.key, &lease.token, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+}
