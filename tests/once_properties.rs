@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use tower_idempotency::{Idempotent, MemoryStore, OnceError};
 
 /// Calls `once` on `key` until it answers an output (a failure or a call in flight: again).
@@ -110,6 +109,7 @@ mod redis_server;
 #[cfg(feature = "redis")]
 #[test]
 fn every_key_succeeds_exactly_once_on_redis() {
+    use proptest::test_runner::{Config, TestRunner};
     use tower_idempotency::RedisStore;
 
     let runtime = runtime();
