@@ -23,7 +23,8 @@ use crate::verify::VerifyRequest;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MissingKey {
     /// Answer 400 problem+json (the default): a request that should be protected is not
-    /// processed unprotected.
+    /// processed unprotected. On a [`OnceLayer`](crate::once::OnceLayer):
+    /// [`OnceError::MissingKey`](crate::OnceError::MissingKey).
     #[default]
     Reject,
     /// Pass the request to the inner service without protection.

@@ -13,6 +13,8 @@
 //! - A store error is [`OnceError::Store`]: the closure never runs unclaimed.
 //! - Every call runs in a span `idempotent.once` naming the namespace and the hashed key
 //!   (never the key itself).
+//! - [`OnceLayer`] does the same for any non-HTTP `tower::Service<Req>`: keyed by a closure
+//!   over the request, success by the inner `Result`, the `Ok` response recorded and replayed.
 //!
 //! ```
 //! use std::time::Duration;
@@ -38,6 +40,7 @@
 //! The longer story: `docs/once.md`.
 
 mod error;
+mod layer;
 
 use std::time::{Duration, Instant};
 
@@ -49,6 +52,7 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 pub use self::error::OnceError;
+pub use self::layer::{Once, OnceFuture, OnceLayer};
 use crate::IdempotencyStore;
 use crate::config::Settings;
 use crate::fingerprint::Fingerprint;
