@@ -14,8 +14,9 @@
 //!   `RedisStore`, and `hand_first/redis`, `hand_repeat/redis` the hand-written pattern.
 //!
 //! Profile mode, without criterion: `ONCE_PROFILE=N` runs each scenario named in `ONCE_FILTER`
-//! (names separated by commas; all when unset) N times, and for the Redis ones prints the commands the server processed per
-//! call (its round trips: none is pipelined). `ICOUNT_BENCH=once scripts/icount direct
+//! (names separated by commas; all when unset) N times, and for the Redis ones prints the
+//! commands the server processed per call (`total_commands_processed`, which counts the calls a
+//! script makes too: `SET NX` and then a script of two calls count 4). `ICOUNT_BENCH=once scripts/icount direct
 //! first/memory` counts instructions per call with callgrind.
 
 use std::hint::black_box;
@@ -264,7 +265,7 @@ fn profile(n: u64) {
                 // The second INFO is counted too: one command that is not the scenario's.
                 let commands = counter.read().await - before - 1;
                 println!(
-                    "{}: {:.2} Redis commands per call",
+                    "{}: {:.2} Redis commands per call (a script's own calls included)",
                     scenario.name,
                     commands as f64 / n as f64
                 );
