@@ -89,7 +89,7 @@ fn messages(list: Value) -> Vec<Message> {
             .collect();
         let order = fields
             .chunks(2)
-            .find(|kv| kv[0] == "order" && kv.len() == 2);
+            .find(|kv| kv.len() == 2 && kv[0] == "order");
         if let (Some(entry), Some(order)) = (id.into_string(), order) {
             out.push(Message {
                 entry,
