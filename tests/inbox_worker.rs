@@ -3,6 +3,9 @@
 //! (duplicates acknowledged, not applied; the killed worker's entry taken over after its lease),
 //! and the inbox ends with nothing pending or in flight. On SQLite (a temp file; the effect in
 //! the handler's transaction with `complete_in_tx`) and on a real `redis-server` (an `INCR`).
+//!
+//! `cargo test --test NAME` does not build the examples: `cargo build --all-features --example
+//! inbox_worker` first (a plain `cargo test --all-features` builds them).
 
 #[path = "support/harness.rs"]
 mod harness;
