@@ -9,7 +9,7 @@
 //! - `worker`: runs a [`Worker`] (`WORKERS` entries at once, 2; lease `LEASE_MS`, 10 000) until
 //!   Ctrl-C. Its handler sleeps the body's optional `"delay_ms"` first (so that a test can kill
 //!   it mid-entry), then applies the event's effect where every process can check it. The first
-//!   line of stdout is `worker running`.
+//!   line of stdout is `worker ready`.
 //!
 //! The inbox is shared through a store (one of them must be set):
 //!
@@ -167,7 +167,7 @@ where
         .workers(env("WORKERS", 2) as usize)
         .lease(Duration::from_millis(env("LEASE_MS", 10_000)))
         .retention(RETENTION);
-    println!("worker running");
+    println!("worker ready");
     worker
         .run(async {
             let _ = tokio::signal::ctrl_c().await;

@@ -51,7 +51,7 @@ impl WorkerProcess {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut first)
             .unwrap();
-        assert_eq!(first.trim(), "worker running");
+        assert_eq!(first.trim(), "worker ready");
         WorkerProcess(child)
     }
 
