@@ -42,6 +42,8 @@
 //! # });
 //! ```
 
+#[cfg(any(feature = "redis", feature = "sqlite", feature = "postgres"))]
+mod codec;
 mod entry;
 mod memory;
 mod metrics;

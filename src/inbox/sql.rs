@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue};
 use sqlx::{Pool, Transaction};
 
+use super::codec::{decode_headers, encode_headers};
 use super::entry::{EntryOrder, InboxEntry, Lease};
 use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 use crate::order::Position;
@@ -724,36 +724,6 @@ fn key_state(state: &str) -> Result<KeyState, StoreError> {
 }
 
 /// The headers as `name: value` lines (a header value holds no line break, a name no colon).
-fn encode_headers(headers: &HeaderMap) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (name, value) in headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.push(b'\n');
-    }
-    out
-}
-
-fn decode_headers(bytes: &[u8]) -> Result<HeaderMap, StoreError> {
-    let mut headers = HeaderMap::new();
-    for line in bytes.split(|&b| b == b'\n').filter(|line| !line.is_empty()) {
-        let colon = line
-            .iter()
-            .position(|&b| b == b':')
-            .ok_or_else(|| corrupt("a stored header without a colon"))?;
-        let name = HeaderName::from_bytes(&line[..colon])
-            .map_err(|e| StoreError::with_source(StoreErrorKind::Corrupt, e))?;
-        let value = line[colon + 1..]
-            .strip_prefix(b" ")
-            .unwrap_or(&line[colon + 1..]);
-        let value = HeaderValue::from_bytes(value)
-            .map_err(|e| StoreError::with_source(StoreErrorKind::Corrupt, e))?;
-        headers.append(name, value);
-    }
-    Ok(headers)
-}
-
 fn epoch_ms(at: SystemTime) -> i64 {
     at.duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -795,17 +765,6 @@ async fn fetch<DB: Dialect>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn headers_round_trip() {
-        let mut headers = HeaderMap::new();
-        headers.insert("content-type", HeaderValue::from_static("application/json"));
-        headers.append("x-multi", HeaderValue::from_static("a: b"));
-        headers.append("x-multi", HeaderValue::from_static(""));
-        let back = decode_headers(&encode_headers(&headers)).unwrap();
-        assert_eq!(back, headers);
-        assert!(decode_headers(b"no colon\n").is_err());
-    }
 
     #[test]
     fn times_round_trip_in_milliseconds() {
