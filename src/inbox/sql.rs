@@ -723,7 +723,6 @@ fn key_state(state: &str) -> Result<KeyState, StoreError> {
     })
 }
 
-/// The headers as `name: value` lines (a header value holds no line break, a name no colon).
 fn epoch_ms(at: SystemTime) -> i64 {
     at.duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
