@@ -48,7 +48,10 @@
 //!   attempts, `demo_delay_ms: N` sleeps first). `GET /inbox`, `GET /inbox/dead` and
 //!   `POST /inbox/dead/{event_id}/retry` show and re-queue; `INBOX_WORKERS` (2; 0 receives
 //!   only), `INBOX_MAX_ATTEMPTS` (5), `INBOX_RETRY_BASE_MS` (200), `INBOX_LEASE_MS` (10 000).
-//!   The inbox is held in memory whatever the store (see examples/webhook_receiver/inbox.rs).
+//!   The inbox is kept on the store (see examples/webhook_receiver/email_inbox.rs); with
+//!   `DATABASE_URL` the workers' effects are rows of the demo tables, written in the
+//!   transaction that marks the entry done, and `GET /effects` / `GET /messages/{id}` read
+//!   them too, so `inbox_worker` processes can apply the entries.
 //!
 //! Logs go to stderr through `tracing-subscriber`; `RUST_LOG` is respected (default `info`).
 //!
@@ -74,6 +77,9 @@
 //! new messages in order and fails (500) at that one: the messages applied before it are
 //! reported done and recorded, so the retry applies only the rest.
 
+/// The email inbox's store and effects, shared with `inbox_worker`.
+#[path = "webhook_receiver/email_inbox.rs"]
+mod email_inbox;
 #[path = "webhook_receiver/inbox.rs"]
 mod inbox;
 
@@ -107,11 +113,13 @@ const TEST_STANDARD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// GitHub's documented test secret: the default of `GITHUB_WEBHOOK_SECRET`.
 const TEST_GITHUB_SECRET: &str = "It's a Secret to Everybody";
 
-/// The receiver's visible state: side effects performed, and message statuses.
+/// The receiver's visible state: side effects performed, and message statuses; with
+/// `DATABASE_URL`, also the demo tables the inbox's workers write (in any process).
 #[derive(Clone, Default)]
 struct AppState {
     effects: Arc<Mutex<Effects>>,
     messages: Arc<Mutex<HashMap<String, String>>>,
+    table: Option<email_inbox::Effects>,
 }
 
 #[derive(Default)]
@@ -132,7 +140,7 @@ impl AppState {
 
     /// The status an email event of type `kind` (`email.delivered`) gives its message.
     fn set_status<'a>(&self, message_id: &str, kind: &'a str) -> &'a str {
-        let status = kind.strip_prefix("email.").unwrap_or(kind);
+        let status = email_inbox::status_of(kind);
         let mut messages = self.messages.lock().unwrap();
         messages.insert(message_id.to_owned(), status.to_owned());
         status
@@ -238,7 +246,15 @@ async fn email(
 }
 
 async fn message(State(state): State<AppState>, Path(message_id): Path<String>) -> Response {
-    match state.messages.lock().unwrap().get(&message_id) {
+    let stored = match &state.table {
+        Some(table) => match table.status(&message_id).await {
+            Ok(status) => status,
+            Err(err) => return table_error(&*err),
+        },
+        None => None,
+    };
+    let status = stored.or_else(|| state.messages.lock().unwrap().get(&message_id).cloned());
+    match status {
         Some(status) => Json(json!({"message_id": message_id, "status": status})).into_response(),
         None => (
             StatusCode::NOT_FOUND,
@@ -270,9 +286,33 @@ async fn create_order(
         .into_response()
 }
 
-async fn effects(State(state): State<AppState>) -> Json<Value> {
+/// The effects of this process, and those the inbox's workers wrote in the demo tables.
+async fn effects(State(state): State<AppState>) -> Response {
+    let stored = match &state.table {
+        Some(table) => match table.applied().await {
+            Ok(rows) => rows,
+            Err(err) => return table_error(&*err),
+        },
+        None => Vec::new(),
+    };
     let effects = state.effects.lock().unwrap();
-    Json(json!({"total": effects.total, "by_key": effects.by_key}))
+    let (mut total, mut by_key) = (effects.total, effects.by_key.clone());
+    for (event_id, applied) in stored {
+        let applied = u64::try_from(applied).unwrap_or_default();
+        total += applied;
+        *by_key.entry(event_id).or_default() += applied;
+    }
+    Json(json!({"total": total, "by_key": by_key})).into_response()
+}
+
+/// 503: the demo tables could not be read.
+fn table_error(err: &(dyn std::error::Error + Send + Sync)) -> Response {
+    let error = format!("the demo tables could not be read: {err}");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({"error": error})),
+    )
+        .into_response()
 }
 
 /// What the environment sets.
@@ -345,7 +385,12 @@ fn hub<K: Clone>(
 }
 
 /// The receiver's routes, every webhook protected on `store`.
-fn app(store: AnyStore, metrics: PrometheusHandle, settings: &Settings) -> Result<Router, Error> {
+fn app(
+    store: AnyStore,
+    inbox: email_inbox::EmailInbox,
+    metrics: PrometheusHandle,
+    settings: &Settings,
+) -> Result<Router, Error> {
     let delivery_id = || HeaderKey::new("X-Kalipto-Delivery-Id");
     // Kalipto retries within 9 hours; ids are kept 7 days.
     let kalipto = webhook_layer(&store, settings, "kalipto", 7 * 24).key(delivery_id()?);
@@ -381,8 +426,11 @@ fn app(store: AnyStore, metrics: PrometheusHandle, settings: &Settings) -> Resul
     let email_layer = webhook_layer(&store, settings, "email", 72)
         .key(JsonPathKey::new("$.event_id")?)
         .order(email_order);
-    let state = AppState::default();
-    let inbox_routes = inbox::routes(&store, settings, &state)?;
+    let state = AppState {
+        table: inbox.table_effects(),
+        ..AppState::default()
+    };
+    let inbox_routes = inbox::routes(&store, settings, &state, inbox)?;
     let orders = IdempotencyLayer::api(store)
         .namespace("orders")
         .lease(settings.lease)
@@ -487,7 +535,10 @@ async fn run() -> Result<(), Error> {
     let metrics = metrics()?;
     let store = store_from_env().await?;
     let backend = store.backend();
-    let router = app(store, metrics, &settings)?;
+    let inbox = email_inbox::EmailInbox::on(&store)
+        .await
+        .map_err(|err| -> Error { err })?;
+    let router = app(store, inbox, metrics, &settings)?;
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!("listening on http://{}", listener.local_addr()?);
     println!("store: {backend}");

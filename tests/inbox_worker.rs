@@ -1,14 +1,23 @@
-//! `examples/inbox_worker.rs` as real processes on a real store: one receiver, two workers, a
-//! worker SIGKILLed while it holds an entry. Every event's effect is applied exactly once
-//! (duplicates acknowledged, not applied; the killed worker's entry taken over after its lease),
-//! and the inbox ends with nothing pending or in flight. On SQLite (a temp file; the effect in
-//! the handler's transaction with `complete_in_tx`) and on a real `redis-server` (an `INCR`).
+//! The demo's inbox with receivers and workers as separate real processes on one real store:
+//! the demo (`webhook_receiver`, `INBOX_WORKERS=0`) receives `POST /inbox/email`,
+//! `examples/inbox_worker.rs` processes apply the entries, one of them SIGKILLed while it holds
+//! an entry; and the demo killed with entries pending, then started again.
+//!
+//! On SQLite (one file, every process) and PostgreSQL the effect is a row of the demo tables
+//! written in the transaction that marks the entry done, read back through the demo's
+//! `GET /effects`: every event is applied **exactly once**. On Redis the worker's effect is an
+//! `INCR` before the completion, at least once: the scenario kills the worker while it sleeps
+//! in the event, before its `INCR`, so exactly one application is expected there too (a kill
+//! between the `INCR` and the completion would apply the event twice, as documented).
 //!
 //! `cargo test --test NAME` does not build the examples: `cargo build --all-features --example
-//! inbox_worker` first (a plain `cargo test --all-features` builds them).
+//! webhook_receiver --example inbox_worker` first (a plain `cargo test --all-features` builds
+//! them).
 
 #[path = "support/harness.rs"]
 mod harness;
+#[path = "support/postgres_server.rs"]
+mod postgres_server;
 #[path = "../examples/provider_sim/redis_server.rs"]
 mod redis_server;
 
@@ -18,10 +27,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fred::prelude::KeysInterface;
-use harness::{Example, Http, example_path, start_example};
+use harness::{Http, example_path, start_demo};
+use postgres_server::PostgresServer;
 use redis_server::RedisServer;
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
-use tower_idempotency::inbox::{InboxCounts, InboxStore, RedisInbox, SqliteInbox};
+use serde_json::{Value, json};
 
 /// The workers' lease: a killed worker's entries come back after about this long.
 const LEASE_MS: &str = "1000";
@@ -30,23 +39,80 @@ const SLOW_MS: u64 = 5000;
 const DEADLINE: Duration = Duration::from_secs(30);
 const EVENTS: usize = 20;
 
-/// A worker process, SIGKILLed when dropped.
+/// The shared store, and where the workers' effects can be read.
+enum Shared {
+    /// A SQLite file in a temporary directory (removed on drop).
+    Sqlite(PathBuf),
+    Postgres(PostgresServer),
+    Redis(RedisServer),
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Shared::Sqlite(dir) = self {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+impl Shared {
+    fn sqlite(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("inbox_worker_{test}_{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Shared::Sqlite(dir)
+    }
+
+    /// The variable that names the store to every process.
+    fn env(&self) -> (&'static str, String) {
+        match self {
+            Shared::Sqlite(dir) => (
+                "DATABASE_URL",
+                format!("sqlite://{}", dir.join("inbox.db").display()),
+            ),
+            Shared::Postgres(server) => ("DATABASE_URL", server.url()),
+            Shared::Redis(server) => ("REDIS_URL", server.url()),
+        }
+    }
+
+    /// How many times each of `ids` was applied by `inbox_worker` processes: the demo tables
+    /// through the demo's `GET /effects` on SQL, the workers' counters on Redis.
+    async fn applied_by_workers(&self, receiver: &Http, ids: &[String]) -> Vec<i64> {
+        let Shared::Redis(server) = self else {
+            return applied_in(receiver, ids).await;
+        };
+        let client = server.connect().await;
+        let mut applied = Vec::new();
+        for id in ids {
+            let count: Option<i64> = client.get(format!("demo:effect:{id}")).await.unwrap();
+            applied.push(count.unwrap_or(0));
+        }
+        applied
+    }
+}
+
+/// How many times each of `ids` is counted in the demo's `GET /effects`.
+async fn applied_in(demo: &Http, ids: &[String]) -> Vec<i64> {
+    let effects = demo.effects().await;
+    let count = |id: &String| effects["by_key"][id].as_i64().unwrap_or(0);
+    ids.iter().map(count).collect()
+}
+
+/// An `inbox_worker` process, SIGKILLed when dropped.
 struct WorkerProcess(Child);
 
 impl WorkerProcess {
-    fn start(envs: &[(&str, &str)]) -> Self {
-        let mut command = Command::new(example_path("inbox_worker"));
-        command
-            .arg("worker")
+    fn start(store: &Shared, workers: &str) -> Self {
+        let (name, url) = store.env();
+        let mut child = Command::new(example_path("inbox_worker"))
             .env_remove("REDIS_URL")
             .env_remove("DATABASE_URL")
-            .env("LEASE_MS", LEASE_MS)
+            .env(name, url)
+            .env("INBOX_WORKERS", workers)
+            .env("INBOX_LEASE_MS", LEASE_MS)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        for (k, v) in envs {
-            command.env(k, v);
-        }
-        let mut child = command.spawn().unwrap();
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
         let mut first = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut first)
@@ -69,62 +135,39 @@ impl Drop for WorkerProcess {
     }
 }
 
-/// What the test reads from the shared store: the inbox's counts, each event's applications.
-trait Probe {
-    async fn counts(&self) -> InboxCounts;
-    async fn applied(&self, event_id: &str) -> i64;
+/// The demo on `store`, with `workers` inbox workers in its process.
+fn demo(store: &Shared, workers: &str) -> (harness::Example, Http) {
+    let (name, url) = store.env();
+    let demo = start_demo(&[
+        (name, &url),
+        ("INBOX_WORKERS", workers),
+        ("INBOX_LEASE_MS", LEASE_MS),
+    ]);
+    let http = Http::new(&demo);
+    (demo, http)
 }
 
-struct Sqlite {
-    inbox: SqliteInbox,
-}
-
-impl Probe for Sqlite {
-    async fn counts(&self) -> InboxCounts {
-        self.inbox.counts().await.unwrap()
-    }
-
-    async fn applied(&self, event_id: &str) -> i64 {
-        // Every process creates the table at start; the receiver is started first.
-        sqlx::query_scalar("SELECT applied FROM effects WHERE event_id = $1")
-            .bind(event_id)
-            .fetch_optional(self.inbox.pool())
-            .await
-            .unwrap()
-            .unwrap_or(0)
-    }
-}
-
-struct Redis {
-    inbox: RedisInbox<fred::clients::Client>,
-}
-
-impl Probe for Redis {
-    async fn counts(&self) -> InboxCounts {
-        self.inbox.counts().await.unwrap()
-    }
-
-    async fn applied(&self, event_id: &str) -> i64 {
-        let key = format!("inbox_worker:effect:{event_id}");
-        let value: Option<i64> = self.inbox.client().get(key).await.unwrap();
-        value.unwrap_or(0)
-    }
-}
-
-/// A temporary directory, removed when dropped.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-async fn post(http: &Http, event_id: &str, extra: &str) -> (u16, bool) {
-    let body = format!(r#"{{"event_id":"{event_id}"{extra}}}"#);
-    let request_id = format!("req-{event_id}");
+/// `POST /inbox/email` of the event `id` (its own message), with `extra` body fields: the
+/// status and whether it was acknowledged as a replay.
+async fn post(http: &Http, id: &str, extra: Value) -> (u16, bool) {
+    let mut event = json!({
+        "event_id": id,
+        "message_id": format!("msg-{id}"),
+        "type": "email.delivered",
+        "occurred_at": "2026-12-03T10:00:00Z",
+    });
+    event
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let request_id = format!("req-{id}");
     let (status, headers, _) = http
-        .send_raw("POST", "/inbox", &[("x-request-id", &request_id)], &body)
+        .send_raw(
+            "POST",
+            "/inbox/email",
+            &[("x-request-id", &request_id)],
+            &event.to_string(),
+        )
         .await;
     let replayed = headers
         .get("idempotent-replayed")
@@ -132,112 +175,184 @@ async fn post(http: &Http, event_id: &str, extra: &str) -> (u16, bool) {
     (status.as_u16(), replayed)
 }
 
-/// The scenario on any shared store: `env` names it to every process; `first_workers` is the
-/// number of entries the worker that is killed runs at once.
-async fn receivers_and_workers_apart(env: (&str, &str), probe: impl Probe, first_workers: &str) {
-    let receiver: Example = start_example("inbox_worker", &[("ROLE", "receiver"), env]);
-    let http = Http::new(&receiver);
-    let mut doomed = WorkerProcess::start(&[env, ("WORKERS", first_workers)]);
+/// The demo's `GET /inbox`: pending, in flight, dead.
+async fn counts(http: &Http) -> (u64, u64, u64) {
+    let (_, _, body) = http.send("GET", "/inbox", &[], "").await;
+    let count = |name: &str| body[name].as_u64().unwrap();
+    (count("pending"), count("in_flight"), count("dead"))
+}
+
+/// Every duplicate of a known key is acknowledged, and not queued again.
+async fn assert_duplicates_acknowledged(http: &Http, ids: &[&str]) {
+    for id in ids {
+        let (status, replayed) = post(http, id, json!({})).await;
+        assert!(
+            replayed && status < 300,
+            "{id}: a duplicate is acknowledged"
+        );
+    }
+}
+
+/// A receiver and two workers apart; the worker holding the slow event is SIGKILLed.
+/// `first_workers` is how many entries the killed worker runs at once.
+async fn receiver_and_workers_apart(store: Shared, first_workers: &str) {
+    let (_receiver, http) = demo(&store, "0");
+    let mut doomed = WorkerProcess::start(&store, first_workers);
 
     // The slow event goes to the only worker running: the one about to be killed.
-    let slow = format!(r#","delay_ms":{SLOW_MS}"#);
-    assert_eq!(post(&http, "ev_slow", &slow).await, (202, false));
+    let slow = json!({"demo_delay_ms": SLOW_MS});
+    assert_eq!(post(&http, "ev_slow", slow.clone()).await, (202, false));
     let start = Instant::now();
-    while probe.counts().await.in_flight == 0 {
+    while counts(&http).await.1 == 0 {
         assert!(
             start.elapsed() < DEADLINE,
             "the first worker never took ev_slow"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let _survivor = WorkerProcess::start(&[env, ("WORKERS", "2")]);
+    let _survivor = WorkerProcess::start(&store, "2");
 
-    let ids: Vec<String> = (0..EVENTS).map(|i| format!("ev_{i}")).collect();
+    let mut ids: Vec<String> = (0..EVENTS).map(|i| format!("ev_{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
         assert_eq!(
-            post(&http, id, "").await,
+            post(&http, id, json!({})).await,
             (202, false),
             "{id}: first delivery"
         );
         if i % 4 == 0 {
-            let (status, replayed) = post(&http, id, "").await;
-            assert!(
-                replayed && status < 300,
-                "{id}: a duplicate is acknowledged"
-            );
+            assert_duplicates_acknowledged(&http, &[id]).await;
         }
     }
-    let (status, replayed) = post(&http, "ev_slow", &slow).await;
+    let (status, replayed) = post(&http, "ev_slow", slow).await;
     assert!(replayed && status < 300, "a duplicate of a running key");
 
     doomed.kill();
     let killed = Instant::now();
+    let slow_id = ["ev_slow".to_owned()];
+    let applied = store.applied_by_workers(&http, &slow_id).await;
     assert_eq!(
-        probe.applied("ev_slow").await,
-        0,
+        applied,
+        [0],
         "the killed worker was still sleeping in ev_slow"
     );
 
-    let mut all = ids.clone();
-    all.push("ev_slow".to_owned());
-    loop {
-        let counts = probe.counts().await;
-        let mut missing = 0;
-        for id in &all {
-            missing += usize::from(probe.applied(id).await == 0);
-        }
-        if missing == 0 && counts.pending == 0 && counts.in_flight == 0 {
-            break;
-        }
-        assert!(
-            killed.elapsed() < DEADLINE,
-            "after the kill: {missing} events not applied, {counts:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    ids.push("ev_slow".to_owned());
+    let applied = until_applied(&store, &http, &ids, killed).await;
     eprintln!(
         "ev_slow applied {:?} after its worker was killed",
         killed.elapsed()
     );
+    assert!(
+        applied.iter().all(|&n| n == 1),
+        "each applied once: {ids:?} {applied:?}"
+    );
 
-    // Duplicates of done keys: acknowledged, nothing queued again.
-    for id in ["ev_0", "ev_slow"] {
-        let (status, replayed) = post(&http, id, "").await;
-        assert!(replayed && status < 300, "{id}: a duplicate of a done key");
-    }
-    let counts = probe.counts().await;
-    assert_eq!((counts.pending, counts.in_flight, counts.dead), (0, 0, 0));
-    for id in &all {
-        assert_eq!(probe.applied(id).await, 1, "{id} applied once");
+    assert_duplicates_acknowledged(&http, &["ev_0", "ev_slow"]).await;
+    assert_eq!(counts(&http).await, (0, 0, 0));
+    assert_eq!(store.applied_by_workers(&http, &ids).await, applied);
+}
+
+/// Polls until every one of `ids` is applied and nothing is pending or in flight.
+async fn until_applied(store: &Shared, http: &Http, ids: &[String], since: Instant) -> Vec<i64> {
+    loop {
+        let applied = store.applied_by_workers(http, ids).await;
+        let (pending, in_flight, dead) = counts(http).await;
+        let missing = applied.iter().filter(|&&n| n == 0).count();
+        if missing == 0 && pending == 0 && in_flight == 0 {
+            return applied;
+        }
+        assert!(
+            since.elapsed() < DEADLINE,
+            "{missing} events not applied; pending {pending}, in flight {in_flight}, dead {dead}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
+/// The demo receives with no workers, is killed with its entries pending, and is started
+/// again with workers: every entry is applied, once, by the new process.
+async fn receiver_restarted_with_entries_pending(store: Shared) {
+    let ids: Vec<String> = (0..EVENTS).map(|i| format!("ev_restart_{i}")).collect();
+    {
+        let (_receiver, http) = demo(&store, "0");
+        for id in &ids {
+            assert_eq!(post(&http, id, json!({})).await, (202, false), "{id}");
+        }
+        assert_duplicates_acknowledged(&http, &[&ids[0], &ids[7]]).await;
+        assert_eq!(counts(&http).await, (EVENTS as u64, 0, 0));
+    } // SIGKILLed here.
+    let (_receiver, http) = demo(&store, "2");
+    let start = Instant::now();
+    loop {
+        let applied = applied_in(&http, &ids).await;
+        if applied.iter().all(|&n| n > 0) && counts(&http).await == (0, 0, 0) {
+            assert!(
+                applied.iter().all(|&n| n == 1),
+                "each applied once: {applied:?}"
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "not applied after the restart: {applied:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_duplicates_acknowledged(&http, &[&ids[0], &ids[EVENTS - 1]]).await;
+    assert_eq!(counts(&http).await, (0, 0, 0));
+}
+
+/// On SQL the demo reads the status the workers' transaction wrote.
+async fn message_status(http: &Http, message_id: &str) -> Value {
+    let (_, _, body) = http
+        .send("GET", &format!("/messages/{message_id}"), &[], "")
+        .await;
+    body["status"].clone()
+}
+
+// The killed worker runs two entries at once on SQL: it may die inside another entry's
+// transaction too, which then rolls back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_receiver_and_workers_in_separate_processes() {
-    let dir = TempDir(std::env::temp_dir().join(format!("inbox_worker_{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let file = dir.0.join("inbox.db");
-    let url = format!("sqlite://{}", file.display());
-    let options = SqliteConnectOptions::new()
-        .filename(&file)
-        .create_if_missing(true)
-        .busy_timeout(Duration::from_secs(10));
-    let pool = SqlitePool::connect_with(options).await.unwrap();
-    let probe = Sqlite {
-        inbox: SqliteInbox::new(pool),
-    };
-    // The killed worker runs two entries at once: it may die inside another entry's
-    // transaction too, which then rolls back.
-    receivers_and_workers_apart(("DATABASE_URL", &url), probe, "2").await;
+    receiver_and_workers_apart(Shared::sqlite("apart"), "2").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_receiver_and_workers_in_separate_processes() {
+    receiver_and_workers_apart(Shared::Postgres(PostgresServer::new()), "2").await;
+}
+
+// One entry at a time in the killed worker on Redis: it dies sleeping in ev_slow, before its
+// INCR (an INCR then a kill before `complete` would apply an event twice on Redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_receiver_and_workers_in_separate_processes() {
-    let server = RedisServer::start();
-    let probe = Redis {
-        inbox: RedisInbox::new(server.connect().await, "events"),
-    };
-    // One entry at a time in the killed worker: it dies sleeping in ev_slow, before its INCR
-    // (an INCR then a kill before `complete` would apply an event twice on Redis).
-    receivers_and_workers_apart(("REDIS_URL", &server.url()), probe, "1").await;
+    receiver_and_workers_apart(Shared::Redis(RedisServer::start()), "1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_receiver_restarted_with_entries_pending() {
+    receiver_restarted_with_entries_pending(Shared::sqlite("restart")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_receiver_restarted_with_entries_pending() {
+    receiver_restarted_with_entries_pending(Shared::Postgres(PostgresServer::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_receiver_restarted_with_entries_pending() {
+    receiver_restarted_with_entries_pending(Shared::Redis(RedisServer::start())).await;
+}
+
+/// A status written by an `inbox_worker` process is what the demo's `GET /messages/{id}`
+/// answers, and its `GET /effects` counts the event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_demo_reads_what_a_worker_process_wrote() {
+    let store = Shared::sqlite("reads");
+    let (_receiver, http) = demo(&store, "0");
+    let _worker = WorkerProcess::start(&store, "1");
+    assert_eq!(post(&http, "ev_read", json!({})).await, (202, false));
+    let ids = ["ev_read".to_owned()];
+    until_applied(&store, &http, &ids, Instant::now()).await;
+    assert_eq!(message_status(&http, "msg-ev_read").await, "delivered");
 }

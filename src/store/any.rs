@@ -87,6 +87,65 @@ impl AnyStore {
     }
 }
 
+/// The backend's own store, to build on the same connections (an inbox, a transaction).
+impl AnyStore {
+    /// The [`RedisStore`](crate::RedisStore) inside, if the backend is Redis: its
+    /// [`client`](crate::RedisStore::client) can carry a `RedisInbox` too.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = tower_idempotency::store::connect("redis://127.0.0.1:6379").await?;
+    /// let client = store.as_redis().map(|redis| redis.client().clone());
+    /// # let _ = client;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn as_redis(&self) -> Option<&crate::store::redis::RedisStore> {
+        match &self.0 {
+            Backend::Redis(store) => Some(store),
+            _ => None,
+        }
+    }
+
+    /// The [`PostgresStore`](crate::PostgresStore) inside, if the backend is PostgreSQL: its
+    /// [`pool`](crate::store::sql::SqlStore::pool) can carry a `PostgresInbox` or the
+    /// application's own transactions.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = tower_idempotency::store::connect("postgres://app@localhost/app").await?;
+    /// let pool = store.as_postgres().map(|pg| pg.pool().clone());
+    /// # let _ = pool;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn as_postgres(&self) -> Option<&crate::store::sql::postgres::PostgresStore> {
+        match &self.0 {
+            Backend::Postgres(store) => Some(store),
+            _ => None,
+        }
+    }
+
+    /// The [`SqliteStore`](crate::SqliteStore) inside, if the backend is SQLite: its
+    /// [`pool`](crate::store::sql::SqlStore::pool) can carry a `SqliteInbox` (one pool for
+    /// both, which an exclusively locked file needs).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = tower_idempotency::store::connect("sqlite://receiver.db").await?;
+    /// let pool = store.as_sqlite().map(|sqlite| sqlite.pool().clone());
+    /// # let _ = pool;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "sqlite")]
+    pub fn as_sqlite(&self) -> Option<&crate::store::sql::sqlite::SqliteStore> {
+        match &self.0 {
+            Backend::Sqlite(store) => Some(store),
+            _ => None,
+        }
+    }
+}
+
 impl From<MemoryStore> for AnyStore {
     fn from(store: MemoryStore) -> Self {
         AnyStore(Backend::Memory(store))

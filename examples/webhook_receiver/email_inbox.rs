@@ -1,0 +1,384 @@
+//! The demo's email inbox, shared by the demo (`webhook_receiver`: the receiver and, unless
+//! `INBOX_WORKERS=0`, workers in its process) and `inbox_worker` (the same workers without an
+//! HTTP server): where the entries are kept, and what applying one does.
+//!
+//! The inbox is kept on the demo's store, over its connections: `REDIS_URL` (a `RedisInbox`
+//! named `email`), else `DATABASE_URL` (a `PostgresInbox` or `SqliteInbox`, with the demo
+//! tables `demo_effects` and `demo_messages`), else memory.
+//!
+//! An event's effect (its event id counted, its message's status set) goes where every process
+//! that should see it can read it:
+//! - on SQL, rows of the demo tables written in the transaction that marks the entry done
+//!   (`complete_in_tx`): the effect and its record commit together, exactly once;
+//! - in the demo on memory or Redis, the demo process's own state (`GET /effects`);
+//! - in `inbox_worker` on Redis, counters in Redis (`demo:effect:<event_id>`,
+//!   `demo:status:<message_id>`), written before the worker completes: at least once, as a
+//!   worker killed between the two applies the event again after its lease.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tower_idempotency::inbox::{
+    Backoff, DeadLetter, Enqueued, Failure, InboxCounts, InboxEntry, InboxRequest, InboxStore,
+    Lease, MemoryInbox, Worker,
+};
+use tower_idempotency::store::{AnyStore, StoreError, StoreKey, Token};
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The namespace of the inbox route's keys and of the workers' metrics.
+pub(crate) const NAMESPACE: &str = "inbox-email";
+
+/// How long a done event id dedups: the email provider retries within 72 hours.
+pub(crate) const RETENTION: Duration = Duration::from_secs(72 * 3600);
+
+/// The email inbox, on the store the environment names.
+#[derive(Clone)]
+pub(crate) enum EmailInbox {
+    Memory(MemoryInbox),
+    #[cfg(feature = "redis")]
+    Redis(tower_idempotency::inbox::RedisInbox),
+    #[cfg(feature = "sqlite")]
+    Sqlite(tower_idempotency::inbox::SqliteInbox),
+    #[cfg(feature = "postgres")]
+    Postgres(tower_idempotency::inbox::PostgresInbox),
+}
+
+/// The same call on whichever inbox it is.
+macro_rules! each {
+    ($inbox:expr, $it:ident => $call:expr) => {
+        match $inbox {
+            EmailInbox::Memory($it) => $call,
+            #[cfg(feature = "redis")]
+            EmailInbox::Redis($it) => $call,
+            #[cfg(feature = "sqlite")]
+            EmailInbox::Sqlite($it) => $call,
+            #[cfg(feature = "postgres")]
+            EmailInbox::Postgres($it) => $call,
+        }
+    };
+}
+
+impl InboxStore for EmailInbox {
+    async fn enqueue(&self, entry: InboxEntry) -> Result<Enqueued, StoreError> {
+        each!(self, inbox => inbox.enqueue(entry).await)
+    }
+    async fn take(&self, max: usize, lease: Duration) -> Result<Vec<Lease>, StoreError> {
+        each!(self, inbox => inbox.take(max, lease).await)
+    }
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        each!(self, inbox => inbox.renew(key, token, lease).await)
+    }
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        each!(self, inbox => inbox.complete(key, token, retention).await)
+    }
+    async fn fail(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        failure: Failure,
+    ) -> Result<bool, StoreError> {
+        each!(self, inbox => inbox.fail(key, token, failure).await)
+    }
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        each!(self, inbox => inbox.dead_letters(limit).await)
+    }
+    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        each!(self, inbox => inbox.requeue(key).await)
+    }
+    async fn counts(&self) -> Result<InboxCounts, StoreError> {
+        each!(self, inbox => inbox.counts().await)
+    }
+}
+
+/// The demo tables: applications per event id, and each message's status.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const TABLES: [&str; 2] = [
+    "CREATE TABLE IF NOT EXISTS demo_effects (event_id TEXT PRIMARY KEY, applied BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS demo_messages (message_id TEXT PRIMARY KEY, status TEXT NOT NULL)",
+];
+
+impl EmailInbox {
+    /// The inbox on the demo's store, over its connections: a `RedisInbox` named `email`, a
+    /// `PostgresInbox` or `SqliteInbox` (migrated, the demo tables created), else in memory.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "sqlite", feature = "postgres")),
+        allow(unused_variables)
+    )]
+    pub(crate) async fn on(store: &AnyStore) -> Result<Self, BoxError> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = store.as_redis() {
+            let inbox = tower_idempotency::inbox::RedisInbox::new(redis.client().clone(), "email");
+            return Ok(EmailInbox::Redis(inbox));
+        }
+        #[cfg(feature = "postgres")]
+        if let Some(postgres) = store.as_postgres() {
+            let inbox = tower_idempotency::inbox::PostgresInbox::new(postgres.pool().clone());
+            inbox.migrate().await?;
+            for table in TABLES {
+                sqlx::query(table).execute(inbox.pool()).await?;
+            }
+            return Ok(EmailInbox::Postgres(inbox));
+        }
+        #[cfg(feature = "sqlite")]
+        if let Some(sqlite) = store.as_sqlite() {
+            let inbox = tower_idempotency::inbox::SqliteInbox::new(sqlite.pool().clone());
+            inbox.migrate().await?;
+            for table in TABLES {
+                sqlx::query(table).execute(inbox.pool()).await?;
+            }
+            return Ok(EmailInbox::Sqlite(inbox));
+        }
+        Ok(EmailInbox::Memory(MemoryInbox::default()))
+    }
+
+    /// Effects as rows of the demo tables, when the inbox is on SQL.
+    pub(crate) fn table_effects(&self) -> Option<Effects> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            EmailInbox::Sqlite(inbox) => Some(Effects::Sqlite(inbox.clone())),
+            #[cfg(feature = "postgres")]
+            EmailInbox::Postgres(inbox) => Some(Effects::Postgres(inbox.clone())),
+            _ => None,
+        }
+    }
+}
+
+/// An effect in this process: `(event_id, message_id, status)`.
+pub(crate) type ApplyInProcess = dyn Fn(&str, &str, &str) + Send + Sync;
+
+/// Where applying an email event leaves its effect (the event id counted, the message's
+/// status set).
+#[derive(Clone)]
+pub(crate) enum Effects {
+    /// In this process: `apply(event_id, message_id, status)`.
+    #[allow(dead_code)] // `inbox_worker` has no process state to show.
+    Process(Arc<ApplyInProcess>),
+    /// Counters in Redis, before the entry is completed.
+    #[cfg(feature = "redis")]
+    #[allow(dead_code)] // the demo keeps its effects in the process on Redis.
+    Redis(tower_idempotency::fred::prelude::Pool),
+    /// Rows of the demo tables, in the transaction that completes the entry.
+    #[cfg(feature = "sqlite")]
+    Sqlite(tower_idempotency::inbox::SqliteInbox),
+    /// Rows of the demo tables, in the transaction that completes the entry.
+    #[cfg(feature = "postgres")]
+    Postgres(tower_idempotency::inbox::PostgresInbox),
+}
+
+/// The status an email event of type `kind` (`email.delivered`) gives its message.
+pub(crate) fn status_of(kind: &str) -> &str {
+    kind.strip_prefix("email.").unwrap_or(kind)
+}
+
+/// What `INBOX_*` sets.
+pub(crate) struct InboxSettings {
+    /// Entries run at once (`INBOX_WORKERS`, 2; 0 receives only).
+    pub(crate) workers: usize,
+    max_attempts: u32,
+    retry_base: Duration,
+    lease: Duration,
+}
+
+impl InboxSettings {
+    pub(crate) fn from_env() -> Result<Self, BoxError> {
+        let number = |name: &str, default: u64| -> Result<u64, BoxError> {
+            match std::env::var(name).ok().filter(|v| !v.is_empty()) {
+                Some(value) => Ok(value
+                    .parse()
+                    .map_err(|err| format!("{name}={value:?}: {err}"))?),
+                None => Ok(default),
+            }
+        };
+        Ok(InboxSettings {
+            workers: usize::try_from(number("INBOX_WORKERS", 2)?)?,
+            max_attempts: u32::try_from(number("INBOX_MAX_ATTEMPTS", 5)?)?,
+            retry_base: Duration::from_millis(number("INBOX_RETRY_BASE_MS", 200)?),
+            lease: Duration::from_millis(number("INBOX_LEASE_MS", 10_000)?),
+        })
+    }
+
+    /// The workers on `inbox`, applying events to `effects`, as these settings say.
+    pub(crate) fn worker(
+        self,
+        inbox: EmailInbox,
+        effects: Effects,
+    ) -> Worker<
+        EmailInbox,
+        impl tower::Service<InboxRequest, Response = (), Error = String, Future: Send> + Clone + Send,
+    > {
+        Worker::new(inbox, apply(effects))
+            .namespace(NAMESPACE)
+            .workers(self.workers.max(1))
+            .lease(self.lease)
+            .retention(RETENTION)
+            .retry(Backoff::new(self.retry_base).max_attempts(self.max_attempts))
+    }
+}
+
+/// The workers' handler: `demo_delay_ms: N` sleeps first, `demo_fail_attempts: N` fails the
+/// first N attempts of the event in this process (across re-queues), then the effect.
+fn apply(
+    effects: Effects,
+) -> impl tower::Service<InboxRequest, Response = (), Error = String, Future: Send> + Clone + Send {
+    let attempts = Arc::new(Mutex::new(HashMap::<String, u64>::new()));
+    tower::service_fn(move |request: InboxRequest| {
+        let (effects, attempts) = (effects.clone(), attempts.clone());
+        async move {
+            let event: Value = serde_json::from_slice(request.body()).unwrap_or_default();
+            if let Some(ms) = event["demo_delay_ms"].as_u64() {
+                tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
+            }
+            let (Some(event_id), Some(message_id), Some(kind)) = (
+                event["event_id"].as_str(),
+                event["message_id"].as_str(),
+                event["type"].as_str(),
+            ) else {
+                return Err("event_id, message_id and type are required".to_owned());
+            };
+            let fail = event["demo_fail_attempts"].as_u64().unwrap_or(0);
+            let attempt = {
+                let mut attempts = attempts.lock().unwrap();
+                let count = attempts.entry(event_id.to_owned()).or_default();
+                *count += 1;
+                *count
+            };
+            if attempt <= fail {
+                return Err(format!("demo failure: attempt {attempt} of {fail} failing"));
+            }
+            effects
+                .apply(&request, event_id, message_id, status_of(kind))
+                .await
+                .map_err(|err| err.to_string())
+        }
+    })
+}
+
+/// The demo tables' writes and the entry's completion in one transaction (one body for both
+/// databases: a macro, as sqlx's executor bounds do not read well generically).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+macro_rules! in_transaction {
+    ($inbox:expr, $request:expr, $event_id:expr, $message_id:expr, $status:expr) => {{
+        let mut tx = $inbox.pool().begin().await?;
+        // `applied` counts: a second application shows as 2, not as a no-op.
+        sqlx::query(
+            "INSERT INTO demo_effects (event_id, applied) VALUES ($1, 1) \
+             ON CONFLICT (event_id) DO UPDATE SET applied = demo_effects.applied + 1",
+        )
+        .bind($event_id)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO demo_messages (message_id, status) VALUES ($1, $2) \
+             ON CONFLICT (message_id) DO UPDATE SET status = excluded.status",
+        )
+        .bind($message_id)
+        .bind($status)
+        .execute(&mut *tx)
+        .await?;
+        let request = $request;
+        let done = $inbox
+            .complete_in_tx(&mut tx, request.key(), request.token(), RETENTION)
+            .await?;
+        if !done {
+            // Another worker holds the entry now: the effect rolls back with `tx`.
+            return Err("lease lost before the effect committed".into());
+        }
+        tx.commit().await?;
+    }};
+}
+
+impl Effects {
+    // Only the SQL effects complete the entry themselves.
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres")),
+        allow(unused_variables)
+    )]
+    async fn apply(
+        &self,
+        request: &InboxRequest,
+        event_id: &str,
+        message_id: &str,
+        status: &str,
+    ) -> Result<(), BoxError> {
+        match self {
+            Effects::Process(apply) => apply(event_id, message_id, status),
+            #[cfg(feature = "redis")]
+            Effects::Redis(pool) => {
+                use tower_idempotency::fred::prelude::KeysInterface;
+                let _: i64 = pool.incr(format!("demo:effect:{event_id}")).await?;
+                let _: () = pool
+                    .set(
+                        format!("demo:status:{message_id}"),
+                        status,
+                        None,
+                        None,
+                        false,
+                    )
+                    .await?;
+            }
+            #[cfg(feature = "sqlite")]
+            Effects::Sqlite(inbox) => in_transaction!(inbox, request, event_id, message_id, status),
+            #[cfg(feature = "postgres")]
+            Effects::Postgres(inbox) => {
+                in_transaction!(inbox, request, event_id, message_id, status)
+            }
+        }
+        Ok(())
+    }
+}
+
+// Read by the demo's `GET /effects` and `GET /messages/{id}`; `inbox_worker` only writes.
+#[allow(dead_code)]
+impl Effects {
+    /// Applications per event id in the demo tables; empty when the effects are elsewhere.
+    pub(crate) async fn applied(&self) -> Result<Vec<(String, i64)>, BoxError> {
+        const SELECT: &str = "SELECT event_id, applied FROM demo_effects";
+        Ok(match self {
+            #[cfg(feature = "sqlite")]
+            Effects::Sqlite(inbox) => sqlx::query_as(SELECT).fetch_all(inbox.pool()).await?,
+            #[cfg(feature = "postgres")]
+            Effects::Postgres(inbox) => sqlx::query_as(SELECT).fetch_all(inbox.pool()).await?,
+            _ => Vec::new(),
+        })
+    }
+
+    /// The status of `message_id` in the demo tables; `None` when absent or kept elsewhere.
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres")),
+        allow(unused_variables)
+    )]
+    pub(crate) async fn status(&self, message_id: &str) -> Result<Option<String>, BoxError> {
+        const SELECT: &str = "SELECT status FROM demo_messages WHERE message_id = $1";
+        let row: Option<(String,)> = match self {
+            #[cfg(feature = "sqlite")]
+            Effects::Sqlite(inbox) => {
+                sqlx::query_as(SELECT)
+                    .bind(message_id)
+                    .fetch_optional(inbox.pool())
+                    .await?
+            }
+            #[cfg(feature = "postgres")]
+            Effects::Postgres(inbox) => {
+                sqlx::query_as(SELECT)
+                    .bind(message_id)
+                    .fetch_optional(inbox.pool())
+                    .await?
+            }
+            _ => None,
+        };
+        Ok(row.map(|(status,)| status))
+    }
+}
