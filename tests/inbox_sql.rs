@@ -291,6 +291,44 @@ async fn expired_done_keys_are_free_again_and_purged() {
     assert_eq!(inbox.counts().await.unwrap().pending, 3);
 }
 
+/// `spawn_purge` deletes the expired done keys on its own schedule, and leaves entries alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spawned_purge_deletes_expired_done_keys() {
+    let (inbox, _dir) = sqlite_inbox().await;
+    inbox.enqueue(entry(1)).await.unwrap();
+    for lease in inbox.take(10, LONG).await.unwrap() {
+        let short = Duration::from_millis(1);
+        assert!(
+            inbox
+                .complete(&lease.entry.key, &lease.token, short)
+                .await
+                .unwrap()
+        );
+    }
+    inbox.enqueue(entry(2)).await.unwrap();
+    let count = format!("SELECT COUNT(*) FROM {}", inbox.table());
+    let rows = || async {
+        let rows: i64 = sqlx::query_scalar(AssertSqlSafe(count.clone()))
+            .fetch_one(inbox.pool())
+            .await
+            .unwrap();
+        rows
+    };
+    assert_eq!(rows().await, 2, "the done key and the waiting entry");
+    let purging = inbox.spawn_purge(Duration::from_millis(20));
+    let start = std::time::Instant::now();
+    while rows().await != 1 {
+        assert!(start.elapsed() < Duration::from_secs(5), "not purged");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    purging.abort();
+    assert_eq!(
+        inbox.counts().await.unwrap().pending,
+        1,
+        "the entry is kept"
+    );
+}
+
 /// A worker whose handler writes its effect and completes its entry in one transaction: each
 /// effect lands once (its table's key would refuse a second) and every key is done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

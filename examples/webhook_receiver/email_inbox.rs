@@ -103,6 +103,10 @@ impl InboxStore for EmailInbox {
     }
 }
 
+/// How often the done keys past their retention are deleted from a SQL inbox.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const PURGE_EVERY: Duration = Duration::from_secs(300);
+
 /// The demo tables: applications per event id, and each message's status.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 const TABLES: [&str; 2] = [
@@ -130,6 +134,7 @@ impl EmailInbox {
             for table in TABLES {
                 sqlx::query(table).execute(inbox.pool()).await?;
             }
+            drop(inbox.spawn_purge(PURGE_EVERY));
             return Ok(EmailInbox::Postgres(inbox));
         }
         #[cfg(feature = "sqlite")]
@@ -139,6 +144,7 @@ impl EmailInbox {
             for table in TABLES {
                 sqlx::query(table).execute(inbox.pool()).await?;
             }
+            drop(inbox.spawn_purge(PURGE_EVERY));
             return Ok(EmailInbox::Sqlite(inbox));
         }
         Ok(EmailInbox::Memory(MemoryInbox::default()))

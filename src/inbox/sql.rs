@@ -15,8 +15,8 @@ use crate::order::Position;
 use crate::store::sql::query::Param;
 use crate::store::sql::statements::Sql;
 use crate::store::sql::{
-    DEFAULT_PURGE_BATCH, Dialect, InvalidTable, bare_name, millis, purge_in_batches, store_error,
-    validate_table,
+    DEFAULT_PURGE_BATCH, Dialect, InvalidTable, bare_name, millis, purge_in_batches,
+    spawn_purge_every, store_error, validate_table,
 };
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
 
@@ -253,6 +253,30 @@ impl<DB: Dialect> SqlInbox<DB> {
     /// ```
     pub async fn purge(&self) -> Result<u64, StoreError> {
         self.purge_expired(DEFAULT_PURGE_BATCH).await
+    }
+
+    /// Spawns a Tokio task that runs [`purge`](Self::purge) every `every`, the first time
+    /// right away, logging its outcome with `tracing`: the same schedule as
+    /// [`SqlStore::spawn_purge`](crate::store::sql::SqlStore::spawn_purge). Abort the returned
+    /// handle to stop it; it also ends with the runtime.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "sqlite")]
+    /// # async fn run(inbox: tower_idempotency::inbox::SqliteInbox) {
+    /// let purging = inbox.spawn_purge(std::time::Duration::from_secs(300));
+    /// # purging.abort();
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// When called outside a Tokio runtime.
+    pub fn spawn_purge(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+        let inbox = self.clone();
+        spawn_purge_every(every, DB::BACKEND, "inbox keys", move || {
+            let inbox = inbox.clone();
+            async move { inbox.purge().await }
+        })
     }
 
     /// [`complete`](InboxStore::complete) inside the caller's transaction: the key is marked

@@ -10,7 +10,8 @@ use super::query::Param;
 use super::statements::{Sql, Statements};
 use super::{
     DEFAULT_PURGE_BATCH, DEFAULT_TABLE, Dialect, InvalidTable, RESERVE_ATTEMPTS,
-    completion_after_miss, held, millis, purge_in_batches, store_error, unsettled, validate_table,
+    completion_after_miss, held, millis, purge_in_batches, spawn_purge_every, store_error,
+    unsettled, validate_table,
 };
 use crate::order::EqualPositions;
 use crate::order::Position;
@@ -134,25 +135,9 @@ impl<DB: Dialect> SqlStore<DB> {
     /// When called outside a Tokio runtime.
     pub fn spawn_purge(&self, every: Duration) -> tokio::task::JoinHandle<()> {
         let store = self.clone();
-        let every = every.max(Duration::from_millis(1));
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(every);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                match store.purge_expired(DEFAULT_PURGE_BATCH).await {
-                    Ok(deleted) => tracing::debug!(
-                        backend = DB::BACKEND,
-                        deleted,
-                        "purged expired idempotency keys"
-                    ),
-                    Err(error) => tracing::warn!(
-                        backend = DB::BACKEND,
-                        %error,
-                        "purging expired idempotency keys failed"
-                    ),
-                }
-            }
+        spawn_purge_every(every, DB::BACKEND, "idempotency keys", move || {
+            let store = store.clone();
+            async move { store.purge_expired(DEFAULT_PURGE_BATCH).await }
         })
     }
 
