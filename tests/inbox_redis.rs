@@ -1,7 +1,8 @@
 //! The inbox contract on [`RedisInbox`], against a real `redis-server` started on 127.0.0.1
 //! for each test, and what only a shared inbox shows: two instances (two clients) on one
 //! server never hand one entry to both, and see each other's keys as duplicates. The contract
-//! runs again on a shared Redis Cluster (three primaries): every script touches one hash slot.
+//! runs again on a shared Redis Cluster (three primaries), where every script touches one hash
+//! slot, and through Sentinel (a primary, a replica, three sentinels).
 #![cfg(feature = "redis")]
 
 #[path = "contract/inbox.rs"]
@@ -12,6 +13,9 @@ mod inbox_contract;
 mod redis_cluster;
 #[path = "../examples/provider_sim/redis_server.rs"]
 mod redis_server;
+#[allow(unused_imports)]
+#[path = "support/redis_sentinel.rs"]
+mod redis_sentinel;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,6 +52,17 @@ mod cluster {
         let cluster = redis_cluster::RedisCluster::shared();
         let inbox = RedisInbox::new(cluster.connect().await, &fresh_name());
         (inbox, cluster)
+    });
+}
+
+/// The contract through Sentinel: the client finds the primary by asking the sentinels.
+mod sentinel {
+    use super::*;
+
+    inbox_contract::inbox_contract!(async {
+        let deployment = redis_sentinel::RedisSentinel::shared();
+        let inbox = RedisInbox::new(deployment.connect().await, &fresh_name());
+        (inbox, deployment)
     });
 }
 
