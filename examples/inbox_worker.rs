@@ -35,17 +35,17 @@
 #[path = "webhook_receiver/email_inbox.rs"]
 mod email_inbox;
 
-use email_inbox::{BoxError, Effects, EmailInbox, InboxSettings};
+use email_inbox::{BoxError, Effects, InboxSettings, inbox_on, table_effects};
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     // The store as the demo connects to it (REDIS_URL first).
     let url = std::env::var("REDIS_URL").or_else(|_| std::env::var("DATABASE_URL"));
     let url = url.map_err(|_| "set REDIS_URL or DATABASE_URL: a memory inbox is not shared")?;
-    let inbox = EmailInbox::on(&tower_idempotency::store::connect(&url).await?).await?;
-    let effects = match (inbox.table_effects(), &inbox) {
+    let inbox = inbox_on(&tower_idempotency::store::connect(&url).await?).await?;
+    let effects = match (table_effects(&inbox), inbox.as_redis()) {
         (Some(table), _) => table,
-        (None, EmailInbox::Redis(redis)) => Effects::Redis(redis.client().clone()),
+        (None, Some(redis)) => Effects::Redis(redis.client().clone()),
         (None, _) => {
             return Err("set REDIS_URL or DATABASE_URL: a memory inbox is not shared".into());
         }

@@ -387,7 +387,7 @@ fn hub<K: Clone>(
 /// The receiver's routes, every webhook protected on `store`.
 fn app(
     store: AnyStore,
-    inbox: email_inbox::EmailInbox,
+    inbox: tower_idempotency::inbox::AnyInbox,
     metrics: PrometheusHandle,
     settings: &Settings,
 ) -> Result<Router, Error> {
@@ -427,7 +427,7 @@ fn app(
         .key(JsonPathKey::new("$.event_id")?)
         .order(email_order);
     let state = AppState {
-        table: inbox.table_effects(),
+        table: email_inbox::table_effects(&inbox),
         ..AppState::default()
     };
     let inbox_routes = inbox::routes(&store, settings, &state, inbox)?;
@@ -535,7 +535,7 @@ async fn run() -> Result<(), Error> {
     let metrics = metrics()?;
     let store = store_from_env().await?;
     let backend = store.backend();
-    let inbox = email_inbox::EmailInbox::on(&store)
+    let inbox = email_inbox::inbox_on(&store)
         .await
         .map_err(|err| -> Error { err })?;
     let router = app(store, inbox, metrics, &settings)?;

@@ -9,6 +9,20 @@ use tower_idempotency::store::{StoreErrorKind, StoreKey};
 
 inbox_contract::inbox_contract!(async { (MemoryInbox::new(10_000), ()) });
 
+/// The contract through `AnyInbox::on` a memory store.
+mod any {
+    use super::*;
+
+    inbox_contract::inbox_contract!(async {
+        let store = tower_idempotency::store::connect("memory:").await.unwrap();
+        let inbox = tower_idempotency::inbox::AnyInbox::on(&store, "any")
+            .await
+            .unwrap();
+        assert_eq!(inbox.backend(), "memory");
+        (inbox, ())
+    });
+}
+
 /// A full memory inbox refuses a new entry (the route answers 503) and drops none.
 #[tokio::test]
 async fn a_full_memory_inbox_refuses_and_drops_nothing() {

@@ -11,11 +11,12 @@ mod inbox_contract;
 #[allow(unused_imports)]
 #[path = "support/redis_cluster.rs"]
 mod redis_cluster;
-#[path = "../examples/provider_sim/redis_server.rs"]
-mod redis_server;
-#[allow(unused_imports)]
+// The cluster and sentinel harnesses each include the node helpers: two copies, on purpose.
+#[allow(unused_imports, clippy::duplicate_mod)]
 #[path = "support/redis_sentinel.rs"]
 mod redis_sentinel;
+#[path = "../examples/provider_sim/redis_server.rs"]
+mod redis_server;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +53,22 @@ mod cluster {
         let cluster = redis_cluster::RedisCluster::shared();
         let inbox = RedisInbox::new(cluster.connect().await, &fresh_name());
         (inbox, cluster)
+    });
+}
+
+/// The contract through `AnyInbox::on` a store from `connect(url)`, on the store's client.
+mod any {
+    use super::*;
+    use tower_idempotency::inbox::AnyInbox;
+
+    inbox_contract::inbox_contract!(async {
+        let server = RedisServer::start();
+        let store = tower_idempotency::store::connect(&server.url())
+            .await
+            .unwrap();
+        let inbox = AnyInbox::on(&store, &fresh_name()).await.unwrap();
+        assert_eq!(inbox.backend(), "redis");
+        (inbox, server)
     });
 }
 

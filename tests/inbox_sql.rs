@@ -116,6 +116,39 @@ mod postgres {
     inbox_contract::inbox_contract!(async { (pg_inbox().await, ()) });
 }
 
+/// The contract through `AnyInbox::on` a store from `connect(url)`: the inbox on the store's own
+/// pool, in a table of its own.
+mod any {
+    use super::*;
+    use tower_idempotency::inbox::AnyInbox;
+    use tower_idempotency::store::connect;
+
+    mod sqlite {
+        use super::*;
+
+        inbox_contract::inbox_contract!(async {
+            let dir = TempDir::new();
+            let url = format!("sqlite://{}", dir.0.join("any.db").display());
+            let store = connect(&url).await.unwrap();
+            let inbox = AnyInbox::on(&store, "any_inbox").await.unwrap();
+            assert_eq!(inbox.backend(), "sqlite");
+            (inbox, dir)
+        });
+    }
+
+    mod postgres {
+        use super::*;
+
+        inbox_contract::inbox_contract!(async {
+            let url = tokio::task::block_in_place(|| shared_server().url());
+            let store = connect(&url).await.unwrap();
+            let inbox = AnyInbox::on(&store, &unique("any")).await.unwrap();
+            assert_eq!(inbox.backend(), "postgres");
+            (inbox, ())
+        });
+    }
+}
+
 /// Two pools on one database (as two processes), four takers each: every entry is taken
 /// exactly once, and each completion with its lease's token lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

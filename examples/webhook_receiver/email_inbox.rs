@@ -2,9 +2,10 @@
 //! `INBOX_WORKERS=0`, workers in its process) and `inbox_worker` (the same workers without an
 //! HTTP server): where the entries are kept, and what applying one does.
 //!
-//! The inbox is kept on the demo's store, over its connections: `REDIS_URL` (a `RedisInbox`
-//! named `email`), else `DATABASE_URL` (a `PostgresInbox` or `SqliteInbox`, with the demo
-//! tables `demo_effects` and `demo_messages`), else memory.
+//! The inbox is kept on the demo's store, over its connections (`AnyInbox::on`): `REDIS_URL` (a
+//! `RedisInbox` named `inbox_email`), else `DATABASE_URL` (a `PostgresInbox` or `SqliteInbox`
+//! in the table `inbox_email`, beside the demo tables `demo_effects` and `demo_messages`), else
+//! memory.
 //!
 //! An event's effect (its event id counted, its message's status set) goes where every process
 //! that should see it can read it:
@@ -20,88 +21,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
-use tower_idempotency::inbox::{
-    Backoff, DeadLetter, Enqueued, Failure, InboxCounts, InboxEntry, InboxRequest, InboxStore,
-    Lease, MemoryInbox, Worker,
-};
-use tower_idempotency::store::{AnyStore, StoreError, StoreKey, Token};
+use tower_idempotency::inbox::{AnyInbox, Backoff, InboxRequest, Worker};
+use tower_idempotency::store::AnyStore;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The Redis inbox's name, the SQL inbox's table.
+pub(crate) const INBOX_NAME: &str = "inbox_email";
 
 /// The namespace of the inbox route's keys and of the workers' metrics.
 pub(crate) const NAMESPACE: &str = "inbox-email";
 
 /// How long a done event id dedups: the email provider retries within 72 hours.
 pub(crate) const RETENTION: Duration = Duration::from_secs(72 * 3600);
-
-/// The email inbox, on the store the environment names.
-#[derive(Clone)]
-pub(crate) enum EmailInbox {
-    Memory(MemoryInbox),
-    #[cfg(feature = "redis")]
-    Redis(tower_idempotency::inbox::RedisInbox),
-    #[cfg(feature = "sqlite")]
-    Sqlite(tower_idempotency::inbox::SqliteInbox),
-    #[cfg(feature = "postgres")]
-    Postgres(tower_idempotency::inbox::PostgresInbox),
-}
-
-/// The same call on whichever inbox it is.
-macro_rules! each {
-    ($inbox:expr, $it:ident => $call:expr) => {
-        match $inbox {
-            EmailInbox::Memory($it) => $call,
-            #[cfg(feature = "redis")]
-            EmailInbox::Redis($it) => $call,
-            #[cfg(feature = "sqlite")]
-            EmailInbox::Sqlite($it) => $call,
-            #[cfg(feature = "postgres")]
-            EmailInbox::Postgres($it) => $call,
-        }
-    };
-}
-
-impl InboxStore for EmailInbox {
-    async fn enqueue(&self, entry: InboxEntry) -> Result<Enqueued, StoreError> {
-        each!(self, inbox => inbox.enqueue(entry).await)
-    }
-    async fn take(&self, max: usize, lease: Duration) -> Result<Vec<Lease>, StoreError> {
-        each!(self, inbox => inbox.take(max, lease).await)
-    }
-    async fn renew(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        each!(self, inbox => inbox.renew(key, token, lease).await)
-    }
-    async fn complete(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        retention: Duration,
-    ) -> Result<bool, StoreError> {
-        each!(self, inbox => inbox.complete(key, token, retention).await)
-    }
-    async fn fail(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        failure: Failure,
-    ) -> Result<bool, StoreError> {
-        each!(self, inbox => inbox.fail(key, token, failure).await)
-    }
-    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
-        each!(self, inbox => inbox.dead_letters(limit).await)
-    }
-    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
-        each!(self, inbox => inbox.requeue(key).await)
-    }
-    async fn counts(&self) -> Result<InboxCounts, StoreError> {
-        each!(self, inbox => inbox.counts().await)
-    }
-}
 
 /// How often the done keys past their retention are deleted from a SQL inbox.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -114,52 +46,42 @@ const TABLES: [&str; 2] = [
     "CREATE TABLE IF NOT EXISTS demo_messages (message_id TEXT PRIMARY KEY, status TEXT NOT NULL)",
 ];
 
-impl EmailInbox {
-    /// The inbox on the demo's store, over its connections: a `RedisInbox` named `email`, a
-    /// `PostgresInbox` or `SqliteInbox` (migrated, the demo tables created), else in memory.
-    #[cfg_attr(
-        not(any(feature = "redis", feature = "sqlite", feature = "postgres")),
-        allow(unused_variables)
-    )]
-    pub(crate) async fn on(store: &AnyStore) -> Result<Self, BoxError> {
-        #[cfg(feature = "redis")]
-        if let Some(redis) = store.as_redis() {
-            let inbox = tower_idempotency::inbox::RedisInbox::new(redis.client().clone(), "email");
-            return Ok(EmailInbox::Redis(inbox));
+/// The email inbox on the demo's store, over its connections (`AnyInbox::on`); on SQL the
+/// demo tables are created and a task purges the expired done keys.
+pub(crate) async fn inbox_on(store: &AnyStore) -> Result<AnyInbox, BoxError> {
+    let inbox = AnyInbox::on(store, INBOX_NAME).await?;
+    #[cfg(feature = "postgres")]
+    if let Some(postgres) = inbox.as_postgres() {
+        for table in TABLES {
+            sqlx::query(table).execute(postgres.pool()).await?;
         }
-        #[cfg(feature = "postgres")]
-        if let Some(postgres) = store.as_postgres() {
-            let inbox = tower_idempotency::inbox::PostgresInbox::new(postgres.pool().clone());
-            inbox.migrate().await?;
-            for table in TABLES {
-                sqlx::query(table).execute(inbox.pool()).await?;
-            }
-            drop(inbox.spawn_purge(PURGE_EVERY));
-            return Ok(EmailInbox::Postgres(inbox));
-        }
-        #[cfg(feature = "sqlite")]
-        if let Some(sqlite) = store.as_sqlite() {
-            let inbox = tower_idempotency::inbox::SqliteInbox::new(sqlite.pool().clone());
-            inbox.migrate().await?;
-            for table in TABLES {
-                sqlx::query(table).execute(inbox.pool()).await?;
-            }
-            drop(inbox.spawn_purge(PURGE_EVERY));
-            return Ok(EmailInbox::Sqlite(inbox));
-        }
-        Ok(EmailInbox::Memory(MemoryInbox::default()))
+        drop(postgres.spawn_purge(PURGE_EVERY));
     }
+    #[cfg(feature = "sqlite")]
+    if let Some(sqlite) = inbox.as_sqlite() {
+        for table in TABLES {
+            sqlx::query(table).execute(sqlite.pool()).await?;
+        }
+        drop(sqlite.spawn_purge(PURGE_EVERY));
+    }
+    Ok(inbox)
+}
 
-    /// Effects as rows of the demo tables, when the inbox is on SQL.
-    pub(crate) fn table_effects(&self) -> Option<Effects> {
-        match self {
-            #[cfg(feature = "sqlite")]
-            EmailInbox::Sqlite(inbox) => Some(Effects::Sqlite(inbox.clone())),
-            #[cfg(feature = "postgres")]
-            EmailInbox::Postgres(inbox) => Some(Effects::Postgres(inbox.clone())),
-            _ => None,
-        }
+/// Effects as rows of the demo tables, when the inbox is on SQL.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres")),
+    allow(unused_variables)
+)]
+pub(crate) fn table_effects(inbox: &AnyInbox) -> Option<Effects> {
+    #[cfg(feature = "sqlite")]
+    if let Some(sqlite) = inbox.as_sqlite() {
+        return Some(Effects::Sqlite(sqlite.clone()));
     }
+    #[cfg(feature = "postgres")]
+    if let Some(postgres) = inbox.as_postgres() {
+        return Some(Effects::Postgres(postgres.clone()));
+    }
+    None
 }
 
 /// An effect in this process: `(event_id, message_id, status)`.
@@ -219,10 +141,10 @@ impl InboxSettings {
     /// The workers on `inbox`, applying events to `effects`, as these settings say.
     pub(crate) fn worker(
         self,
-        inbox: EmailInbox,
+        inbox: AnyInbox,
         effects: Effects,
     ) -> Worker<
-        EmailInbox,
+        AnyInbox,
         impl tower::Service<InboxRequest, Response = (), Error = String, Future: Send> + Clone + Send,
     > {
         Worker::new(inbox, apply(effects))

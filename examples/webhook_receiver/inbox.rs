@@ -14,12 +14,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
-use tower_idempotency::inbox::{InboxRoute, InboxStore};
+use tower_idempotency::inbox::{AnyInbox, InboxRoute, InboxStore};
 use tower_idempotency::key::JsonPathKey;
 use tower_idempotency::order::{EventOrder, TimestampAt};
 use tower_idempotency::store::AnyStore;
 
-use super::email_inbox::{self, Effects, EmailInbox, InboxSettings};
+use super::email_inbox::{self, Effects, InboxSettings};
 use super::{AppState, Error, Settings, webhook_layer};
 
 /// The inbox routes, and the workers started in the background.
@@ -27,7 +27,7 @@ pub(super) fn routes(
     store: &AnyStore,
     settings: &Settings,
     state: &AppState,
-    inbox: EmailInbox,
+    inbox: AnyInbox,
 ) -> Result<Router, Error> {
     let env = InboxSettings::from_env().map_err(|err| -> Error { err })?;
     let order = EventOrder::new(
@@ -64,7 +64,7 @@ fn in_process(state: AppState) -> Effects {
     }))
 }
 
-async fn counts(State(inbox): State<EmailInbox>) -> Response {
+async fn counts(State(inbox): State<AnyInbox>) -> Response {
     match inbox.counts().await {
         Ok(c) => Json(json!({"pending": c.pending, "in_flight": c.in_flight, "dead": c.dead}))
             .into_response(),
@@ -73,7 +73,7 @@ async fn counts(State(inbox): State<EmailInbox>) -> Response {
 }
 
 /// The dead letters' event ids, attempts and last errors.
-async fn dead_letters(State(inbox): State<EmailInbox>) -> Response {
+async fn dead_letters(State(inbox): State<AnyInbox>) -> Response {
     match inbox.dead_letters(1_000).await {
         Ok(dead) => {
             let listed: Vec<Value> = dead
@@ -93,7 +93,7 @@ async fn dead_letters(State(inbox): State<EmailInbox>) -> Response {
 }
 
 /// Re-queues the dead letter of `event_id`: 202, or 404 when it is not dead.
-async fn retry(State(inbox): State<EmailInbox>, Path(wanted): Path<String>) -> Response {
+async fn retry(State(inbox): State<AnyInbox>, Path(wanted): Path<String>) -> Response {
     let dead = inbox.dead_letters(usize::MAX).await.unwrap_or_default();
     let found = dead
         .iter()

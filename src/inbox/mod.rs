@@ -11,7 +11,8 @@
 //! - [`InboxEntry`], [`Lease`], [`InboxRequest`]: what is stored, taken, and handled;
 //! - [`InboxStore`]: the queue contract, beside the record contract; [`MemoryInbox`] in memory,
 //!   `SqlInbox` in PostgreSQL and SQLite (features `postgres`, `sqlite`),
-//!   `RedisInbox` on Redis (feature `redis`);
+//!   `RedisInbox` on Redis (feature `redis`); [`AnyInbox`], one of them chosen at run time
+//!   (on an [`AnyStore`](crate::store::AnyStore)'s connections);
 //! - [`RetryPolicy`] and [`Backoff`]: the policy decides, the worker's loop executes;
 //! - [`Worker`]: the loop.
 //!
@@ -42,6 +43,7 @@
 //! # });
 //! ```
 
+mod any;
 #[cfg(any(feature = "redis", feature = "sqlite", feature = "postgres"))]
 mod codec;
 mod entry;
@@ -56,6 +58,7 @@ mod sql;
 mod store;
 mod worker;
 
+pub use self::any::AnyInbox;
 pub use self::entry::{EntryOrder, InboxEntry, InboxRequest, Lease};
 pub use self::memory::{DEFAULT_CAPACITY, MemoryInbox};
 #[cfg(feature = "redis")]

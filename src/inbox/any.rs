@@ -1,0 +1,216 @@
+//! [`AnyInbox`]: the inbox on whichever backend an [`AnyStore`] was connected to.
+
+use std::time::Duration;
+
+use super::entry::{InboxEntry, Lease};
+use super::memory::MemoryInbox;
+use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore};
+use crate::store::{AnyStore, StoreError, StoreKey, Token};
+
+/// An inbox chosen at run time, as [`AnyStore`] is a store chosen at run time: a
+/// [`MemoryInbox`], a `RedisInbox`, a `PostgresInbox` or a `SqliteInbox` behind one type, so that
+/// a service configured by a URL names one inbox type whatever the backend.
+///
+/// [`AnyInbox::on`] builds it on a store's own connections (the Redis client, the SQL pool):
+/// the records and the entries live in one place, and an exclusively locked SQLite file works
+/// with both.
+///
+/// ```
+/// use tower_idempotency::inbox::{AnyInbox, InboxStore};
+/// use tower_idempotency::store::connect;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let store = connect("memory:").await.unwrap();
+/// let inbox = AnyInbox::on(&store, "email").await.unwrap();
+/// assert_eq!(inbox.backend(), "memory");
+/// assert_eq!(inbox.counts().await.unwrap().pending, 0);
+/// # });
+/// ```
+#[derive(Clone, Debug)]
+pub struct AnyInbox(Backend);
+
+#[derive(Clone, Debug)]
+enum Backend {
+    Memory(MemoryInbox),
+    #[cfg(feature = "redis")]
+    Redis(super::redis::RedisInbox),
+    #[cfg(feature = "postgres")]
+    Postgres(super::sql::PostgresInbox),
+    #[cfg(feature = "sqlite")]
+    Sqlite(super::sql::SqliteInbox),
+}
+
+impl AnyInbox {
+    /// The inbox on `store`'s backend and connections: a `RedisInbox` named `name` on its
+    /// client; a `PostgresInbox` or `SqliteInbox` on its pool, in the table `name` (created
+    /// by [`migrate`](super::SqlInbox::migrate) here); a [`MemoryInbox`] of the default
+    /// capacity for a memory store. An error when the table cannot be created, or `name` is
+    /// not a valid table name on SQL.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "sqlite", feature = "postgres")),
+        allow(unused_variables)
+    )]
+    pub async fn on(store: &AnyStore, name: &str) -> Result<Self, StoreError> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = store.as_redis() {
+            let inbox = super::redis::RedisInbox::new(redis.client().clone(), name);
+            return Ok(inbox.into());
+        }
+        #[cfg(feature = "postgres")]
+        if let Some(postgres) = store.as_postgres() {
+            let inbox = super::sql::PostgresInbox::new(postgres.pool().clone())
+                .with_table(name)
+                .map_err(invalid_table)?;
+            inbox.migrate().await?;
+            return Ok(inbox.into());
+        }
+        #[cfg(feature = "sqlite")]
+        if let Some(sqlite) = store.as_sqlite() {
+            let inbox = super::sql::SqliteInbox::new(sqlite.pool().clone())
+                .with_table(name)
+                .map_err(invalid_table)?;
+            inbox.migrate().await?;
+            return Ok(inbox.into());
+        }
+        Ok(MemoryInbox::default().into())
+    }
+
+    /// The backend's name: `memory`, `redis`, `postgres` or `sqlite`.
+    pub fn backend(&self) -> &'static str {
+        match &self.0 {
+            Backend::Memory(_) => "memory",
+            #[cfg(feature = "redis")]
+            Backend::Redis(_) => "redis",
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => "postgres",
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => "sqlite",
+        }
+    }
+
+    /// The `RedisInbox` inside, if the backend is Redis.
+    #[cfg(feature = "redis")]
+    pub fn as_redis(&self) -> Option<&super::redis::RedisInbox> {
+        match &self.0 {
+            Backend::Redis(inbox) => Some(inbox),
+            _ => None,
+        }
+    }
+
+    /// The `PostgresInbox` inside, if the backend is PostgreSQL: for
+    /// [`complete_in_tx`](super::SqlInbox::complete_in_tx) in a handler's transaction.
+    #[cfg(feature = "postgres")]
+    pub fn as_postgres(&self) -> Option<&super::sql::PostgresInbox> {
+        match &self.0 {
+            Backend::Postgres(inbox) => Some(inbox),
+            _ => None,
+        }
+    }
+
+    /// The `SqliteInbox` inside, if the backend is SQLite: for
+    /// [`complete_in_tx`](super::SqlInbox::complete_in_tx) in a handler's transaction.
+    #[cfg(feature = "sqlite")]
+    pub fn as_sqlite(&self) -> Option<&super::sql::SqliteInbox> {
+        match &self.0 {
+            Backend::Sqlite(inbox) => Some(inbox),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn invalid_table(err: crate::store::sql::InvalidTable) -> StoreError {
+    StoreError::with_source(crate::store::StoreErrorKind::Other, err)
+}
+
+impl From<MemoryInbox> for AnyInbox {
+    fn from(inbox: MemoryInbox) -> Self {
+        AnyInbox(Backend::Memory(inbox))
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<super::redis::RedisInbox> for AnyInbox {
+    fn from(inbox: super::redis::RedisInbox) -> Self {
+        AnyInbox(Backend::Redis(inbox))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<super::sql::PostgresInbox> for AnyInbox {
+    fn from(inbox: super::sql::PostgresInbox) -> Self {
+        AnyInbox(Backend::Postgres(inbox))
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl From<super::sql::SqliteInbox> for AnyInbox {
+    fn from(inbox: super::sql::SqliteInbox) -> Self {
+        AnyInbox(Backend::Sqlite(inbox))
+    }
+}
+
+/// Forwards a call to the backend's inbox.
+macro_rules! dispatch {
+    ($self:expr, $inbox:ident => $call:expr) => {
+        match &$self.0 {
+            Backend::Memory($inbox) => $call,
+            #[cfg(feature = "redis")]
+            Backend::Redis($inbox) => $call,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres($inbox) => $call,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite($inbox) => $call,
+        }
+    };
+}
+
+/// Every call goes to the backend's inbox.
+impl InboxStore for AnyInbox {
+    async fn enqueue(&self, entry: InboxEntry) -> Result<Enqueued, StoreError> {
+        dispatch!(self, inbox => inbox.enqueue(entry).await)
+    }
+
+    async fn take(&self, max: usize, lease: Duration) -> Result<Vec<Lease>, StoreError> {
+        dispatch!(self, inbox => inbox.take(max, lease).await)
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        dispatch!(self, inbox => inbox.renew(key, token, lease).await)
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        dispatch!(self, inbox => inbox.complete(key, token, retention).await)
+    }
+
+    async fn fail(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        failure: Failure,
+    ) -> Result<bool, StoreError> {
+        dispatch!(self, inbox => inbox.fail(key, token, failure).await)
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        dispatch!(self, inbox => inbox.dead_letters(limit).await)
+    }
+
+    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        dispatch!(self, inbox => inbox.requeue(key).await)
+    }
+
+    async fn counts(&self) -> Result<InboxCounts, StoreError> {
+        dispatch!(self, inbox => inbox.counts().await)
+    }
+}
