@@ -14,13 +14,21 @@
 //! - `SPIN_NS` (`bare` only): nanoseconds of CPU the handler burns per request, to calibrate
 //!   what a given per-request cost does to req/s on this machine (default 0);
 //! - `PREFILL` (`memory` only): completed ack-mode records written into the store before the
-//!   server starts, to measure how cost grows with the keys held (`scripts/scale`).
+//!   server starts, to measure how cost grows with the keys held (`scripts/scale`);
+//! - `INBOX_WORKERS` (`redis` only): entries the server's inbox [`Worker`] runs at once, with
+//!   the instant handler; `0` (the default) receives only, so that entries wait (the drain
+//!   measurement of `scripts/inbox_bench` fills the inbox with 0, then restarts with workers).
 //!
 //! Routes, both `POST`, keyed by the `Idempotency-Key` header with the layer's defaults (10 s
 //! lease, renewed; 72 h retention, payload fingerprint on):
 //! - `/webhook`: ack mode; reads the body, answers `200 {"ok":true}`;
 //! - `/orders`: replay mode; answers `201` with a `location` header and a small JSON order;
-//! - `GET /keys` (memory variant): the number of keys the memory store holds.
+//! - `GET /keys` (memory variant): the number of keys the memory store holds;
+//! - `/inbox` (redis variant): **inbox mode** on a `RedisInbox` named `loadtest` (same pool as
+//!   the store), keyed like `/webhook`: 202 once the entry is stored, the handler left to the
+//!   workers; `GET /inbox` gives `{"pending":N,"in_flight":N,"dead":N}`.
+//!
+//! [`Worker`]: tower_idempotency::inbox::Worker
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -114,7 +122,7 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
             let keys = store.clone();
             protected(store).route("/keys", get(move || async move { keys.len().to_string() }))
         }
-        "redis" => protected(redis().await?),
+        "redis" => redis().await?,
         other => return Err(format!("unknown VARIANT {other:?}: bare, memory or redis").into()),
     };
     let bind: SocketAddr = std::env::var("BIND")
@@ -148,8 +156,64 @@ async fn prefill(store: &MemoryStore) -> Result<(), Box<dyn std::error::Error>> 
     Ok(())
 }
 
+/// The routes on Redis: `/webhook` and `/orders` on a `RedisStore`, `/inbox` in inbox mode on a
+/// `RedisInbox`, one fred pool for both; the inbox's workers when `INBOX_WORKERS` is set.
 #[cfg(feature = "redis")]
-async fn redis() -> Result<tower_idempotency::RedisStore, Box<dyn std::error::Error>> {
+async fn redis() -> Result<Router, Box<dyn std::error::Error>> {
+    use tower_idempotency::RedisStore;
+    use tower_idempotency::inbox::{InboxRoute, InboxStore, RedisInbox};
+
+    let pool = redis_pool().await?;
+    let store = RedisStore::new(pool.clone());
+    // So that the first completion does not pay a NOSCRIPT round trip.
+    store.load_scripts().await?;
+    let inbox = RedisInbox::new(pool, "loadtest");
+    let layer = IdempotencyLayer::new(store.clone())
+        .namespace("loadtest-inbox")
+        .inbox(InboxRoute::new(inbox.clone()));
+    let workers: usize = match std::env::var("INBOX_WORKERS") {
+        Ok(n) => n.parse()?,
+        Err(_) => 0,
+    };
+    if workers > 0 {
+        tokio::spawn(work(inbox.clone(), workers));
+    }
+    let counts = move || {
+        let inbox = inbox.clone();
+        async move {
+            let counts = inbox.counts().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(format!(
+                r#"{{"pending":{},"in_flight":{},"dead":{}}}"#,
+                counts.pending, counts.in_flight, counts.dead
+            ))
+        }
+    };
+    Ok(protected(store).route("/inbox", post(webhook).route_layer(layer).get(counts)))
+}
+
+/// Runs the inbox's entries through the instant handler, `workers` at a time, until the process
+/// ends. The handler is the one `/webhook` runs on the request path, so that the drain rate
+/// compares with the synchronous route's.
+#[cfg(feature = "redis")]
+async fn work(inbox: tower_idempotency::inbox::RedisInbox, workers: usize) {
+    use tower_idempotency::inbox::{InboxRequest, Worker};
+
+    let handler = tower::service_fn(|request: InboxRequest| async move {
+        let response = webhook(request.body().clone()).await.into_response();
+        std::hint::black_box(response);
+        Ok::<(), std::convert::Infallible>(())
+    });
+    Worker::new(inbox, handler)
+        .namespace("loadtest-inbox")
+        .workers(workers)
+        .poll_interval(std::time::Duration::from_millis(5))
+        .run(std::future::pending())
+        .await;
+}
+
+#[cfg(feature = "redis")]
+async fn redis_pool() -> Result<tower_idempotency::fred::clients::Pool, Box<dyn std::error::Error>>
+{
     use std::time::Duration;
     use tower_idempotency::fred::prelude::*;
 
@@ -164,13 +228,10 @@ async fn redis() -> Result<tower_idempotency::RedisStore, Box<dyn std::error::Er
         .set_policy(ReconnectPolicy::new_constant(0, 100))
         .build_pool(size)?;
     pool.init().await?;
-    let store = tower_idempotency::RedisStore::new(pool);
-    // So that the first completion does not pay a NOSCRIPT round trip.
-    store.load_scripts().await?;
-    Ok(store)
+    Ok(pool)
 }
 
 #[cfg(not(feature = "redis"))]
-async fn redis() -> Result<MemoryStore, Box<dyn std::error::Error>> {
+async fn redis() -> Result<Router, Box<dyn std::error::Error>> {
     Err("VARIANT=redis needs the `redis` feature".into())
 }

@@ -449,3 +449,189 @@ async fn a_flood_of_refusals_is_logged_throttled_and_counted_whole() {
         1001
     );
 }
+
+/// The inbox metrics of one namespace, read by polling a `DebuggingRecorder`. A snapshot drains
+/// it (counters and gauges read 0 until recorded again), so counters are summed over the
+/// snapshots and the gauges are those of the last snapshot that saw them set.
+#[derive(Default)]
+struct Polled {
+    counters: std::collections::HashMap<String, u64>,
+    gauges: std::collections::HashMap<String, f64>,
+}
+
+impl Polled {
+    /// Takes a snapshot; true when it saw the gauges set since the previous one (a worker
+    /// sets all four at once, and `pending` is never read back as 0 then unless it is 0).
+    fn poll(&mut self, recorder: &DebuggingRecorder, namespace: &str) -> bool {
+        let mut gauges = std::collections::HashMap::new();
+        for (key, _, _, value) in recorder.snapshotter().snapshot().into_vec() {
+            let key = key.key();
+            if !key
+                .labels()
+                .any(|l| l.key() == "namespace" && l.value() == namespace)
+            {
+                continue;
+            }
+            let name = key.name().to_owned();
+            match value {
+                DebugValue::Counter(n) => *self.counters.entry(name).or_default() += n,
+                DebugValue::Gauge(value) => drop(gauges.insert(name, value.0)),
+                DebugValue::Histogram(_) => {}
+            }
+        }
+        let set = gauges.values().any(|v| *v != 0.0);
+        if set {
+            self.gauges = gauges;
+        }
+        set
+    }
+
+    fn gauge(&self, name: &str) -> Option<f64> {
+        self.gauges.get(name).copied()
+    }
+
+    fn counter(&self, name: &str) -> u64 {
+        self.counters.get(name).copied().unwrap_or_default()
+    }
+}
+
+/// Polls `recorder` until a measurement satisfies `done` (10 s at most).
+async fn poll_until(
+    recorder: &DebuggingRecorder,
+    polled: &mut Polled,
+    namespace: &str,
+    what: &str,
+    done: impl Fn(&Polled) -> bool,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !(polled.poll(recorder, namespace) && done(polled)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {:?}",
+            polled.gauges
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A `Worker` on a `MemoryInbox` exports what the dashboard's inbox row and the inbox alerts
+/// read: attempts, retries and dead letters counted, and the pending, in flight, dead and
+/// oldest-age gauges, all under the worker's namespace.
+#[tokio::test(flavor = "current_thread")]
+async fn a_worker_exports_the_inbox_counters_and_gauges() {
+    use bytes::Bytes;
+    use std::time::SystemTime;
+    use tower_idempotency::inbox::Worker;
+    use tower_idempotency::inbox::{Backoff, InboxEntry, InboxRequest, InboxStore, MemoryInbox};
+
+    let recorder = DebuggingRecorder::new();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+    let inbox = MemoryInbox::new(100);
+    let entry = |id: &str, body: &'static str| {
+        InboxEntry::new(StoreKey::new("obs-inbox", None, id), Bytes::from(body), id)
+    };
+    inbox.enqueue(entry("ok", "ok")).await.unwrap();
+    inbox.enqueue(entry("fails", "fail")).await.unwrap();
+    // Due in an hour, stored two minutes ago: it stays pending and is the oldest entry.
+    let mut later = entry("later", "ok");
+    later.next_attempt_at = SystemTime::now() + Duration::from_secs(3600);
+    later.enqueued_at = SystemTime::now() - Duration::from_secs(120);
+    inbox.enqueue(later).await.unwrap();
+
+    let handler = tower::service_fn(|request: InboxRequest| async move {
+        match &request.body()[..] {
+            b"fail" => Err("the handler failed"),
+            _ => Ok(()),
+        }
+    });
+    let worker = Worker::new(inbox.clone(), handler)
+        .namespace("obs-inbox")
+        .retry(Backoff::new(Duration::from_millis(1)).max_attempts(2))
+        .poll_interval(Duration::from_millis(5));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut polled = Polled::default();
+    let watch = async {
+        // Before the worker takes anything: three pending.
+        poll_until(&recorder, &mut polled, "obs-inbox", "first", |p| {
+            p.gauge("idempotency_inbox_pending").is_some()
+        })
+        .await;
+        assert_eq!(polled.gauge("idempotency_inbox_pending"), Some(3.0));
+        // Measured at most once a second: wait for the settled inbox.
+        poll_until(&recorder, &mut polled, "obs-inbox", "settled", |p| {
+            p.gauge("idempotency_inbox_dead") == Some(1.0)
+        })
+        .await;
+        stop.send(()).unwrap();
+    };
+    tokio::join!(worker.run(async { stopped.await.unwrap() }), watch);
+    polled.poll(&recorder, "obs-inbox");
+
+    assert_eq!(polled.gauge("idempotency_inbox_pending"), Some(1.0));
+    assert_eq!(polled.gauge("idempotency_inbox_in_flight"), Some(0.0));
+    let age = polled
+        .gauge("idempotency_inbox_oldest_age_seconds")
+        .unwrap();
+    assert!((120.0..3600.0).contains(&age), "oldest age {age}");
+    // ok once; fails twice (a retry, then a dead letter); later not yet due.
+    assert_eq!(polled.counter("idempotency_inbox_attempts_total"), 3);
+    assert_eq!(polled.counter("idempotency_inbox_retries_total"), 1);
+    assert_eq!(polled.counter("idempotency_inbox_dead_letters_total"), 1);
+    let counts = inbox.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.in_flight, counts.dead), (1, 0, 1));
+}
+
+/// While every worker is busy with a handler that does not end, the gauges still move: the
+/// oldest entry's age grows (what IdempotencyInboxOldestEntryTooOld reads) and in flight shows
+/// the busy worker.
+#[tokio::test(flavor = "current_thread")]
+async fn the_inbox_gauges_keep_moving_while_every_worker_is_busy() {
+    use bytes::Bytes;
+    use tower_idempotency::inbox::{InboxEntry, InboxRequest, InboxStore, MemoryInbox, Worker};
+
+    let recorder = DebuggingRecorder::new();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+    let inbox = MemoryInbox::new(100);
+    for id in ["stuck", "behind"] {
+        let key = StoreKey::new("obs-busy", None, id);
+        inbox
+            .enqueue(InboxEntry::new(key, Bytes::new(), id))
+            .await
+            .unwrap();
+    }
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let release = gate.clone();
+    let handler = tower::service_fn(move |_request: InboxRequest| {
+        let gate = gate.clone();
+        async move {
+            gate.notified().await;
+            Ok::<(), std::convert::Infallible>(())
+        }
+    });
+    let worker = Worker::new(inbox.clone(), handler)
+        .namespace("obs-busy")
+        .workers(1)
+        .poll_interval(Duration::from_millis(5));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut polled = Polled::default();
+    let watch = async {
+        poll_until(&recorder, &mut polled, "obs-busy", "busy and aging", |p| {
+            let age = p.gauge("idempotency_inbox_oldest_age_seconds");
+            age.is_some_and(|age| age >= 1.5)
+        })
+        .await;
+        assert_eq!(polled.gauge("idempotency_inbox_in_flight"), Some(1.0));
+        assert_eq!(polled.gauge("idempotency_inbox_pending"), Some(1.0));
+        // Both entries run, one after the other, then the worker stops.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        release.notify_one();
+        while inbox.counts().await.unwrap().pending > 0 {
+            assert!(std::time::Instant::now() < deadline, "the second never ran");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        release.notify_one();
+        stop.send(()).unwrap();
+    };
+    tokio::join!(worker.run(async { stopped.await.unwrap() }), watch);
+    assert_eq!(inbox.counts().await.unwrap().in_flight, 0);
+}

@@ -19,6 +19,9 @@ use super::retry::{Backoff, Decision, RetryPolicy};
 use super::store::{Failure, InboxStore};
 use crate::store::BoxError;
 
+/// How often the inbox's gauges are set, at most (and at least, while the worker runs).
+const MEASURE_EVERY: Duration = Duration::from_secs(1);
+
 /// Runs inbox entries through a service: up to `workers` at a time, each under a lease
 /// renewed while it runs; success marks the key done, failure (an `Err`, a panic) asks the
 /// retry policy for a retry time or a dead letter.
@@ -164,9 +167,10 @@ where
 }
 
 impl<St: InboxStore, P> Run<St, P> {
-    /// Sets the inbox's gauges, at most once a second (counting may scan the inbox).
+    /// Sets the inbox's gauges, at most once every [`MEASURE_EVERY`] (counting may scan the
+    /// inbox).
     async fn measure(&self, last: &mut Option<Instant>) {
-        let recent = last.is_some_and(|at| at.elapsed() < Duration::from_secs(1));
+        let recent = last.is_some_and(|at| at.elapsed() < MEASURE_EVERY);
         if !cfg!(feature = "metrics") || recent {
             return;
         }
@@ -213,10 +217,11 @@ impl<St, P> Clone for Run<St, P> {
     }
 }
 
-/// Waits for a running entry to end when none is free, else for the poll interval.
+/// Waits for a running entry to end when none is free (at most a second, so that the gauges
+/// keep moving while every handler hangs), else for the poll interval.
 async fn wait_for_room(running: &mut JoinSet<()>, free: usize, poll: Duration) {
     if free == 0 {
-        running.join_next().await;
+        let _ = tokio::time::timeout(MEASURE_EVERY, running.join_next()).await;
     } else {
         tokio::time::sleep(poll).await;
     }

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""The inbox benchmark of scripts/inbox_bench (issue #33, "Performance"), on Redis.
+
+Run through `scripts/inbox_bench` (which builds examples/loadtest_server.rs in release mode);
+`scripts/inbox_bench --help` lists the options. Standard library only; reuses the helpers of
+scripts/loadtest.py (redis-server on a free 127.0.0.1 port, the server, wrk and its Lua script,
+the 1 KiB WhatsApp-shaped body).
+
+Three figures, each against its bound:
+
+1. Acknowledgement: req/s of first deliveries (every key new) on `/inbox` (inbox mode on a
+   `RedisInbox`: one script stores the key and the entry) against `/webhook` (the synchronous
+   route on `RedisStore` with an instant handler: a claim, the handler, a completion).
+   The two routes alternate in --rounds rounds (so that a burst of load from elsewhere on the
+   host hits both); their medians are compared. Bound: inbox >= 1.2x sync.
+2. Drain: the entries queued by (1) with no worker running, then the server restarted with
+   `INBOX_WORKERS` workers and timed until nothing is pending or in flight: entries/s against
+   the synchronous route's first-delivery req/s (same handler, same Redis). Bound: >= 0.8x.
+3. Memory per pending entry: `MEMORY USAGE` (exact, `SAMPLES 0`) of the entries' hashes (a
+   sample of them) plus each entry's share of the inbox's sorted sets (`due`, `live`), with
+   `used_memory` before and after as a cross-check. Bound: <= 2x the body + 200 bytes.
+
+The server (one Tokio worker) is pinned to one CPU; wrk (one thread) and redis-server to the
+other, as in scripts/loadtest. On a shared, noisy host one run says little: compare the two
+routes of the same run (the per-round ratios show the spread), and run it again before
+trusting a figure. Exits 1 when a figure misses its bound.
+"""
+import argparse
+import http.client
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loadtest import ROOT, RedisServer, Server, cpu_seconds, log, whatsapp_payload, wrk  # noqa: E402
+
+INBOX = "{inbox:loadtest}:"
+
+
+def server(binary, cpu, redis, workers):
+    """The loadtest server on Redis, with `workers` inbox workers (0: receives only)."""
+    # Server passes the environment on: INBOX_WORKERS is read by the redis variant only.
+    os.environ["INBOX_WORKERS"] = str(workers)
+    return Server(binary, "redis", cpu, redis.url)
+
+
+def counts(srv):
+    conn = http.client.HTTPConnection(srv.host, int(srv.port), timeout=10)
+    try:
+        conn.request("GET", "/inbox")
+        response = conn.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"GET /inbox: {response.status} {body!r}")
+        return json.loads(body)
+    finally:
+        conn.close()
+
+
+def first_deliveries(srv, redis, path, connections, duration, body_path, run, cpu):
+    """wrk on `path`, every key new; req/s, the server's and Redis's CPU, the run's figures."""
+    env = {"LT_BODY": body_path, "LT_PATH": path, "LT_RUN": run}
+    cpu0 = (cpu_seconds(srv.pid), cpu_seconds(redis.proc.pid))
+    r = wrk(f"http://{srv.addr}{path}", connections, duration, env, cpu)
+    seconds = r["duration_us"] / 1e6
+    r["server_cpu_pct"] = (cpu_seconds(srv.pid) - cpu0[0]) / seconds * 100
+    r["redis_cpu_pct"] = (cpu_seconds(redis.proc.pid) - cpu0[1]) / seconds * 100
+    r["wrk_cpu_pct"] = r["wrk_cpu_s"] / seconds * 100
+    errors = sum(r[k] for k in r if k.startswith("errors_"))
+    if errors:
+        raise RuntimeError(f"{path}: {errors} errors (non-2xx or socket) in {r}")
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    log(f"   {path:8} c={connections}: {r['rps']:9,.0f} req/s  p50 {r['p50_us'] / 1000:.2f} ms  "
+        f"p99 {r['p99_us'] / 1000:.2f} ms  ({r['requests']} requests; CPU: server "
+        f"{r['server_cpu_pct']:.0f} %, redis {r['redis_cpu_pct']:.0f} %, wrk {r['wrk_cpu_pct']:.0f} %)")
+    return r
+
+
+def memory_per_entry(redis, pending, sample):
+    """Bytes per pending entry: the mean hash (over `sample` of them) plus its share of the sets."""
+    keys = redis.keys(INBOX + "e:*", limit=sample)[:sample]
+    assert keys, "no inbox entry in Redis"
+    hashes = [redis.admin.cmd("MEMORY", "USAGE", k, "SAMPLES", "0") for k in keys]
+    sets = {name: redis.admin.cmd("MEMORY", "USAGE", INBOX + name, "SAMPLES", "0") or 0
+            for name in ("due", "live", "leased", "dead")}
+    hash_mean = sum(hashes) / len(hashes)
+    return {
+        "hash_bytes": hash_mean,
+        "sets_bytes_per_entry": sum(sets.values()) / pending,
+        "per_entry": hash_mean + sum(sets.values()) / pending,
+        "sampled": len(keys),
+        "encoding": redis.admin.cmd("OBJECT", "ENCODING", keys[0]).decode(),
+        "sets": sets,
+    }
+
+
+def drain(binary, cpu, redis, workers, pending, timeout):
+    """Restarts the server with workers; entries/s until nothing is pending or in flight."""
+    started = time.monotonic()
+    redis_cpu = cpu_seconds(redis.proc.pid)
+    srv = server(binary, cpu, redis, workers)
+    try:
+        deadline = started + timeout
+        while True:
+            c = counts(srv)
+            if c["pending"] == 0 and c["in_flight"] == 0:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not drained in {timeout} s: {c}")
+            time.sleep(0.01)
+        seconds = time.monotonic() - started
+        server_cpu = cpu_seconds(srv.pid)
+        redis_cpu = cpu_seconds(redis.proc.pid) - redis_cpu
+        if c["dead"]:
+            raise RuntimeError(f"{c['dead']} dead letters: the instant handler never fails")
+    finally:
+        srv.stop()
+    return {"entries": pending, "seconds": seconds, "rate": pending / seconds,
+            "server_cpu_pct": server_cpu / seconds * 100, "redis_cpu_pct": redis_cpu / seconds * 100}
+
+
+def median(values):
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+def verdict(ok):
+    return "ok" if ok else "BELOW THE BOUND"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server", default=os.path.join(ROOT, "target", "release", "examples", "loadtest_server"))
+    p.add_argument("--duration", type=int, default=4, help="seconds per measured wrk run (default 4)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds of the two routes, interleaved; medians are compared (default 3)")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up seconds per route (default 1)")
+    p.add_argument("--connections", type=int, default=32, help="wrk connections (default 32)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="entries the drain's Worker runs at once (default: --connections)")
+    p.add_argument("--sample", type=int, default=2000, help="entry hashes sized with MEMORY USAGE (default 2000)")
+    p.add_argument("--json", help="also write the figures to this file")
+    args = p.parse_args()
+    assert 1 <= args.duration <= 120 and 1 <= args.rounds <= 20 and 0 <= args.warmup <= 30 and 1 <= args.connections <= 1024
+    workers = args.workers or args.connections
+
+    allowed = sorted(os.sched_getaffinity(0))
+    server_cpu, client_cpu = (allowed[0], allowed[1]) if len(allowed) >= 2 else (None, None)
+    body = whatsapp_payload(1024)
+    tmp = tempfile.mkdtemp(prefix="inbox-bench-")
+    body_path = os.path.join(tmp, "body.json")
+    with open(body_path, "wb") as f:
+        f.write(body)
+    run = str(time.time_ns())
+    redis = RedisServer(client_cpu)
+    results = {"redis_version": redis.version, "body_bytes": len(body), "connections": args.connections,
+               "workers": workers, "duration": args.duration,
+               "pinning": f"server on CPU {server_cpu}; wrk and redis-server on CPU {client_cpu}"}
+    try:
+        srv = server(args.server, server_cpu, redis, 0)
+        try:
+            if args.warmup:
+                log(f"== warm-up, {args.warmup} s per route")
+                for path in ("/webhook", "/inbox"):
+                    first_deliveries(srv, redis, path, args.connections, args.warmup, body_path, f"{run}-warm", client_cpu)
+            syncs, inboxes, queued, grown = [], [], 0, 0
+            for rnd in range(args.rounds):
+                log(f"== first deliveries, round {rnd + 1}/{args.rounds}, {args.duration} s per route")
+                syncs.append(first_deliveries(srv, redis, "/webhook", args.connections, args.duration,
+                                              body_path, f"{run}-sync-{rnd}", client_cpu))
+                before, used_before = counts(srv)["pending"], redis.used_memory()
+                inbox = first_deliveries(srv, redis, "/inbox", args.connections, args.duration, body_path,
+                                         f"{run}-inbox-{rnd}", client_cpu)
+                inboxes.append(inbox)
+                stored = counts(srv)["pending"] - before
+                grown += redis.used_memory() - used_before
+                # wrk counts the answers it read: the requests in flight when it stopped were
+                # stored too.
+                acked = inbox["requests"]
+                assert acked <= stored <= acked + args.connections, f"{acked} acknowledged, {stored} stored"
+                queued += stored
+            pending = counts(srv)["pending"]
+        finally:
+            srv.stop()
+        sync_rps = median([r["rps"] for r in syncs])
+        inbox_rps = median([r["rps"] for r in inboxes])
+        results["ack"] = {"sync_rps": sync_rps, "inbox_rps": inbox_rps, "ratio": inbox_rps / sync_rps,
+                          "rounds": [{"sync_rps": a["rps"], "inbox_rps": b["rps"]} for a, b in zip(syncs, inboxes)]}
+
+        log(f"== memory of {pending} pending entries")
+        memory = memory_per_entry(redis, pending, args.sample)
+        memory["used_memory_delta_per_entry"] = grown / queued
+        memory["bound"] = 2 * len(body) + 200
+        results["memory"] = memory
+
+        log(f"== drain: {pending} entries, {workers} workers")
+        results["drain"] = drain(args.server, server_cpu, redis, workers, pending, timeout=600)
+        results["drain"]["ratio"] = results["drain"]["rate"] / sync_rps
+    finally:
+        redis.stop()
+
+    ack, mem, dr = results["ack"], results["memory"], results["drain"]
+    print(f"Redis {results['redis_version']}, body {len(body)} B, wrk -t1 -c{args.connections}, "
+          f"{args.rounds} rounds of {args.duration} s per route ({results['pinning']})")
+    rounds = ", ".join(f"{r['inbox_rps'] / r['sync_rps']:.2f}x" for r in ack["rounds"])
+    print(f"acknowledge first deliveries (medians; rounds {rounds}): sync /webhook {ack['sync_rps']:,.0f} req/s, inbox /inbox "
+          f"{ack['inbox_rps']:,.0f} req/s: {ack['ratio']:.2f}x (bound >= 1.2x: {verdict(ack['ratio'] >= 1.2)})")
+    print(f"drain: {dr['entries']} entries in {dr['seconds']:.2f} s = {dr['rate']:,.0f} entries/s with "
+          f"{workers} workers (CPU: server {dr['server_cpu_pct']:.0f} %, redis {dr['redis_cpu_pct']:.0f} %): "
+          f"{dr['ratio']:.2f}x the sync route's req/s (bound >= 0.8x: {verdict(dr['ratio'] >= 0.8)})")
+    print(f"memory per pending entry: {mem['per_entry']:.0f} B = hash {mem['hash_bytes']:.0f} B "
+          f"({mem['encoding']}, {mem['sampled']} sampled) + sorted sets {mem['sets_bytes_per_entry']:.0f} B; "
+          f"used_memory delta {mem['used_memory_delta_per_entry']:.0f} B/entry; bound 2 x {len(body)} + 200 = "
+          f"{mem['bound']} B: {verdict(mem['per_entry'] <= mem['bound'])}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    ok = ack["ratio"] >= 1.2 and dr["ratio"] >= 0.8 and mem["per_entry"] <= mem["bound"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
