@@ -6,6 +6,18 @@
 
 use super::store::InboxCounts;
 
+/// The counters, at zero, when a worker starts: a rate or an `increase` over them has a series
+/// from the start, before the first retry or dead letter.
+pub(crate) fn register(namespace: &str) {
+    for name in [
+        "idempotency_inbox_attempts_total",
+        "idempotency_inbox_retries_total",
+        "idempotency_inbox_dead_letters_total",
+    ] {
+        add(name, namespace, 0);
+    }
+}
+
 /// One attempt started.
 pub(crate) fn attempt(namespace: &str) {
     count("idempotency_inbox_attempts_total", namespace);
@@ -21,13 +33,17 @@ pub(crate) fn dead_letter(namespace: &str) {
     count("idempotency_inbox_dead_letters_total", namespace);
 }
 
-#[cfg(feature = "metrics")]
 fn count(name: &'static str, namespace: &str) {
-    metrics::counter!(name, "namespace" => namespace.to_owned()).increment(1);
+    add(name, namespace, 1);
+}
+
+#[cfg(feature = "metrics")]
+fn add(name: &'static str, namespace: &str, n: u64) {
+    metrics::counter!(name, "namespace" => namespace.to_owned()).increment(n);
 }
 
 #[cfg(not(feature = "metrics"))]
-fn count(_name: &'static str, _namespace: &str) {}
+fn add(_name: &'static str, _namespace: &str, _n: u64) {}
 
 /// The inbox's depth, in flight, dead letters and oldest entry's age.
 #[cfg(feature = "metrics")]

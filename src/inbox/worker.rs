@@ -129,6 +129,7 @@ where
             policy,
             settings,
         };
+        metrics::register(&run.settings.namespace);
         let mut shutdown = pin!(shutdown);
         let mut running = JoinSet::new();
         let mut measured: Option<Instant> = None;
