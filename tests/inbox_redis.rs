@@ -56,6 +56,87 @@ mod cluster {
     });
 }
 
+/// The contract on an inbox of four partitions, on one server and on the cluster, where its
+/// partitions are four hash slots.
+mod partitioned {
+    use super::*;
+
+    inbox_contract::inbox_contract!(async {
+        let server = RedisServer::start();
+        let inbox = RedisInbox::new(server.connect().await, &fresh_name()).partitions(4);
+        (inbox, server)
+    });
+
+    mod cluster {
+        use super::*;
+
+        inbox_contract::inbox_contract!(async {
+            let cluster = redis_cluster::RedisCluster::shared();
+            let inbox = RedisInbox::new(cluster.connect().await, &fresh_name()).partitions(4);
+            (inbox, cluster)
+        });
+    }
+}
+
+/// On a cluster a partitioned inbox spreads its objects over its partitions' slots, keeps each
+/// object's entries in one of them and in order, and takes from every partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_inbox_spreads_objects_over_slots_and_keeps_their_order() {
+    let cluster = redis_cluster::RedisCluster::shared();
+    let name = fresh_name();
+    let inbox = RedisInbox::new(cluster.connect().await, &name).partitions(4);
+    const OBJECTS: u32 = 16;
+    for n in 0..3 * OBJECTS {
+        let object = ObjectKey::new("inbox-redis", None, &format!("obj-{}", n % OBJECTS));
+        let ordered = entry(n).ordered(object, Position::new(i128::from(n)));
+        assert_eq!(inbox.enqueue(ordered).await.unwrap(), Enqueued::Queued);
+    }
+    let client = cluster.connect().await;
+    let mut live = Vec::new();
+    let mut slots = HashSet::new();
+    for p in 0..4 {
+        let set = format!("{{inbox:{name}:{p}}}:live");
+        slots.insert(fred::util::redis_keyslot(set.as_bytes()));
+        let zcard = fred::types::CustomCommand::new_static(
+            "ZCARD",
+            fred::types::ClusterHash::FirstKey,
+            false,
+        );
+        let count: u64 = fred::interfaces::ClientLike::custom(&client, zcard, vec![set.clone()])
+            .await
+            .unwrap();
+        live.push(count);
+    }
+    assert_eq!(slots.len(), 4, "four hash slots");
+    assert_eq!(live.iter().sum::<u64>(), u64::from(3 * OBJECTS));
+    assert!(
+        live.iter().filter(|&&n| n > 0).count() >= 2,
+        "objects spread: {live:?}"
+    );
+    // Taken and completed round after round: an object's entries come one at a time, in order.
+    let mut last = std::collections::HashMap::new();
+    let mut applied = 0;
+    while applied < 3 * OBJECTS {
+        let leases = inbox.take(100, Duration::from_secs(30)).await.unwrap();
+        assert!(!leases.is_empty(), "entries left but none taken");
+        let mut objects = HashSet::new();
+        for lease in leases {
+            let order = lease.entry.order.clone().unwrap();
+            assert!(
+                objects.insert(order.object.clone()),
+                "one entry per object at a time"
+            );
+            if let Some(previous) = last.insert(order.object.clone(), order.position) {
+                assert!(previous < order.position, "in position order");
+            }
+            let done = inbox.complete(&lease.entry.key, &lease.token, Duration::from_secs(60));
+            assert!(done.await.unwrap());
+            applied += 1;
+        }
+    }
+    assert_eq!(inbox.counts().await.unwrap().pending, 0);
+}
+
 /// The contract through `AnyInbox::on` a store from `connect(url)`, on the store's client.
 mod any {
     use super::*;

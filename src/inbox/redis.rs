@@ -1,6 +1,7 @@
 //! [`RedisInbox`]: the inbox on Redis, every operation one Lua script over keys that share the
 //! inbox's hash tag.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -9,6 +10,7 @@ use fred::clients::Pool;
 use fred::interfaces::LuaInterface;
 use fred::types::Value;
 use fred::types::scripts::Script;
+use futures_util::future::join_all;
 
 use super::codec::{decode_headers, encode_headers};
 use super::entry::{EntryOrder, InboxEntry, Lease};
@@ -195,8 +197,9 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// # Keys
 ///
 /// Every key of the inbox named `N` starts with the hash tag `{inbox:N}`, so all of them are in
-/// one hash slot: the scripts never answer `CROSSSLOT` on Redis Cluster (one inbox lives on one
-/// primary; use several inboxes to spread the load):
+/// one hash slot: the scripts never answer `CROSSSLOT` on Redis Cluster. To spread one inbox
+/// over several primaries, [`partitions`](Self::partitions) gives it `n` hash tags
+/// `{inbox:N:<p>}`, each with the keys below:
 ///
 /// - `{inbox:N}:e:<key>`: a hash, the entry (body, kept headers, object and position,
 ///   correlation id, attempts, next attempt, enqueue time) with its state (queued, running,
@@ -245,8 +248,12 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 #[derive(Clone, Debug)]
 pub struct RedisInbox<C = Pool> {
     client: C,
-    prefix: Arc<str>,
+    name: Arc<str>,
+    /// One key prefix per partition, each its own hash tag.
+    prefixes: Arc<[Box<str>]>,
     capacity: u64,
+    /// The partition the next `take` starts from, so that no partition waits behind another.
+    next: Arc<AtomicUsize>,
 }
 
 impl<C> RedisInbox<C>
@@ -264,13 +271,44 @@ where
     pub fn new(client: C, name: &str) -> Self {
         RedisInbox {
             client,
-            prefix: format!("{{inbox:{name}}}:").into(),
+            name: name.into(),
+            prefixes: Arc::from(vec![format!("{{inbox:{name}}}:").into_boxed_str()]),
             capacity: 0,
+            next: Arc::default(),
         }
     }
 
+    /// Spreads the inbox over `n` partitions (1 to 255; 1, the default, keeps every key under
+    /// `{inbox:<name>}`), each its own hash tag `{inbox:<name>:<p>}`, so that on Redis Cluster the
+    /// entries live on several primaries. An ordered entry goes to its object's partition (an
+    /// object's entries, queue and watermark stay in one slot, so order holds), an unordered one
+    /// to its key's. Every operation on an entry is still one script on one slot; `take`,
+    /// `counts` and `dead_letters` ask every partition (at once), `requeue` each in turn.
+    ///
+    /// The number is part of the layout: entries stored under another number are not found.
+    /// On an ordered route a key is deduplicated within its object's partition, so a key that
+    /// came back with another object (not a redelivery) would count as new there.
+    ///
+    /// ```no_run
+    /// # async fn example(client: tower_idempotency::fred::clients::Client) {
+    /// let inbox = tower_idempotency::inbox::RedisInbox::new(client, "payments").partitions(8);
+    /// assert_eq!(inbox.prefix(), "{inbox:payments:0}:");
+    /// # }
+    /// ```
+    pub fn partitions(mut self, n: u8) -> Self {
+        let name = &self.name;
+        self.prefixes = match n {
+            0 | 1 => Arc::from(vec![format!("{{inbox:{name}}}:").into_boxed_str()]),
+            n => (0..n)
+                .map(|p| format!("{{inbox:{name}:{p}}}:").into_boxed_str())
+                .collect(),
+        };
+        self
+    }
+
     /// Bounds the entries (pending, in flight and dead) to `max_entries`: past it, an enqueue
-    /// fails with [`StoreErrorKind::Capacity`] (the route answers 503 + `Retry-After`).
+    /// fails with [`StoreErrorKind::Capacity`] (the route answers 503 + `Retry-After`). On a
+    /// [partitioned](Self::partitions) inbox each partition holds its share (rounded up).
     ///
     /// ```no_run
     /// # async fn example(client: tower_idempotency::fred::clients::Client) {
@@ -282,7 +320,8 @@ where
         self
     }
 
-    /// The prefix of every key of this inbox, its hash tag included.
+    /// The prefix of every key of this inbox (of its first partition when it has several),
+    /// its hash tag included.
     ///
     /// ```no_run
     /// # async fn example(client: tower_idempotency::fred::clients::Client) {
@@ -291,7 +330,7 @@ where
     /// # }
     /// ```
     pub fn prefix(&self) -> &str {
-        &self.prefix
+        &self.prefixes[0]
     }
 
     /// The fred client.
@@ -306,16 +345,35 @@ where
         &self.client
     }
 
-    fn entry_key(&self, key: &StoreKey) -> String {
-        format!("{}e:{}", self.prefix, key.as_str())
+    fn entry_key(&self, p: usize, key: &StoreKey) -> String {
+        format!("{}e:{}", self.prefixes[p], key.as_str())
     }
 
-    fn done_key(&self, key: &StoreKey) -> String {
-        format!("{}d:{}", self.prefix, key.as_str())
+    fn done_key(&self, p: usize, key: &StoreKey) -> String {
+        format!("{}d:{}", self.prefixes[p], key.as_str())
     }
 
-    fn set(&self, name: &str) -> String {
-        format!("{}{name}", self.prefix)
+    fn set(&self, p: usize, name: &str) -> String {
+        format!("{}{name}", self.prefixes[p])
+    }
+
+    /// The partition of an entry: its object's when ordered, else its key's.
+    fn partition_of(&self, entry: &InboxEntry) -> usize {
+        let n = self.prefixes.len();
+        if n == 1 {
+            return 0;
+        }
+        let hashed = match &entry.order {
+            Some(order) => order.object.as_str().as_bytes(),
+            None => entry.key.as_str().as_bytes(),
+        };
+        usize::from(fred::util::redis_keyslot(hashed)) % n
+    }
+
+    /// The partition a lease's token was handed out from (see `take_from`).
+    fn partition_of_token(&self, token: &Token) -> Option<usize> {
+        let p = usize::from(token.as_bytes()[15]);
+        (p < self.prefixes.len()).then_some(p)
     }
 
     async fn run(
@@ -342,60 +400,33 @@ where
     }
 }
 
-impl<C> InboxStore for RedisInbox<C>
+impl<C> RedisInbox<C>
 where
     C: LuaInterface + Send + Sync + 'static,
 {
-    async fn enqueue(&self, entry: InboxEntry) -> Result<Enqueued, StoreError> {
-        let keys = vec![
-            self.entry_key(&entry.key),
-            self.done_key(&entry.key),
-            self.set("due"),
-            self.set("live"),
-            self.set("dead"),
-        ];
-        let headers = encode_headers(&entry.headers);
-        let (object, position) = match &entry.order {
-            Some(order) => (order.object.as_str(), &order.position.to_bytes()[..]),
-            None => ("", &[][..]),
-        };
-        let args = || {
-            vec![
-                Value::from(&*self.prefix),
-                Value::from(entry.key.as_str()),
-                Value::Bytes(entry.body.clone()),
-                Value::Bytes(headers.clone()),
-                Value::from(entry.correlation_id.as_str()),
-                Value::Integer(i64::from(entry.attempts)),
-                Value::Integer(micros(entry.next_attempt_at)),
-                Value::Integer(micros(entry.enqueued_at)),
-                Value::Integer(self.capacity.min(i64::MAX as u64) as i64),
-                Value::from(object),
-                Value::Bytes(Bytes::copy_from_slice(position)),
-            ]
-        };
-        match self.run(&ENQUEUE, keys, args).await? {
-            Value::Integer(0) => Ok(Enqueued::Queued),
-            Value::Integer(1) => Ok(Enqueued::Duplicate(KeyState::Queued)),
-            Value::Integer(2) => Ok(Enqueued::Duplicate(KeyState::Running)),
-            Value::Integer(3) => Ok(Enqueued::Duplicate(KeyState::Dead)),
-            Value::Integer(4) => Ok(Enqueued::Duplicate(KeyState::Done)),
-            Value::Integer(5) => Err(StoreError::new(StoreErrorKind::Capacity)),
-            other => Err(unexpected("enqueue", &other)),
-        }
-    }
-
-    async fn take(&self, max: usize, lease: Duration) -> Result<Vec<Lease>, StoreError> {
-        let max = max.min(MAX_TAKE);
+    /// Takes up to `max` due entries from partition `p`. Each lease's token ends with the
+    /// partition's number, so that its settlements go to that partition's slot.
+    async fn take_from(
+        &self,
+        p: usize,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Lease>, StoreError> {
         if max == 0 {
             return Ok(Vec::new());
         }
         let now = SystemTime::now();
-        let tokens: Vec<Token> = (0..max).map(|_| Token::random()).collect();
-        let keys = vec![self.set("due"), self.set("leased")];
+        let tokens: Vec<Token> = (0..max)
+            .map(|_| {
+                let mut bytes = *Token::random().as_bytes();
+                bytes[15] = p as u8;
+                Token::from_bytes(bytes)
+            })
+            .collect();
+        let keys = vec![self.set(p, "due"), self.set(p, "leased")];
         let args = || {
             let mut args = vec![
-                Value::from(&*self.prefix),
+                Value::from(&*self.prefixes[p]),
                 Value::Integer(micros(now)),
                 Value::Integer(micros(now + lease)),
                 Value::Integer(max as i64),
@@ -420,13 +451,150 @@ where
             .collect()
     }
 
+    async fn requeue_in(&self, p: usize, key: &StoreKey) -> Result<bool, StoreError> {
+        let keys = vec![
+            self.entry_key(p, key),
+            self.set(p, "due"),
+            self.set(p, "live"),
+            self.set(p, "dead"),
+        ];
+        let now = micros(SystemTime::now());
+        let args = || {
+            vec![
+                Value::from(&*self.prefixes[p]),
+                Value::from(key.as_str()),
+                Value::Integer(now),
+            ]
+        };
+        self.run_flag(&REQUEUE, keys, args).await
+    }
+
+    async fn dead_in(&self, p: usize, limit: i64) -> Result<Vec<DeadLetter>, StoreError> {
+        let args = || vec![Value::from(&*self.prefixes[p]), Value::Integer(limit)];
+        rows(
+            self.run(&DEAD, vec![self.set(p, "dead")], args).await?,
+            "dead_letters",
+        )?
+        .into_iter()
+        .map(|row| {
+            let mut row = Row::new(row, "dead_letters")?;
+            let key = row.key()?;
+            let last_error = row.text()?;
+            let entry = row.entry(key)?;
+            Ok(DeadLetter { entry, last_error })
+        })
+        .collect()
+    }
+
+    /// Partition `p`'s in flight, live and dead counts and its oldest live entry's enqueue time.
+    async fn counts_in(
+        &self,
+        p: usize,
+        now: SystemTime,
+    ) -> Result<(u64, u64, u64, Option<SystemTime>), StoreError> {
+        let keys = vec![
+            self.set(p, "leased"),
+            self.set(p, "live"),
+            self.set(p, "dead"),
+        ];
+        let args = || vec![Value::from(&*self.prefixes[p]), Value::Integer(micros(now))];
+        let mut row = Row::new(self.run(&COUNTS, keys, args).await?, "counts")?;
+        let (in_flight, live, dead) = (row.count()?, row.count()?, row.count()?);
+        Ok((in_flight, live, dead, row.optional_int()?.map(from_micros)))
+    }
+}
+
+impl<C> InboxStore for RedisInbox<C>
+where
+    C: LuaInterface + Send + Sync + 'static,
+{
+    async fn enqueue(&self, entry: InboxEntry) -> Result<Enqueued, StoreError> {
+        let p = self.partition_of(&entry);
+        let keys = vec![
+            self.entry_key(p, &entry.key),
+            self.done_key(p, &entry.key),
+            self.set(p, "due"),
+            self.set(p, "live"),
+            self.set(p, "dead"),
+        ];
+        let headers = encode_headers(&entry.headers);
+        let (object, position) = match &entry.order {
+            Some(order) => (order.object.as_str(), &order.position.to_bytes()[..]),
+            None => ("", &[][..]),
+        };
+        // A partition holds its share of the bound.
+        let capacity = self.capacity.div_ceil(self.prefixes.len() as u64);
+        let args = || {
+            vec![
+                Value::from(&*self.prefixes[p]),
+                Value::from(entry.key.as_str()),
+                Value::Bytes(entry.body.clone()),
+                Value::Bytes(headers.clone()),
+                Value::from(entry.correlation_id.as_str()),
+                Value::Integer(i64::from(entry.attempts)),
+                Value::Integer(micros(entry.next_attempt_at)),
+                Value::Integer(micros(entry.enqueued_at)),
+                Value::Integer(capacity.min(i64::MAX as u64) as i64),
+                Value::from(object),
+                Value::Bytes(Bytes::copy_from_slice(position)),
+            ]
+        };
+        match self.run(&ENQUEUE, keys, args).await? {
+            Value::Integer(0) => Ok(Enqueued::Queued),
+            Value::Integer(1) => Ok(Enqueued::Duplicate(KeyState::Queued)),
+            Value::Integer(2) => Ok(Enqueued::Duplicate(KeyState::Running)),
+            Value::Integer(3) => Ok(Enqueued::Duplicate(KeyState::Dead)),
+            Value::Integer(4) => Ok(Enqueued::Duplicate(KeyState::Done)),
+            Value::Integer(5) => Err(StoreError::new(StoreErrorKind::Capacity)),
+            other => Err(unexpected("enqueue", &other)),
+        }
+    }
+
+    /// One partition: one script. Several: every partition asked for its share at once, then
+    /// those with entries left asked in turn for what is still missing.
+    async fn take(&self, max: usize, lease: Duration) -> Result<Vec<Lease>, StoreError> {
+        let max = max.min(MAX_TAKE);
+        let n = self.prefixes.len();
+        let first = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let order: Vec<usize> = (0..n).map(|i| (first + i) % n).collect();
+        let share = |i: usize| max / n + usize::from(i < max % n);
+        let asked = order
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| self.take_from(p, share(i), lease));
+        let mut taken = Vec::with_capacity(max);
+        let mut full = Vec::new();
+        for (i, leases) in join_all(asked).await.into_iter().enumerate() {
+            let leases = leases?;
+            // A partition that gave all it was asked may have more.
+            if leases.len() == share(i) {
+                full.push(order[i]);
+            }
+            taken.extend(leases);
+        }
+        for p in full {
+            if taken.len() == max {
+                break;
+            }
+            taken.extend(self.take_from(p, max - taken.len(), lease).await?);
+        }
+        Ok(taken)
+    }
+
     async fn renew(
         &self,
         key: &StoreKey,
         token: &Token,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        let keys = vec![self.entry_key(key), self.set("due"), self.set("leased")];
+        let Some(p) = self.partition_of_token(token) else {
+            return Ok(false);
+        };
+        let keys = vec![
+            self.entry_key(p, key),
+            self.set(p, "due"),
+            self.set(p, "leased"),
+        ];
         let until = micros(SystemTime::now() + lease);
         let args = || {
             vec![
@@ -444,16 +612,19 @@ where
         token: &Token,
         retention: Duration,
     ) -> Result<bool, StoreError> {
+        let Some(p) = self.partition_of_token(token) else {
+            return Ok(false);
+        };
         let keys = vec![
-            self.entry_key(key),
-            self.done_key(key),
-            self.set("due"),
-            self.set("leased"),
-            self.set("live"),
+            self.entry_key(p, key),
+            self.done_key(p, key),
+            self.set(p, "due"),
+            self.set(p, "leased"),
+            self.set(p, "live"),
         ];
         let args = || {
             vec![
-                Value::from(&*self.prefix),
+                Value::from(&*self.prefixes[p]),
                 Value::from(key.as_str()),
                 token_value(token),
                 Value::Integer(millis(retention)),
@@ -468,12 +639,15 @@ where
         token: &Token,
         failure: Failure,
     ) -> Result<bool, StoreError> {
+        let Some(p) = self.partition_of_token(token) else {
+            return Ok(false);
+        };
         let keys = vec![
-            self.entry_key(key),
-            self.set("due"),
-            self.set("leased"),
-            self.set("live"),
-            self.set("dead"),
+            self.entry_key(p, key),
+            self.set(p, "due"),
+            self.set(p, "leased"),
+            self.set(p, "live"),
+            self.set(p, "dead"),
         ];
         // The last error of a retried entry is in the worker's log; a dead letter keeps it.
         let (mode, at, error) = match &failure {
@@ -482,7 +656,7 @@ where
         };
         let args = || {
             vec![
-                Value::from(&*self.prefix),
+                Value::from(&*self.prefixes[p]),
                 Value::from(key.as_str()),
                 token_value(token),
                 Value::from(mode),
@@ -493,52 +667,45 @@ where
         self.run_flag(&FAIL, keys, args).await
     }
 
+    /// The oldest first, across the partitions.
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let limit = limit.min(i64::MAX as usize) as i64;
-        let args = || vec![Value::from(&*self.prefix), Value::Integer(limit)];
-        rows(
-            self.run(&DEAD, vec![self.set("dead")], args).await?,
-            "dead_letters",
-        )?
-        .into_iter()
-        .map(|row| {
-            let mut row = Row::new(row, "dead_letters")?;
-            let key = row.key()?;
-            let last_error = row.text()?;
-            let entry = row.entry(key)?;
-            Ok(DeadLetter { entry, last_error })
-        })
-        .collect()
+        let each = limit.min(i64::MAX as usize) as i64;
+        let asked = (0..self.prefixes.len()).map(|p| self.dead_in(p, each));
+        let mut dead = Vec::new();
+        for letters in join_all(asked).await {
+            dead.extend(letters?);
+        }
+        dead.sort_by_key(|letter| letter.entry.enqueued_at);
+        dead.truncate(limit);
+        Ok(dead)
     }
 
+    /// The key's partition is not known from the key alone (an ordered entry is in its
+    /// object's): each partition is tried in turn.
     async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
-        let keys = vec![
-            self.entry_key(key),
-            self.set("due"),
-            self.set("live"),
-            self.set("dead"),
-        ];
-        let now = micros(SystemTime::now());
-        let args = || {
-            vec![
-                Value::from(&*self.prefix),
-                Value::from(key.as_str()),
-                Value::Integer(now),
-            ]
-        };
-        self.run_flag(&REQUEUE, keys, args).await
+        for p in 0..self.prefixes.len() {
+            if self.requeue_in(p, key).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     async fn counts(&self) -> Result<InboxCounts, StoreError> {
         let now = SystemTime::now();
-        let keys = vec![self.set("leased"), self.set("live"), self.set("dead")];
-        let args = || vec![Value::from(&*self.prefix), Value::Integer(micros(now))];
-        let mut row = Row::new(self.run(&COUNTS, keys, args).await?, "counts")?;
-        let (in_flight, live, dead) = (row.count()?, row.count()?, row.count()?);
-        let oldest = row.optional_int()?.map(from_micros);
+        let asked = (0..self.prefixes.len()).map(|p| self.counts_in(p, now));
+        let (mut in_flight, mut live, mut dead, mut oldest) = (0, 0, 0, None::<SystemTime>);
+        for counts in join_all(asked).await {
+            let (f, l, d, o) = counts?;
+            (in_flight, live, dead) = (in_flight + f, live + l, dead + d);
+            oldest = match (oldest, o) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
         Ok(InboxCounts {
             pending: live.saturating_sub(in_flight),
             in_flight,
