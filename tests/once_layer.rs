@@ -1,8 +1,9 @@
 //! [`OnceLayer`] around a plain `tower::Service<Req>`, on the memory store and (features
 //! `redis`, `sqlite`, `postgres`) on a real `redis-server`, on SQLite (a file per test) and on
 //! a real PostgreSQL (a table per test): concurrent calls with one key call the inner service
-//! once, an `Err` frees the key, a repeat replays the exact recorded response, a request
-//! without a key is rejected or passed through, and the instance `poll_ready` made ready is
+//! once, an `Err` frees the key, a repeat replays the exact recorded response, a key reused
+//! with another request fingerprint is a mismatch, a request without a key is rejected or
+//! passed through, and the instance `poll_ready` made ready is
 //! the one called.
 
 use std::sync::Arc;
@@ -21,6 +22,7 @@ macro_rules! once_layer_suite {
             concurrent_calls_call_the_inner_service_once,
             err_releases_the_key,
             repeat_replays_the_exact_response,
+            reused_key_with_another_request_is_a_mismatch,
             missing_key_is_rejected,
             missing_key_passes_through,
             the_ready_instance_is_the_one_called,
@@ -198,6 +200,31 @@ async fn repeat_replays_the_exact_response<St: IdempotencyStore + Clone>(store: 
     let other = second.oneshot(Job::keyed("k2", 9)).await.unwrap();
     assert_eq!(other, receipt(9));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// With a fingerprint of the amount, a key reused with another amount is a mismatch and the
+/// inner service is not called; the same request again replays.
+async fn reused_key_with_another_request_is_a_mismatch<St: IdempotencyStore>(store: St) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let calls = calls.clone();
+        service_fn(move |job: Job| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, BoxError>(receipt(job.amount)) }
+        })
+    };
+    let service = layer(store, "mismatch")
+        .fingerprint(|job: &Job| job.amount)
+        .layer(inner);
+    for (amount, expected) in [(500, Some(500)), (900, None), (500, Some(500))] {
+        let got = service.clone().oneshot(Job::keyed("k", amount)).await;
+        match (got, expected) {
+            (Ok(got), Some(expected)) => assert_eq!(got, receipt(expected)),
+            (Err(OnceError::Mismatch), None) => {}
+            (got, _) => panic!("{amount}: unexpected {got:?}"),
+        }
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
 /// By default a request without a key is `OnceError::MissingKey` and the inner service is

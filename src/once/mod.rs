@@ -54,7 +54,7 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 pub use self::error::OnceError;
-pub use self::layer::{Once, OnceFuture, OnceLayer};
+pub use self::layer::{FingerprintRequest, NoFingerprint, Once, OnceFuture, OnceLayer};
 use crate::IdempotencyStore;
 use crate::config::Settings;
 use crate::fingerprint::Fingerprint;
@@ -161,9 +161,7 @@ impl Idempotent {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let claimed = |guard| run_claimed(guard, f);
-        self.run(self.store_key(key), Fingerprint::NONE, claimed)
-            .await
+        self.once_fingerprinted(key, Fingerprint::NONE, f).await
     }
 
     /// [`once`](Self::once), with `payload` fingerprinted: a key already used with another
@@ -193,14 +191,8 @@ impl Idempotent {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let encoded = serde_json::to_vec(payload).map_err(OnceError::Encode)?;
-        let claimed = |guard| run_claimed(guard, f);
-        self.run(
-            self.store_key(key),
-            Fingerprint::of_bytes(&encoded),
-            claimed,
-        )
-        .await
+        let fingerprint = fingerprint_json(payload).map_err(OnceError::Encode)?;
+        self.once_fingerprinted(key, fingerprint, f).await
     }
 
     /// [`once_with`](Self::once_with) keyed by a part of `input` (`key_of`); `None` (no key
@@ -236,6 +228,22 @@ impl Idempotent {
     {
         let key = key_of(input).ok_or(OnceError::MissingKey)?;
         self.once_with(&key, input, || f(input)).await
+    }
+
+    /// [`once`](Self::once) with the payload's `fingerprint` (`NONE`: no payload).
+    async fn once_fingerprinted<T, E, F, Fut>(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        f: F,
+    ) -> Result<T, OnceError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let claimed = |guard| run_claimed(guard, f);
+        self.run(self.store_key(key), fingerprint, claimed).await
     }
 
     /// The store key of `key` in this namespace.
@@ -351,6 +359,12 @@ async fn renewed<Fut: Future>(renewal: &Renewal, work: Fut) -> Fut::Output {
             work.await
         }
     }
+}
+
+/// The fingerprint of a payload (of `once_with`, of a request picked by `OnceLayer`): its
+/// JSON, hashed.
+fn fingerprint_json<P: Serialize + ?Sized>(payload: &P) -> Result<Fingerprint, serde_json::Error> {
+    Ok(Fingerprint::of_bytes(&serde_json::to_vec(payload)?))
 }
 
 /// The output as the record keeps it: a stored response (200, no headers) whose body is the
