@@ -87,6 +87,9 @@ impl Idempotent {
     /// # #[cfg(not(feature = "sqlite"))]
     /// # fn main() {}
     /// ```
+    // Not an `AsyncFnOnce(&mut Transaction<'static, DB>)`: rustc (1.95) cannot prove the
+    // future of such a closure `Send` for every lifetime of the borrow, so `tokio::spawn` of a
+    // call would not compile ("implementation of `AsyncFnOnce` is not general enough").
     pub async fn once_in_tx<DB, T, E, F>(
         &self,
         key: &str,
