@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::Transaction;
 
-use super::{Idempotent, OnceError, encode, renewed};
+use super::{Idempotent, OnceError, encode, fingerprint_json, renewed};
 use crate::fingerprint::Fingerprint;
 use crate::guard::ClaimGuard;
 use crate::store::record::Record;
@@ -101,6 +101,72 @@ impl Idempotent {
         T: Serialize + DeserializeOwned,
         F: for<'t> FnOnce(&'t mut Transaction<'static, DB>) -> BoxFuture<'t, Result<T, E>>,
     {
+        self.in_tx(key, Fingerprint::NONE, store, f).await
+    }
+
+    /// [`once_in_tx`](Self::once_in_tx), with `payload` fingerprinted as
+    /// [`once_with`](Self::once_with) does: a key already used with another payload gets
+    /// [`OnceError::Mismatch`], and `f` does not run.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::{Idempotent, OnceError, SqliteStore};
+    ///
+    /// # let dir = std::env::temp_dir().join(format!("once-in-tx-with-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir)?;
+    /// let store = SqliteStore::open(dir.join("refunds.db")).await?;
+    /// let refunds = Idempotent::new(store.clone()).namespace("refunds");
+    /// let mut answers = Vec::new();
+    /// for cents in [500_i64, 900] {
+    ///     let answer = refunds
+    ///         .once_in_tx_with("refund-7", &cents, &store, move |_tx| {
+    ///             Box::pin(async move { Ok::<_, sqlx::Error>(cents) })
+    ///         })
+    ///         .await;
+    ///     answers.push(answer);
+    /// }
+    /// assert_eq!(answers[0].as_ref().unwrap(), &500);
+    /// // The key reused with another amount:
+    /// assert!(matches!(answers[1], Err(OnceError::Mismatch)));
+    /// # drop(store);
+    /// # let _ = std::fs::remove_dir_all(&dir);
+    /// # Ok(())
+    /// # }
+    /// # #[cfg(not(feature = "sqlite"))]
+    /// # fn main() {}
+    /// ```
+    pub async fn once_in_tx_with<DB, P, T, E, F>(
+        &self,
+        key: &str,
+        payload: &P,
+        store: &SqlStore<DB>,
+        f: F,
+    ) -> Result<T, OnceError<E>>
+    where
+        DB: Dialect,
+        P: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        F: for<'t> FnOnce(&'t mut Transaction<'static, DB>) -> BoxFuture<'t, Result<T, E>>,
+    {
+        let fingerprint = fingerprint_json(payload).map_err(OnceError::Encode)?;
+        self.in_tx(key, fingerprint, store, f).await
+    }
+
+    /// Both doors: `once`'s one claim path, with the transaction's as the claimed path.
+    async fn in_tx<DB, T, E, F>(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        store: &SqlStore<DB>,
+        f: F,
+    ) -> Result<T, OnceError<E>>
+    where
+        DB: Dialect,
+        T: Serialize + DeserializeOwned,
+        F: for<'t> FnOnce(&'t mut Transaction<'static, DB>) -> BoxFuture<'t, Result<T, E>>,
+    {
         let store_key = self.store_key(key);
         let joined = InTx {
             store,
@@ -108,7 +174,7 @@ impl Idempotent {
             retention: self.settings.retention,
         };
         let claimed = |guard| joined.run(guard, f);
-        self.run(store_key, Fingerprint::NONE, claimed).await
+        self.run(store_key, fingerprint, claimed).await
     }
 }
 

@@ -25,6 +25,8 @@ macro_rules! once_tx_suite {
             repeat_after_commit_replays_without_running,
             slow_closure_keeps_its_claim_in_its_transaction,
             another_store_never_records_and_rolls_back,
+            reused_key_with_another_payload_is_a_mismatch,
+            claim_lost_before_the_record_rolls_back_the_effect,
         );
     };
     (@tests $db:ty, $make:expr; $($name:ident),* $(,)?) => {
@@ -53,6 +55,8 @@ pub trait Effects: Dialect + Sized {
     ) -> BoxFuture<'t, Result<(), sqlx::Error>>;
     /// How many effects of `key` are committed.
     fn count<'a>(store: &'a SqlStore<Self>, key: &'a str) -> BoxFuture<'a, i64>;
+    /// Deletes every claim and record of the store's table.
+    fn delete_claims(store: &SqlStore<Self>) -> BoxFuture<'_, ()>;
 }
 
 /// The same text for both databases (both take `$1` parameters); only the types differ.
@@ -84,6 +88,16 @@ macro_rules! effects_on {
                         .execute(&mut **tx)
                         .await
                         .map(drop)
+                })
+            }
+
+            fn delete_claims(store: &SqlStore<Self>) -> BoxFuture<'_, ()> {
+                let sql = format!("DELETE FROM {}", store.table());
+                Box::pin(async move {
+                    sqlx::query(AssertSqlSafe(sql))
+                        .execute(store.pool())
+                        .await
+                        .unwrap();
                 })
             }
 
@@ -330,4 +344,51 @@ pub async fn another_store_never_records_and_rolls_back<DB: Effects>(store: SqlS
     // The claim was released: the right store applies the effect.
     assert_eq!(apply_once(&jobs, &store, "k", Ok(4)).await.unwrap(), 4);
     assert_eq!(DB::count(&store, "k").await, 1);
+}
+
+/// `once_in_tx_with`: a key reused with another payload is a mismatch and its effect is not
+/// applied; the same payload replays.
+pub async fn reused_key_with_another_payload_is_a_mismatch<DB: Effects>(store: SqlStore<DB>) {
+    let jobs = jobs(&store).await;
+    for (cents, expected) in [(500u64, Some(500)), (900, None), (500, Some(500))] {
+        let table = effects(&store);
+        let got = jobs
+            .once_in_tx_with("k", &cents, &store, move |tx| {
+                Box::pin(async move {
+                    DB::apply(tx, &table, "k")
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok::<_, String>(cents)
+                })
+            })
+            .await;
+        match (got, expected) {
+            (Ok(got), Some(expected)) => assert_eq!(got, expected),
+            (Err(OnceError::Mismatch), None) => {}
+            (got, _) => panic!("{cents}: unexpected {got:?}"),
+        }
+    }
+    assert_eq!(DB::count(&store, "k").await, 1);
+}
+
+/// The claim's row vanishes while the closure runs (what a lease taken over after it ran out
+/// looks like to its first owner): the completion finds no claim of its own, so the effect is
+/// rolled back with it and the call is `Lost`.
+pub async fn claim_lost_before_the_record_rolls_back_the_effect<DB: Effects>(store: SqlStore<DB>) {
+    let jobs = jobs(&store).await;
+    let (table, on) = (effects(&store), store.clone());
+    let lost = jobs
+        .once_in_tx("k", &store, move |tx| {
+            Box::pin(async move {
+                // On another connection, before this transaction writes (SQLite's write lock).
+                DB::delete_claims(&on).await;
+                DB::apply(tx, &table, "k")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<u64, String>(1)
+            })
+        })
+        .await;
+    assert!(matches!(lost, Err(OnceError::Lost)), "{lost:?}");
+    assert_eq!(DB::count(&store, "k").await, 0);
 }
