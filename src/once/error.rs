@@ -32,9 +32,9 @@ pub enum OnceError<E> {
     /// The key was recorded without an output (by an HTTP layer in ack mode, on the same
     /// namespace and key).
     NoOutput,
-    /// [`once_in_tx`](super::Idempotent::once_in_tx): the claim was no longer ours when its
-    /// record was to be written (its lease ran out unrenewed, the database stalled): the
-    /// transaction was rolled back, so neither the effect nor the record happened.
+    /// `Idempotent::once_in_tx` (features `postgres`, `sqlite`): the claim was no longer ours
+    /// when its record was to be written (its lease ran out unrenewed, the database stalled):
+    /// the transaction was rolled back, so neither the effect nor the record happened.
     Lost,
 }
 

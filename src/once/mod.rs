@@ -13,8 +13,12 @@
 //! - A store error is [`OnceError::Store`]: the closure never runs unclaimed.
 //! - Every call runs in a span `idempotent.once` naming the namespace and the hashed key
 //!   (never the key itself).
+//! - `Idempotent::once_in_tx` (features `postgres`, `sqlite`) hands the closure an SQL
+//!   transaction and writes the record in it: the effect and the record commit together, or
+//!   neither does.
 //! - [`OnceLayer`] does the same for any non-HTTP `tower::Service<Req>`: keyed by a closure
-//!   over the request, success by the inner `Result`, the `Ok` response recorded and replayed.
+//!   over the request, success by the inner `Result`, the `Ok` response recorded and replayed,
+//!   and with [`OnceLayer::fingerprint`] a key reused with another request a mismatch.
 //!
 //! ```
 //! use std::time::Duration;
