@@ -551,17 +551,15 @@ impl ClaimGuard {
         self.settled = true;
     }
 
-    // Used by `once_in_tx` only.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     /// The claim (its token and fingerprint).
+    #[cfg(any(feature = "postgres", feature = "sqlite"))] // For `once_in_tx` only.
     pub(crate) fn claim(&self) -> &Claim {
         &self.calls.state().claim
     }
 
-    // Used by `once_in_tx` only.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     /// The claim was settled by a statement the guard did not run (a completion in the
     /// caller's transaction, committed): nothing more to write; the renewal stops.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))] // For `once_in_tx` only.
     pub(crate) fn settled_outside(mut self) {
         self.settled = true;
         stop(&*self.calls);
@@ -772,10 +770,9 @@ impl Renewal {
         self.0.state().lease / 3
     }
 
-    // Used by `once_in_tx` only.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     /// Stops the renewal (at its next tick), before a settlement the guard does not run:
     /// a renewal that meets the claim already completed then ends quietly.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))] // For `once_in_tx` only.
     pub(crate) fn stop(&self) {
         stop(&*self.0);
     }

@@ -41,6 +41,14 @@ impl Idempotent {
     ///   the pool at least two. On SQLite, a transaction that writes holds the database's write
     ///   lock until it commits, so other writers (a concurrent claim of another key, a
     ///   renewal) wait for it up to the busy timeout: keep such transactions short.
+    /// - The transaction has the pool's default isolation. Under PostgreSQL's `REPEATABLE
+    ///   READ` or `SERIALIZABLE`, a closure that outlives a third of the lease (so a renewal
+    ///   updated the claim's row after the transaction's snapshot) can fail at the completion
+    ///   with a serialization error ([`OnceError::Store`]): nothing is committed, and the next
+    ///   call runs again. `READ COMMITTED`, the default, has no such failure.
+    /// - The [store timeout](Self::store_timeout) bounds the claim's calls (reserve, renew,
+    ///   release), not the transaction's statements: those run under the pool's own
+    ///   timeouts, and a commit cut off by a timeout would leave its outcome unknown.
     /// - [`OnceError::Lost`]: the claim ran out before its record (nothing committed).
     ///   [`OnceError::Store`] from the commit itself leaves it unknown whether the commit
     ///   landed: the next call replays the output if it did, and runs `f` again if it did not.
