@@ -551,6 +551,20 @@ impl ClaimGuard {
         self.settled = true;
     }
 
+    /// The claim (its token and fingerprint).
+    #[cfg(any(feature = "postgres", feature = "sqlite"))] // For `once_in_tx` only.
+    pub(crate) fn claim(&self) -> &Claim {
+        &self.calls.state().claim
+    }
+
+    /// The claim was settled by a statement the guard did not run (a completion in the
+    /// caller's transaction, committed): nothing more to write; the renewal stops.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))] // For `once_in_tx` only.
+    pub(crate) fn settled_outside(mut self) {
+        self.settled = true;
+        stop(&*self.calls);
+    }
+
     /// Hands the batch items to the guard, for [`Ending::Failed`].
     pub(crate) fn set_items(&mut self, items: BatchItems) {
         self.items = Some(items);
@@ -754,6 +768,13 @@ impl Renewal {
     /// The first renewal is due this long after the claim.
     pub(crate) fn interval(&self) -> Duration {
         self.0.state().lease / 3
+    }
+
+    /// Stops the renewal (at its next tick), before a settlement the guard does not run:
+    /// a renewal that meets the claim already completed then ends quietly.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))] // For `once_in_tx` only.
+    pub(crate) fn stop(&self) {
+        stop(&*self.0);
     }
 
     /// Spawns the renewal task, once.

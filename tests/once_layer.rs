@@ -1,7 +1,9 @@
-//! [`OnceLayer`] around a plain `tower::Service<Req>`, on the memory store and (feature
-//! `redis`) on a real `redis-server`: concurrent calls with one key call the inner service
-//! once, an `Err` frees the key, a repeat replays the exact recorded response, a request
-//! without a key is rejected or passed through, and the instance `poll_ready` made ready is
+//! [`OnceLayer`] around a plain `tower::Service<Req>`, on the memory store and (features
+//! `redis`, `sqlite`, `postgres`) on a real `redis-server`, on SQLite (a file per test) and on
+//! a real PostgreSQL (a table per test): concurrent calls with one key call the inner service
+//! once, an `Err` frees the key, a repeat replays the exact recorded response, a key reused
+//! with another request fingerprint is a mismatch, a request without a key is rejected or
+//! passed through, and the instance `poll_ready` made ready is
 //! the one called.
 
 use std::sync::Arc;
@@ -20,6 +22,7 @@ macro_rules! once_layer_suite {
             concurrent_calls_call_the_inner_service_once,
             err_releases_the_key,
             repeat_replays_the_exact_response,
+            reused_key_with_another_request_is_a_mismatch,
             missing_key_is_rejected,
             missing_key_passes_through,
             the_ready_instance_is_the_one_called,
@@ -199,6 +202,31 @@ async fn repeat_replays_the_exact_response<St: IdempotencyStore + Clone>(store: 
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
+/// With a fingerprint of the amount, a key reused with another amount is a mismatch and the
+/// inner service is not called; the same request again replays.
+async fn reused_key_with_another_request_is_a_mismatch<St: IdempotencyStore>(store: St) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let calls = calls.clone();
+        service_fn(move |job: Job| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, BoxError>(receipt(job.amount)) }
+        })
+    };
+    let service = layer(store, "mismatch")
+        .fingerprint(|job: &Job| job.amount)
+        .layer(inner);
+    for (amount, expected) in [(500, Some(500)), (900, None), (500, Some(500))] {
+        let got = service.clone().oneshot(Job::keyed("k", amount)).await;
+        match (got, expected) {
+            (Ok(got), Some(expected)) => assert_eq!(got, receipt(expected)),
+            (Err(OnceError::Mismatch), None) => {}
+            (got, _) => panic!("{amount}: unexpected {got:?}"),
+        }
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 /// By default a request without a key is `OnceError::MissingKey` and the inner service is
 /// not called.
 async fn missing_key_is_rejected<St: IdempotencyStore>(store: St) {
@@ -303,4 +331,78 @@ mod on_redis {
         let store = RedisStore::new(server.connect().await);
         (store, server)
     });
+}
+
+#[cfg(feature = "sqlite")]
+mod on_sqlite {
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use tower_idempotency::SqliteStore;
+
+    /// A temporary directory holding one test's database file, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    async fn fresh() -> (SqliteStore, TempDir) {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "tower-idem-once-layer-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = SqliteStore::open(dir.join("once.db")).await.unwrap();
+        (store, TempDir(dir))
+    }
+
+    once_layer_suite!(fresh());
+}
+
+#[cfg(feature = "postgres")]
+#[path = "support/postgres_server.rs"]
+mod postgres_server;
+
+#[cfg(feature = "postgres")]
+mod on_postgres {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use sqlx::AssertSqlSafe;
+    use tower_idempotency::PostgresStore;
+
+    use super::postgres_server::PostgresServer;
+
+    /// One server for the binary (its watchdog removes it when the process exits).
+    fn server() -> &'static PostgresServer {
+        static SERVER: OnceLock<PostgresServer> = OnceLock::new();
+        SERVER.get_or_init(PostgresServer::new)
+    }
+
+    /// A migrated store in a table no other test uses.
+    async fn fresh() -> (PostgresStore, ()) {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let url = tokio::task::block_in_place(|| server().url());
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&url)
+            .await
+            .unwrap();
+        let table = format!("once_layer_{}", N.fetch_add(1, Ordering::Relaxed));
+        sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
+            .execute(&pool)
+            .await
+            .unwrap();
+        let store = PostgresStore::new(pool).with_table(&table).unwrap();
+        store.migrate().await.unwrap();
+        (store, ())
+    }
+
+    once_layer_suite!(fresh());
 }

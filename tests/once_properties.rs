@@ -1,8 +1,9 @@
 //! A property of [`Idempotent::once`]: N keys, each called several times from several tasks,
 //! some failing first, on two instances sharing one store: every key's closure succeeds
 //! exactly once, and every caller gets that one output. On the memory store (the two
-//! instances share it by clone) and, with the feature `redis`, on a real `redis-server` (each
-//! instance with a client of its own, behind its own local cache).
+//! instances share it by clone) and, with the features `redis`, `sqlite` and `postgres`, on a
+//! real `redis-server`, one SQLite file and a real PostgreSQL (each instance with a client or
+//! pool of its own, behind its own local cache).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -88,16 +89,13 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(16))]
-    #[test]
-    fn every_key_succeeds_exactly_once((fail_first, callers) in cases()) {
-        runtime().block_on(async {
-            let store = MemoryStore::new();
-            let instances = [Idempotent::new(store.clone()), Idempotent::new(store)];
-            every_key_once(instances, &fail_first, callers).await;
-        });
-    }
+/// On the memory store: the two instances share a fresh store (by clone) per case.
+#[test]
+fn every_key_succeeds_exactly_once() {
+    every_case_on(&runtime(), |_| {
+        let store = MemoryStore::new();
+        [Idempotent::new(store.clone()), Idempotent::new(store)]
+    });
 }
 
 #[cfg(feature = "redis")]
@@ -109,23 +107,86 @@ mod redis_server;
 #[cfg(feature = "redis")]
 #[test]
 fn every_key_succeeds_exactly_once_on_redis() {
-    use proptest::test_runner::{Config, TestRunner};
     use tower_idempotency::RedisStore;
 
     let runtime = runtime();
     let server = redis_server::RedisServer::start();
     let clients = runtime.block_on(async { [server.connect().await, server.connect().await] });
+    every_case_on(&runtime, |namespace| {
+        clients
+            .clone()
+            .map(|client| Idempotent::new(RedisStore::new(client)).namespace(namespace))
+    });
+}
+
+/// Runs the property for 16 cases, each in a namespace of its own, on the two instances
+/// `instances(namespace)` builds.
+fn every_case_on(runtime: &tokio::runtime::Runtime, instances: impl Fn(&str) -> [Idempotent; 2]) {
+    use proptest::test_runner::{Config, TestRunner};
+
     let case = AtomicUsize::new(0);
     let mut runner = TestRunner::new(Config::with_cases(16));
     let outcome = runner.run(&cases(), |(fail_first, callers)| {
         let namespace = format!("case-{}", case.fetch_add(1, Ordering::SeqCst));
-        let instances = clients
-            .clone()
-            .map(|client| Idempotent::new(RedisStore::new(client)).namespace(&namespace));
-        runtime.block_on(every_key_once(instances, &fail_first, callers));
+        runtime.block_on(every_key_once(instances(&namespace), &fail_first, callers));
         Ok(())
     });
     if let Err(err) = outcome {
         panic!("{err}");
     }
+}
+
+/// The same property on one SQLite file opened twice (two pools: what two processes sharing
+/// the file see).
+#[cfg(feature = "sqlite")]
+#[test]
+fn every_key_succeeds_exactly_once_on_sqlite() {
+    use tower_idempotency::SqliteStore;
+
+    let runtime = runtime();
+    let dir = std::env::temp_dir().join(format!("tower-idem-once-prop-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("once.db");
+    let stores = runtime.block_on(async {
+        let first = SqliteStore::open(&path).await.unwrap();
+        [first, SqliteStore::open(&path).await.unwrap()]
+    });
+    every_case_on(&runtime, |namespace| {
+        stores
+            .clone()
+            .map(|store| Idempotent::new(store).namespace(namespace))
+    });
+    drop(stores);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "postgres")]
+#[path = "support/postgres_server.rs"]
+mod postgres_server;
+
+/// The same property on one real PostgreSQL server, with two pools (two processes), in a
+/// table of this test's own.
+#[cfg(feature = "postgres")]
+#[test]
+fn every_key_succeeds_exactly_once_on_postgres() {
+    use tower_idempotency::PostgresStore;
+
+    let runtime = runtime();
+    let server = postgres_server::PostgresServer::new();
+    let url = server.url();
+    let stores = runtime.block_on(async {
+        let mut stores = Vec::new();
+        for _ in 0..2 {
+            let pool = sqlx::PgPool::connect(&url).await.unwrap();
+            stores.push(PostgresStore::new(pool).with_table("once_prop").unwrap());
+        }
+        stores[0].migrate().await.unwrap();
+        [stores[0].clone(), stores[1].clone()]
+    });
+    every_case_on(&runtime, |namespace| {
+        stores
+            .clone()
+            .map(|store| Idempotent::new(store).namespace(namespace))
+    });
 }

@@ -4,6 +4,7 @@
 #![cfg(feature = "postgres")]
 
 mod contract;
+mod once;
 #[path = "support/postgres_server.rs"]
 mod postgres_server;
 #[path = "support/sql_purge.rs"]
@@ -85,6 +86,13 @@ async fn own_table_store(name: &str) -> PostgresStore {
     store
 }
 
+/// A migrated store on the shared server in a table no other test uses.
+async fn fresh_table_store() -> PostgresStore {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    own_table_store(&format!("once_{n}")).await
+}
+
 fn claim(body: &[u8]) -> Claim {
     Claim::new(Fingerprint::of_bytes(body))
 }
@@ -100,6 +108,9 @@ async fn count(store: &PostgresStore) -> i64 {
 }
 
 suite::store_smoke!(async { (shared_store().await, ()) });
+// The `once` suites use fixed keys: each test gets a table of its own.
+once_suite!(async { (fresh_table_store().await, ()) });
+once_tx_suite!(sqlx::Postgres, async { (fresh_table_store().await, ()) });
 
 /// The contract on the store `store::connect` makes from a `postgres://` URL (migrated).
 mod from_url {

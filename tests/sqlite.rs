@@ -89,6 +89,7 @@ fn now_ms() -> i64 {
 suite::store_smoke!(fresh());
 contract::store_contract!(fresh());
 once_suite!(fresh());
+once_tx_suite!(sqlx::Sqlite, fresh());
 
 #[tokio::test]
 async fn absent_in_flight_completed_transitions() {

@@ -32,6 +32,10 @@ pub enum OnceError<E> {
     /// The key was recorded without an output (by an HTTP layer in ack mode, on the same
     /// namespace and key).
     NoOutput,
+    /// `Idempotent::once_in_tx` (features `postgres`, `sqlite`): the claim was no longer ours
+    /// when its record was to be written (its lease ran out unrenewed, the database stalled):
+    /// the transaction was rolled back, so neither the effect nor the record happened.
+    Lost,
 }
 
 impl<E: fmt::Display> fmt::Display for OnceError<E> {
@@ -45,6 +49,9 @@ impl<E: fmt::Display> fmt::Display for OnceError<E> {
             OnceError::Encode(err) => write!(f, "could not encode as JSON: {err}"),
             OnceError::Decode(err) => write!(f, "could not decode the recorded output: {err}"),
             OnceError::NoOutput => f.write_str("the key was recorded without an output"),
+            OnceError::Lost => {
+                f.write_str("the claim was lost before its record: the transaction was rolled back")
+            }
         }
     }
 }

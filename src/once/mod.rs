@@ -13,8 +13,12 @@
 //! - A store error is [`OnceError::Store`]: the closure never runs unclaimed.
 //! - Every call runs in a span `idempotent.once` naming the namespace and the hashed key
 //!   (never the key itself).
+//! - `Idempotent::once_in_tx` (features `postgres`, `sqlite`) hands the closure an SQL
+//!   transaction and writes the record in it: the effect and the record commit together, or
+//!   neither does.
 //! - [`OnceLayer`] does the same for any non-HTTP `tower::Service<Req>`: keyed by a closure
-//!   over the request, success by the inner `Result`, the `Ok` response recorded and replayed.
+//!   over the request, success by the inner `Result`, the `Ok` response recorded and replayed,
+//!   and with [`OnceLayer::fingerprint`] a key reused with another request a mismatch.
 //!
 //! ```
 //! use std::time::Duration;
@@ -41,6 +45,8 @@
 
 mod error;
 mod layer;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod tx;
 
 use std::time::{Duration, Instant};
 
@@ -52,11 +58,11 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 pub use self::error::OnceError;
-pub use self::layer::{Once, OnceFuture, OnceLayer};
+pub use self::layer::{FingerprintRequest, NoFingerprint, Once, OnceFuture, OnceLayer};
 use crate::IdempotencyStore;
 use crate::config::Settings;
 use crate::fingerprint::Fingerprint;
-use crate::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany, Targets};
+use crate::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany, Renewal, Targets};
 use crate::store::record::{Record, StoredResponse};
 use crate::store::{Claim, Reservation, StoreError, StoreErrorKind, StoreKey};
 
@@ -159,7 +165,7 @@ impl Idempotent {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run(key, Fingerprint::NONE, f).await
+        self.once_fingerprinted(key, Fingerprint::NONE, f).await
     }
 
     /// [`once`](Self::once), with `payload` fingerprinted: a key already used with another
@@ -189,8 +195,8 @@ impl Idempotent {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let encoded = serde_json::to_vec(payload).map_err(OnceError::Encode)?;
-        self.run(key, Fingerprint::of_bytes(&encoded), f).await
+        let fingerprint = fingerprint_json(payload).map_err(OnceError::Encode)?;
+        self.once_fingerprinted(key, fingerprint, f).await
     }
 
     /// [`once_with`](Self::once_with) keyed by a part of `input` (`key_of`); `None` (no key
@@ -228,7 +234,8 @@ impl Idempotent {
         self.once_with(&key, input, || f(input)).await
     }
 
-    async fn run<T, E, F, Fut>(
+    /// [`once`](Self::once) with the payload's `fingerprint` (`NONE`: no payload).
+    async fn once_fingerprinted<T, E, F, Fut>(
         &self,
         key: &str,
         fingerprint: Fingerprint,
@@ -239,7 +246,29 @@ impl Idempotent {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let store_key = StoreKey::new(&self.namespace, None, key);
+        let claimed = |guard| run_claimed(guard, f);
+        self.run(self.store_key(key), fingerprint, claimed).await
+    }
+
+    /// The store key of `key` in this namespace.
+    fn store_key(&self, key: &str) -> StoreKey {
+        StoreKey::new(&self.namespace, None, key)
+    }
+
+    /// The one path of every door of `once`: claims `store_key`, hands a claim that is ours to
+    /// `claimed` (which runs the closure and settles the claim), and answers every other
+    /// reservation (a replay, a mismatch, in flight) itself.
+    async fn run<T, E, C, Fut>(
+        &self,
+        store_key: StoreKey,
+        fingerprint: Fingerprint,
+        claimed: C,
+    ) -> Result<T, OnceError<E>>
+    where
+        T: DeserializeOwned,
+        C: FnOnce(ClaimGuard) -> Fut,
+        Fut: Future<Output = Result<T, OnceError<E>>>,
+    {
         let span = tracing::info_span!(
             "idempotent.once",
             namespace = %self.namespace,
@@ -251,7 +280,7 @@ impl Idempotent {
                 .claims
                 .open(targets, Claim::new(fingerprint), &self.settings);
             match self.reserve(&mut guard, &fingerprint).await? {
-                Reservation::Acquired | Reservation::Stale { .. } => run_claimed(guard, f).await,
+                Reservation::Acquired | Reservation::Stale { .. } => claimed(guard).await,
                 Reservation::Completed(record) => replay(&record, &fingerprint),
                 Reservation::InFlight { fingerprint: held } if !held.matches(&fingerprint) => {
                     Err(OnceError::Mismatch)
@@ -301,16 +330,7 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let renewal = guard.renewal();
-    let work = std::pin::pin!(f());
-    let renew_at = std::pin::pin!(tokio::time::sleep(renewal.interval()));
-    let output = match select(work, renew_at).await {
-        Either::Left((output, _)) => output,
-        Either::Right(((), work)) => {
-            renewal.start();
-            work.await
-        }
-    };
+    let output = renewed(&guard.renewal(), f()).await;
     let value = match output {
         Ok(value) => value,
         Err(err) => {
@@ -318,18 +338,49 @@ where
             return Err(OnceError::Failed(err));
         }
     };
-    let body = match serde_json::to_vec(&value) {
-        Ok(body) => Bytes::from(body),
+    let stored = match encode(&value) {
+        Ok(stored) => stored,
         Err(err) => {
             guard.release().await;
             return Err(OnceError::Encode(err));
         }
     };
-    let stored = StoredResponse::new(StatusCode::OK, HeaderMap::new(), body, None);
     guard
         .settle(Ending::Succeeded(Some(Box::new(stored))))
         .await;
     Ok(value)
+}
+
+/// Runs `work`, starting the claim's renewal once a third of the lease has passed (a fast
+/// closure never pays for it).
+async fn renewed<Fut: Future>(renewal: &Renewal, work: Fut) -> Fut::Output {
+    let work = std::pin::pin!(work);
+    let renew_at = std::pin::pin!(tokio::time::sleep(renewal.interval()));
+    match select(work, renew_at).await {
+        Either::Left((output, _)) => output,
+        Either::Right(((), work)) => {
+            renewal.start();
+            work.await
+        }
+    }
+}
+
+/// The fingerprint of a payload (of `once_with`, of a request picked by `OnceLayer`): its
+/// JSON, hashed.
+fn fingerprint_json<P: Serialize + ?Sized>(payload: &P) -> Result<Fingerprint, serde_json::Error> {
+    Ok(Fingerprint::of_bytes(&serde_json::to_vec(payload)?))
+}
+
+/// The output as the record keeps it: a stored response (200, no headers) whose body is the
+/// output as JSON.
+fn encode<T: Serialize>(value: &T) -> Result<StoredResponse, serde_json::Error> {
+    let body = Bytes::from(serde_json::to_vec(value)?);
+    Ok(StoredResponse::new(
+        StatusCode::OK,
+        HeaderMap::new(),
+        body,
+        None,
+    ))
 }
 
 /// The recorded output of a completed key.

@@ -10,6 +10,9 @@ use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::{Claim, StoreKey};
 use tower_idempotency::{IdempotencyStore, Idempotent, OnceError};
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub mod tx;
+
 /// Instantiates the `once` suite for one backend: `$make` yields `(store, guard)`.
 #[macro_export]
 macro_rules! once_suite {

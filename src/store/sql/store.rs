@@ -147,7 +147,7 @@ impl<DB: Dialect> SqlStore<DB> {
     }
 
     /// A transaction on a connection from the pool.
-    async fn begin(&self) -> Result<Transaction<'static, DB>, StoreError> {
+    pub(crate) async fn begin(&self) -> Result<Transaction<'static, DB>, StoreError> {
         self.pool.begin().await.map_err(error::<DB>)
     }
 
@@ -248,6 +248,26 @@ impl<DB: Dialect> SqlStore<DB> {
             None => None,
         };
         completion_after_miss(record, claim)
+    }
+
+    /// [`complete`](IdempotencyStore::complete) inside the caller's transaction (the door of
+    /// [`Idempotent::once_in_tx`](crate::Idempotent::once_in_tx)): the token-checked `UPDATE`
+    /// to completed runs in `tx`, so the record exists when `tx` commits and not at all when
+    /// it rolls back. Nothing is committed here.
+    pub(crate) async fn complete_in_tx(
+        &self,
+        tx: &mut Transaction<'_, DB>,
+        key: &StoreKey,
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Completion, StoreError> {
+        self.complete_on(tx, key, claim, record, retention).await
+    }
+
+    /// Commits `tx`, with the store's error classification.
+    pub(crate) async fn commit(&self, tx: Transaction<'static, DB>) -> Result<(), StoreError> {
+        commit::<DB>(tx).await
     }
 
     async fn release_on(
