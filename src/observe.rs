@@ -199,8 +199,9 @@ impl Observer {
 
     /// Records the outcome of one covered request: span field, event, metric, hook.
     pub(crate) fn outcome(&self, outcome: Outcome, status: Option<StatusCode>, timer: Stopwatch) {
-        let span = tracing::Span::current();
-        span.record("outcome", outcome.as_str());
+        if let Some(span) = request_span() {
+            span.record("outcome", outcome.as_str());
+        }
         self.log(outcome, status.map(|s| s.as_u16()));
         #[cfg(feature = "metrics")]
         {
@@ -285,7 +286,9 @@ impl Observer {
         let ended = timer.0.map(|_| Instant::now());
         let elapsed = timer.0.zip(ended).map(|(started, ended)| ended - started);
         if let (StoreOp::Reserve, Some(elapsed)) = (op, elapsed) {
-            tracing::Span::current().record("store_ms", millis(elapsed));
+            if let Some(span) = request_span() {
+                span.record("store_ms", millis(elapsed));
+            }
         }
         tracing::trace!(
             operation = op.as_str(),
@@ -322,6 +325,15 @@ impl Observer {
         #[cfg(not(feature = "metrics"))]
         let _ = timer;
     }
+}
+
+/// The current span (the request's, where the layer records its fields), unless no subscriber
+/// can have enabled it: request spans are at `INFO`, so under a coarser filter (`warn`, as the
+/// benchmarks and many deployments run) a field costs one atomic load instead of a look-up of
+/// the current span through the dispatcher.
+pub(crate) fn request_span() -> Option<tracing::Span> {
+    (tracing::level_filters::LevelFilter::current() >= tracing::Level::INFO)
+        .then(tracing::Span::current)
 }
 
 /// `elapsed` in milliseconds, to the microsecond (`0.034`, not `0.034251000000000004`).
