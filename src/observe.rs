@@ -14,6 +14,10 @@
 //! | `idempotency_store_errors_total` | counter | `namespace`, `operation` | failed store calls (including timeouts) |
 //! | `idempotency_inner_duration_seconds` | histogram | `namespace` | time the inner service took to answer (from the end of the reserve to the response head) |
 //!
+//! A layer registers each metric once, at its first sample, with the recorder in charge then,
+//! and keeps the handle: install the recorder before the layer serves its first request (a
+//! test with a local recorder builds and calls its layer inside that recorder's scope).
+//!
 //! ```
 //! use tower_idempotency::{IdempotencyLayer, MemoryStore, OutcomeEvent};
 //!
@@ -195,8 +199,9 @@ impl Observer {
 
     /// Records the outcome of one covered request: span field, event, metric, hook.
     pub(crate) fn outcome(&self, outcome: Outcome, status: Option<StatusCode>, timer: Stopwatch) {
-        let span = tracing::Span::current();
-        span.record("outcome", outcome.as_str());
+        if let Some(span) = request_span() {
+            span.record("outcome", outcome.as_str());
+        }
         self.log(outcome, status.map(|s| s.as_u16()));
         #[cfg(feature = "metrics")]
         {
@@ -281,7 +286,9 @@ impl Observer {
         let ended = timer.0.map(|_| Instant::now());
         let elapsed = timer.0.zip(ended).map(|(started, ended)| ended - started);
         if let (StoreOp::Reserve, Some(elapsed)) = (op, elapsed) {
-            tracing::Span::current().record("store_ms", millis(elapsed));
+            if let Some(span) = request_span() {
+                span.record("store_ms", millis(elapsed));
+            }
         }
         tracing::trace!(
             operation = op.as_str(),
@@ -320,17 +327,29 @@ impl Observer {
     }
 }
 
+/// The current span (the request's, where the layer records its fields), unless no subscriber
+/// can have enabled it: request spans are at `INFO`, so under a coarser filter (`warn`, as the
+/// benchmarks and many deployments run) a field costs one atomic load instead of a look-up of
+/// the current span through the dispatcher.
+pub(crate) fn request_span() -> Option<tracing::Span> {
+    (tracing::level_filters::LevelFilter::current() >= tracing::Level::INFO)
+        .then(tracing::Span::current)
+}
+
 /// `elapsed` in milliseconds, to the microsecond (`0.034`, not `0.034251000000000004`).
 fn millis(elapsed: Duration) -> f64 {
     elapsed.as_micros() as f64 / 1e3
 }
 
-/// The metric keys of one layer, built once: a key built per call (the `metrics` macros with a
+/// The metrics of one layer, built once: a key built per call (the `metrics` macros with a
 /// dynamic label) costs an allocation and a hash each time, even with no recorder installed.
-/// Handles are not kept: each call asks the recorder in charge at that moment. Keeping them
-/// saves a registry lookup per sample, but a recorder may delete a metric that stayed idle
-/// (`metrics-exporter-prometheus` with an idle timeout), and a kept handle would then count
-/// into a metric that is no longer exported.
+/// Each metric's handle is registered at its first sample, with the recorder in charge at that
+/// moment, and kept: a layer counts into the recorder that was installed when it first
+/// counted (its first request, in practice), which saves a registry lookup (a hash and a
+/// locked map) per sample, four per first delivery. The cost of keeping handles: a recorder
+/// that deletes metrics that stayed idle (`metrics-exporter-prometheus` with an idle timeout)
+/// leaves a kept handle counting into a metric no longer exported; do not give this crate's
+/// metrics an idle timeout.
 #[cfg(feature = "metrics")]
 struct MetricKeys {
     store: [StoreKeys; 4],
@@ -350,8 +369,14 @@ struct StoreKeys {
     errors: MetricKey,
 }
 
+/// One metric: its key, and its handle once registered (a key is used as a counter or as a
+/// histogram, never both).
 #[cfg(feature = "metrics")]
-struct MetricKey(metrics::Key);
+struct MetricKey {
+    key: metrics::Key,
+    counter: std::sync::OnceLock<metrics::Counter>,
+    histogram: std::sync::OnceLock<metrics::Histogram>,
+}
 
 #[cfg(feature = "metrics")]
 static METADATA: metrics::Metadata<'static> =
@@ -367,19 +392,28 @@ impl MetricKey {
         // Retained (labels shared behind an `Arc`): a recorder that retains the key it is
         // handed on every call (`metrics-exporter-prometheus` does) then bumps a reference count
         // instead of copying the labels.
-        MetricKey(metrics::Key::from_parts(name, labels).to_retained())
+        MetricKey {
+            key: metrics::Key::from_parts(name, labels).to_retained(),
+            counter: std::sync::OnceLock::new(),
+            histogram: std::sync::OnceLock::new(),
+        }
     }
 
     fn increment(&self) {
         self.add(1);
     }
 
+    /// Adds `n`, to the counter registered with the recorder in charge at the first sample.
     fn add(&self, n: u64) {
-        metrics::with_recorder(|r| r.register_counter(&self.0, &METADATA)).increment(n);
+        let register = || metrics::with_recorder(|r| r.register_counter(&self.key, &METADATA));
+        self.counter.get_or_init(register).increment(n);
     }
 
+    /// Records `elapsed`, in the histogram registered at the first sample.
     fn record(&self, elapsed: Duration) {
-        metrics::with_recorder(|r| r.register_histogram(&self.0, &METADATA))
+        let register = || metrics::with_recorder(|r| r.register_histogram(&self.key, &METADATA));
+        self.histogram
+            .get_or_init(register)
             .record(elapsed.as_secs_f64());
     }
 }
@@ -494,11 +528,10 @@ mod metric_tests {
             .sum()
     }
 
-    /// Every sample goes to the recorder in charge when it is taken: handles are not kept
-    /// (a recorder may delete an idle metric, and a kept handle would then count into a
-    /// deleted one).
+    /// A metric counts into the recorder in charge at its first sample, and stays there: its
+    /// handle is registered once, not looked up per sample.
     #[test]
-    fn samples_follow_the_recorder_in_charge() {
+    fn samples_go_to_the_recorder_of_the_first_sample() {
         let key = MetricKey::new("kept_total", &[("namespace", "test")]);
         let (first, second) = (DebuggingRecorder::new(), DebuggingRecorder::new());
         metrics::with_local_recorder(&first, || {
@@ -506,11 +539,14 @@ mod metric_tests {
             key.increment();
         });
         metrics::with_local_recorder(&second, || key.increment());
-        metrics::with_local_recorder(&first, || key.increment());
-        // No recorder at all: the no-op one.
+        // No recorder in charge at all: still the first one's handle.
         key.increment();
-        metrics::with_local_recorder(&second, || key.increment());
-        assert_eq!(counted(&first), 3);
-        assert_eq!(counted(&second), 2);
+        assert_eq!(counted(&first), 4);
+        assert_eq!(counted(&second), 0);
+        // A metric first sampled under the second recorder counts there.
+        let other = MetricKey::new("other_total", &[("namespace", "test")]);
+        metrics::with_local_recorder(&second, || other.add(5));
+        other.increment();
+        assert_eq!(counted(&second), 6);
     }
 }

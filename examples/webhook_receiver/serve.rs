@@ -22,7 +22,7 @@
 use std::convert::Infallible;
 use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -172,6 +172,13 @@ impl Shed {
 }
 
 /// One connection, served until it ends, its header or idle deadline passes, or shutdown.
+///
+/// The deadline is one timer, reset only when it fires: requests do not wake this driver (they
+/// mark their start and end in [`Activity`] with a few atomic operations), so a connection
+/// that serves requests back to back costs no more than hyper's own driving. When the timer
+/// fires, the deadline is worked out from what the requests did meanwhile ([`Activity::check`]);
+/// only a deadline that passed while a request was in flight asks that request's end to wake
+/// the driver.
 async fn connection(
     stream: TcpStream,
     builder: Arc<auto::Builder<TokioExecutor>>,
@@ -180,15 +187,15 @@ async fn connection(
     mut stopped: watch::Receiver<bool>,
     _slot: OwnedSemaphorePermit,
 ) {
-    let opened = Instant::now();
-    let activity = Arc::new(Activity::default());
+    let activity = Arc::new(Activity::new(Instant::now()));
     let service = activity.clone().service(router);
     let mut conn = pin!(builder.serve_connection_with_upgrades(TokioIo::new(stream), service));
-    let mut idle_since = opened;
+    let mut deadline = pin!(tokio::time::sleep_until(
+        activity.opened + limits.header_timeout
+    ));
+    let mut busy = false;
     let mut closing = false;
     loop {
-        let deadline = activity.deadline(opened, idle_since, &limits);
-        let sleep = tokio::time::sleep_until(deadline.unwrap_or(opened));
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(err) = result {
@@ -196,19 +203,23 @@ async fn connection(
                 }
                 return;
             }
-            () = activity.changed.notified() => {
-                if activity.in_flight.load(Ordering::SeqCst) == 0 {
-                    idle_since = Instant::now();
-                }
-            }
-            () = sleep, if deadline.is_some() && !closing => {
-                if !activity.started.load(Ordering::SeqCst) {
+            () = &mut deadline, if !busy && !closing => match activity.check(&limits) {
+                Check::Until(at) => deadline.as_mut().reset(at),
+                Check::Busy => busy = true,
+                Check::NoHead => {
                     tracing::debug!("no request head within HEADER_TIMEOUT_MS: connection dropped");
                     return;
                 }
-                tracing::debug!("idle for IDLE_TIMEOUT_MS: connection shut down");
-                conn.as_mut().graceful_shutdown();
-                closing = true;
+                Check::Idle => {
+                    tracing::debug!("idle for IDLE_TIMEOUT_MS: connection shut down");
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            },
+            // The deadline passed while a request was in flight: its end says when it ran out.
+            () = activity.ended.notified(), if busy => {
+                busy = false;
+                deadline.as_mut().reset(Instant::now());
             }
             _ = stopped.wait_for(|stop| *stop), if !closing => {
                 conn.as_mut().graceful_shutdown();
@@ -219,25 +230,62 @@ async fn connection(
 }
 
 /// What the connection's requests are doing, shared by its service and its driver.
-#[derive(Default)]
 struct Activity {
+    opened: Instant,
     /// Set when the service is first called: a complete request head arrived.
     started: AtomicBool,
     in_flight: AtomicUsize,
-    /// Notified when a request starts or ends.
-    changed: Notify,
+    /// When the last request ended, in nanoseconds since `opened`.
+    last_end: AtomicU64,
+    /// The driver waits for the end of the requests in flight (set by [`check`](Self::check)).
+    waiting: AtomicBool,
+    /// Notified when a request ends while the driver waits.
+    ended: Notify,
+}
+
+/// What the driver does when its timer fires.
+enum Check {
+    /// Not yet: the deadline moved (requests came and went) to this instant.
+    Until(Instant),
+    /// Requests are in flight: no deadline until they end.
+    Busy,
+    /// No complete request head within `header_timeout` of the opening.
+    NoHead,
+    /// No request in flight for `idle_timeout`.
+    Idle,
 }
 
 impl Activity {
-    /// When the connection is to be closed: the header deadline until a request arrived, then
+    fn new(opened: Instant) -> Self {
+        Activity {
+            opened,
+            started: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            last_end: AtomicU64::new(0),
+            waiting: AtomicBool::new(false),
+            ended: Notify::new(),
+        }
+    }
+
+    /// The connection's deadline as of now: the header deadline until a request arrived, then
     /// `idle_timeout` after the last request ended; none while one runs.
-    fn deadline(&self, opened: Instant, idle_since: Instant, limits: &Limits) -> Option<Instant> {
+    fn check(&self, limits: &Limits) -> Check {
         if !self.started.load(Ordering::SeqCst) {
-            Some(opened + limits.header_timeout)
-        } else if self.in_flight.load(Ordering::SeqCst) == 0 {
-            Some(idle_since + limits.idle_timeout)
+            return Check::NoHead;
+        }
+        // Announced before looking: a request that ends after the look sees it and notifies
+        // (a notification without a waiter is kept for the next wait).
+        self.waiting.store(true, Ordering::SeqCst);
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return Check::Busy;
+        }
+        self.waiting.store(false, Ordering::SeqCst);
+        let ended = self.opened + Duration::from_nanos(self.last_end.load(Ordering::SeqCst));
+        let idle_at = ended + limits.idle_timeout;
+        if idle_at > Instant::now() {
+            Check::Until(idle_at)
         } else {
-            None
+            Check::Idle
         }
     }
 
@@ -270,14 +318,18 @@ impl Running {
     fn start(activity: Arc<Activity>) -> Self {
         activity.started.store(true, Ordering::SeqCst);
         activity.in_flight.fetch_add(1, Ordering::SeqCst);
-        activity.changed.notify_one();
         Running(activity)
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.0.changed.notify_one();
+        let activity = &self.0;
+        let since_open = activity.opened.elapsed().as_nanos() as u64;
+        activity.last_end.fetch_max(since_open, Ordering::SeqCst);
+        activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if activity.waiting.swap(false, Ordering::SeqCst) {
+            activity.ended.notify_one();
+        }
     }
 }

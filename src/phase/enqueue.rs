@@ -32,7 +32,9 @@ pub(crate) async fn enqueue<B, ResBody>(
     grpc: bool,
 ) -> Prelude<B, ResBody> {
     let correlation = correlation_id(route, parts);
-    tracing::Span::current().record("correlation_id", correlation.as_str());
+    if let Some(span) = crate::observe::request_span() {
+        span.record("correlation_id", correlation.as_str());
+    }
     let entry = match entry_of(route, parts, data, derived.targets, &correlation) {
         Ok(entry) => entry,
         Err(rejection) => return Prelude::reject(settings, rejection, grpc),

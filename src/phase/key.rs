@@ -187,7 +187,9 @@ fn signed_content<K: ExtractKey>(
 /// Names the hashed key in the request's span, when there is one.
 fn name_the_key(targets: &Targets) {
     if let Some(key) = targets.single_key() {
-        tracing::Span::current().record("key", key.as_str());
+        if let Some(span) = crate::observe::request_span() {
+            span.record("key", key.as_str());
+        }
     }
 }
 
