@@ -29,7 +29,7 @@ use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token, milli
 /// ```
 pub const MAX_TAKE: usize = 1_000;
 
-/// `enqueue`: KEYS = entry, done, due, live, dead; ARGV[1] = prefix, [2] = key, [3] = body,
+/// `enqueue`: KEYS = entry, done, due, live, dead, body; ARGV[1] = prefix, [2] = key, [3] = body,
 /// [4] = headers, [5] = correlation id, [6] = attempts, [7] = next attempt (µs), [8] = enqueued
 /// (µs), [9] = capacity (0: none), [10] = object ('' if none), [11] = position. Returns 0 when
 /// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full.
@@ -40,8 +40,9 @@ local cap = tonumber(ARGV[9])
 if cap > 0 and redis.call('ZCARD', KEYS[4]) + redis.call('ZCARD', KEYS[5]) >= cap then
   return 5
 end
-redis.call('HSET', KEYS[1], 's', 'q', 'b', ARGV[3], 'h', ARGV[4], 'c', ARGV[5], 'a', ARGV[6],
-  'n', ARGV[7], 'e', ARGV[8])
+redis.call('HSET', KEYS[1], 's', 'q', 'h', ARGV[4], 'c', ARGV[5], 'a', ARGV[6], 'n', ARGV[7],
+  'e', ARGV[8])
+redis.call('SET', KEYS[6], ARGV[3])
 if ARGV[10] ~= '' then
   redis.call('HSET', KEYS[1], 'o', ARGV[10], 'p', ARGV[11])
   redis.call('ZADD', ARGV[1] .. 'o:' .. ARGV[10], 0, ARGV[11] .. ARGV[2])
@@ -85,8 +86,9 @@ while #out < max do
       redis.call('HINCRBY', e, 'a', 1)
       redis.call('ZADD', KEYS[1], lease_end, key)
       redis.call('ZADD', KEYS[2], lease_end, key)
-      local g = redis.call('HMGET', e, 'b', 'h', 'o', 'p', 'c', 'a', 'n', 'e')
-      out[#out + 1] = {key, stale, token, g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]}
+      local g = redis.call('HMGET', e, 'h', 'o', 'p', 'c', 'a', 'n', 'e')
+      local b = redis.call('GET', prefix .. 'b:' .. key)
+      out[#out + 1] = {key, stale, token, b, g[1], g[2], g[3], g[4], g[5], g[6], g[7]}
     end
   end
 end
@@ -110,7 +112,7 @@ static COMPLETE_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
         + r#"local f = redis.call('HMGET', KEYS[1], 's', 't', 'o', 'p')
 if f[1] ~= 'r' or f[2] ~= ARGV[3] then return 0 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], ARGV[1] .. 'b:' .. ARGV[2])
 for i = 3, 5 do redis.call('ZREM', KEYS[i], ARGV[2]) end
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
 if f[3] then
@@ -160,8 +162,9 @@ return 1
 /// letter, oldest enqueued first: key, last error, then `ENTRY_FIELDS`.
 const DEAD_LUA: &str = r#"local out = {}
 for _, key in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)) do
-  local g = redis.call('HMGET', ARGV[1] .. 'e:' .. key, 'x', 'b', 'h', 'o', 'p', 'c', 'a', 'n', 'e')
-  out[#out + 1] = {key, g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9]}
+  local g = redis.call('HMGET', ARGV[1] .. 'e:' .. key, 'x', 'h', 'o', 'p', 'c', 'a', 'n', 'e')
+  local b = redis.call('GET', ARGV[1] .. 'b:' .. key)
+  out[#out + 1] = {key, g[1], b, g[2], g[3], g[4], g[5], g[6], g[7], g[8]}
 end
 return out
 "#;
@@ -201,9 +204,10 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// over several primaries, [`partitions`](Self::partitions) gives it `n` hash tags
 /// `{inbox:N:<p>}`, each with the keys below:
 ///
-/// - `{inbox:N}:e:<key>`: a hash, the entry (body, kept headers, object and position,
-///   correlation id, attempts, next attempt, enqueue time) with its state (queued, running,
-///   dead), its lease's token and end, its last error;
+/// - `{inbox:N}:e:<key>`: a hash, the entry (kept headers, object and position, correlation
+///   id, attempts, next attempt, enqueue time) with its state (queued, running, dead), its
+///   lease's token and end, its last error; `{inbox:N}:b:<key>`: its body, a string of its own
+///   (so that the hash of small fields stays in Redis's compact encoding);
 /// - `{inbox:N}:d:<key>`: the key done, with the retention's `PX`;
 /// - `{inbox:N}:due`: a sorted set of the queued and running entries, by next attempt time or
 ///   lease end, what `take` scans; `{inbox:N}:leased`: the running ones, by lease end;
@@ -516,6 +520,7 @@ where
             self.set(p, "due"),
             self.set(p, "live"),
             self.set(p, "dead"),
+            concat(&[&self.prefixes[p], "b:", entry.key.as_str()]),
         ];
         let headers = encode_headers(&entry.headers);
         let (object, position) = match &entry.order {
