@@ -296,3 +296,76 @@ async fn scripts_are_reloaded_after_a_flush() {
             .unwrap()
     );
 }
+
+/// An entry stored with attempts already made and its next attempt later than its enqueue
+/// time (the fields `enqueue` sends only when they are not the default) keeps both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_and_a_later_next_attempt_are_kept() {
+    let server = RedisServer::start();
+    let inbox = RedisInbox::new(server.connect().await, &fresh_name());
+    let now = std::time::SystemTime::now();
+    let mut later = entry(1);
+    later.attempts = 3;
+    later.next_attempt_at = now + Duration::from_secs(3600);
+    let mut due = entry(2);
+    due.attempts = 2;
+    due.next_attempt_at = now - Duration::from_secs(1);
+    due.enqueued_at = now - Duration::from_secs(10);
+    inbox.enqueue(later).await.unwrap();
+    inbox.enqueue(due.clone()).await.unwrap();
+    let taken = inbox.take(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(taken.len(), 1, "the entry due in an hour is not taken");
+    let taken = &taken[0].entry;
+    assert_eq!(taken.key, due.key);
+    assert_eq!(taken.attempts, 3, "two before, this one");
+    let micros = |at: std::time::SystemTime| {
+        at.duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros()
+    };
+    assert_eq!(micros(taken.next_attempt_at), micros(due.next_attempt_at));
+    assert_eq!(micros(taken.enqueued_at), micros(due.enqueued_at));
+    let counts = inbox.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.in_flight), (1, 1));
+}
+
+/// An entry as earlier versions stored it, every field written (headers empty, attempts 0,
+/// next attempt), is taken and completed like a new one: pending entries survive an upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_stored_with_every_field_is_read() {
+    let server = RedisServer::start();
+    let client = server.connect().await;
+    let inbox = RedisInbox::new(client.clone(), &fresh_name());
+    let key = entry(7).key;
+    let (prefix, name) = (inbox.prefix().to_owned(), key.as_str().to_owned());
+    let at = "1764745000123456";
+    let entry_key = format!("{prefix}e:{name}");
+    let fields = ["s", "q", "h", "", "c", "req-7", "a", "0", "n", at, "e", at];
+    let _: i64 =
+        redis_server::raw(&client, "HSET", &[&[&entry_key[..]][..], &fields].concat()).await;
+    let _: String = redis_server::raw(&client, "SET", &[&format!("{prefix}b:{name}"), "{}"]).await;
+    for set in ["due", "live"] {
+        let _: i64 =
+            redis_server::raw(&client, "ZADD", &[&format!("{prefix}{set}"), at, &name]).await;
+    }
+    let lease = inbox
+        .take(1, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert_eq!(lease.entry.key, key);
+    assert_eq!(lease.entry.correlation_id, "req-7");
+    assert_eq!(lease.entry.attempts, 1);
+    assert!(lease.entry.headers.is_empty());
+    assert!(
+        inbox
+            .complete(&key, &lease.token, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        inbox.enqueue(entry(7)).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done)
+    );
+}

@@ -29,26 +29,46 @@ use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token, milli
 /// ```
 pub const MAX_TAKE: usize = 1_000;
 
-/// `enqueue`: KEYS = entry, done, due, live, dead, body; ARGV[1] = prefix, [2] = key, [3] = body,
-/// [4] = headers, [5] = correlation id, [6] = attempts, [7] = next attempt (µs), [8] = enqueued
-/// (µs), [9] = capacity (0: none), [10] = object ('' if none), [11] = position. Returns 0 when
-/// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full.
-const ENQUEUE_LUA: &str = r#"local s = redis.call('HGET', KEYS[1], 's')
-if s == 'q' then return 1 elseif s == 'r' then return 2 elseif s == 'd' then return 3 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return 4 end
-local cap = tonumber(ARGV[9])
-if cap > 0 and redis.call('ZCARD', KEYS[4]) + redis.call('ZCARD', KEYS[5]) >= cap then
-  return 5
+/// `enqueue`: KEYS = entry, done, due, live, body (and dead when bounded); ARGV[1] = key, [2] =
+/// body, [3] = correlation id, [4] = enqueued (µs), then pairs of a name and a value for what
+/// is not the default: `h` headers (none), `a` attempts (0), `n` next attempt (the enqueue
+/// time), `o` object and `p` position (unordered), `cap` capacity (unbounded). Returns 0 when queued,
+/// 1 to 4 for a duplicate (queued, running, dead, done), 5 when full.
+///
+/// Every argument costs Redis about 2k instructions to hand to Lua and every hash field about
+/// 3k to store, so a first delivery sends 9 strings and stores 3 fields (a worker reads an
+/// absent field as its default).
+const ENQUEUE_LUA: &str = r#"if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then
+  local s = redis.call('HGET', KEYS[1], 's')
+  if s == 'q' then return 1 elseif s == 'r' then return 2 elseif s == 'd' then return 3 end
+  return 4
 end
-redis.call('HSET', KEYS[1], 's', 'q', 'h', ARGV[4], 'c', ARGV[5], 'a', ARGV[6], 'n', ARGV[7],
-  'e', ARGV[8])
-redis.call('SET', KEYS[6], ARGV[3])
-if ARGV[10] ~= '' then
-  redis.call('HSET', KEYS[1], 'o', ARGV[10], 'p', ARGV[11])
-  redis.call('ZADD', ARGV[1] .. 'o:' .. ARGV[10], 0, ARGV[11] .. ARGV[2])
+local key, t = ARGV[1], ARGV[4]
+local due, o, p, fields = t, nil, nil, nil
+for i = 5, #ARGV, 2 do
+  local name, value = ARGV[i], ARGV[i + 1]
+  if name == 'cap' then
+    if redis.call('ZCARD', KEYS[4]) + redis.call('ZCARD', KEYS[6]) >= tonumber(value) then
+      return 5
+    end
+  else
+    fields = fields or {'s', 'q', 'c', ARGV[3], 'e', t}
+    fields[#fields + 1] = name
+    fields[#fields + 1] = value
+    if name == 'n' then due = value elseif name == 'o' then o = value elseif name == 'p' then p = value end
+  end
 end
-redis.call('ZADD', KEYS[3], ARGV[7], ARGV[2])
-redis.call('ZADD', KEYS[4], ARGV[8], ARGV[2])
+if fields then
+  redis.call('HSET', KEYS[1], unpack(fields))
+else
+  redis.call('HSET', KEYS[1], 's', 'q', 'c', ARGV[3], 'e', t)
+end
+redis.call('SET', KEYS[5], ARGV[2])
+if o then
+  redis.call('ZADD', string.sub(KEYS[3], 1, -4) .. 'o:' .. o, 0, p .. key)
+end
+redis.call('ZADD', KEYS[3], due, key)
+redis.call('ZADD', KEYS[4], t, key)
 return 0
 "#;
 
@@ -514,35 +534,28 @@ where
 {
     async fn enqueue(&self, entry: InboxEntry) -> Result<Enqueued, StoreError> {
         let p = self.partition_of(&entry);
-        let keys = vec![
+        let mut keys = vec![
             self.entry_key(p, &entry.key),
             self.done_key(p, &entry.key),
             self.set(p, "due"),
             self.set(p, "live"),
-            self.set(p, "dead"),
             concat(&[&self.prefixes[p], "b:", entry.key.as_str()]),
         ];
-        let headers = encode_headers(&entry.headers);
-        let (object, position) = match &entry.order {
-            Some(order) => (order.object.as_str(), &order.position.to_bytes()[..]),
-            None => ("", &[][..]),
-        };
         // A partition holds its share of the bound.
         let capacity = self.capacity.div_ceil(self.prefixes.len() as u64);
+        if capacity > 0 {
+            keys.push(self.set(p, "dead"));
+        }
+        let enqueued_at = micros(entry.enqueued_at);
         let args = || {
-            vec![
-                Value::from(&*self.prefixes[p]),
+            let mut args = vec![
                 Value::from(entry.key.as_str()),
                 Value::Bytes(entry.body.clone()),
-                Value::Bytes(headers.clone()),
                 Value::from(entry.correlation_id.as_str()),
-                Value::Integer(i64::from(entry.attempts)),
-                Value::Integer(micros(entry.next_attempt_at)),
-                Value::Integer(micros(entry.enqueued_at)),
-                Value::Integer(capacity.min(i64::MAX as u64) as i64),
-                Value::from(object),
-                Value::Bytes(Bytes::copy_from_slice(position)),
-            ]
+                Value::Integer(enqueued_at),
+            ];
+            optional_fields(&entry, enqueued_at, capacity, &mut args);
+            args
         };
         match self.run(&ENQUEUE, keys, args).await? {
             Value::Integer(0) => Ok(Enqueued::Queued),
@@ -720,6 +733,36 @@ where
     }
 }
 
+/// The `enqueue` arguments after the first four: a name and a value for each field of `entry`
+/// that is not its default, and the capacity when there is one.
+fn optional_fields(entry: &InboxEntry, enqueued_at: i64, capacity: u64, args: &mut Vec<Value>) {
+    if capacity > 0 {
+        args.extend([
+            "cap".into(),
+            Value::Integer(capacity.min(i64::MAX as u64) as i64),
+        ]);
+    }
+    if !entry.headers.is_empty() {
+        args.extend(["h".into(), Value::Bytes(encode_headers(&entry.headers))]);
+    }
+    if entry.attempts != 0 {
+        args.extend(["a".into(), Value::Integer(i64::from(entry.attempts))]);
+    }
+    let next = micros(entry.next_attempt_at);
+    if next != enqueued_at {
+        args.extend(["n".into(), Value::Integer(next)]);
+    }
+    if let Some(order) = &entry.order {
+        let position = Bytes::copy_from_slice(&order.position.to_bytes());
+        args.extend([
+            "o".into(),
+            Value::from(order.object.as_str()),
+            "p".into(),
+            Value::Bytes(position),
+        ]);
+    }
+}
+
 /// `parts` end to end, in one allocation: key names are built on every call, where `format!`
 /// cost five times as much.
 fn concat(parts: &[&str]) -> String {
@@ -822,15 +865,19 @@ impl Row {
     }
 
     /// The entry of `key` from the fields body, headers, object, position, correlation id,
-    /// attempts, next attempt and enqueue time.
+    /// attempts, next attempt and enqueue time (a missing headers, attempts or next attempt is
+    /// its default: none, 0, the enqueue time).
     fn entry(&mut self, key: StoreKey) -> Result<InboxEntry, StoreError> {
         let body = self.bytes()?;
-        let headers = decode_headers(&self.bytes()?)?;
+        let headers = decode_headers(&self.optional()?.unwrap_or_default())?;
         let order = self.order()?;
         let correlation_id = self.text()?;
-        let attempts = u32::try_from(self.int()?).map_err(|_| corrupt("attempts"))?;
-        let next_attempt_at = from_micros(self.int()?);
+        let attempts = self.optional_int()?.unwrap_or(0);
+        let attempts = u32::try_from(attempts).map_err(|_| corrupt("attempts"))?;
+        let next_attempt_at = self.optional_int()?;
         let enqueued_at = from_micros(self.int()?);
+        // `enqueue` leaves a field out when it is the default.
+        let next_attempt_at = next_attempt_at.map_or(enqueued_at, from_micros);
         Ok(InboxEntry {
             key,
             body,
