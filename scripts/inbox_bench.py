@@ -20,8 +20,12 @@ Three figures, each against its bound:
    sample of them) plus each entry's share of the inbox's sorted sets (`due`, `live`), with
    `used_memory` before and after as a cross-check. Bound: <= 2x the body + 200 bytes.
 
-The server (one Tokio worker) is pinned to one CPU; wrk (one thread) and redis-server to the
-other, as in scripts/loadtest. On a shared, noisy host one run says little: compare the two
+By default nothing is pinned, as in compare/run: the server (one Tokio worker), wrk (one
+thread) and redis-server share the CPUs, so a route's req/s follows the CPU all three spend on
+one request. `--pinning split` pins the server to one CPU and wrk and redis-server to the other,
+as scripts/loadtest does: there the synchronous route is bound by the server's CPU and the
+inbox by what Redis and wrk spend together, so the ratio says more about the layout than about
+the routes. On a shared, noisy host one run says little: compare the two
 routes of the same run (the per-round ratios show the spread), and run it again before
 trusting a figure. Exits 1 when a figure misses its bound.
 """
@@ -147,13 +151,17 @@ def main():
     p.add_argument("--workers", type=int, default=0,
                    help="entries the drain's Worker runs at once (default: --connections)")
     p.add_argument("--sample", type=int, default=2000, help="entry hashes sized with MEMORY USAGE (default 2000)")
+    p.add_argument("--pinning", choices=("none", "split"), default="none",
+                   help="none (default): no process pinned, as compare/run runs; split: the server on "
+                        "the first CPU, wrk and redis-server on the second")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args()
     assert 1 <= args.duration <= 120 and 1 <= args.rounds <= 20 and 0 <= args.warmup <= 30 and 1 <= args.connections <= 1024
     workers = args.workers or args.connections
 
     allowed = sorted(os.sched_getaffinity(0))
-    server_cpu, client_cpu = (allowed[0], allowed[1]) if len(allowed) >= 2 else (None, None)
+    split = args.pinning == "split" and len(allowed) >= 2
+    server_cpu, client_cpu = (allowed[0], allowed[1]) if split else (None, None)
     body = whatsapp_payload(1024)
     tmp = tempfile.mkdtemp(prefix="inbox-bench-")
     body_path = os.path.join(tmp, "body.json")
@@ -163,7 +171,8 @@ def main():
     redis = RedisServer(client_cpu)
     results = {"redis_version": redis.version, "body_bytes": len(body), "connections": args.connections,
                "workers": workers, "duration": args.duration,
-               "pinning": f"server on CPU {server_cpu}; wrk and redis-server on CPU {client_cpu}"}
+               "pinning": (f"server on CPU {server_cpu}; wrk and redis-server on CPU {client_cpu}" if split
+                           else f"nothing pinned, {len(allowed)} CPUs")}
     try:
         srv = server(args.server, server_cpu, redis, 0)
         try:
