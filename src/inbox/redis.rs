@@ -20,8 +20,8 @@ use crate::store::redis::errors::store_error;
 use crate::store::redis::scripts::{Keys, LESS_LUA, bytes_of, evalsha_with_reload, unexpected};
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token, millis};
 
-/// The most entries one [`RedisInbox`] `take` hands out: the client sends one token per entry
-/// it may take, so a larger `max` is cut to this.
+/// The most entries one [`RedisInbox`] `take` hands out: a take is one script, which holds the
+/// server while it runs (and numbers its leases in two bytes), so a larger `max` is cut to this.
 ///
 /// ```
 /// // A worker pool larger than this takes in several calls.
@@ -73,20 +73,26 @@ return 0
 "#;
 
 /// `take`: KEYS = due, leased; ARGV[1] = prefix, [2] = now (µs), [3] = lease end (µs), [4] =
-/// max, [5..] = one fresh token per entry it may take. Scans the due set in time order,
-/// skipping an ordered entry that is not its object's first; returns one row per entry taken:
-/// key, stale (0/1), token, then the entry's fields as `ENTRY_FIELDS`.
+/// max, [5] = a random token whose 14th and 15th bytes each lease replaces with its index. Scans
+/// the due set in time order, skipping an ordered entry that is not its object's first;
+/// returns one row per entry taken: key, stale (0/1), token, then the fields `Row::entry`
+/// reads (body, headers, object, position, correlation id, attempts, next attempt, enqueued).
+///
+/// Every string handed to Lua costs Redis about 2k instructions: the scan asks for as many due
+/// entries as it still wants (more only when it passed some over), and one token is sent, not
+/// one per entry it may take.
 static TAKE_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
         + r#"local prefix, now, lease_end, max = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local out, skipped = {}, 0
+local head, tail = string.sub(ARGV[5], 1, 13), string.sub(ARGV[5], 16, 16)
+local out, skipped, batch = {}, 0, max
 while #out < max do
-  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', skipped, 100)
-  if #due == 0 then break end
+  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', skipped, batch)
+  local passed = skipped
   for _, key in ipairs(due) do
     if #out == max then break end
     local e = prefix .. 'e:' .. key
-    local f = redis.call('HMGET', e, 's', 'o', 'p')
+    local f = redis.call('HMGET', e, 's', 'o', 'p', 'h', 'c', 'a', 'n', 'e')
     local runnable, stale = f[1] == 'q' or f[1] == 'r', 0
     if not runnable then
       redis.call('ZREM', KEYS[1], key)
@@ -101,16 +107,19 @@ while #out < max do
       end
     end
     if runnable then
-      local token = ARGV[5 + #out]
-      redis.call('HSET', e, 's', 'r', 't', token, 'u', lease_end)
-      redis.call('HINCRBY', e, 'a', 1)
+      local i = #out
+      local token = head .. string.char(math.floor(i / 256), i % 256) .. tail
+      local attempts = (tonumber(f[6]) or 0) + 1
+      redis.call('HSET', e, 's', 'r', 't', token, 'u', lease_end, 'a', attempts)
       redis.call('ZADD', KEYS[1], lease_end, key)
       redis.call('ZADD', KEYS[2], lease_end, key)
-      local g = redis.call('HMGET', e, 'h', 'o', 'p', 'c', 'a', 'n', 'e')
       local b = redis.call('GET', prefix .. 'b:' .. key)
-      out[#out + 1] = {key, stale, token, b, g[1], g[2], g[3], g[4], g[5], g[6], g[7]}
+      out[#out + 1] = {key, stale, token, b, f[4], f[2], f[3], f[5], attempts, f[7], f[8]}
     end
   end
+  -- Every due entry was seen: those passed over wait behind their object's first.
+  if #due < batch then break end
+  if skipped > passed then batch = math.min(batch * 4, 100) else batch = max - #out end
 end
 return out
 "#
@@ -179,7 +188,7 @@ return 1
 "#;
 
 /// `dead_letters`: KEYS = dead; ARGV[1] = prefix, [2] = limit (at least 1). One row per dead
-/// letter, oldest enqueued first: key, last error, then `ENTRY_FIELDS`.
+/// letter, oldest enqueued first: key, last error, then the fields `Row::entry` reads.
 const DEAD_LUA: &str = r#"local out = {}
 for _, key in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)) do
   local g = redis.call('HMGET', ARGV[1] .. 'e:' .. key, 'x', 'h', 'o', 'p', 'c', 'a', 'n', 'e')
@@ -440,23 +449,19 @@ where
             return Ok(Vec::new());
         }
         let now = SystemTime::now();
-        let tokens: Vec<Token> = (0..max)
-            .map(|_| {
-                let mut bytes = *Token::random().as_bytes();
-                bytes[15] = p as u8;
-                Token::from_bytes(bytes)
-            })
-            .collect();
+        // The script numbers the leases in bytes 13 and 14 (from 0); the rest stays random.
+        let mut seed = *Token::random().as_bytes();
+        seed[15] = p as u8;
+        let seed = Token::from_bytes(seed);
         let keys = vec![self.set(p, "due"), self.set(p, "leased")];
         let args = || {
-            let mut args = vec![
+            vec![
                 Value::from(&*self.prefixes[p]),
                 Value::Integer(micros(now)),
                 Value::Integer(micros(now + lease)),
                 Value::Integer(max as i64),
-            ];
-            args.extend(tokens.iter().map(token_value));
-            args
+                token_value(&seed),
+            ]
         };
         rows(self.run(&TAKE, keys, args).await?, "take")?
             .into_iter()
