@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use fred::clients::Pool;
-use fred::interfaces::LuaInterface;
+use fred::interfaces::{KeysInterface, LuaInterface};
 use fred::types::Value;
 use fred::types::scripts::Script;
 use futures_util::future::join_all;
@@ -32,8 +32,8 @@ pub const MAX_TAKE: usize = 1_000;
 /// `enqueue`: KEYS = entry, done, due, live, body (and dead when bounded); ARGV[1] = key, [2] =
 /// body, [3] = correlation id, [4] = enqueued (µs), then pairs of a name and a value for what
 /// is not the default: `h` headers (none), `a` attempts (0), `n` next attempt (the enqueue
-/// time), `o` object and `p` position (unordered), `cap` capacity (unbounded). Returns 0 when queued,
-/// 1 to 4 for a duplicate (queued, running, dead, done), 5 when full.
+/// time), `o` object and `p` position (unordered), `cap` capacity (unbounded). Returns 0 when
+/// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full.
 ///
 /// Every argument costs Redis about 2k instructions to hand to Lua and every hash field about
 /// 3k to store, so a first delivery sends 9 strings and stores 3 fields (a worker reads an
@@ -55,7 +55,9 @@ for i = 5, #ARGV, 2 do
     fields = fields or {'s', 'q', 'c', ARGV[3], 'e', t}
     fields[#fields + 1] = name
     fields[#fields + 1] = value
-    if name == 'n' then due = value elseif name == 'o' then o = value elseif name == 'p' then p = value end
+    if name == 'n' then due = value end
+    if name == 'o' then o = value end
+    if name == 'p' then p = value end
   end
 end
 if fields then
@@ -76,11 +78,12 @@ return 0
 /// max, [5] = a random token whose 14th and 15th bytes each lease replaces with its index. Scans
 /// the due set in time order, skipping an ordered entry that is not its object's first;
 /// returns one row per entry taken: key, stale (0/1), token, then the fields `Row::entry`
-/// reads (body, headers, object, position, correlation id, attempts, next attempt, enqueued).
+/// reads (headers, object, position, correlation id, attempts, next attempt, enqueued).
 ///
-/// Every string handed to Lua costs Redis about 2k instructions: the scan asks for as many due
-/// entries as it still wants (more only when it passed some over), and one token is sent, not
-/// one per entry it may take.
+/// Every string handed to Lua costs Redis about 2k instructions, more for a long one: the scan
+/// asks for as many due entries as it still wants (more only when it passed some over), one
+/// token is sent, not one per entry it may take, and the bodies are read after the script, with
+/// one `MGET` (a 1 KiB body read into Lua cost 13k).
 static TAKE_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
         + r#"local prefix, now, lease_end, max = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -110,11 +113,10 @@ while #out < max do
       local i = #out
       local token = head .. string.char(math.floor(i / 256), i % 256) .. tail
       local attempts = (tonumber(f[6]) or 0) + 1
-      redis.call('HSET', e, 's', 'r', 't', token, 'u', lease_end, 'a', attempts)
+      redis.call('HSET', e, 's', 'r', 't', token, 'a', attempts)
       redis.call('ZADD', KEYS[1], lease_end, key)
       redis.call('ZADD', KEYS[2], lease_end, key)
-      local b = redis.call('GET', prefix .. 'b:' .. key)
-      out[#out + 1] = {key, stale, token, b, f[4], f[2], f[3], f[5], attempts, f[7], f[8]}
+      out[#out + 1] = {key, stale, token, f[4], f[2], f[3], f[5], attempts, f[7], f[8]}
     end
   end
   -- Every due entry was seen: those passed over wait behind their object's first.
@@ -128,7 +130,6 @@ return out
 /// `renew`: KEYS = entry, due, leased; ARGV[1] = key, [2] = token, [3] = lease end (µs).
 const RENEW_LUA: &str = r#"local f = redis.call('HMGET', KEYS[1], 's', 't')
 if f[1] ~= 'r' or f[2] ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'u', ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
 return 1
@@ -161,7 +162,7 @@ return 1
 const FAIL_LUA: &str = r#"local f = redis.call('HMGET', KEYS[1], 's', 't', 'o', 'p', 'e')
 if f[1] ~= 'r' or f[2] ~= ARGV[3] then return 0 end
 redis.call('ZREM', KEYS[3], ARGV[2])
-redis.call('HDEL', KEYS[1], 't', 'u')
+redis.call('HDEL', KEYS[1], 't')
 if ARGV[4] == 'r' then
   redis.call('HSET', KEYS[1], 's', 'q', 'n', ARGV[5])
   redis.call('ZADD', KEYS[2], ARGV[5], ARGV[2])
@@ -234,9 +235,10 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// `{inbox:N:<p>}`, each with the keys below:
 ///
 /// - `{inbox:N}:e:<key>`: a hash, the entry (kept headers, object and position, correlation
-///   id, attempts, next attempt, enqueue time) with its state (queued, running, dead), its
-///   lease's token and end, its last error; `{inbox:N}:b:<key>`: its body, a string of its own
-///   (so that the hash of small fields stays in Redis's compact encoding);
+///   id, attempts, next attempt, enqueue time; a field at its default is left out) with its
+///   state (queued, running, dead), its lease's token, its last error; `{inbox:N}:b:<key>`: its
+///   body, a string of its own (so that the hash of small fields stays in Redis's compact
+///   encoding);
 /// - `{inbox:N}:d:<key>`: the key done, with the retention's `PX`;
 /// - `{inbox:N}:due`: a sorted set of the queued and running entries, by next attempt time or
 ///   lease end, what `take` scans; `{inbox:N}:leased`: the running ones, by lease end;
@@ -435,7 +437,7 @@ where
 
 impl<C> RedisInbox<C>
 where
-    C: LuaInterface + Send + Sync + 'static,
+    C: LuaInterface + KeysInterface + Send + Sync + 'static,
 {
     /// Takes up to `max` due entries from partition `p`. Each lease's token ends with the
     /// partition's number, so that its settlements go to that partition's slot.
@@ -463,21 +465,43 @@ where
                 token_value(&seed),
             ]
         };
-        rows(self.run(&TAKE, keys, args).await?, "take")?
+        let mut leases = rows(self.run(&TAKE, keys, args).await?, "take")?
             .into_iter()
             .map(|row| {
                 let mut row = Row::new(row, "take")?;
                 let key = row.key()?;
                 let stale = row.int()? == 1;
                 let token = row.token()?;
-                let entry = row.entry(key)?;
+                let entry = row.entry(key, Bytes::new())?;
                 Ok(Lease {
                     entry,
                     token,
                     stale,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        self.read_bodies(p, &mut leases).await?;
+        Ok(leases)
+    }
+
+    /// Fills in the bodies of the entries just taken: one `MGET` of their `b:` keys, which only
+    /// a completion by the lease's holder deletes.
+    async fn read_bodies(&self, p: usize, leases: &mut [Lease]) -> Result<(), StoreError> {
+        if leases.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = leases
+            .iter()
+            .map(|lease| concat(&[&self.prefixes[p], "b:", lease.entry.key.as_str()]))
+            .collect();
+        let bodies: Vec<Option<Bytes>> = self.client.mget(names).await.map_err(store_error)?;
+        if bodies.len() != leases.len() {
+            return Err(corrupt("MGET answered another number of bodies"));
+        }
+        for (lease, body) in leases.iter_mut().zip(bodies) {
+            lease.entry.body = body.ok_or_else(|| corrupt("an entry's body is missing"))?;
+        }
+        Ok(())
     }
 
     async fn requeue_in(&self, p: usize, key: &StoreKey) -> Result<bool, StoreError> {
@@ -509,7 +533,8 @@ where
             let mut row = Row::new(row, "dead_letters")?;
             let key = row.key()?;
             let last_error = row.text()?;
-            let entry = row.entry(key)?;
+            let body = row.bytes()?;
+            let entry = row.entry(key, body)?;
             Ok(DeadLetter { entry, last_error })
         })
         .collect()
@@ -535,7 +560,7 @@ where
 
 impl<C> InboxStore for RedisInbox<C>
 where
-    C: LuaInterface + Send + Sync + 'static,
+    C: LuaInterface + KeysInterface + Send + Sync + 'static,
 {
     async fn enqueue(&self, entry: InboxEntry) -> Result<Enqueued, StoreError> {
         let p = self.partition_of(&entry);
@@ -869,11 +894,10 @@ impl Row {
         Ok(Token::from_bytes(bytes))
     }
 
-    /// The entry of `key` from the fields body, headers, object, position, correlation id,
-    /// attempts, next attempt and enqueue time (a missing headers, attempts or next attempt is
-    /// its default: none, 0, the enqueue time).
-    fn entry(&mut self, key: StoreKey) -> Result<InboxEntry, StoreError> {
-        let body = self.bytes()?;
+    /// The entry of `key` carrying `body`, from the fields headers, object, position,
+    /// correlation id, attempts, next attempt and enqueue time (a missing headers, attempts or
+    /// next attempt is its default: none, 0, the enqueue time).
+    fn entry(&mut self, key: StoreKey, body: Bytes) -> Result<InboxEntry, StoreError> {
         let headers = decode_headers(&self.optional()?.unwrap_or_default())?;
         let order = self.order()?;
         let correlation_id = self.text()?;
