@@ -23,7 +23,8 @@ use tower_idempotency::inbox::{
     Enqueued, InboxCounts, InboxEntry, InboxRequest, InboxStore, KeyState, PostgresInbox, SqlInbox,
     SqliteInbox, Worker,
 };
-use tower_idempotency::store::StoreKey;
+use tower_idempotency::order::Position;
+use tower_idempotency::store::{ObjectKey, StoreKey};
 
 const LONG: Duration = Duration::from_secs(60);
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -322,6 +323,58 @@ async fn expired_done_keys_are_free_again_and_purged() {
     assert_eq!(inbox.purge().await.unwrap(), 1, "only the expired done key");
     assert_eq!(inbox.enqueue(purged).await.unwrap(), Enqueued::Queued);
     assert_eq!(inbox.counts().await.unwrap().pending, 3);
+}
+
+/// An object's watermark is purged with the done keys once its retention ran out (the table of
+/// watermarks does not keep every object ever seen), and one still within it stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_watermarks_are_purged_on_sqlite() {
+    let (inbox, _dir) = sqlite_inbox().await;
+    expired_watermarks_are_purged(inbox).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_watermarks_are_purged_on_postgres() {
+    expired_watermarks_are_purged(pg_inbox().await).await;
+}
+
+/// Completes an ordered entry with a short retention and one of another object with a long
+/// one, waits for the short one to run out, purges.
+async fn expired_watermarks_are_purged<DB>(inbox: SqlInbox<DB>)
+where
+    DB: tower_idempotency::store::sql::Dialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments: sqlx::IntoArguments<DB>,
+    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let (short, long) = (Duration::from_millis(50), Duration::from_secs(3600));
+    for (n, retention) in [(1, short), (2, long)] {
+        let object = ObjectKey::new("inbox-sql", None, &unique(&format!("object{n}")));
+        inbox
+            .enqueue(entry(n).ordered(object, Position::new(7)))
+            .await
+            .unwrap();
+        let lease = inbox.take(1, LONG).await.unwrap().pop().unwrap();
+        assert!(
+            inbox
+                .complete(&lease.entry.key, &lease.token, retention)
+                .await
+                .unwrap()
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let purged = inbox.purge().await.unwrap();
+    let count = format!("SELECT COUNT(*) FROM {}_objects", inbox.table());
+    let left: i64 = sqlx::query_scalar(AssertSqlSafe(count))
+        .fetch_one(inbox.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        (purged, left),
+        (2, 1),
+        "the short-lived done key and watermark went, the long-lived watermark stays"
+    );
 }
 
 /// `spawn_purge` deletes the expired done keys on its own schedule, and leaves entries alone.

@@ -63,11 +63,35 @@ enum Phase {
     Dead { error: String },
 }
 
-/// An object's watermark and its entries that are neither done nor dead, in position order.
+/// An object's watermark (until when it lasts: the retention of the last completion of one of
+/// its entries, as the done keys) and its entries that are neither done nor dead, in position
+/// order.
 #[derive(Debug, Default)]
 struct Object {
-    watermark: Option<Position>,
+    watermark: Option<(Position, SystemTime)>,
     queue: BTreeSet<(Position, StoreKey)>,
+}
+
+impl Object {
+    fn watermark(&self, now: SystemTime) -> Option<Position> {
+        self.watermark
+            .and_then(|(mark, until)| (until > now).then_some(mark))
+    }
+
+    /// Raises the watermark to `position` (an expired one counts as none) and makes it last
+    /// until `until` at least.
+    fn raise(&mut self, position: Position, until: SystemTime, now: SystemTime) {
+        let last = self.watermark.map_or(until, |(_, old)| old.max(until));
+        self.watermark = Some((
+            self.watermark(now).max(Some(position)).unwrap_or(position),
+            last,
+        ));
+    }
+
+    /// Neither an entry waits nor a watermark lasts: nothing to keep.
+    fn is_spent(&self, now: SystemTime) -> bool {
+        self.queue.is_empty() && self.watermark(now).is_none()
+    }
 }
 
 impl MemoryInbox {
@@ -115,6 +139,7 @@ impl State {
 
     fn purge_done(&mut self, now: SystemTime) {
         self.done.retain(|_, until| *until > now);
+        self.objects.retain(|_, object| !object.is_spent(now));
     }
 
     /// Puts `entry` in its object's queue and the due set (pending, due at `at`).
@@ -161,14 +186,17 @@ impl State {
 
     /// Whether `key` may run now: unordered, or its object's first waiting entry; and stale if
     /// its object's watermark is at or past its position.
-    fn runnable(&self, slot: &Slot) -> Option<bool> {
+    fn runnable(&self, slot: &Slot, now: SystemTime) -> Option<bool> {
         let Some(order) = &slot.entry.order else {
             return Some(false);
         };
         let object = self.objects.get(&order.object)?;
         let first = object.queue.first()?;
-        (first.1 == slot.entry.key)
-            .then(|| object.watermark.is_some_and(|mark| mark >= order.position))
+        (first.1 == slot.entry.key).then(|| {
+            object
+                .watermark(now)
+                .is_some_and(|mark| mark >= order.position)
+        })
     }
 
     fn take(&mut self, max: usize, lease: Duration, now: SystemTime) -> Vec<Lease> {
@@ -186,7 +214,7 @@ impl State {
             let Some(slot) = self.entries.get(&key) else {
                 continue;
             };
-            let Some(stale) = self.runnable(slot) else {
+            let Some(stale) = self.runnable(slot, now) else {
                 continue;
             };
             let token = Token::random();
@@ -268,7 +296,7 @@ impl InboxStore for MemoryInbox {
         state.done.insert(key.clone(), now + retention);
         if let Some(order) = slot.entry.order {
             let object = state.objects.entry(order.object.clone()).or_default();
-            object.watermark = object.watermark.max(Some(order.position));
+            object.raise(order.position, now + retention, now);
         }
         Ok(true)
     }

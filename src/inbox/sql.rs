@@ -40,7 +40,7 @@ const ENTRY_COLUMNS: &str =
 ///
 /// Cheap to clone (the pool and the statements are shared). Build it over a pool with
 /// [`new`](Self::new), create the tables with [`migrate`](Self::migrate), and delete done keys
-/// past their retention with [`purge_expired`](Self::purge_expired). A handler whose effect
+/// and watermarks past their retention with [`purge_expired`](Self::purge_expired). A handler whose effect
 /// lives in the same database completes its entry in its own transaction with
 /// [`complete_in_tx`](Self::complete_in_tx).
 ///
@@ -51,7 +51,9 @@ const ENTRY_COLUMNS: &str =
 /// database itself guarantees one entry per key, and a done key keeps its row (without its
 /// body) until `expires_at`. Times are milliseconds since the Unix epoch from this host's clock
 /// (a retry time comes from it anyway). `<table>_objects` holds each ordered object's
-/// watermark: the highest position completed (16 bytes, byte order is position order).
+/// watermark: the highest position completed (16 bytes, byte order is position order), until
+/// the retention of the last completion of one of its entries runs out, as on Redis, where it
+/// is a key with that `PX` (an expired watermark counts as none, and is purged).
 ///
 /// # Statements
 ///
@@ -223,9 +225,10 @@ impl<DB: Dialect> SqlInbox<DB> {
         Ok(())
     }
 
-    /// Deletes the done keys past their retention, at most `batch_size` per statement, until
-    /// a statement deletes fewer; returns how many. Entries (queued, running, dead) are never
-    /// deleted. Run it from a scheduled job.
+    /// Deletes the done keys and the objects' watermarks past their retention, at most
+    /// `batch_size` rows per statement, until a statement deletes fewer; returns how many
+    /// rows. Entries (queued, running, dead) are never deleted. Run it from a scheduled job
+    /// (or [`spawn_purge`](Self::spawn_purge)).
     ///
     /// ```no_run
     /// # #[cfg(feature = "postgres")]
@@ -235,12 +238,16 @@ impl<DB: Dialect> SqlInbox<DB> {
     /// # }
     /// ```
     pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, StoreError> {
-        purge_in_batches(batch_size, |limit| async move {
-            let params = [Param::Int(limit), Param::Int(epoch_ms(SystemTime::now()))];
-            let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-            execute::<DB>(&mut conn, &self.sql.purge, &params).await
-        })
-        .await
+        let mut deleted = 0;
+        for statement in [&self.sql.purge, &self.sql.purge_watermarks] {
+            deleted += purge_in_batches(batch_size, |limit| async move {
+                let params = [Param::Int(limit), Param::Int(epoch_ms(SystemTime::now()))];
+                let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+                execute::<DB>(&mut conn, statement, &params).await
+            })
+            .await?;
+        }
+        Ok(deleted)
     }
 
     /// [`purge_expired`](Self::purge_expired) with [`DEFAULT_PURGE_BATCH`].
@@ -330,7 +337,8 @@ impl<DB: Dialect> SqlInbox<DB> {
         token: &Token,
         retention: Duration,
     ) -> Result<bool, StoreError> {
-        let until = epoch_ms(SystemTime::now()).saturating_add(millis(retention));
+        let now = epoch_ms(SystemTime::now());
+        let until = now.saturating_add(millis(retention));
         let params = [
             Param::Text(key.as_str()),
             Param::Bytes(token.as_bytes()),
@@ -343,7 +351,12 @@ impl<DB: Dialect> SqlInbox<DB> {
         let object = DB::text(row, 0).map_err(error::<DB>)?;
         let position = DB::bytes(row, 1).map_err(error::<DB>)?;
         if let (Some(object), Some(position)) = (object, position) {
-            let params = [Param::Text(object), Param::Bytes(position)];
+            let params = [
+                Param::Text(object),
+                Param::Bytes(position),
+                Param::Int(until),
+                Param::Int(now),
+            ];
             execute::<DB>(conn, &self.sql.raise_watermark, &params).await?;
         }
         Ok(true)
@@ -546,7 +559,7 @@ struct Statements {
     /// holds the entry, or already completed it (the done key keeps the token: the worker's
     /// completion after the handler's `complete_in_tx` is not a lost lease).
     complete: Sql,
-    /// $1 object, $2 position.
+    /// $1 object, $2 position, $3 retention end, $4 now.
     raise_watermark: Sql,
     /// $1 key, $2 token, $3 next attempt, $4 error.
     retry: Sql,
@@ -560,6 +573,8 @@ struct Statements {
     counts: Sql,
     /// $1 the most rows to delete, $2 now.
     purge: Sql,
+    /// $1 the most rows to delete, $2 now.
+    purge_watermarks: Sql,
 }
 
 impl Statements {
@@ -596,9 +611,13 @@ RETURNING object, position"
             )
             .into(),
             raise_watermark: format!(
-                "INSERT INTO {table}_objects AS cur (object, watermark) VALUES ($1, $2)
-ON CONFLICT (object) DO UPDATE SET watermark = EXCLUDED.watermark
-    WHERE cur.watermark < EXCLUDED.watermark"
+                "INSERT INTO {table}_objects AS cur (object, watermark, expires_at)
+VALUES ($1, $2, $3)
+ON CONFLICT (object) DO UPDATE
+    SET watermark = CASE WHEN cur.expires_at > $4 AND cur.watermark >= EXCLUDED.watermark
+            THEN cur.watermark ELSE EXCLUDED.watermark END,
+        expires_at = CASE WHEN cur.expires_at > EXCLUDED.expires_at
+            THEN cur.expires_at ELSE EXCLUDED.expires_at END"
             )
             .into(),
             retry: format!(
@@ -642,6 +661,15 @@ WHERE key IN (
                 locks = DB::PURGE_LOCKS,
             )
             .into(),
+            purge_watermarks: format!(
+                "DELETE FROM {table}_objects
+WHERE object IN (
+    SELECT object FROM {table}_objects WHERE expires_at <= $2
+    ORDER BY expires_at LIMIT $1{locks}
+) AND expires_at <= $2",
+                locks = DB::PURGE_LOCKS,
+            )
+            .into(),
         }
     }
 }
@@ -666,7 +694,7 @@ WHERE key IN (
 )
 RETURNING {ENTRY_COLUMNS}, EXISTS (
     SELECT 1 FROM {table}_objects AS w
-    WHERE w.object = {table}.object AND w.watermark >= {table}.position
+    WHERE w.object = {table}.object AND w.watermark >= {table}.position AND w.expires_at > $4
 ) AS stale"
     )
 }
@@ -697,10 +725,14 @@ fn schema(table: &str, bytes: &str) -> String {
 );
 CREATE INDEX IF NOT EXISTS {index}_due_idx ON {table} (state, next_at);
 CREATE INDEX IF NOT EXISTS {index}_object_idx ON {table} (object, position);
+-- An object's watermark lasts for the retention of the last completion of its events, as
+-- the done keys do.
 CREATE TABLE IF NOT EXISTS {table}_objects (
-    object    text    NOT NULL PRIMARY KEY,
-    watermark {bytes} NOT NULL
+    object     text    NOT NULL PRIMARY KEY,
+    watermark  {bytes} NOT NULL,
+    expires_at bigint  NOT NULL
 );
+CREATE INDEX IF NOT EXISTS {index}_objects_expires_idx ON {table}_objects (expires_at);
 "
     )
 }

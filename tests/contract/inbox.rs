@@ -426,6 +426,45 @@ pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(stor
     assert!(stale.stale, "x0 is behind x's watermark");
 }
 
+/// An object's watermark lasts for the retention of the completion that raised it, as the done
+/// key does: an older entry within it comes back stale, one after it runs as if the object
+/// were new (and a bounded store does not keep every object it ever saw).
+pub async fn a_watermark_lasts_for_the_retention<St: InboxStore>(store: St) {
+    let object = ObjectKey::new("inbox-contract", None, &fresh("fading"));
+    let retention = Duration::from_millis(300);
+    let newer = ordered(&object, 5);
+    store.enqueue(newer.clone()).await.unwrap();
+    let lease = take_one(&store, "the newer entry").await;
+    assert!(!lease.stale);
+    assert!(
+        store
+            .complete(&newer.key, &lease.token, retention)
+            .await
+            .unwrap()
+    );
+    let older = ordered(&object, 1);
+    store.enqueue(older.clone()).await.unwrap();
+    let lease = take_one(&store, "an older entry within the retention").await;
+    assert!(lease.stale, "behind the watermark while it lasts");
+    let settled = Instant::now();
+    assert!(
+        store
+            .complete(&older.key, &lease.token, retention)
+            .await
+            .unwrap()
+    );
+    // Past the retention of that last completion.
+    tokio::time::sleep(retention * 2 - settled.elapsed().min(retention)).await;
+    let oldest = ordered(&object, 0);
+    store.enqueue(oldest.clone()).await.unwrap();
+    let lease = take_one(&store, "an older entry after the retention").await;
+    assert_eq!(
+        (lease.entry.key, lease.stale),
+        (oldest.key, false),
+        "the watermark ran out"
+    );
+}
+
 /// Shutdown finishes the entry that runs and takes nothing new.
 pub async fn shutdown_finishes_what_runs<St: InboxStore + Clone>(store: St) {
     let (first, second) = (entry("shutdown"), entry("shutdown"));
@@ -524,6 +563,7 @@ macro_rules! inbox_contract {
             shutdown_finishes_what_runs,
             a_running_entry_is_renewed,
             a_worker_settles_a_stale_entry_without_the_handler,
+            a_watermark_lasts_for_the_retention,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
