@@ -369,3 +369,29 @@ async fn an_entry_stored_with_every_field_is_read() {
         Enqueued::Duplicate(KeyState::Done)
     );
 }
+
+/// An entry whose body is gone (deleted by hand, evicted) is not handed out without it: the
+/// take makes it a dead letter saying so, and hands out the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_without_its_body_becomes_a_dead_letter() {
+    let server = RedisServer::start();
+    let client = server.connect().await;
+    let inbox = RedisInbox::new(client.clone(), &fresh_name());
+    let (lost, kept) = (entry(1), entry(2));
+    inbox.enqueue(lost.clone()).await.unwrap();
+    inbox.enqueue(kept.clone()).await.unwrap();
+    let body = format!("{}b:{}", inbox.prefix(), lost.key.as_str());
+    let _: i64 = redis_server::raw(&client, "DEL", &[&body]).await;
+    let taken = inbox.take(10, Duration::from_secs(60)).await.unwrap();
+    let keys: Vec<_> = taken.iter().map(|lease| lease.entry.key.clone()).collect();
+    assert_eq!(keys, [kept.key]);
+    assert_eq!(taken[0].entry.body, kept.body);
+    let dead = inbox.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].entry.key, lost.key);
+    assert!(
+        dead[0].last_error.contains("body is missing"),
+        "{}",
+        dead[0].last_error
+    );
+}

@@ -79,13 +79,12 @@ impl Object {
     }
 
     /// Raises the watermark to `position` (an expired one counts as none) and makes it last
-    /// until `until` at least.
+    /// until `until`, the retention of this completion (as Redis's `SET .. PX`).
     fn raise(&mut self, position: Position, until: SystemTime, now: SystemTime) {
-        let last = self.watermark.map_or(until, |(_, old)| old.max(until));
-        self.watermark = Some((
-            self.watermark(now).max(Some(position)).unwrap_or(position),
-            last,
-        ));
+        let mark = self
+            .watermark(now)
+            .map_or(position, |mark| mark.max(position));
+        self.watermark = Some((mark, until));
     }
 
     /// Neither an entry waits nor a watermark lasts: nothing to keep.

@@ -67,6 +67,7 @@ else
 end
 redis.call('SET', KEYS[5], ARGV[2])
 if o then
+  -- The prefix is KEYS[3] less its name, `due`.
   redis.call('ZADD', string.sub(KEYS[3], 1, -4) .. 'o:' .. o, 0, p .. key)
 end
 redis.call('ZADD', KEYS[3], due, key)
@@ -121,7 +122,8 @@ while #out < max do
   end
   -- Every due entry was seen: those passed over wait behind their object's first.
   if #due < batch then break end
-  if skipped > passed then batch = math.min(batch * 4, 100) else batch = max - #out end
+  batch = max - #out
+  if skipped > passed then batch = math.max(batch, math.min(batch * 4, 100)) end
 end
 return out
 "#
@@ -224,8 +226,9 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 ///
 /// Every operation is **one `EVALSHA`** of a Lua script (sent again as `EVAL` on `NOSCRIPT`,
 /// as [`RedisStore`](crate::RedisStore) does), so each is atomic on the server: `enqueue` checks
-/// the key and stores the entry in one step, `take` hands an entry to one worker only, and
-/// `renew`, `complete` and `fail` compare the lease's token before they write.
+/// the key and stores the entry in one step, `take` hands an entry to one worker only (then
+/// reads the bodies of what it took with one `MGET`), and `renew`, `complete` and `fail`
+/// compare the lease's token before they write.
 ///
 /// # Keys
 ///
@@ -451,6 +454,8 @@ where
             return Ok(Vec::new());
         }
         let now = SystemTime::now();
+        // A lease ending now would leave the entry in the range the script scans.
+        let lease = lease.max(Duration::from_millis(1));
         // The script numbers the leases in bytes 13 and 14 (from 0); the rest stays random.
         let mut seed = *Token::random().as_bytes();
         seed[15] = p as u8;
@@ -465,7 +470,7 @@ where
                 token_value(&seed),
             ]
         };
-        let mut leases = rows(self.run(&TAKE, keys, args).await?, "take")?
+        let leases = rows(self.run(&TAKE, keys, args).await?, "take")?
             .into_iter()
             .map(|row| {
                 let mut row = Row::new(row, "take")?;
@@ -480,15 +485,15 @@ where
                 })
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
-        self.read_bodies(p, &mut leases).await?;
-        Ok(leases)
+        self.read_bodies(p, leases).await
     }
 
     /// Fills in the bodies of the entries just taken: one `MGET` of their `b:` keys, which only
-    /// a completion by the lease's holder deletes.
-    async fn read_bodies(&self, p: usize, leases: &mut [Lease]) -> Result<(), StoreError> {
+    /// a completion by the lease's holder deletes. An entry whose body is gone all the same
+    /// (deleted by hand, evicted) is made a dead letter saying so, not handed out.
+    async fn read_bodies(&self, p: usize, leases: Vec<Lease>) -> Result<Vec<Lease>, StoreError> {
         if leases.is_empty() {
-            return Ok(());
+            return Ok(leases);
         }
         let names: Vec<String> = leases
             .iter()
@@ -498,10 +503,22 @@ where
         if bodies.len() != leases.len() {
             return Err(corrupt("MGET answered another number of bodies"));
         }
-        for (lease, body) in leases.iter_mut().zip(bodies) {
-            lease.entry.body = body.ok_or_else(|| corrupt("an entry's body is missing"))?;
+        let mut complete = Vec::with_capacity(leases.len());
+        for (mut lease, body) in leases.into_iter().zip(bodies) {
+            match body {
+                Some(body) => {
+                    lease.entry.body = body;
+                    complete.push(lease);
+                }
+                None => {
+                    let error = "inbox: the entry's body is missing".to_owned();
+                    tracing::warn!(key = %lease.entry.key, "{error}: made a dead letter");
+                    self.fail(&lease.entry.key, &lease.token, Failure::Dead(error))
+                        .await?;
+                }
+            }
         }
-        Ok(())
+        Ok(complete)
     }
 
     async fn requeue_in(&self, p: usize, key: &StoreKey) -> Result<bool, StoreError> {
@@ -533,7 +550,8 @@ where
             let mut row = Row::new(row, "dead_letters")?;
             let key = row.key()?;
             let last_error = row.text()?;
-            let body = row.bytes()?;
+            // Empty for a dead letter made because its body was gone.
+            let body = row.optional()?.unwrap_or_default();
             let entry = row.entry(key, body)?;
             Ok(DeadLetter { entry, last_error })
         })

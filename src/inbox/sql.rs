@@ -40,8 +40,8 @@ const ENTRY_COLUMNS: &str =
 ///
 /// Cheap to clone (the pool and the statements are shared). Build it over a pool with
 /// [`new`](Self::new), create the tables with [`migrate`](Self::migrate), and delete done keys
-/// and watermarks past their retention with [`purge_expired`](Self::purge_expired). A handler whose effect
-/// lives in the same database completes its entry in its own transaction with
+/// and watermarks past their retention with [`purge_expired`](Self::purge_expired). A handler
+/// whose effect lives in the same database completes its entry in its own transaction with
 /// [`complete_in_tx`](Self::complete_in_tx).
 ///
 /// # The tables
@@ -616,8 +616,7 @@ VALUES ($1, $2, $3)
 ON CONFLICT (object) DO UPDATE
     SET watermark = CASE WHEN cur.expires_at > $4 AND cur.watermark >= EXCLUDED.watermark
             THEN cur.watermark ELSE EXCLUDED.watermark END,
-        expires_at = CASE WHEN cur.expires_at > EXCLUDED.expires_at
-            THEN cur.expires_at ELSE EXCLUDED.expires_at END"
+        expires_at = EXCLUDED.expires_at"
             )
             .into(),
             retry: format!(

@@ -426,42 +426,61 @@ pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(stor
     assert!(stale.stale, "x0 is behind x's watermark");
 }
 
-/// An object's watermark lasts for the retention of the completion that raised it, as the done
-/// key does: an older entry within it comes back stale, one after it runs as if the object
-/// were new (and a bounded store does not keep every object it ever saw).
+/// An object's watermark lasts for the retention of the last completion of one of its entries,
+/// as the done key does: an older entry within it comes back stale; after it, the object starts
+/// again from the next completion (and a store does not keep every object it ever saw).
 pub async fn a_watermark_lasts_for_the_retention<St: InboxStore>(store: St) {
     let object = ObjectKey::new("inbox-contract", None, &fresh("fading"));
-    let retention = Duration::from_millis(300);
-    let newer = ordered(&object, 5);
-    store.enqueue(newer.clone()).await.unwrap();
-    let lease = take_one(&store, "the newer entry").await;
-    assert!(!lease.stale);
+    let retention = Duration::from_millis(600);
+    let run = |position: i64, retention: Duration| {
+        let (store, entry) = (&store, ordered(&object, position));
+        async move {
+            store.enqueue(entry.clone()).await.unwrap();
+            let lease = take_one(store, "the object's entry").await;
+            assert_eq!(lease.entry.key, entry.key);
+            assert!(
+                store
+                    .complete(&entry.key, &lease.token, retention)
+                    .await
+                    .unwrap()
+            );
+            lease.stale
+        }
+    };
+    assert!(!run(5, retention).await);
     assert!(
-        store
-            .complete(&newer.key, &lease.token, retention)
-            .await
-            .unwrap()
+        run(1, retention).await,
+        "behind the watermark while it lasts"
     );
-    let older = ordered(&object, 1);
-    store.enqueue(older.clone()).await.unwrap();
-    let lease = take_one(&store, "an older entry within the retention").await;
-    assert!(lease.stale, "behind the watermark while it lasts");
-    let settled = Instant::now();
-    assert!(
-        store
-            .complete(&older.key, &lease.token, retention)
-            .await
-            .unwrap()
-    );
+    let last = Instant::now();
     // Past the retention of that last completion.
-    tokio::time::sleep(retention * 2 - settled.elapsed().min(retention)).await;
-    let oldest = ordered(&object, 0);
-    store.enqueue(oldest.clone()).await.unwrap();
-    let lease = take_one(&store, "an older entry after the retention").await;
-    assert_eq!(
-        (lease.entry.key, lease.stale),
-        (oldest.key, false),
-        "the watermark ran out"
+    tokio::time::sleep((retention * 2).saturating_sub(last.elapsed())).await;
+    assert!(!run(0, RETENTION).await, "the watermark ran out");
+    assert!(
+        !run(3, RETENTION).await,
+        "the new watermark is 0: the expired 5 counts as none"
+    );
+}
+
+/// A `take` that passes over entries waiting behind their object's first looks further: the
+/// entry due after thirty of them is found by a take of one.
+pub async fn a_take_looks_past_the_entries_that_wait<St: InboxStore>(store: St) {
+    let object = ObjectKey::new("inbox-contract", None, &fresh("queue"));
+    store.enqueue(ordered(&object, 0)).await.unwrap();
+    let first = take_one(&store, "the object's first entry").await;
+    for position in 1..=30 {
+        store.enqueue(ordered(&object, position)).await.unwrap();
+    }
+    let free = entry("unordered");
+    store.enqueue(free.clone()).await.unwrap();
+    let taken = store.take(1, LONG).await.unwrap();
+    let keys: Vec<_> = taken.iter().map(|lease| lease.entry.key.clone()).collect();
+    assert_eq!(keys, [free.key], "the thirty wait behind the running one");
+    assert!(
+        store
+            .complete(&first.entry.key, &first.token, RETENTION)
+            .await
+            .unwrap()
     );
 }
 
@@ -564,6 +583,7 @@ macro_rules! inbox_contract {
             a_running_entry_is_renewed,
             a_worker_settles_a_stale_entry_without_the_handler,
             a_watermark_lasts_for_the_retention,
+            a_take_looks_past_the_entries_that_wait,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
