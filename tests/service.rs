@@ -152,6 +152,9 @@ struct Flaky {
     inner: MemoryStore,
     reserve_delay: Duration,
     complete_delay: Duration,
+    /// How long a completion takes before it reaches the store (a slow network on the way
+    /// there: the claim's lease runs meanwhile).
+    complete_sent_after: Duration,
     failing_completes: Arc<AtomicUsize>,
     /// Completions attempted.
     completes: Arc<AtomicUsize>,
@@ -182,6 +185,7 @@ impl IdempotencyStore for Flaky {
             self.failing_completes.store(failing - 1, Ordering::SeqCst);
             return Err(StoreError::new(StoreErrorKind::Unavailable));
         }
+        tokio::time::sleep(self.complete_sent_after).await;
         let written = self.inner.complete(key, claim, record, retention).await;
         tokio::time::sleep(self.complete_delay).await;
         written
@@ -276,6 +280,48 @@ async fn a_failed_completion_is_retried_until_recorded() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(store.failing_completes.load(Ordering::SeqCst), 0);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A completion that takes two leases to reach the store (within the store timeout): the claim
+/// is renewed meanwhile, so a duplicate is 409 and never run, and the record is written (the
+/// duplicate after it is acknowledged), not lost with an expired lease.
+#[tokio::test]
+async fn a_settlement_longer_than_the_lease_keeps_its_claim() {
+    let lease = Duration::from_millis(600);
+    let store = Flaky {
+        complete_sent_after: 2 * lease,
+        ..Flaky::default()
+    };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(store.clone()).lease(lease))
+        .service_fn({
+            let runs = runs.clone();
+            move |_req: Request<RequestBody<Full<Bytes>>>| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done")))) }
+            }
+        });
+    let first = tokio::spawn(service.clone().oneshot(keyed()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while store.completes.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never settled");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Past the first lease, while the completion is still on its way.
+    tokio::time::sleep(lease + lease / 3).await;
+    let duplicate = service.clone().oneshot(keyed()).await.unwrap();
+    assert_eq!(
+        duplicate.status(),
+        StatusCode::CONFLICT,
+        "the claim was kept"
+    );
+    let response = first.await.unwrap().unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let duplicate = service.oneshot(keyed()).await.unwrap();
+    assert_eq!(duplicate.status(), StatusCode::OK);
+    assert_eq!(duplicate.headers()["idempotent-replayed"], "true");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
