@@ -13,6 +13,7 @@ mod suite;
 
 use std::time::Duration;
 
+use fred::interfaces::ClientLike;
 use http::StatusCode;
 use redis_proxy::RoundTripProxy;
 use redis_server::RedisServer;
@@ -193,6 +194,56 @@ async fn redis_restart_then_retries_are_processed_once() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(effects.total(), 2);
+}
+
+/// Redis hung (SIGSTOP: connected, answering nothing), behind a client whose own command
+/// timeout is far longer than the layer's store timeout: the layer's timeout is the one that
+/// answers the claim (its `SET` is sent without fred's timer), 503 + Retry-After and nothing
+/// processed; once Redis answers again, the sender's retries are processed once (the claim
+/// that landed late is released by the layer in the background).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_redis_answers_503_at_the_layers_store_timeout() {
+    let server = RedisServer::start();
+    let mut builder = server.builder();
+    builder.with_performance_config(|perf| perf.default_command_timeout = Duration::from_secs(60));
+    let client = builder.build().unwrap();
+    client.init().await.unwrap();
+    let store = RedisStore::new(client);
+    store.load_scripts().await.unwrap();
+    let effects = Effects::default();
+    let app = router(
+        IdempotencyLayer::new(store)
+            .namespace("hung")
+            .store_timeout(Duration::from_millis(300)),
+        &effects,
+    );
+
+    server.freeze();
+    let started = tokio::time::Instant::now();
+    let (status, headers, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
+    let waited = started.elapsed();
+    server.thaw();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(headers.contains_key("retry-after"));
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(10),
+        "answered after {waited:?}: the layer's timeout, not the client's 60 s"
+    );
+    assert_eq!(effects.total(), 0, "nothing processed while Redis hung");
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
+        let retry = [StatusCode::SERVICE_UNAVAILABLE, StatusCode::CONFLICT].contains(&status);
+        if !retry || tokio::time::Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(effects.total(), 1);
 }
 
 /// An app instance that died while holding a claim leaves a lease: duplicates get 409 until

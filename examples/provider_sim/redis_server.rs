@@ -112,6 +112,27 @@ impl RedisServer {
         }
     }
 
+    /// Stops the process (SIGSTOP) without killing it: its sockets stay open but nothing is
+    /// read or answered, like a hung server. [`RedisServer::thaw`] resumes it.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a process stopped by [`RedisServer::freeze`] (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("the server runs").id();
+        let status = std::process::Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
     /// Starts the server again on the same port (killing it first if it still runs) and waits
     /// until it answers `PING`. Its data set starts empty: nothing is persisted.
     pub fn restart(&mut self) {
