@@ -164,6 +164,19 @@ mod sentinel {
     });
 }
 
+/// The first entry `inbox` hands out now, under a minute's lease.
+async fn take_one<C>(inbox: &RedisInbox<C>) -> tower_idempotency::inbox::Lease
+where
+    C: fred::interfaces::LuaInterface + fred::interfaces::KeysInterface + Send + Sync + 'static,
+{
+    inbox
+        .take(1, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .pop()
+        .expect("an entry is due")
+}
+
 fn entry(n: u32) -> InboxEntry {
     let key = StoreKey::new("inbox-redis", None, &format!("evt-{n}"));
     InboxEntry::new(
@@ -235,12 +248,7 @@ async fn an_entry_comes_back_as_it_was_stored() {
         .with_headers(headers.clone())
         .ordered(object.clone(), position);
     inbox.enqueue(stored.clone()).await.unwrap();
-    let lease = inbox
-        .take(10, Duration::from_secs(60))
-        .await
-        .unwrap()
-        .pop()
-        .unwrap();
+    let lease = take_one(&inbox).await;
     let taken = lease.entry;
     assert_eq!(taken.key, stored.key);
     assert_eq!(taken.body, stored.body);
@@ -282,12 +290,7 @@ async fn scripts_are_reloaded_after_a_flush() {
     let inbox = RedisInbox::new(client.clone(), &fresh_name());
     inbox.enqueue(entry(1)).await.unwrap();
     redis_server::script_flush(&client).await;
-    let lease = inbox
-        .take(1, Duration::from_secs(60))
-        .await
-        .unwrap()
-        .pop()
-        .unwrap();
+    let lease = take_one(&inbox).await;
     redis_server::script_flush(&client).await;
     assert!(
         inbox
@@ -348,12 +351,7 @@ async fn an_entry_stored_with_every_field_is_read() {
         let _: i64 =
             redis_server::raw(&client, "ZADD", &[&format!("{prefix}{set}"), at, &name]).await;
     }
-    let lease = inbox
-        .take(1, Duration::from_secs(60))
-        .await
-        .unwrap()
-        .pop()
-        .unwrap();
+    let lease = take_one(&inbox).await;
     assert_eq!(lease.entry.key, key);
     assert_eq!(lease.entry.correlation_id, "req-7");
     assert_eq!(lease.entry.attempts, 1);

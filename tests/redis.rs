@@ -180,15 +180,7 @@ async fn redis_restart_then_retries_are_processed_once() {
     // The sender retries every non-2xx. The reserve that timed out may have been applied when
     // the client reconnected; the layer releases it in the background (token-checked), so the
     // retries do not wait for its 10 s lease.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
-        let retry = [StatusCode::SERVICE_UNAVAILABLE, StatusCode::CONFLICT].contains(&status);
-        if !retry || tokio::time::Instant::now() > deadline {
-            break status;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = retry_while_unavailable(&app, Duration::from_secs(10)).await;
     assert_eq!(status, StatusCode::CREATED);
     let (status, headers, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
     assert_eq!(status, StatusCode::OK);
@@ -198,9 +190,9 @@ async fn redis_restart_then_retries_are_processed_once() {
 
 /// Redis hung (SIGSTOP: connected, answering nothing), behind a client whose own command
 /// timeout is far longer than the layer's store timeout: the layer's timeout is the one that
-/// answers the claim (its `SET` is sent without fred's timer), 503 + Retry-After and nothing
-/// processed; once Redis answers again, the sender's retries are processed once (the claim
-/// that landed late is released by the layer in the background).
+/// answers, 503 + Retry-After and nothing processed; once Redis answers again, the sender's
+/// retries are processed once (a claim that landed late is released by the layer in the
+/// background).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_redis_answers_503_at_the_layers_store_timeout() {
     let server = RedisServer::start();
@@ -231,15 +223,7 @@ async fn hung_redis_answers_503_at_the_layers_store_timeout() {
     );
     assert_eq!(effects.total(), 0, "nothing processed while Redis hung");
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
-        let retry = [StatusCode::SERVICE_UNAVAILABLE, StatusCode::CONFLICT].contains(&status);
-        if !retry || tokio::time::Instant::now() > deadline {
-            break status;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = retry_while_unavailable(&app, Duration::from_secs(15)).await;
     assert_eq!(status, StatusCode::CREATED);
     let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
     assert_eq!(status, StatusCode::OK);
@@ -449,4 +433,18 @@ async fn a_batch_after_noscript_costs_one_more_round_trip() {
     assert_eq!(store.release_many(&[], &claim).await.unwrap(), 0);
     assert!(store.renew_many(&[], &claim, lease).await.unwrap());
     assert!(proxy.take_rounds().is_empty());
+}
+
+/// Sends `evt_1` as a sender retries, while it is answered 503 or 409, for at most `limit`: the
+/// last status.
+async fn retry_while_unavailable(app: &axum::Router, limit: Duration) -> StatusCode {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let (status, _, _) = send(app, post("/effect", Some("evt_1"), "{}")).await;
+        let retry = [StatusCode::SERVICE_UNAVAILABLE, StatusCode::CONFLICT].contains(&status);
+        if !retry || tokio::time::Instant::now() > deadline {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
