@@ -132,15 +132,6 @@ def drain(binary, cpu, redis, workers, pending, timeout):
             "server_cpu_pct": server_cpu / seconds * 100, "redis_cpu_pct": redis_cpu / seconds * 100}
 
 
-def counts_of(binary, cpu, redis):
-    """The pending entries, asked of a receive-only server started for it."""
-    srv = server(binary, cpu, redis, 0)
-    try:
-        return counts(srv)["pending"]
-    finally:
-        srv.stop()
-
-
 def median(values):
     values = sorted(values)
     n = len(values)
@@ -191,9 +182,10 @@ def main():
                 log(f"== warm-up, {args.warmup} s per route")
                 for path in ("/webhook", "/inbox"):
                     first_deliveries(srv, redis, path, args.connections, args.warmup, body_path, f"{run}-warm", client_cpu)
+                warmed = counts(srv)["pending"]
                 srv.stop()
                 # What the warm-up queued is drained before the rounds, not counted.
-                drain(args.server, server_cpu, redis, workers, counts_of(args.server, server_cpu, redis), 600)
+                drain(args.server, server_cpu, redis, workers, warmed, 600)
                 srv = server(args.server, server_cpu, redis, 0)
             syncs, inboxes, drains = [], [], []
             for rnd in range(args.rounds):

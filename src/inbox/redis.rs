@@ -391,6 +391,10 @@ where
         concat(&[&self.prefixes[p], "d:", key.as_str()])
     }
 
+    fn body_key(&self, p: usize, key: &StoreKey) -> String {
+        concat(&[&self.prefixes[p], "b:", key.as_str()])
+    }
+
     fn set(&self, p: usize, name: &str) -> String {
         concat(&[&self.prefixes[p], name])
     }
@@ -497,7 +501,7 @@ where
         }
         let names: Vec<String> = leases
             .iter()
-            .map(|lease| concat(&[&self.prefixes[p], "b:", lease.entry.key.as_str()]))
+            .map(|lease| self.body_key(p, &lease.entry.key))
             .collect();
         let bodies: Vec<Option<Bytes>> = self.client.mget(names).await.map_err(store_error)?;
         if bodies.len() != leases.len() {
@@ -587,7 +591,7 @@ where
             self.done_key(p, &entry.key),
             self.set(p, "due"),
             self.set(p, "live"),
-            concat(&[&self.prefixes[p], "b:", entry.key.as_str()]),
+            self.body_key(p, &entry.key),
         ];
         // A partition holds its share of the bound.
         let capacity = self.capacity.div_ceil(self.prefixes.len() as u64);
