@@ -193,6 +193,14 @@ impl InboxStore for AnyInbox {
         dispatch!(self, inbox => inbox.complete(key, token, retention).await)
     }
 
+    async fn complete_many(
+        &self,
+        leases: &[(StoreKey, Token)],
+        retention: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        dispatch!(self, inbox => inbox.complete_many(leases, retention).await)
+    }
+
     async fn fail(
         &self,
         key: &StoreKey,

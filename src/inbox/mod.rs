@@ -46,6 +46,7 @@
 mod any;
 #[cfg(any(feature = "redis", feature = "sqlite", feature = "postgres"))]
 mod codec;
+mod completions;
 mod entry;
 mod memory;
 mod metrics;

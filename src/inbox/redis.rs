@@ -137,25 +137,42 @@ redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
 return 1
 "#;
 
-/// `complete`: KEYS = entry, done, due, leased, live; ARGV[1] = prefix, [2] = key, [3] =
-/// token, [4] = retention (ms). Marks the key done, removes the entry and raises its object's
-/// watermark (kept for the retention).
+/// `complete`, any number of leases of one partition: KEYS = due, leased, live; ARGV[1] =
+/// prefix, [2] = retention (ms), then a key and its lease's token for each lease. For each
+/// lease still held by its token: marks the key done, removes the entry and raises its object's
+/// watermark (kept for the retention). Returns 1 (completed) or 0 (not held) per lease.
+///
+/// A script costs Redis about 12k instructions before it does anything and every string
+/// handed to it about 2k: a worker sends the completions that gathered while the last ones
+/// were in flight as one script, each one key and one token.
 static COMPLETE_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
-        + r#"local f = redis.call('HMGET', KEYS[1], 's', 't', 'o', 'p')
-if f[1] ~= 'r' or f[2] ~= ARGV[3] then return 0 end
-redis.call('DEL', KEYS[1], ARGV[1] .. 'b:' .. ARGV[2])
-for i = 3, 5 do redis.call('ZREM', KEYS[i], ARGV[2]) end
-redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
-if f[3] then
-  redis.call('ZREM', ARGV[1] .. 'o:' .. f[3], f[4] .. ARGV[2])
-  local wk = ARGV[1] .. 'w:' .. f[3]
-  local w = redis.call('GET', wk)
-  local mark = f[4]
-  if w and string.len(w) == 16 and less(mark, w) then mark = w end
-  redis.call('SET', wk, mark, 'PX', ARGV[4])
+        + r#"local prefix, retention, out, done = ARGV[1], ARGV[2], {}, {}
+for i = 3, #ARGV, 2 do
+  local key = ARGV[i]
+  local e = prefix .. 'e:' .. key
+  local f = redis.call('HMGET', e, 's', 't', 'o', 'p')
+  if f[1] == 'r' and f[2] == ARGV[i + 1] then
+    redis.call('DEL', e, prefix .. 'b:' .. key)
+    redis.call('SET', prefix .. 'd:' .. key, '1', 'PX', retention)
+    if f[3] then
+      redis.call('ZREM', prefix .. 'o:' .. f[3], f[4] .. key)
+      local wk = prefix .. 'w:' .. f[3]
+      local w = redis.call('GET', wk)
+      local mark = f[4]
+      if w and string.len(w) == 16 and less(mark, w) then mark = w end
+      redis.call('SET', wk, mark, 'PX', retention)
+    end
+    done[#done + 1] = key
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
 end
-return 1
+if #done > 0 then
+  for i = 1, 3 do redis.call('ZREM', KEYS[i], unpack(done)) end
+end
+return out
 "#
 });
 
@@ -435,10 +452,7 @@ where
         keys: Vec<String>,
         args: impl Fn() -> Vec<Value>,
     ) -> Result<bool, StoreError> {
-        match self.run(script, keys, args).await? {
-            Value::Integer(n @ 0..=1) => Ok(n == 1),
-            other => Err(unexpected("inbox script", &other)),
-        }
+        flag(self.run(script, keys, args).await?)
     }
 }
 
@@ -523,6 +537,37 @@ where
             }
         }
         Ok(complete)
+    }
+
+    /// Completes `leases[i]` for each `i` of `indices`, all from partition `p`: one script.
+    async fn complete_in(
+        &self,
+        p: usize,
+        leases: &[(StoreKey, Token)],
+        indices: &[usize],
+        retention: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        let keys = vec![
+            self.set(p, "due"),
+            self.set(p, "leased"),
+            self.set(p, "live"),
+        ];
+        let args = || {
+            let mut args = Vec::with_capacity(2 + 2 * indices.len());
+            args.push(Value::from(&*self.prefixes[p]));
+            args.push(Value::Integer(millis(retention)));
+            for &i in indices {
+                let (key, token) = &leases[i];
+                args.push(Value::from(key.as_str()));
+                args.push(token_value(token));
+            }
+            args
+        };
+        let flags = rows(self.run(&COMPLETE, keys, args).await?, "complete")?;
+        if flags.len() != indices.len() {
+            return Err(corrupt("complete"));
+        }
+        flags.into_iter().map(flag).collect()
     }
 
     async fn requeue_in(&self, p: usize, key: &StoreKey) -> Result<bool, StoreError> {
@@ -682,25 +727,40 @@ where
         token: &Token,
         retention: Duration,
     ) -> Result<bool, StoreError> {
-        let Some(p) = self.partition_of_token(token) else {
-            return Ok(false);
-        };
-        let keys = vec![
-            self.entry_key(p, key),
-            self.done_key(p, key),
-            self.set(p, "due"),
-            self.set(p, "leased"),
-            self.set(p, "live"),
-        ];
-        let args = || {
-            vec![
-                Value::from(&*self.prefixes[p]),
-                Value::from(key.as_str()),
-                token_value(token),
-                Value::Integer(millis(retention)),
-            ]
-        };
-        self.run_flag(&COMPLETE, keys, args).await
+        let lease = [(key.clone(), *token)];
+        Ok(self.complete_many(&lease, retention).await?[0])
+    }
+
+    /// One script per partition the leases came from, all at once.
+    async fn complete_many(
+        &self,
+        leases: &[(StoreKey, Token)],
+        retention: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut done = vec![false; leases.len()];
+        // The leases of each partition, by their index in `leases`; a token from no partition
+        // of this inbox is not held.
+        let mut by_partition: Vec<Vec<usize>> = vec![Vec::new(); self.prefixes.len()];
+        for (i, (_, token)) in leases.iter().enumerate() {
+            if let Some(p) = self.partition_of_token(token) {
+                by_partition[p].push(i);
+            }
+        }
+        let asked = by_partition
+            .iter()
+            .enumerate()
+            .filter(|(_, indices)| !indices.is_empty())
+            .map(|(p, indices)| self.complete_in(p, leases, indices, retention));
+        for (indices, flags) in by_partition
+            .iter()
+            .filter(|indices| !indices.is_empty())
+            .zip(join_all(asked).await)
+        {
+            for (&i, flag) in indices.iter().zip(flags?) {
+                done[i] = flag;
+            }
+        }
+        Ok(done)
     }
 
     async fn fail(
@@ -839,6 +899,14 @@ fn token_value(token: &Token) -> Value {
 }
 
 /// The rows of a script that answers an array of arrays.
+/// A script's 0 or 1.
+fn flag(reply: Value) -> Result<bool, StoreError> {
+    match reply {
+        Value::Integer(n @ 0..=1) => Ok(n == 1),
+        other => Err(unexpected("inbox script", &other)),
+    }
+}
+
 fn rows(reply: Value, what: &str) -> Result<Vec<Value>, StoreError> {
     match reply {
         Value::Array(rows) => Ok(rows),

@@ -5,6 +5,8 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
+use futures_util::future::join_all;
+
 use super::entry::{InboxEntry, Lease};
 use crate::store::{StoreError, StoreKey, Token};
 
@@ -103,6 +105,25 @@ pub trait InboxStore: Send + Sync + 'static {
         token: &Token,
         retention: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Completes several leases, as [`complete`](Self::complete) each: one flag per lease, in
+    /// order. An error leaves unknown which were completed; each of them is then done or runs
+    /// again after its lease, as after a failed `complete`.
+    ///
+    /// The [`Worker`](super::Worker) sends the completions that gathered while the previous
+    /// ones were in flight through this, so a store that completes many in one round trip
+    /// (Redis: one script per partition) overrides it; the default completes them all at once,
+    /// each on its own.
+    fn complete_many(
+        &self,
+        leases: &[(StoreKey, Token)],
+        retention: Duration,
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
+        let each = leases
+            .iter()
+            .map(move |(key, token)| self.complete(key, token, retention));
+        async move { join_all(each).await.into_iter().collect() }
+    }
 
     /// Schedules a retry or keeps the entry as a dead letter; `false` (and nothing changed)
     /// if the lease is not `token`'s.

@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 use tower_service::Service;
 use tracing::Instrument;
 
+use super::completions::Completions;
 use super::entry::{InboxRequest, Lease};
 use super::metrics;
 use super::retry::{Backoff, Decision, RetryPolicy};
@@ -124,8 +125,11 @@ where
             policy,
             settings,
         } = self;
+        let (completions, completing) = Completions::new(store.clone(), settings.retention);
+        let completing = tokio::spawn(completing);
         let run = Run {
             store,
+            completions,
             policy,
             settings,
         };
@@ -164,6 +168,9 @@ where
             }
         }
         while running.join_next().await.is_some() {}
+        // The last handle: the task ends once what was sent is completed.
+        drop(run);
+        let _ = completing.await;
     }
 }
 
@@ -212,6 +219,7 @@ impl<St, P> Clone for Run<St, P> {
     fn clone(&self) -> Self {
         Run {
             store: self.store.clone(),
+            completions: self.completions.clone(),
             policy: self.policy.clone(),
             settings: self.settings.clone(),
         }
@@ -231,6 +239,8 @@ async fn wait_for_room(running: &mut JoinSet<()>, free: usize, poll: Duration) {
 /// One entry's run: what it needs of the worker.
 struct Run<St, P> {
     store: Arc<St>,
+    /// Where a completion goes: batched with those of the other running entries.
+    completions: Completions,
     policy: Arc<P>,
     settings: Settings,
 }
@@ -245,10 +255,7 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
         let (key, token) = (lease.entry.key.clone(), lease.token);
         if lease.stale {
             tracing::debug!("inbox: stale entry settled without the handler");
-            let done = self
-                .store
-                .complete(&key, &token, self.settings.retention)
-                .await;
+            let done = self.completions.complete(key, token).await;
             return report("complete", done);
         }
         let attempts = lease.entry.attempts;
@@ -257,11 +264,7 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
             .call(service, InboxRequest::new(lease.entry, token))
             .await;
         let settled = match outcome {
-            Ok(()) => {
-                self.store
-                    .complete(&key, &token, self.settings.retention)
-                    .await
-            }
+            Ok(()) => self.completions.complete(key, token).await,
             Err(error) => {
                 tracing::warn!(%error, attempts, "inbox: attempt failed");
                 let failure = match self.policy.decide(attempts) {
@@ -274,7 +277,10 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
                         Failure::Dead(error)
                     }
                 };
-                self.store.fail(&key, &token, failure).await
+                self.store
+                    .fail(&key, &token, failure)
+                    .await
+                    .map_err(Arc::new)
             }
         };
         report("settle", settled);
@@ -315,7 +321,7 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
 
 /// Logs a settlement refused (the lease was taken over) or failed (the lease is the backstop:
 /// the entry runs again after it).
-fn report(what: &str, settled: Result<bool, crate::store::StoreError>) {
+fn report(what: &str, settled: Result<bool, impl std::fmt::Display>) {
     match settled {
         Ok(true) => {}
         Ok(false) => tracing::warn!(

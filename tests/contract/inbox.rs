@@ -16,7 +16,7 @@ use tower_idempotency::inbox::{
     Backoff, Enqueued, Failure, InboxEntry, InboxRequest, InboxStore, KeyState, Worker,
 };
 use tower_idempotency::order::Position;
-use tower_idempotency::store::{ObjectKey, StoreKey};
+use tower_idempotency::store::{ObjectKey, StoreKey, Token};
 
 const RETENTION: Duration = Duration::from_secs(3600);
 const LONG: Duration = Duration::from_secs(60);
@@ -484,6 +484,120 @@ pub async fn a_take_looks_past_the_entries_that_wait<St: InboxStore>(store: St) 
     );
 }
 
+/// `complete_many` settles each lease as `complete` would: one flag per lease, in order; a
+/// token that does not hold its entry changes nothing; each ordered entry raises its own
+/// object's watermark.
+pub async fn complete_many_settles_each_lease_on_its_own<St: InboxStore>(store: St) {
+    let (x, y) = (
+        ObjectKey::new("inbox-contract", None, &fresh("many-x")),
+        ObjectKey::new("inbox-contract", None, &fresh("many-y")),
+    );
+    let entries = [
+        entry("many"),
+        entry("many"),
+        entry("many"),
+        ordered(&x, 5),
+        ordered(&y, 7),
+    ];
+    for entry in &entries {
+        store.enqueue(entry.clone()).await.unwrap();
+    }
+    let mut taken = Vec::new();
+    while taken.len() < entries.len() {
+        taken.extend(take_within(&store, "the five entries").await);
+    }
+    let lease = |entry: &InboxEntry| {
+        let lease = taken.iter().find(|l| l.entry.key == entry.key).unwrap();
+        (entry.key.clone(), lease.token)
+    };
+    let [a, b, c, x5, y7] = &entries;
+    // b's token with its first byte changed (its last, a Redis partition's number, kept).
+    let mut forged = *lease(b).1.as_bytes();
+    forged[0] ^= 0xff;
+    let wrong = (b.key.clone(), Token::from_bytes(forged));
+    let batch = [lease(a), wrong, lease(c), lease(x5), lease(y7)];
+    let flags = store.complete_many(&batch, RETENTION).await.unwrap();
+    assert_eq!(flags, [true, false, true, true, true]);
+    assert!(
+        store
+            .complete_many(&[], RETENTION)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    for done in [a, c, x5, y7] {
+        assert_eq!(
+            store.enqueue(done.clone()).await.unwrap(),
+            Enqueued::Duplicate(KeyState::Done)
+        );
+    }
+    assert_eq!(
+        store.enqueue(b.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Running),
+        "a token that does not hold b left it as it was"
+    );
+    let (b_key, b_token) = lease(b);
+    assert!(store.complete(&b_key, &b_token, RETENTION).await.unwrap());
+    // Each object's watermark moved: older entries of x and y are stale, a newer one of y not.
+    for (older, stale) in [(ordered(&x, 1), true), (ordered(&y, 8), false)] {
+        store.enqueue(older.clone()).await.unwrap();
+        let lease = take_one(&store, "the object's next entry").await;
+        assert_eq!(lease.entry.key, older.key);
+        assert_eq!(lease.stale, stale);
+        assert!(
+            store
+                .complete(&older.key, &lease.token, RETENTION)
+                .await
+                .unwrap()
+        );
+    }
+}
+
+/// A worker running many entries at once applies each of them once and marks each done (its
+/// completions go to the store together while others are in flight).
+pub async fn a_busy_worker_completes_every_entry_once<St: InboxStore + Clone>(store: St) {
+    let entries: Vec<_> = (0..60).map(|_| entry("busy")).collect();
+    for entry in &entries {
+        store.enqueue(entry.clone()).await.unwrap();
+    }
+    let calls = Arc::new(Mutex::new(std::collections::HashMap::<StoreKey, u32>::new()));
+    let seen = calls.clone();
+    let handler = tower::service_fn(move |request: InboxRequest| {
+        let seen = seen.clone();
+        async move {
+            *seen
+                .lock()
+                .unwrap()
+                .entry(request.key().clone())
+                .or_default() += 1;
+            Ok::<_, Infallible>(())
+        }
+    });
+    let worker = Worker::new(store.clone(), handler)
+        .workers(16)
+        .poll_interval(Duration::from_millis(5));
+    let (stop, run) = spawn(worker);
+    let total = entries.len();
+    eventually("every entry is applied", || {
+        let n = calls.lock().unwrap().len();
+        async move { n == total }
+    })
+    .await;
+    stop.send(()).unwrap();
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("run returns")
+        .unwrap();
+    for entry in &entries {
+        assert_eq!(calls.lock().unwrap()[&entry.key], 1, "applied once");
+        assert_eq!(
+            store.enqueue(entry.clone()).await.unwrap(),
+            Enqueued::Duplicate(KeyState::Done),
+            "marked done before the worker returned"
+        );
+    }
+}
+
 /// Shutdown finishes the entry that runs and takes nothing new.
 pub async fn shutdown_finishes_what_runs<St: InboxStore + Clone>(store: St) {
     let (first, second) = (entry("shutdown"), entry("shutdown"));
@@ -584,6 +698,8 @@ macro_rules! inbox_contract {
             a_worker_settles_a_stale_entry_without_the_handler,
             a_watermark_lasts_for_the_retention,
             a_take_looks_past_the_entries_that_wait,
+            complete_many_settles_each_lease_on_its_own,
+            a_busy_worker_completes_every_entry_once,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
