@@ -473,6 +473,28 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
         Ok(done)
     }
 
+    /// One transaction for all of them (one commit, one flush of the log, where each
+    /// `complete` is its own), its rows updated in key order.
+    async fn complete_many(
+        &self,
+        leases: &[(StoreKey, Token)],
+        retention: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut order: Vec<usize> = (0..leases.len()).collect();
+        order.sort_by(|&a, &b| leases[a].0.as_str().cmp(leases[b].0.as_str()));
+        let mut done = vec![false; leases.len()];
+        let mut tx = self.begin().await?;
+        for i in order {
+            let (key, token) = &leases[i];
+            done[i] = self.complete_on(&mut tx, key, token, retention).await?;
+        }
+        tx.commit().await.map_err(error::<DB>)?;
+        Ok(done)
+    }
+
     async fn fail(
         &self,
         key: &StoreKey,
