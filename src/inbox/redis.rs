@@ -29,30 +29,31 @@ use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token, milli
 /// ```
 pub const MAX_TAKE: usize = 1_000;
 
-/// `enqueue`: KEYS = entry, done, due, live, body (and dead when bounded); ARGV[1] = key, [2] =
-/// body, [3] = correlation id, [4] = enqueued (µs), then pairs of a name and a value for what
-/// is not the default: `h` headers (none), `a` attempts (0), `n` next attempt (the enqueue
-/// time), `o` object and `p` position (unordered), `cap` capacity (unbounded). Returns 0 when
-/// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full.
+/// `enqueue`: KEYS = due (the partition's slot); ARGV[1] = prefix, [2] = key, [3] = body, [4] =
+/// correlation id, [5] = enqueued (µs), then pairs of a name and a value for what is not the
+/// default: `h` headers (none), `a` attempts (0), `n` next attempt (the enqueue time), `o`
+/// object and `p` position (unordered), `cap` capacity (unbounded). Returns 0 when queued, 1 to
+/// 4 for a duplicate (queued, running, dead, done), 5 when full.
 ///
 /// Every argument costs Redis about 2k instructions to hand to Lua and every hash field about
-/// 3k to store, so a first delivery sends 9 strings and stores 3 fields (a worker reads an
-/// absent field as its default).
-const ENQUEUE_LUA: &str = r#"if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then
-  local s = redis.call('HGET', KEYS[1], 's')
+/// 3k to store, so a first delivery sends 6 strings (the key names are built in the script,
+/// from the prefix, as `take` builds them) and stores 3 fields (a worker reads an absent field
+/// as its default).
+const ENQUEUE_LUA: &str = r#"local prefix, key, t = ARGV[1], ARGV[2], ARGV[5]
+local e = prefix .. 'e:' .. key
+if redis.call('EXISTS', e, prefix .. 'd:' .. key) > 0 then
+  local s = redis.call('HGET', e, 's')
   if s == 'q' then return 1 elseif s == 'r' then return 2 elseif s == 'd' then return 3 end
   return 4
 end
-local key, t = ARGV[1], ARGV[4]
 local due, o, p, fields = t, nil, nil, nil
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   local name, value = ARGV[i], ARGV[i + 1]
   if name == 'cap' then
-    if redis.call('ZCARD', KEYS[4]) + redis.call('ZCARD', KEYS[6]) >= tonumber(value) then
-      return 5
-    end
+    local held = redis.call('ZCARD', prefix .. 'live') + redis.call('ZCARD', prefix .. 'dead')
+    if held >= tonumber(value) then return 5 end
   else
-    fields = fields or {'s', 'q', 'c', ARGV[3], 'e', t}
+    fields = fields or {'s', 'q', 'c', ARGV[4], 'e', t}
     fields[#fields + 1] = name
     fields[#fields + 1] = value
     if name == 'n' then due = value end
@@ -61,17 +62,14 @@ for i = 5, #ARGV, 2 do
   end
 end
 if fields then
-  redis.call('HSET', KEYS[1], unpack(fields))
+  redis.call('HSET', e, unpack(fields))
 else
-  redis.call('HSET', KEYS[1], 's', 'q', 'c', ARGV[3], 'e', t)
+  redis.call('HSET', e, 's', 'q', 'c', ARGV[4], 'e', t)
 end
-redis.call('SET', KEYS[5], ARGV[2])
-if o then
-  -- The prefix is KEYS[3] less its name, `due`.
-  redis.call('ZADD', string.sub(KEYS[3], 1, -4) .. 'o:' .. o, 0, p .. key)
-end
-redis.call('ZADD', KEYS[3], due, key)
-redis.call('ZADD', KEYS[4], t, key)
+redis.call('SET', prefix .. 'b:' .. key, ARGV[3])
+if o then redis.call('ZADD', prefix .. 'o:' .. o, 0, p .. key) end
+redis.call('ZADD', KEYS[1], due, key)
+redis.call('ZADD', prefix .. 'live', t, key)
 return 0
 "#;
 
@@ -245,7 +243,10 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// as [`RedisStore`](crate::RedisStore) does), so each is atomic on the server: `enqueue` checks
 /// the key and stores the entry in one step, `take` hands an entry to one worker only (then
 /// reads the bodies of what it took with one `MGET`), and `renew`, `complete` and `fail`
-/// compare the lease's token before they write.
+/// compare the lease's token before they write. `complete_many`, which a [`Worker`] sends its
+/// gathered completions through, is one script per partition for all of them.
+///
+/// [`Worker`]: super::Worker
 ///
 /// # Keys
 ///
@@ -402,10 +403,6 @@ where
 
     fn entry_key(&self, p: usize, key: &StoreKey) -> String {
         concat(&[&self.prefixes[p], "e:", key.as_str()])
-    }
-
-    fn done_key(&self, p: usize, key: &StoreKey) -> String {
-        concat(&[&self.prefixes[p], "d:", key.as_str()])
     }
 
     fn body_key(&self, p: usize, key: &StoreKey) -> String {
@@ -631,21 +628,12 @@ where
 {
     async fn enqueue(&self, entry: InboxEntry) -> Result<Enqueued, StoreError> {
         let p = self.partition_of(&entry);
-        let mut keys = vec![
-            self.entry_key(p, &entry.key),
-            self.done_key(p, &entry.key),
-            self.set(p, "due"),
-            self.set(p, "live"),
-            self.body_key(p, &entry.key),
-        ];
         // A partition holds its share of the bound.
         let capacity = self.capacity.div_ceil(self.prefixes.len() as u64);
-        if capacity > 0 {
-            keys.push(self.set(p, "dead"));
-        }
         let enqueued_at = micros(entry.enqueued_at);
         let args = || {
             let mut args = vec![
+                Value::from(&*self.prefixes[p]),
                 Value::from(entry.key.as_str()),
                 Value::Bytes(entry.body.clone()),
                 Value::from(entry.correlation_id.as_str()),
@@ -654,6 +642,7 @@ where
             optional_fields(&entry, enqueued_at, capacity, &mut args);
             args
         };
+        let keys = vec![self.set(p, "due")];
         match self.run(&ENQUEUE, keys, args).await? {
             Value::Integer(0) => Ok(Enqueued::Queued),
             Value::Integer(1) => Ok(Enqueued::Duplicate(KeyState::Queued)),
