@@ -236,6 +236,18 @@ def main():
     print(f"drain ({workers} workers, each round's entries after it; median of rounds {rounds}): "
           f"{dr['rate']:,.0f} entries/s: {dr['ratio']:.2f}x the sync route's req/s of the same round "
           f"(bound >= 0.8x: {verdict(dr['ratio'] >= 0.8)})")
+    # CPU per request moves less with the host's other work than req/s: what the processes spent.
+    def cpu_us(r, rate, parts):
+        return sum(r[f"{part}_cpu_pct"] for part in parts) / 100 / rate * 1e6
+    sync_cpu = median([cpu_us(r, r["rps"], ("server", "redis", "wrk")) for r in syncs])
+    inbox_cpu = median([cpu_us(r, r["rps"], ("server", "redis", "wrk")) for r in inboxes])
+    sync_cpu_sr = median([cpu_us(r, r["rps"], ("server", "redis")) for r in syncs])
+    drain_cpu = median([cpu_us(d, d["rate"], ("server", "redis")) for d in drains])
+    results["cpu_us"] = {"sync": sync_cpu, "inbox": inbox_cpu, "sync_server_redis": sync_cpu_sr,
+                         "drain": drain_cpu}
+    print(f"CPU per request, medians (not a bound): sync {sync_cpu:.1f} us, inbox {inbox_cpu:.1f} us "
+          f"(server + Redis + wrk; sync/inbox {sync_cpu / inbox_cpu:.2f}x); drain {drain_cpu:.1f} us "
+          f"per entry against sync {sync_cpu_sr:.1f} us (server + Redis; {sync_cpu_sr / drain_cpu:.2f}x)")
     print(f"memory per pending entry: {mem['per_entry']:.0f} B = hash and body {mem['hash_bytes']:.0f} B "
           f"({mem['encoding']}, {mem['sampled']} sampled) + sorted sets {mem['sets_bytes_per_entry']:.0f} B; "
           f"used_memory delta {mem['used_memory_delta_per_entry']:.0f} B/entry; bound 2 x {len(body)} + 200 = "

@@ -29,6 +29,11 @@ const MEASURE_EVERY: Duration = Duration::from_secs(1);
 ///
 /// The service is any `tower::Service<InboxRequest>`: wrap it in tower's timeout, concurrency
 /// limit or tracing layers as for a request path. A timeout's error is a failure like another.
+///
+/// Completions go to the store through one task of the worker's: the first alone, then those
+/// that finished while the previous batch was in flight, as one
+/// [`complete_many`](InboxStore::complete_many) (one script per partition on Redis, one
+/// transaction on SQL). An idle worker's completion waits for nothing.
 pub struct Worker<St, S, P = Backoff> {
     store: Arc<St>,
     service: S,
