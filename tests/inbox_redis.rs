@@ -164,6 +164,41 @@ mod sentinel {
     });
 }
 
+/// One `complete_many` of leases from several partitions completes each in its own partition
+/// (one script per partition), and leaves nothing pending or in flight.
+#[tokio::test]
+async fn complete_many_spans_the_partitions() {
+    let server = RedisServer::start();
+    let inbox = RedisInbox::new(server.connect().await, &fresh_name()).partitions(4);
+    for n in 0..16 {
+        inbox.enqueue(entry(n)).await.unwrap();
+    }
+    let taken = inbox.take(16, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(taken.len(), 16);
+    let partitions: HashSet<u8> = taken.iter().map(|l| l.token.as_bytes()[15]).collect();
+    assert!(
+        partitions.len() > 1,
+        "16 keys over 4 partitions: {partitions:?}"
+    );
+    let leases: Vec<_> = taken
+        .iter()
+        .map(|lease| (lease.entry.key.clone(), lease.token))
+        .collect();
+    let flags = inbox
+        .complete_many(&leases, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(flags, vec![true; 16]);
+    let counts = inbox.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.in_flight, counts.dead), (0, 0, 0));
+    for lease in &taken {
+        assert_eq!(
+            inbox.enqueue(lease.entry.clone()).await.unwrap(),
+            Enqueued::Duplicate(KeyState::Done)
+        );
+    }
+}
+
 /// The first entry `inbox` hands out now, under a minute's lease.
 async fn take_one<C>(inbox: &RedisInbox<C>) -> tower_idempotency::inbox::Lease
 where

@@ -29,19 +29,19 @@ use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token, milli
 /// ```
 pub const MAX_TAKE: usize = 1_000;
 
-/// `enqueue`: KEYS = due (the partition's slot); ARGV[1] = prefix, [2] = key, [3] = body, [4] =
-/// correlation id, [5] = enqueued (µs), then pairs of a name and a value for what is not the
-/// default: `h` headers (none), `a` attempts (0), `n` next attempt (the enqueue time), `o`
-/// object and `p` position (unordered), `cap` capacity (unbounded). Returns 0 when queued, 1 to
-/// 4 for a duplicate (queued, running, dead, done), 5 when full.
+/// `enqueue`: KEYS = due, entry, done (what decides a duplicate is declared, so that a slot
+/// being migrated redirects the script rather than hide a key); ARGV[1] = prefix, [2] = key,
+/// [3] = body, [4] = correlation id, [5] = enqueued (µs), then pairs of a name and a value for
+/// what is not the default: `h` headers (none), `a` attempts (0), `n` next attempt (the enqueue
+/// time), `o` object and `p` position (unordered), `cap` capacity (unbounded). Returns 0 when
+/// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full.
 ///
 /// Every argument costs Redis about 2k instructions to hand to Lua and every hash field about
-/// 3k to store, so a first delivery sends 6 strings (the key names are built in the script,
-/// from the prefix, as `take` builds them) and stores 3 fields (a worker reads an absent field
-/// as its default).
-const ENQUEUE_LUA: &str = r#"local prefix, key, t = ARGV[1], ARGV[2], ARGV[5]
-local e = prefix .. 'e:' .. key
-if redis.call('EXISTS', e, prefix .. 'd:' .. key) > 0 then
+/// 3k to store, so a first delivery sends 8 strings (the other key names are built in the
+/// script from the prefix, as `take` builds them) and stores 3 fields (a worker reads an absent
+/// field as its default).
+const ENQUEUE_LUA: &str = r#"local prefix, key, t, e = ARGV[1], ARGV[2], ARGV[5], KEYS[2]
+if redis.call('EXISTS', e, KEYS[3]) > 0 then
   local s = redis.call('HGET', e, 's')
   if s == 'q' then return 1 elseif s == 'r' then return 2 elseif s == 'd' then return 3 end
   return 4
@@ -405,6 +405,10 @@ where
         concat(&[&self.prefixes[p], "e:", key.as_str()])
     }
 
+    fn done_key(&self, p: usize, key: &StoreKey) -> String {
+        concat(&[&self.prefixes[p], "d:", key.as_str()])
+    }
+
     fn body_key(&self, p: usize, key: &StoreKey) -> String {
         concat(&[&self.prefixes[p], "b:", key.as_str()])
     }
@@ -562,7 +566,7 @@ where
         };
         let flags = rows(self.run(&COMPLETE, keys, args).await?, "complete")?;
         if flags.len() != indices.len() {
-            return Err(corrupt("complete"));
+            return Err(corrupt("complete answered another number of flags"));
         }
         flags.into_iter().map(flag).collect()
     }
@@ -642,7 +646,11 @@ where
             optional_fields(&entry, enqueued_at, capacity, &mut args);
             args
         };
-        let keys = vec![self.set(p, "due")];
+        let keys = vec![
+            self.set(p, "due"),
+            self.entry_key(p, &entry.key),
+            self.done_key(p, &entry.key),
+        ];
         match self.run(&ENQUEUE, keys, args).await? {
             Value::Integer(0) => Ok(Enqueued::Queued),
             Value::Integer(1) => Ok(Enqueued::Duplicate(KeyState::Queued)),
@@ -720,7 +728,8 @@ where
         Ok(self.complete_many(&lease, retention).await?[0])
     }
 
-    /// One script per partition the leases came from, all at once.
+    /// One script per partition the leases came from (per [`MAX_TAKE`] of them: a script holds
+    /// the server while it runs), all at once.
     async fn complete_many(
         &self,
         leases: &[(StoreKey, Token)],
@@ -735,17 +744,16 @@ where
                 by_partition[p].push(i);
             }
         }
-        let asked = by_partition
+        let scripts: Vec<(usize, &[usize])> = by_partition
             .iter()
             .enumerate()
-            .filter(|(_, indices)| !indices.is_empty())
-            .map(|(p, indices)| self.complete_in(p, leases, indices, retention));
-        for (indices, flags) in by_partition
+            .flat_map(|(p, indices)| indices.chunks(MAX_TAKE).map(move |chunk| (p, chunk)))
+            .collect();
+        let asked = scripts
             .iter()
-            .filter(|indices| !indices.is_empty())
-            .zip(join_all(asked).await)
-        {
-            for (&i, flag) in indices.iter().zip(flags?) {
+            .map(|&(p, chunk)| self.complete_in(p, leases, chunk, retention));
+        for (&(_, chunk), flags) in scripts.iter().zip(join_all(asked).await) {
+            for (&i, flag) in chunk.iter().zip(flags?) {
                 done[i] = flag;
             }
         }
@@ -887,7 +895,6 @@ fn token_value(token: &Token) -> Value {
     Value::Bytes(Bytes::copy_from_slice(token.as_bytes()))
 }
 
-/// The rows of a script that answers an array of arrays.
 /// A script's 0 or 1.
 fn flag(reply: Value) -> Result<bool, StoreError> {
     match reply {
@@ -896,6 +903,7 @@ fn flag(reply: Value) -> Result<bool, StoreError> {
     }
 }
 
+/// The rows of a script that answers an array of arrays.
 fn rows(reply: Value, what: &str) -> Result<Vec<Value>, StoreError> {
     match reply {
         Value::Array(rows) => Ok(rows),

@@ -10,7 +10,9 @@ use sqlx::{Pool, Transaction};
 
 use super::codec::{decode_headers, encode_headers};
 use super::entry::{EntryOrder, InboxEntry, Lease};
-use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
+use super::store::{
+    DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState, complete_each,
+};
 use crate::order::Position;
 use crate::store::sql::query::Param;
 use crate::store::sql::statements::Sql;
@@ -473,13 +475,18 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
         Ok(done)
     }
 
-    /// One transaction for all of them (one commit, one flush of the log, where each
-    /// `complete` is its own), its rows updated in key order.
+    /// On SQLite, which writes one transaction at a time, one transaction for all of them (one
+    /// commit, where each `complete` is its own), its rows updated in key order. On PostgreSQL
+    /// each on its own, all at once over the pool: one transaction of many statements would
+    /// make them wait for each other's round trips.
     async fn complete_many(
         &self,
         leases: &[(StoreKey, Token)],
         retention: Duration,
     ) -> Result<Vec<bool>, StoreError> {
+        if !DB::ONE_WRITER {
+            return complete_each(self, leases, retention).await;
+        }
         if leases.is_empty() {
             return Ok(Vec::new());
         }

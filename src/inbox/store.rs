@@ -119,10 +119,7 @@ pub trait InboxStore: Send + Sync + 'static {
         leases: &[(StoreKey, Token)],
         retention: Duration,
     ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
-        let each = leases
-            .iter()
-            .map(move |(key, token)| self.complete(key, token, retention));
-        async move { join_all(each).await.into_iter().collect() }
+        complete_each(self, leases, retention)
     }
 
     /// Schedules a retry or keeps the entry as a dead letter; `false` (and nothing changed)
@@ -145,4 +142,16 @@ pub trait InboxStore: Send + Sync + 'static {
 
     /// Pending, in flight, dead, and the oldest entry's age.
     fn counts(&self) -> impl Future<Output = Result<InboxCounts, StoreError>> + Send;
+}
+
+/// [`InboxStore::complete_many`]'s default: each lease completed on its own, all at once.
+pub(super) async fn complete_each<St: InboxStore + ?Sized>(
+    store: &St,
+    leases: &[(StoreKey, Token)],
+    retention: Duration,
+) -> Result<Vec<bool>, StoreError> {
+    let each = leases
+        .iter()
+        .map(|(key, token)| store.complete(key, token, retention));
+    join_all(each).await.into_iter().collect()
 }

@@ -3,12 +3,14 @@
 
 use std::future::{Future, poll_fn};
 use std::panic::AssertUnwindSafe;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::FutureExt;
 use futures_util::future::{Either, select};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::task::JoinSet;
 use tower_service::Service;
 use tracing::Instrument;
@@ -22,6 +24,10 @@ use crate::store::BoxError;
 
 /// How often the inbox's gauges are set, at most (and at least, while the worker runs).
 const MEASURE_EVERY: Duration = Duration::from_secs(1);
+
+/// Takes in flight at once: a second one starts for the slots that freed up while the first
+/// was on its way, so that a worker bound by round trips rather than CPU keeps its slots full.
+const TAKES_IN_FLIGHT: usize = 2;
 
 /// Runs inbox entries through a service: up to `workers` at a time, each under a lease
 /// renewed while it runs; success marks the key done, failure (an `Err`, a panic) asks the
@@ -142,38 +148,59 @@ where
         let mut shutdown = pin!(shutdown);
         let mut running = JoinSet::new();
         let mut measured: Option<Instant> = None;
+        let mut takes = FuturesUnordered::new();
+        // The slots the takes in flight were asked to fill.
+        let mut asked = 0;
+        // The last take found nothing due: the next waits for the poll interval.
+        let mut idle = false;
+        // The poll interval after an empty take, else the gauges' second.
+        let mut wait = pin!(tokio::time::sleep(MEASURE_EVERY));
         loop {
             while running.try_join_next().is_some() {}
             run.measure(&mut measured).await;
-            let free = run.settings.workers - running.len();
-            let leases = match free {
-                0 => Vec::new(),
-                _ => run.take(free).await,
-            };
-            if !leases.is_empty() {
-                // A take in flight when the shutdown came may return entries enqueued after it
-                // (a store's take takes time): they are handed back, due now, not started.
-                if shutdown.as_mut().now_or_never().is_some() {
-                    run.hand_back(leases).await;
-                    break;
-                }
-                for lease in leases {
-                    let span = tracing::info_span!(
-                        "inbox.entry",
-                        correlation_id = %lease.entry.correlation_id,
-                        attempt = lease.entry.attempts,
-                    );
-                    running.spawn(run.clone().settle(service.clone(), lease).instrument(span));
-                }
-                continue;
+            let free = run.settings.workers - running.len() - asked;
+            if free > 0 && !idle && takes.len() < TAKES_IN_FLIGHT {
+                asked += free;
+                takes.push(run.take(free));
             }
-            let idle = pin!(wait_for_room(&mut running, free, run.settings.poll));
-            if let Either::Right(_) = select(idle, shutdown.as_mut()).await {
-                break;
+            match next_event(&mut takes, &mut running, shutdown.as_mut(), wait.as_mut()).await {
+                Event::Taken(n, leases) => {
+                    asked -= n;
+                    idle = leases.is_empty();
+                    if idle {
+                        wait.as_mut()
+                            .reset((Instant::now() + run.settings.poll).into());
+                    }
+                    // A take in flight when the shutdown came may return entries enqueued after
+                    // it (a store's take takes time): they are handed back, due now, not started.
+                    if shutdown.as_mut().now_or_never().is_some() {
+                        run.hand_back(leases).await;
+                        break;
+                    }
+                    for lease in leases {
+                        let span = tracing::info_span!(
+                            "inbox.entry",
+                            correlation_id = %lease.entry.correlation_id,
+                            attempt = lease.entry.attempts,
+                        );
+                        running.spawn(run.clone().settle(service.clone(), lease).instrument(span));
+                    }
+                }
+                Event::Ended => {}
+                Event::Tick => {
+                    idle = false;
+                    wait.as_mut().reset((Instant::now() + MEASURE_EVERY).into());
+                }
+                Event::Shutdown => break,
             }
+        }
+        // Nothing new is started: what the takes still in flight return is handed back.
+        while let Some((_, leases)) = takes.next().await {
+            run.hand_back(leases).await;
         }
         while running.join_next().await.is_some() {}
         // The last handle: the task ends once what was sent is completed.
+        drop(takes);
         drop(run);
         let _ = completing.await;
     }
@@ -193,15 +220,18 @@ impl<St: InboxStore, P> Run<St, P> {
         }
     }
 
-    /// Up to `free` due entries, each under a new lease (none when the store fails).
-    async fn take(&self, free: usize) -> Vec<Lease> {
-        self.store
+    /// Up to `free` due entries, each under a new lease (none when the store fails), with
+    /// `free`.
+    async fn take(&self, free: usize) -> (usize, Vec<Lease>) {
+        let leases = self
+            .store
             .take(free, self.settings.lease)
             .await
             .unwrap_or_else(|error| {
                 tracing::warn!(%error, "inbox: taking entries failed");
                 Vec::new()
-            })
+            });
+        (free, leases)
     }
 }
 
@@ -231,14 +261,45 @@ impl<St, P> Clone for Run<St, P> {
     }
 }
 
-/// Waits for a running entry to end when none is free (at most a second, so that the gauges
-/// keep moving while every handler hangs), else for the poll interval.
-async fn wait_for_room(running: &mut JoinSet<()>, free: usize, poll: Duration) {
-    if free == 0 {
-        let _ = tokio::time::timeout(MEASURE_EVERY, running.join_next()).await;
-    } else {
-        tokio::time::sleep(poll).await;
-    }
+/// What the worker's loop woke up for.
+enum Event {
+    /// A take returned: the slots it was asked to fill, and what it took.
+    Taken(usize, Vec<Lease>),
+    /// A running entry ended.
+    Ended,
+    /// The poll interval or the gauges' second passed.
+    Tick,
+    /// The shutdown future completed.
+    Shutdown,
+}
+
+/// The next event of the loop; a take's answer first, so that a shutdown that came meanwhile
+/// hands its leases back.
+async fn next_event<T>(
+    takes: &mut FuturesUnordered<T>,
+    running: &mut JoinSet<()>,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    mut wait: Pin<&mut tokio::time::Sleep>,
+) -> Event
+where
+    T: Future<Output = (usize, Vec<Lease>)>,
+{
+    poll_fn(|cx| {
+        if let Poll::Ready(Some((n, leases))) = takes.poll_next_unpin(cx) {
+            return Poll::Ready(Event::Taken(n, leases));
+        }
+        if let Poll::Ready(Some(_)) = running.poll_join_next(cx) {
+            return Poll::Ready(Event::Ended);
+        }
+        if shutdown.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Event::Shutdown);
+        }
+        if wait.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Event::Tick);
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// One entry's run: what it needs of the worker.
@@ -282,10 +343,7 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
                         Failure::Dead(error)
                     }
                 };
-                self.store
-                    .fail(&key, &token, failure)
-                    .await
-                    .map_err(Arc::new)
+                self.store.fail(&key, &token, failure).await
             }
         };
         report("settle", settled);

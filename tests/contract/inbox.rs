@@ -485,16 +485,17 @@ pub async fn a_take_looks_past_the_entries_that_wait<St: InboxStore>(store: St) 
 }
 
 /// `complete_many` settles each lease as `complete` would: one flag per lease, in order; a
-/// token that does not hold its entry changes nothing; each ordered entry raises its own
-/// object's watermark.
+/// token that does not hold its entry changes nothing (its entry stays in flight and its
+/// object's watermark does not move); each ordered entry raises its own object's watermark.
 pub async fn complete_many_settles_each_lease_on_its_own<St: InboxStore>(store: St) {
-    let (x, y) = (
+    let (x, y, z) = (
         ObjectKey::new("inbox-contract", None, &fresh("many-x")),
         ObjectKey::new("inbox-contract", None, &fresh("many-y")),
+        ObjectKey::new("inbox-contract", None, &fresh("many-z")),
     );
     let entries = [
         entry("many"),
-        entry("many"),
+        ordered(&z, 9),
         entry("many"),
         ordered(&x, 5),
         ordered(&y, 7),
@@ -525,28 +526,40 @@ pub async fn complete_many_settles_each_lease_on_its_own<St: InboxStore>(store: 
             .unwrap()
             .is_empty()
     );
+    let counts = store.counts().await.unwrap();
+    assert_eq!(
+        (counts.pending, counts.in_flight),
+        (0, 1),
+        "only b is left, in flight"
+    );
     for done in [a, c, x5, y7] {
         assert_eq!(
             store.enqueue(done.clone()).await.unwrap(),
             Enqueued::Duplicate(KeyState::Done)
         );
     }
-    assert_eq!(
-        store.enqueue(b.clone()).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Running),
-        "a token that does not hold b left it as it was"
-    );
+    // b again, due now: not stale, so the forged completion left z's watermark as it was.
     let (b_key, b_token) = lease(b);
-    assert!(store.complete(&b_key, &b_token, RETENTION).await.unwrap());
-    // Each object's watermark moved: older entries of x and y are stale, a newer one of y not.
-    for (older, stale) in [(ordered(&x, 1), true), (ordered(&y, 8), false)] {
-        store.enqueue(older.clone()).await.unwrap();
+    let again = Failure::RetryAt(SystemTime::now(), "again".to_owned());
+    assert!(store.fail(&b_key, &b_token, again).await.unwrap());
+    let retried = take_one(&store, "b, due again").await;
+    assert_eq!(retried.entry.key, b.key);
+    assert!(!retried.stale, "z's watermark did not move");
+    assert!(
+        store
+            .complete(&b_key, &retried.token, RETENTION)
+            .await
+            .unwrap()
+    );
+    // Each object's watermark moved: an older entry of x is stale, a newer one of y is not.
+    for (next, stale) in [(ordered(&x, 1), true), (ordered(&y, 8), false)] {
+        store.enqueue(next.clone()).await.unwrap();
         let lease = take_one(&store, "the object's next entry").await;
-        assert_eq!(lease.entry.key, older.key);
+        assert_eq!(lease.entry.key, next.key);
         assert_eq!(lease.stale, stale);
         assert!(
             store
-                .complete(&older.key, &lease.token, RETENTION)
+                .complete(&next.key, &lease.token, RETENTION)
                 .await
                 .unwrap()
         );
@@ -554,7 +567,9 @@ pub async fn complete_many_settles_each_lease_on_its_own<St: InboxStore>(store: 
 }
 
 /// A worker running many entries at once applies each of them once and marks each done (its
-/// completions go to the store together while others are in flight).
+/// completions go to the store together while others are in flight, and two takes may be in
+/// flight at once). What each completion answered reaches only the log: this checks the
+/// outcome in the store.
 pub async fn a_busy_worker_completes_every_entry_once<St: InboxStore + Clone>(store: St) {
     let entries: Vec<_> = (0..60).map(|_| entry("busy")).collect();
     for entry in &entries {

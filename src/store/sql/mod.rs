@@ -183,6 +183,9 @@ pub(crate) mod dialect {
         const PURGE_LOCKS: &'static str;
         /// The column type of bytes (`bytea`, `BLOB`).
         const BYTES: &'static str;
+        /// Whether the database runs one writing transaction at a time (SQLite): then several
+        /// writes gain from sharing one transaction, where a server runs them side by side.
+        const ONE_WRITER: bool;
 
         /// The current time, in a statement whose bound clock (if the dialect has one, see
         /// [`clock`](Self::clock)) is parameter `$clock`.

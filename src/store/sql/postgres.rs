@@ -94,6 +94,7 @@ impl dialect::Sealed for Postgres {
     // share the work.
     const PURGE_LOCKS: &'static str = " FOR UPDATE SKIP LOCKED";
     const BYTES: &'static str = "bytea";
+    const ONE_WRITER: bool = false;
 
     fn now(_clock: usize) -> String {
         "now()".to_owned()

@@ -132,6 +132,7 @@ impl dialect::Sealed for Sqlite {
     // Writers are serialized: the purge's short transactions just take their turn.
     const PURGE_LOCKS: &'static str = "";
     const BYTES: &'static str = "BLOB";
+    const ONE_WRITER: bool = true;
 
     fn now(clock: usize) -> String {
         format!("${clock}")
