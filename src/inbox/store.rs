@@ -111,9 +111,10 @@ pub trait InboxStore: Send + Sync + 'static {
     /// again after its lease, as after a failed `complete`.
     ///
     /// The [`Worker`](super::Worker) sends the completions that gathered while the previous
-    /// ones were in flight through this, so a store that completes many in one round trip
-    /// (Redis: one script per partition) overrides it; the default completes them all at once,
-    /// each on its own.
+    /// ones were in flight through this (at most 128 at a time), so a store that completes many
+    /// in one round trip (Redis: one script per partition) overrides it; the default completes
+    /// them all at once, each on its own. A worker whose batch fails as a whole completes its
+    /// leases again one by one.
     fn complete_many(
         &self,
         leases: &[(StoreKey, Token)],

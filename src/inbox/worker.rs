@@ -39,7 +39,8 @@ const TAKES_IN_FLIGHT: usize = 2;
 /// Completions go to the store through one task of the worker's: the first alone, then those
 /// that finished while the previous batch was in flight, as one
 /// [`complete_many`](InboxStore::complete_many) (one script per partition on Redis, one
-/// transaction on SQL). An idle worker's completion waits for nothing.
+/// transaction on SQLite). An idle worker's completion waits for nothing. Up to two takes are
+/// in flight at once, the second for the slots that freed up while the first was on its way.
 pub struct Worker<St, S, P = Backoff> {
     store: Arc<St>,
     service: S,
