@@ -69,7 +69,8 @@ async fn complete<St: InboxStore>(
 /// One answer per lease. A batch that fails as a whole (one lease's failure, one partition's,
 /// a panic, a store that answers another number of flags) is completed again lease by lease,
 /// so that one failure fails only its own lease (`complete` changes nothing for a lease it
-/// already completed).
+/// already completed: one that the failed batch did complete answers `false` then, and is
+/// logged as lost).
 async fn complete_batch<St: InboxStore>(
     store: &St,
     leases: &[(StoreKey, Token)],
