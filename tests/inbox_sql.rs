@@ -476,3 +476,54 @@ async fn a_worker_handler_completes_in_its_own_transaction() {
         .unwrap();
     assert_eq!(applied, 20);
 }
+
+/// A worker on a pool of one connection (`SqliteStore::open_exclusive`, `?locking=exclusive`)
+/// drains its inbox: its takes go on while the loop counts the gauges (which waits for that one
+/// connection), so nothing waits for the pool's acquire timeout.
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_on_one_connection_drains_its_inbox() {
+    let dir = TempDir::new();
+    let options = SqliteConnectOptions::new()
+        .filename(dir.0.join("inbox.db"))
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        // A take that kept the connection while the gauges wait for it would show as a stall
+        // of this long.
+        .acquire_timeout(Duration::from_secs(60))
+        .connect_with(options)
+        .await
+        .unwrap();
+    let inbox = SqliteInbox::new(pool);
+    inbox.migrate().await.unwrap();
+    for n in 0..300 {
+        inbox.enqueue(entry(n)).await.unwrap();
+    }
+    let handler = tower::service_fn(|_request: InboxRequest| async {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        Ok::<_, std::convert::Infallible>(())
+    });
+    let worker = Worker::new(inbox.clone(), handler)
+        .workers(8)
+        .poll_interval(Duration::from_millis(5));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        stopped.await.ok();
+    }));
+    let start = Instant::now();
+    loop {
+        let counts = inbox.counts().await.unwrap();
+        if counts.pending + counts.in_flight == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "not drained in 30 s: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(()).unwrap();
+    run.await.unwrap();
+}

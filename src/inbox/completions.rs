@@ -81,7 +81,12 @@ async fn complete_batch<St: InboxStore>(
         Ok(flags) if flags.len() == leases.len() => return flags.into_iter().map(Ok).collect(),
         Ok(_) => tracing::warn!("inbox: complete_many answered another number of flags"),
         Err(error) if leases.len() == 1 => return vec![Err(error)],
-        Err(error) => tracing::debug!(%error, "inbox: a batch failed; completing lease by lease"),
+        Err(error) => tracing::warn!(
+            %error,
+            leases = leases.len(),
+            "inbox: a batch of completions failed; completing lease by lease (one the batch did \
+             complete is then reported lost)"
+        ),
     }
     let each = leases
         .iter()

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::FutureExt;
 use futures_util::future::{Either, select};
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::task::JoinSet;
 use tower_service::Service;
 use tracing::Instrument;
@@ -22,7 +21,8 @@ use super::retry::{Backoff, Decision, RetryPolicy};
 use super::store::{Failure, InboxStore};
 use crate::store::BoxError;
 
-/// How often the inbox's gauges are set, at most (and at least, while the worker runs).
+/// How often the inbox's gauges are set, at most (and about as often while the worker runs,
+/// or once per poll interval when that is longer and the inbox is idle).
 const MEASURE_EVERY: Duration = Duration::from_secs(1);
 
 /// Takes in flight at once: a second one starts for the slots that freed up while the first
@@ -149,7 +149,9 @@ where
         let mut shutdown = pin!(shutdown);
         let mut running = JoinSet::new();
         let mut measured: Option<Instant> = None;
-        let mut takes = FuturesUnordered::new();
+        // Each take is a task of its own, so that it goes on while the loop awaits something
+        // else (the gauges' count may need the connection a take holds).
+        let mut takes = JoinSet::new();
         // The slots the takes in flight were asked to fill.
         let mut asked = 0;
         // The last take found nothing due: the next waits for the poll interval.
@@ -159,10 +161,12 @@ where
         loop {
             while running.try_join_next().is_some() {}
             run.measure(&mut measured).await;
-            let free = run.settings.workers - running.len() - asked;
+            let busy = running.len() + asked;
+            let free = run.settings.workers.saturating_sub(busy);
             if free > 0 && !idle && takes.len() < TAKES_IN_FLIGHT {
                 asked += free;
-                takes.push(run.take(free));
+                let taker = run.clone();
+                takes.spawn(async move { taker.take(free).await });
             }
             match next_event(&mut takes, &mut running, shutdown.as_mut(), wait.as_mut()).await {
                 Event::Taken(n, leases) => {
@@ -171,12 +175,6 @@ where
                     if idle {
                         wait.as_mut()
                             .reset((Instant::now() + run.settings.poll).into());
-                    }
-                    // A take in flight when the shutdown came may return entries enqueued after
-                    // it (a store's take takes time): they are handed back, due now, not started.
-                    if shutdown.as_mut().now_or_never().is_some() {
-                        run.hand_back(leases).await;
-                        break;
                     }
                     for lease in leases {
                         let span = tracing::info_span!(
@@ -195,13 +193,15 @@ where
                 Event::Shutdown => break,
             }
         }
-        // Nothing new is started: what the takes still in flight return is handed back.
-        while let Some((_, leases)) = takes.next().await {
-            run.hand_back(leases).await;
+        // Nothing new is started: a take in flight when the shutdown came may return entries
+        // (enqueued after it, even): they are handed back, due now.
+        while let Some(taken) = takes.join_next().await {
+            if let Ok((_, leases)) = taken {
+                run.hand_back(leases).await;
+            }
         }
         while running.join_next().await.is_some() {}
         // The last handle: the task ends once what was sent is completed.
-        drop(takes);
         drop(run);
         let _ = completing.await;
     }
@@ -221,17 +221,23 @@ impl<St: InboxStore, P> Run<St, P> {
         }
     }
 
-    /// Up to `free` due entries, each under a new lease (none when the store fails), with
-    /// `free`.
+    /// Up to `free` due entries, each under a new lease (none when the store fails or
+    /// panics), with `free`.
     async fn take(&self, free: usize) -> (usize, Vec<Lease>) {
-        let leases = self
-            .store
-            .take(free, self.settings.lease)
-            .await
-            .unwrap_or_else(|error| {
+        let taken = AssertUnwindSafe(self.store.take(free, self.settings.lease))
+            .catch_unwind()
+            .await;
+        let leases = match taken {
+            Ok(Ok(leases)) => leases,
+            Ok(Err(error)) => {
                 tracing::warn!(%error, "inbox: taking entries failed");
                 Vec::new()
-            });
+            }
+            Err(_panic) => {
+                tracing::warn!("inbox: the store panicked while taking entries");
+                Vec::new()
+            }
+        };
         (free, leases)
     }
 }
@@ -274,26 +280,25 @@ enum Event {
     Shutdown,
 }
 
-/// The next event of the loop; a take's answer first, so that a shutdown that came meanwhile
-/// hands its leases back.
-async fn next_event<T>(
-    takes: &mut FuturesUnordered<T>,
+/// The next event of the loop; the shutdown first, so that nothing new is taken after it.
+async fn next_event(
+    takes: &mut JoinSet<(usize, Vec<Lease>)>,
     running: &mut JoinSet<()>,
     mut shutdown: Pin<&mut impl Future<Output = ()>>,
     mut wait: Pin<&mut tokio::time::Sleep>,
-) -> Event
-where
-    T: Future<Output = (usize, Vec<Lease>)>,
-{
+) -> Event {
     poll_fn(|cx| {
-        if let Poll::Ready(Some((n, leases))) = takes.poll_next_unpin(cx) {
-            return Poll::Ready(Event::Taken(n, leases));
+        if shutdown.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Event::Shutdown);
+        }
+        match takes.poll_join_next(cx) {
+            Poll::Ready(Some(Ok((n, leases)))) => return Poll::Ready(Event::Taken(n, leases)),
+            // A take's task only ends without its answer when the runtime shuts down.
+            Poll::Ready(Some(Err(_))) => return Poll::Ready(Event::Shutdown),
+            _ => {}
         }
         if let Poll::Ready(Some(_)) = running.poll_join_next(cx) {
             return Poll::Ready(Event::Ended);
-        }
-        if shutdown.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Event::Shutdown);
         }
         if wait.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Event::Tick);
