@@ -498,11 +498,12 @@ async fn a_worker_on_one_connection_drains_its_inbox() {
         .unwrap();
     let inbox = SqliteInbox::new(pool);
     inbox.migrate().await.unwrap();
-    for n in 0..300 {
+    // Long enough (about 2 s) for the gauges to be counted while takes are in flight.
+    for n in 0..1500 {
         inbox.enqueue(entry(n)).await.unwrap();
     }
     let handler = tower::service_fn(|_request: InboxRequest| async {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(Duration::from_millis(4)).await;
         Ok::<_, std::convert::Infallible>(())
     });
     let worker = Worker::new(inbox.clone(), handler)
