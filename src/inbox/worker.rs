@@ -3,9 +3,8 @@
 
 use std::future::{Future, poll_fn};
 use std::panic::AssertUnwindSafe;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::FutureExt;
@@ -21,13 +20,8 @@ use super::retry::{Backoff, Decision, RetryPolicy};
 use super::store::{Failure, InboxStore};
 use crate::store::BoxError;
 
-/// How often the inbox's gauges are set, at most (and about as often while the worker runs,
-/// or once per poll interval when that is longer and the inbox is idle).
+/// How often the inbox's gauges are set, at most (and at least, while the worker runs).
 const MEASURE_EVERY: Duration = Duration::from_secs(1);
-
-/// Takes in flight at once: a second one starts for the slots that freed up while the first
-/// was on its way, so that a worker bound by round trips rather than CPU keeps its slots full.
-const TAKES_IN_FLIGHT: usize = 2;
 
 /// Runs inbox entries through a service: up to `workers` at a time, each under a lease
 /// renewed while it runs; success marks the key done, failure (an `Err`, a panic) asks the
@@ -39,8 +33,7 @@ const TAKES_IN_FLIGHT: usize = 2;
 /// Completions go to the store through one task of the worker's: the first alone, then those
 /// that finished while the previous batch was in flight, as one
 /// [`complete_many`](InboxStore::complete_many) (one script per partition on Redis, one
-/// transaction on SQLite). An idle worker's completion waits for nothing. Up to two takes are
-/// in flight at once, the second for the slots that freed up while the first was on its way.
+/// transaction on SQLite). An idle worker's completion waits for nothing.
 pub struct Worker<St, S, P = Backoff> {
     store: Arc<St>,
     service: S,
@@ -149,55 +142,34 @@ where
         let mut shutdown = pin!(shutdown);
         let mut running = JoinSet::new();
         let mut measured: Option<Instant> = None;
-        // Each take is a task of its own, so that it goes on while the loop awaits something
-        // else (the gauges' count may need the connection a take holds).
-        let mut takes = JoinSet::new();
-        // The slots the takes in flight were asked to fill.
-        let mut asked = 0;
-        // The last take found nothing due: the next waits for the poll interval.
-        let mut idle = false;
-        // The poll interval after an empty take, else the gauges' second.
-        let mut wait = pin!(tokio::time::sleep(MEASURE_EVERY));
         loop {
             while running.try_join_next().is_some() {}
             run.measure(&mut measured).await;
-            let busy = running.len() + asked;
-            let free = run.settings.workers.saturating_sub(busy);
-            if free > 0 && !idle && takes.len() < TAKES_IN_FLIGHT {
-                asked += free;
-                let taker = run.clone();
-                takes.spawn(async move { taker.take(free).await });
-            }
-            match next_event(&mut takes, &mut running, shutdown.as_mut(), wait.as_mut()).await {
-                Event::Taken(n, leases) => {
-                    asked -= n;
-                    idle = leases.is_empty();
-                    if idle {
-                        wait.as_mut()
-                            .reset((Instant::now() + run.settings.poll).into());
-                    }
-                    for lease in leases {
-                        let span = tracing::info_span!(
-                            "inbox.entry",
-                            correlation_id = %lease.entry.correlation_id,
-                            attempt = lease.entry.attempts,
-                        );
-                        running.spawn(run.clone().settle(service.clone(), lease).instrument(span));
-                    }
+            let free = run.settings.workers - running.len();
+            let leases = match free {
+                0 => Vec::new(),
+                _ => run.take(free).await,
+            };
+            if !leases.is_empty() {
+                // A take in flight when the shutdown came may return entries enqueued after it
+                // (a store's take takes time): they are handed back, due now, not started.
+                if shutdown.as_mut().now_or_never().is_some() {
+                    run.hand_back(leases).await;
+                    break;
                 }
-                Event::Ended => {}
-                Event::Tick => {
-                    idle = false;
-                    wait.as_mut().reset((Instant::now() + MEASURE_EVERY).into());
+                for lease in leases {
+                    let span = tracing::info_span!(
+                        "inbox.entry",
+                        correlation_id = %lease.entry.correlation_id,
+                        attempt = lease.entry.attempts,
+                    );
+                    running.spawn(run.clone().settle(service.clone(), lease).instrument(span));
                 }
-                Event::Shutdown => break,
+                continue;
             }
-        }
-        // Nothing new is started: a take in flight when the shutdown came may return entries
-        // (enqueued after it, even): they are handed back, due now.
-        while let Some(taken) = takes.join_next().await {
-            if let Ok((_, leases)) = taken {
-                run.hand_back(leases).await;
+            let idle = pin!(wait_for_room(&mut running, free, run.settings.poll));
+            if let Either::Right(_) = select(idle, shutdown.as_mut()).await {
+                break;
             }
         }
         while running.join_next().await.is_some() {}
@@ -221,24 +193,15 @@ impl<St: InboxStore, P> Run<St, P> {
         }
     }
 
-    /// Up to `free` due entries, each under a new lease (none when the store fails or
-    /// panics), with `free`.
-    async fn take(&self, free: usize) -> (usize, Vec<Lease>) {
-        let taken = AssertUnwindSafe(self.store.take(free, self.settings.lease))
-            .catch_unwind()
-            .await;
-        let leases = match taken {
-            Ok(Ok(leases)) => leases,
-            Ok(Err(error)) => {
+    /// Up to `free` due entries, each under a new lease (none when the store fails).
+    async fn take(&self, free: usize) -> Vec<Lease> {
+        self.store
+            .take(free, self.settings.lease)
+            .await
+            .unwrap_or_else(|error| {
                 tracing::warn!(%error, "inbox: taking entries failed");
                 Vec::new()
-            }
-            Err(_panic) => {
-                tracing::warn!("inbox: the store panicked while taking entries");
-                Vec::new()
-            }
-        };
-        (free, leases)
+            })
     }
 }
 
@@ -268,44 +231,14 @@ impl<St, P> Clone for Run<St, P> {
     }
 }
 
-/// What the worker's loop woke up for.
-enum Event {
-    /// A take returned: the slots it was asked to fill, and what it took.
-    Taken(usize, Vec<Lease>),
-    /// A running entry ended.
-    Ended,
-    /// The poll interval or the gauges' second passed.
-    Tick,
-    /// The shutdown future completed.
-    Shutdown,
-}
-
-/// The next event of the loop; the shutdown first, so that nothing new is taken after it.
-async fn next_event(
-    takes: &mut JoinSet<(usize, Vec<Lease>)>,
-    running: &mut JoinSet<()>,
-    mut shutdown: Pin<&mut impl Future<Output = ()>>,
-    mut wait: Pin<&mut tokio::time::Sleep>,
-) -> Event {
-    poll_fn(|cx| {
-        if shutdown.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Event::Shutdown);
-        }
-        match takes.poll_join_next(cx) {
-            Poll::Ready(Some(Ok((n, leases)))) => return Poll::Ready(Event::Taken(n, leases)),
-            // A take's task only ends without its answer when the runtime shuts down.
-            Poll::Ready(Some(Err(_))) => return Poll::Ready(Event::Shutdown),
-            _ => {}
-        }
-        if let Poll::Ready(Some(_)) = running.poll_join_next(cx) {
-            return Poll::Ready(Event::Ended);
-        }
-        if wait.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Event::Tick);
-        }
-        Poll::Pending
-    })
-    .await
+/// Waits for a running entry to end when none is free (at most a second, so that the gauges
+/// keep moving while every handler hangs), else for the poll interval.
+async fn wait_for_room(running: &mut JoinSet<()>, free: usize, poll: Duration) {
+    if free == 0 {
+        let _ = tokio::time::timeout(MEASURE_EVERY, running.join_next()).await;
+    } else {
+        tokio::time::sleep(poll).await;
+    }
 }
 
 /// One entry's run: what it needs of the worker.
