@@ -476,7 +476,7 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
     }
 
     /// On SQLite, which writes one transaction at a time, one transaction for all of them (one
-    /// commit, where each `complete` is its own), its rows updated in key order. On PostgreSQL
+    /// commit, where each `complete` is its own). On PostgreSQL
     /// each on its own, all at once over the pool: one transaction of many statements would
     /// make them wait for each other's round trips.
     async fn complete_many(
@@ -490,13 +490,10 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        let mut order: Vec<usize> = (0..leases.len()).collect();
-        order.sort_by(|&a, &b| leases[a].0.as_str().cmp(leases[b].0.as_str()));
-        let mut done = vec![false; leases.len()];
+        let mut done = Vec::with_capacity(leases.len());
         let mut tx = self.begin().await?;
-        for i in order {
-            let (key, token) = &leases[i];
-            done[i] = self.complete_on(&mut tx, key, token, retention).await?;
+        for (key, token) in leases {
+            done.push(self.complete_on(&mut tx, key, token, retention).await?);
         }
         tx.commit().await.map_err(error::<DB>)?;
         Ok(done)
