@@ -35,14 +35,18 @@ use crate::store::{
     StoreErrorKind, StoreKey,
 };
 
-/// Runs `fut` under the store timeout.
+/// Runs `fut` under the store timeout, or as it is when `timeout` is `None` (the store's client
+/// times its own commands no later, see [`IdempotencyStore::command_timeout`]).
 ///
 /// A store that answers on the first poll (the memory store, always) never arms a timer: the
 /// deadline is set only if the first poll is pending.
 pub(crate) async fn timed<T>(
-    timeout: Duration,
+    timeout: Option<Duration>,
     fut: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
+    let Some(timeout) = timeout else {
+        return fut.await;
+    };
     let mut fut = std::pin::pin!(fut);
     if let Poll::Ready(result) = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
     {
@@ -161,7 +165,9 @@ struct ClaimState {
     claim: Claim,
     lease: Duration,
     retention: Duration,
-    timeout: Duration,
+    /// The store timeout the layer arms itself: `None` when the store's client times its
+    /// commands no later ([`IdempotencyStore::command_timeout`]).
+    timeout: Option<Duration>,
     equal: EqualPositions,
     /// Every target asked for.
     asked: Targets,
@@ -441,6 +447,15 @@ impl ClaimOpener {
     }
 }
 
+/// The store timeout the layer has to arm itself: none when the store's client already times
+/// out each command within it.
+fn layer_timeout<St: IdempotencyStore>(store: &St, timeout: Duration) -> Option<Duration> {
+    match store.command_timeout() {
+        Some(own) if own <= timeout => None,
+        _ => Some(timeout),
+    }
+}
+
 /// How an attempt ended, as far as its claim is concerned.
 pub(crate) enum Ending {
     /// It succeeded: record every held target, with the response to replay when there is one
@@ -484,7 +499,7 @@ impl ClaimGuard {
             claim,
             lease: settings.lease,
             retention: settings.retention,
-            timeout: settings.store_timeout,
+            timeout: layer_timeout(&store, settings.store_timeout),
             equal: settings
                 .order
                 .as_ref()

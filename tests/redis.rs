@@ -230,6 +230,55 @@ async fn hung_redis_answers_503_at_the_layers_store_timeout() {
     assert_eq!(effects.total(), 1);
 }
 
+/// A client that times out its own commands within the layer's store timeout: the layer arms no
+/// timer of its own (`IdempotencyStore::command_timeout`), and a hung Redis is still answered
+/// 503 + Retry-After, at the client's timeout, with nothing processed; the retries after it
+/// resumes are processed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_redis_answers_503_at_the_clients_own_command_timeout() {
+    let server = RedisServer::start();
+    let mut builder = server.builder();
+    builder
+        .with_performance_config(|perf| perf.default_command_timeout = Duration::from_millis(400));
+    let client = builder.build().unwrap();
+    client.init().await.unwrap();
+    let store = RedisStore::new(client);
+    assert_eq!(store.command_timeout(), Some(Duration::from_millis(400)));
+    store.load_scripts().await.unwrap();
+    let effects = Effects::default();
+    // The layer's own timeout (2 s by default) is longer: the client's is the one that answers.
+    let app = router(IdempotencyLayer::new(store).namespace("hung-own"), &effects);
+
+    server.freeze();
+    let started = tokio::time::Instant::now();
+    let (status, headers, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
+    let waited = started.elapsed();
+    server.thaw();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(headers.contains_key("retry-after"));
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_millis(1900),
+        "answered after {waited:?}: the client's 400 ms, before the layer's 2 s"
+    );
+    assert_eq!(effects.total(), 0, "nothing processed while Redis hung");
+
+    let status = retry_while_unavailable(&app, Duration::from_secs(15)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(effects.total(), 1);
+}
+
+/// A client without a command timeout (zero) leaves the timing to the layer.
+#[tokio::test]
+async fn a_client_without_a_command_timeout_reports_none() {
+    let server = RedisServer::start();
+    let mut builder = server.builder();
+    builder.with_performance_config(|perf| perf.default_command_timeout = Duration::ZERO);
+    let store = RedisStore::new(builder.build().unwrap());
+    assert_eq!(store.command_timeout(), None);
+}
+
 /// An app instance that died while holding a claim leaves a lease: duplicates get 409 until
 /// it expires, then the event is processed once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -421,6 +421,10 @@ impl IdempotencyStore for AnyStore {
         dispatch!(self, s => s.in_process())
     }
 
+    fn command_timeout(&self) -> Option<Duration> {
+        dispatch!(self, s => s.command_timeout())
+    }
+
     async fn reserve_many(
         &self,
         keys: &[StoreKey],

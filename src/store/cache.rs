@@ -636,6 +636,11 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
         self.inner.in_process()
     }
 
+    /// As the inner store's.
+    fn command_timeout(&self) -> Option<Duration> {
+        self.inner.command_timeout()
+    }
+
     /// A live cached record answers [`Reservation::Completed`] without calling the inner
     /// store; otherwise the inner store answers, and a completed record it returns is cached
     /// for [`read_ttl`](LocalCache::read_ttl), no longer than the inner store said it keeps

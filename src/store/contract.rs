@@ -76,6 +76,21 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
         false
     }
 
+    /// The timeout this store's client puts on each command it sends, if it has one: a call
+    /// that gets no answer by then fails on its own with a
+    /// [`Timeout`](StoreErrorKind::Timeout) error (a call of several commands
+    /// in a row, such as a script sent again after `NOSCRIPT`, waits that long for each).
+    ///
+    /// The layer times each store call with its
+    /// [store timeout](crate::IdempotencyLayer::store_timeout). When this is no longer than
+    /// that, the client's own timer already gives the layer its answer in time, and the layer
+    /// arms none of its own: one timer per store call instead of two.
+    ///
+    /// The default, `None`, is right for any store whose client does not bound its calls.
+    fn command_timeout(&self) -> Option<Duration> {
+        None
+    }
+
     /// [`reserve`](Self::reserve) of every key, one answer per key, in order. Not atomic as a
     /// whole: each key is claimed atomically on its own. After an error some keys may be held
     /// by `claim`: the caller releases them.

@@ -323,6 +323,8 @@ use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError, Sto
 pub struct RedisStore<C = Pool> {
     client: C,
     durability: Option<Durability<C>>,
+    /// The client's `default_command_timeout` when the store was made (`None`: zero, no timeout).
+    command_timeout: Option<Duration>,
 }
 
 /// The settings of [`RedisStore::durable_completion`].
@@ -425,10 +427,17 @@ where
     /// A store over `client`, which should already be connected (`init().await`).
     ///
     /// Commands use the client's own configuration (timeouts, retries, reconnection policy).
+    /// Its `default_command_timeout` is read now: when it is set and no longer than a layer's
+    /// [store timeout](crate::IdempotencyLayer::store_timeout), that layer leaves the timing of
+    /// its calls to the client (see [`command_timeout`](IdempotencyStore::command_timeout)).
+    /// A timeout changed later with `update_perf_config` is obeyed by the client, but not seen
+    /// by the layer: make the store again after changing it.
     pub fn new(client: C) -> Self {
+        let timeout = client.perf_config().default_command_timeout;
         RedisStore {
             client,
             durability: None,
+            command_timeout: (!timeout.is_zero()).then_some(timeout),
         }
     }
 
@@ -558,6 +567,11 @@ impl<C> IdempotencyStore for RedisStore<C>
 where
     C: KeysInterface + LuaInterface + PickClient + 'static,
 {
+    /// The client's `default_command_timeout`, as it was when the store was made.
+    fn command_timeout(&self) -> Option<Duration> {
+        self.command_timeout
+    }
+
     /// `SET key <in flight> NX PX lease GET`: one command.
     async fn reserve(
         &self,
