@@ -228,7 +228,8 @@ impl<'a> Keys<'a> {
 
     fn multiple(&self) -> MultipleKeys {
         match self {
-            Keys::One(key) => key.as_str().into(),
+            // Bytes: no UTF-8 check of a key that is ASCII by construction.
+            Keys::One(key) => key.as_bytes().as_slice().into(),
             Keys::Ordered(names) => names.to_vec().into(),
             Keys::Tagged(names) => names.clone().into(),
         }
@@ -255,7 +256,7 @@ pub(super) async fn set_nx_get<X: KeysInterface>(
     lease_ms: i64,
 ) -> Result<Value, FredError> {
     Box::pin(client.set(
-        key.as_str(),
+        key.as_bytes().as_slice(),
         value,
         Some(Expiration::PX(lease_ms)),
         Some(SetOptions::NX),
