@@ -326,6 +326,11 @@ impl<K: Clone> IdempotencyLayer<K> {
     }
 
     /// Sets the timeout of each store call (default 2 s). A timeout is a store error.
+    ///
+    /// A store whose client already times out each command within it (a Redis client's
+    /// `default_command_timeout`, see
+    /// [`IdempotencyStore::command_timeout`](crate::IdempotencyStore::command_timeout)) is left
+    /// to its client's timer: the layer arms none of its own for it.
     pub fn store_timeout(self, timeout: Duration) -> Self {
         self.with_settings(|s| s.store_timeout = timeout)
     }
