@@ -831,3 +831,75 @@ async fn renew_while_alive(calls: Arc<dyn ClaimCalls>) {
         tokio::time::sleep(every).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::layer_timeout;
+    use crate::store::{CachedStore, LocalCache};
+    use crate::{IdempotencyStore, MemoryStore};
+
+    /// A memory store that reports a client command timeout (`.1`).
+    #[derive(Clone)]
+    struct Timed(MemoryStore, Option<Duration>);
+
+    impl IdempotencyStore for Timed {
+        fn command_timeout(&self) -> Option<Duration> {
+            self.1
+        }
+
+        async fn reserve(
+            &self,
+            key: &crate::store::StoreKey,
+            claim: &crate::store::Claim,
+            lease: Duration,
+        ) -> Result<crate::store::Reservation, crate::store::StoreError> {
+            self.0.reserve(key, claim, lease).await
+        }
+
+        async fn complete(
+            &self,
+            key: &crate::store::StoreKey,
+            claim: &crate::store::Claim,
+            record: &crate::store::record::Record,
+            retention: Duration,
+        ) -> Result<crate::store::Completion, crate::store::StoreError> {
+            self.0.complete(key, claim, record, retention).await
+        }
+
+        async fn release(
+            &self,
+            key: &crate::store::StoreKey,
+            claim: &crate::store::Claim,
+        ) -> Result<bool, crate::store::StoreError> {
+            self.0.release(key, claim).await
+        }
+
+        async fn renew(
+            &self,
+            key: &crate::store::StoreKey,
+            claim: &crate::store::Claim,
+            lease: Duration,
+        ) -> Result<bool, crate::store::StoreError> {
+            self.0.renew(key, claim, lease).await
+        }
+    }
+
+    #[test]
+    fn the_layer_times_a_call_unless_the_client_does_so_no_later() {
+        let ms = Duration::from_millis;
+        let store = |own| Timed(MemoryStore::new(), own);
+        assert_eq!(layer_timeout(&store(Some(ms(2000))), ms(2000)), None);
+        assert_eq!(layer_timeout(&store(Some(ms(500))), ms(2000)), None);
+        assert_eq!(
+            layer_timeout(&store(Some(ms(2001))), ms(2000)),
+            Some(ms(2000))
+        );
+        assert_eq!(layer_timeout(&store(None), ms(2000)), Some(ms(2000)));
+        assert_eq!(layer_timeout(&MemoryStore::new(), ms(2000)), Some(ms(2000)));
+        // Through the local cache, as the layer calls it.
+        let cached = CachedStore::with_cache(store(Some(ms(400))), LocalCache::new());
+        assert_eq!(layer_timeout(&cached, ms(2000)), None);
+    }
+}

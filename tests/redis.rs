@@ -238,9 +238,14 @@ async fn hung_redis_is_answered_503(
 
     server.freeze();
     let started = tokio::time::Instant::now();
-    let (status, headers, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
+    let sent = send(&app, post("/effect", Some("evt_1"), "{}"));
+    // Bounded here too: a call that nothing times out would otherwise hang the test.
+    let answer = tokio::time::timeout(answered.end, sent).await;
     let waited = started.elapsed();
     server.thaw();
+    let Ok((status, headers, _)) = answer else {
+        panic!("no answer within {:?} while Redis hung", answered.end);
+    };
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(headers.contains_key("retry-after"));
     assert!(
@@ -254,6 +259,24 @@ async fn hung_redis_is_answered_503(
     let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(effects.total(), 1);
+}
+
+/// `store::connect` gives the layer a client that times out its commands at the layer's default
+/// store timeout (the layer then arms no timer of its own); durable completion, whose calls can
+/// chain round trips, leaves the timing to the layer.
+#[tokio::test]
+async fn connect_reports_the_clients_command_timeout_and_durable_completion_none() {
+    let server = RedisServer::start();
+    let store = tower_idempotency::store::connect(&server.url())
+        .await
+        .unwrap();
+    let two_seconds = Some(Duration::from_secs(2));
+    assert_eq!(store.command_timeout(), two_seconds);
+    assert_eq!(store.as_redis().unwrap().command_timeout(), two_seconds);
+    let durable = store
+        .durable_completion(1, Duration::from_millis(50))
+        .unwrap();
+    assert_eq!(durable.command_timeout(), None);
 }
 
 /// A client without a command timeout (zero) leaves the timing to the layer.

@@ -131,7 +131,9 @@ impl Idempotent {
         self
     }
 
-    /// The timeout of each store call.
+    /// The timeout of each store call. A store whose client already times out each command
+    /// within it ([`IdempotencyStore::command_timeout`](crate::IdempotencyStore::command_timeout))
+    /// is left to its client's timer.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.settings.store_timeout = timeout;
         self

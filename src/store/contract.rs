@@ -78,13 +78,15 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
 
     /// The timeout this store's client puts on each command it sends, if it has one: a call
     /// that gets no answer by then fails on its own with a
-    /// [`Timeout`](StoreErrorKind::Timeout) error (a call of several commands
-    /// in a row, such as a script sent again after `NOSCRIPT`, waits that long for each).
+    /// [`Timeout`](StoreErrorKind::Timeout) error.
     ///
     /// The layer times each store call with its
     /// [store timeout](crate::IdempotencyLayer::store_timeout). When this is no longer than
-    /// that, the client's own timer already gives the layer its answer in time, and the layer
-    /// arms none of its own: one timer per store call instead of two.
+    /// that, the client's own timer answers the layer in time, and the layer arms none of its
+    /// own: one timer per store call instead of two. A call whose first command is answered
+    /// and which then sends another (a script sent again as `EVAL` after `NOSCRIPT`: load the
+    /// scripts at start-up) may take that one quick round trip longer. Return `None` for a
+    /// store whose calls can chain more than that.
     ///
     /// The default, `None`, is right for any store whose client does not bound its calls.
     fn command_timeout(&self) -> Option<Duration> {

@@ -430,8 +430,9 @@ where
     /// Its `default_command_timeout` is read now: when it is set and no longer than a layer's
     /// [store timeout](crate::IdempotencyLayer::store_timeout), that layer leaves the timing of
     /// its calls to the client (see [`command_timeout`](IdempotencyStore::command_timeout)).
-    /// A timeout changed later with `update_perf_config` is obeyed by the client, but not seen
-    /// by the layer: make the store again after changing it.
+    /// A timeout raised or removed later with `update_perf_config` is obeyed by the client but
+    /// not seen by the layer, whose calls then wait as long as the client lets them: make the
+    /// store again after changing it.
     pub fn new(client: C) -> Self {
         let timeout = client.perf_config().default_command_timeout;
         RedisStore {
@@ -567,9 +568,12 @@ impl<C> IdempotencyStore for RedisStore<C>
 where
     C: KeysInterface + LuaInterface + PickClient + 'static,
 {
-    /// The client's `default_command_timeout`, as it was when the store was made.
+    /// The client's `default_command_timeout`, as it was when the store was made; `None` with
+    /// [durable completion](RedisStore::durable_completion) on: a durable completion may take
+    /// several round trips in a row (a retry after a lost connection, a `WAIT` sent again to the
+    /// key's new node), each under the client's timeout, so the layer keeps its own.
     fn command_timeout(&self) -> Option<Duration> {
-        self.command_timeout
+        self.command_timeout.filter(|_| self.durability.is_none())
     }
 
     /// `SET key <in flight> NX PX lease GET`: one command.
