@@ -132,8 +132,8 @@ impl Idempotent {
     }
 
     /// The timeout of each store call. A store whose client already times out each command
-    /// within it ([`IdempotencyStore::command_timeout`](crate::IdempotencyStore::command_timeout))
-    /// is left to its client's timer.
+    /// within it (its [`command_timeout`](crate::IdempotencyStore::command_timeout)) is left to
+    /// its client's timer.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.settings.store_timeout = timeout;
         self
