@@ -2,7 +2,9 @@
 //! machine over a private state enum that drives the [phases](crate::phase) of one request:
 //! prelude (read, verify, key, claim) → calling the inner service → finishing (decide success,
 //! record or release) → done. While the inner service runs (and while its response is being
-//! read), the claim's renewal starts once a third of the lease has passed.
+//! read), the claim's renewal starts once a third of the lease has passed; the settlement that
+//! follows is bounded by the store timeout and needs no timer of the request's when twice that
+//! is shorter than the lease (its retries start the renewal themselves).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -189,7 +191,10 @@ fn poll_renewal(
     cx: &mut Context<'_>,
 ) {
     if let Some(renewal) = renewal.as_ref() {
-        if renew_at.is_none() {
+        // Not armed for a quick settlement alone (the completion is bounded by the store
+        // timeout, well within the lease): a first delivery that waits only on its record
+        // costs no timer. One armed before (a slow handler or response body) runs on.
+        if renew_at.is_none() && renewal.timed_by_request() {
             renew_at.set(Some(tokio::time::sleep(renewal.interval())));
         }
     }

@@ -177,6 +177,13 @@ struct ClaimState {
     stopped: AtomicBool,
     /// The renewal task was spawned.
     renewing: AtomicBool,
+    /// Whether a settlement ends well within the lease: each of its store calls is bounded by
+    /// the store timeout (twice that for a script sent again after `NOSCRIPT`), and twice the
+    /// store timeout is shorter than the lease. Such a settlement needs no renewal timer of
+    /// the request's (its retries start the renewal themselves).
+    quick_settle: bool,
+    /// The settlement began, and it is quick: the request no longer arms a renewal timer.
+    settling: AtomicBool,
     /// Until when the claim is surely ours (nanoseconds since [`EPOCH`]): the lease from the
     /// reserve or from the last renewal. A failed completion is retried until then.
     alive_until: AtomicU64,
@@ -509,6 +516,8 @@ impl ClaimGuard {
             acquired: OnceLock::new(),
             stopped: AtomicBool::new(false),
             renewing: AtomicBool::new(false),
+            quick_settle: settings.store_timeout.saturating_mul(2) < settings.lease,
+            settling: AtomicBool::new(false),
             alive_until: AtomicU64::new(0),
         };
         ClaimGuard {
@@ -610,6 +619,9 @@ impl ClaimGuard {
         self.settled = true;
         let calls = self.calls.clone();
         let state = calls.state();
+        if state.quick_settle {
+            state.settling.store(true, Ordering::Relaxed);
+        }
         let ack = || Record::ack(state.claim.fingerprint());
         let (record, release) = match ending {
             Ending::Succeeded(response) => {
@@ -744,6 +756,9 @@ async fn complete_with_retries(calls: &Arc<dyn ClaimCalls>, subset: &Subset, rec
                     );
                 }
                 tracing::warn!(error = %err, "could not record a completed idempotency key; retrying");
+                // The claim is kept while the record is retried (a quick settlement had no
+                // renewal timer of the request's to start it).
+                Renewal(calls.clone()).start();
                 retried = true;
                 // Boxed: a timer is large, and this future lives inline in every request's.
                 Box::pin(tokio::time::sleep(pause)).await;
@@ -783,6 +798,12 @@ impl Renewal {
     /// The first renewal is due this long after the claim.
     pub(crate) fn interval(&self) -> Duration {
         self.0.state().lease / 3
+    }
+
+    /// Whether the request should still time its renewal: not once a quick settlement began
+    /// (see `ClaimState::quick_settle`).
+    pub(crate) fn timed_by_request(&self) -> bool {
+        !self.0.state().settling.load(Ordering::Relaxed)
     }
 
     /// Stops the renewal (at its next tick), before a settlement the guard does not run:

@@ -325,6 +325,51 @@ async fn a_settlement_longer_than_the_lease_keeps_its_claim() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// A quick settlement (twice the store timeout is shorter than the lease) runs without a
+/// renewal timer of the request's; when its completion fails and is retried past the lease, the
+/// retries keep the claim themselves: the duplicate sent after the first lease is 409 and never
+/// run, and the record lands on a later try.
+#[tokio::test]
+async fn completion_retries_past_the_lease_keep_their_claim() {
+    let lease = Duration::from_millis(600);
+    let store = Flaky {
+        // Tries at 0, 100, 300 and 700 ms (a 100 ms pause, doubling): the last one past the
+        // lease the reserve took.
+        failing_completes: Arc::new(AtomicUsize::new(3)),
+        ..Flaky::default()
+    };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(store.clone())
+        .lease(lease)
+        .store_timeout(Duration::from_millis(100));
+    let service = ServiceBuilder::new().layer(layer).service_fn({
+        let runs = runs.clone();
+        move |_req: Request<RequestBody<Full<Bytes>>>| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done")))) }
+        }
+    });
+    let started = tokio::time::Instant::now();
+    let first = tokio::spawn(service.clone().oneshot(keyed()));
+    tokio::time::sleep_until(started + lease + Duration::from_millis(50)).await;
+    assert!(
+        store.failing_completes.load(Ordering::SeqCst) == 0 && !first.is_finished(),
+        "still retrying its completion past the lease"
+    );
+    let duplicate = service.clone().oneshot(keyed()).await.unwrap();
+    assert_eq!(
+        duplicate.status(),
+        StatusCode::CONFLICT,
+        "the claim was kept"
+    );
+    let response = first.await.unwrap().unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let duplicate = service.oneshot(keyed()).await.unwrap();
+    assert_eq!(duplicate.status(), StatusCode::OK);
+    assert_eq!(duplicate.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 /// The layer's own answers go through the configured renderer, and carry the `Rejection` in
 /// their extensions.
 #[tokio::test]
