@@ -197,15 +197,23 @@ where
             }
         }
     };
-    match timeout {
-        // Boxed: a timer is large, and most layers have none; the request's future stays
-        // small (below the allocator's per-thread cache size).
-        Some(limit) => match Box::pin(tokio::time::timeout(limit, read)).await {
-            Ok(result) => result,
-            Err(_) => Err(Rejection::BodyTimeout),
-        },
-        None => read.await,
-    }
+    let mut read = std::pin::pin!(read);
+    let Some(limit) = timeout else {
+        return read.await;
+    };
+    // The timer is armed only when the body is not all there at the first look: a body that
+    // arrived with its head (most webhooks) costs no timer. Boxed: a timer is large, and the
+    // request's future stays small (below the allocator's per-thread cache size).
+    let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(result) = read.as_mut().poll(cx) {
+            return Poll::Ready(result);
+        }
+        let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        ready!(timer.as_mut().poll(cx));
+        Poll::Ready(Err(Rejection::BodyTimeout))
+    })
+    .await
 }
 
 /// A request or response body read in full: its data (without copying a single chunk) and its
