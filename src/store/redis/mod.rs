@@ -503,29 +503,6 @@ where
         }
         Ok(())
     }
-
-    /// Runs `script` on `keys`: its reply.
-    async fn run(
-        &self,
-        script: &Script,
-        keys: &Keys<'_>,
-        args: impl Fn() -> Vec<Value>,
-    ) -> Result<Value, StoreError> {
-        evalsha_with_reload(&self.client, script, keys, args)
-            .await
-            .map_err(store_error)
-    }
-
-    /// Runs `script` (`complete`, `release` or `renew`, ordered or not) on `keys`: its integer
-    /// reply.
-    async fn run_counted(
-        &self,
-        script: &Script,
-        keys: &Keys<'_>,
-        args: impl Fn() -> Vec<Value>,
-    ) -> Result<i64, StoreError> {
-        script_reply(self.run(script, keys, args).await?)
-    }
 }
 
 /// The arguments of the `complete` script for `claim`, `record` and `retention`.
@@ -584,7 +561,8 @@ where
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
         let value = StoredValue::encode_in_flight(claim.token(), &claim.fingerprint());
-        let held = set_nx_get(&self.client, key, value, millis(lease)).await;
+        // One client for the command, as in `run`.
+        let held = set_nx_get(&self.client.pick_client(), key, value, millis(lease)).await;
         reservation(held.map_err(store_error)?, claim)
     }
 
@@ -792,6 +770,32 @@ impl<C> RedisStore<C>
 where
     C: KeysInterface + LuaInterface + PickClient + 'static,
 {
+    /// Runs `script` on `keys`: its reply.
+    async fn run(
+        &self,
+        script: &Script,
+        keys: &Keys<'_>,
+        args: impl Fn() -> Vec<Value>,
+    ) -> Result<Value, StoreError> {
+        // One client for the command (of a pool, a connected one): the pool itself would pick
+        // again at each of the several looks the command takes at its client.
+        let client = self.client.pick_client();
+        evalsha_with_reload(&client, script, keys, args)
+            .await
+            .map_err(store_error)
+    }
+
+    /// Runs `script` (`complete`, `release` or `renew`, ordered or not) on `keys`: its integer
+    /// reply.
+    async fn run_counted(
+        &self,
+        script: &Script,
+        keys: &Keys<'_>,
+        args: impl Fn() -> Vec<Value>,
+    ) -> Result<i64, StoreError> {
+        script_reply(self.run(script, keys, args).await?)
+    }
+
     /// `script` on every target with the same `args`: one `EVALSHA` (one round trip) for one
     /// target, one pipeline for more; the integer replies, in order.
     async fn pipelined<'k>(
