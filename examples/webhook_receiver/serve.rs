@@ -197,6 +197,9 @@ async fn connection(
     let mut closing = false;
     loop {
         tokio::select! {
+            // In this order: the connection first (most wake-ups are its), and no random
+            // start to draw on every wake-up.
+            biased;
             result = conn.as_mut() => {
                 if let Err(err) = result {
                     tracing::debug!(error = %err, "connection closed with an error");
