@@ -64,7 +64,8 @@
 //! The server's defences, what a production server should set too (see `serve.rs` and
 //! docs/operations.md): a connection that has not delivered a complete request head (HTTP/1) or
 //! HEADERS frame (HTTP/2) within `HEADER_TIMEOUT_MS` (default 10 000) of its opening is
-//! closed, whatever it sent; a connection with no request in flight for `IDLE_TIMEOUT_MS`
+//! closed, whatever it sent (on a kept-alive HTTP/1 connection, the next head is due within
+//! that of the request before); a connection with no request in flight for `IDLE_TIMEOUT_MS`
 //! (default 30 000) is shut down, and HTTP/2 keep-alive pings at that interval close a peer that
 //! stops answering; at most `MAX_CONNECTIONS` (default 1024) are served at once, the newest
 //! beyond it closed on accept; a request body slower than `BODY_TIMEOUT_MS` (default 10 000) is

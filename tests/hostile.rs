@@ -717,6 +717,63 @@ mod demo_connections {
         }
     }
 
+    /// On a kept-alive HTTP/1 connection, the next head is due within `HEADER_TIMEOUT_MS` of
+    /// the previous request's end: one dripped a byte every 100 ms (about 5 s for the head) is
+    /// closed at the header timeout, not at the idle one, and not before.
+    #[tokio::test]
+    async fn a_later_http1_head_dripped_is_closed_at_the_header_timeout() {
+        let demo = start_demo(&[("HEADER_TIMEOUT_MS", "500"), ("IDLE_TIMEOUT_MS", "20000")]);
+        let addr = demo.base.trim_start_matches("http://").to_owned();
+        let mut stream = TcpStream::connect(&addr).await.unwrap();
+        let request = |id: &str| {
+            format!(
+                "POST /webhooks/kalipto HTTP/1.1\r\nhost: x\r\nx-kalipto-delivery-id: {id}\r\n\
+                 content-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}"
+            )
+        };
+        stream
+            .write_all(request("pd_keepalive").as_bytes())
+            .await
+            .unwrap();
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&reply).contains("{\"ok\":true}") {
+            let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+                .await
+                .expect("no answer to the first request")
+                .unwrap();
+            assert!(read > 0, "closed after the first request");
+            reply.extend_from_slice(&buf[..read]);
+        }
+        assert!(String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 200"));
+        let answered = Instant::now();
+        let (mut read_half, mut write_half) = stream.into_split();
+        let drip = tokio::spawn(async move {
+            for byte in request("pd_dripped").into_bytes() {
+                if write_half.write_all(&[byte]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match read_half.read(&mut buf).await {
+                    Ok(0) | Err(_) => return answered.elapsed(),
+                    Ok(_) => continue,
+                }
+            }
+        })
+        .await
+        .expect("a dripped later head was kept past 5 s");
+        drip.abort();
+        assert!(
+            closed >= Duration::from_millis(400),
+            "closed early: {closed:?}"
+        );
+        assert!(closed < Duration::from_secs(3), "closed late: {closed:?}");
+    }
+
     /// An HTTP/2 connection is served past the header timeout once a request came, and is
     /// closed after `IDLE_TIMEOUT_MS` without one (the client answers pings: only the idle
     /// deadline closes it).

@@ -6,7 +6,8 @@
 //!   SETTINGS frame, a dripped head. The deadline is disarmed when the service is first called,
 //!   which is the only point both protocols share (hyper-util's automatic protocol choice runs
 //!   no timer while it reads the preface, and HTTP/2 has no header timeout at all). Later
-//!   HTTP/1 heads are bounded by hyper's own header read timeout.
+//!   HTTP/1 heads are due within `header_timeout` of the previous request's end, on the same
+//!   timer (hyper's own header read timeout would arm a timer per request).
 //! - **Idle deadline.** A connection with no request in flight for `idle_timeout` is shut down
 //!   gracefully (HTTP/2: GOAWAY). HTTP/2 keep-alive pings every `idle_timeout` close a peer
 //!   that stops answering, even while a request runs.
@@ -93,14 +94,10 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits) {
     }
 }
 
-/// hyper-util's builder for both protocols, with HTTP/1's header read timeout (the heads after
-/// the first) and HTTP/2's keep-alive pings.
+/// hyper-util's builder for both protocols, with HTTP/2's keep-alive pings. HTTP/1 has no
+/// timer of hyper's: the connection's deadline bounds its later heads too ([`Activity::check`]).
 fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -214,7 +211,10 @@ async fn connection(
                     return;
                 }
                 Check::Idle => {
-                    tracing::debug!("idle for IDLE_TIMEOUT_MS: connection shut down");
+                    tracing::debug!(
+                        "idle for IDLE_TIMEOUT_MS (HTTP/1: no next head within HEADER_TIMEOUT_MS): \
+                         connection shut down"
+                    );
                     conn.as_mut().graceful_shutdown();
                     closing = true;
                 }
@@ -238,6 +238,9 @@ struct Activity {
     /// Set when the service is first called: a complete request head arrived.
     started: AtomicBool,
     in_flight: AtomicUsize,
+    /// A request came over HTTP/2: no head deadline after the first (its requests are frames
+    /// of one connection, which keep-alive pings watch), only the idle one.
+    http2: AtomicBool,
     /// When the last request ended, in nanoseconds since `opened`.
     last_end: AtomicU64,
     /// The driver waits for the end of the requests in flight (set by [`check`](Self::check)).
@@ -254,7 +257,7 @@ enum Check {
     Busy,
     /// No complete request head within `header_timeout` of the opening.
     NoHead,
-    /// No request in flight for `idle_timeout`.
+    /// No request in flight for `idle_timeout` (HTTP/1: no next head within `header_timeout`).
     Idle,
 }
 
@@ -264,6 +267,7 @@ impl Activity {
             opened,
             started: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
+            http2: AtomicBool::new(false),
             last_end: AtomicU64::new(0),
             waiting: AtomicBool::new(false),
             ended: Notify::new(),
@@ -271,7 +275,9 @@ impl Activity {
     }
 
     /// The connection's deadline as of now: the header deadline until a request arrived, then
-    /// `idle_timeout` after the last request ended; none while one runs.
+    /// `idle_timeout` after the last request ended (HTTP/1: the next head is due within
+    /// `header_timeout` of it, if that is sooner, as hyper's header read timeout would have it);
+    /// none while one runs.
     fn check(&self, limits: &Limits) -> Check {
         if !self.started.load(Ordering::SeqCst) {
             return Check::NoHead;
@@ -284,7 +290,12 @@ impl Activity {
         }
         self.waiting.store(false, Ordering::SeqCst);
         let ended = self.opened + Duration::from_nanos(self.last_end.load(Ordering::SeqCst));
-        let idle_at = ended + limits.idle_timeout;
+        let quiet = if self.http2.load(Ordering::Relaxed) {
+            limits.idle_timeout
+        } else {
+            limits.idle_timeout.min(limits.header_timeout)
+        };
+        let idle_at = ended + quiet;
         if idle_at > Instant::now() {
             Check::Until(idle_at)
         } else {
@@ -303,6 +314,9 @@ impl Activity {
         Future: Send + 'static,
     > + Clone {
         hyper::service::service_fn(move |request: Request<Incoming>| {
+            if request.version() == axum::http::Version::HTTP_2 {
+                self.http2.store(true, Ordering::Relaxed);
+            }
             let running = Running::start(self.clone());
             let response = router.clone().call(request);
             async move {
