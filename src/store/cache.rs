@@ -345,7 +345,7 @@ impl LocalCache {
     fn forget(&self, key: &StoreKey) {
         if self.is_on() {
             let slot = Slot::of(key);
-            self.map.shard(&slot).0.remove(&slot);
+            self.map.shard_as_is(&slot).remove(&slot);
         }
     }
 

@@ -168,6 +168,12 @@ impl<V: Weigh> ExpiringMap<V> {
         (table, now)
     }
 
+    /// Locks the shard of `slot` as it is, without reading the clock or dropping what expired:
+    /// for a removal, which needs neither (what expired there goes at the next look).
+    pub(super) fn shard_as_is(&self, slot: &Slot) -> MutexGuard<'_, Table<V>> {
+        lock(&self.shards[self.index(slot)])
+    }
+
     /// Locks the shards of every slot of `slots`, each once, in index order (so that two
     /// callers never wait for each other in a circle), after dropping what expired there.
     pub(super) fn lock(&self, slots: &[Slot]) -> (Locked<'_, V>, u64) {
