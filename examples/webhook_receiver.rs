@@ -91,7 +91,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
@@ -157,14 +157,17 @@ impl AppState {
 
 /// `x-demo-delay-ms` and `x-demo-fail`, for trying retries and concurrency by hand.
 async fn demo_behaviour(headers: &HeaderMap) -> Option<Response> {
+    // Names made once: a lookup by `&str` parses and checks the name on every request.
+    const DELAY: HeaderName = HeaderName::from_static("x-demo-delay-ms");
+    const FAIL: HeaderName = HeaderName::from_static("x-demo-fail");
     if let Some(ms) = headers
-        .get("x-demo-delay-ms")
+        .get(DELAY)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
     {
         tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
     }
     let fail = headers
-        .get("x-demo-fail")
+        .get(FAIL)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
     fail.then(|| {
         (
