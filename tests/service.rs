@@ -205,21 +205,46 @@ impl IdempotencyStore for Flaky {
     }
 }
 
-fn counting_service<St: IdempotencyStore>(
-    store: St,
+/// What the layer answers over a `Full` body.
+type Replied = Response<tower_idempotency::ResponseBody<Full<Bytes>>>;
+
+/// `layer` over a handler that counts its runs in `runs` and answers 200 `done`.
+fn counted(
+    layer: IdempotencyLayer,
     runs: Arc<AtomicUsize>,
-) -> impl tower::Service<
-    Request<Full<Bytes>>,
-    Response = Response<tower_idempotency::ResponseBody<Full<Bytes>>>,
-    Error = Infallible,
-    Future: Send,
-> + Clone {
+) -> impl tower::Service<Request<Full<Bytes>>, Response = Replied, Error = Infallible, Future: Send>
++ Clone
++ Send
++ 'static {
     ServiceBuilder::new()
-        .layer(IdempotencyLayer::new(store))
+        .layer(layer)
         .service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
             runs.fetch_add(1, Ordering::SeqCst);
             async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done")))) }
         })
+}
+
+/// While `first` is still settling, a duplicate is 409 (the claim was kept); then `first`
+/// answers 200, the duplicate after it is acknowledged, and the handler ran once.
+async fn kept_until_recorded<S>(
+    service: S,
+    first: tokio::task::JoinHandle<Result<Replied, Infallible>>,
+    runs: &AtomicUsize,
+) where
+    S: tower::Service<Request<Full<Bytes>>, Response = Replied, Error = Infallible> + Clone,
+{
+    let duplicate = service.clone().oneshot(keyed()).await.unwrap();
+    assert_eq!(
+        duplicate.status(),
+        StatusCode::CONFLICT,
+        "the claim was kept"
+    );
+    let response = first.await.unwrap().unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let duplicate = service.oneshot(keyed()).await.unwrap();
+    assert_eq!(duplicate.status(), StatusCode::OK);
+    assert_eq!(duplicate.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 fn keyed() -> Request<Full<Bytes>> {
@@ -238,7 +263,7 @@ async fn a_request_dropped_during_its_reserve_leaves_no_claim() {
         ..Flaky::default()
     };
     let runs = Arc::new(AtomicUsize::new(0));
-    let service = counting_service(store.clone(), runs.clone());
+    let service = counted(IdempotencyLayer::new(store.clone()), runs.clone());
     let dropped = tokio::spawn(service.clone().oneshot(keyed()));
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(store.inner.len(), 1, "the claim landed");
@@ -261,7 +286,7 @@ async fn a_failed_completion_is_retried_until_recorded() {
         ..Flaky::default()
     };
     let runs = Arc::new(AtomicUsize::new(0));
-    let service = counting_service(store.clone(), runs.clone());
+    let service = counted(IdempotencyLayer::new(store.clone()), runs.clone());
     let response = service.clone().oneshot(keyed()).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK, "the effect happened");
     // Retries at 100 ms, then 200 ms later.
@@ -294,15 +319,10 @@ async fn a_settlement_longer_than_the_lease_keeps_its_claim() {
         ..Flaky::default()
     };
     let runs = Arc::new(AtomicUsize::new(0));
-    let service = ServiceBuilder::new()
-        .layer(IdempotencyLayer::new(store.clone()).lease(lease))
-        .service_fn({
-            let runs = runs.clone();
-            move |_req: Request<RequestBody<Full<Bytes>>>| {
-                runs.fetch_add(1, Ordering::SeqCst);
-                async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done")))) }
-            }
-        });
+    let service = counted(
+        IdempotencyLayer::new(store.clone()).lease(lease),
+        runs.clone(),
+    );
     let first = tokio::spawn(service.clone().oneshot(keyed()));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while store.completes.load(Ordering::SeqCst) == 0 {
@@ -311,18 +331,7 @@ async fn a_settlement_longer_than_the_lease_keeps_its_claim() {
     }
     // Past the first lease, while the completion is still on its way.
     tokio::time::sleep(lease + lease / 3).await;
-    let duplicate = service.clone().oneshot(keyed()).await.unwrap();
-    assert_eq!(
-        duplicate.status(),
-        StatusCode::CONFLICT,
-        "the claim was kept"
-    );
-    let response = first.await.unwrap().unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let duplicate = service.oneshot(keyed()).await.unwrap();
-    assert_eq!(duplicate.status(), StatusCode::OK);
-    assert_eq!(duplicate.headers()["idempotent-replayed"], "true");
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    kept_until_recorded(service, first, &runs).await;
 }
 
 /// A quick settlement (twice the store timeout is shorter than the lease) runs without a
@@ -342,13 +351,7 @@ async fn completion_retries_past_the_lease_keep_their_claim() {
     let layer = IdempotencyLayer::new(store.clone())
         .lease(lease)
         .store_timeout(Duration::from_millis(100));
-    let service = ServiceBuilder::new().layer(layer).service_fn({
-        let runs = runs.clone();
-        move |_req: Request<RequestBody<Full<Bytes>>>| {
-            runs.fetch_add(1, Ordering::SeqCst);
-            async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done")))) }
-        }
-    });
+    let service = counted(layer, runs.clone());
     let started = tokio::time::Instant::now();
     let first = tokio::spawn(service.clone().oneshot(keyed()));
     tokio::time::sleep_until(started + lease + Duration::from_millis(50)).await;
@@ -356,18 +359,7 @@ async fn completion_retries_past_the_lease_keep_their_claim() {
         store.failing_completes.load(Ordering::SeqCst) == 0 && !first.is_finished(),
         "still retrying its completion past the lease"
     );
-    let duplicate = service.clone().oneshot(keyed()).await.unwrap();
-    assert_eq!(
-        duplicate.status(),
-        StatusCode::CONFLICT,
-        "the claim was kept"
-    );
-    let response = first.await.unwrap().unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let duplicate = service.oneshot(keyed()).await.unwrap();
-    assert_eq!(duplicate.status(), StatusCode::OK);
-    assert_eq!(duplicate.headers()["idempotent-replayed"], "true");
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    kept_until_recorded(service, first, &runs).await;
 }
 
 /// The layer's own answers go through the configured renderer, and carry the `Rejection` in
@@ -464,7 +456,7 @@ async fn a_settlement_cut_off_after_its_write_is_finished_without_a_lost_lease()
         ..Flaky::default()
     };
     let runs = Arc::new(AtomicUsize::new(0));
-    let service = counting_service(store.clone(), runs.clone());
+    let service = counted(IdempotencyLayer::new(store.clone()), runs.clone());
     let cut = tokio::spawn(service.clone().oneshot(keyed()));
     tokio::time::sleep(Duration::from_millis(100)).await;
     cut.abort();
