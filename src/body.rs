@@ -202,18 +202,16 @@ where
         return read.await;
     };
     // The timer is armed only when the body is not all there at the first look: a body that
-    // arrived with its head (most webhooks) costs no timer. Boxed: a timer is large, and the
-    // request's future stays small (below the allocator's per-thread cache size).
-    let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(result) = read.as_mut().poll(cx) {
-            return Poll::Ready(result);
-        }
-        let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
-        ready!(timer.as_mut().poll(cx));
-        Poll::Ready(Err(Rejection::BodyTimeout))
-    })
-    .await
+    // arrived with its head (most webhooks) costs no timer.
+    if let Some(result) = crate::util::ready_now(read.as_mut()).await {
+        return result;
+    }
+    // Boxed: a timer is large, and the request's future stays small (below the allocator's
+    // per-thread cache size).
+    match Box::pin(tokio::time::timeout(limit, read)).await {
+        Ok(result) => result,
+        Err(_) => Err(Rejection::BodyTimeout),
+    }
 }
 
 /// A request or response body read in full: its data (without copying a single chunk) and its

@@ -19,7 +19,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
@@ -48,8 +47,7 @@ pub(crate) async fn timed<T>(
         return fut.await;
     };
     let mut fut = std::pin::pin!(fut);
-    if let Poll::Ready(result) = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
-    {
+    if let Some(result) = crate::util::ready_now(fut.as_mut()).await {
         return result;
     }
     // Only calls still pending after their first poll pay for a timer. Not boxed: the call's

@@ -30,3 +30,17 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     push_hex(&mut out, bytes);
     out
 }
+
+/// `fut` polled once, now: its output if it was ready. A call bounded by a timer arms the
+/// timer only when this finds it still pending (a call answered at once costs none).
+pub(crate) async fn ready_now<F: std::future::Future>(
+    mut fut: std::pin::Pin<&mut F>,
+) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match fut.as_mut().poll(cx) {
+            std::task::Poll::Ready(output) => Some(output),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
+}
