@@ -23,7 +23,7 @@ use std::fmt;
 /// (a sender reusing a key for another payload); it is compared only with the fingerprint
 /// stored under the same key, so a forged collision would only let its sender be acknowledged,
 /// or be replayed a response, for a key it already knows the original payload of. The store
-/// key, which does separate senders, stays a SHA-256.
+/// key, which does separate senders, is a BLAKE3 (a cryptographic hash).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; Fingerprint::LEN]);
 

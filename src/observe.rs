@@ -2,7 +2,7 @@
 //! levels, metrics through the `metrics` facade (feature `metrics`), and an optional hook.
 //!
 //! Nothing here ever logs a body, a raw key or an owner token: the key appears only as its
-//! store key (`ti:<hash>`), a SHA-256 prefix that cannot be reversed.
+//! store key (`ti:<hash>`), a BLAKE3 prefix that cannot be reversed.
 //!
 //! # Metrics (feature `metrics`)
 //!

@@ -6,7 +6,7 @@ use std::hash::{BuildHasher, Hash, Hasher};
 
 use super::{KEY_PREFIX, ObjectKey, StoreKey};
 
-/// A store key without its constant prefix: 16 base64url digits of a SHA-256, as two words.
+/// A store key without its constant prefix: 16 base64url digits of a BLAKE3, as two words.
 /// Copied into the map and the expiry queues without an allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct Slot([u64; 2]);

@@ -64,7 +64,7 @@ use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError, Sto
 ///
 /// One Redis string per key, named `ti:<16 base64url digits>` (see
 /// [`StoreKey`](crate::store::StoreKey): the namespace, the optional request scope and the idempotency key hashed with
-/// SHA-256, so no raw user bytes reach Redis). Its value is binary, in the versioned encoding of
+/// BLAKE3, so no raw user bytes reach Redis). Its value is binary, in the versioned encoding of
 /// [`record`](crate::store::record):
 ///
 /// - **in flight**: [`StoredValue::encode_in_flight`](crate::store::record::StoredValue::encode_in_flight), 25 bytes (tag, owner token, request
