@@ -121,37 +121,37 @@ const DIGITS: usize = 16;
 /// and ("ab", "c") never collide (`None` is its own value, apart from the empty string).
 ///
 /// BLAKE3 rather than SHA-256: as collision-resistant, and each 64 bytes of the hashed input
-/// (the parts and their 8-byte prefixes) is one compression of 7 rounds where SHA-256 runs 64. On a CPU without the
-/// SHA extensions (Intel server parts before Ice Lake, and valgrind) a SHA-256 store key cost
-/// about 6k instructions per request, the largest single step of a first delivery.
+/// (the parts and their 8-byte prefixes) is one compression of 7 rounds where SHA-256 runs 64.
+/// On a CPU without the SHA extensions (Intel server parts before Ice Lake, and valgrind) a
+/// SHA-256 store key cost about 6k instructions per request, the largest single step of a
+/// first delivery.
 fn hash_digits(parts: &[Option<&str>]) -> [u8; DIGITS] {
-    // The parts of a usual key fit one stack buffer, hashed in one call (one compression under
-    // 64 bytes); the incremental hasher's per-update work is for the long ones.
+    // The parts of a usual key fit one stack buffer, hashed in one call; the incremental
+    // hasher's per-update work is left to the long ones.
     let mut buf = [0u8; 128];
-    let mut len = 0;
-    for part in parts {
-        let bytes = part.map_or(&[][..], str::as_bytes);
-        let end = len + 8 + bytes.len();
-        if end > buf.len() {
-            return hash_long(parts);
-        }
-        let prefix = part.map_or(0, |part| part.len() as u64 + 1);
-        buf[len..len + 8].copy_from_slice(&prefix.to_be_bytes());
-        buf[len + 8..end].copy_from_slice(bytes);
-        len = end;
+    let total: usize = parts.iter().map(|part| 8 + part.map_or(0, str::len)).sum();
+    if total > buf.len() {
+        let mut hasher = blake3::Hasher::new();
+        framed(parts, |bytes| {
+            hasher.update(bytes);
+        });
+        return digits_of(hasher.finalize());
     }
+    let mut len = 0;
+    framed(parts, |bytes| {
+        buf[len..len + bytes.len()].copy_from_slice(bytes);
+        len += bytes.len();
+    });
     digits_of(blake3::hash(&buf[..len]))
 }
 
-/// [`hash_digits`] of parts too long for its buffer: the same bytes, hashed as they come.
-fn hash_long(parts: &[Option<&str>]) -> [u8; DIGITS] {
-    let mut hasher = blake3::Hasher::new();
+/// Hands `sink` the hashed bytes of `parts` in order: before each part, its length plus one as
+/// 8 big-endian bytes (0 for `None`).
+fn framed(parts: &[Option<&str>], mut sink: impl FnMut(&[u8])) {
     for part in parts {
-        let prefix = part.map_or(0, |part| part.len() as u64 + 1);
-        hasher.update(&prefix.to_be_bytes());
-        hasher.update(part.map_or(&[][..], str::as_bytes));
+        sink(&part.map_or(0, |part| part.len() as u64 + 1).to_be_bytes());
+        sink(part.map_or(&[][..], str::as_bytes));
     }
-    digits_of(hasher.finalize())
 }
 
 /// The first 96 bits of `digest` in base64url.
@@ -452,7 +452,6 @@ mod tests {
             [Some("kalipto"), Some("tenant"), Some(long.as_str())],
         ] {
             assert_eq!(hash_digits(&parts), reference(&parts));
-            assert_eq!(hash_long(&parts), reference(&parts));
         }
         assert_ne!(
             StoreKey::new("n", None, &long),
