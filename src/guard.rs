@@ -17,6 +17,8 @@
 //!   [`Backoff`] while the claim is still alive; a guard dropped unsettled releases in the
 //!   background with the same policy. The lease TTL is the backstop when everything fails.
 
+use std::future::Future;
+use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::{Duration, Instant};
@@ -39,20 +41,25 @@ use crate::store::{
 ///
 /// A store that answers on the first poll (the memory store, always) never arms a timer: the
 /// deadline is set only if the first poll is pending.
-pub(crate) async fn timed<T>(
+///
+/// `fut` is pinned by its caller and taken by reference, as by every step between the guard's
+/// call and here: an `async fn` keeps a future passed by value in its own state as well as in
+/// the state of the `async fn` it hands it to, so each step taking it by value held one more
+/// copy (a single-key completion's box was 1392 bytes, past the allocator's per-thread cache).
+pub(crate) async fn timed<F, T>(
     timeout: Option<Duration>,
-    fut: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
+    mut fut: Pin<&mut F>,
+) -> Result<T, StoreError>
+where
+    F: Future<Output = Result<T, StoreError>>,
+{
     let Some(timeout) = timeout else {
         return fut.await;
     };
-    let mut fut = std::pin::pin!(fut);
     if let Some(result) = crate::util::ready_now(fut.as_mut()).await {
         return result;
     }
-    // Only calls still pending after their first poll pay for a timer. Not boxed: the call's
-    // future is already boxed where the guard makes it, and a box here was one more
-    // allocation per store call.
+    // Only calls still pending after their first poll pay for a timer.
     match tokio::time::timeout(timeout, fut).await {
         Ok(result) => result,
         Err(_) => Err(StoreError::new(StoreErrorKind::Timeout)),
@@ -249,22 +256,28 @@ struct StoreClaim<St> {
 impl<St: IdempotencyStore> StoreClaim<St> {
     /// Runs one store call under the timeout, and observes it. `started`: when the caller
     /// already read the clock for this call (one read instead of two).
-    async fn call<T>(
+    async fn call<F, T>(
         &self,
         op: StoreOp,
         started: Option<Instant>,
-        fut: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
+        fut: Pin<&mut F>,
+    ) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
         self.call_timed(op, started, fut).await.0
     }
 
     /// [`call`](Self::call), and when the call ended if that was measured.
-    async fn call_timed<T>(
+    async fn call_timed<F, T>(
         &self,
         op: StoreOp,
         started: Option<Instant>,
-        fut: impl Future<Output = Result<T, StoreError>>,
-    ) -> (Result<T, StoreError>, Option<Instant>) {
+        fut: Pin<&mut F>,
+    ) -> (Result<T, StoreError>, Option<Instant>)
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
         let observer = &self.state.observer;
         if self.store.in_process() {
             // Not timed (see `IdempotencyStore::in_process`). Its end is still read for the
@@ -297,20 +310,22 @@ impl<St: IdempotencyStore> ClaimCalls for StoreClaim<St> {
             let op = StoreOp::Reserve;
             match s.held() {
                 Targets::Keys(OneOrMany::One(key)) => {
-                    let one = store.reserve(key, claim, lease);
+                    let one = pin!(store.reserve(key, claim, lease));
                     let (result, ended) = self.call_timed(op, Some(started), one).await;
                     (result.map(OneOrMany::One), ended)
                 }
                 // Batches are rare: their (large) futures are boxed apart, so that the box of
                 // a single-key call stays small.
                 Targets::Keys(OneOrMany::Many(keys)) => {
-                    let many = Box::pin(store.reserve_many(keys, claim, lease));
-                    let (result, ended) = self.call_timed(op, Some(started), many).await;
+                    let mut many = Box::pin(store.reserve_many(keys, claim, lease));
+                    let (result, ended) = self.call_timed(op, Some(started), many.as_mut()).await;
                     (result.map(OneOrMany::Many), ended)
                 }
                 Targets::Events(events) => {
-                    let ordered = Box::pin(store.reserve_ordered(events, claim, lease, s.equal));
-                    let (result, ended) = self.call_timed(op, Some(started), ordered).await;
+                    let mut ordered =
+                        Box::pin(store.reserve_ordered(events, claim, lease, s.equal));
+                    let (result, ended) =
+                        self.call_timed(op, Some(started), ordered.as_mut()).await;
                     (result.map(OneOrMany::Many), ended)
                 }
             }
@@ -327,16 +342,17 @@ impl<St: IdempotencyStore> ClaimCalls for StoreClaim<St> {
             let (claim, retention, op) = (&s.claim, s.retention, StoreOp::Complete);
             match s.targets(&subset) {
                 Targets::Keys(OneOrMany::One(key)) => {
-                    let one = store.complete(key, claim, &record, retention);
+                    let one = pin!(store.complete(key, claim, &record, retention));
                     self.call(op, None, one).await.map(|done| vec![done])
                 }
                 Targets::Keys(OneOrMany::Many(keys)) => {
-                    let many = Box::pin(store.complete_many(keys, claim, &record, retention));
-                    self.call(op, None, many).await
+                    let mut many = Box::pin(store.complete_many(keys, claim, &record, retention));
+                    self.call(op, None, many.as_mut()).await
                 }
                 Targets::Events(events) => {
-                    let ordered = store.complete_ordered(events, claim, &record, retention);
-                    self.call(op, None, Box::pin(ordered)).await
+                    let mut ordered =
+                        Box::pin(store.complete_ordered(events, claim, &record, retention));
+                    self.call(op, None, ordered.as_mut()).await
                 }
             }
         })
@@ -348,16 +364,16 @@ impl<St: IdempotencyStore> ClaimCalls for StoreClaim<St> {
             let (claim, op) = (&s.claim, StoreOp::Release);
             match s.targets(&subset) {
                 Targets::Keys(OneOrMany::One(key)) => {
-                    let one = store.release(key, claim);
+                    let one = pin!(store.release(key, claim));
                     self.call(op, None, one).await.map(usize::from)
                 }
                 Targets::Keys(OneOrMany::Many(keys)) => {
-                    let many = Box::pin(store.release_many(keys, claim));
-                    self.call(op, None, many).await
+                    let mut many = Box::pin(store.release_many(keys, claim));
+                    self.call(op, None, many.as_mut()).await
                 }
                 Targets::Events(events) => {
-                    let ordered = Box::pin(store.release_ordered(events, claim));
-                    self.call(op, None, ordered).await
+                    let mut ordered = Box::pin(store.release_ordered(events, claim));
+                    self.call(op, None, ordered.as_mut()).await
                 }
             }
         })
@@ -369,16 +385,16 @@ impl<St: IdempotencyStore> ClaimCalls for StoreClaim<St> {
             let (claim, lease, op) = (&s.claim, s.lease, StoreOp::Renew);
             match s.held() {
                 Targets::Keys(OneOrMany::One(key)) => {
-                    let one = store.renew(key, claim, lease);
+                    let one = pin!(store.renew(key, claim, lease));
                     self.call(op, Some(started), one).await
                 }
                 Targets::Keys(OneOrMany::Many(keys)) => {
-                    let many = Box::pin(store.renew_many(keys, claim, lease));
-                    self.call(op, Some(started), many).await
+                    let mut many = Box::pin(store.renew_many(keys, claim, lease));
+                    self.call(op, Some(started), many.as_mut()).await
                 }
                 Targets::Events(events) => {
-                    let ordered = Box::pin(store.renew_ordered(events, claim, lease));
-                    self.call(op, Some(started), ordered).await
+                    let mut ordered = Box::pin(store.renew_ordered(events, claim, lease));
+                    self.call(op, Some(started), ordered.as_mut()).await
                 }
             }
         })
