@@ -129,3 +129,26 @@ mod route {
         assert_eq!(inbox.counts().await.unwrap().pending, 1);
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config {
+        cases: 24,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    })]
+
+    /// Random arrival orders and handler delays, 4 workers: every object ends at its highest
+    /// position, and no handler starts while another of its object runs.
+    #[test]
+    fn arrivals_in_any_order_end_at_the_highest_position(seed in proptest::prelude::any::<u64>()) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(inbox_contract::arrivals_in_any_order_end_at_the_highest_position(
+            MemoryInbox::new(10_000),
+            seed,
+        ));
+    }
+}

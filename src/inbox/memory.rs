@@ -64,12 +64,15 @@ enum Phase {
 }
 
 /// An object's watermark (until when it lasts: the retention of the last completion of one of
-/// its entries, as the done keys) and its entries that are neither done nor dead, in position
-/// order.
+/// its entries, as the done keys), its entries that are neither done nor dead, in position
+/// order, and the one of them a worker took last, until it settles.
 #[derive(Debug, Default)]
 struct Object {
     watermark: Option<(Position, SystemTime)>,
     queue: BTreeSet<(Position, StoreKey)>,
+    /// The entry in flight: while it is leased (or its lease ran out and nobody settled it),
+    /// it is the only entry of the object that can be taken, whatever arrives before it.
+    current: Option<StoreKey>,
 }
 
 impl Object {
@@ -178,20 +181,27 @@ impl State {
         if let Some(order) = &slot.entry.order {
             if let Some(object) = self.objects.get_mut(&order.object) {
                 object.queue.remove(&(order.position, key.clone()));
+                if object.current.as_ref() == Some(key) {
+                    object.current = None;
+                }
             }
         }
         Some(slot)
     }
 
-    /// Whether `key` may run now: unordered, or its object's first waiting entry; and stale if
-    /// its object's watermark is at or past its position.
+    /// Whether `key` may run now: unordered, or its object's entry in flight (taken over once
+    /// its lease ran out), or, with none in flight, its object's first waiting entry; and stale
+    /// if its object's watermark is at or past its position.
     fn runnable(&self, slot: &Slot, now: SystemTime) -> Option<bool> {
         let Some(order) = &slot.entry.order else {
             return Some(false);
         };
         let object = self.objects.get(&order.object)?;
-        let first = object.queue.first()?;
-        (first.1 == slot.entry.key).then(|| {
+        let next = match &object.current {
+            Some(current) => current,
+            None => &object.queue.first()?.1,
+        };
+        (*next == slot.entry.key).then(|| {
             object
                 .watermark(now)
                 .is_some_and(|mark| mark >= order.position)
@@ -218,6 +228,10 @@ impl State {
             };
             let token = Token::random();
             let until = now + lease;
+            if let Some(order) = &slot.entry.order {
+                let object = self.objects.get_mut(&order.object).expect("checked above");
+                object.current = Some(key.clone());
+            }
             let slot = self.entries.get_mut(&key).expect("checked above");
             slot.entry.attempts += 1;
             slot.phase = Phase::Leased { token, until };

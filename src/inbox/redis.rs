@@ -75,7 +75,9 @@ return 0
 
 /// `take`: KEYS = due, leased; ARGV[1] = prefix, [2] = now (µs), [3] = lease end (µs), [4] =
 /// max, [5] = a random token whose 14th and 15th bytes each lease replaces with its index. Scans
-/// the due set in time order, skipping an ordered entry that is not its object's first;
+/// the due set in time order, skipping an ordered entry that is not its object's next: the
+/// object's entry in flight (`c:<object>`, while it is running, its lease live or not), else
+/// its first by position;
 /// returns one row per entry taken: key, stale (0/1), token, then the fields `Row::entry`
 /// reads (headers, object, position, correlation id, attempts, next attempt, enqueued).
 ///
@@ -99,8 +101,13 @@ while #out < max do
     if not runnable then
       redis.call('ZREM', KEYS[1], key)
     elseif f[2] then
-      local first = redis.call('ZRANGE', prefix .. 'o:' .. f[2], 0, 0)[1]
-      if first ~= f[3] .. key then
+      local current = redis.call('GET', prefix .. 'c:' .. f[2])
+      if current and redis.call('HGET', prefix .. 'e:' .. current, 's') ~= 'r' then
+        current = nil
+      end
+      local next = current
+      if not next then next = redis.call('ZRANGE', prefix .. 'o:' .. f[2], 0, 0)[1] end
+      if next ~= (current and key or f[3] .. key) then
         runnable = false
         skipped = skipped + 1
       else
@@ -113,6 +120,7 @@ while #out < max do
       local token = head .. string.char(math.floor(i / 256), i % 256) .. tail
       local attempts = (tonumber(f[6]) or 0) + 1
       redis.call('HSET', e, 's', 'r', 't', token, 'a', attempts)
+      if f[2] then redis.call('SET', prefix .. 'c:' .. f[2], key) end
       redis.call('ZADD', KEYS[1], lease_end, key)
       redis.call('ZADD', KEYS[2], lease_end, key)
       out[#out + 1] = {key, stale, token, f[4], f[2], f[3], f[5], attempts, f[7], f[8]}
@@ -145,6 +153,7 @@ return 1
 /// were in flight as one script, each one key and one token.
 static COMPLETE_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
+        + RELEASE_LUA
         + r#"local prefix, retention, out, done = ARGV[1], ARGV[2], {}, {}
 for i = 3, #ARGV, 2 do
   local key = ARGV[i]
@@ -155,6 +164,7 @@ for i = 3, #ARGV, 2 do
     redis.call('SET', prefix .. 'd:' .. key, '1', 'PX', retention)
     if f[3] then
       redis.call('ZREM', prefix .. 'o:' .. f[3], f[4] .. key)
+      release(prefix .. 'c:' .. f[3], key)
       local wk = prefix .. 'w:' .. f[3]
       local w = redis.call('GET', wk)
       local mark = f[4]
@@ -174,12 +184,22 @@ return out
 "#
 });
 
+/// Lets go of an object's entry in flight (`c:<object>`, which `take` sets) when it is `key`.
+const RELEASE_LUA: &str = r#"local function release(c, key)
+  if redis.call('GET', c) == key then redis.call('DEL', c) end
+end
+"#;
+
 /// `fail`: KEYS = entry, due, leased, live, dead; ARGV[1] = prefix, [2] = key, [3] = token,
-/// [4] = `r` (retry) or `d` (dead), [5] = retry time (µs), [6] = error.
-const FAIL_LUA: &str = r#"local f = redis.call('HMGET', KEYS[1], 's', 't', 'o', 'p', 'e')
+/// [4] = `r` (retry) or `d` (dead), [5] = retry time (µs), [6] = error. Either way the entry
+/// is no longer its object's entry in flight: a retry waits its turn in position order.
+static FAIL_LUA: LazyLock<String> = LazyLock::new(|| {
+    RELEASE_LUA.to_owned()
+        + r#"local f = redis.call('HMGET', KEYS[1], 's', 't', 'o', 'p', 'e')
 if f[1] ~= 'r' or f[2] ~= ARGV[3] then return 0 end
 redis.call('ZREM', KEYS[3], ARGV[2])
 redis.call('HDEL', KEYS[1], 't')
+if f[3] then release(ARGV[1] .. 'c:' .. f[3], ARGV[2]) end
 if ARGV[4] == 'r' then
   redis.call('HSET', KEYS[1], 's', 'q', 'n', ARGV[5])
   redis.call('ZADD', KEYS[2], ARGV[5], ARGV[2])
@@ -191,7 +211,8 @@ redis.call('ZREM', KEYS[4], ARGV[2])
 redis.call('ZADD', KEYS[5], f[5], ARGV[2])
 if f[3] then redis.call('ZREM', ARGV[1] .. 'o:' .. f[3], f[4] .. ARGV[2]) end
 return 1
-"#;
+"#
+});
 
 /// `requeue`: KEYS = entry, due, live, dead; ARGV[1] = prefix, [2] = key, [3] = now (µs).
 const REQUEUE_LUA: &str = r#"local f = redis.call('HMGET', KEYS[1], 's', 'o', 'p', 'e')
@@ -231,7 +252,7 @@ static ENQUEUE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(ENQUEUE_LUA
 static TAKE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(TAKE_LUA.as_str()));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RENEW_LUA));
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COMPLETE_LUA.as_str()));
-static FAIL: LazyLock<Script> = LazyLock::new(|| Script::from_lua(FAIL_LUA));
+static FAIL: LazyLock<Script> = LazyLock::new(|| Script::from_lua(FAIL_LUA.as_str()));
 static REQUEUE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(REQUEUE_LUA));
 static DEAD: LazyLock<Script> = LazyLock::new(|| Script::from_lua(DEAD_LUA));
 static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA));
@@ -266,8 +287,9 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 ///   `{inbox:N}:live`: the entries that are not dead, by enqueue time; `{inbox:N}:dead`: the dead
 ///   letters, by enqueue time;
 /// - `{inbox:N}:o:<object>`: an object's entries that are neither done nor dead, by position;
-///   `{inbox:N}:w:<object>`: its watermark, the highest position completed (with the
-///   retention's `PX`).
+///   `{inbox:N}:c:<object>`: the key of its entry in flight, until that one settles (no other
+///   entry of the object is taken meanwhile); `{inbox:N}:w:<object>`: its watermark, the
+///   highest position completed (with the retention's `PX`).
 ///
 /// Times are the clients' clocks in microseconds since the epoch (as [`MemoryInbox`] uses its
 /// own clock): keep the hosts' clocks in sync (NTP), since a skew between two workers shifts

@@ -66,9 +66,10 @@ const ENTRY_COLUMNS: &str =
 /// - **take** is one `UPDATE ... WHERE key IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)
 ///   RETURNING` on PostgreSQL (several workers in several processes each lock their own due
 ///   rows and skip the others'), the same without row locks on SQLite (writers are
-///   serialized). An ordered entry is due only when no queued or running entry of its object
-///   stands before it; it comes back stale when its object's watermark is at or past its
-///   position.
+///   serialized). An ordered entry is due only when it is its object's next: none of its
+///   object is running (one that is, its lease run out or not, is the only one taken until
+///   it settles) and no queued one stands before it by position; it comes back stale when
+///   its object's watermark is at or past its position.
 /// - **renew**, **complete** and **fail** are `UPDATE`s whose `WHERE` holds the lease's token;
 ///   **complete** also raises the watermark, in the same transaction.
 ///
@@ -699,9 +700,11 @@ WHERE object IN (
     }
 }
 
-/// The take: the due entries (queued and due, or running with a lease that ran out), an
-/// ordered one only when no queued or running entry of its object stands before it (by
-/// position, then key), locked with `locks` and skipped when another take holds them.
+/// The take: the due entries (queued and due, or running with a lease that ran out), locked
+/// with `locks` and skipped when another take holds them. An ordered one only when it is its
+/// object's next: a queued one when none of its object is running and no queued one stands
+/// before it (by position, then key); a running one (taken over) whatever is queued before
+/// it, since an object's entry in flight is the only one of it that runs until it settles.
 fn take(table: &str, locks: &str) -> String {
     format!(
         "UPDATE {table}
@@ -712,8 +715,10 @@ WHERE key IN (
         OR (e.state = 'running' AND e.lease_until <= $4))
       AND (e.object IS NULL OR NOT EXISTS (
         SELECT 1 FROM {table} AS o
-        WHERE o.object = e.object AND o.state IN ('queued', 'running')
-          AND (o.position < e.position OR (o.position = e.position AND o.key < e.key))))
+        WHERE o.object = e.object AND o.key <> e.key AND o.state IN ('queued', 'running')
+          AND ((o.state = 'running' AND e.state = 'queued')
+            OR (o.state = e.state AND (o.position < e.position
+                OR (o.position = e.position AND o.key < e.key))))))
     ORDER BY CASE WHEN e.state = 'queued' THEN e.next_at ELSE e.lease_until END, e.key
     LIMIT $1{locks}
 )

@@ -72,7 +72,11 @@ pub struct InboxCounts {
 /// the entry, and gets `false`.
 ///
 /// On ordered entries the store hands out an object's entries one at a time, in position
-/// order: only the object's first entry that is neither done nor dead can be taken.
+/// order: at most one entry of an object is in flight. While one is taken (until it is
+/// completed or failed; past its lease it is the one taken over), no other entry of its object
+/// is taken, not even one that arrived later with a lower position; with none in flight, the
+/// object's first entry by position that is neither done nor dead is the one that can be
+/// taken. An entry at or below its object's watermark comes back stale.
 pub trait InboxStore: Send + Sync + 'static {
     /// Stores `entry` if its key is absent; a known key (queued, running, dead or done) is a
     /// duplicate and stores nothing; a full store is an error (`StoreErrorKind::Capacity`).
