@@ -356,3 +356,70 @@ async fn sqlite_demo_reads_what_a_worker_process_wrote() {
     until_applied(&store, &http, &ids, Instant::now()).await;
     assert_eq!(message_status(&http, "msg-ev_read").await, "delivered");
 }
+
+/// The demo with its own workers, on `store` (the memory store when `None`): an older event of
+/// a message that arrives while a newer one is being applied waits for it, then is settled
+/// stale, never applied, and the message ends at the newer status.
+async fn an_older_event_never_overwrites_a_newer_one(store: Option<Shared>) {
+    let envs = store.as_ref().map(Shared::env);
+    let envs: Vec<(&str, &str)> = envs
+        .iter()
+        .map(|(name, url)| (*name, url.as_str()))
+        .collect();
+    let demo = start_demo(&envs);
+    let http = Http::new(&demo);
+    let newer = json!({
+        "message_id": "m",
+        "type": "email.delivered",
+        "occurred_at": "2026-12-04T14:02:00Z",
+        "demo_delay_ms": 1000,
+    });
+    assert_eq!(post(&http, "ev_delivered", newer).await, (202, false));
+    let start = Instant::now();
+    while counts(&http).await.1 == 0 {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the newer event is never in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let older = json!({
+        "message_id": "m",
+        "type": "email.sent",
+        "occurred_at": "2026-12-04T14:01:00Z",
+        "demo_delay_ms": 1500,
+    });
+    assert_eq!(post(&http, "ev_sent", older).await, (202, false));
+    while counts(&http).await != (0, 0, 0) {
+        assert!(start.elapsed() < DEADLINE, "the events are never settled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(message_status(&http, "m").await, "delivered");
+    let ids = ["ev_delivered".to_owned(), "ev_sent".to_owned()];
+    assert_eq!(
+        applied_in(&http, &ids).await,
+        [1, 0],
+        "the older event is never applied"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_an_older_event_never_overwrites_a_newer_one() {
+    an_older_event_never_overwrites_a_newer_one(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_an_older_event_never_overwrites_a_newer_one() {
+    an_older_event_never_overwrites_a_newer_one(Some(Shared::sqlite("older"))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_older_event_never_overwrites_a_newer_one() {
+    an_older_event_never_overwrites_a_newer_one(Some(Shared::Postgres(PostgresServer::new())))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_an_older_event_never_overwrites_a_newer_one() {
+    an_older_event_never_overwrites_a_newer_one(Some(Shared::Redis(RedisServer::start()))).await;
+}
