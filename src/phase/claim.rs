@@ -14,7 +14,7 @@ use crate::config::{FailureMode, OnMismatch, Settings};
 use crate::fingerprint::Fingerprint;
 use crate::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany};
 use crate::items::BatchItems;
-use crate::order::{StaleEvent, StaleEvents};
+use crate::order::{Position, StaleEvent, StaleEvents};
 use crate::outcome::Outcome;
 use crate::rejection::Rejection;
 use crate::store::{Claim, Reservation, StoreError, StoreErrorKind};
@@ -150,43 +150,76 @@ async fn decide<B, ResBody>(
         Box::pin(guard.release()).await;
         return completed(answers, settings, &fingerprint, grpc);
     }
+    // A plain function decides, and the one await stays here: an async helper would add a
+    // future of its own to the prelude's.
+    match admit(&mut guard, &answers, settings, &mut request) {
+        Admit::Call(outcome) => call(guard, *request, outcome),
+        Admit::Stale((position, watermark)) => {
+            // Acknowledged, and recorded, without the handler.
+            Box::pin(guard.settle(Ending::Succeeded(None))).await;
+            Prelude::Respond(stale(settings, grpc, position, watermark))
+        }
+    }
+}
+
+/// What a request that holds its claim does next.
+enum Admit {
+    /// Call the inner service; the outcome when it succeeds.
+    Call(Outcome),
+    /// Answer that the event is stale, at this position and watermark, without the handler.
+    Stale((Position, Position)),
+}
+
+/// Whether a request holding its claim reaches the inner service: a batch does unless every
+/// new item is stale (the handler learns which items it holds), a single stale event only on
+/// routes that pass stale events on (marked with a [`StaleEvent`]).
+fn admit<B>(
+    guard: &mut ClaimGuard,
+    answers: &[Reservation],
+    settings: &Settings,
+    request: &mut Claiming<B>,
+) -> Admit {
     let pass_on = settings.order.as_deref().map(|o| o.stale()) == Some(StaleEvents::PassOn);
-    let stale_at = first_stale(&answers, &request.derived);
-    let mut outcome = Outcome::First;
+    let stale_at = first_stale(answers, &request.derived);
     match request.derived.items.take() {
         Some(ids) => {
-            let batch = batch_items(ids, &answers, pass_on);
+            let batch = batch_items(ids, answers, pass_on);
             if batch.nothing_new() {
-                // Every new item is stale: acknowledged, and recorded, without the handler.
+                // Every new item is stale: answered without the handler, the items recorded
+                // when the claim settles.
                 guard.set_items(batch);
-                Box::pin(guard.settle(Ending::Succeeded(None))).await;
-                let (position, watermark) = stale_at.unwrap_or_default();
-                return Prelude::Respond(stale(settings, grpc, position, watermark));
+                return Admit::Stale(stale_at.unwrap_or_default());
             }
             request.parts.extensions.insert(batch.clone());
             guard.set_items(batch);
+            Admit::Call(Outcome::First)
         }
         None => match stale_at {
-            Some((position, watermark)) if !pass_on => {
-                Box::pin(guard.settle(Ending::Succeeded(None))).await;
-                return Prelude::Respond(stale(settings, grpc, position, watermark));
-            }
+            Some(at) if !pass_on => Admit::Stale(at),
             Some((position, watermark)) => {
                 request.parts.extensions.insert(StaleEvent {
                     position,
                     watermark,
                 });
-                outcome = Outcome::Stale;
+                Admit::Call(Outcome::Stale)
             }
-            None => {}
+            None => Admit::Call(Outcome::First),
         },
     }
+}
+
+/// Hands the request to the inner service, under its claim.
+fn call<B, ResBody>(
+    guard: ClaimGuard,
+    request: Claiming<B>,
+    outcome: Outcome,
+) -> Prelude<B, ResBody> {
     // The key goes to the inner service only: a duplicate or a rejection never reads it.
     let Claiming {
         mut parts,
         body,
         derived,
-    } = *request;
+    } = request;
     parts.extensions.insert(derived.key);
     Prelude::Call {
         request: Request::from_parts(parts, body),
@@ -221,10 +254,7 @@ fn completed<B, ResBody>(
 }
 
 /// The position and watermark of the first stale event among the answers.
-fn first_stale(
-    answers: &[Reservation],
-    derived: &Derived,
-) -> Option<(crate::order::Position, crate::order::Position)> {
+fn first_stale(answers: &[Reservation], derived: &Derived) -> Option<(Position, Position)> {
     answers
         .iter()
         .zip(&derived.positions)
