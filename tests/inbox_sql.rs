@@ -528,3 +528,14 @@ async fn a_worker_on_one_connection_drains_its_inbox() {
     stop.send(()).unwrap();
     run.await.unwrap();
 }
+
+/// An entry enqueued through one pool wakes a worker idle on another (`NOTIFY` at the enqueue's
+/// commit, heard by the other pool's `LISTEN`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_through_another_pool_wakes_an_idle_worker_on_postgres() {
+    let first = pg_inbox().await;
+    let second = PostgresInbox::new(pg_pool().await)
+        .with_table(first.table())
+        .unwrap();
+    inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(first, second).await;
+}

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::entry::{InboxEntry, Lease};
 use super::memory::MemoryInbox;
 use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore};
+use super::wake::Wakeups;
 use crate::store::{AnyStore, StoreError, StoreKey, Token};
 
 /// An inbox chosen at run time, as [`AnyStore`] is a store chosen at run time: a
@@ -220,5 +221,9 @@ impl InboxStore for AnyInbox {
 
     async fn counts(&self) -> Result<InboxCounts, StoreError> {
         dispatch!(self, inbox => inbox.counts().await)
+    }
+
+    fn wakeups(&self) -> Wakeups {
+        dispatch!(self, inbox => inbox.wakeups())
     }
 }

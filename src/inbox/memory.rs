@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use super::entry::{InboxEntry, Lease};
 use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
+use super::wake::{Announcer, Wakeups};
 use crate::order::Position;
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
 
@@ -16,7 +17,8 @@ pub const DEFAULT_CAPACITY: usize = 100_000;
 ///
 /// Bounded: past `capacity` entries, or `capacity` done keys still within their retention, an
 /// enqueue fails with [`StoreErrorKind::Capacity`] (the route answers 503 + `Retry-After`);
-/// no entry is ever dropped to make room. Cloning shares the inbox.
+/// no entry is ever dropped to make room. Cloning shares the inbox. Its enqueues and re-queues
+/// are announced to the workers of the process ([`InboxStore::wakeups`]).
 ///
 /// ```
 /// use bytes::Bytes;
@@ -39,6 +41,7 @@ pub const DEFAULT_CAPACITY: usize = 100_000;
 pub struct MemoryInbox {
     state: Arc<Mutex<State>>,
     capacity: usize,
+    announcer: Announcer,
 }
 
 #[derive(Debug, Default)]
@@ -102,6 +105,7 @@ impl MemoryInbox {
         MemoryInbox {
             state: Arc::default(),
             capacity,
+            announcer: Announcer::new(),
         }
     }
 
@@ -263,6 +267,8 @@ impl InboxStore for MemoryInbox {
         }
         let at = entry.next_attempt_at;
         state.schedule(entry, at);
+        drop(state);
+        self.announcer.announce(at);
         Ok(Enqueued::Queued)
     }
 
@@ -372,6 +378,8 @@ impl InboxStore for MemoryInbox {
         slot.entry.attempts = 0;
         slot.entry.next_attempt_at = now;
         state.schedule(slot.entry, now);
+        drop(state);
+        self.announcer.announce(now);
         Ok(true)
     }
 
@@ -396,5 +404,9 @@ impl InboxStore for MemoryInbox {
         }
         counts.oldest_age = oldest.map(|at| now.duration_since(at).unwrap_or_default());
         Ok(counts)
+    }
+
+    fn wakeups(&self) -> Wakeups {
+        self.announcer.subscribe()
     }
 }

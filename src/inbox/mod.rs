@@ -14,6 +14,7 @@
 //!   `RedisInbox` on Redis (feature `redis`); [`AnyInbox`], one of them chosen at run time
 //!   (on an [`AnyStore`](crate::store::AnyStore)'s connections);
 //! - [`RetryPolicy`] and [`Backoff`]: the policy decides, the worker's loop executes;
+//! - [`Announcer`] and [`Wakeups`]: what an idle worker waits on instead of polling;
 //! - [`Worker`]: the loop.
 //!
 //! ```
@@ -48,15 +49,19 @@ mod any;
 mod codec;
 mod completions;
 mod entry;
+mod idle;
 mod memory;
 mod metrics;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod redis_relay;
 mod retry;
 mod route;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 mod store;
+mod wake;
 mod worker;
 
 pub use self::any::AnyInbox;
@@ -74,4 +79,5 @@ pub use self::sql::SqliteInbox;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use self::sql::{DEFAULT_INBOX_TABLE, SqlInbox};
 pub use self::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
+pub use self::wake::{Announcer, Wakeups};
 pub use self::worker::Worker;

@@ -15,6 +15,7 @@ use futures_util::future::join_all;
 use super::codec::{decode_headers, encode_headers};
 use super::entry::{EntryOrder, InboxEntry, Lease};
 use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
+use super::wake::{Announcer, Wakeups};
 use crate::order::Position;
 use crate::store::redis::errors::store_error;
 use crate::store::redis::scripts::{Keys, LESS_LUA, bytes_of, evalsha_with_reload, unexpected};
@@ -34,7 +35,8 @@ pub const MAX_TAKE: usize = 1_000;
 /// [3] = body, [4] = correlation id, [5] = enqueued (µs), then pairs of a name and a value for
 /// what is not the default: `h` headers (none), `a` attempts (0), `n` next attempt (the enqueue
 /// time), `o` object and `p` position (unordered), `cap` capacity (unbounded). Returns 0 when
-/// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full.
+/// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full. A queued entry is
+/// announced on `<prefix>wake` (`PUBLISH` of its due time) to every process's idle workers.
 ///
 /// Every argument costs Redis about 2k instructions to hand to Lua and every hash field about
 /// 3k to store, so a first delivery sends 8 strings (the other key names are built in the
@@ -70,6 +72,7 @@ redis.call('SET', prefix .. 'b:' .. key, ARGV[3])
 if o then redis.call('ZADD', prefix .. 'o:' .. o, 0, p .. key) end
 redis.call('ZADD', KEYS[1], due, key)
 redis.call('ZADD', prefix .. 'live', t, key)
+redis.call('PUBLISH', prefix .. 'wake', due)
 return 0
 "#;
 
@@ -215,6 +218,7 @@ return 1
 });
 
 /// `requeue`: KEYS = entry, due, live, dead; ARGV[1] = prefix, [2] = key, [3] = now (µs).
+/// Announced as an enqueue is.
 const REQUEUE_LUA: &str = r#"local f = redis.call('HMGET', KEYS[1], 's', 'o', 'p', 'e')
 if f[1] ~= 'd' then return 0 end
 redis.call('HSET', KEYS[1], 's', 'q', 'a', 0, 'n', ARGV[3])
@@ -223,6 +227,7 @@ redis.call('ZREM', KEYS[4], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
 redis.call('ZADD', KEYS[3], f[4], ARGV[2])
 if f[2] then redis.call('ZADD', ARGV[1] .. 'o:' .. f[2], 0, f[3] .. ARGV[2]) end
+redis.call('PUBLISH', ARGV[1] .. 'wake', ARGV[3])
 return 1
 "#;
 
@@ -332,6 +337,8 @@ pub struct RedisInbox<C = Pool> {
     capacity: u64,
     /// The partition the next `take` starts from, so that no partition waits behind another.
     next: Arc<AtomicUsize>,
+    /// This process's workers' subscriptions, fed by one subscriber connection.
+    announcer: Announcer,
 }
 
 impl<C> RedisInbox<C>
@@ -353,6 +360,7 @@ where
             prefixes: Arc::from(vec![format!("{{inbox:{name}}}:").into_boxed_str()]),
             capacity: 0,
             next: Arc::default(),
+            announcer: Announcer::new(),
         }
     }
 
@@ -860,6 +868,19 @@ where
             in_flight,
             dead,
             oldest_age: oldest.map(|at| now.duration_since(at).unwrap_or_default()),
+        })
+    }
+
+    /// Every process's enqueues and re-queues: the scripts `PUBLISH` on `<prefix>wake` of each
+    /// partition, and one subscriber connection of this process (made like the client's,
+    /// resubscribed after a reconnection) relays them while a worker waits.
+    fn wakeups(&self) -> Wakeups {
+        let channels = self.prefixes.iter().map(|p| concat(&[p, "wake"])).collect();
+        let client = self.client.clone();
+        self.announcer.subscribe_relayed(move |announcer| {
+            Some(tokio::spawn(super::redis_relay::relay(
+                client, channels, announcer,
+            )))
         })
     }
 }

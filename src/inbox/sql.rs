@@ -13,6 +13,7 @@ use super::entry::{EntryOrder, InboxEntry, Lease};
 use super::store::{
     DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState, complete_each,
 };
+use super::wake::{Announcer, Wakeups};
 use crate::order::Position;
 use crate::store::sql::query::Param;
 use crate::store::sql::statements::Sql;
@@ -91,6 +92,7 @@ const ENTRY_COLUMNS: &str =
 pub struct SqlInbox<DB: Dialect> {
     pool: Pool<DB>,
     sql: Arc<Statements>,
+    announcer: Announcer,
 }
 
 /// The inbox in PostgreSQL: [`SqlInbox`] over a `PgPool`.
@@ -129,6 +131,7 @@ impl<DB: Dialect> Clone for SqlInbox<DB> {
         SqlInbox {
             pool: self.pool.clone(),
             sql: self.sql.clone(),
+            announcer: self.announcer.clone(),
         }
     }
 }
@@ -147,6 +150,7 @@ impl<DB: Dialect> SqlInbox<DB> {
         SqlInbox {
             pool,
             sql: Arc::new(Statements::new::<DB>(DEFAULT_INBOX_TABLE)),
+            announcer: Announcer::new(),
         }
     }
 
@@ -328,6 +332,14 @@ impl<DB: Dialect> SqlInbox<DB> {
         self.complete_on(tx, key, token, retention).await
     }
 
+    /// Tells this process's workers that an entry is due at `at`, where the database does
+    /// not tell every process itself.
+    fn tell(&self, at: SystemTime) {
+        if !self.sql.told_by_database {
+            self.announcer.announce(at);
+        }
+    }
+
     async fn begin(&self) -> Result<Transaction<'static, DB>, StoreError> {
         self.pool.begin().await.map_err(error::<DB>)
     }
@@ -411,7 +423,10 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
             };
             tx.commit().await.map_err(error::<DB>)?;
             match (stored, known) {
-                (true, _) => return Ok(Enqueued::Queued),
+                (true, _) => {
+                    self.tell(entry.next_attempt_at);
+                    return Ok(Enqueued::Queued);
+                }
                 (false, Some(state)) => return Ok(Enqueued::Duplicate(state)),
                 // The row it conflicted with is gone: claim again.
                 (false, None) => {}
@@ -542,7 +557,13 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
             Param::Int(epoch_ms(SystemTime::now())),
         ];
         let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-        Ok(execute::<DB>(&mut conn, &self.sql.requeue, &params).await? == 1)
+        let requeued = !fetch::<DB>(&mut conn, &self.sql.requeue, &params)
+            .await?
+            .is_empty();
+        if requeued {
+            self.tell(SystemTime::now());
+        }
+        Ok(requeued)
     }
 
     async fn counts(&self) -> Result<InboxCounts, StoreError> {
@@ -563,6 +584,26 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
             in_flight: count(1)?,
             dead: count(2)?,
             oldest_age: oldest.map(|at| now.duration_since(at).unwrap_or_default()),
+        })
+    }
+
+    /// On PostgreSQL, every process's enqueues and re-queues (`NOTIFY` on `<table>_wake`,
+    /// relayed by one `LISTEN` connection of the pool while a worker waits); on SQLite, this
+    /// process's.
+    fn wakeups(&self) -> Wakeups {
+        if !self.sql.told_by_database {
+            return self.announcer.subscribe();
+        }
+        let (pool, channel) = (self.pool.clone(), self.sql.channel.clone());
+        self.announcer.subscribe_relayed(move |announcer| {
+            let heard = move |at: Option<&str>| {
+                // A message's text is its entry's due time; none: messages may have been lost.
+                let at = at
+                    .and_then(|ms| ms.parse().ok())
+                    .map_or(UNIX_EPOCH, from_epoch_ms);
+                announcer.announce(at);
+            };
+            DB::listen(&pool, &channel, Box::new(heard))
         })
     }
 }
@@ -594,7 +635,7 @@ struct Statements {
     bury: Sql,
     /// $1 limit. The dead entries, then `last_error`.
     dead_letters: Sql,
-    /// $1 key, $2 now.
+    /// $1 key, $2 now. A row when it re-queued.
     requeue: Sql,
     /// $1 now. Pending, in flight, dead, the oldest enqueue time.
     counts: Sql,
@@ -602,50 +643,29 @@ struct Statements {
     purge: Sql,
     /// $1 the most rows to delete, $2 now.
     purge_watermarks: Sql,
+    /// The channel the enqueue and the re-queue tell other processes on (PostgreSQL).
+    channel: String,
+    /// Whether the database tells (PostgreSQL `NOTIFY`); else the process tells its own.
+    told_by_database: bool,
 }
 
 impl Statements {
     fn new<DB: Dialect>(table: &str) -> Self {
         let schema = schema(table, DB::BYTES);
         let held = "key = $1 AND state = 'running' AND lease_token = $2";
+        let channel = format!("{table}_wake");
+        // What arrives is told to the other processes by the database where it can.
+        let told = |statement: String| DB::notify(&statement, &channel).unwrap_or(statement);
         Statements {
             table: table.to_owned(),
             migrate: DB::migrate(table, &schema).into(),
             schema,
-            enqueue: format!(
-                "INSERT INTO {table} AS cur (key, state, body, headers, object, position,
-    correlation_id, attempts, next_at, enqueued_at)
-VALUES ($1, 'queued', $2, $3, NULLIF($4, ''), $5, $6, $7, $8, $9)
-ON CONFLICT (key) DO UPDATE
-    SET state = 'queued', body = EXCLUDED.body, headers = EXCLUDED.headers,
-        object = EXCLUDED.object, position = EXCLUDED.position,
-        correlation_id = EXCLUDED.correlation_id, attempts = EXCLUDED.attempts,
-        next_at = EXCLUDED.next_at, enqueued_at = EXCLUDED.enqueued_at, lease_token = NULL,
-        lease_until = NULL, last_error = NULL, expires_at = NULL
-    WHERE cur.state = 'done' AND cur.expires_at <= $10
-RETURNING key"
-            )
-            .into(),
+            enqueue: told(enqueue(table)).into(),
             read_state: format!("SELECT state FROM {table} WHERE key = $1").into(),
             take: take(table, DB::PURGE_LOCKS).into(),
             renew: format!("UPDATE {table} SET lease_until = $3 WHERE {held}").into(),
-            complete: format!(
-                "UPDATE {table}
-SET state = 'done', body = NULL, headers = NULL, lease_until = NULL, last_error = NULL,
-    expires_at = CASE WHEN state = 'done' THEN expires_at ELSE $3 END
-WHERE key = $1 AND state IN ('running', 'done') AND lease_token = $2
-RETURNING object, position"
-            )
-            .into(),
-            raise_watermark: format!(
-                "INSERT INTO {table}_objects AS cur (object, watermark, expires_at)
-VALUES ($1, $2, $3)
-ON CONFLICT (object) DO UPDATE
-    SET watermark = CASE WHEN cur.expires_at > $4 AND cur.watermark >= EXCLUDED.watermark
-            THEN cur.watermark ELSE EXCLUDED.watermark END,
-        expires_at = EXCLUDED.expires_at"
-            )
-            .into(),
+            complete: complete(table).into(),
+            raise_watermark: raise_watermark(table).into(),
             retry: format!(
                 "UPDATE {table}
 SET state = 'queued', next_at = $3, lease_token = NULL, lease_until = NULL, last_error = $4
@@ -663,41 +683,96 @@ WHERE {held}"
 WHERE state = 'dead' ORDER BY enqueued_at, key LIMIT $1"
             )
             .into(),
-            requeue: format!(
+            requeue: told(format!(
                 "UPDATE {table} SET state = 'queued', attempts = 0, next_at = $2, last_error = NULL
-WHERE key = $1 AND state = 'dead'"
-            )
+WHERE key = $1 AND state = 'dead'
+RETURNING key, next_at AS at"
+            ))
             .into(),
-            counts: format!(
-                "SELECT
+            counts: counts(table).into(),
+            purge: purge(table, DB::PURGE_LOCKS).into(),
+            purge_watermarks: purge_watermarks(table, DB::PURGE_LOCKS).into(),
+            told_by_database: DB::NOTIFIES,
+            channel,
+        }
+    }
+}
+
+/// The enqueue: the claim of the key (a done key past its retention is taken over) with its
+/// entry, one row (the key and its due time) when it stored the entry.
+fn enqueue(table: &str) -> String {
+    format!(
+        "INSERT INTO {table} AS cur (key, state, body, headers, object, position,
+    correlation_id, attempts, next_at, enqueued_at)
+VALUES ($1, 'queued', $2, $3, NULLIF($4, ''), $5, $6, $7, $8, $9)
+ON CONFLICT (key) DO UPDATE
+    SET state = 'queued', body = EXCLUDED.body, headers = EXCLUDED.headers,
+        object = EXCLUDED.object, position = EXCLUDED.position,
+        correlation_id = EXCLUDED.correlation_id, attempts = EXCLUDED.attempts,
+        next_at = EXCLUDED.next_at, enqueued_at = EXCLUDED.enqueued_at, lease_token = NULL,
+        lease_until = NULL, last_error = NULL, expires_at = NULL
+    WHERE cur.state = 'done' AND cur.expires_at <= $10
+RETURNING key, next_at AS at"
+    )
+}
+
+/// The completion: the key done (a done key keeps its first retention), its object and
+/// position returned for the watermark.
+fn complete(table: &str) -> String {
+    format!(
+        "UPDATE {table}
+SET state = 'done', body = NULL, headers = NULL, lease_until = NULL, last_error = NULL,
+    expires_at = CASE WHEN state = 'done' THEN expires_at ELSE $3 END
+WHERE key = $1 AND state IN ('running', 'done') AND lease_token = $2
+RETURNING object, position"
+    )
+}
+
+/// The watermark raised to a position (an expired one counts as none), for the retention.
+fn raise_watermark(table: &str) -> String {
+    format!(
+        "INSERT INTO {table}_objects AS cur (object, watermark, expires_at)
+VALUES ($1, $2, $3)
+ON CONFLICT (object) DO UPDATE
+    SET watermark = CASE WHEN cur.expires_at > $4 AND cur.watermark >= EXCLUDED.watermark
+            THEN cur.watermark ELSE EXCLUDED.watermark END,
+        expires_at = EXCLUDED.expires_at"
+    )
+}
+
+/// Pending (a lease that ran out counts), in flight, dead, the oldest enqueue time.
+fn counts(table: &str) -> String {
+    format!(
+        "SELECT
     COALESCE(SUM(CASE WHEN state = 'queued' OR (state = 'running' AND lease_until <= $1)
         THEN 1 ELSE 0 END), 0),
     COALESCE(SUM(CASE WHEN state = 'running' AND lease_until > $1 THEN 1 ELSE 0 END), 0),
     COALESCE(SUM(CASE WHEN state = 'dead' THEN 1 ELSE 0 END), 0),
     MIN(CASE WHEN state <> 'dead' THEN enqueued_at END)
 FROM {table} WHERE state <> 'done'"
-            )
-            .into(),
-            purge: format!(
-                "DELETE FROM {table}
+    )
+}
+
+/// Done keys past their retention, a batch at a time.
+fn purge(table: &str, locks: &str) -> String {
+    format!(
+        "DELETE FROM {table}
 WHERE key IN (
     SELECT key FROM {table} WHERE state = 'done' AND expires_at <= $2
     ORDER BY expires_at LIMIT $1{locks}
-) AND state = 'done' AND expires_at <= $2",
-                locks = DB::PURGE_LOCKS,
-            )
-            .into(),
-            purge_watermarks: format!(
-                "DELETE FROM {table}_objects
+) AND state = 'done' AND expires_at <= $2"
+    )
+}
+
+/// Watermarks past their retention, a batch at a time.
+fn purge_watermarks(table: &str, locks: &str) -> String {
+    format!(
+        "DELETE FROM {table}_objects
 WHERE object IN (
     SELECT object FROM {table}_objects WHERE expires_at <= $2
     ORDER BY expires_at LIMIT $1{locks}
-) AND expires_at <= $2",
-                locks = DB::PURGE_LOCKS,
-            )
-            .into(),
-        }
-    }
+) AND expires_at <= $2"
+    )
 }
 
 /// The take: the due entries (queued and due, or running with a lease that ran out), locked

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use futures_util::future::join_all;
 
 use super::entry::{InboxEntry, Lease};
+use super::wake::Wakeups;
 use crate::store::{StoreError, StoreKey, Token};
 
 /// What became of an enqueue.
@@ -147,6 +148,18 @@ pub trait InboxStore: Send + Sync + 'static {
 
     /// Pending, in flight, dead, and the oldest entry's age.
     fn counts(&self) -> impl Future<Output = Result<InboxCounts, StoreError>> + Send;
+
+    /// A subscription to this inbox's announcements of what arrives (enqueues and re-queues,
+    /// each with the time its entry is due), which a [`Worker`](super::Worker) takes before its
+    /// first take: idle, it waits for the next announcement rather than asking the store again.
+    /// Called inside a Tokio runtime. The default announces nothing: the worker then polls.
+    ///
+    /// The built-in inboxes announce through an [`Announcer`](super::Announcer): to the
+    /// workers of every process on Redis (`PUBLISH`) and PostgreSQL (`NOTIFY`), to those of
+    /// the enqueuing process in memory and on SQLite.
+    fn wakeups(&self) -> Wakeups {
+        Wakeups::none()
+    }
 }
 
 /// [`InboxStore::complete_many`]'s default: each lease completed on its own, all at once.

@@ -15,6 +15,7 @@ use tracing::Instrument;
 
 use super::completions::Completions;
 use super::entry::{InboxRequest, Lease};
+use super::idle::{Idle, Tell};
 use super::metrics;
 use super::retry::{Backoff, Decision, RetryPolicy};
 use super::store::{Failure, InboxStore};
@@ -34,6 +35,11 @@ const MEASURE_EVERY: Duration = Duration::from_secs(1);
 /// that finished while the previous batch was in flight, as one
 /// [`complete_many`](InboxStore::complete_many) (one script per partition on Redis, one
 /// transaction on SQLite). An idle worker's completion waits for nothing.
+///
+/// An idle worker does not poll: it waits for the store's [`wakeups`](InboxStore::wakeups)
+/// (an enqueue in any process on Redis and PostgreSQL, in this one in memory and on SQLite),
+/// for what its own settlements tell it (a retry's time, its object's next entry after an
+/// ordered one), and at most the [poll interval](Self::poll_interval) (5 s) for the rest.
 pub struct Worker<St, S, P = Backoff> {
     store: Arc<St>,
     service: S,
@@ -47,12 +53,14 @@ struct Settings {
     workers: usize,
     lease: Duration,
     retention: Duration,
-    poll: Duration,
+    /// `None`: as the store announces or not (see `Idle::new`).
+    poll: Option<Duration>,
 }
 
 impl<St, S> Worker<St, S> {
     /// A worker over `store` calling `service`: 1 entry at a time, a 30 s lease, keys kept
-    /// 7 days once done, the default [`Backoff`], polled every 50 ms when idle.
+    /// 7 days once done, the default [`Backoff`]; idle, it waits for the store's wake-ups
+    /// (see [`poll_interval`](Self::poll_interval)).
     pub fn new(store: St, service: S) -> Self {
         Worker {
             store: Arc::new(store),
@@ -63,7 +71,7 @@ impl<St, S> Worker<St, S> {
                 workers: 1,
                 lease: Duration::from_secs(30),
                 retention: Duration::from_secs(7 * 24 * 3600),
-                poll: Duration::from_millis(50),
+                poll: None,
             },
         }
     }
@@ -95,9 +103,15 @@ impl<St, S, P> Worker<St, S, P> {
         self
     }
 
-    /// How long an idle worker waits before looking for due entries again.
+    /// How long an idle worker waits at most before it looks for due entries again.
+    ///
+    /// On a store that announces its arrivals ([`InboxStore::wakeups`]: every built-in one),
+    /// an idle worker takes as soon as an entry is enqueued or a retry it scheduled is due, and
+    /// this is only the fallback for what nobody announces: a lease that ran out in a crashed
+    /// process, an announcement lost while a connection was down, an entry enqueued by another
+    /// process on SQLite. Default 5 s there; 50 ms on a store that announces nothing.
     pub fn poll_interval(mut self, poll: Duration) -> Self {
-        self.settings.poll = poll;
+        self.settings.poll = Some(poll);
         self
     }
 
@@ -132,11 +146,14 @@ where
         } = self;
         let (completions, completing) = Completions::new(store.clone(), settings.retention);
         let completing = tokio::spawn(completing);
+        // Subscribed before the first take: nothing enqueued after it goes unheard.
+        let (mut idle, tell) = Idle::new(store.wakeups(), settings.poll);
         let run = Run {
             store,
             completions,
             policy,
             settings,
+            tell,
         };
         metrics::register(&run.settings.namespace);
         let mut shutdown = pin!(shutdown);
@@ -148,7 +165,10 @@ where
             let free = run.settings.workers - running.len();
             let leases = match free {
                 0 => Vec::new(),
-                _ => run.take(free).await,
+                _ => {
+                    idle.before_take();
+                    run.take(free).await
+                }
             };
             if !leases.is_empty() {
                 // A take in flight when the shutdown came may return entries enqueued after it
@@ -167,8 +187,8 @@ where
                 }
                 continue;
             }
-            let idle = pin!(wait_for_room(&mut running, free, run.settings.poll));
-            if let Either::Right(_) = select(idle, shutdown.as_mut()).await {
+            let waiting = pin!(wait_for_room(&mut running, free, &mut idle));
+            if let Either::Right(_) = select(waiting, shutdown.as_mut()).await {
                 break;
             }
         }
@@ -227,17 +247,18 @@ impl<St, P> Clone for Run<St, P> {
             completions: self.completions.clone(),
             policy: self.policy.clone(),
             settings: self.settings.clone(),
+            tell: self.tell.clone(),
         }
     }
 }
 
 /// Waits for a running entry to end when none is free (at most a second, so that the gauges
-/// keep moving while every handler hangs), else for the poll interval.
-async fn wait_for_room(running: &mut JoinSet<()>, free: usize, poll: Duration) {
+/// keep moving while every handler hangs), else until an entry may be due.
+async fn wait_for_room(running: &mut JoinSet<()>, free: usize, idle: &mut Idle) {
     if free == 0 {
         let _ = tokio::time::timeout(MEASURE_EVERY, running.join_next()).await;
     } else {
-        tokio::time::sleep(poll).await;
+        idle.wait().await;
     }
 }
 
@@ -248,6 +269,8 @@ struct Run<St, P> {
     completions: Completions,
     policy: Arc<P>,
     settings: Settings,
+    /// Tells the loop when an entry this run settled makes another due.
+    tell: Tell,
 }
 
 impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
@@ -257,35 +280,64 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
         S::Future: Send,
         S::Error: Into<BoxError>,
     {
-        let (key, token) = (lease.entry.key.clone(), lease.token);
-        if lease.stale {
+        let ordered = lease.entry.order.is_some();
+        let retry = if lease.stale {
             tracing::debug!("inbox: stale entry settled without the handler");
-            let done = self.completions.complete(key, token).await;
-            return report("complete", done);
+            let (key, token) = (lease.entry.key, lease.token);
+            report("complete", self.completions.complete(key, token).await);
+            None
+        } else {
+            self.attempt(service, lease).await
+        };
+        // Settled, an ordered entry lets its object's next one go; a retry is due at its time.
+        // The loop hears it even when the store announces nothing of the kind.
+        if ordered {
+            let _ = self.tell.send(SystemTime::now());
         }
+        if let Some(at) = retry {
+            let _ = self.tell.send(at);
+        }
+    }
+
+    /// Runs the handler and settles its outcome; the retry's time when one was scheduled.
+    async fn attempt<S>(&self, service: S, lease: Lease) -> Option<SystemTime>
+    where
+        S: Service<InboxRequest> + Send,
+        S::Future: Send,
+        S::Error: Into<BoxError>,
+    {
+        let (key, token) = (lease.entry.key.clone(), lease.token);
         let attempts = lease.entry.attempts;
         metrics::attempt(&self.settings.namespace);
         let outcome = self
             .call(service, InboxRequest::new(lease.entry, token))
             .await;
-        let settled = match outcome {
-            Ok(()) => self.completions.complete(key, token).await,
-            Err(error) => {
-                tracing::warn!(%error, attempts, "inbox: attempt failed");
-                let failure = match self.policy.decide(attempts) {
-                    Decision::RetryAfter(delay) => {
-                        metrics::retry(&self.settings.namespace);
-                        Failure::RetryAt(SystemTime::now() + delay, error)
-                    }
-                    Decision::DeadLetter => {
-                        metrics::dead_letter(&self.settings.namespace);
-                        Failure::Dead(error)
-                    }
-                };
-                self.store.fail(&key, &token, failure).await
+        let error = match outcome {
+            Ok(()) => {
+                report("complete", self.completions.complete(key, token).await);
+                return None;
+            }
+            Err(error) => error,
+        };
+        tracing::warn!(%error, attempts, "inbox: attempt failed");
+        let failure = match self.policy.decide(attempts) {
+            Decision::RetryAfter(delay) => {
+                metrics::retry(&self.settings.namespace);
+                Failure::RetryAt(SystemTime::now() + delay, error)
+            }
+            Decision::DeadLetter => {
+                metrics::dead_letter(&self.settings.namespace);
+                Failure::Dead(error)
             }
         };
+        let retry = match &failure {
+            Failure::RetryAt(at, _) => Some(*at),
+            Failure::Dead(_) => None,
+        };
+        let settled = self.store.fail(&key, &token, failure).await;
+        let kept = matches!(settled, Ok(true));
         report("settle", settled);
+        retry.filter(|_| kept)
     }
 
     /// Calls the service with the lease renewed meanwhile; a panic is a failure.

@@ -719,10 +719,10 @@ pub async fn a_newer_entry_in_flight_holds_back_an_older_one<St: InboxStore + Cl
         "the older entry waits while the newer one is in flight"
     );
     let again = take_within(&store, "the entry in flight is taken over after its lease").await;
-    let keys: Vec<_> = again.iter().map(|lease| lease.entry.key.clone()).collect();
+    let keys: Vec<_> = again.iter().map(|lease| &lease.entry.key).collect();
     assert_eq!(
         keys,
-        [newer.key.clone()],
+        [&newer.key],
         "the newer one is taken over, not the older one"
     );
     assert!(
@@ -913,6 +913,85 @@ pub async fn random_arrivals_end_at_the_highest_position<St: InboxStore + Clone>
     }
 }
 
+/// An idle worker takes an entry as soon as it is enqueued, and its retry as soon as it is
+/// due, without polling: its fallback poll is a minute, far past the deadline.
+pub async fn an_idle_worker_is_woken_not_polled<St: InboxStore + Clone>(store: St) {
+    assert!(
+        store.wakeups().is_announced(),
+        "the store announces its enqueues"
+    );
+    let starts = Arc::new(Mutex::new(Vec::<Instant>::new()));
+    let seen = starts.clone();
+    let handler = tower::service_fn(move |_request: InboxRequest| {
+        let seen = seen.clone();
+        async move {
+            let mut seen = seen.lock().unwrap();
+            seen.push(Instant::now());
+            match seen.len() {
+                1 => Err("the first attempt fails"),
+                _ => Ok(()),
+            }
+        }
+    });
+    let worker = Worker::new(store.clone(), handler)
+        .poll_interval(Duration::from_secs(60))
+        .retry(Backoff::new(Duration::from_millis(200)));
+    let (stop, run) = spawn(worker);
+    // Idle: its first take found nothing, it waits.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let first = entry("woken");
+    let enqueued = Instant::now();
+    store.enqueue(first.clone()).await.unwrap();
+    let started = |n: usize| {
+        let starts = starts.clone();
+        async move { starts.lock().unwrap().len() >= n }
+    };
+    eventually("the enqueue wakes the worker", || started(1)).await;
+    eventually("the retry wakes the worker at its time", || started(2)).await;
+    let starts = starts.lock().unwrap().clone();
+    let (woken, retried) = (starts[0] - enqueued, starts[1] - starts[0]);
+    assert!(
+        woken < Duration::from_secs(2),
+        "started {woken:?} after the enqueue"
+    );
+    assert!(
+        retried >= Duration::from_millis(100) && retried < Duration::from_secs(3),
+        "retried {retried:?} after the failure (backoff 100-200 ms)"
+    );
+    stop.send(()).unwrap();
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("run returns")
+        .unwrap();
+}
+
+/// A worker idle on `worker_side` takes an entry enqueued through `other` (another client or
+/// pool: what another process sees) within a second, though its fallback poll is a minute.
+pub async fn an_enqueue_elsewhere_wakes_an_idle_worker<St: InboxStore + Clone>(
+    worker_side: St,
+    other: St,
+) {
+    let gated = Gated::default();
+    gated.gate.add_permits(10);
+    let worker = Worker::new(worker_side, gated.handler()).poll_interval(Duration::from_secs(60));
+    let (stop, run) = spawn(worker);
+    // Idle, and its subscription in place.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let enqueued = Instant::now();
+    other.enqueue(entry("elsewhere")).await.unwrap();
+    gated.started().await;
+    let woken = enqueued.elapsed();
+    assert!(
+        woken < Duration::from_secs(1),
+        "started {woken:?} after the enqueue"
+    );
+    stop.send(()).unwrap();
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("run returns")
+        .unwrap();
+}
+
 #[macro_export]
 macro_rules! inbox_contract {
     ($make:expr) => {
@@ -933,6 +1012,7 @@ macro_rules! inbox_contract {
             a_busy_worker_completes_every_entry_once,
             a_newer_entry_in_flight_holds_back_an_older_one,
             random_arrivals_end_at_the_highest_position,
+            an_idle_worker_is_woken_not_polled,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

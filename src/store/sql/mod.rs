@@ -171,6 +171,9 @@ pub(crate) mod dialect {
     use super::query::Backend;
     use crate::store::StoreErrorKind;
 
+    /// What a listener calls with each message's text (`None`: messages may have been lost).
+    pub type Heard = Box<dyn Fn(Option<&str>) + Send + Sync>;
+
     /// What differs between the databases of the SQL stores. The statements themselves are
     /// written once (`Statements`); the parameters are `$1`, `$2`, ... in both.
     pub trait Sealed: Backend {
@@ -186,6 +189,9 @@ pub(crate) mod dialect {
         /// Whether the database runs one writing transaction at a time (SQLite): then several
         /// writes gain from sharing one transaction, where a server runs them side by side.
         const ONE_WRITER: bool;
+        /// Whether the database carries messages between processes ([`notify`](Self::notify),
+        /// [`listen`](Self::listen)).
+        const NOTIFIES: bool;
 
         /// The current time, in a statement whose bound clock (if the dialect has one, see
         /// [`clock`](Self::clock)) is parameter `$clock`.
@@ -215,6 +221,19 @@ pub(crate) mod dialect {
         fn rows_affected(done: &Self::QueryResult) -> u64;
         /// The kind of a database error, by its code.
         fn classify(code: &str) -> StoreErrorKind;
+        /// `statement` (whose `RETURNING` has the column `at`, a time in milliseconds) made to
+        /// tell every process listening on `channel` of each row it returns, when it commits;
+        /// `None` where the database carries no such message (SQLite: the process tells its
+        /// own workers).
+        fn notify(statement: &str, channel: &str) -> Option<String>;
+        /// A task that calls `heard` with each message's text on `channel` (`None` after a
+        /// lost connection came back: messages may have been missed), on a connection of its
+        /// own from `pool`; `None` where the database carries no such message.
+        fn listen(
+            pool: &sqlx::Pool<Self>,
+            channel: &str,
+            heard: Heard,
+        ) -> Option<tokio::task::JoinHandle<()>>;
     }
 }
 

@@ -87,6 +87,25 @@ impl PostgresStore {
 
 impl Dialect for Postgres {}
 
+/// Relays `channel`'s notifications to `heard` until the listener fails.
+async fn listen_until_error(
+    pool: &sqlx::PgPool,
+    channel: &str,
+    heard: &(dyn Fn(Option<&str>) + Send + Sync),
+) -> Result<std::convert::Infallible, sqlx::Error> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+    listener.listen(channel).await?;
+    // Listening now: what was sent before may have been missed.
+    heard(None);
+    loop {
+        match listener.try_recv().await? {
+            Some(notification) => heard(Some(notification.payload())),
+            // The connection was lost and is back.
+            None => heard(None),
+        }
+    }
+}
+
 impl dialect::Sealed for Postgres {
     const BACKEND: &'static str = "postgres";
     const QUALIFIED_TABLES: bool = true;
@@ -95,6 +114,7 @@ impl dialect::Sealed for Postgres {
     const PURGE_LOCKS: &'static str = " FOR UPDATE SKIP LOCKED";
     const BYTES: &'static str = "bytea";
     const ONE_WRITER: bool = false;
+    const NOTIFIES: bool = true;
 
     fn now(_clock: usize) -> String {
         "now()".to_owned()
@@ -188,6 +208,33 @@ ORDER BY batch.ord",
             "57014" => StoreErrorKind::Timeout,
             _ => StoreErrorKind::Other,
         }
+    }
+
+    /// `pg_notify` over the rows the statement returned, sent by PostgreSQL at commit: one
+    /// statement still, no round trip of its own. `channel` is a validated table name and a
+    /// suffix: letters, digits, `_` and `.`, safe inside a literal.
+    fn notify(statement: &str, channel: &str) -> Option<String> {
+        Some(format!(
+            "WITH written AS ({statement})
+SELECT written.key FROM written, LATERAL (SELECT pg_notify('{channel}', written.at::text)) AS told"
+        ))
+    }
+
+    /// A `PgListener`, which reconnects by itself; an error (the pool closed, say) is retried
+    /// every second.
+    fn listen(
+        pool: &sqlx::Pool<Self>,
+        channel: &str,
+        heard: dialect::Heard,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let (pool, channel) = (pool.clone(), channel.to_owned());
+        Some(tokio::spawn(async move {
+            loop {
+                let Err(error) = listen_until_error(&pool, &channel, &*heard).await;
+                tracing::warn!(%error, channel, "inbox: listening for enqueues failed; polling");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }))
     }
 }
 

@@ -133,6 +133,7 @@ impl dialect::Sealed for Sqlite {
     const PURGE_LOCKS: &'static str = "";
     const BYTES: &'static str = "BLOB";
     const ONE_WRITER: bool = true;
+    const NOTIFIES: bool = false;
 
     fn now(clock: usize) -> String {
         format!("${clock}")
@@ -197,6 +198,18 @@ impl dialect::Sealed for Sqlite {
             11 | 26 => StoreErrorKind::Corrupt,
             _ => StoreErrorKind::Other,
         }
+    }
+
+    fn notify(_statement: &str, _channel: &str) -> Option<String> {
+        None
+    }
+
+    fn listen(
+        _pool: &sqlx::Pool<Self>,
+        _channel: &str,
+        _heard: dialect::Heard,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        None
     }
 }
 
