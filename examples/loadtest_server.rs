@@ -26,7 +26,10 @@
 //! - `GET /keys` (memory variant): the number of keys the memory store holds;
 //! - `/inbox` (redis variant): **inbox mode** on a `RedisInbox` named `loadtest` (same pool as
 //!   the store), keyed like `/webhook`: 202 once the entry is stored, the handler left to the
-//!   workers; `GET /inbox` gives `{"pending":N,"in_flight":N,"dead":N}`.
+//!   workers; `GET /inbox` gives `{"pending":N,"in_flight":N,"dead":N}`, and
+//!   `GET /inbox/started/{correlation_id}` when the workers' handler started the entry of that
+//!   `X-Request-Id` (microseconds since the epoch; 404 before), for the wake-up latency of
+//!   `scripts/inbox_bench`.
 //!
 //! [`Worker`]: tower_idempotency::inbox::Worker
 
@@ -175,8 +178,9 @@ async fn redis() -> Result<Router, Box<dyn std::error::Error>> {
         Ok(n) => n.parse()?,
         Err(_) => 0,
     };
+    let started = Started::default();
     if workers > 0 {
-        tokio::spawn(work(inbox.clone(), workers));
+        tokio::spawn(work(inbox.clone(), workers, started.clone()));
     }
     let counts = move || {
         let inbox = inbox.clone();
@@ -188,25 +192,54 @@ async fn redis() -> Result<Router, Box<dyn std::error::Error>> {
             ))
         }
     };
-    Ok(protected(store).route("/inbox", post(webhook).route_layer(layer).get(counts)))
+    let started_at = move |axum::extract::Path(id): axum::extract::Path<String>| {
+        let at = started.0.lock().unwrap().get(&id).copied();
+        async move { at.map(|at| at.to_string()).ok_or(StatusCode::NOT_FOUND) }
+    };
+    Ok(protected(store)
+        .route("/inbox", post(webhook).route_layer(layer).get(counts))
+        .route("/inbox/started/{id}", get(started_at)))
+}
+
+/// When the handler started each entry, by correlation id (microseconds since the epoch);
+/// forgotten past 100 000 entries.
+#[cfg(feature = "redis")]
+#[derive(Clone, Default)]
+struct Started(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>);
+
+#[cfg(feature = "redis")]
+impl Started {
+    fn now(&self, correlation_id: &str) {
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_micros() as u64);
+        let mut started = self.0.lock().unwrap();
+        if started.len() >= 100_000 {
+            started.clear();
+        }
+        started.insert(correlation_id.to_owned(), at);
+    }
 }
 
 /// Runs the inbox's entries through the instant handler, `workers` at a time, until the process
 /// ends. The handler is the one `/webhook` runs on the request path, so that the drain rate
 /// compares with the synchronous route's.
 #[cfg(feature = "redis")]
-async fn work(inbox: tower_idempotency::inbox::RedisInbox, workers: usize) {
+async fn work(inbox: tower_idempotency::inbox::RedisInbox, workers: usize, started: Started) {
     use tower_idempotency::inbox::{InboxRequest, Worker};
 
-    let handler = tower::service_fn(|request: InboxRequest| async move {
-        let response = webhook(request.body().clone()).await.into_response();
-        std::hint::black_box(response);
-        Ok::<(), std::convert::Infallible>(())
+    let handler = tower::service_fn(move |request: InboxRequest| {
+        started.now(request.correlation_id());
+        async move {
+            let response = webhook(request.body().clone()).await.into_response();
+            std::hint::black_box(response);
+            Ok::<(), std::convert::Infallible>(())
+        }
     });
+    // Idle, the workers wait for the inbox's wake-ups (its defaults), not a poll.
     Worker::new(inbox, handler)
         .namespace("loadtest-inbox")
         .workers(workers)
-        .poll_interval(std::time::Duration::from_millis(5))
         .run(std::future::pending())
         .await;
 }

@@ -18,7 +18,13 @@ Three figures, each against its bound:
    entries/s against the synchronous route's first-delivery req/s of the same round (same
    handler, same Redis, the same minute of the host's noise); the median of the rounds.
    Bound: >= 0.8x.
-3. Memory per pending entry, the first round's: `MEMORY USAGE` (exact, `SAMPLES 0`) of the
+3. Idle workers (issue #50): the commands a server with `INBOX_WORKERS` workers and nothing to
+   do sends Redis, by `MONITOR` over --idle seconds (the scripts' own commands left out): per
+   second, per worker process. Bound: <= 1.
+4. Wake-up latency (issue #50): one idle worker; --wakes deliveries one after the other, each
+   after the worker went idle again: the time from the 202 (read by this script) to the
+   handler's start (`GET /inbox/started/{id}`, the same host's clock). Bound: median <= 5 ms.
+5. Memory per pending entry, the first round's: `MEMORY USAGE` (exact, `SAMPLES 0`) of the
    entries' hashes and bodies (a sample of them) plus each entry's share of the inbox's sorted sets (`due`, `live`), with
    `used_memory` before and after as a cross-check. Bound: <= 2x the body + 200 bytes.
 
@@ -32,9 +38,11 @@ routes of the same run (the per-round ratios show the spread), and run it again 
 trusting a figure. Exits 1 when a figure misses its bound.
 """
 import argparse
+import collections
 import http.client
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -132,6 +140,70 @@ def drain(binary, cpu, redis, workers, pending, timeout):
             "server_cpu_pct": server_cpu / seconds * 100, "redis_cpu_pct": redis_cpu / seconds * 100}
 
 
+def idle_commands(binary, cpu, redis, workers, seconds):
+    """Commands per second an idle server with `workers` workers sends Redis (MONITOR's lines,
+    less what scripts run inside Redis), and how many of each."""
+    srv = server(binary, cpu, redis, workers)
+    try:
+        # Started: subscribed, its first take done.
+        time.sleep(2)
+        out = subprocess.run(["timeout", str(seconds), "redis-cli", "-p", str(redis.port), "monitor"],
+                             capture_output=True, text=True).stdout
+    finally:
+        srv.stop()
+    sent = collections.Counter()
+    for line in out.splitlines():
+        parts = line.split('"')
+        if len(parts) < 2 or " lua]" in parts[0]:
+            continue
+        sent[parts[1].lower()] += 1
+    return {"per_second": sum(sent.values()) / seconds, "seconds": seconds, "commands": dict(sent)}
+
+
+def post_inbox(conn, rid, body):
+    conn.request("POST", "/inbox", body, {"Idempotency-Key": rid, "X-Request-Id": rid,
+                                          "Content-Type": "application/json"})
+    response = conn.getresponse()
+    response.read()
+    acked = time.time()
+    if response.status != 202:
+        raise RuntimeError(f"POST /inbox: {response.status}")
+    return acked
+
+
+def started_at(conn, rid, deadline):
+    while True:
+        conn.request("GET", f"/inbox/started/{rid}")
+        response = conn.getresponse()
+        body = response.read()
+        if response.status == 200:
+            return int(body) / 1e6
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{rid} never started")
+        time.sleep(0.005)
+
+
+def wake_latency(binary, cpu, redis, n, run):
+    """Milliseconds from each 202 to its handler's start, one idle worker, deliveries one at a
+    time (each waits until the last one started and 50 ms more: the worker is idle again)."""
+    srv = server(binary, cpu, redis, 1)
+    try:
+        time.sleep(2)
+        conn = http.client.HTTPConnection(srv.host, int(srv.port), timeout=10)
+        latencies = []
+        for i in range(n):
+            rid = f"wake-{run}-{i}"
+            acked = post_inbox(conn, rid, json.dumps({"id": rid}).encode())
+            latencies.append((started_at(conn, rid, time.monotonic() + 10) - acked) * 1000)
+            time.sleep(0.05)
+        conn.close()
+    finally:
+        srv.stop()
+    latencies.sort()
+    return {"median_ms": median(latencies), "p90_ms": latencies[int(len(latencies) * 0.9)],
+            "max_ms": latencies[-1], "min_ms": latencies[0], "n": n}
+
+
 def median(values):
     values = sorted(values)
     n = len(values)
@@ -152,6 +224,8 @@ def main():
     p.add_argument("--connections", type=int, default=32, help="wrk connections (default 32)")
     p.add_argument("--workers", type=int, default=0,
                    help="entries the drain's Worker runs at once (default: --connections)")
+    p.add_argument("--idle", type=int, default=10, help="seconds of MONITOR on idle workers (default 10)")
+    p.add_argument("--wakes", type=int, default=100, help="deliveries timed from the 202 to the handler (default 100)")
     p.add_argument("--sample", type=int, default=2000, help="entry hashes sized with MEMORY USAGE (default 2000)")
     p.add_argument("--pinning", choices=("none", "split"), default="none",
                    help="none (default): no process pinned, as compare/run runs; split: the server on "
@@ -223,6 +297,10 @@ def main():
                           "rounds": [{"sync_rps": a["rps"], "inbox_rps": b["rps"]} for a, b in zip(syncs, inboxes)]}
         results["drain"] = {"ratio": median([d["ratio"] for d in drains]),
                             "rate": median([d["rate"] for d in drains]), "rounds": drains}
+        log(f"== idle: {args.idle} s of MONITOR on a server with {workers} workers and nothing to do")
+        results["idle"] = idle_commands(args.server, server_cpu, redis, workers, args.idle)
+        log(f"== wake-up: {args.wakes} deliveries to one idle worker")
+        results["wake"] = wake_latency(args.server, server_cpu, redis, args.wakes, run)
     finally:
         redis.stop()
 
@@ -252,10 +330,18 @@ def main():
           f"({mem['encoding']}, {mem['sampled']} sampled) + sorted sets {mem['sets_bytes_per_entry']:.0f} B; "
           f"used_memory delta {mem['used_memory_delta_per_entry']:.0f} B/entry; bound 2 x {len(body)} + 200 = "
           f"{mem['bound']} B: {verdict(mem['per_entry'] <= mem['bound'])}")
+    idle, wake = results["idle"], results["wake"]
+    print(f"idle workers: {idle['per_second']:.2f} commands/s per worker process over {idle['seconds']} s "
+          f"({', '.join(f'{n} {c}' for c, n in sorted(idle['commands'].items())) or 'none'}; "
+          f"bound <= 1: {verdict(idle['per_second'] <= 1)})")
+    print(f"wake-up, 202 to the handler's start, one idle worker, {wake['n']} deliveries: median "
+          f"{wake['median_ms']:.2f} ms, p90 {wake['p90_ms']:.2f} ms, max {wake['max_ms']:.2f} ms "
+          f"(bound median <= 5 ms: {verdict(wake['median_ms'] <= 5)})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
-    ok = ack["ratio"] >= 1.2 and dr["ratio"] >= 0.8 and mem["per_entry"] <= mem["bound"]
+    ok = (ack["ratio"] >= 1.2 and dr["ratio"] >= 0.8 and mem["per_entry"] <= mem["bound"]
+          and idle["per_second"] <= 1 and wake["median_ms"] <= 5)
     return 0 if ok else 1
 
 
