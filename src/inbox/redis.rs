@@ -296,6 +296,11 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 ///   entry of the object is taken meanwhile); `{inbox:N}:w:<object>`: its watermark, the
 ///   highest position completed (with the retention's `PX`).
 ///
+/// Channels: `{inbox:N}:wake`, on which `enqueue` and `requeue` publish their entry's due time
+/// (a `PUBLISH` in the script); [`wakeups`](InboxStore::wakeups) subscribes to it with one
+/// subscriber connection per process (made from the client's configuration, resubscribed after
+/// a reconnection), held while a worker waits.
+///
 /// Times are the clients' clocks in microseconds since the epoch (as [`MemoryInbox`] uses its
 /// own clock): keep the hosts' clocks in sync (NTP), since a skew between two workers shifts
 /// when one sees the other's lease run out.

@@ -76,6 +76,15 @@ const ENTRY_COLUMNS: &str =
 ///
 /// The entries of one `take` share their lease token (each is still settled by its own key).
 ///
+/// # Wake-ups
+///
+/// On PostgreSQL the enqueue and the re-queue `pg_notify` the entry's due time on the channel
+/// `<table>_wake` when they commit (in the same statement), and
+/// [`wakeups`](InboxStore::wakeups) listens with one connection of the pool per process
+/// (`PgListener`, reconnecting by itself) while a worker waits: size the pool for it. On SQLite
+/// the enqueues and re-queues of this process wake its workers; another process's are seen at
+/// the workers' poll (5 s by default).
+///
 /// ```no_run
 /// # #[cfg(feature = "sqlite")]
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {

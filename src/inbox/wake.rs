@@ -47,6 +47,11 @@ pub struct Announcer {
     sender: broadcast::Sender<SystemTime>,
     /// The task that relays another process's announcements (Redis, PostgreSQL), while a
     /// subscription holds it.
+    // Used by the stores that relay other processes' announcements (Redis, PostgreSQL).
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
+        allow(dead_code)
+    )]
     relay: Arc<Mutex<Weak<Relay>>>,
 }
 
@@ -90,6 +95,10 @@ impl Announcer {
     /// A subscription that also keeps the relay of other processes' announcements running,
     /// started by `start` (a spawned task, or none) when no subscription holds one any more.
     /// Outside a Tokio runtime, where no task can be spawned, a plain subscription.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
+        allow(dead_code)
+    )]
     pub(crate) fn subscribe_relayed(
         &self,
         start: impl FnOnce(Announcer) -> Option<tokio::task::JoinHandle<()>>,
