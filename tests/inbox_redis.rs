@@ -448,3 +448,45 @@ async fn an_enqueue_through_another_client_wakes_an_idle_worker() {
     );
     inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(a, b).await;
 }
+
+/// A user that may run the scripts but not `PUBLISH` (an ACL without the command, or without
+/// the channel: Redis 7 gives new users no channels) still enqueues and re-queues: the
+/// wake-up is a courtesy (workers then wait for their poll), never a reason to answer an
+/// error for an entry that was stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_publish_still_enqueues() {
+    let server = RedisServer::start();
+    let acl = [
+        "ACL",
+        "SETUSER",
+        "nopublish",
+        "on",
+        ">secret",
+        "~*",
+        "+@all",
+        "-publish",
+    ];
+    let reply = server.raw_command(&acl).unwrap();
+    assert!(reply.starts_with("+OK"), "{reply}");
+    let url = format!("redis://nopublish:secret@127.0.0.1:{}", server.port());
+    let client =
+        fred::types::Builder::from_config(fred::types::config::Config::from_url(&url).unwrap())
+            .build()
+            .unwrap();
+    fred::interfaces::ClientLike::init(&client).await.unwrap();
+    let inbox = RedisInbox::new(client, &fresh_name());
+    let queued = inbox
+        .enqueue(entry(1))
+        .await
+        .expect("stored, so acknowledged");
+    assert_eq!(queued, Enqueued::Queued);
+    let lease = take_one(&inbox).await;
+    let failure = tower_idempotency::inbox::Failure::Dead("no".to_owned());
+    assert!(
+        inbox
+            .fail(&lease.entry.key.clone(), &lease.token, failure)
+            .await
+            .unwrap()
+    );
+    assert!(inbox.requeue(&lease.entry.key).await.expect("re-queued"));
+}

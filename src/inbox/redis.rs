@@ -72,7 +72,7 @@ redis.call('SET', prefix .. 'b:' .. key, ARGV[3])
 if o then redis.call('ZADD', prefix .. 'o:' .. o, 0, p .. key) end
 redis.call('ZADD', KEYS[1], due, key)
 redis.call('ZADD', prefix .. 'live', t, key)
-redis.call('PUBLISH', prefix .. 'wake', due)
+redis.pcall('PUBLISH', prefix .. 'wake', due)
 return 0
 "#;
 
@@ -227,7 +227,7 @@ redis.call('ZREM', KEYS[4], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
 redis.call('ZADD', KEYS[3], f[4], ARGV[2])
 if f[2] then redis.call('ZADD', ARGV[1] .. 'o:' .. f[2], 0, f[3] .. ARGV[2]) end
-redis.call('PUBLISH', ARGV[1] .. 'wake', ARGV[3])
+redis.pcall('PUBLISH', ARGV[1] .. 'wake', ARGV[3])
 return 1
 "#;
 
