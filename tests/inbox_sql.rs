@@ -539,3 +539,58 @@ async fn an_enqueue_through_another_pool_wakes_an_idle_worker_on_postgres() {
         .unwrap();
     inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(first, second).await;
 }
+
+/// Two takes that read before either committed (PostgreSQL's READ COMMITTED): the first holds
+/// a newer entry of an object, uncommitted, when an older one of it arrives; the second take
+/// still reads the newer as queued, so the older looks like the object's next. It must not
+/// take it: its write waits on the in-flight index until the first commits, then it takes
+/// again and sees the object in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_racing_an_uncommitted_take_of_the_object_leaves_its_older_entry_on_postgres() {
+    let inbox = pg_inbox().await;
+    let object = ObjectKey::new("inbox-sql", None, &unique("raced"));
+    let position = |n: i64| Position::from_integer_text(&n.to_string()).unwrap();
+    let newer = entry(2).ordered(object.clone(), position(2));
+    inbox.enqueue(newer).await.unwrap();
+    // The first take, as the inbox's own would write it, held open.
+    let mut first = inbox.pool().begin().await.unwrap();
+    let lease_until = i64::try_from(
+        (std::time::SystemTime::now() + LONG)
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    let taken = sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {} SET state = 'running', attempts = attempts + 1, lease_token = $1,
+             lease_until = $2 WHERE state = 'queued'",
+        inbox.table()
+    )))
+    .bind(vec![7_u8; 16])
+    .bind(lease_until)
+    .execute(&mut *first)
+    .await
+    .unwrap();
+    assert_eq!(taken.rows_affected(), 1);
+    let older = entry(1).ordered(object.clone(), position(1));
+    inbox.enqueue(older).await.unwrap();
+    let second = tokio::spawn({
+        let inbox = inbox.clone();
+        async move { inbox.take(8, LONG).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.commit().await.unwrap();
+    let second = tokio::time::timeout(DEADLINE, second)
+        .await
+        .expect("the second take ends once the first committed")
+        .unwrap()
+        .expect("a conflict on the in-flight index is taken again, not an error");
+    assert!(
+        second.is_empty(),
+        "the older entry was taken while its object's newer one was in flight: {:?}",
+        second
+            .iter()
+            .map(|lease| format!("{:?}", &lease.entry.key))
+            .collect::<Vec<_>>()
+    );
+}

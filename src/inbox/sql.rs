@@ -34,6 +34,10 @@ pub const DEFAULT_INBOX_TABLE: &str = "inbox_entries";
 /// state could be read (a done key purged in between).
 const ENQUEUE_ATTEMPTS: usize = 3;
 
+/// How often a take is tried when it met another take's entry of the same object (the
+/// in-flight index): each conflict waited for that take to commit, so the next try sees it.
+const TAKE_ATTEMPTS: usize = 3;
+
 /// The columns of an entry, in the order `entry` reads them (then `stale` or `last_error`).
 const ENTRY_COLUMNS: &str =
     "key, body, headers, object, position, correlation_id, attempts, next_at, enqueued_at";
@@ -70,7 +74,10 @@ const ENTRY_COLUMNS: &str =
 ///   serialized). An ordered entry is due only when it is its object's next: none of its
 ///   object is running (one that is, its lease run out or not, is the only one taken until
 ///   it settles) and no queued one stands before it by position; it comes back stale when
-///   its object's watermark is at or past its position.
+///   its object's watermark is at or past its position. A unique index on the object of the
+///   `running` rows holds that rule against concurrent takes on PostgreSQL (each reads its
+///   own snapshot): the later of two that chose entries of one object waits for the first to
+///   commit, fails on the index, and takes again.
 /// - **renew**, **complete** and **fail** are `UPDATE`s whose `WHERE` holds the lease's token;
 ///   **complete** also raises the watermark, in the same transaction.
 ///
@@ -460,7 +467,21 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
             Param::Int(now),
         ];
         let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-        let rows = fetch::<DB>(&mut conn, &self.sql.take, &params).await?;
+        let mut attempt = 1;
+        let rows = loop {
+            // Two takes that read before either committed can each find a different entry of
+            // one object its next (PostgreSQL's READ COMMITTED: the NOT EXISTS reads the
+            // statement's snapshot); the second one's write then waits on the in-flight index
+            // until the first commits and fails: it takes again, and sees the first's entry.
+            match DB::fetch_all(&mut conn, &self.sql.take, &params, None).await {
+                Err(sqlx::Error::Database(db))
+                    if db.is_unique_violation() && attempt < TAKE_ATTEMPTS =>
+                {
+                    attempt += 1;
+                }
+                done => break done.map_err(error::<DB>)?,
+            }
+        };
         rows.iter()
             .map(|row| {
                 Ok(Lease {
@@ -839,6 +860,9 @@ fn schema(table: &str, bytes: &str) -> String {
 );
 CREATE INDEX IF NOT EXISTS {index}_due_idx ON {table} (state, next_at);
 CREATE INDEX IF NOT EXISTS {index}_object_idx ON {table} (object, position);
+-- One entry of an object in flight: the database's own guard (see the take).
+CREATE UNIQUE INDEX IF NOT EXISTS {index}_in_flight_idx ON {table} (object)
+    WHERE state = 'running';
 -- An object's watermark lasts for the retention of the last completion of its events, as
 -- the done keys do.
 CREATE TABLE IF NOT EXISTS {table}_objects (
