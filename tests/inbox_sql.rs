@@ -594,3 +594,12 @@ async fn a_take_racing_an_uncommitted_take_of_the_object_leaves_its_older_entry_
             .collect::<Vec<_>>()
     );
 }
+
+/// Two inboxes built apart on one SQLite database (the route's and the workers', as an app
+/// builds them): an enqueue through one wakes a worker idle on the other, in this process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inboxes_built_apart_on_one_sqlite_database_wake_each_other() {
+    let (first, _dir) = sqlite_inbox().await;
+    let second = SqliteInbox::new(first.pool().clone());
+    inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(first, second).await;
+}

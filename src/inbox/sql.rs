@@ -89,8 +89,9 @@ const ENTRY_COLUMNS: &str =
 /// `<table>_wake` when they commit (in the same statement), and
 /// [`wakeups`](InboxStore::wakeups) listens with one connection of the pool per process
 /// (`PgListener`, reconnecting by itself) while a worker waits: size the pool for it. On SQLite
-/// the enqueues and re-queues of this process wake its workers; another process's are seen at
-/// the workers' poll (5 s by default).
+/// the enqueues and re-queues of this process wake its workers (those of every inbox of the
+/// process on the same database and table); another process's are seen at the workers' poll
+/// (5 s by default).
 ///
 /// ```no_run
 /// # #[cfg(feature = "sqlite")]
@@ -163,10 +164,11 @@ impl<DB: Dialect> SqlInbox<DB> {
     /// # }
     /// ```
     pub fn new(pool: Pool<DB>) -> Self {
+        let announcer = announcer(&pool, DEFAULT_INBOX_TABLE);
         SqlInbox {
             pool,
             sql: Arc::new(Statements::new::<DB>(DEFAULT_INBOX_TABLE)),
-            announcer: Announcer::new(),
+            announcer,
         }
     }
 
@@ -186,6 +188,8 @@ impl<DB: Dialect> SqlInbox<DB> {
     pub fn with_table(mut self, table: &str) -> Result<Self, InvalidTable> {
         validate_table(table, DB::QUALIFIED_TABLES)?;
         self.sql = Arc::new(Statements::new::<DB>(table));
+        // Another table's wake-ups are not this one's.
+        self.announcer = announcer(&self.pool, table);
         Ok(self)
     }
 
@@ -636,6 +640,17 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
             DB::listen(&pool, &channel, Box::new(heard))
         })
     }
+}
+
+/// Where an inbox on `table` of `pool`'s database announces. PostgreSQL tells every process
+/// (each inbox relays its own `LISTEN`); on SQLite, where only this process hears, every inbox
+/// of the process on the same database (the pool's options name it) and table shares one, so
+/// that a route's and a worker's inboxes built apart still wake each other.
+fn announcer<DB: Dialect>(pool: &Pool<DB>, table: &str) -> Announcer {
+    if DB::NOTIFIES {
+        return Announcer::new();
+    }
+    Announcer::shared(format!("{:?}\n{table}", pool.connect_options()))
 }
 
 /// The text of every statement of an inbox, for one table.

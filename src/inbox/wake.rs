@@ -24,6 +24,7 @@
 //! # });
 //! ```
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
@@ -76,6 +77,21 @@ impl Announcer {
             sender: broadcast::channel(CAPACITY).0,
             relay: Arc::default(),
         }
+    }
+
+    /// The announcer of every inbox of this process on `place` (an SQLite database's table),
+    /// so that two inboxes built apart on it (one for the route, one for the workers) hear
+    /// each other. Announcers no inbox holds any more are forgotten.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    pub(crate) fn shared(place: String) -> Announcer {
+        static SHARED: Mutex<Option<HashMap<String, Announcer>>> = Mutex::new(None);
+        let mut shared = SHARED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let shared = shared.get_or_insert_with(HashMap::new);
+        // Held by the map alone: no inbox on its place is left.
+        shared.retain(|_, announcer| Arc::strong_count(&announcer.relay) > 1);
+        shared.entry(place).or_default().clone()
     }
 
     /// Announces an entry due at `at` (now or earlier: at once) to every subscription.
