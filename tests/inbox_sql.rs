@@ -595,6 +595,28 @@ async fn a_take_racing_an_uncommitted_take_of_the_object_leaves_its_older_entry_
     );
 }
 
+/// A schema-qualified table whose `<table>_wake` is past PostgreSQL's 63 bytes for a channel
+/// name: enqueues still work, and still wake a worker idle on another pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_table_name_still_enqueues_and_wakes_on_postgres() {
+    let pool = pg_pool().await;
+    let schema = format!("s{}", unique("long").replace('_', "x"));
+    let schema = format!("{schema:x<40}");
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema}"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let table = format!("{schema}.{}", "t".repeat(40));
+    let first = PostgresInbox::new(pool).with_table(&table).unwrap();
+    first.migrate().await.unwrap();
+    let second = PostgresInbox::new(pg_pool().await)
+        .with_table(&table)
+        .unwrap();
+    inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(first, second).await;
+}
+
 /// Two inboxes built apart on one SQLite database (the route's and the workers', as an app
 /// builds them): an enqueue through one wakes a worker idle on the other, in this process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

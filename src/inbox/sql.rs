@@ -698,7 +698,7 @@ impl Statements {
     fn new<DB: Dialect>(table: &str) -> Self {
         let schema = schema(table, DB::BYTES);
         let held = "key = $1 AND state = 'running' AND lease_token = $2";
-        let channel = format!("{table}_wake");
+        let channel = wake_channel(table);
         // What arrives is told to the other processes by the database where it can.
         let told = |statement: String| DB::notify(&statement, &channel).unwrap_or(statement);
         Statements {
@@ -741,6 +741,22 @@ RETURNING key, next_at AS at"
             channel,
         }
     }
+}
+
+/// The channel of `table`'s wake-ups: `<table>_wake`, or, past PostgreSQL's 63 bytes for a
+/// name (a schema-qualified table may have 81), its first 40 characters, a hash of the whole
+/// name (FNV-1a, the same in every process and build) and `_wake`.
+fn wake_channel(table: &str) -> String {
+    const MAX_NAME: usize = 63;
+    let channel = format!("{table}_wake");
+    if channel.len() <= MAX_NAME {
+        return channel;
+    }
+    let hash = table.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    // A validated table name is ASCII: any byte index is a character boundary.
+    format!("{}_{hash:016x}_wake", &table[..40])
 }
 
 /// The enqueue: the claim of the key (a done key past its retention is taken over) with its
@@ -979,6 +995,26 @@ mod tests {
         let at = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
         assert_eq!(from_epoch_ms(epoch_ms(at)), at);
         assert_eq!(from_epoch_ms(-5), UNIX_EPOCH);
+    }
+
+    #[test]
+    fn wake_channels_fit_postgresql_names() {
+        assert_eq!(wake_channel("app.inbox"), "app.inbox_wake");
+        let schema = "s".repeat(40);
+        let (a, b) = (
+            format!("{schema}.{}", "a".repeat(40)),
+            format!("{schema}.{}", "b".repeat(40)),
+        );
+        let (wake_a, wake_b) = (wake_channel(&a), wake_channel(&b));
+        assert!(
+            wake_a.len() <= 63 && wake_b.len() <= 63,
+            "{wake_a} {wake_b}"
+        );
+        assert_ne!(
+            wake_a, wake_b,
+            "tables that share their first 40 characters"
+        );
+        assert_eq!(wake_a, wake_channel(&a));
     }
 
     #[test]
