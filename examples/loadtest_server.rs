@@ -17,7 +17,9 @@
 //!   server starts, to measure how cost grows with the keys held (`scripts/scale`);
 //! - `INBOX_WORKERS` (`redis` only): entries the server's inbox [`Worker`] runs at once, with
 //!   the instant handler; `0` (the default) receives only, so that entries wait (the drain
-//!   measurement of `scripts/inbox_bench` fills the inbox with 0, then restarts with workers).
+//!   measurement of `scripts/inbox_bench` fills the inbox with 0, then restarts with workers);
+//! - `INBOX_STARTED` (`redis` only): set, the handler records when it starts each entry, for
+//!   `GET /inbox/started/{id}` (off by default: a drain should not pay for the record).
 //!
 //! Routes, both `POST`, keyed by the `Idempotency-Key` header with the layer's defaults (10 s
 //! lease, renewed; 72 h retention, payload fingerprint on):
@@ -28,8 +30,8 @@
 //!   the store), keyed like `/webhook`: 202 once the entry is stored, the handler left to the
 //!   workers; `GET /inbox` gives `{"pending":N,"in_flight":N,"dead":N}`, and
 //!   `GET /inbox/started/{correlation_id}` when the workers' handler started the entry of that
-//!   `X-Request-Id` (microseconds since the epoch; 404 before), for the wake-up latency of
-//!   `scripts/inbox_bench`.
+//!   `X-Request-Id` (microseconds since the epoch; 404 before, and without `INBOX_STARTED`),
+//!   for the wake-up latency of `scripts/inbox_bench`.
 //!
 //! [`Worker`]: tower_idempotency::inbox::Worker
 
@@ -178,7 +180,7 @@ async fn redis() -> Result<Router, Box<dyn std::error::Error>> {
         Ok(n) => n.parse()?,
         Err(_) => 0,
     };
-    let started = Started::default();
+    let started = Started(std::env::var_os("INBOX_STARTED").map(|_| std::sync::Arc::default()));
     if workers > 0 {
         tokio::spawn(work(inbox.clone(), workers, started.clone()));
     }
@@ -193,7 +195,7 @@ async fn redis() -> Result<Router, Box<dyn std::error::Error>> {
         }
     };
     let started_at = move |axum::extract::Path(id): axum::extract::Path<String>| {
-        let at = started.0.lock().unwrap().get(&id).copied();
+        let at = (started.0.as_ref()).and_then(|map| map.lock().unwrap().get(&id).copied());
         async move { at.map(|at| at.to_string()).ok_or(StatusCode::NOT_FOUND) }
     };
     Ok(protected(store)
@@ -202,18 +204,20 @@ async fn redis() -> Result<Router, Box<dyn std::error::Error>> {
 }
 
 /// When the handler started each entry, by correlation id (microseconds since the epoch);
-/// forgotten past 100 000 entries.
+/// forgotten past 100 000 entries. `None`: not recorded.
 #[cfg(feature = "redis")]
-#[derive(Clone, Default)]
-struct Started(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>);
+#[derive(Clone)]
+#[allow(clippy::type_complexity)]
+struct Started(Option<std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>>);
 
 #[cfg(feature = "redis")]
 impl Started {
     fn now(&self, correlation_id: &str) {
+        let Some(map) = &self.0 else { return };
         let at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |since| since.as_micros() as u64);
-        let mut started = self.0.lock().unwrap();
+        let mut started = map.lock().unwrap();
         if started.len() >= 100_000 {
             started.clear();
         }
