@@ -13,8 +13,13 @@ use futures_util::future::{Either, select};
 
 use super::wake::Announcer;
 
-/// How long the relay waits before it tries to connect or subscribe again.
+/// How long the relay waits before it tries to connect or subscribe again the first time;
+/// doubled at each failure in a row, up to [`MAX_RETRY`] (a user whose ACL denies `SUBSCRIBE`
+/// is told so in the log a few times, not every second).
 const RETRY: Duration = Duration::from_secs(1);
+
+/// The longest wait between two tries.
+const MAX_RETRY: Duration = Duration::from_secs(60);
 
 /// Relays the messages of `channels` to `announcer`, on a subscriber connection made like
 /// `client`'s (same servers, same reconnection policy), resubscribed after every reconnection.
@@ -58,16 +63,18 @@ impl Drop for Subscriber {
 impl Subscriber {
     async fn listen(&self, channels: &[String], announcer: &Announcer) {
         let client = &self.0;
+        let mut retry = RETRY;
         while let Err(error) = client.init().await {
             tracing::warn!(%error, "inbox: the subscriber for enqueues cannot connect; polling");
-            tokio::time::sleep(RETRY).await;
+            retry = backoff(retry).await;
         }
         // Resubscribes after a reconnection (and ends with the client).
         let _resubscribing = client.manage_subscriptions();
         let (mut messages, mut reconnects) = (client.message_rx(), client.reconnect_rx());
+        let mut retry = RETRY;
         while let Err(error) = client.subscribe(channels.to_vec()).await {
             tracing::warn!(%error, "inbox: subscribing to enqueues failed; polling");
-            tokio::time::sleep(RETRY).await;
+            retry = backoff(retry).await;
         }
         // Listening now: what was enqueued before may have gone unheard.
         announcer.announce(UNIX_EPOCH);
@@ -83,6 +90,12 @@ impl Subscriber {
             announcer.announce(at);
         }
     }
+}
+
+/// Waits `retry`; the next wait, doubled up to [`MAX_RETRY`].
+async fn backoff(retry: Duration) -> Duration {
+    tokio::time::sleep(retry).await;
+    (retry * 2).min(MAX_RETRY)
 }
 
 /// The due time a message's text gives, in microseconds since the epoch (the epoch, to take
