@@ -429,8 +429,9 @@ async fn an_entry_without_its_body_becomes_a_dead_letter() {
     );
 }
 
-/// An entry enqueued through one client wakes a worker idle on another (its `PUBLISH` reaches
-/// the other's subscriber), on one server and on a partitioned inbox in a cluster.
+/// An entry enqueued, or a retry scheduled, through one client wakes a worker idle on another
+/// (its `PUBLISH` reaches the other's subscriber), on one server and on a partitioned inbox in
+/// a cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_enqueue_through_another_client_wakes_an_idle_worker() {
     let server = RedisServer::start();
@@ -439,14 +440,16 @@ async fn an_enqueue_through_another_client_wakes_an_idle_worker() {
         RedisInbox::new(server.connect().await, &name),
         RedisInbox::new(server.connect().await, &name),
     );
-    inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(a, b).await;
+    inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(a.clone(), b.clone()).await;
+    inbox_contract::a_retry_elsewhere_wakes_an_idle_worker(a, b).await;
     let cluster = redis_cluster::RedisCluster::shared();
     let name = fresh_name();
     let (a, b) = (
         RedisInbox::new(cluster.connect().await, &name).partitions(4),
         RedisInbox::new(cluster.connect().await, &name).partitions(4),
     );
-    inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(a, b).await;
+    inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(a.clone(), b.clone()).await;
+    inbox_contract::a_retry_elsewhere_wakes_an_idle_worker(a, b).await;
 }
 
 /// A user that may run the scripts but not `PUBLISH` (an ACL without the command, or without

@@ -529,15 +529,16 @@ async fn a_worker_on_one_connection_drains_its_inbox() {
     run.await.unwrap();
 }
 
-/// An entry enqueued through one pool wakes a worker idle on another (`NOTIFY` at the enqueue's
-/// commit, heard by the other pool's `LISTEN`).
+/// An entry enqueued, or a retry scheduled, through one pool wakes a worker idle on another
+/// (`NOTIFY` at the commit, heard by the other pool's `LISTEN`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_enqueue_through_another_pool_wakes_an_idle_worker_on_postgres() {
     let first = pg_inbox().await;
     let second = PostgresInbox::new(pg_pool().await)
         .with_table(first.table())
         .unwrap();
-    inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(first, second).await;
+    inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(first.clone(), second.clone()).await;
+    inbox_contract::a_retry_elsewhere_wakes_an_idle_worker(first, second).await;
 }
 
 /// Two takes that read before either committed (PostgreSQL's READ COMMITTED): the first holds
@@ -621,7 +622,17 @@ async fn a_long_table_name_still_enqueues_and_wakes_on_postgres() {
 /// builds them): an enqueue through one wakes a worker idle on the other, in this process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inboxes_built_apart_on_one_sqlite_database_wake_each_other() {
-    let (first, _dir) = sqlite_inbox().await;
+    let (first, dir) = sqlite_inbox().await;
     let second = SqliteInbox::new(first.pool().clone());
-    inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(first, second).await;
+    inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(first.clone(), second).await;
+    // A pool of its own, opened by another spelling of the file's path and other options (the
+    // worker's process side, say): still the same database.
+    let other_spelling = dir.0.join(".").join("inbox.db");
+    let url = format!("sqlite://{}?mode=rwc", other_spelling.display());
+    let pool = SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect(&url)
+        .await
+        .unwrap();
+    inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(SqliteInbox::new(pool), first).await;
 }

@@ -22,6 +22,10 @@ pub(super) const UNANNOUNCED_POLL: Duration = Duration::from_millis(50);
 /// The most future due times an idle worker keeps in mind; past it the poll covers the rest.
 const HEARD: usize = 1024;
 
+/// How long a worker waits after a take failed (the store unreachable), doubled at each
+/// failure in a row, up to the poll interval.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+
 /// The due times an idle worker heard of: the store's announcements of what arrived, and what
 /// the worker's own settlements told it (a retry's time; now, after an ordered entry settled,
 /// since its object's next entry may be free to go).
@@ -31,6 +35,8 @@ pub(super) struct Idle {
     /// Heard and not due yet, the earliest first.
     due: BinaryHeap<Reverse<SystemTime>>,
     poll: Duration,
+    /// Takes failed in a row: the next wait is a backoff, not a wait for announcements.
+    failures: u32,
 }
 
 /// Where a worker's settlements tell its loop when an entry is due.
@@ -50,6 +56,7 @@ impl Idle {
             own,
             due: BinaryHeap::new(),
             poll: poll.unwrap_or(default),
+            failures: 0,
         };
         (idle, tell)
     }
@@ -69,9 +76,25 @@ impl Idle {
         }
     }
 
+    /// What the take after [`before_take`](Self::before_take) came to: after a failure the
+    /// worker backs off (50 ms, doubled at each failure in a row, up to the poll), since what
+    /// was announced meanwhile is still there to take.
+    pub(super) fn took(&mut self, ok: bool) {
+        self.failures = if ok {
+            0
+        } else {
+            self.failures.saturating_add(1)
+        };
+    }
+
     /// Until something may be due: an announcement of an entry due now, a time heard of
-    /// reached, or the poll interval passed.
+    /// reached, or the poll interval passed; after a failed take, its backoff.
     pub(super) async fn wait(&mut self) {
+        if self.failures > 0 {
+            let doubled = FIRST_BACKOFF.saturating_mul(1 << (self.failures - 1).min(16));
+            tokio::time::sleep(doubled.min(self.poll)).await;
+            return;
+        }
         loop {
             let deadline = self.deadline();
             let heard = {
@@ -95,19 +118,26 @@ impl Idle {
 
     /// The earliest of the poll and the first time heard of.
     fn deadline(&self) -> Instant {
-        let poll = Instant::now() + self.poll;
+        let now = Instant::now();
+        let poll = now + self.poll;
         match self.due.peek() {
             Some(Reverse(at)) => {
                 let until = at.duration_since(SystemTime::now()).unwrap_or_default();
-                poll.min(Instant::now() + until)
+                // A time past what an `Instant` holds is later than the poll.
+                now.checked_add(until).map_or(poll, |at| poll.min(at))
             }
             None => poll,
         }
     }
 
     fn keep(&mut self, at: SystemTime) {
-        if self.due.len() < HEARD {
-            self.due.push(Reverse(at));
+        self.due.push(Reverse(at));
+        if self.due.len() > HEARD {
+            // Full: the latest times go (the poll covers them), never an earlier one.
+            // Sorted by `Reverse`: the latest times first.
+            let mut kept = std::mem::take(&mut self.due).into_sorted_vec();
+            kept.drain(..kept.len() - HEARD / 2);
+            self.due = kept.into();
         }
     }
 }
@@ -139,6 +169,43 @@ mod tests {
         idle.before_take();
         idle.wait().await;
         assert_eq!(start.elapsed(), ANNOUNCED_POLL);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_take_backs_off_then_waits_again() {
+        let announcer = Announcer::new();
+        let (mut idle, _tell) = Idle::new(announcer.subscribe(), None);
+        for expected in [50, 100, 200] {
+            idle.took(false);
+            let start = Instant::now();
+            idle.wait().await;
+            assert_eq!(start.elapsed(), Duration::from_millis(expected));
+        }
+        for _ in 0..40 {
+            idle.took(false);
+        }
+        let start = Instant::now();
+        idle.wait().await;
+        assert_eq!(start.elapsed(), ANNOUNCED_POLL, "at most the poll");
+        idle.took(true);
+        let start = Instant::now();
+        idle.wait().await;
+        assert_eq!(
+            start.elapsed(),
+            ANNOUNCED_POLL,
+            "nothing heard: the poll again"
+        );
+    }
+
+    #[test]
+    fn a_full_memory_of_due_times_keeps_the_earliest() {
+        let (mut idle, _tell) = Idle::new(Wakeups::none(), None);
+        let base = SystemTime::now() + Duration::from_secs(3600);
+        for i in (0..=HEARD as u64).rev() {
+            idle.keep(base + Duration::from_secs(i));
+        }
+        assert!(idle.due.len() <= HEARD);
+        assert_eq!(idle.due.peek(), Some(&Reverse(base)));
     }
 
     #[tokio::test(start_paused = true)]

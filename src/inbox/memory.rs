@@ -330,16 +330,25 @@ impl InboxStore for MemoryInbox {
         let Some(mut slot) = state.settle(key, token) else {
             return Ok(false);
         };
-        match failure {
+        // Announced like an enqueue: a retry at its time; a dead letter now when its object's
+        // next entry may go.
+        let announce = match failure {
             // The last error of a retried entry is in the worker's log; a dead letter keeps it.
             Failure::RetryAt(at, _error) => {
                 slot.entry.next_attempt_at = at;
                 state.schedule(slot.entry, at);
+                Some(at)
             }
             Failure::Dead(error) => {
+                let ordered = slot.entry.order.is_some();
                 slot.phase = Phase::Dead { error };
                 state.entries.insert(key.clone(), slot);
+                ordered.then(SystemTime::now)
             }
+        };
+        drop(state);
+        if let Some(at) = announce {
+            self.announcer.announce(at);
         }
         Ok(true)
     }

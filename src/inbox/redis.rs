@@ -195,7 +195,9 @@ end
 
 /// `fail`: KEYS = entry, due, leased, live, dead; ARGV[1] = prefix, [2] = key, [3] = token,
 /// [4] = `r` (retry) or `d` (dead), [5] = retry time (µs), [6] = error. Either way the entry
-/// is no longer its object's entry in flight: a retry waits its turn in position order.
+/// is no longer its object's entry in flight: a retry waits its turn in position order. A
+/// retry is announced at its time, an ordered dead letter at once (its object's next may go),
+/// so that the workers of every process hear them, not only the one that settled.
 static FAIL_LUA: LazyLock<String> = LazyLock::new(|| {
     RELEASE_LUA.to_owned()
         + r#"local f = redis.call('HMGET', KEYS[1], 's', 't', 'o', 'p', 'e')
@@ -206,13 +208,17 @@ if f[3] then release(ARGV[1] .. 'c:' .. f[3], ARGV[2]) end
 if ARGV[4] == 'r' then
   redis.call('HSET', KEYS[1], 's', 'q', 'n', ARGV[5])
   redis.call('ZADD', KEYS[2], ARGV[5], ARGV[2])
+  redis.pcall('PUBLISH', ARGV[1] .. 'wake', ARGV[5])
   return 1
 end
 redis.call('HSET', KEYS[1], 's', 'd', 'x', ARGV[6])
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[2])
 redis.call('ZADD', KEYS[5], f[5], ARGV[2])
-if f[3] then redis.call('ZREM', ARGV[1] .. 'o:' .. f[3], f[4] .. ARGV[2]) end
+if f[3] then
+  redis.call('ZREM', ARGV[1] .. 'o:' .. f[3], f[4] .. ARGV[2])
+  redis.pcall('PUBLISH', ARGV[1] .. 'wake', 0)
+end
 return 1
 "#
 });
@@ -296,8 +302,8 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 ///   entry of the object is taken meanwhile); `{inbox:N}:w:<object>`: its watermark, the
 ///   highest position completed (with the retention's `PX`).
 ///
-/// Channels: `{inbox:N}:wake`, on which `enqueue` and `requeue` publish their entry's due time
-/// (a `PUBLISH` in the script); [`wakeups`](InboxStore::wakeups) subscribes to it with one
+/// Channels: `{inbox:N}:wake`, on which `enqueue`, `requeue` and a retry's `fail` publish their
+/// entry's due time (a `PUBLISH` in the script; an ordered dead letter publishes "now"); [`wakeups`](InboxStore::wakeups) subscribes to it with one
 /// subscriber connection per process (made from the client's configuration, resubscribed after
 /// a reconnection), held while a worker waits.
 ///

@@ -478,9 +478,7 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
             // statement's snapshot); the second one's write then waits on the in-flight index
             // until the first commits and fails: it takes again, and sees the first's entry.
             match DB::fetch_all(&mut conn, &self.sql.take, &params, None).await {
-                Err(sqlx::Error::Database(db))
-                    if db.is_unique_violation() && attempt < TAKE_ATTEMPTS =>
-                {
+                Err(sqlx::Error::Database(db)) if raced(&*db) && attempt < TAKE_ATTEMPTS => {
                     attempt += 1;
                 }
                 done => break done.map_err(error::<DB>)?,
@@ -557,17 +555,22 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
     ) -> Result<bool, StoreError> {
         let (key, token) = (Param::Text(key.as_str()), Param::Bytes(token.as_bytes()));
         let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-        let written = match &failure {
+        // Told like an enqueue: a retry at its time, a dead letter now (its object's next).
+        let (written, at) = match &failure {
             Failure::RetryAt(at, error) => {
                 let params = [key, token, Param::Int(epoch_ms(*at)), Param::Text(error)];
-                execute::<DB>(&mut conn, &self.sql.retry, &params).await?
+                (fetch::<DB>(&mut conn, &self.sql.retry, &params).await?, *at)
             }
             Failure::Dead(error) => {
-                let params = [key, token, Param::Text(error)];
-                execute::<DB>(&mut conn, &self.sql.bury, &params).await?
+                let now = SystemTime::now();
+                let params = [key, token, Param::Text(error), Param::Int(epoch_ms(now))];
+                (fetch::<DB>(&mut conn, &self.sql.bury, &params).await?, now)
             }
         };
-        Ok(written == 1)
+        if !written.is_empty() {
+            self.tell(at);
+        }
+        Ok(!written.is_empty())
     }
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
@@ -642,15 +645,23 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
     }
 }
 
+/// Whether a take failed on another take's write: the in-flight index (the other took an
+/// entry of the same object first), or a deadlock between two takes that each waited on the
+/// other's entries of two objects (PostgreSQL cancels one: `40P01`). Taken again, it sees the
+/// other's entries.
+fn raced(db: &dyn sqlx::error::DatabaseError) -> bool {
+    db.is_unique_violation() || db.code().as_deref() == Some("40P01")
+}
+
 /// Where an inbox on `table` of `pool`'s database announces. PostgreSQL tells every process
 /// (each inbox relays its own `LISTEN`); on SQLite, where only this process hears, every inbox
-/// of the process on the same database (the pool's options name it) and table shares one, so
-/// that a route's and a worker's inboxes built apart still wake each other.
+/// of the process on the same database (its file, however its path is spelled) and table
+/// shares one, so that a route's and a worker's inboxes built apart still wake each other.
 fn announcer<DB: Dialect>(pool: &Pool<DB>, table: &str) -> Announcer {
-    if DB::NOTIFIES {
-        return Announcer::new();
+    match DB::place(pool) {
+        Some(database) => Announcer::shared(format!("{database}\n{table}")),
+        None => Announcer::new(),
     }
-    Announcer::shared(format!("{:?}\n{table}", pool.connect_options()))
 }
 
 /// The text of every statement of an inbox, for one table.
@@ -711,17 +722,21 @@ impl Statements {
             renew: format!("UPDATE {table} SET lease_until = $3 WHERE {held}").into(),
             complete: complete(table).into(),
             raise_watermark: raise_watermark(table).into(),
-            retry: format!(
+            // A retry is told at its time; a dead letter now, since its object's next entry
+            // may go.
+            retry: told(format!(
                 "UPDATE {table}
 SET state = 'queued', next_at = $3, lease_token = NULL, lease_until = NULL, last_error = $4
-WHERE {held}"
-            )
+WHERE {held}
+RETURNING key, next_at AS at"
+            ))
             .into(),
-            bury: format!(
+            bury: told(format!(
                 "UPDATE {table}
 SET state = 'dead', lease_token = NULL, lease_until = NULL, last_error = $3
-WHERE {held}"
-            )
+WHERE {held}
+RETURNING key, $4 AS at"
+            ))
             .into(),
             dead_letters: format!(
                 "SELECT {ENTRY_COLUMNS}, last_error FROM {table}

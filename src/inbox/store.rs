@@ -149,10 +149,11 @@ pub trait InboxStore: Send + Sync + 'static {
     /// Pending, in flight, dead, and the oldest entry's age.
     fn counts(&self) -> impl Future<Output = Result<InboxCounts, StoreError>> + Send;
 
-    /// A subscription to this inbox's announcements of what arrives (enqueues and re-queues,
-    /// each with the time its entry is due), which a [`Worker`](super::Worker) takes before its
-    /// first take: idle, it waits for the next announcement rather than asking the store again.
-    /// Called inside a Tokio runtime. The default announces nothing: the worker then polls.
+    /// A subscription to this inbox's announcements of what arrives (enqueues, re-queues and
+    /// retries, each with the time its entry is due), which a [`Worker`](super::Worker) takes
+    /// before its first take: idle, it waits for the next announcement rather than asking the
+    /// store again. Called inside a Tokio runtime. The default announces nothing: the worker
+    /// then polls.
     ///
     /// The built-in inboxes announce through an [`Announcer`](super::Announcer): to the
     /// workers of every process on Redis (`PUBLISH`) and PostgreSQL (`NOTIFY`), to those of

@@ -1,9 +1,9 @@
 //! Wake-ups: how an idle [`Worker`](super::Worker) learns, without polling the store, that an
 //! entry arrived.
 //!
-//! An inbox **announces** what arrives, an enqueue or a re-queue, with the time the entry is
-//! due; a worker **subscribes** before its first take and, when a take finds nothing, waits for
-//! the next announcement instead of asking the store again and again. Announcements cross
+//! An inbox **announces** what arrives, an enqueue, a re-queue or a retry, with the time the
+//! entry is due; a worker **subscribes** before its first take and, when a take finds
+//! nothing, waits for the next announcement instead of asking the store again and again. Announcements cross
 //! processes where the store can carry them (Redis `PUBLISH` from the enqueue script,
 //! PostgreSQL `NOTIFY` from the enqueue statement); in memory and on SQLite they reach the
 //! workers of the process that enqueued. What a worker settles itself (a retry time, the next
@@ -40,8 +40,8 @@ const CAPACITY: usize = 256;
 /// time its entry is due. Cheap to clone (clones share the subscribers); announcing with no
 /// subscriber costs a lock and nothing else.
 ///
-/// The built-in inboxes hold one; a store of your own announces its enqueues and re-queues
-/// through one and returns [`subscribe`](Self::subscribe) from
+/// The built-in inboxes hold one; a store of your own announces its enqueues, re-queues and
+/// retries through one and returns [`subscribe`](Self::subscribe) from
 /// [`InboxStore::wakeups`](super::InboxStore::wakeups).
 #[derive(Clone)]
 pub struct Announcer {

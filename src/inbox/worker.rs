@@ -19,7 +19,7 @@ use super::idle::{Idle, Tell};
 use super::metrics;
 use super::retry::{Backoff, Decision, RetryPolicy};
 use super::store::{Failure, InboxStore};
-use crate::store::BoxError;
+use crate::store::{BoxError, StoreKey, Token};
 
 /// How often the inbox's gauges are set, at most (and at least, while the worker runs).
 const MEASURE_EVERY: Duration = Duration::from_secs(1);
@@ -167,7 +167,9 @@ where
                 0 => Vec::new(),
                 _ => {
                     idle.before_take();
-                    run.take(free).await
+                    let taken = run.take(free).await;
+                    idle.took(taken.is_some());
+                    taken.unwrap_or_default()
                 }
             };
             if !leases.is_empty() {
@@ -213,15 +215,15 @@ impl<St: InboxStore, P> Run<St, P> {
         }
     }
 
-    /// Up to `free` due entries, each under a new lease (none when the store fails).
-    async fn take(&self, free: usize) -> Vec<Lease> {
-        self.store
-            .take(free, self.settings.lease)
-            .await
-            .unwrap_or_else(|error| {
+    /// Up to `free` due entries, each under a new lease; `None` when the store failed.
+    async fn take(&self, free: usize) -> Option<Vec<Lease>> {
+        match self.store.take(free, self.settings.lease).await {
+            Ok(leases) => Some(leases),
+            Err(error) => {
                 tracing::warn!(%error, "inbox: taking entries failed");
-                Vec::new()
-            })
+                None
+            }
+        }
     }
 }
 
@@ -353,22 +355,49 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
             service.call(request).await.map(drop)
         };
         let attempt = pin!(AssertUnwindSafe(attempt).catch_unwind());
-        let renew = pin!(async {
-            loop {
-                tokio::time::sleep(self.settings.lease / 3).await;
-                match self.store.renew(&key, &token, self.settings.lease).await {
-                    Ok(true) => {}
-                    // Lost to another worker: its settlement will be refused; let it run.
-                    Ok(false) => std::future::pending::<()>().await,
-                    Err(error) => tracing::warn!(%error, "inbox: renewing a lease failed"),
-                }
-            }
-        });
-        match select(attempt, renew).await {
+        let held = pin!(hold(&*self.store, &key, &token, self.settings.lease));
+        match select(attempt, held).await {
             Either::Left((Ok(Ok(())), _)) => Ok(()),
             Either::Left((Ok(Err(error)), _)) => Err(error.into().to_string()),
             Either::Left((Err(_panic), _)) => Err("the handler panicked".to_owned()),
-            Either::Right(_) => Err("the lease's renewal ended".to_owned()),
+            // The handler is dropped here, at its next await: another worker may take the entry
+            // over, and two handlers of one entry (or of one object) must not overlap.
+            Either::Right((why, _)) => {
+                tracing::warn!(why, "inbox: lease lost; the handler is cancelled");
+                Err(format!("the handler was cancelled: {why}"))
+            }
+        }
+    }
+}
+
+/// Renews the lease of `key` every third of `lease` while the handler runs; returns why the
+/// lease is no longer this worker's: taken over (a renewal refused), or about to run out with
+/// no renewal through (the store unreachable). It returns a sixth of a lease before the lease
+/// ends by this host's clock, so that the handler is cancelled before another worker can take
+/// the entry over.
+async fn hold<St: InboxStore>(
+    store: &St,
+    key: &StoreKey,
+    token: &Token,
+    lease: Duration,
+) -> &'static str {
+    let margin = lease / 6;
+    // The lease began at the take, a little before the handler: counted from now, less the
+    // margin, it ends no later than the store's.
+    let mut ends = tokio::time::Instant::now() + lease;
+    loop {
+        let next = (tokio::time::Instant::now() + lease / 3).min(ends - margin);
+        tokio::time::sleep_until(next).await;
+        if tokio::time::Instant::now() + margin >= ends {
+            return "its lease could not be renewed before it ran out";
+        }
+        let sent = tokio::time::Instant::now();
+        // A renewal that hangs (a store that stopped answering) is given up at the margin.
+        match tokio::time::timeout_at(ends - margin, store.renew(key, token, lease)).await {
+            Ok(Ok(true)) => ends = sent + lease,
+            Ok(Ok(false)) => return "its lease was taken over by another worker",
+            Ok(Err(error)) => tracing::warn!(%error, "inbox: renewing a lease failed"),
+            Err(_elapsed) => {}
         }
     }
 }

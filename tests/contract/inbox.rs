@@ -13,10 +13,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use tower_idempotency::inbox::{
-    Backoff, Enqueued, Failure, InboxEntry, InboxRequest, InboxStore, KeyState, Worker,
+    Backoff, DeadLetter, Enqueued, Failure, InboxCounts, InboxEntry, InboxRequest, InboxStore,
+    KeyState, Lease, Wakeups, Worker,
 };
 use tower_idempotency::order::Position;
-use tower_idempotency::store::{ObjectKey, StoreKey, Token};
+use tower_idempotency::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
 
 const RETENTION: Duration = Duration::from_secs(3600);
 const LONG: Duration = Duration::from_secs(60);
@@ -784,6 +785,125 @@ pub async fn a_newer_entry_in_flight_holds_back_an_older_one<St: InboxStore + Cl
     );
 }
 
+/// A store whose renewals fail (its server unreachable for them alone): everything else goes
+/// to the store it wraps, so another worker on that store can take a lease over.
+#[derive(Clone)]
+struct Unrenewable<St>(St);
+
+impl<St: InboxStore> InboxStore for Unrenewable<St> {
+    async fn enqueue(&self, entry: InboxEntry) -> Result<Enqueued, StoreError> {
+        self.0.enqueue(entry).await
+    }
+    async fn take(&self, max: usize, lease: Duration) -> Result<Vec<Lease>, StoreError> {
+        self.0.take(max, lease).await
+    }
+    async fn renew(&self, _: &StoreKey, _: &Token, _: Duration) -> Result<bool, StoreError> {
+        Err(StoreError::new(StoreErrorKind::Unavailable))
+    }
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        self.0.complete(key, token, retention).await
+    }
+    async fn fail(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        failure: Failure,
+    ) -> Result<bool, StoreError> {
+        self.0.fail(key, token, failure).await
+    }
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        self.0.dead_letters(limit).await
+    }
+    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        self.0.requeue(key).await
+    }
+    async fn counts(&self) -> Result<InboxCounts, StoreError> {
+        self.0.counts().await
+    }
+    fn wakeups(&self) -> Wakeups {
+        self.0.wakeups()
+    }
+}
+
+/// A worker whose lease cannot be renewed cancels its handler before the lease runs out, so
+/// that the worker that takes the entry over never runs beside it: the first attempt's
+/// handler (which would hang for ever) is dropped before any other attempt starts, and the
+/// entry is applied once, by a later attempt.
+pub async fn a_handler_is_cancelled_before_its_lease_can_be_taken_over<St: InboxStore + Clone>(
+    store: St,
+) {
+    struct Cancelled(Arc<Mutex<Vec<&'static str>>>);
+    impl Drop for Cancelled {
+        fn drop(&mut self) {
+            self.0.lock().unwrap().push("first cancelled");
+        }
+    }
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let handler = {
+        let events = events.clone();
+        tower::service_fn(move |_request: InboxRequest| {
+            let events = events.clone();
+            async move {
+                let first = {
+                    let mut seen = events.lock().unwrap();
+                    let first = seen.is_empty();
+                    seen.push(if first {
+                        "first started"
+                    } else {
+                        "again started"
+                    });
+                    first
+                };
+                if first {
+                    let _cancelled = Cancelled(events.clone());
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, Infallible>(())
+            }
+        })
+    };
+    let lease = Duration::from_millis(600);
+    let unrenewable = Worker::new(Unrenewable(store.clone()), handler.clone())
+        .lease(lease)
+        .retry(Backoff::new(Duration::from_millis(10)))
+        .poll_interval(Duration::from_millis(20));
+    let (stop_a, run_a) = spawn(unrenewable);
+    let entry = entry("unrenewable");
+    store.enqueue(entry.clone()).await.unwrap();
+    eventually("the first attempt starts", || {
+        let started = !events.lock().unwrap().is_empty();
+        async move { started }
+    })
+    .await;
+    let (stop_b, run_b) = spawn(
+        Worker::new(store.clone(), handler)
+            .lease(lease)
+            .poll_interval(Duration::from_millis(20)),
+    );
+    let done = || {
+        let (store, entry) = (store.clone(), entry.clone());
+        async move { store.enqueue(entry).await.unwrap() == Enqueued::Duplicate(KeyState::Done) }
+    };
+    eventually("the entry is applied by a later attempt", done).await;
+    assert_eq!(
+        *events.lock().unwrap(),
+        ["first started", "first cancelled", "again started"],
+        "the first attempt ends before another starts"
+    );
+    for (stop, run) in [(stop_a, run_a), (stop_b, run_b)] {
+        stop.send(()).unwrap();
+        tokio::time::timeout(DEADLINE, run)
+            .await
+            .expect("run returns")
+            .unwrap();
+    }
+}
+
 /// A small deterministic generator (xorshift64*), so that a failing scenario is replayed from
 /// the seed its message prints.
 struct Rng(u64);
@@ -965,6 +1085,48 @@ pub async fn an_idle_worker_is_woken_not_polled<St: InboxStore + Clone>(store: S
         .unwrap();
 }
 
+/// A retry scheduled through `other` (the worker of another process that failed the entry)
+/// wakes a worker idle on `worker_side` at the retry's time, though its fallback poll is a
+/// minute: retries (and a shutting-down worker's hand-backs) are announced as enqueues are.
+pub async fn a_retry_elsewhere_wakes_an_idle_worker<St: InboxStore + Clone>(
+    worker_side: St,
+    other: St,
+) {
+    let first = entry("retried-elsewhere");
+    other.enqueue(first.clone()).await.unwrap();
+    let lease = take_within(&other, "the first attempt, elsewhere")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(lease.entry.key, first.key);
+    let gated = Gated::default();
+    gated.gate.add_permits(10);
+    let worker = Worker::new(worker_side, gated.handler()).poll_interval(Duration::from_secs(60));
+    let (stop, run) = spawn(worker);
+    // Idle (the entry is leased elsewhere), and its subscription in place.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let due = Duration::from_millis(300);
+    let failed = Instant::now();
+    let retry = Failure::RetryAt(SystemTime::now() + due, "failed elsewhere".to_owned());
+    assert!(other.fail(&first.key, &lease.token, retry).await.unwrap());
+    gated.started().await;
+    let woken = failed.elapsed();
+    assert!(
+        woken >= due - Duration::from_millis(50) && woken < due + Duration::from_secs(1),
+        "started {woken:?} after a retry due in {due:?}"
+    );
+    stop.send(()).unwrap();
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("run returns")
+        .unwrap();
+}
+
+/// [`a_retry_elsewhere_wakes_an_idle_worker`] through one store.
+pub async fn a_retry_is_announced<St: InboxStore + Clone>(store: St) {
+    a_retry_elsewhere_wakes_an_idle_worker(store.clone(), store).await;
+}
+
 /// A worker idle on `worker_side` takes an entry enqueued through `other` (another client or
 /// pool: what another process sees) within a second, though its fallback poll is a minute.
 pub async fn an_enqueue_elsewhere_wakes_an_idle_worker<St: InboxStore + Clone>(
@@ -1013,6 +1175,8 @@ macro_rules! inbox_contract {
             a_newer_entry_in_flight_holds_back_an_older_one,
             random_arrivals_end_at_the_highest_position,
             an_idle_worker_is_woken_not_polled,
+            a_handler_is_cancelled_before_its_lease_can_be_taken_over,
+            a_retry_is_announced,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

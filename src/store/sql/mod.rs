@@ -234,6 +234,10 @@ pub(crate) mod dialect {
             channel: &str,
             heard: Heard,
         ) -> Option<tokio::task::JoinHandle<()>>;
+        /// Where the database carries no messages (SQLite), what names the database of `pool`
+        /// alike for every pool of this process on it (its file's canonical path), so that
+        /// inboxes built apart on it share their announcements; `None` where it does.
+        fn place(pool: &sqlx::Pool<Self>) -> Option<String>;
     }
 }
 

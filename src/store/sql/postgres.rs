@@ -236,6 +236,11 @@ SELECT written.key FROM written, LATERAL (SELECT pg_notify('{channel}', written.
             }
         }))
     }
+
+    fn place(_pool: &sqlx::Pool<Self>) -> Option<String> {
+        // Every process hears the database's `NOTIFY`.
+        None
+    }
 }
 
 #[cfg(test)]

@@ -211,6 +211,15 @@ impl dialect::Sealed for Sqlite {
     ) -> Option<tokio::task::JoinHandle<()>> {
         None
     }
+
+    fn place(pool: &sqlx::Pool<Self>) -> Option<String> {
+        // `app.db`, `./app.db` and `/srv/app.db` are one file; an in-memory database keeps
+        // the name sqlx gave it.
+        let options = pool.connect_options();
+        let file = options.get_filename();
+        let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_owned());
+        Some(file.display().to_string())
+    }
 }
 
 #[cfg(test)]
