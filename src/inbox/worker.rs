@@ -91,7 +91,9 @@ impl<St, S, P> Worker<St, S, P> {
     }
 
     /// The lease each entry is held under; renewed every third of it while the handler runs,
-    /// and taken by another worker about one lease after this one died.
+    /// and taken by another worker about one lease after this one died. A handler whose lease
+    /// is lost (a renewal refused, or none through by a sixth of a lease before it ends) is
+    /// cancelled, its attempt failed, so that it never runs beside the worker taking over.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.settings.lease = lease;
         self
