@@ -493,3 +493,58 @@ async fn a_user_without_publish_still_enqueues() {
     );
     assert!(inbox.requeue(&lease.entry.key).await.expect("re-queued"));
 }
+
+/// An enqueue publishes a wake-up only while a worker waits (a take came back short since the
+/// last published enqueue): a message costs Redis a write to every subscribed process, which
+/// busy workers do not need. On one partition, and on four, where a short take has looked at
+/// every partition and marked each: there the first enqueue to each partition publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_publishes_only_while_a_worker_waits() {
+    let server = RedisServer::start();
+    let published = || {
+        let info = server.raw_command(&["INFO", "commandstats"]).unwrap();
+        redis_server::parse_command_calls(&info, "publish")
+    };
+    let long = Duration::from_secs(60);
+    for partitions in [1_u8, 4] {
+        let inbox = RedisInbox::new(server.connect().await, &fresh_name()).partitions(partitions);
+        let first = 100 * u32::from(partitions);
+        let enqueue = |from: u32, n: u32| {
+            let inbox = inbox.clone();
+            async move {
+                for i in from..from + n {
+                    inbox.enqueue(entry(i)).await.unwrap();
+                }
+            }
+        };
+        server.raw_command(&["CONFIG", "RESETSTAT"]).unwrap();
+        enqueue(first, 1).await;
+        assert_eq!(published(), 0, "no worker took yet: nobody waits");
+        assert_eq!(
+            inbox.take(100, long).await.unwrap().len(),
+            1,
+            "short: it waits"
+        );
+        enqueue(first + 1, 20).await;
+        let woken = published();
+        assert!(
+            (1..=u64::from(partitions)).contains(&woken),
+            "{partitions} partitions: {woken} wake-ups for 20 enqueues to a waiting worker"
+        );
+        // As many asked as there are: full, the worker does not wait.
+        assert_eq!(inbox.take(20, long).await.unwrap().len(), 20);
+        enqueue(first + 21, 20).await;
+        if partitions == 1 {
+            assert_eq!(published(), woken, "a full take leaves nothing to wake");
+        }
+        // Short again: it waits, and the next enqueue wakes it.
+        assert!(inbox.take(100, long).await.unwrap().len() < 100);
+        let before = published();
+        enqueue(first + 41, 1).await;
+        assert_eq!(
+            published(),
+            before + 1,
+            "{partitions} partitions: woken again"
+        );
+    }
+}
