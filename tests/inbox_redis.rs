@@ -546,5 +546,22 @@ async fn an_enqueue_publishes_only_while_a_worker_waits() {
             before + 1,
             "{partitions} partitions: woken again"
         );
+        // An entry due later is told to the waiting worker, and leaves the mark for an entry
+        // due now: that one still wakes it.
+        assert!(inbox.take(100, long).await.unwrap().len() < 100);
+        let mut later = entry(first + 42);
+        later.next_attempt_at = std::time::SystemTime::now() + Duration::from_secs(3600);
+        inbox.enqueue(later).await.unwrap();
+        assert_eq!(
+            published(),
+            before + 2,
+            "{partitions} partitions: told of the later one"
+        );
+        enqueue(first + 43, 1).await;
+        assert_eq!(
+            published(),
+            before + 3,
+            "{partitions} partitions: woken for the one due now"
+        );
     }
 }

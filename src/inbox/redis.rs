@@ -38,7 +38,8 @@ pub const MAX_TAKE: usize = 1_000;
 /// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full. A queued entry is
 /// announced on `<prefix>wake` (`PUBLISH` of its due time) to every process's idle workers
 /// when one waits: a take that came back short left `<prefix>idle`, which the first enqueue
-/// after it deletes as it publishes. While every worker is busy (their takes full) nothing is
+/// due now after it deletes as it publishes (one due later publishes and leaves it, since the
+/// worker only notes the time and waits on). While every worker is busy (their takes full) nothing is
 /// published: a message costs Redis a write to every subscribed process (about 5 µs per
 /// enqueue and process, measured), where the check costs a `DEL`.
 ///
@@ -76,7 +77,13 @@ redis.call('SET', prefix .. 'b:' .. key, ARGV[3])
 if o then redis.call('ZADD', prefix .. 'o:' .. o, 0, p .. key) end
 redis.call('ZADD', KEYS[1], due, key)
 redis.call('ZADD', prefix .. 'live', t, key)
-if redis.call('DEL', prefix .. 'idle') == 1 then redis.pcall('PUBLISH', prefix .. 'wake', due) end
+local idle = prefix .. 'idle'
+if tonumber(due) > tonumber(t) then
+  -- Due later: the waiting worker keeps the time, and the mark stays for an entry due now.
+  if redis.call('EXISTS', idle) == 1 then redis.pcall('PUBLISH', prefix .. 'wake', due) end
+elseif redis.call('DEL', idle) == 1 then
+  redis.pcall('PUBLISH', prefix .. 'wake', due)
+end
 return 0
 "#;
 
