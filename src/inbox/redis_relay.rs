@@ -84,8 +84,17 @@ impl Subscriber {
                 Either::Left(Err(RecvError::Closed)) | Either::Right(Err(RecvError::Closed)) => {
                     return;
                 }
-                // Behind, or reconnected: messages may have been missed.
-                Either::Left(Err(RecvError::Lagged(_))) | Either::Right(_) => UNIX_EPOCH,
+                Either::Left(Err(RecvError::Lagged(_))) => UNIX_EPOCH,
+                // Reconnected: messages may have been missed. Subscribed again first (fred's
+                // resubscription runs on its own; a second SUBSCRIBE changes nothing), so that
+                // the take this announcement starts is followed by heard enqueues: an enqueue
+                // in between, its wake-up lost, would leave Redis's `idle` mark spent.
+                Either::Right(Ok(_) | Err(RecvError::Lagged(_))) => {
+                    if let Err(error) = client.subscribe(channels.to_vec()).await {
+                        tracing::warn!(%error, "inbox: subscribing again to enqueues failed");
+                    }
+                    UNIX_EPOCH
+                }
             };
             announcer.announce(at);
         }
