@@ -24,6 +24,14 @@ use crate::store::{BoxError, StoreKey, Token};
 /// How often the inbox's gauges are set, at most (and at least, while the worker runs).
 const MEASURE_EVERY: Duration = Duration::from_secs(1);
 
+/// The shortest lease a worker holds: renewed every third of it, with a sixth of it to spare
+/// before it ends, a shorter one would cancel handlers for the timer's own delays.
+const MIN_LEASE: Duration = Duration::from_millis(100);
+
+/// The longest lease and poll interval: a year (far longer ones would pass what an `Instant`
+/// holds).
+const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Runs inbox entries through a service: up to `workers` at a time, each under a lease
 /// renewed while it runs; success marks the key done, failure (an `Err`, a panic) asks the
 /// retry policy for a retry time or a dead letter.
@@ -94,8 +102,9 @@ impl<St, S, P> Worker<St, S, P> {
     /// and taken by another worker about one lease after this one died. A handler whose lease
     /// is lost (a renewal refused, or none through by a sixth of a lease before it ends) is
     /// cancelled, its attempt failed, so that it never runs beside the worker taking over.
+    /// Kept between 100 ms and a year.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.settings.lease = lease;
+        self.settings.lease = lease.clamp(MIN_LEASE, MAX_WAIT);
         self
     }
 
@@ -111,9 +120,10 @@ impl<St, S, P> Worker<St, S, P> {
     /// an idle worker takes as soon as an entry is enqueued or a retry it scheduled is due, and
     /// this is only the fallback for what nobody announces: a lease that ran out in a crashed
     /// process, an announcement lost while a connection was down, an entry enqueued by another
-    /// process on SQLite. Default 5 s there; 50 ms on a store that announces nothing.
+    /// process on SQLite. Default 5 s there; 50 ms on a store that announces nothing. At most
+    /// a year.
     pub fn poll_interval(mut self, poll: Duration) -> Self {
-        self.settings.poll = Some(poll);
+        self.settings.poll = Some(poll.min(MAX_WAIT));
         self
     }
 
@@ -161,6 +171,8 @@ where
         let mut shutdown = pin!(shutdown);
         let mut running = JoinSet::new();
         let mut measured: Option<Instant> = None;
+        // When the last take was asked: its leases end no earlier than a lease after it.
+        let mut asked = tokio::time::Instant::now();
         loop {
             while running.try_join_next().is_some() {}
             run.measure(&mut measured).await;
@@ -169,6 +181,7 @@ where
                 0 => Vec::new(),
                 _ => {
                     idle.before_take();
+                    asked = tokio::time::Instant::now();
                     let taken = run.take(free).await;
                     idle.took(taken.is_some());
                     taken.unwrap_or_default()
@@ -187,7 +200,8 @@ where
                         correlation_id = %lease.entry.correlation_id,
                         attempt = lease.entry.attempts,
                     );
-                    running.spawn(run.clone().settle(service.clone(), lease).instrument(span));
+                    let settled = run.clone().settle(service.clone(), lease, asked);
+                    running.spawn(settled.instrument(span));
                 }
                 continue;
             }
@@ -278,7 +292,7 @@ struct Run<St, P> {
 }
 
 impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
-    async fn settle<S>(self, service: S, lease: Lease)
+    async fn settle<S>(self, service: S, lease: Lease, asked: tokio::time::Instant)
     where
         S: Service<InboxRequest> + Send,
         S::Future: Send,
@@ -291,7 +305,7 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
             report("complete", self.completions.complete(key, token).await);
             None
         } else {
-            self.attempt(service, lease).await
+            self.attempt(service, lease, asked).await
         };
         // Settled, an ordered entry lets its object's next one go; a retry is due at its time.
         // The loop hears it even when the store announces nothing of the kind.
@@ -304,7 +318,12 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
     }
 
     /// Runs the handler and settles its outcome; the retry's time when one was scheduled.
-    async fn attempt<S>(&self, service: S, lease: Lease) -> Option<SystemTime>
+    async fn attempt<S>(
+        &self,
+        service: S,
+        lease: Lease,
+        asked: tokio::time::Instant,
+    ) -> Option<SystemTime>
     where
         S: Service<InboxRequest> + Send,
         S::Future: Send,
@@ -314,7 +333,7 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
         let attempts = lease.entry.attempts;
         metrics::attempt(&self.settings.namespace);
         let outcome = self
-            .call(service, InboxRequest::new(lease.entry, token))
+            .call(service, InboxRequest::new(lease.entry, token), asked)
             .await;
         let error = match outcome {
             Ok(()) => {
@@ -345,7 +364,12 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
     }
 
     /// Calls the service with the lease renewed meanwhile; a panic is a failure.
-    async fn call<S>(&self, mut service: S, request: InboxRequest) -> Result<(), String>
+    async fn call<S>(
+        &self,
+        mut service: S,
+        request: InboxRequest,
+        asked: tokio::time::Instant,
+    ) -> Result<(), String>
     where
         S: Service<InboxRequest> + Send,
         S::Future: Send,
@@ -357,7 +381,7 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
             service.call(request).await.map(drop)
         };
         let attempt = pin!(AssertUnwindSafe(attempt).catch_unwind());
-        let held = pin!(hold(&*self.store, &key, &token, self.settings.lease));
+        let held = pin!(hold(&*self.store, &key, &token, self.settings.lease, asked));
         match select(attempt, held).await {
             Either::Left((Ok(Ok(())), _)) => Ok(()),
             Either::Left((Ok(Err(error)), _)) => Err(error.into().to_string()),
@@ -376,17 +400,18 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
 /// lease is no longer this worker's: taken over (a renewal refused), or about to run out with
 /// no renewal through (the store unreachable). It returns a sixth of a lease before the lease
 /// ends by this host's clock, so that the handler is cancelled before another worker can take
-/// the entry over.
+/// the entry over. The lease is counted from `asked`, when the take was sent (the store began
+/// it later), and each renewal's from when it was sent.
 async fn hold<St: InboxStore>(
     store: &St,
     key: &StoreKey,
     token: &Token,
     lease: Duration,
+    asked: tokio::time::Instant,
 ) -> &'static str {
     let margin = lease / 6;
-    // The lease began at the take, a little before the handler: counted from now, less the
-    // margin, it ends no later than the store's.
-    let mut ends = tokio::time::Instant::now() + lease;
+    // `Worker::lease` keeps a lease within what an `Instant` holds.
+    let mut ends = asked + lease;
     loop {
         let next = (tokio::time::Instant::now() + lease / 3).min(ends - margin);
         tokio::time::sleep_until(next).await;
