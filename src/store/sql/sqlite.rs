@@ -217,8 +217,20 @@ impl dialect::Sealed for Sqlite {
         // the name sqlx gave it.
         let options = pool.connect_options();
         let file = options.get_filename();
-        let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_owned());
-        Some(file.display().to_string())
+        // A file not created yet (a lazy pool) is named by its folder's canonical path.
+        let canonical = std::fs::canonicalize(file).ok().or_else(|| {
+            let folder = match file.parent() {
+                Some(folder) if !folder.as_os_str().is_empty() => folder,
+                _ => std::path::Path::new("."),
+            };
+            Some(std::fs::canonicalize(folder).ok()?.join(file.file_name()?))
+        });
+        Some(
+            canonical
+                .unwrap_or_else(|| file.to_owned())
+                .display()
+                .to_string(),
+        )
     }
 }
 
