@@ -39,9 +39,9 @@ pub const MAX_TAKE: usize = 1_000;
 /// announced on `<prefix>wake` (`PUBLISH` of its due time) to every process's idle workers
 /// when one waits: a take that came back short left `<prefix>idle`, which the first enqueue
 /// due now after it deletes as it publishes (one due later publishes and leaves it, since the
-/// worker only notes the time and waits on). While every worker is busy (their takes full) nothing is
-/// published: a message costs Redis a write to every subscribed process (about 5 µs per
-/// enqueue and process, measured), where the check costs a `DEL`.
+/// worker only notes the time and waits on). While every worker is busy (their takes full)
+/// nothing is published: a message costs Redis a write to every subscribed process (about
+/// 5 µs per enqueue and process, measured), where the check costs a `DEL`.
 ///
 /// Every argument costs Redis about 2k instructions to hand to Lua and every hash field about
 /// 3k to store, so a first delivery sends 8 strings (the other key names are built in the
@@ -92,8 +92,9 @@ return 0
 /// the due set in time order, skipping an ordered entry that is not its object's next: the
 /// object's entry in flight (`c:<object>`, while it is running, its lease live or not), else
 /// its first by position; taking fewer than `max` leaves `<prefix>idle` for the next enqueue
-/// to publish (see `enqueue`); returns one row per entry taken: key, stale (0/1), token, then the fields `Row::entry`
-/// reads (headers, object, position, correlation id, attempts, next attempt, enqueued).
+/// to publish (see `enqueue`); returns one row per entry taken: key, stale (0/1), token, then
+/// the fields `Row::entry` reads (headers, object, position, correlation id, attempts, next
+/// attempt, enqueued).
 ///
 /// Every string handed to Lua costs Redis about 2k instructions, more for a long one: the scan
 /// asks for as many due entries as it still wants (more only when it passed some over), one

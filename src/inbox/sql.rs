@@ -556,7 +556,7 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
         let (key, token) = (Param::Text(key.as_str()), Param::Bytes(token.as_bytes()));
         let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
         // Told like an enqueue: a retry at its time, a dead letter now (its object's next).
-        let (written, at) = match &failure {
+        let (rows, at) = match &failure {
             Failure::RetryAt(at, error) => {
                 let params = [key, token, Param::Int(epoch_ms(*at)), Param::Text(error)];
                 (fetch::<DB>(&mut conn, &self.sql.retry, &params).await?, *at)
@@ -567,10 +567,11 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
                 (fetch::<DB>(&mut conn, &self.sql.bury, &params).await?, now)
             }
         };
-        if !written.is_empty() {
+        let settled = !rows.is_empty();
+        if settled {
             self.tell(at);
         }
-        Ok(!written.is_empty())
+        Ok(settled)
     }
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {

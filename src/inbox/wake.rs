@@ -3,10 +3,10 @@
 //!
 //! An inbox **announces** what arrives, an enqueue, a re-queue or a retry, with the time the
 //! entry is due; a worker **subscribes** before its first take and, when a take finds
-//! nothing, waits for the next announcement instead of asking the store again and again. Announcements cross
-//! processes where the store can carry them (Redis `PUBLISH` from the enqueue script,
-//! PostgreSQL `NOTIFY` from the enqueue statement); in memory and on SQLite they reach the
-//! workers of the process that enqueued. What a worker settles itself (a retry time, the next
+//! nothing, waits for the next announcement instead of asking the store again and again.
+//! Announcements cross processes where the store can carry them (Redis `PUBLISH` from the
+//! enqueue script, PostgreSQL `NOTIFY` from the enqueue statement); in memory and on SQLite
+//! they reach the workers of the process that enqueued. What a worker settles itself (a retry time, the next
 //! entry of an object it completed) it tells its own loop. A slow fallback poll covers the
 //! rest: a lease that ran out in a crashed process, an announcement lost while a connection was
 //! down, an entry enqueued by another process on SQLite.

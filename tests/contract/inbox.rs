@@ -154,6 +154,33 @@ where
     (stop, run)
 }
 
+/// Stops a worker [`spawn`] started and waits until its `run` returns (within the deadline).
+async fn stop_worker(stop: tokio::sync::oneshot::Sender<()>, run: tokio::task::JoinHandle<()>) {
+    stop.send(()).unwrap();
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("run returns")
+        .unwrap();
+}
+
+/// A worker on `store` whose handler passes its gate at once, idle (its fallback poll a
+/// minute, so that only a wake-up starts an entry soon) and subscribed when this returns.
+async fn idle_worker<St: InboxStore>(
+    store: St,
+) -> (
+    Gated,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let gated = Gated::default();
+    gated.gate.add_permits(10);
+    let worker = Worker::new(store, gated.handler()).poll_interval(Duration::from_secs(60));
+    let (stop, run) = spawn(worker);
+    // Idle: its first take found nothing; its subscription in place.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    (gated, stop, run)
+}
+
 /// Two concurrent enqueues of one delivery store one entry, many times over.
 pub async fn enqueue_is_atomic_with_the_claim<St: InboxStore + Clone>(store: St) {
     for _ in 0..50 {
@@ -599,11 +626,7 @@ pub async fn a_busy_worker_completes_every_entry_once<St: InboxStore + Clone>(st
         async move { n == total }
     })
     .await;
-    stop.send(()).unwrap();
-    tokio::time::timeout(DEADLINE, run)
-        .await
-        .expect("run returns")
-        .unwrap();
+    stop_worker(stop, run).await;
     for entry in &entries {
         assert_eq!(calls.lock().unwrap()[&entry.key], 1, "applied once");
         assert_eq!(
@@ -661,11 +684,7 @@ pub async fn a_running_entry_is_renewed<St: InboxStore + Clone>(store: St) {
         "still held by the running worker"
     );
     gated.gate.add_permits(1);
-    stop.send(()).unwrap();
-    tokio::time::timeout(DEADLINE, run)
-        .await
-        .expect("run returns")
-        .unwrap();
+    stop_worker(stop, run).await;
     assert_eq!(
         store.enqueue(first).await.unwrap(),
         Enqueued::Duplicate(KeyState::Done)
@@ -772,11 +791,7 @@ pub async fn a_newer_entry_in_flight_holds_back_an_older_one<St: InboxStore + Cl
     };
     eventually("the older entry is settled", || done(older.clone())).await;
     for (stop, run) in [(stop_a, run_a), (stop_b, run_b)] {
-        stop.send(()).unwrap();
-        tokio::time::timeout(DEADLINE, run)
-            .await
-            .expect("run returns")
-            .unwrap();
+        stop_worker(stop, run).await;
     }
     assert_eq!(
         gated.calls.load(Ordering::SeqCst),
@@ -898,11 +913,7 @@ pub async fn a_handler_is_cancelled_before_its_lease_can_be_taken_over<St: Inbox
         "the first attempt ends before another starts"
     );
     for (stop, run) in [(stop_a, run_a), (stop_b, run_b)] {
-        stop.send(()).unwrap();
-        tokio::time::timeout(DEADLINE, run)
-            .await
-            .expect("run returns")
-            .unwrap();
+        stop_worker(stop, run).await;
     }
 }
 
@@ -1000,11 +1011,7 @@ pub async fn arrivals_in_any_order_end_at_the_highest_position<St: InboxStore + 
         .await;
     }
     for (stop, run) in [(stop_a, run_a), (stop_b, run_b)] {
-        stop.send(()).unwrap();
-        tokio::time::timeout(DEADLINE, run)
-            .await
-            .expect("run returns")
-            .unwrap();
+        stop_worker(stop, run).await;
     }
     let applied = applied.lock().unwrap();
     assert_eq!(
@@ -1080,11 +1087,7 @@ pub async fn an_idle_worker_is_woken_not_polled<St: InboxStore + Clone>(store: S
         retried >= Duration::from_millis(100) && retried < Duration::from_secs(3),
         "retried {retried:?} after the failure (backoff 100-200 ms)"
     );
-    stop.send(()).unwrap();
-    tokio::time::timeout(DEADLINE, run)
-        .await
-        .expect("run returns")
-        .unwrap();
+    stop_worker(stop, run).await;
 }
 
 /// A retry scheduled through `other` (the worker of another process that failed the entry)
@@ -1101,12 +1104,8 @@ pub async fn a_retry_elsewhere_wakes_an_idle_worker<St: InboxStore + Clone>(
         .pop()
         .unwrap();
     assert_eq!(lease.entry.key, first.key);
-    let gated = Gated::default();
-    gated.gate.add_permits(10);
-    let worker = Worker::new(worker_side, gated.handler()).poll_interval(Duration::from_secs(60));
-    let (stop, run) = spawn(worker);
-    // Idle (the entry is leased elsewhere), and its subscription in place.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Idle: the entry is leased elsewhere.
+    let (gated, stop, run) = idle_worker(worker_side).await;
     let due = Duration::from_millis(300);
     let failed = Instant::now();
     let retry = Failure::RetryAt(SystemTime::now() + due, "failed elsewhere".to_owned());
@@ -1117,11 +1116,7 @@ pub async fn a_retry_elsewhere_wakes_an_idle_worker<St: InboxStore + Clone>(
         woken >= due - Duration::from_millis(50) && woken < due + Duration::from_secs(1),
         "started {woken:?} after a retry due in {due:?}"
     );
-    stop.send(()).unwrap();
-    tokio::time::timeout(DEADLINE, run)
-        .await
-        .expect("run returns")
-        .unwrap();
+    stop_worker(stop, run).await;
 }
 
 /// [`a_retry_elsewhere_wakes_an_idle_worker`] through one store.
@@ -1135,12 +1130,7 @@ pub async fn an_enqueue_elsewhere_wakes_an_idle_worker<St: InboxStore + Clone>(
     worker_side: St,
     other: St,
 ) {
-    let gated = Gated::default();
-    gated.gate.add_permits(10);
-    let worker = Worker::new(worker_side, gated.handler()).poll_interval(Duration::from_secs(60));
-    let (stop, run) = spawn(worker);
-    // Idle, and its subscription in place.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (gated, stop, run) = idle_worker(worker_side).await;
     let enqueued = Instant::now();
     other.enqueue(entry("elsewhere")).await.unwrap();
     gated.started().await;
@@ -1149,11 +1139,7 @@ pub async fn an_enqueue_elsewhere_wakes_an_idle_worker<St: InboxStore + Clone>(
         woken < Duration::from_secs(1),
         "started {woken:?} after the enqueue"
     );
-    stop.send(()).unwrap();
-    tokio::time::timeout(DEADLINE, run)
-        .await
-        .expect("run returns")
-        .unwrap();
+    stop_worker(stop, run).await;
 }
 
 #[macro_export]
