@@ -25,7 +25,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use redis_server::RedisServer;
-use tower_idempotency::inbox::{Enqueued, InboxEntry, InboxStore, KeyState, RedisInbox};
+use tower_idempotency::inbox::{
+    Enqueued, InboxEntry, InboxStore, KeyState, RedisInbox, RedisWrites,
+};
 use tower_idempotency::order::Position;
 use tower_idempotency::store::{ObjectKey, StoreErrorKind, StoreKey};
 
@@ -564,4 +566,156 @@ async fn an_enqueue_publishes_only_while_a_worker_waits() {
             "{partitions} partitions: woken for the one due now"
         );
     }
+}
+
+/// What an effect key of the tests below holds (`None` when absent).
+async fn read(client: &fred::clients::Client, key: &str) -> Option<String> {
+    fred::interfaces::KeysInterface::get(client, key)
+        .await
+        .unwrap()
+}
+
+/// The effect of one email event, fenced: its id counted and its message's status set, in the
+/// entry's hash slot.
+fn email_writes(tag: &str, event: &str, message: &str, status: &str) -> RedisWrites {
+    RedisWrites::new()
+        .command(["INCR", format!("app:applied:{tag}:{event}").as_str()])
+        .command([
+            "SET",
+            format!("app:status:{tag}:{message}").as_str(),
+            status,
+        ])
+}
+
+/// The pause sequence of issue 54 on the fenced completion: worker 1 takes `ev_1` and stalls
+/// past its lease; worker 2 takes it over and completes it with its effect; the newer `ev_2` of
+/// the same message is applied; worker 1 resumes and sends its effect and completion: nothing
+/// is written, `ev_1` counted once and the message left at `ev_2`'s state. The script sent
+/// again (a client's re-send after a reconnection) writes nothing twice; the worker's own
+/// completion after the handler's is no lost lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_completion_writes_once_and_never_after_its_lease() {
+    let server = RedisServer::start();
+    let client = server.connect().await;
+    let inbox = RedisInbox::new(client.clone(), &fresh_name());
+    let message = ObjectKey::new("inbox-redis", None, "m_1");
+    let ev = |n: u32| entry(n).ordered(message.clone(), Position::new(i128::from(n)));
+    inbox.enqueue(ev(1)).await.unwrap();
+    inbox.enqueue(ev(2)).await.unwrap();
+    let retention = Duration::from_secs(60);
+
+    let stalled = inbox
+        .take(1, Duration::from_millis(50))
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    let tag = inbox.hash_tag(&stalled.token).unwrap().to_owned();
+    assert_eq!(format!("{tag}:"), inbox.prefix());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let taken_over = take_one(&inbox).await;
+    assert_eq!(taken_over.entry.key, stalled.entry.key, "ev_1 again");
+    let writes = email_writes(&tag, "ev_1", "m_1", "sent");
+    let (key, token) = (&taken_over.entry.key, &taken_over.token);
+    assert!(
+        inbox
+            .complete_with(key, token, writes.clone(), retention)
+            .await
+            .unwrap()
+    );
+    // Sent again: done by this token already, nothing written twice.
+    assert!(
+        inbox
+            .complete_with(key, token, writes, retention)
+            .await
+            .unwrap()
+    );
+    // The worker's own completion after the handler's finds the key done by its lease.
+    assert!(inbox.complete(key, token, retention).await.unwrap());
+
+    let newer = take_one(&inbox).await;
+    assert_eq!(newer.entry.key, ev(2).key);
+    let writes = email_writes(&tag, "ev_2", "m_1", "delivered");
+    assert!(
+        inbox
+            .complete_with(&newer.entry.key, &newer.token, writes, retention)
+            .await
+            .unwrap()
+    );
+
+    // Worker 1 resumes: its lease is gone, so is its write.
+    let late = email_writes(&tag, "ev_1", "m_1", "sent");
+    let (key, token) = (&stalled.entry.key, &stalled.token);
+    assert!(
+        !inbox
+            .complete_with(key, token, late, retention)
+            .await
+            .unwrap()
+    );
+    assert!(!inbox.complete(key, token, retention).await.unwrap());
+    assert_eq!(
+        read(&client, &format!("app:applied:{tag}:ev_1"))
+            .await
+            .as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        read(&client, &format!("app:applied:{tag}:ev_2"))
+            .await
+            .as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        read(&client, &format!("app:status:{tag}:m_1"))
+            .await
+            .as_deref(),
+        Some("delivered")
+    );
+    assert_eq!(
+        inbox.enqueue(ev(1)).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done)
+    );
+    assert_eq!(inbox.counts().await.unwrap().pending, 0);
+}
+
+/// On a partitioned inbox in a cluster, the writes go to the entry's slot under its
+/// partition's tag (a script reaching another slot would be refused); a token of no partition
+/// of the inbox has no tag and completes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_writes_share_the_entry_partition_in_a_cluster() {
+    let cluster = redis_cluster::RedisCluster::shared();
+    let client = cluster.connect().await;
+    let inbox = RedisInbox::new(client.clone(), &fresh_name()).partitions(4);
+    for n in 0..8 {
+        inbox.enqueue(entry(n)).await.unwrap();
+    }
+    let mut tags = HashSet::new();
+    for lease in inbox.take(8, Duration::from_secs(30)).await.unwrap() {
+        let tag = inbox.hash_tag(&lease.token).unwrap().to_owned();
+        let id = lease.entry.correlation_id.clone();
+        let writes = RedisWrites::new().command(["SET", format!("app:{tag}:{id}").as_str(), "1"]);
+        let (key, token) = (&lease.entry.key, &lease.token);
+        assert!(
+            inbox
+                .complete_with(key, token, writes, Duration::from_secs(60))
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            read(&client, &format!("app:{tag}:{id}")).await.as_deref(),
+            Some("1")
+        );
+        tags.insert(tag);
+    }
+    assert!(tags.len() >= 2, "entries spread over partitions: {tags:?}");
+    let foreign = tower_idempotency::store::Token::from_bytes([0xff; 16]);
+    assert_eq!(inbox.hash_tag(&foreign), None);
+    let key = entry(0).key;
+    let none = RedisWrites::new();
+    assert!(
+        !inbox
+            .complete_with(&key, &foreign, none, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
 }

@@ -492,4 +492,8 @@ impl scale_out::Topology for RedisCluster {
     fn wait_for_failover(&self, killed: u16) -> u16 {
         RedisCluster::wait_for_failover(self, killed, Duration::from_secs(30))
     }
+
+    fn restart(&mut self, port: u16) {
+        RedisCluster::restart(self, port);
+    }
 }

@@ -289,4 +289,8 @@ impl scale_out::Topology for RedisSentinel {
     fn wait_for_failover(&self, killed: u16) -> u16 {
         RedisSentinel::wait_for_failover(self, killed, Duration::from_secs(30))
     }
+
+    fn restart(&mut self, port: u16) {
+        RedisSentinel::restart(self, port);
+    }
 }

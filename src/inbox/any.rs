@@ -43,7 +43,7 @@ enum Backend {
 
 impl AnyInbox {
     /// The inbox on `store`'s backend and connections: a `RedisInbox` named `name` on its
-    /// client; a `PostgresInbox` or `SqliteInbox` on its pool, in the table `name` (created
+    /// client, [durable](super::RedisInbox::durable) when the store's completion is; a `PostgresInbox` or `SqliteInbox` on its pool, in the table `name` (created
     /// by [`migrate`](super::SqlInbox::migrate) here); a [`MemoryInbox`] of the default
     /// capacity for a memory store. An error when the table cannot be created, or `name` is
     /// not a valid table name on SQL.
@@ -54,7 +54,11 @@ impl AnyInbox {
     pub async fn on(store: &AnyStore, name: &str) -> Result<Self, StoreError> {
         #[cfg(feature = "redis")]
         if let Some(redis) = store.as_redis() {
-            let inbox = super::redis::RedisInbox::new(redis.client().clone(), name);
+            let mut inbox = super::redis::RedisInbox::new(redis.client().clone(), name);
+            // The store's durable completion covers the inbox's writes as well.
+            if let Some((replicas, timeout)) = redis.durability() {
+                inbox = inbox.durable(replicas, timeout);
+            }
             return Ok(inbox.into());
         }
         #[cfg(feature = "postgres")]

@@ -17,8 +17,10 @@ use super::entry::{EntryOrder, InboxEntry, Lease};
 use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 use super::wake::{Announcer, Wakeups};
 use crate::order::Position;
+use crate::store::redis::durable::script_replicated;
 use crate::store::redis::errors::store_error;
 use crate::store::redis::scripts::{Keys, LESS_LUA, bytes_of, evalsha_with_reload, unexpected};
+use crate::store::redis::{Durability, PickClient};
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token, millis};
 
 /// The most entries one [`RedisInbox`] `take` hands out: a take is one script, which holds the
@@ -33,8 +35,9 @@ pub const MAX_TAKE: usize = 1_000;
 /// `enqueue`: KEYS = due, entry, done (what decides a duplicate is declared, so that a slot
 /// being migrated redirects the script rather than hide a key); ARGV[1] = prefix, [2] = key,
 /// [3] = body, [4] = correlation id, [5] = enqueued (µs), then pairs of a name and a value for
-/// what is not the default: `h` headers (none), `a` attempts (0), `n` next attempt (the enqueue
-/// time), `o` object and `p` position (unordered), `cap` capacity (unbounded). Returns 0 when
+/// what is not the default: `w` durable (first when present: a duplicate then writes `<prefix>fence`
+/// for the `WAIT` behind it to count), `h` headers (none), `a` attempts (0), `n` next attempt (the
+/// enqueue time), `o` object and `p` position (unordered), `cap` capacity (unbounded). Returns 0 when
 /// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full. A queued entry is
 /// announced on `<prefix>wake` (`PUBLISH` of its due time) to every process's idle workers
 /// when one waits: a take that came back short left `<prefix>idle`, which the first enqueue
@@ -49,6 +52,9 @@ pub const MAX_TAKE: usize = 1_000;
 /// field as its default).
 const ENQUEUE_LUA: &str = r#"local prefix, key, t, e = ARGV[1], ARGV[2], ARGV[5], KEYS[2]
 if redis.call('EXISTS', e, KEYS[3]) > 0 then
+  -- Durable: a write, so that the WAIT behind the script waits for the replicas to hold what
+  -- was found (WAIT counts the writes of its own connection, and replicas apply in order).
+  if ARGV[6] == 'w' then redis.call('SET', prefix .. 'fence', t) end
   local s = redis.call('HGET', e, 's')
   if s == 'q' then return 1 elseif s == 'r' then return 2 elseif s == 'd' then return 3 end
   return 4
@@ -56,7 +62,8 @@ end
 local due, o, p, fields = t, nil, nil, nil
 for i = 6, #ARGV, 2 do
   local name, value = ARGV[i], ARGV[i + 1]
-  if name == 'cap' then
+  if name == 'w' then
+  elseif name == 'cap' then
     local held = redis.call('ZCARD', prefix .. 'live') + redis.call('ZCARD', prefix .. 'dead')
     if held >= tonumber(value) then return 5 end
   else
@@ -163,7 +170,9 @@ return 1
 /// `complete`, any number of leases of one partition: KEYS = due, leased, live; ARGV[1] =
 /// prefix, [2] = retention (ms), then a key and its lease's token for each lease. For each
 /// lease still held by its token: marks the key done, removes the entry and raises its object's
-/// watermark (kept for the retention). Returns 1 (completed) or 0 (not held) per lease.
+/// watermark (kept for the retention). Returns 1 (completed) or 0 (not held) per lease; 1 also
+/// for a lease whose handler completed it already ([`RedisInbox::complete_with`], whose done key
+/// keeps the token).
 ///
 /// A script costs Redis about 12k instructions before it does anything and every string
 /// handed to it about 2k: a worker sends the completions that gathered while the last ones
@@ -171,24 +180,16 @@ return 1
 static COMPLETE_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
         + RELEASE_LUA
+        + COMPLETE_ONE_LUA
         + r#"local prefix, retention, out, done = ARGV[1], ARGV[2], {}, {}
 for i = 3, #ARGV, 2 do
   local key = ARGV[i]
-  local e = prefix .. 'e:' .. key
-  local f = redis.call('HMGET', e, 's', 't', 'o', 'p')
+  local f = redis.call('HMGET', prefix .. 'e:' .. key, 's', 't', 'o', 'p')
   if f[1] == 'r' and f[2] == ARGV[i + 1] then
-    redis.call('DEL', e, prefix .. 'b:' .. key)
-    redis.call('SET', prefix .. 'd:' .. key, '1', 'PX', retention)
-    if f[3] then
-      redis.call('ZREM', prefix .. 'o:' .. f[3], f[4] .. key)
-      release(prefix .. 'c:' .. f[3], key)
-      local wk = prefix .. 'w:' .. f[3]
-      local w = redis.call('GET', wk)
-      local mark = f[4]
-      if w and string.len(w) == 16 and less(mark, w) then mark = w end
-      redis.call('SET', wk, mark, 'PX', retention)
-    end
+    complete_one(prefix, retention, key, f, '1')
     done[#done + 1] = key
+    out[#out + 1] = 1
+  elseif redis.call('GET', prefix .. 'd:' .. key) == ARGV[i + 1] then
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
@@ -198,6 +199,51 @@ if #done > 0 then
   for i = 1, 3 do redis.call('ZREM', KEYS[i], unpack(done)) end
 end
 return out
+"#
+});
+
+/// Completes the entry of `key` whose fields `f` (state, token, object, position) show it held:
+/// deletes it and its body, marks the key done with `mark` for the retention, and lets its
+/// object's next entry go with the watermark raised. The caller removes it from the sets.
+const COMPLETE_ONE_LUA: &str = r#"local function complete_one(prefix, retention, key, f, mark)
+  redis.call('DEL', prefix .. 'e:' .. key, prefix .. 'b:' .. key)
+  redis.call('SET', prefix .. 'd:' .. key, mark, 'PX', retention)
+  if f[3] then
+    redis.call('ZREM', prefix .. 'o:' .. f[3], f[4] .. key)
+    release(prefix .. 'c:' .. f[3], key)
+    local wk = prefix .. 'w:' .. f[3]
+    local w = redis.call('GET', wk)
+    local m = f[4]
+    if w and string.len(w) == 16 and less(m, w) then m = w end
+    redis.call('SET', wk, m, 'PX', retention)
+  end
+end
+"#;
+
+/// `complete_with`: KEYS = due, leased, live, entry; ARGV[1] = prefix, [2] = retention (ms),
+/// [3] = key, [4] = token, then the writes, each its number of strings and those strings (a
+/// command and its arguments). When the lease is still the token's: runs the writes, then
+/// completes as `complete` does, keeping the token in the done key. Returns 1 (written), 2
+/// (done by this token already: a repeat, nothing written again) or 0 (not held).
+static COMPLETE_WITH_LUA: LazyLock<String> = LazyLock::new(|| {
+    LESS_LUA.to_owned()
+        + RELEASE_LUA
+        + COMPLETE_ONE_LUA
+        + r#"local prefix, key, token = ARGV[1], ARGV[3], ARGV[4]
+local f = redis.call('HMGET', KEYS[4], 's', 't', 'o', 'p')
+if f[1] ~= 'r' or f[2] ~= token then
+  if redis.call('GET', prefix .. 'd:' .. key) == token then return 2 end
+  return 0
+end
+local i = 5
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  redis.call(unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
+complete_one(prefix, ARGV[2], key, f, token)
+for j = 1, 3 do redis.call('ZREM', KEYS[j], key) end
+return 1
 "#
 });
 
@@ -277,6 +323,8 @@ static ENQUEUE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(ENQUEUE_LUA
 static TAKE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(TAKE_LUA.as_str()));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RENEW_LUA));
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COMPLETE_LUA.as_str()));
+static COMPLETE_WITH: LazyLock<Script> =
+    LazyLock::new(|| Script::from_lua(COMPLETE_WITH_LUA.as_str()));
 static FAIL: LazyLock<Script> = LazyLock::new(|| Script::from_lua(FAIL_LUA.as_str()));
 static REQUEUE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(REQUEUE_LUA));
 static DEAD: LazyLock<Script> = LazyLock::new(|| Script::from_lua(DEAD_LUA));
@@ -368,6 +416,8 @@ pub struct RedisInbox<C = Pool> {
     next: Arc<AtomicUsize>,
     /// This process's workers' subscriptions, fed by one subscriber connection.
     announcer: Announcer,
+    /// Whether the writes an answer or a settlement relies on wait for replicas.
+    durability: Option<Durability<C>>,
 }
 
 impl<C> RedisInbox<C>
@@ -390,6 +440,7 @@ where
             capacity: 0,
             next: Arc::default(),
             announcer: Announcer::new(),
+            durability: None,
         }
     }
 
@@ -435,6 +486,40 @@ where
         self
     }
 
+    /// Durable writes: every write that an answer or a settlement relies on (the enqueue
+    /// before the route's `202`, [`complete`](InboxStore::complete), [`fail`](InboxStore::fail),
+    /// [`requeue`](InboxStore::requeue), [`complete_with`](Self::complete_with)) waits until at
+    /// least `replicas` replicas acknowledged it (`WAIT replicas timeout`, pipelined behind the
+    /// script on the same connection), and is an error
+    /// ([`NotReplicated`](crate::store::NotReplicated)) when fewer did within `timeout`. The
+    /// route then answers `503` + `Retry-After` instead of a `202` that a failover could take
+    /// back; the sender's retry finds the entry stored and is acknowledged once the replicas
+    /// have it (a duplicate is made to wait for them too). As
+    /// [`RedisStore::durable_completion`](crate::RedisStore::durable_completion), whose setting
+    /// [`AnyInbox::on`](super::AnyInbox::on) carries over. Takes and renewals are not waited
+    /// for: a lost one is a lease that runs out.
+    ///
+    /// `replicas` = 0 turns it off. `timeout` is rounded to whole milliseconds, at least 1.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn example(pool: tower_idempotency::fred::clients::Pool) {
+    /// let inbox = tower_idempotency::inbox::RedisInbox::new(pool, "payments")
+    ///     .durable(1, Duration::from_millis(50));
+    /// # }
+    /// ```
+    pub fn durable(mut self, replicas: u32, timeout: Duration) -> Self
+    where
+        C: PickClient,
+    {
+        self.durability = (replicas > 0).then_some(Durability {
+            replicas,
+            timeout,
+            pick: C::pick_client,
+        });
+        self
+    }
+
     /// The prefix of every key of this inbox (of its first partition when it has several),
     /// its hash tag included.
     ///
@@ -458,6 +543,26 @@ where
     /// ```
     pub fn client(&self) -> &C {
         &self.client
+    }
+
+    /// The hash tag of the partition the entry leased under `token` is in (`{inbox:<name>}`, or
+    /// `{inbox:<name>:<p>}` when [partitioned](Self::partitions)); `None` for a token that is
+    /// not of this inbox (a worker's [`InboxRequest::token`](super::InboxRequest::token)). The
+    /// keys of the [writes](RedisWrites) completed with the entry
+    /// ([`complete_with`](Self::complete_with)) carry it, so that they live in the entry's hash
+    /// slot: `format!("app:status:{tag}:{message_id}")`. An ordered entry is in its object's
+    /// partition, so the writes of one object's entries always share one tag.
+    ///
+    /// ```no_run
+    /// # fn example(inbox: tower_idempotency::inbox::RedisInbox, request: &tower_idempotency::inbox::InboxRequest) {
+    /// let tag = inbox.hash_tag(request.token()).unwrap();
+    /// assert_eq!(tag, "{inbox:payments}");
+    /// # }
+    /// ```
+    pub fn hash_tag(&self, token: &Token) -> Option<&str> {
+        let p = self.partition_of_token(token)?;
+        let prefix = &self.prefixes[p];
+        Some(&prefix[..prefix.len() - 1])
     }
 
     fn entry_key(&self, p: usize, key: &StoreKey) -> String {
@@ -513,6 +618,23 @@ where
         args: impl Fn() -> Vec<Value>,
     ) -> Result<bool, StoreError> {
         flag(self.run(script, keys, args).await?)
+    }
+
+    /// [`run`](Self::run) for a write that an answer or a settlement relies on: with
+    /// [durability](Self::durable), the script and a `WAIT` on one connection.
+    async fn run_written(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        args: impl Fn() -> Vec<Value>,
+    ) -> Result<Value, StoreError> {
+        match self.durability {
+            Some(durability) => {
+                let client = (durability.pick)(&self.client);
+                script_replicated(&client, durability, script, &Keys::Tagged(keys), &args()).await
+            }
+            None => self.run(script, keys, args).await,
+        }
     }
 }
 
@@ -623,11 +745,82 @@ where
             }
             args
         };
-        let flags = rows(self.run(&COMPLETE, keys, args).await?, "complete")?;
+        let flags = rows(self.run_written(&COMPLETE, keys, args).await?, "complete")?;
         if flags.len() != indices.len() {
             return Err(corrupt("complete answered another number of flags"));
         }
         flags.into_iter().map(flag).collect()
+    }
+
+    /// Applies `writes` and completes the entry of `key` in **one token-checked script**: both
+    /// when the lease is still `token`'s (a worker's
+    /// [`InboxRequest::key`](super::InboxRequest::key) and
+    /// [`InboxRequest::token`](super::InboxRequest::token)), neither when it is not
+    /// (`Ok(false)`: another worker took the entry over; the handler should then return an
+    /// error). The Redis
+    /// counterpart of [`SqlInbox::complete_in_tx`](super::SqlInbox::complete_in_tx): the effect
+    /// and the entry's completion happen together, exactly once, whatever happens around them:
+    /// a worker paused in the middle of its handler and resumed after its lease (its script
+    /// finds the lease gone and writes nothing), a worker killed after the script (the key is
+    /// done; nobody runs the entry again), a script sent again by the client after a reconnection
+    /// (it finds the key done by this token and writes nothing again: `Ok(true)`), and with
+    /// [durability](Self::durable), a failover (the script's writes are on the replicas before
+    /// it returns). The worker's own completion afterwards finds the key done by the same
+    /// lease and changes nothing.
+    ///
+    /// Every key the writes name must carry the entry's [hash tag](Self::hash_tag) (Redis Cluster
+    /// refuses a script that reaches another slot). The done key keeps the lease's token for the
+    /// retention (16 bytes where [`complete`](InboxStore::complete) keeps 1). A write that
+    /// Redis refuses (a command against a key of the wrong type) fails the call after the writes
+    /// before it were made and before the completion, as Redis does not roll a script back:
+    /// name writes that cannot fail.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_idempotency::inbox::{InboxRequest, RedisInbox, RedisWrites};
+    ///
+    /// # async fn handler(inbox: RedisInbox, request: InboxRequest) -> Result<(), Box<dyn std::error::Error>> {
+    /// let tag = inbox.hash_tag(request.token()).ok_or("not this inbox's lease")?;
+    /// let writes = RedisWrites::new()
+    ///     .command(["HINCRBY", format!("app:applied:{tag}").as_str(), "evt_1", "1"])
+    ///     .command(["SET", format!("app:status:{tag}:m_1").as_str(), "delivered"]);
+    /// let retention = Duration::from_secs(7 * 24 * 3600);
+    /// if !inbox.complete_with(request.key(), request.token(), writes, retention).await? {
+    ///     return Err("lease lost: nothing written".into());
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn complete_with(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        writes: RedisWrites,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let Some(p) = self.partition_of_token(token) else {
+            return Ok(false);
+        };
+        let keys = vec![
+            self.set(p, "due"),
+            self.set(p, "leased"),
+            self.set(p, "live"),
+            self.entry_key(p, key),
+        ];
+        let args = || {
+            let mut args = Vec::with_capacity(4 + writes.args.len());
+            args.push(Value::from(&*self.prefixes[p]));
+            args.push(Value::Integer(millis(retention)));
+            args.push(Value::from(key.as_str()));
+            args.push(token_value(token));
+            args.extend(writes.args.iter().cloned());
+            args
+        };
+        match self.run_written(&COMPLETE_WITH, keys, args).await? {
+            Value::Integer(1 | 2) => Ok(true),
+            Value::Integer(0) => Ok(false),
+            other => Err(unexpected("complete_with", &other)),
+        }
     }
 
     async fn requeue_in(&self, p: usize, key: &StoreKey) -> Result<bool, StoreError> {
@@ -645,7 +838,7 @@ where
                 Value::Integer(now),
             ]
         };
-        self.run_flag(&REQUEUE, keys, args).await
+        flag(self.run_written(&REQUEUE, keys, args).await?)
     }
 
     async fn dead_in(&self, p: usize, limit: i64) -> Result<Vec<DeadLetter>, StoreError> {
@@ -685,6 +878,66 @@ where
     }
 }
 
+/// Redis writes made with an entry's completion, in one token-checked script: see
+/// [`RedisInbox::complete_with`]. Each is a command and its arguments, run by the script with
+/// `redis.call`, in order.
+///
+/// ```
+/// use tower_idempotency::inbox::RedisWrites;
+///
+/// let writes = RedisWrites::new()
+///     .command(["SET", "app:status:{inbox:email}:m_1", "delivered"])
+///     .command(["HINCRBY", "app:applied:{inbox:email}", "evt_1", "1"]);
+/// assert_eq!(writes.len(), 2);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct RedisWrites {
+    /// Each command's number of strings, then those strings.
+    args: Vec<Value>,
+    commands: usize,
+}
+
+impl RedisWrites {
+    /// No writes: [`complete_with`](RedisInbox::complete_with) then completes alone.
+    pub fn new() -> Self {
+        RedisWrites::default()
+    }
+
+    /// Adds a command: its name, then its arguments (`["SET", key, value]`). Every key it names
+    /// must carry the entry's [hash tag](RedisInbox::hash_tag). An empty command is ignored.
+    pub fn command<I, A>(mut self, command: I) -> Self
+    where
+        I: IntoIterator<Item = A>,
+        A: AsRef<[u8]>,
+    {
+        let at = self.args.len();
+        self.args.push(Value::Integer(0));
+        self.args.extend(
+            command
+                .into_iter()
+                .map(|arg| Value::Bytes(Bytes::copy_from_slice(arg.as_ref()))),
+        );
+        let n = self.args.len() - at - 1;
+        if n == 0 {
+            self.args.truncate(at);
+        } else {
+            self.args[at] = Value::Integer(n as i64);
+            self.commands += 1;
+        }
+        self
+    }
+
+    /// How many commands there are.
+    pub fn len(&self) -> usize {
+        self.commands
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.commands == 0
+    }
+}
+
 impl<C> InboxStore for RedisInbox<C>
 where
     C: LuaInterface + KeysInterface + Send + Sync + 'static,
@@ -702,6 +955,9 @@ where
                 Value::from(entry.correlation_id.as_str()),
                 Value::Integer(enqueued_at),
             ];
+            if self.durability.is_some() {
+                args.extend([Value::from("w"), Value::from("1")]);
+            }
             optional_fields(&entry, enqueued_at, capacity, &mut args);
             args
         };
@@ -710,7 +966,7 @@ where
             self.entry_key(p, &entry.key),
             self.done_key(p, &entry.key),
         ];
-        match self.run(&ENQUEUE, keys, args).await? {
+        match self.run_written(&ENQUEUE, keys, args).await? {
             Value::Integer(0) => Ok(Enqueued::Queued),
             Value::Integer(1) => Ok(Enqueued::Duplicate(KeyState::Queued)),
             Value::Integer(2) => Ok(Enqueued::Duplicate(KeyState::Running)),
@@ -853,7 +1109,7 @@ where
                 Value::from(error),
             ]
         };
-        self.run_flag(&FAIL, keys, args).await
+        flag(self.run_written(&FAIL, keys, args).await?)
     }
 
     /// The oldest first, across the partitions.

@@ -322,6 +322,8 @@ pub trait Topology: Send + 'static {
     fn kill_primary_of(&mut self, key: &str) -> u16;
     /// Waits until a replica of the killed primary has taken over; returns its port.
     fn wait_for_failover(&self, killed: u16) -> u16;
+    /// Starts the killed node on `port` again (it comes back as a replica).
+    fn restart(&mut self, port: u16);
 }
 
 /// The load that rides through a failover (about 3 s): store calls wait for the new primary
@@ -557,6 +559,161 @@ pub async fn lost_write_failover<T: Topology>(topology: T, durable: bool) -> usi
     effects.load(Ordering::SeqCst)
 }
 
+/// What became of one inbox event sent across a failover that loses the primary's last,
+/// unreplicated writes (see [`inbox_enqueue_across_a_lagging_failover`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct InboxFailover {
+    /// Whether the first delivery was acknowledged (the route's `202`).
+    pub first_acknowledged: bool,
+    /// Deliveries until one was acknowledged (the sender retries what was not).
+    pub deliveries: usize,
+    /// How many times a worker applied the event after the failover.
+    pub applied: usize,
+}
+
+/// Issue 54's sequence on the inbox, on any [`Topology`]: the replica frozen behind a 16 MiB
+/// backlog, one event enqueued (plain: acknowledged at once; durable: `WAIT 1` refused in time,
+/// so not acknowledged, as the route answers `503`), the primary killed, the replica promoted;
+/// then the sender retries what was not acknowledged (the old primary restarted as a replica,
+/// so that a durable write can be confirmed again), and a worker applies what the inbox holds.
+pub async fn inbox_enqueue_across_a_lagging_failover<T: Topology>(
+    topology: T,
+    durable: bool,
+) -> InboxFailover {
+    use tower_idempotency::inbox::{InboxEntry, InboxRequest, InboxStore, RedisInbox, Worker};
+    let name = "lagging";
+    let tag_key = format!("{{inbox:{name}}}:due");
+    let (primary, replica) = topology.primary_and_replica(&tag_key);
+    let pool = pool_to(&topology, 2, Some(Duration::from_secs(15))).await;
+    let mut inbox = RedisInbox::new(pool, name);
+    if durable {
+        inbox = inbox.durable(1, Duration::from_secs(1));
+    }
+    let entry = || {
+        let key = StoreKey::new("lagging", None, "evt_1");
+        InboxEntry::new(key, bytes::Bytes::from_static(b"{}"), "req-1")
+    };
+    // The scripts loaded on the primary, and everything so far on the replica.
+    let warm = InboxEntry::new(StoreKey::new("lagging", None, "warm"), "{}".into(), "w");
+    inbox.enqueue(warm.clone()).await.unwrap();
+    let warmed = inbox.take(1, Duration::from_secs(60)).await.unwrap();
+    inbox
+        .complete(
+            &warmed[0].entry.key,
+            &warmed[0].token,
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let blocking = |port: u16, args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            admin_command(port, &args)
+        })
+    };
+    wait_caught_up(primary, replica).await;
+    topology.freeze(replica);
+    // The backlog fills the replica's socket: what follows stays in the primary's memory.
+    let filler = vec![format!("{{inbox:{name}}}:filler"), "x".repeat(16 << 20)];
+    blocking(primary, [vec!["SET".to_owned()], filler].concat())
+        .await
+        .unwrap();
+
+    let first = inbox.enqueue(entry()).await;
+    if durable {
+        let error = first
+            .as_ref()
+            .expect_err("the frozen replica acknowledged nothing");
+        assert_eq!(error.kind(), StoreErrorKind::NotReplicated, "{error}");
+    }
+    let first_acknowledged = first.is_ok();
+    let topology = Arc::new(Mutex::new(topology));
+    let fixture = topology.clone();
+    let key = tag_key.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut topology = fixture.lock().unwrap();
+        let killed = topology.kill_primary_of(&key);
+        assert_eq!(killed, primary);
+        topology.thaw(replica);
+        topology.wait_for_failover(killed);
+        topology.restart(killed);
+    })
+    .await
+    .unwrap();
+
+    // The sender retries until it is acknowledged.
+    let mut deliveries = 1;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    if !first_acknowledged {
+        loop {
+            deliveries += 1;
+            if inbox.enqueue(entry()).await.is_ok() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never acknowledged after the failover"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    // A worker applies what the inbox holds.
+    let applied = Arc::new(AtomicUsize::new(0));
+    let counted = applied.clone();
+    let worker = Worker::new(
+        inbox.clone(),
+        tower::service_fn(move |request: InboxRequest| {
+            let counted = counted.clone();
+            async move {
+                if request.key() == &entry().key {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok::<_, std::convert::Infallible>(())
+            }
+        }),
+    )
+    .lease(Duration::from_secs(5));
+    worker
+        .run(async {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                let counts = inbox.counts().await.ok();
+                if counts.is_some_and(|c| c.pending + c.in_flight == 0) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+    drop(topology);
+    InboxFailover {
+        first_acknowledged,
+        deliveries,
+        applied: applied.load(Ordering::SeqCst),
+    }
+}
+
+/// Waits until `replica` has processed everything `primary` wrote.
+async fn wait_caught_up(primary: u16, replica: u16) {
+    let offset = |port: u16, field: &'static str| async move {
+        let info =
+            tokio::task::spawn_blocking(move || admin_command(port, &["INFO", "replication"]))
+                .await
+                .unwrap();
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or_else(|| panic!("no {field}"))
+    };
+    let target = offset(primary, "master_repl_offset").await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while offset(replica, "slave_repl_offset").await < target {
+        assert!(Instant::now() < deadline, "the replica does not catch up");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// One command over a fresh blocking connection; the reply as text (panics on errors).
 fn admin_command(port: u16, args: &[&str]) -> String {
     use std::io::{BufRead, BufReader, Read, Write};
@@ -663,6 +820,35 @@ macro_rules! failover_tests {
             );
             assert_eq!(plain, 2, "the plain record was lost with the primary");
             assert_eq!(durable, 1, "the durable record survived");
+        }
+
+        /// An inbox event across a failover that loses the primary's unreplicated writes (see
+        /// `scale_out::inbox_enqueue_across_a_lagging_failover`): plain, its `202` went out
+        /// and the event died with the primary, never applied; durable, the enqueue was not
+        /// acknowledged (503), the sender's retry was, and the event was applied once.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn an_inbox_event_across_a_lagging_failover_plain_vs_durable() {
+            let plain =
+                scale_out::inbox_enqueue_across_a_lagging_failover(<$deployment>::start(), false)
+                    .await;
+            let durable =
+                scale_out::inbox_enqueue_across_a_lagging_failover(<$deployment>::start(), true)
+                    .await;
+            println!(
+                "{} inbox across a lagging failover: plain {plain:?}, durable {durable:?}",
+                $label
+            );
+            assert!(plain.first_acknowledged);
+            assert_eq!(
+                plain.applied, 0,
+                "the acknowledged entry died with the primary"
+            );
+            assert!(
+                !durable.first_acknowledged,
+                "no 202 before the replica had it"
+            );
+            assert!(durable.deliveries > 1);
+            assert_eq!(durable.applied, 1, "the retried event applied once");
         }
     };
 }

@@ -38,7 +38,7 @@ pub(super) async fn complete_durably<C>(
         if matches!(&pair, Ok((Err(e), _)) if is_noscript(e)) {
             pair = script_then_wait(client, script, false, keys, &args, durability).await;
         }
-        let (written, mut acknowledged) = match pair {
+        let (written, acknowledged) = match pair {
             Ok(replies) => replies,
             Err(error) => {
                 let timed_out = *error.kind() == FredErrorKind::Timeout;
@@ -56,28 +56,66 @@ pub(super) async fn complete_durably<C>(
         if outcome == Completion::Lost {
             return Ok(Completion::Lost);
         }
-        if slot_owner(client, slot) != owner {
-            // The write was redirected (MOVED) after the WAIT had left for the former owner.
-            acknowledged = wait_for_replicas(client, slot, durability).await;
-        }
-        let acknowledged = match acknowledged.map_err(store_error)? {
-            Value::Integer(n) => u32::try_from(n).unwrap_or(0),
-            other => return Err(unexpected("WAIT", &other)),
-        };
-        if acknowledged < durability.replicas {
-            return Err(StoreError::with_source(
-                StoreErrorKind::NotReplicated,
-                NotReplicated {
-                    acknowledged,
-                    required: durability.replicas,
-                    timeout: durability.timeout,
-                },
-            ));
-        }
+        replicated(client, slot, owner, acknowledged, durability).await?;
         return Ok(outcome);
     }
     let error = aborted.unwrap_or_else(FredError::new_canceled);
     Err(store_error(error))
+}
+
+/// `script` on `keys` with a `WAIT` behind it on one connection of `client` (sent again as
+/// `EVAL` on `NOSCRIPT`): the script's reply once `durability.replicas` replicas acknowledged
+/// every write of that connection, a [`NotReplicated`] error when fewer did in time.
+///
+/// Sent once: a pipeline that fails is an error, and the caller's retry finds what the script
+/// may have written (the inbox's scripts tell a repeat by the key's state or the lease's token).
+pub(crate) async fn script_replicated<C>(
+    client: &Client,
+    durability: Durability<C>,
+    script: &Script,
+    keys: &Keys<'_>,
+    args: &[Value],
+) -> Result<Value, StoreError> {
+    let slot = keys.slot();
+    let owner = slot_owner(client, slot);
+    let mut pair = script_then_wait(client, script, true, keys, args, durability).await;
+    if matches!(&pair, Ok((Err(e), _)) if is_noscript(e)) {
+        pair = script_then_wait(client, script, false, keys, args, durability).await;
+    }
+    let (written, acknowledged) = pair.map_err(store_error)?;
+    let written = written.map_err(store_error)?;
+    replicated(client, slot, owner, acknowledged, durability).await?;
+    Ok(written)
+}
+
+/// Checks `WAIT`'s reply: enough replicas acknowledged, or a [`NotReplicated`] error. When the
+/// slot's owner changed since `owner` (the write was redirected after the `WAIT` had left for
+/// the former owner), the `WAIT` is sent again to the new one.
+async fn replicated<C>(
+    client: &Client,
+    slot: u16,
+    owner: Option<Server>,
+    mut acknowledged: Result<Value, FredError>,
+    durability: Durability<C>,
+) -> Result<(), StoreError> {
+    if slot_owner(client, slot) != owner {
+        acknowledged = wait_for_replicas(client, slot, durability).await;
+    }
+    let acknowledged = match acknowledged.map_err(store_error)? {
+        Value::Integer(n) => u32::try_from(n).unwrap_or(0),
+        other => return Err(unexpected("WAIT", &other)),
+    };
+    if acknowledged < durability.replicas {
+        return Err(StoreError::with_source(
+            StoreErrorKind::NotReplicated,
+            NotReplicated {
+                acknowledged,
+                required: durability.replicas,
+                timeout: durability.timeout,
+            },
+        ));
+    }
+    Ok(())
 }
 
 /// The replies of a script and the `WAIT` behind it, or the error that failed the pipeline.

@@ -1,7 +1,7 @@
 //! The Redis store: [`RedisStore`] (its documentation is on the type), the scripts it runs,
 //! durable completion and how fred's errors map to the layer's answers.
 
-mod durable;
+pub(crate) mod durable;
 pub(crate) mod errors;
 pub(crate) mod scripts;
 
@@ -328,11 +328,11 @@ pub struct RedisStore<C = Pool> {
 }
 
 /// The settings of [`RedisStore::durable_completion`].
-pub(super) struct Durability<C> {
-    pub(super) replicas: u32,
-    pub(super) timeout: Duration,
+pub(crate) struct Durability<C> {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
     /// Picks the one client that sends both the write and its `WAIT`.
-    pub(super) pick: fn(&C) -> Client,
+    pub(crate) pick: fn(&C) -> Client,
 }
 
 impl<C> Clone for Durability<C> {
@@ -378,9 +378,9 @@ impl PickClient for Pool {
 }
 
 /// The error behind a [`StoreErrorKind::NotReplicated`] from a durable
-/// [`complete`](IdempotencyStore::complete): the record was written on the primary, but fewer
-/// replicas than required acknowledged it within the timeout (see
-/// [`RedisStore::durable_completion`]).
+/// [`complete`](IdempotencyStore::complete) or a durable inbox write: the write was made on the
+/// primary, but fewer replicas than required acknowledged it within the timeout (see
+/// [`RedisStore::durable_completion`] and [`RedisInbox::durable`](crate::inbox::RedisInbox::durable)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NotReplicated {
     pub(super) acknowledged: u32,
@@ -409,8 +409,8 @@ impl fmt::Display for NotReplicated {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "the completed record was written on the primary but acknowledged by {} of {} \
-             required replicas within {} ms; it may not survive a failover",
+            "the write was made on the primary but acknowledged by {} of {} required \
+             replicas within {} ms; it may not survive a failover",
             self.acknowledged,
             self.required,
             self.timeout.as_millis()
