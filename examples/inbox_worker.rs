@@ -13,11 +13,13 @@
 //!   in the transaction that marks the entry done (`complete_in_tx`): a worker killed at any
 //!   point leaves both or neither, so every event is applied **exactly once**, and the demo's
 //!   `GET /effects` and `GET /messages/{id}` show it.
-//! - `REDIS_URL=redis://...`: the effect is an `INCR` of `demo:effect:<event_id>` (and a `SET`
-//!   of `demo:status:<message_id>`), then the worker completes: **at least once**, as a worker
-//!   killed between the two applies the event again after its lease. Exactly once on Redis
-//!   needs an effect idempotent by the key (`SET NX` of the event id) or written with the
-//!   record.
+//! - `REDIS_URL=redis://...`: the effect is an `HINCRBY` of the event id in
+//!   `demo:effects:{inbox:inbox_email}` and an `HSET` of the message's status in
+//!   `demo:status:{inbox:inbox_email}`, made by the script that marks the entry done
+//!   (`RedisInbox::complete_with`, one token-checked step): **exactly once**, even for a worker
+//!   paused past its lease or killed at any point. `REDIS_WAIT_REPLICAS=N` (and
+//!   `REDIS_WAIT_TIMEOUT_MS`, default 50) makes each completion wait for N replicas, as the
+//!   demo's enqueue does, so that a failover loses no completion.
 //!
 //! `INBOX_WORKERS` (entries at once, 2), `INBOX_MAX_ATTEMPTS` (5), `INBOX_RETRY_BASE_MS` (200),
 //! `INBOX_LEASE_MS` (10 000), as the demo's.
@@ -35,20 +37,17 @@
 #[path = "webhook_receiver/email_inbox.rs"]
 mod email_inbox;
 
-use email_inbox::{BoxError, Effects, InboxSettings, inbox_on, table_effects};
+use email_inbox::{BoxError, InboxSettings, durable_from_env, inbox_on, shared_effects};
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     // The store as the demo connects to it (REDIS_URL first).
     let url = std::env::var("REDIS_URL").or_else(|_| std::env::var("DATABASE_URL"));
     let url = url.map_err(|_| "set REDIS_URL or DATABASE_URL: a memory inbox is not shared")?;
-    let inbox = inbox_on(&tower_idempotency::store::connect(&url).await?).await?;
-    let effects = match (table_effects(&inbox), inbox.as_redis()) {
-        (Some(table), _) => table,
-        (None, Some(redis)) => Effects::Redis(redis.client().clone()),
-        (None, _) => {
-            return Err("set REDIS_URL or DATABASE_URL: a memory inbox is not shared".into());
-        }
+    let store = durable_from_env(tower_idempotency::store::connect(&url).await?)?;
+    let inbox = inbox_on(&store).await?;
+    let Some(effects) = shared_effects(&inbox) else {
+        return Err("set REDIS_URL or DATABASE_URL: a memory inbox is not shared".into());
     };
     let worker = InboxSettings::from_env()?.worker(inbox, effects);
     println!("worker ready");

@@ -50,16 +50,18 @@
 //!   only), `INBOX_MAX_ATTEMPTS` (5), `INBOX_RETRY_BASE_MS` (200), `INBOX_LEASE_MS` (10 000).
 //!   The inbox is kept on the store (see examples/webhook_receiver/email_inbox.rs); with
 //!   `DATABASE_URL` the workers' effects are rows of the demo tables, written in the
-//!   transaction that marks the entry done, and `GET /effects` / `GET /messages/{id}` read
-//!   them too, so `inbox_worker` processes can apply the entries.
+//!   transaction that marks the entry done, with `REDIS_URL` two Redis hashes written by the
+//!   script that marks it done, and `GET /effects` / `GET /messages/{id}` read them too, so
+//!   `inbox_worker` processes can apply the entries.
 //!
 //! Logs go to stderr through `tracing-subscriber`; `RUST_LOG` is respected (default `info`).
 //!
 //! `IDEMPOTENCY_LEASE_MS` sets the lease (default 10 s; renewed while a handler runs).
 //! `MEMORY_MAX_ENTRIES` bounds the embedded memory store (default 1 000 000 keys; past it the
 //! records nearest to expiry are evicted, as `idempotency_memory_*` shows).
-//! `REDIS_WAIT_REPLICAS=N` (with `REDIS_WAIT_TIMEOUT_MS`, default 50) turns on durable
-//! completion: a record is acknowledged by N replicas before the response.
+//! `REDIS_WAIT_REPLICAS=N` (with `REDIS_WAIT_TIMEOUT_MS`, default 50) turns on durable writes:
+//! a record, and an inbox entry before its `202`, is acknowledged by N replicas before the
+//! response (503 + `Retry-After` when fewer did in time).
 //!
 //! The server's defences, what a production server should set too (see `serve.rs` and
 //! docs/operations.md): a connection that has not delivered a complete request head (HTTP/1) or
@@ -115,7 +117,7 @@ const TEST_STANDARD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const TEST_GITHUB_SECRET: &str = "It's a Secret to Everybody";
 
 /// The receiver's visible state: side effects performed, and message statuses; with
-/// `DATABASE_URL`, also the demo tables the inbox's workers write (in any process).
+/// `DATABASE_URL` or `REDIS_URL`, also the effects the inbox's workers store (in any process).
 #[derive(Clone, Default)]
 struct AppState {
     effects: Arc<Mutex<Effects>>,
@@ -431,7 +433,7 @@ fn app(
         .key(JsonPathKey::new("$.event_id")?)
         .order(email_order);
     let state = AppState {
-        table: email_inbox::table_effects(&inbox),
+        table: email_inbox::shared_effects(&inbox),
         ..AppState::default()
     };
     let inbox_routes = inbox::routes(&store, settings, &state, inbox)?;
@@ -473,16 +475,7 @@ async fn store_from_env() -> Result<AnyStore, Error> {
         };
         return Ok(store.into());
     };
-    let store = connect(&url).await?;
-    match std::env::var("REDIS_WAIT_REPLICAS").ok() {
-        Some(replicas) => {
-            let timeout = std::env::var("REDIS_WAIT_TIMEOUT_MS")
-                .ok()
-                .map_or(Ok(50), |ms| ms.parse())?;
-            Ok(store.durable_completion(replicas.parse()?, Duration::from_millis(timeout))?)
-        }
-        None => Ok(store),
-    }
+    Ok(email_inbox::durable_from_env(connect(&url).await?).map_err(|err| -> Error { err })?)
 }
 
 /// Prometheus text on `/metrics`: histograms with buckets (what `histogram_quantile` in

@@ -8,13 +8,18 @@
 //! memory.
 //!
 //! An event's effect (its event id counted, its message's status set) goes where every process
-//! that should see it can read it:
+//! that should see it can read it, written together with the entry's completion, so that every
+//! event is applied **exactly once** whatever happens to a worker (killed, paused past its
+//! lease, cut off by a failover with `REDIS_WAIT_REPLICAS`):
 //! - on SQL, rows of the demo tables written in the transaction that marks the entry done
-//!   (`complete_in_tx`): the effect and its record commit together, exactly once;
-//! - in the demo on memory or Redis, the demo process's own state (`GET /effects`);
-//! - in `inbox_worker` on Redis, counters in Redis (`demo:effect:<event_id>`,
-//!   `demo:status:<message_id>`), written before the worker completes: at least once, as a
-//!   worker killed between the two applies the event again after its lease.
+//!   (`complete_in_tx`);
+//! - on Redis, two hashes in the inbox's hash slot, written by the script that marks the entry
+//!   done (`RedisInbox::complete_with`): `demo:effects:{inbox:inbox_email}` (event id →
+//!   applications) and `demo:status:{inbox:inbox_email}` (message id → status);
+//! - on memory, the demo process's own state.
+//!
+//! The demo's `GET /effects` and `GET /messages/{id}` read them, so what separate
+//! `inbox_worker` processes applied can be checked over HTTP.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,6 +28,11 @@ use std::time::Duration;
 use serde_json::Value;
 use tower_idempotency::inbox::{AnyInbox, Backoff, InboxRequest, Worker};
 use tower_idempotency::store::AnyStore;
+
+/// The Redis hashes of the effects, in the inbox's hash slot: event id → applications, and
+/// message id → status.
+#[cfg(feature = "redis")]
+const REDIS_EFFECTS: [&str; 2] = ["demo:effects:", "demo:status:"];
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -67,12 +77,33 @@ pub(crate) async fn inbox_on(store: &AnyStore) -> Result<AnyInbox, BoxError> {
     Ok(inbox)
 }
 
-/// Effects as rows of the demo tables, when the inbox is on SQL.
+/// `store` with durable writes when `REDIS_WAIT_REPLICAS=N` is set (and `REDIS_WAIT_TIMEOUT_MS`,
+/// default 50): records, and the inbox built on it, wait for N replicas before answering.
+pub(crate) fn durable_from_env(store: AnyStore) -> Result<AnyStore, BoxError> {
+    let Some(replicas) = std::env::var("REDIS_WAIT_REPLICAS").ok() else {
+        return Ok(store);
+    };
+    let replicas = replicas
+        .parse()
+        .map_err(|err| format!("REDIS_WAIT_REPLICAS={replicas:?}: {err}"))?;
+    let timeout = std::env::var("REDIS_WAIT_TIMEOUT_MS")
+        .ok()
+        .map_or(Ok(50), |ms| ms.parse())
+        .map_err(|err| format!("REDIS_WAIT_TIMEOUT_MS: {err}"))?;
+    Ok(store.durable_completion(replicas, Duration::from_millis(timeout))?)
+}
+
+/// Effects every process can read, written with the entry's completion: rows of the demo
+/// tables on SQL, hashes in the inbox's slot on Redis; `None` on memory.
 #[cfg_attr(
-    not(any(feature = "sqlite", feature = "postgres")),
+    not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
     allow(unused_variables)
 )]
-pub(crate) fn table_effects(inbox: &AnyInbox) -> Option<Effects> {
+pub(crate) fn shared_effects(inbox: &AnyInbox) -> Option<Effects> {
+    #[cfg(feature = "redis")]
+    if let Some(redis) = inbox.as_redis() {
+        return Some(Effects::Redis(redis.clone()));
+    }
     #[cfg(feature = "sqlite")]
     if let Some(sqlite) = inbox.as_sqlite() {
         return Some(Effects::Sqlite(sqlite.clone()));
@@ -94,10 +125,9 @@ pub(crate) enum Effects {
     /// In this process: `apply(event_id, message_id, status)`.
     #[allow(dead_code)] // `inbox_worker` has no process state to show.
     Process(Arc<ApplyInProcess>),
-    /// Counters in Redis, before the entry is completed.
+    /// Hashes in the inbox's slot, in the script that completes the entry.
     #[cfg(feature = "redis")]
-    #[allow(dead_code)] // the demo keeps its effects in the process on Redis.
-    Redis(tower_idempotency::fred::prelude::Pool),
+    Redis(tower_idempotency::inbox::RedisInbox),
     /// Rows of the demo tables, in the transaction that completes the entry.
     #[cfg(feature = "sqlite")]
     Sqlite(tower_idempotency::inbox::SqliteInbox),
@@ -229,9 +259,9 @@ macro_rules! in_transaction {
 }
 
 impl Effects {
-    // Only the SQL effects complete the entry themselves.
+    // Only the shared effects complete the entry themselves.
     #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres")),
+        not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
         allow(unused_variables)
     )]
     async fn apply(
@@ -244,18 +274,19 @@ impl Effects {
         match self {
             Effects::Process(apply) => apply(event_id, message_id, status),
             #[cfg(feature = "redis")]
-            Effects::Redis(pool) => {
-                use tower_idempotency::fred::prelude::KeysInterface;
-                let _: i64 = pool.incr(format!("demo:effect:{event_id}")).await?;
-                let _: () = pool
-                    .set(
-                        format!("demo:status:{message_id}"),
-                        status,
-                        None,
-                        None,
-                        false,
-                    )
-                    .await?;
+            Effects::Redis(inbox) => {
+                let tag = inbox
+                    .hash_tag(request.token())
+                    .ok_or("not this inbox's lease")?;
+                let [effects, statuses] = REDIS_EFFECTS.map(|prefix| format!("{prefix}{tag}"));
+                let writes = tower_idempotency::inbox::RedisWrites::new()
+                    .command(["HINCRBY", effects.as_str(), event_id, "1"])
+                    .command(["HSET", statuses.as_str(), message_id, status]);
+                let (key, token) = (request.key(), request.token());
+                if !inbox.complete_with(key, token, writes, RETENTION).await? {
+                    // Another worker holds the entry now: nothing was written.
+                    return Err("lease lost before the effect was written".into());
+                }
             }
             #[cfg(feature = "sqlite")]
             Effects::Sqlite(inbox) => in_transaction!(inbox, request, event_id, message_id, status),
@@ -271,10 +302,17 @@ impl Effects {
 // Read by the demo's `GET /effects` and `GET /messages/{id}`; `inbox_worker` only writes.
 #[allow(dead_code)]
 impl Effects {
-    /// Applications per event id in the demo tables; empty when the effects are elsewhere.
+    /// Applications per event id in the demo tables or hashes; empty when the effects are in
+    /// the process.
     pub(crate) async fn applied(&self) -> Result<Vec<(String, i64)>, BoxError> {
         const SELECT: &str = "SELECT event_id, applied FROM demo_effects";
         Ok(match self {
+            #[cfg(feature = "redis")]
+            Effects::Redis(inbox) => {
+                let effects = format!("{}{}", REDIS_EFFECTS[0], redis_tag(inbox));
+                let all: HashMap<String, i64> = redis_read(inbox, "HGETALL", vec![effects]).await?;
+                all.into_iter().collect()
+            }
             #[cfg(feature = "sqlite")]
             Effects::Sqlite(inbox) => sqlx::query_as(SELECT).fetch_all(inbox.pool()).await?,
             #[cfg(feature = "postgres")]
@@ -283,14 +321,22 @@ impl Effects {
         })
     }
 
-    /// The status of `message_id` in the demo tables; `None` when absent or kept elsewhere.
+    /// The status of `message_id` in the demo tables or hashes; `None` when absent or kept in
+    /// the process.
     #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres")),
+        not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
         allow(unused_variables)
     )]
     pub(crate) async fn status(&self, message_id: &str) -> Result<Option<String>, BoxError> {
         const SELECT: &str = "SELECT status FROM demo_messages WHERE message_id = $1";
         let row: Option<(String,)> = match self {
+            #[cfg(feature = "redis")]
+            Effects::Redis(inbox) => {
+                let statuses = format!("{}{}", REDIS_EFFECTS[1], redis_tag(inbox));
+                let args = vec![statuses, message_id.to_owned()];
+                let status: Option<String> = redis_read(inbox, "HGET", args).await?;
+                status.map(|status| (status,))
+            }
             #[cfg(feature = "sqlite")]
             Effects::Sqlite(inbox) => {
                 sqlx::query_as(SELECT)
@@ -309,4 +355,26 @@ impl Effects {
         };
         Ok(row.map(|(status,)| status))
     }
+}
+
+/// The demo inbox's hash tag (it has one partition): `{inbox:inbox_email}`.
+#[cfg(feature = "redis")]
+fn redis_tag(inbox: &tower_idempotency::inbox::RedisInbox) -> &str {
+    inbox.prefix().trim_end_matches(':')
+}
+
+/// A read of the effects' hashes (routed by their first key, in the inbox's slot).
+#[cfg(feature = "redis")]
+async fn redis_read<R>(
+    inbox: &tower_idempotency::inbox::RedisInbox,
+    command: &'static str,
+    args: Vec<String>,
+) -> Result<R, BoxError>
+where
+    R: tower_idempotency::fred::types::FromValue,
+{
+    use tower_idempotency::fred::interfaces::ClientLike;
+    use tower_idempotency::fred::types::{ClusterHash, CustomCommand};
+    let command = CustomCommand::new_static(command, ClusterHash::FirstKey, false);
+    Ok(inbox.client().custom(command, args).await?)
 }
