@@ -80,6 +80,8 @@ macro_rules! timestamp_builders {
 }
 
 #[cfg(feature = "verify")]
+mod ed25519;
+#[cfg(feature = "verify")]
 mod freshness;
 #[cfg(feature = "verify")]
 mod header;
@@ -359,6 +361,8 @@ mod coverage {
         let standard = StandardWebhooks::new(["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]).unwrap();
         assert!(standard.covers_header(&name("webhook-id")));
         assert!(standard.covers_header(&name("webhook-timestamp")));
+        assert!(standard.covers_header(&name("svix-id")));
+        assert!(standard.covers_header(&name("svix-timestamp")));
         assert!(!standard.covers_header(&name("x-delivery")));
         let signed: [&[u8]; 2] = [b"msg_1", b"1614265330"];
         assert_eq!(standard.signed_context(&parts), signed);
