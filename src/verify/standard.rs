@@ -10,25 +10,51 @@ use super::freshness::Freshness;
 use super::hmac::{Candidate, Keys, decode_base64};
 use super::{InvalidSecret, VerifyError, VerifyRequest, header, secret};
 
-/// [Standard Webhooks](https://www.standardwebhooks.com) signatures (Svix and the senders that
-/// follow the specification).
+/// [Standard Webhooks](https://www.standardwebhooks.com) signatures (Svix, the services built
+/// on it, and the senders that follow the specification).
 ///
-/// The sender signs `{webhook-id}.{webhook-timestamp}.{body}` with HMAC-SHA256 and sends
-/// `webhook-signature: v1,<base64>`, possibly several space-separated entries (during a
-/// rotation on its side); any `v1` entry that matches passes, entries of other versions are
-/// skipped. Secrets are `whsec_<base64>` (or the bare base64): the decoded bytes are the key.
-/// The timestamp (unix seconds) must be within the [tolerance](Self::tolerance) of now.
+/// # Headers: two families
+/// The same three headers come under two names:
+/// - `svix-id`, `svix-timestamp`, `svix-signature`: what Svix sends by default, and so the
+///   services built on it, such as Clerk and Resend;
+/// - `webhook-id`, `webhook-timestamp`, `webhook-signature`: what the specification names,
+///   sent by senders implementing it directly and by Svix in its white-label setting.
+///
+/// A request is verified by one family: `svix-*` as soon as one of its three headers is there
+/// (Svix's own libraries try it first), else `webhook-*`; errors name the header of that
+/// family. A `webhook-id` or `webhook-timestamp` sent beside a verified `svix-*` family must
+/// hold the same value as its `svix-*` counterpart, so an id read from either name is the
+/// signed one. The key of [`IdempotencyLayer::standard_webhooks`] is the id of the family used.
+///
+/// # Signatures: `v1` and `v1a`
+/// The sender signs `{id}.{timestamp}.{body}` and sends space-separated `<version>,<base64>`
+/// entries (several during a rotation on its side); any entry that matches passes, entries of
+/// other versions are skipped:
+/// - `v1,<base64 of 32 bytes>`: HMAC-SHA256, checked against every `whsec_<base64>` secret
+///   (or the bare base64: the decoded bytes are the key);
+/// - `v1a,<base64 of 64 bytes>`: Ed25519, what an endpoint with an asymmetric key is sent,
+///   checked against every `whpk_<base64>` public key (32 bytes). Strict verification: a
+///   non-canonical signature is refused.
+///
+/// One verifier may hold secrets and public keys together (a rotation from one to the other).
+/// A `whsk_` private key is refused at construction: it is the sender's signing key, and a
+/// receiver needs the `whpk_` public key. The timestamp (unix seconds) must be within the
+/// [tolerance](Self::tolerance) of now. `Debug` shows how many secrets and keys there are,
+/// never the keys.
 ///
 /// A request is refused with:
-/// - [`MissingHeader`](super::VerifyErrorKind::MissingHeader) without `webhook-id`,
-///   `webhook-timestamp` or `webhook-signature`;
+/// - [`MissingHeader`](super::VerifyErrorKind::MissingHeader) without the id, the timestamp or
+///   the signature header of its family;
 /// - [`MalformedHeader`](super::VerifyErrorKind::MalformedHeader) when one of them is repeated
-///   or not visible ASCII, the timestamp is not a plain decimal number, or the signature
-///   header holds no entry or an entry without a version prefix;
+///   or not visible ASCII, the timestamp is not a plain decimal number, the signature header
+///   holds no entry or an entry without a version prefix, or a `webhook-id` or
+///   `webhook-timestamp` differs from the signed `svix-*` value;
 /// - [`OutsideTolerance`](super::VerifyErrorKind::OutsideTolerance) for a timestamp too old or
 ///   too far ahead;
 /// - [`NoMatch`](super::VerifyErrorKind::NoMatch) when no `v1` entry decodes to 32 bytes that
-///   match a secret (an empty or truncated `v1,` never matches).
+///   match a secret and no `v1a` entry decodes to 64 bytes that verify under a public key (an
+///   empty or truncated entry never matches; nor does a `v1a` entry without a public key
+///   configured, or a `v1` entry without a secret).
 ///
 /// ```
 /// use std::time::{Duration, UNIX_EPOCH};
@@ -46,8 +72,26 @@ use super::{InvalidSecret, VerifyError, VerifyRequest, header, secret};
 ///     .into_parts();
 /// assert!(verifier.verify(&parts, br#"{"test": 2432232314}"#).is_ok());
 /// assert!(verifier.verify(&parts, br#"{"test": 2432232315}"#).is_err());
+///
+/// // The same delivery as Svix sends it by default.
+/// let (parts, ()) = Request::post("/webhooks")
+///     .header(StandardWebhooks::SVIX_ID_HEADER, "msg_p5jXN8AQM9LWM0D4loKWxJek")
+///     .header(StandardWebhooks::SVIX_TIMESTAMP_HEADER, "1614265330")
+///     .header(StandardWebhooks::SVIX_SIGNATURE_HEADER, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
+///     .body(())?
+///     .into_parts();
+/// assert!(verifier.verify(&parts, br#"{"test": 2432232314}"#).is_ok());
+///
+/// // A secret and an Ed25519 public key, during a rotation; never the private key.
+/// let rotating = StandardWebhooks::new([
+///     "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+///     "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=",
+/// ])?;
+/// assert!(StandardWebhooks::new(["whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A="]).is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// [`IdempotencyLayer::standard_webhooks`]: crate::IdempotencyLayer::standard_webhooks
 #[derive(Clone)]
 pub struct StandardWebhooks {
     keys: Keys,
