@@ -23,9 +23,11 @@
 //! - `POST /webhooks/sangho`: keyed by `Sangho-Event-ID`, else the body's `$.id`; kept 72
 //!   hours (Sangho never redelivers after 48). Verified (`Sangho-Signature: t=..,v1=..`, 5
 //!   minutes) when `SANGHO_WEBHOOK_SECRET` is set.
-//! - `POST /webhooks/standard`: a Standard Webhooks sender: keyed by `webhook-id`, verified with
-//!   the `whsec_` secrets of `STANDARD_WEBHOOKS_SECRET` (space-separated; default the
-//!   specification's test secret `whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw`).
+//! - `POST /webhooks/standard`: a Standard Webhooks sender (`webhook-*` headers, or `svix-*` as
+//!   Svix, Clerk and Resend send them): keyed by the signed `svix-id` or `webhook-id`, verified
+//!   with the `whsec_` secrets and `whpk_` public keys of `STANDARD_WEBHOOKS_SECRET`
+//!   (space-separated; default the specification's test secret
+//!   `whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw`).
 //! - `POST /webhooks/github`: keyed by `X-GitHub-Delivery`, verified (`X-Hub-Signature-256`)
 //!   with `GITHUB_WEBHOOK_SECRET` (default GitHub's documented test secret, `It's a Secret to
 //!   Everybody`).

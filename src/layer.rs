@@ -139,9 +139,11 @@ impl IdempotencyLayer<HeaderKey> {
     }
 
     /// A layer for a **Standard Webhooks** sender (<https://www.standardwebhooks.com>): the
-    /// webhook profile, keyed by `webhook-id`, every request verified by `scheme` (its
-    /// `webhook-signature` over `webhook-id.webhook-timestamp.body`, the timestamp within the
-    /// tolerance) before its key is claimed.
+    /// webhook profile, every request verified by `scheme` (its `webhook-signature` over
+    /// `webhook-id.webhook-timestamp.body`, the timestamp within the tolerance) before its key
+    /// is claimed, and keyed by the id that was signed: `svix-id` when the sender uses the
+    /// `svix-*` headers (Svix by default, and the services built on it), else `webhook-id`,
+    /// the family [`StandardWebhooks`](crate::verify::StandardWebhooks) verifies.
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
@@ -156,11 +158,13 @@ impl IdempotencyLayer<HeaderKey> {
     pub fn standard_webhooks(
         store: impl IdempotencyStore,
         scheme: crate::verify::StandardWebhooks,
-    ) -> Self {
-        let id = HeaderName::from_static(crate::verify::StandardWebhooks::ID_HEADER);
-        Self::webhook(store)
-            .key(HeaderKey::from_name(id))
-            .verify(scheme)
+    ) -> IdempotencyLayer<crate::key::Fallback<HeaderKey, HeaderKey>> {
+        use crate::verify::StandardWebhooks;
+        // The verifier picks `svix-*` as soon as one of them is there, so a verified request
+        // with `svix-id` was verified by it, and one without by `webhook-id`.
+        let svix = HeaderKey::from_name(HeaderName::from_static(StandardWebhooks::SVIX_ID_HEADER));
+        let webhook = HeaderKey::from_name(HeaderName::from_static(StandardWebhooks::ID_HEADER));
+        Self::webhook(store).key(svix.or(webhook)).verify(scheme)
     }
 }
 

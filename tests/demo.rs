@@ -867,6 +867,43 @@ async fn standard_webhooks_are_verified_before_they_are_claimed() {
     assert_eq!(by_key(&effects, "msg_1"), 1);
 }
 
+/// `POST /webhooks/standard` with Svix's header names (`svix-id`, `svix-timestamp`,
+/// `svix-signature`), as Svix, Clerk and Resend send: processed once, keyed by `svix-id`, its
+/// redelivery a duplicate; a forgery is 401.
+#[tokio::test]
+async fn svix_headers_reach_the_standard_webhooks_route() {
+    let demo = start_demo(&[]);
+    let http = Http::new(&demo);
+    let body = r#"{"type":"email.delivered"}"#;
+    let send = async |id: &str, t: u64, signature: &str| {
+        let t = t.to_string();
+        let headers = [
+            ("svix-id", id),
+            ("svix-timestamp", t.as_str()),
+            ("svix-signature", signature),
+        ];
+        http.send("POST", "/webhooks/standard", &headers, body)
+            .await
+    };
+    let t = signing::now();
+    let signed = signing::standard(signing::STANDARD_SECRET, "msg_svix", t, body);
+    let (status, headers, _) = send("msg_svix", t, &signed).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.get("idempotent-replayed").is_none());
+    let again = signing::standard(signing::STANDARD_SECRET, "msg_svix", t + 60, body);
+    let (status, headers, _) = send("msg_svix", t + 60, &again).await;
+    assert_eq!(
+        (status, headers["idempotent-replayed"].to_str().unwrap()),
+        (StatusCode::OK, "true")
+    );
+    let (status, _, problem) = send("msg_svix", t, "v1,Zm9yZ2Vk").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(problem["code"], "unverified");
+    let effects = http.effects().await;
+    assert_eq!(effects["total"], 1);
+    assert_eq!(by_key(&effects, "msg_svix"), 1);
+}
+
 /// `POST /webhooks/github`: `X-Hub-Signature-256` with the test secret, keyed by the delivery
 /// id; a tampered body is 401, and `/metrics` counts it as `unverified`.
 #[tokio::test]

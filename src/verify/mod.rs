@@ -10,15 +10,15 @@
 //!
 //! | scheme | headers | signed bytes | secret |
 //! |---|---|---|---|
-//! | `StandardWebhooks` | `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64> ...` | `{id}.{timestamp}.{body}` | `whsec_<base64>`, decoded |
+//! | `StandardWebhooks` | `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64> v1a,<base64> ...`, or the same as `svix-*` (Svix, Clerk, Resend) | `{id}.{timestamp}.{body}` | `whsec_<base64>` (HMAC, `v1`) and `whpk_<base64>` Ed25519 public keys (`v1a`) |
 //! | `StripeSignature` | `Stripe-Signature: t=<unix>,v1=<hex>,...` (name configurable) | `{t}.{body}` | as given |
 //! | `HubSignature256` | `X-Hub-Signature-256: sha256=<hex>` (GitHub, Meta) | the body | as given |
 //! | `ShopifyHmac` | `X-Shopify-Hmac-Sha256: <base64>` | the body | as given |
 //! | `SlackSignature` | `X-Slack-Signature: v0=<hex>`, `X-Slack-Request-Timestamp` | `v0:{timestamp}:{body}` | as given |
 //!
 //! Every scheme takes several secrets (any one verifies, for rotation), decodes each candidate
-//! signature and checks that it is 32 bytes before comparing it in constant time, and refuses a
-//! signature header that appears twice or is not visible ASCII. A timestamp must be a plain
+//! signature and checks its length (32 bytes for HMAC-SHA256, compared in constant time; 64 for
+//! Ed25519), and refuses a signature header that appears twice or is not visible ASCII. A timestamp must be a plain
 //! decimal number of seconds within the tolerance ([`DEFAULT_TOLERANCE`], past and future).
 //! Errors never quote a signature, a secret or the body.
 //!
@@ -79,6 +79,8 @@ macro_rules! timestamp_builders {
     )+};
 }
 
+#[cfg(feature = "verify")]
+mod ed25519;
 #[cfg(feature = "verify")]
 mod freshness;
 #[cfg(feature = "verify")]
@@ -155,7 +157,8 @@ pub trait VerifyRequest: Send + Sync + 'static {
     /// Whether the signature covers the value of header `name`, so that a key taken from it
     /// cannot be changed without breaking the signature. Default: no header (the body only).
     ///
-    /// Standard Webhooks covers `webhook-id` and `webhook-timestamp`, Slack its
+    /// Standard Webhooks covers `webhook-id` and `webhook-timestamp` (and their `svix-*`
+    /// names), Slack its
     /// `X-Slack-Request-Timestamp`; Stripe-style, `X-Hub-Signature-256` and Shopify no header
     /// a key could come from.
     fn covers_header(&self, name: &HeaderName) -> bool {
@@ -169,7 +172,8 @@ pub trait VerifyRequest: Send + Sync + 'static {
     /// with the same body but signed at different times are not merged, while a captured
     /// request replayed as is (it must keep its signed values to verify) is. Default: nothing.
     ///
-    /// Standard Webhooks: `webhook-id` and `webhook-timestamp`; Stripe-style: the `t=` value;
+    /// Standard Webhooks: the id and the timestamp of the family verified (`svix-*` or
+    /// `webhook-*`); Stripe-style: the `t=` value;
     /// Slack: `X-Slack-Request-Timestamp`; `X-Hub-Signature-256` and Shopify: nothing.
     fn signed_context<'a>(&self, parts: &'a Parts) -> Vec<&'a [u8]> {
         let _ = parts;
@@ -219,8 +223,8 @@ pub enum VerifyErrorKind {
     /// A header is there but unusable: repeated, not visible ASCII, not in the scheme's syntax,
     /// or a timestamp that is not a plain decimal number.
     MalformedHeader,
-    /// The header is well formed but no signature in it matches any secret (this includes a
-    /// signature that does not decode to 32 bytes: it cannot match).
+    /// The header is well formed but no signature in it matches any secret or key (this
+    /// includes a signature that does not decode to the length of its kind: it cannot match).
     NoMatch,
     /// The signed timestamp is further from now than the tolerance.
     OutsideTolerance,
@@ -359,6 +363,8 @@ mod coverage {
         let standard = StandardWebhooks::new(["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]).unwrap();
         assert!(standard.covers_header(&name("webhook-id")));
         assert!(standard.covers_header(&name("webhook-timestamp")));
+        assert!(standard.covers_header(&name("svix-id")));
+        assert!(standard.covers_header(&name("svix-timestamp")));
         assert!(!standard.covers_header(&name("x-delivery")));
         let signed: [&[u8]; 2] = [b"msg_1", b"1614265330"];
         assert_eq!(standard.signed_context(&parts), signed);

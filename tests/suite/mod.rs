@@ -898,6 +898,7 @@ macro_rules! store_suite {
     (@every_store $make:expr) => {
         $crate::store_suite!(@verified $make;
             forged_requests_are_401_and_claim_nothing,
+            svix_headers_are_verified_and_keyed_by_svix_id,
             either_of_two_secrets_verifies,
             a_forged_flood_never_blocks_the_genuine_delivery,
             a_replay_under_a_new_delivery_id_is_a_duplicate,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{Request, StatusCode};
-use tower_idempotency::key::{HeaderKey, JsonPathKey};
+use tower_idempotency::key::{Fallback, HeaderKey, JsonPathKey};
 use tower_idempotency::verify::{
     HubSignature256, ShopifyHmac, SlackSignature, StandardWebhooks, StripeSignature, VerifyRequest,
 };
@@ -38,7 +38,10 @@ fn delivery(id: &str, timestamp: u64, signature: &str, body: &'static str) -> Re
         .unwrap()
 }
 
-fn standard_layer<St: IdempotencyStore>(store: St, test: &str) -> IdempotencyLayer {
+fn standard_layer<St: IdempotencyStore>(
+    store: St,
+    test: &str,
+) -> IdempotencyLayer<Fallback<HeaderKey, HeaderKey>> {
     let scheme = StandardWebhooks::new([SECRET]).unwrap();
     IdempotencyLayer::standard_webhooks(store, scheme).namespace(ns(test))
 }
@@ -109,6 +112,53 @@ pub async fn forged_requests_are_401_and_claim_nothing<St: IdempotencyStore>(sto
     let (status, headers, _) = send(&app, delivery("msg_1", t, "v1,", body)).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(headers.get("idempotent-replayed").is_none());
+    assert_eq!(effects.total(), 1);
+}
+
+/// A Standard Webhooks delivery under Svix's header names (`svix-id`, `svix-timestamp`,
+/// `svix-signature`), as Svix, Clerk and Resend send it.
+fn svix_delivery(id: &str, timestamp: u64, signature: &str, body: &'static str) -> Request<Body> {
+    Request::post("/effect")
+        .header("content-type", "application/json")
+        .header("svix-id", id)
+        .header("svix-timestamp", timestamp.to_string())
+        .header("svix-signature", signature)
+        .body(Body::from(body))
+        .unwrap()
+}
+
+/// A Standard Webhooks route takes Svix's header names: the delivery is processed once, keyed
+/// by its signed `svix-id` (a redelivery, under either family, is a duplicate); a forgery is
+/// 401, and so is a signed request sent again with a `webhook-id` it did not sign.
+pub async fn svix_headers_are_verified_and_keyed_by_svix_id<St: IdempotencyStore>(store: St) {
+    let effects = Effects::default();
+    let app = router(standard_layer(store, "svix"), &effects);
+    let body = r#"{"type":"user.created"}"#;
+    let t = now();
+    let good = standard_signature(SECRET, "msg_svix", t, body);
+    let response = send_full(&app, svix_delivery("msg_svix", t, "v1,AAAA", body)).await;
+    assert_eq!(response.3, Some(Outcome::Unverified("signature_mismatch")));
+    let (status, _, _) = send(&app, svix_delivery("msg_svix", t, &good, body)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let later = t + 30;
+    let again = standard_signature(SECRET, "msg_svix", later, body);
+    let (status, headers, _) = send(&app, svix_delivery("msg_svix", later, &again, body)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    // The same id under the other family is the same key.
+    let (status, headers, _) = send(&app, delivery("msg_svix", later, &again, body)).await;
+    assert_eq!(
+        (status, &headers["idempotent-replayed"]),
+        (StatusCode::OK, &"true".parse().unwrap())
+    );
+    // The captured request with an unsigned webhook-id beside its signed svix-id.
+    let mut rekeyed = svix_delivery("msg_svix", t, &good, body);
+    rekeyed
+        .headers_mut()
+        .insert("webhook-id", "msg_new".parse().unwrap());
+    let response = send_full(&app, rekeyed).await;
+    assert_eq!(response.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(response.3, Some(Outcome::Unverified("malformed_signature")));
     assert_eq!(effects.total(), 1);
 }
 
