@@ -105,6 +105,14 @@ impl<St, S, P> Worker<St, S, P> {
     /// is lost (a renewal refused, or none through by a sixth of a lease before it ends) is
     /// cancelled, its attempt failed, so that it never runs beside the worker taking over.
     /// Kept between 100 ms and a year.
+    ///
+    /// The lease is checked before every poll of the handler, by this host's monotonic clock
+    /// with the same margin: a process paused past its lease (stopped, a VM paused, a long
+    /// collection) drops the handler when it wakes and never runs a step of it after the lease
+    /// ended. A pause in the middle of a step (a write sent, the process stopped before it
+    /// lands) cannot be caught that way: only a fenced write is safe against it. On SQL, that
+    /// is the completion in the handler's transaction (`SqlInbox::complete_in_tx`); on Redis,
+    /// the same needs the effect and the completion in one token-checked step.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.settings.lease = lease.clamp(MIN_LEASE, MAX_WAIT);
         self
