@@ -430,6 +430,8 @@ impl LeaseEnd {
             ends: AtomicU64::new(0),
             margin: lease / 6,
         };
+        // `Worker::lease` keeps a lease within what an `Instant` (and a `u64` of nanoseconds)
+        // holds.
         end.set(asked + lease);
         end
     }
