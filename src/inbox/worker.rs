@@ -3,8 +3,10 @@
 
 use std::future::{Future, poll_fn};
 use std::panic::AssertUnwindSafe;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::FutureExt;
@@ -103,6 +105,14 @@ impl<St, S, P> Worker<St, S, P> {
     /// is lost (a renewal refused, or none through by a sixth of a lease before it ends) is
     /// cancelled, its attempt failed, so that it never runs beside the worker taking over.
     /// Kept between 100 ms and a year.
+    ///
+    /// The lease is checked before every poll of the handler, by this host's monotonic clock
+    /// with the same margin: a process paused past its lease (stopped, a VM paused, a long
+    /// collection) drops the handler when it wakes and never runs a step of it after the lease
+    /// ended. A pause in the middle of a step (a write sent, the process stopped before it
+    /// lands) cannot be caught that way: only a fenced write is safe against it. On SQL, that
+    /// is the completion in the handler's transaction (`SqlInbox::complete_in_tx`); on Redis,
+    /// the same needs the effect and the completion in one token-checked step.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.settings.lease = lease.clamp(MIN_LEASE, MAX_WAIT);
         self
@@ -380,48 +390,108 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
             poll_fn(|cx| service.poll_ready(cx)).await?;
             service.call(request).await.map(drop)
         };
+        let end = LeaseEnd::new(asked, self.settings.lease);
         let attempt = pin!(AssertUnwindSafe(attempt).catch_unwind());
-        let held = pin!(hold(&*self.store, &key, &token, self.settings.lease, asked));
-        match select(attempt, held).await {
-            Either::Left((Ok(Ok(())), _)) => Ok(()),
-            Either::Left((Ok(Err(error)), _)) => Err(error.into().to_string()),
-            Either::Left((Err(_panic), _)) => Err("the handler panicked".to_owned()),
-            // The handler is dropped here, at its next await: another worker may take the entry
-            // over, and two handlers of one entry (or of one object) must not overlap.
-            Either::Right((why, _)) => {
-                tracing::warn!(why, "inbox: lease lost; the handler is cancelled");
-                Err(format!("the handler was cancelled: {why}"))
-            }
-        }
+        let attempt = pin!(leased(attempt, &end));
+        let held = pin!(hold(&*self.store, &key, &token, self.settings.lease, &end));
+        let why = match select(attempt, held).await {
+            Either::Left((Some(Ok(Ok(()))), _)) => return Ok(()),
+            Either::Left((Some(Ok(Err(error))), _)) => return Err(error.into().to_string()),
+            Either::Left((Some(Err(_panic)), _)) => return Err("the handler panicked".to_owned()),
+            Either::Left((None, _)) => "its lease ran out before the handler's next step",
+            Either::Right((why, _)) => why,
+        };
+        // The handler is dropped here, at its next await (or before it, unpolled): another
+        // worker may take the entry over, and two handlers of one entry (or of one object) must
+        // not overlap.
+        tracing::warn!(why, "inbox: lease lost; the handler is cancelled");
+        Err(format!("the handler was cancelled: {why}"))
     }
+}
+
+/// The end of a running entry's lease by this host's clock, shared by [`hold`], which extends
+/// it on each renewal, and [`leased`], which reads it before each poll of the handler.
+///
+/// Both are polled by one task, so an atomic (for `Send`) with relaxed ordering suffices.
+struct LeaseEnd {
+    /// When the take was asked: the end is kept as an offset from it.
+    asked: tokio::time::Instant,
+    /// Nanoseconds from `asked` to the end.
+    ends: AtomicU64,
+    /// A sixth of the lease: the handler stops this long before the end, so that it is gone
+    /// before another worker can take the entry over.
+    margin: Duration,
+}
+
+impl LeaseEnd {
+    fn new(asked: tokio::time::Instant, lease: Duration) -> Self {
+        let end = LeaseEnd {
+            asked,
+            ends: AtomicU64::new(0),
+            margin: lease / 6,
+        };
+        // `Worker::lease` keeps a lease within what an `Instant` (and a `u64` of nanoseconds)
+        // holds.
+        end.set(asked + lease);
+        end
+    }
+
+    fn get(&self) -> tokio::time::Instant {
+        self.asked + Duration::from_nanos(self.ends.load(Ordering::Relaxed))
+    }
+
+    fn set(&self, ends: tokio::time::Instant) {
+        let nanos = ends.saturating_duration_since(self.asked).as_nanos();
+        self.ends
+            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Whether the handler must stop: the end is within the margin, or past.
+    fn near(&self) -> bool {
+        tokio::time::Instant::now() + self.margin >= self.get()
+    }
+}
+
+/// Polls `handler` only while its lease lasts: `None`, the handler left unpolled, once the
+/// lease's end is near. A process paused past its lease (stopped, a VM paused, a long
+/// collection) may wake with the handler's own timer due: without this check the handler would
+/// run one more step, a write perhaps, before [`hold`] is polled and finds the lease gone.
+fn leased<'a, F>(mut handler: F, end: &'a LeaseEnd) -> impl Future<Output = Option<F::Output>> + 'a
+where
+    F: Future + Unpin + 'a,
+{
+    poll_fn(move |cx| {
+        if end.near() {
+            return Poll::Ready(None);
+        }
+        Pin::new(&mut handler).poll(cx).map(Some)
+    })
 }
 
 /// Renews the lease of `key` every third of `lease` while the handler runs; returns why the
 /// lease is no longer this worker's: taken over (a renewal refused), or about to run out with
 /// no renewal through (the store unreachable). It returns a sixth of a lease before the lease
 /// ends by this host's clock, so that the handler is cancelled before another worker can take
-/// the entry over. The lease is counted from `asked`, when the take was sent (the store began
-/// it later), and each renewal's from when it was sent.
+/// the entry over. The lease is counted from when the take was sent (the store began it later),
+/// and each renewal's from when it was sent; `end` holds it for [`leased`] to read too.
 async fn hold<St: InboxStore>(
     store: &St,
     key: &StoreKey,
     token: &Token,
     lease: Duration,
-    asked: tokio::time::Instant,
+    end: &LeaseEnd,
 ) -> &'static str {
-    let margin = lease / 6;
-    // `Worker::lease` keeps a lease within what an `Instant` holds.
-    let mut ends = asked + lease;
     loop {
-        let next = (tokio::time::Instant::now() + lease / 3).min(ends - margin);
+        let ends = end.get();
+        let next = (tokio::time::Instant::now() + lease / 3).min(ends - end.margin);
         tokio::time::sleep_until(next).await;
-        if tokio::time::Instant::now() + margin >= ends {
+        if end.near() {
             return "its lease could not be renewed before it ran out";
         }
         let sent = tokio::time::Instant::now();
         // A renewal that hangs (a store that stopped answering) is given up at the margin.
-        match tokio::time::timeout_at(ends - margin, store.renew(key, token, lease)).await {
-            Ok(Ok(true)) => ends = sent + lease,
+        match tokio::time::timeout_at(ends - end.margin, store.renew(key, token, lease)).await {
+            Ok(Ok(true)) => end.set(sent + lease),
             Ok(Ok(false)) => return "its lease was taken over by another worker",
             Ok(Err(error)) => tracing::warn!(%error, "inbox: renewing a lease failed"),
             Err(_elapsed) => {}

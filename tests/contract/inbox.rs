@@ -917,6 +917,98 @@ pub async fn a_handler_is_cancelled_before_its_lease_can_be_taken_over<St: Inbox
     }
 }
 
+/// A handler whose process is paused past its lease (stopped, a VM paused, a long
+/// collection) never runs a step after it: the worker taking the entry over applies it, and
+/// the paused handler, woken with its next step ready, is dropped before that step.
+///
+/// The pause is played in-process: on a current-thread runtime of its own, the handler blocks
+/// its thread in one poll until another worker has taken the entry over and applied it, which
+/// freezes that worker's timers and renewals as a stopped process's; then it wakes itself and
+/// would write its effect on its next poll.
+pub async fn a_paused_handler_never_runs_a_step_past_its_lease<St: InboxStore + Clone>(store: St) {
+    let events = Arc::new(Mutex::new(Vec::<&'static str>::new()));
+    let applied = |events: &Arc<Mutex<Vec<&'static str>>>| {
+        events
+            .lock()
+            .unwrap()
+            .contains(&"applied by the worker taking over")
+    };
+    let paused = {
+        let events = events.clone();
+        tower::service_fn(move |_request: InboxRequest| {
+            let events = events.clone();
+            let mut woke = false;
+            std::future::poll_fn(move |cx| {
+                if woke {
+                    events.lock().unwrap().push("applied after the pause");
+                    return std::task::Poll::Ready(Ok::<_, Infallible>(()));
+                }
+                events.lock().unwrap().push("paused");
+                let start = Instant::now();
+                while !applied(&events) && start.elapsed() < DEADLINE {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                woke = true;
+                cx.waker().wake_by_ref();
+                std::task::Poll::Pending
+            })
+        })
+    };
+    let entry = entry("paused");
+    store.enqueue(entry.clone()).await.unwrap();
+    let worker = Worker::new(store.clone(), paused)
+        .lease(Duration::from_millis(300))
+        .poll_interval(Duration::from_millis(20));
+    let (stop_paused, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (ended, paused_run) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(worker.run(async {
+            stopped.await.ok();
+        }));
+        let _ = ended.send(());
+    });
+    eventually("the first worker's handler is paused", || {
+        let started = !events.lock().unwrap().is_empty();
+        async move { started }
+    })
+    .await;
+    let taker = {
+        let events = events.clone();
+        tower::service_fn(move |_request: InboxRequest| {
+            events
+                .lock()
+                .unwrap()
+                .push("applied by the worker taking over");
+            std::future::ready(Ok::<_, Infallible>(()))
+        })
+    };
+    let (stop_taker, taker_run) =
+        spawn(Worker::new(store.clone(), taker).poll_interval(Duration::from_millis(20)));
+    let done = || {
+        let (store, entry) = (store.clone(), entry.clone());
+        async move { store.enqueue(entry).await.unwrap() == Enqueued::Duplicate(KeyState::Done) }
+    };
+    eventually("the worker taking over applies the entry", done).await;
+    stop_worker(stop_taker, taker_run).await;
+    // The paused worker finishes what runs (its handler resumed) before its run returns. The
+    // store is not used after it: its runtime may have opened connections that end with it.
+    stop_paused.send(()).unwrap();
+    tokio::time::timeout(DEADLINE, paused_run)
+        .await
+        .expect("the paused worker's run returns")
+        .unwrap();
+    thread.join().unwrap();
+    assert_eq!(
+        *events.lock().unwrap(),
+        ["paused", "applied by the worker taking over"],
+        "the paused handler's next step never ran"
+    );
+}
+
 /// A small deterministic generator (xorshift64*), so that a failing scenario is replayed from
 /// the seed its message prints.
 struct Rng(u64);
@@ -1164,6 +1256,7 @@ macro_rules! inbox_contract {
             random_arrivals_end_at_the_highest_position,
             an_idle_worker_is_woken_not_polled,
             a_handler_is_cancelled_before_its_lease_can_be_taken_over,
+            a_paused_handler_never_runs_a_step_past_its_lease,
             a_retry_is_announced,
         );
     };
