@@ -477,7 +477,7 @@ async fn store_from_env() -> Result<AnyStore, Error> {
         };
         return Ok(store.into());
     };
-    Ok(email_inbox::durable_from_env(connect(&url).await?).map_err(|err| -> Error { err })?)
+    email_inbox::durable_from_env(connect(&url).await?).map_err(|err| -> Error { err })
 }
 
 /// Prometheus text on `/metrics`: histograms with buckets (what `histogram_quantile` in

@@ -112,7 +112,7 @@ impl<St, S, P> Worker<St, S, P> {
     /// ended. A pause in the middle of a step (a write sent, the process stopped before it
     /// lands) cannot be caught that way: only a fenced write is safe against it. On SQL, that
     /// is the completion in the handler's transaction (`SqlInbox::complete_in_tx`); on Redis,
-    /// the same needs the effect and the completion in one token-checked step.
+    /// the effect and the completion in one token-checked script (`RedisInbox::complete_with`).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.settings.lease = lease.clamp(MIN_LEASE, MAX_WAIT);
         self
