@@ -169,10 +169,18 @@ async fn redis() -> Result<Router, Box<dyn std::error::Error>> {
     use tower_idempotency::inbox::{InboxRoute, InboxStore, RedisInbox};
 
     let pool = redis_pool().await?;
-    let store = RedisStore::new(pool.clone());
+    let mut store = RedisStore::new(pool.clone());
     // So that the first completion does not pay a NOSCRIPT round trip.
     store.load_scripts().await?;
-    let inbox = RedisInbox::new(pool, "loadtest");
+    let mut inbox = RedisInbox::new(pool, "loadtest");
+    // `REDIS_WAIT_REPLICAS=N` (`REDIS_WAIT_TIMEOUT_MS`, default 50): durable completions and
+    // inbox writes, as the demo sets them.
+    if let Ok(replicas) = std::env::var("REDIS_WAIT_REPLICAS") {
+        let timeout = std::env::var("REDIS_WAIT_TIMEOUT_MS").map_or(Ok(50), |ms| ms.parse())?;
+        let timeout = std::time::Duration::from_millis(timeout);
+        store = store.durable_completion(replicas.parse()?, timeout);
+        inbox = inbox.durable(replicas.parse()?, timeout);
+    }
     let layer = IdempotencyLayer::new(store.clone())
         .namespace("loadtest-inbox")
         .inbox(InboxRoute::new(inbox.clone()));

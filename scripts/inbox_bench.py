@@ -66,6 +66,23 @@ def server(binary, cpu, redis, workers, started=False):
     return Server(binary, "redis", cpu, redis.url)
 
 
+class Replica:
+    """A redis-server replicating `primary`, up and in sync before it returns."""
+
+    def __init__(self, primary, cpu):
+        self.inner = RedisServer(cpu)
+        self.inner.admin.cmd("REPLICAOF", "127.0.0.1", str(primary.port))
+        deadline = time.time() + 30
+        while b"master_link_status:up" not in self.inner.admin.cmd("INFO", "replication"):
+            if time.time() > deadline:
+                raise RuntimeError("the replica did not sync")
+            time.sleep(0.05)
+        log(f"   replica on port {self.inner.port} in sync")
+
+    def stop(self):
+        self.inner.stop()
+
+
 def counts(srv):
     conn = http.client.HTTPConnection(srv.host, int(srv.port), timeout=10)
     try:
@@ -236,8 +253,18 @@ def main():
     p.add_argument("--pinning", choices=("none", "split"), default="none",
                    help="none (default): no process pinned, as compare/run runs; split: the server on "
                         "the first CPU, wrk and redis-server on the second")
+    p.add_argument("--replica", action="store_true",
+                   help="give the redis-server a replica (on the same CPUs), as a deployment with "
+                        "failover has")
+    p.add_argument("--wait-replicas", type=int, default=0,
+                   help="REDIS_WAIT_REPLICAS for the server: durable completions and inbox writes "
+                        "wait for that many replicas (default 0: off; needs --replica)")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args()
+    if args.wait_replicas:
+        assert args.replica, "--wait-replicas needs --replica"
+        os.environ["REDIS_WAIT_REPLICAS"] = str(args.wait_replicas)
+        os.environ.setdefault("REDIS_WAIT_TIMEOUT_MS", "1000")
     assert 1 <= args.duration <= 120 and 1 <= args.rounds <= 20 and 0 <= args.warmup <= 30 and 1 <= args.connections <= 1024
     workers = args.workers or args.connections
 
@@ -251,7 +278,9 @@ def main():
         f.write(body)
     run = str(time.time_ns())
     redis = RedisServer(client_cpu)
+    replica = Replica(redis, client_cpu) if args.replica else None
     results = {"redis_version": redis.version, "body_bytes": len(body), "connections": args.connections,
+               "replica": args.replica, "wait_replicas": args.wait_replicas,
                "workers": workers, "duration": args.duration,
                "pinning": (f"server on CPU {server_cpu}; wrk and redis-server on CPU {client_cpu}" if split
                            else f"nothing pinned, {len(allowed)} CPUs")}
@@ -309,6 +338,8 @@ def main():
             log(f"== wake-up: {args.wakes} deliveries to one idle worker")
             results["wake"] = wake_latency(args.server, server_cpu, redis, args.wakes, run)
     finally:
+        if replica:
+            replica.stop()
         redis.stop()
 
     ack, mem, dr = results["ack"], results["memory"], results["drain"]
