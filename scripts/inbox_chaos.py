@@ -212,9 +212,10 @@ def redis_node(name, tmp, extra, port=None):
 
 
 class Standalone:
-    def __init__(self, tmp, down=3.0):
-        self.down = down
-        self.node = redis_node("redis", tmp, ["--appendonly", "yes", "--appendfsync", "always"])
+    def __init__(self, tmp, down=3.0, aof="always"):
+        self.down, self.aof = down, aof
+        persistence = ["--appendonly", "no"] if aof == "off" else ["--appendonly", "yes", "--appendfsync", aof]
+        self.node = redis_node("redis", tmp, persistence)
         self.url = f"redis://127.0.0.1:{self.node.port}"
 
     def fault(self, events):
@@ -224,10 +225,12 @@ class Standalone:
         time.sleep(self.down)
         self.node.start()
         events.append(("redis restarted", time.monotonic()))
-        log(f"fault: redis-server :{self.node.port} restarted (AOF loaded)")
+        log(f"fault: redis-server :{self.node.port} restarted")
 
     def describe(self):
-        return f"standalone :{self.node.port} (AOF, fsync always)"
+        if self.aof == "off":
+            return f"standalone :{self.node.port} (no persistence: a negative control)"
+        return f"standalone :{self.node.port} (AOF, appendfsync {self.aof})"
 
 
 class Sentinel:
@@ -449,6 +452,9 @@ def main():
                    help="%% of first attempts abandoned: sent, then the connection closed unread (3)")
     p.add_argument("--abandon-ms", type=float, default=3,
                    help="an abandoned attempt closes its connection up to this many ms after sending (3)")
+    p.add_argument("--aof", choices=("always", "everysec", "no", "off"), default="always",
+                   help="standalone: appendfsync (always); off: no persistence at all, so the kill "
+                        "loses what was acknowledged (a negative control: the run must fail)")
     p.add_argument("--down", type=float, default=3,
                    help="standalone: seconds the killed redis-server stays down (3)")
     p.add_argument("--wait-replicas", type=int, default=None,
@@ -499,7 +505,7 @@ def main():
 
 
 def run(args, rng, seed, wait_replicas, receiver_bin, worker_bin, tmp):
-    deployment = (Standalone(tmp, args.down) if args.redis == "standalone"
+    deployment = (Standalone(tmp, args.down, args.aof) if args.redis == "standalone"
                   else {"sentinel": Sentinel, "cluster": Cluster}[args.redis](tmp))
     log(f"redis: {deployment.describe()}; url {deployment.url}")
     env = {"REDIS_URL": deployment.url, "REDIS_WAIT_TIMEOUT_MS": str(args.wait_timeout_ms),
