@@ -636,3 +636,64 @@ async fn inboxes_built_apart_on_one_sqlite_database_wake_each_other() {
         .unwrap();
     inbox_contract::an_enqueue_elsewhere_wakes_an_idle_worker(SqliteInbox::new(pool), first).await;
 }
+
+/// Issue 55: a take on PostgreSQL reads the due entries through `<table>_take_idx`, in due
+/// order, and stops at its limit; with a backlog of 20,000 entries (half of them ordered, 100
+/// objects) its plan holds no sort, whose cost would grow with the backlog. The plan is the one
+/// the server ran for the inbox's own statement, logged by `auto_explain`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_take_reads_its_index_and_never_sorts_the_backlog() {
+    let server = shared_server();
+    let url = tokio::task::block_in_place(|| server.url());
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                let explain = "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0;";
+                sqlx::raw_sql(explain).execute(conn).await.map(drop)
+            })
+        })
+        .connect(&url)
+        .await
+        .unwrap();
+    let table = unique("backlog");
+    let inbox = PostgresInbox::new(pool.clone()).with_table(&table).unwrap();
+    inbox.migrate().await.unwrap();
+    let backlog = format!(
+        "INSERT INTO {table} (key, state, body, object, position, correlation_id, attempts,
+            next_at, enqueued_at)
+         SELECT 'ti:' || lpad(i::text, 16, '0'), 'queued', '\\x7b7d',
+            CASE WHEN i % 2 = 0 THEN 'to:' || lpad((i % 100)::text, 16, '0') END,
+            decode(lpad(to_hex(i), 32, '0'), 'hex'), 'c', 0, i, i
+         FROM generate_series(1, 20000) AS i;
+         ANALYZE {table};"
+    );
+    sqlx::raw_sql(AssertSqlSafe(backlog))
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let taken = inbox.take(32, LONG).await.unwrap();
+    assert_eq!(taken.len(), 32);
+    let objects: HashSet<String> = (taken.iter().filter_map(|l| l.entry.order.as_ref()))
+        .map(|order| order.object.as_str().to_owned())
+        .collect();
+    assert_eq!(objects.len(), 16, "one entry per object");
+
+    let log = tokio::task::block_in_place(|| server.log());
+    let start = log
+        .rfind(&format!(
+            "Query Text: UPDATE {table}\n\tSET state = 'running'"
+        ))
+        .unwrap_or_else(|| {
+            panic!(
+                "no plan of the take logged: {}",
+                &log[log.len().saturating_sub(4000)..]
+            )
+        });
+    let plan = &log[start..];
+    let plan = &plan[..plan.find("LOG:").unwrap_or(plan.len())];
+    assert!(plan.contains(&format!("{table}_take_idx")), "{plan}");
+    assert!(!plan.contains("Sort"), "the take sorts: {plan}");
+    assert!(!plan.contains(&format!("Seq Scan on {table} ")), "{plan}");
+}

@@ -852,26 +852,34 @@ WHERE object IN (
     )
 }
 
+/// When an entry is due: a queued one at its next attempt, a running one when its lease runs
+/// out. The take orders by it, and `<table>_take_idx` indexes it (the same expression, which the
+/// planners match), so that a take reads the due entries in order and stops at its limit.
+const DUE_AT: &str = "CASE WHEN state = 'queued' THEN next_at ELSE lease_until END";
+
 /// The take: the due entries (queued and due, or running with a lease that ran out), locked
 /// with `locks` and skipped when another take holds them. An ordered one only when it is its
 /// object's next: a queued one when none of its object is running and no queued one stands
 /// before it (by position, then key); a running one (taken over) whatever is queued before
 /// it, since an object's entry in flight is the only one of it that runs until it settles.
+///
+/// Read through `<table>_take_idx`, in due order, until `$1` entries are found: its cost
+/// follows the entries it passes over (locked by another take, or waiting behind their
+/// object's), not the backlog; never a sort of the table.
 fn take(table: &str, locks: &str) -> String {
     format!(
         "UPDATE {table}
 SET state = 'running', attempts = attempts + 1, lease_token = $3, lease_until = $2
 WHERE key IN (
     SELECT e.key FROM {table} AS e
-    WHERE ((e.state = 'queued' AND e.next_at <= $4)
-        OR (e.state = 'running' AND e.lease_until <= $4))
+    WHERE e.state IN ('queued', 'running') AND {DUE_AT} <= $4
       AND (e.object IS NULL OR NOT EXISTS (
         SELECT 1 FROM {table} AS o
         WHERE o.object = e.object AND o.key <> e.key AND o.state IN ('queued', 'running')
           AND ((o.state = 'running' AND e.state = 'queued')
             OR (o.state = e.state AND (o.position < e.position
                 OR (o.position = e.position AND o.key < e.key))))))
-    ORDER BY CASE WHEN e.state = 'queued' THEN e.next_at ELSE e.lease_until END, e.key
+    ORDER BY {DUE_AT}, e.key
     LIMIT $1{locks}
 )
 RETURNING {ENTRY_COLUMNS}, EXISTS (
@@ -885,6 +893,8 @@ RETURNING {ENTRY_COLUMNS}, EXISTS (
 /// milliseconds (an integer column on SQLite too).
 fn schema(table: &str, bytes: &str) -> String {
     let index = bare_name(table);
+    // An index lives in its table's schema: a dropped one is named there.
+    let schema_prefix = &table[..table.len() - index.len()];
     format!(
         "CREATE TABLE IF NOT EXISTS {table} (
     key            text    NOT NULL PRIMARY KEY,
@@ -905,7 +915,14 @@ fn schema(table: &str, bytes: &str) -> String {
     CHECK (state = 'done' OR (state = 'running') = (lease_token IS NOT NULL)),
     CHECK ((state = 'done') = (expires_at IS NOT NULL))
 );
-CREATE INDEX IF NOT EXISTS {index}_due_idx ON {table} (state, next_at);
+-- The take's order, over what it may take: a take is an index scan that stops at its limit.
+CREATE INDEX IF NOT EXISTS {index}_take_idx ON {table} (({DUE_AT}), key)
+    WHERE state IN ('queued', 'running');
+-- Replaced by the take's index (SQLite's planner preferred it and sorted the backlog).
+DROP INDEX IF EXISTS {schema_prefix}{index}_due_idx;
+-- The purge's order over the done keys, and the dead letters' over the dead entries.
+CREATE INDEX IF NOT EXISTS {index}_expires_idx ON {table} (expires_at) WHERE state = 'done';
+CREATE INDEX IF NOT EXISTS {index}_dead_idx ON {table} (enqueued_at, key) WHERE state = 'dead';
 CREATE INDEX IF NOT EXISTS {index}_object_idx ON {table} (object, position);
 -- One entry of an object in flight: the database's own guard (see the take).
 CREATE UNIQUE INDEX IF NOT EXISTS {index}_in_flight_idx ON {table} (object)
@@ -1039,5 +1056,43 @@ mod tests {
             take("t", " FOR UPDATE SKIP LOCKED").contains("LIMIT $1 FOR UPDATE SKIP LOCKED\n)")
         );
         assert!(take("t", "").contains("LIMIT $1\n)"));
+    }
+
+    /// SQLite reads the take through `<table>_take_idx` in due order: no temporary b-tree for
+    /// the order, whose cost would grow with the backlog (PostgreSQL's plan is checked against
+    /// a real server in tests/inbox_sql.rs).
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn sqlite_takes_through_the_index_without_sorting() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(schema("t", "blob")))
+                .execute(&pool)
+                .await
+                .unwrap();
+            let explain = format!("EXPLAIN QUERY PLAN {}", take("t", ""));
+            let rows: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(explain))
+                .bind(32_i64)
+                .bind(0_i64)
+                .bind(vec![0_u8; 16])
+                .bind(0_i64)
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+            let plan: Vec<&str> = rows.iter().map(|row| row.3.as_str()).collect();
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains("USING INDEX t_take_idx")),
+                "{plan:?}"
+            );
+            assert!(
+                !plan.iter().any(|step| step.contains("TEMP B-TREE")),
+                "{plan:?}"
+            );
+        });
     }
 }
