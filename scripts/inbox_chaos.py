@@ -457,6 +457,9 @@ def main():
                         "loses what was acknowledged (a negative control: the run must fail)")
     p.add_argument("--down", type=float, default=3,
                    help="standalone: seconds the killed redis-server stays down (3)")
+    p.add_argument("--delay-ms", type=int, default=0,
+                   help="each event's handler sleeps 0..N ms (demo_delay_ms), so that entries are in "
+                        "flight and queued when Redis and the worker are killed (default 0)")
     p.add_argument("--wait-replicas", type=int, default=None,
                    help="REDIS_WAIT_REPLICAS (default 1 on sentinel and cluster; 0: unset)")
     p.add_argument("--wait-timeout-ms", type=int, default=500, help="REDIS_WAIT_TIMEOUT_MS (500)")
@@ -529,6 +532,8 @@ def run(args, rng, seed, wait_replicas, receiver_bin, worker_bin, tmp):
                     "occurred_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(base + m + 60 * k))}
             if rng.random() * 100 < args.fail_pct:
                 body["demo_fail_attempts"] = 1
+            if args.delay_ms:
+                body["demo_delay_ms"] = rng.randrange(args.delay_ms + 1)
             events.append(body)
     rng.shuffle(events)
     n = len(events)
@@ -628,7 +633,12 @@ def run(args, rng, seed, wait_replicas, receiver_bin, worker_bin, tmp):
             while stats.acked < share * n:
                 if stop.wait(0.05):
                     return
-            timeline.append((f"{what} fault at {stats.acked} acked", time.monotonic()))
+            try:
+                c = get_json(addrs[0], "/inbox", timeout=1)
+                inbox = f", inbox pending {c.get('pending')} in flight {c.get('in_flight')}"
+            except Exception:  # noqa: BLE001
+                inbox = ""
+            timeline.append((f"{what} fault at {stats.acked} acked{inbox}", time.monotonic()))
             try:
                 if what == "redis":
                     deployment.fault(timeline)
@@ -720,7 +730,7 @@ def run(args, rng, seed, wait_replicas, receiver_bin, worker_bin, tmp):
 
     print(f"== inbox chaos, redis={args.redis}: {deployment.describe()}")
     print(f"seed {seed}; {n} events ({args.messages} messages x {len(TYPES)}), {failing} with "
-          f"demo_fail_attempts 1; {args.threads} threads at {args.rate:g}/s; wait replicas {wait_replicas}, "
+          f"demo_fail_attempts 1, handler delay 0..{args.delay_ms} ms; {args.threads} threads at {args.rate:g}/s; wait replicas {wait_replicas}, "
           f"timeout {args.wait_timeout_ms} ms; temp {tmp}")
     print("timeline: " + "; ".join(f"{what} {at - start:.2f}s" for what, at in timeline))
     print(f"sending: {sent_s:.1f}s, {stats.posts} POSTs, answers {dict(sorted(stats.codes.items()))}, "
