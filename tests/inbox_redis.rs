@@ -164,6 +164,56 @@ mod sentinel {
         let inbox = RedisInbox::new(deployment.connect().await, &fresh_name());
         (inbox, deployment)
     });
+
+    /// The contract with durable writes, through a pool: every write an answer or a
+    /// settlement relies on waits for the replica, and the contract holds unchanged.
+    mod durable {
+        use super::*;
+
+        inbox_contract::inbox_contract!(async {
+            let deployment = redis_sentinel::RedisSentinel::shared();
+            let inbox = RedisInbox::new(deployment.connect_pool(2).await, &fresh_name())
+                .durable(1, Duration::from_secs(1));
+            (inbox, deployment)
+        });
+    }
+
+    /// `AnyInbox::on` a store with durable completion makes a durable inbox: an enqueue
+    /// while the replica is frozen is refused as not replicated, and stored on the primary.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_inbox_on_a_durable_store_waits_for_the_replica() {
+        let deployment = redis_sentinel::RedisSentinel::start();
+        let store: tower_idempotency::store::AnyStore =
+            tower_idempotency::RedisStore::new(deployment.connect_pool(2).await).into();
+        let store = store
+            .durable_completion(1, Duration::from_millis(300))
+            .unwrap();
+        let inbox = tower_idempotency::inbox::AnyInbox::on(&store, &fresh_name())
+            .await
+            .unwrap();
+        assert_eq!(inbox.enqueue(entry(1)).await.unwrap(), Enqueued::Queued);
+        let replica = deployment.replica_port();
+        deployment.freeze(replica);
+        let refused = inbox.enqueue(entry(2)).await;
+        // A duplicate of what the replica does not have yet waits for it too.
+        let duplicate = inbox.enqueue(entry(2)).await;
+        deployment.thaw(replica);
+        let error = refused.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::NotReplicated, "{error}");
+        assert_eq!(duplicate.unwrap_err().kind(), StoreErrorKind::NotReplicated);
+        // Caught up, the sender's retry is acknowledged: the entry was stored.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match inbox.enqueue(entry(2)).await {
+                Ok(enqueued) => {
+                    assert_eq!(enqueued, Enqueued::Duplicate(KeyState::Queued));
+                    break;
+                }
+                Err(error) => assert!(std::time::Instant::now() < deadline, "{error}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 /// One `complete_many` of leases from several partitions completes each in its own partition
