@@ -530,6 +530,19 @@ async fn a_worker_exports_the_inbox_counters_and_gauges() {
     let entry = |id: &str, body: &'static str| {
         InboxEntry::new(StoreKey::new("obs-inbox", None, id), Bytes::from(body), id)
     };
+    // An older event of an object whose newer one was applied first: settled as stale.
+    let object = tower_idempotency::store::ObjectKey::new("obs-inbox", None, "m_1");
+    let position = tower_idempotency::order::Position::new;
+    let newer = entry("newer", "ok").ordered(object.clone(), position(2));
+    inbox.enqueue(newer).await.unwrap();
+    let taken = inbox.take(1, Duration::from_secs(60)).await.unwrap();
+    let (key, token) = (&taken[0].entry.key, &taken[0].token);
+    assert!(
+        inbox
+            .complete(key, token, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
     inbox.enqueue(entry("ok", "ok")).await.unwrap();
     inbox.enqueue(entry("fails", "fail")).await.unwrap();
     // Due in an hour, stored two minutes ago: it stays pending and is the oldest entry.
@@ -537,6 +550,9 @@ async fn a_worker_exports_the_inbox_counters_and_gauges() {
     later.next_attempt_at = SystemTime::now() + Duration::from_secs(3600);
     later.enqueued_at = SystemTime::now() - Duration::from_secs(120);
     inbox.enqueue(later).await.unwrap();
+    let older = entry("older", "ok").ordered(object, position(1));
+    inbox.enqueue(older).await.unwrap();
+    let (logs, _logging) = capture_logs(tracing::Level::INFO);
 
     let handler = tower::service_fn(|request: InboxRequest| async move {
         match &request.body()[..] {
@@ -551,12 +567,12 @@ async fn a_worker_exports_the_inbox_counters_and_gauges() {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let mut polled = Polled::default();
     let watch = async {
-        // Before the worker takes anything: three pending.
+        // Before the worker takes anything: four pending.
         poll_until(&recorder, &mut polled, "obs-inbox", "first", |p| {
             p.gauge("idempotency_inbox_pending").is_some()
         })
         .await;
-        assert_eq!(polled.gauge("idempotency_inbox_pending"), Some(3.0));
+        assert_eq!(polled.gauge("idempotency_inbox_pending"), Some(4.0));
         // Measured at most once a second: wait for the settled inbox.
         poll_until(&recorder, &mut polled, "obs-inbox", "settled", |p| {
             p.gauge("idempotency_inbox_dead") == Some(1.0)
@@ -577,8 +593,33 @@ async fn a_worker_exports_the_inbox_counters_and_gauges() {
     assert_eq!(polled.counter("idempotency_inbox_attempts_total"), 3);
     assert_eq!(polled.counter("idempotency_inbox_retries_total"), 1);
     assert_eq!(polled.counter("idempotency_inbox_dead_letters_total"), 1);
+    assert_eq!(polled.counter("idempotency_inbox_stale_total"), 1);
     let counts = inbox.counts().await.unwrap();
     assert_eq!((counts.pending, counts.in_flight, counts.dead), (1, 0, 1));
+    // The dead letter is an error line saying what to find and re-queue; the stale settlement
+    // a line of its own.
+    let logs = logs.text();
+    let dead = logs
+        .lines()
+        .find(|line| line.contains("inbox: entry made a dead letter"))
+        .unwrap_or_else(|| panic!("no dead letter line: {logs}"));
+    assert!(dead.contains("ERROR"), "{dead}");
+    let fails = StoreKey::new("obs-inbox", None, "fails");
+    for part in [
+        format!("key={fails}"),
+        "correlation_id=fails".to_owned(),
+        "attempts=2".to_owned(),
+        "last_error=the handler failed".to_owned(),
+    ] {
+        assert!(dead.contains(&part), "{part} in {dead}");
+    }
+    let older = StoreKey::new("obs-inbox", None, "older");
+    assert!(
+        logs.lines()
+            .any(|line| line.contains("stale entry settled")
+                && line.contains(&format!("key={older}"))),
+        "{logs}"
+    );
 }
 
 /// While every worker is busy with a handler that does not end, the gauges still move: the

@@ -1,6 +1,7 @@
 //! The inbox's metrics, per namespace, through the `metrics` facade (feature `metrics`; without
 //! it every function here does nothing): `idempotency_inbox_attempts_total`,
-//! `idempotency_inbox_retries_total`, `idempotency_inbox_dead_letters_total`, and the gauges
+//! `idempotency_inbox_retries_total`, `idempotency_inbox_dead_letters_total`,
+//! `idempotency_inbox_stale_total`, and the gauges
 //! `idempotency_inbox_pending`, `idempotency_inbox_in_flight`, `idempotency_inbox_dead` and
 //! `idempotency_inbox_oldest_age_seconds`.
 
@@ -13,6 +14,7 @@ pub(crate) fn register(namespace: &str) {
         "idempotency_inbox_attempts_total",
         "idempotency_inbox_retries_total",
         "idempotency_inbox_dead_letters_total",
+        "idempotency_inbox_stale_total",
     ] {
         add(name, namespace, 0);
     }
@@ -31,6 +33,11 @@ pub(crate) fn retry(namespace: &str) {
 /// One entry made a dead letter.
 pub(crate) fn dead_letter(namespace: &str) {
     count("idempotency_inbox_dead_letters_total", namespace);
+}
+
+/// One entry settled as stale, without the handler: its object had moved past it.
+pub(crate) fn stale(namespace: &str) {
+    count("idempotency_inbox_stale_total", namespace);
 }
 
 fn count(name: &'static str, namespace: &str) {

@@ -310,7 +310,9 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
     {
         let ordered = lease.entry.order.is_some();
         let retry = if lease.stale {
-            tracing::debug!("inbox: stale entry settled without the handler");
+            // Its object moved past it while it waited (a newer event applied first).
+            tracing::info!(key = %lease.entry.key, "inbox: stale entry settled without the handler");
+            metrics::stale(&self.settings.namespace);
             let (key, token) = (lease.entry.key, lease.token);
             report("complete", self.completions.complete(key, token).await);
             None
@@ -360,6 +362,14 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
             }
             Decision::DeadLetter => {
                 metrics::dead_letter(&self.settings.namespace);
+                // A person has to act: the line says what to find and re-queue (its span,
+                // `inbox.entry`, carries the correlation id).
+                tracing::error!(
+                    %key,
+                    attempts,
+                    last_error = %error,
+                    "inbox: entry made a dead letter"
+                );
                 Failure::Dead(error)
             }
         };
