@@ -278,7 +278,11 @@ def main():
         f.write(body)
     run = str(time.time_ns())
     redis = RedisServer(client_cpu)
-    replica = Replica(redis, client_cpu) if args.replica else None
+    try:
+        replica = Replica(redis, client_cpu) if args.replica else None
+    except BaseException:
+        redis.stop()
+        raise
     results = {"redis_version": redis.version, "body_bytes": len(body), "connections": args.connections,
                "replica": args.replica, "wait_replicas": args.wait_replicas,
                "workers": workers, "duration": args.duration,

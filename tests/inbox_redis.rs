@@ -214,6 +214,64 @@ mod sentinel {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+
+    /// A durable fenced completion, or a durable complete, sent again after `NotReplicated`
+    /// through another client of the pool, is not acknowledged before the replica has the
+    /// first one (the repeat writes the fence, so its `WAIT` counts it); caught up, it is.
+    /// A requeue that finds nothing to do is not failed by another write's replication.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_durable_repeat_waits_for_the_first_write_to_replicate() {
+        let deployment = redis_sentinel::RedisSentinel::start();
+        let inbox = RedisInbox::new(deployment.connect_pool(2).await, &fresh_name())
+            .durable(1, Duration::from_millis(300));
+        for n in 0..2 {
+            inbox.enqueue(entry(n)).await.unwrap();
+        }
+        let leases = inbox.take(2, Duration::from_secs(60)).await.unwrap();
+        let retention = Duration::from_secs(60);
+        let replica = deployment.replica_port();
+        deployment.freeze(replica);
+        let (fenced, plain) = (&leases[0], &leases[1]);
+        let writes = || {
+            let tag = inbox.hash_tag(&fenced.token).unwrap();
+            RedisWrites::new().command(["SET", format!("app:{tag}:x").as_str(), "1"])
+        };
+        let (key, token) = (&fenced.entry.key, &fenced.token);
+        let mut repeats = Vec::new();
+        for _ in 0..3 {
+            repeats.push(inbox.complete_with(key, token, writes(), retention).await);
+        }
+        let mut completes = Vec::new();
+        for _ in 0..3 {
+            completes.push(
+                inbox
+                    .complete(&plain.entry.key, &plain.token, retention)
+                    .await,
+            );
+        }
+        let nothing = inbox.requeue(&entry(9).key).await;
+        deployment.thaw(replica);
+        for result in repeats.into_iter().chain(completes) {
+            let error = result.expect_err("the frozen replica acknowledged nothing");
+            assert_eq!(error.kind(), StoreErrorKind::NotReplicated, "{error}");
+        }
+        assert!(!nothing.unwrap(), "nothing to requeue, and no error");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let again = inbox.complete_with(key, token, writes(), retention).await;
+            let plain_again = inbox
+                .complete(&plain.entry.key, &plain.token, retention)
+                .await;
+            match (again, plain_again) {
+                (Ok(fenced), Ok(plain)) => {
+                    assert!(fenced && plain, "completed by these leases");
+                    break;
+                }
+                (a, b) => assert!(std::time::Instant::now() < deadline, "{a:?} {b:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 /// One `complete_many` of leases from several partitions completes each in its own partition
@@ -680,6 +738,8 @@ async fn a_fenced_completion_writes_once_and_never_after_its_lease() {
             .await
             .unwrap()
     );
+    // Its handler may still run: a renewal finds the lease its own, not taken over.
+    assert!(inbox.renew(key, token, retention).await.unwrap());
     // The worker's own completion after the handler's finds the key done by its lease.
     assert!(inbox.complete(key, token, retention).await.unwrap());
 
@@ -767,5 +827,47 @@ async fn fenced_writes_share_the_entry_partition_in_a_cluster() {
             .complete_with(&key, &foreign, none, Duration::from_secs(60))
             .await
             .unwrap()
+    );
+}
+
+/// An inbox over `maxmemory` (`noeviction`) still drains through the fenced completion: the
+/// script deletes the entry before the handler's writes (Redis refuses a script whose first
+/// write may grow memory), and the writes and the completion both land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_completion_drains_an_inbox_over_maxmemory() {
+    use fred::interfaces::ClientLike;
+    use fred::types::{ClusterHash, CustomCommand};
+    let server = RedisServer::start();
+    let client = server.connect().await;
+    let inbox = RedisInbox::new(client.clone(), &fresh_name());
+    inbox.enqueue(entry(1)).await.unwrap();
+    let lease = take_one(&inbox).await;
+    let config = CustomCommand::new_static("CONFIG", ClusterHash::Random, false);
+    let full: Vec<&str> = vec!["SET", "maxmemory", "1"];
+    let () = client.custom(config.clone(), full).await.unwrap();
+    // Full indeed: a plain write is refused.
+    let refused = inbox.enqueue(entry(2)).await.unwrap_err();
+    assert_eq!(refused.kind(), StoreErrorKind::Capacity, "{refused}");
+    let tag = inbox.hash_tag(&lease.token).unwrap().to_owned();
+    let applied = format!("app:applied:{tag}");
+    let writes = RedisWrites::new().command(["HINCRBY", applied.as_str(), "evt-1", "1"]);
+    let (key, token) = (&lease.entry.key, &lease.token);
+    let done = inbox
+        .complete_with(key, token, writes, Duration::from_secs(60))
+        .await;
+    let room: Vec<&str> = vec!["SET", "maxmemory", "0"];
+    let () = client.custom(config, room).await.unwrap();
+    assert!(done.unwrap(), "completed over maxmemory");
+    let count: Option<String> = fred::interfaces::ClientLike::custom(
+        &client,
+        CustomCommand::new_static("HGET", ClusterHash::FirstKey, false),
+        vec![applied, "evt-1".to_owned()],
+    )
+    .await
+    .unwrap();
+    assert_eq!(count.as_deref(), Some("1"));
+    assert_eq!(
+        inbox.enqueue(entry(1)).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done)
     );
 }

@@ -383,6 +383,23 @@ async fn an_older_event_never_overwrites_a_newer_one(store: Option<Shared>) {
         [1, 0],
         "the older event is never applied"
     );
+
+    // An older event that arrives once the newer one was applied is stale at the door:
+    // answered as on the synchronous route, not queued.
+    let late = json!({
+        "event_id": "ev_queued",
+        "message_id": "m",
+        "type": "email.queued",
+        "occurred_at": "2026-12-04T14:00:00Z",
+    });
+    let (status, headers, body) = http
+        .send_raw("POST", "/inbox/email", &[], &late.to_string())
+        .await;
+    assert_eq!(status.as_u16(), 200, "{body:?}");
+    assert_eq!(headers["idempotent-stale"], "true");
+    assert!(headers.get("idempotent-replayed").is_none());
+    assert_eq!(counts(&http).await, (0, 0, 0), "not queued");
+    assert_eq!(message_status(&http, "m").await, "delivered");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -530,12 +530,15 @@ async fn a_worker_exports_the_inbox_counters_and_gauges() {
     let entry = |id: &str, body: &'static str| {
         InboxEntry::new(StoreKey::new("obs-inbox", None, id), Bytes::from(body), id)
     };
-    // An older event of an object whose newer one was applied first: settled as stale.
+    // An older event that arrives while a newer one of its object runs, applied first: the
+    // older is settled as stale.
     let object = tower_idempotency::store::ObjectKey::new("obs-inbox", None, "m_1");
     let position = tower_idempotency::order::Position::new;
     let newer = entry("newer", "ok").ordered(object.clone(), position(2));
     inbox.enqueue(newer).await.unwrap();
     let taken = inbox.take(1, Duration::from_secs(60)).await.unwrap();
+    let older = entry("older", "ok").ordered(object, position(1));
+    inbox.enqueue(older).await.unwrap();
     let (key, token) = (&taken[0].entry.key, &taken[0].token);
     assert!(
         inbox
@@ -550,8 +553,6 @@ async fn a_worker_exports_the_inbox_counters_and_gauges() {
     later.next_attempt_at = SystemTime::now() + Duration::from_secs(3600);
     later.enqueued_at = SystemTime::now() - Duration::from_secs(120);
     inbox.enqueue(later).await.unwrap();
-    let older = entry("older", "ok").ordered(object, position(1));
-    inbox.enqueue(older).await.unwrap();
     let (logs, _logging) = capture_logs(tracing::Level::INFO);
 
     let handler = tower::service_fn(|request: InboxRequest| async move {

@@ -193,6 +193,14 @@ impl State {
         Some(slot)
     }
 
+    /// The watermark of `entry`'s object when it is at or past the entry's position (the take's
+    /// rule for a stale entry).
+    fn stale_at_door(&self, entry: &InboxEntry, now: SystemTime) -> Option<Position> {
+        let order = entry.order.as_ref()?;
+        let mark = self.objects.get(&order.object)?.watermark(now)?;
+        (mark >= order.position).then_some(mark)
+    }
+
     /// Whether `key` may run now: unordered, or its object's entry in flight (taken over once
     /// its lease ran out), or, with none in flight, its object's first waiting entry; and stale
     /// if its object's watermark is at or past its position.
@@ -258,6 +266,9 @@ impl InboxStore for MemoryInbox {
         let mut state = self.lock();
         if let Some(known) = state.known(&entry.key, now) {
             return Ok(Enqueued::Duplicate(known));
+        }
+        if let Some(mark) = state.stale_at_door(&entry, now) {
+            return Ok(Enqueued::Stale(mark));
         }
         if state.done.len() >= self.capacity {
             state.purge_done(now);

@@ -38,7 +38,8 @@ pub const MAX_TAKE: usize = 1_000;
 /// what is not the default: `w` durable (first when present: a duplicate then writes `<prefix>fence`
 /// for the `WAIT` behind it to count), `h` headers (none), `a` attempts (0), `n` next attempt (the
 /// enqueue time), `o` object and `p` position (unordered), `cap` capacity (unbounded). Returns 0 when
-/// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full. A queued entry is
+/// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full, `{6, watermark}`
+/// for an ordered entry its object's watermark is at or past (stale, not stored). A queued entry is
 /// announced on `<prefix>wake` (`PUBLISH` of its due time) to every process's idle workers
 /// when one waits: a take that came back short left `<prefix>idle`, which the first enqueue
 /// due now after it deletes as it publishes (one due later publishes and leaves it, since the
@@ -50,22 +51,23 @@ pub const MAX_TAKE: usize = 1_000;
 /// 3k to store, so a first delivery sends 8 strings (the other key names are built in the
 /// script from the prefix, as `take` builds them) and stores 3 fields (a worker reads an absent
 /// field as its default).
-const ENQUEUE_LUA: &str = r#"local prefix, key, t, e = ARGV[1], ARGV[2], ARGV[5], KEYS[2]
+static ENQUEUE_LUA: LazyLock<String> = LazyLock::new(|| {
+    LESS_LUA.to_owned()
+        + r#"local prefix, key, t, e = ARGV[1], ARGV[2], ARGV[5], KEYS[2]
 if redis.call('EXISTS', e, KEYS[3]) > 0 then
   -- Durable: a write, so that the WAIT behind the script waits for the replicas to hold what
   -- was found (WAIT counts the writes of its own connection, and replicas apply in order).
-  if ARGV[6] == 'w' then redis.call('SET', prefix .. 'fence', t) end
+  if ARGV[6] == 'w' then redis.pcall('SET', prefix .. 'fence', t) end
   local s = redis.call('HGET', e, 's')
   if s == 'q' then return 1 elseif s == 'r' then return 2 elseif s == 'd' then return 3 end
   return 4
 end
-local due, o, p, fields = t, nil, nil, nil
+local due, o, p, cap, fields = t, nil, nil, nil, nil
 for i = 6, #ARGV, 2 do
   local name, value = ARGV[i], ARGV[i + 1]
   if name == 'w' then
   elseif name == 'cap' then
-    local held = redis.call('ZCARD', prefix .. 'live') + redis.call('ZCARD', prefix .. 'dead')
-    if held >= tonumber(value) then return 5 end
+    cap = tonumber(value)
   else
     fields = fields or {'s', 'q', 'c', ARGV[4], 'e', t}
     fields[#fields + 1] = name
@@ -74,6 +76,18 @@ for i = 6, #ARGV, 2 do
     if name == 'o' then o = value end
     if name == 'p' then p = value end
   end
+end
+if o then
+  -- Stale at the door: its object went past it already (the take's rule).
+  local w = redis.call('GET', prefix .. 'w:' .. o)
+  if w and string.len(w) == 16 and not less(w, p) then
+    if ARGV[6] == 'w' then redis.pcall('SET', prefix .. 'fence', t) end
+    return {6, w}
+  end
+end
+if cap then
+  local held = redis.call('ZCARD', prefix .. 'live') + redis.call('ZCARD', prefix .. 'dead')
+  if held >= cap then return 5 end
 end
 if fields then
   redis.call('HSET', e, unpack(fields))
@@ -92,7 +106,8 @@ elseif redis.call('DEL', idle) == 1 then
   redis.pcall('PUBLISH', prefix .. 'wake', due)
 end
 return 0
-"#;
+"#
+});
 
 /// `take`: KEYS = due, leased; ARGV[1] = prefix, [2] = now (µs), [3] = lease end (µs), [4] =
 /// max, [5] = a random token whose 14th and 15th bytes each lease replaces with its index. Scans
@@ -159,20 +174,28 @@ return out
 "#
 });
 
-/// `renew`: KEYS = entry, due, leased; ARGV[1] = key, [2] = token, [3] = lease end (µs).
+/// `renew`: KEYS = entry, due, leased; ARGV[1] = key, [2] = token, [3] = lease end (µs), [4] =
+/// prefix. 1 while the token holds the entry, or completed it (`complete_with`: its handler may
+/// still run, and must not be cancelled as if the lease were lost).
 const RENEW_LUA: &str = r#"local f = redis.call('HMGET', KEYS[1], 's', 't')
-if f[1] ~= 'r' or f[2] ~= ARGV[2] then return 0 end
+if f[1] ~= 'r' or f[2] ~= ARGV[2] then
+  -- Completed by its own lease (`complete_with`): still this worker's, nothing to extend.
+  if not f[1] and redis.call('GET', ARGV[4] .. 'd:' .. ARGV[1]) == ARGV[2] then return 1 end
+  return 0
+end
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
 return 1
 "#;
 
 /// `complete`, any number of leases of one partition: KEYS = due, leased, live; ARGV[1] =
-/// prefix, [2] = retention (ms), then a key and its lease's token for each lease. For each
-/// lease still held by its token: marks the key done, removes the entry and raises its object's
-/// watermark (kept for the retention). Returns 1 (completed) or 0 (not held) per lease; 1 also
-/// for a lease whose handler completed it already ([`RedisInbox::complete_with`], whose done key
-/// keeps the token).
+/// prefix, [2] = retention (ms), [3] = `w` when durable (else empty), then a key and its
+/// lease's token for each lease. For each lease still held by its token: marks the key done,
+/// removes the entry and raises its object's watermark (kept for the retention). Returns 1
+/// (completed) or 0 (not held) per lease; 1 also for a lease that completed it already (its
+/// handler's [`RedisInbox::complete_with`], or, durable, this completion sent again after a
+/// `NotReplicated`: the done key then keeps the token, and the fence makes the `WAIT` behind
+/// count the first write).
 ///
 /// A script costs Redis about 12k instructions before it does anything and every string
 /// handed to it about 2k: a worker sends the completions that gathered while the last ones
@@ -180,16 +203,18 @@ return 1
 static COMPLETE_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
         + RELEASE_LUA
-        + COMPLETE_ONE_LUA
-        + r#"local prefix, retention, out, done = ARGV[1], ARGV[2], {}, {}
-for i = 3, #ARGV, 2 do
+        + FINISH_ONE_LUA
+        + r#"local prefix, retention, durable, out, done = ARGV[1], ARGV[2], ARGV[3] == 'w', {}, {}
+for i = 4, #ARGV, 2 do
   local key = ARGV[i]
   local f = redis.call('HMGET', prefix .. 'e:' .. key, 's', 't', 'o', 'p')
   if f[1] == 'r' and f[2] == ARGV[i + 1] then
-    complete_one(prefix, retention, key, f, '1')
+    redis.call('DEL', prefix .. 'e:' .. key, prefix .. 'b:' .. key)
+    finish_one(prefix, retention, key, f, durable and ARGV[i + 1] or '1')
     done[#done + 1] = key
     out[#out + 1] = 1
   elseif redis.call('GET', prefix .. 'd:' .. key) == ARGV[i + 1] then
+    if durable then redis.pcall('SET', prefix .. 'fence', '1') end
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
@@ -202,11 +227,12 @@ return out
 "#
 });
 
-/// Completes the entry of `key` whose fields `f` (state, token, object, position) show it held:
-/// deletes it and its body, marks the key done with `mark` for the retention, and lets its
-/// object's next entry go with the watermark raised. The caller removes it from the sets.
-const COMPLETE_ONE_LUA: &str = r#"local function complete_one(prefix, retention, key, f, mark)
-  redis.call('DEL', prefix .. 'e:' .. key, prefix .. 'b:' .. key)
+/// Completes the entry of `key` whose fields `f` (state, token, object, position) showed it
+/// held, once the caller deleted it and its body (first: Redis refuses a script whose first
+/// write may grow memory past `maxmemory`, and a full inbox must still drain): marks the key
+/// done with `mark` for the retention, and lets its object's next entry go with the watermark
+/// raised. The caller removes it from the sets.
+const FINISH_ONE_LUA: &str = r#"local function finish_one(prefix, retention, key, f, mark)
   redis.call('SET', prefix .. 'd:' .. key, mark, 'PX', retention)
   if f[3] then
     redis.call('ZREM', prefix .. 'o:' .. f[3], f[4] .. key)
@@ -221,27 +247,33 @@ end
 "#;
 
 /// `complete_with`: KEYS = due, leased, live, entry; ARGV[1] = prefix, [2] = retention (ms),
-/// [3] = key, [4] = token, then the writes, each its number of strings and those strings (a
-/// command and its arguments). When the lease is still the token's: runs the writes, then
-/// completes as `complete` does, keeping the token in the done key. Returns 1 (written), 2
-/// (done by this token already: a repeat, nothing written again) or 0 (not held).
+/// [3] = key, [4] = token, [5] = `w` when durable (else empty), then the writes, each its
+/// number of strings and those strings (a command and its arguments). When the lease is still
+/// the token's: deletes the entry (the first write, see `FINISH_ONE_LUA`), runs the writes,
+/// then completes as `complete` does, keeping the token in the done key. Returns 1 (written), 2
+/// (done by this token already: a repeat, nothing written again but the fence when durable) or
+/// 0 (not held).
 static COMPLETE_WITH_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
         + RELEASE_LUA
-        + COMPLETE_ONE_LUA
+        + FINISH_ONE_LUA
         + r#"local prefix, key, token = ARGV[1], ARGV[3], ARGV[4]
 local f = redis.call('HMGET', KEYS[4], 's', 't', 'o', 'p')
 if f[1] ~= 'r' or f[2] ~= token then
-  if redis.call('GET', prefix .. 'd:' .. key) == token then return 2 end
+  if redis.call('GET', prefix .. 'd:' .. key) == token then
+    if ARGV[5] == 'w' then redis.pcall('SET', prefix .. 'fence', '1') end
+    return 2
+  end
   return 0
 end
-local i = 5
+redis.call('DEL', KEYS[4], prefix .. 'b:' .. key)
+local i = 6
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
   redis.call(unpack(ARGV, i + 1, i + n))
   i = i + n + 1
 end
-complete_one(prefix, ARGV[2], key, f, token)
+finish_one(prefix, ARGV[2], key, f, token)
 for j = 1, 3 do redis.call('ZREM', KEYS[j], key) end
 return 1
 "#
@@ -319,7 +351,7 @@ if first then oldest = redis.call('HGET', ARGV[1] .. 'e:' .. first, 'e') end
 return {in_flight, live, dead, oldest}
 "#;
 
-static ENQUEUE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(ENQUEUE_LUA));
+static ENQUEUE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(ENQUEUE_LUA.as_str()));
 static TAKE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(TAKE_LUA.as_str()));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RENEW_LUA));
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COMPLETE_LUA.as_str()));
@@ -354,7 +386,12 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 ///   state (queued, running, dead), its lease's token, its last error; `{inbox:N}:b:<key>`: its
 ///   body, a string of its own (so that the hash of small fields stays in Redis's compact
 ///   encoding);
-/// - `{inbox:N}:d:<key>`: the key done, with the retention's `PX`;
+/// - `{inbox:N}:d:<key>`: the key done, with the retention's `PX`: `1`, or the token of the lease
+///   that completed it when that was [`complete_with`](RedisInbox::complete_with) or a
+///   [durable](RedisInbox::durable) completion (so that the same completion sent again finds
+///   its own);
+/// - `{inbox:N}:fence`: written by a [durable](RedisInbox::durable) script that found its work
+///   done already (a duplicate, a repeat), so that the `WAIT` behind it counts what it found;
 /// - `{inbox:N}:due`: a sorted set of the queued and running entries, by next attempt time or
 ///   lease end, what `take` scans; `{inbox:N}:leased`: the running ones, by lease end;
 ///   `{inbox:N}:live`: the entries that are not dead, by enqueue time; `{inbox:N}:dead`: the dead
@@ -497,7 +534,11 @@ where
     /// have it (a duplicate is made to wait for them too). As
     /// [`RedisStore::durable_completion`](crate::RedisStore::durable_completion), whose setting
     /// [`AnyInbox::on`](super::AnyInbox::on) carries over. Takes and renewals are not waited
-    /// for: a lost one is a lease that runs out.
+    /// for (a lost one is a lease that runs out), but they share the client's connections with
+    /// the writes that are: while the replicas lag, a renewal may queue behind `WAIT`s, each up
+    /// to `timeout`, so keep `timeout` well under a third of the workers' lease (or give the
+    /// workers a client of their own). After a failover the new primary has no scripts cached:
+    /// the first call of each script there waits twice (`NOSCRIPT`, then `EVAL`).
     ///
     /// `replicas` = 0 turns it off. `timeout` is rounded to whole milliseconds, at least 1.
     ///
@@ -547,7 +588,8 @@ where
 
     /// The hash tag of the partition the entry leased under `token` is in (`{inbox:<name>}`, or
     /// `{inbox:<name>:<p>}` when [partitioned](Self::partitions)); `None` for a token that is
-    /// not of this inbox (a worker's [`InboxRequest::token`](super::InboxRequest::token)). The
+    /// not of one of this inbox's partitions (a worker's
+    /// [`InboxRequest::token`](super::InboxRequest::token) always is). The
     /// keys of the [writes](RedisWrites) completed with the entry
     /// ([`complete_with`](Self::complete_with)) carry it, so that they live in the entry's hash
     /// slot: `format!("app:status:{tag}:{message_id}")`. An ordered entry is in its object's
@@ -621,20 +663,29 @@ where
     }
 
     /// [`run`](Self::run) for a write that an answer or a settlement relies on: with
-    /// [durability](Self::durable), the script and a `WAIT` on one connection.
+    /// [durability](Self::durable), the script and a `WAIT` on one connection, whose count
+    /// matters when `wrote` says the reply is of a script that wrote (one that wrote nothing,
+    /// a refusal, is not made to fail on another write's replication).
     async fn run_written(
         &self,
         script: &Script,
         keys: Vec<String>,
         args: impl Fn() -> Vec<Value>,
+        wrote: fn(&Value) -> bool,
     ) -> Result<Value, StoreError> {
         match self.durability {
             Some(durability) => {
                 let client = (durability.pick)(&self.client);
-                script_replicated(&client, durability, script, &Keys::Tagged(keys), &args()).await
+                let keys = Keys::Tagged(keys);
+                script_replicated(&client, durability, script, &keys, &args(), wrote).await
             }
             None => self.run(script, keys, args).await,
         }
+    }
+
+    /// The scripts' durable flag: `w` when the writes wait for replicas.
+    fn durable_flag(&self) -> Value {
+        Value::from(if self.durability.is_some() { "w" } else { "" })
     }
 }
 
@@ -735,9 +786,10 @@ where
             self.set(p, "live"),
         ];
         let args = || {
-            let mut args = Vec::with_capacity(2 + 2 * indices.len());
+            let mut args = Vec::with_capacity(3 + 2 * indices.len());
             args.push(Value::from(&*self.prefixes[p]));
             args.push(Value::Integer(millis(retention)));
+            args.push(self.durable_flag());
             for &i in indices {
                 let (key, token) = &leases[i];
                 args.push(Value::from(key.as_str()));
@@ -745,7 +797,10 @@ where
             }
             args
         };
-        let flags = rows(self.run_written(&COMPLETE, keys, args).await?, "complete")?;
+        let flags = rows(
+            self.run_written(&COMPLETE, keys, args, any_flag).await?,
+            "complete",
+        )?;
         if flags.len() != indices.len() {
             return Err(corrupt("complete answered another number of flags"));
         }
@@ -768,12 +823,15 @@ where
     /// it returns). The worker's own completion afterwards finds the key done by the same
     /// lease and changes nothing.
     ///
-    /// Every key the writes name must carry the entry's [hash tag](Self::hash_tag) (Redis Cluster
-    /// refuses a script that reaches another slot). The done key keeps the lease's token for the
-    /// retention (16 bytes where [`complete`](InboxStore::complete) keeps 1). A write that
-    /// Redis refuses (a command against a key of the wrong type) fails the call after the writes
-    /// before it were made and before the completion, as Redis does not roll a script back:
-    /// name writes that cannot fail.
+    /// Every key the writes name must carry the entry's [hash tag](Self::hash_tag): on Redis
+    /// Cluster a key of another slot works only while that slot lives on the same node, and
+    /// fails in the middle of the script once a reshard moves it. The done key keeps the lease's
+    /// token for the retention (16 bytes where a plain [`complete`](InboxStore::complete) keeps
+    /// 1). A write that Redis refuses (a command against a key of the wrong type) fails the call
+    /// after the writes before it were made and before the completion, as Redis does not roll a
+    /// script back: name writes that cannot fail. The entry is deleted before the writes run,
+    /// so that an inbox over `maxmemory` still drains (Redis refuses a script whose first write
+    /// may grow memory).
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -808,15 +866,19 @@ where
             self.entry_key(p, key),
         ];
         let args = || {
-            let mut args = Vec::with_capacity(4 + writes.args.len());
+            let mut args = Vec::with_capacity(5 + writes.args.len());
             args.push(Value::from(&*self.prefixes[p]));
             args.push(Value::Integer(millis(retention)));
             args.push(Value::from(key.as_str()));
             args.push(token_value(token));
+            args.push(self.durable_flag());
             args.extend(writes.args.iter().cloned());
             args
         };
-        match self.run_written(&COMPLETE_WITH, keys, args).await? {
+        match self
+            .run_written(&COMPLETE_WITH, keys, args, one_or_two)
+            .await?
+        {
             Value::Integer(1 | 2) => Ok(true),
             Value::Integer(0) => Ok(false),
             other => Err(unexpected("complete_with", &other)),
@@ -838,7 +900,7 @@ where
                 Value::Integer(now),
             ]
         };
-        flag(self.run_written(&REQUEUE, keys, args).await?)
+        flag(self.run_written(&REQUEUE, keys, args, one).await?)
     }
 
     async fn dead_in(&self, p: usize, limit: i64) -> Result<Vec<DeadLetter>, StoreError> {
@@ -904,7 +966,9 @@ impl RedisWrites {
     }
 
     /// Adds a command: its name, then its arguments (`["SET", key, value]`). Every key it names
-    /// must carry the entry's [hash tag](RedisInbox::hash_tag). An empty command is ignored.
+    /// must carry the entry's [hash tag](RedisInbox::hash_tag). An empty command is ignored;
+    /// keep a command to a few thousand arguments (Lua unpacks them onto its stack, which
+    /// holds about 8,000).
     pub fn command<I, A>(mut self, command: I) -> Self
     where
         I: IntoIterator<Item = A>,
@@ -966,13 +1030,23 @@ where
             self.entry_key(p, &entry.key),
             self.done_key(p, &entry.key),
         ];
-        match self.run_written(&ENQUEUE, keys, args).await? {
+        match self
+            .run_written(&ENQUEUE, keys, args, enqueue_wrote)
+            .await?
+        {
             Value::Integer(0) => Ok(Enqueued::Queued),
             Value::Integer(1) => Ok(Enqueued::Duplicate(KeyState::Queued)),
             Value::Integer(2) => Ok(Enqueued::Duplicate(KeyState::Running)),
             Value::Integer(3) => Ok(Enqueued::Duplicate(KeyState::Dead)),
             Value::Integer(4) => Ok(Enqueued::Duplicate(KeyState::Done)),
             Value::Integer(5) => Err(StoreError::new(StoreErrorKind::Capacity)),
+            Value::Array(stale) => match <[Value; 2]>::try_from(stale) {
+                Ok([Value::Integer(6), watermark]) => bytes_of(watermark)
+                    .and_then(|w| <[u8; Position::LEN]>::try_from(&w[..]).ok())
+                    .map(|w| Enqueued::Stale(Position::from_bytes(w)))
+                    .ok_or_else(|| corrupt("enqueue answered a watermark of another size")),
+                _ => Err(corrupt("enqueue answered an unexpected array")),
+            },
             other => Err(unexpected("enqueue", &other)),
         }
     }
@@ -1031,6 +1105,7 @@ where
                 Value::from(key.as_str()),
                 token_value(token),
                 Value::Integer(until),
+                Value::from(&*self.prefixes[p]),
             ]
         };
         self.run_flag(&RENEW, keys, args).await
@@ -1109,7 +1184,7 @@ where
                 Value::from(error),
             ]
         };
-        flag(self.run_written(&FAIL, keys, args).await?)
+        flag(self.run_written(&FAIL, keys, args, one).await?)
     }
 
     /// The oldest first, across the partitions.
@@ -1224,6 +1299,28 @@ fn from_micros(micros: i64) -> SystemTime {
 
 fn token_value(token: &Token) -> Value {
     Value::Bytes(Bytes::copy_from_slice(token.as_bytes()))
+}
+
+/// Whether a script that answers 1 when it wrote did.
+fn one(reply: &Value) -> bool {
+    matches!(reply, Value::Integer(1))
+}
+
+/// Whether `complete_with` wrote: 1 (the writes and the completion) or 2 (the fence of a
+/// repeat).
+fn one_or_two(reply: &Value) -> bool {
+    matches!(reply, Value::Integer(1 | 2))
+}
+
+/// Whether `complete` wrote: a 1 among its flags (a completion, or the fence of a repeat).
+fn any_flag(reply: &Value) -> bool {
+    matches!(reply, Value::Array(flags) if flags.contains(&Value::Integer(1)))
+}
+
+/// Whether `enqueue` wrote: everything but the refusal of a full inbox (a duplicate or a stale
+/// answer writes the fence, durable).
+fn enqueue_wrote(reply: &Value) -> bool {
+    !matches!(reply, Value::Integer(5))
 }
 
 /// A script's 0 or 1.

@@ -398,6 +398,33 @@ impl<DB: Dialect> SqlInbox<DB> {
     }
 
     /// The state of a key an enqueue found there; `None` when no row holds it (any more).
+    /// [`Enqueued::Stale`] with its object's watermark when `entry` is ordered and the
+    /// watermark is at or past its position (`now` as the enqueue's parameter).
+    async fn stale_at(
+        &self,
+        conn: &mut DB::Connection,
+        entry: &InboxEntry,
+        now: &Param<'_>,
+    ) -> Result<Option<Enqueued>, StoreError> {
+        let Some(order) = &entry.order else {
+            return Ok(None);
+        };
+        let position = order.position.to_bytes();
+        let params = [
+            Param::Text(order.object.as_str()),
+            Param::Bytes(&position),
+            *now,
+        ];
+        let rows = fetch::<DB>(conn, &self.sql.stale_at, &params).await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let watermark = DB::bytes(row, 0).map_err(error::<DB>)?.unwrap_or_default();
+        let watermark = <[u8; Position::LEN]>::try_from(watermark)
+            .map_err(|_| corrupt("a watermark of another size"))?;
+        Ok(Some(Enqueued::Stale(Position::from_bytes(watermark))))
+    }
+
     async fn known(
         &self,
         conn: &mut DB::Connection,
@@ -436,10 +463,12 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
             let stored = !fetch::<DB>(&mut tx, &self.sql.enqueue, &params)
                 .await?
                 .is_empty();
-            let known = if stored {
-                None
-            } else {
-                self.known(&mut tx, &entry.key).await?
+            let known = match stored {
+                true => None,
+                false => match self.known(&mut tx, &entry.key).await? {
+                    Some(state) => Some(Enqueued::Duplicate(state)),
+                    None => self.stale_at(&mut tx, &entry, &params[9]).await?,
+                },
             };
             tx.commit().await.map_err(error::<DB>)?;
             match (stored, known) {
@@ -447,7 +476,7 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
                     self.tell(entry.next_attempt_at);
                     return Ok(Enqueued::Queued);
                 }
-                (false, Some(state)) => return Ok(Enqueued::Duplicate(state)),
+                (false, Some(answer)) => return Ok(answer),
                 // The row it conflicted with is gone: claim again.
                 (false, None) => {}
             }
@@ -676,6 +705,9 @@ struct Statements {
     enqueue: Sql,
     /// $1 key. The key's state.
     read_state: Sql,
+    /// $1 object, $2 position, $3 now. The object's watermark when it is at or past the
+    /// position.
+    stale_at: Sql,
     /// $1 max, $2 lease end, $3 token, $4 now. The entries taken, then `stale`.
     take: Sql,
     /// $1 key, $2 token, $3 lease end.
@@ -719,6 +751,11 @@ impl Statements {
             schema,
             enqueue: told(enqueue(table)).into(),
             read_state: format!("SELECT state FROM {table} WHERE key = $1").into(),
+            stale_at: format!(
+                "SELECT watermark FROM {table}_objects
+WHERE object = $1 AND watermark >= $2 AND expires_at > $3"
+            )
+            .into(),
             take: take(table, DB::PURGE_LOCKS).into(),
             renew: format!("UPDATE {table} SET lease_until = $3 WHERE {held}").into(),
             complete: complete(table).into(),
@@ -776,12 +813,17 @@ fn wake_channel(table: &str) -> String {
 }
 
 /// The enqueue: the claim of the key (a done key past its retention is taken over) with its
-/// entry, one row (the key and its due time) when it stored the entry.
+/// entry, unless its object's watermark is at or past its position (stale at the door); one
+/// row (the key and its due time) when it stored the entry.
 fn enqueue(table: &str) -> String {
     format!(
         "INSERT INTO {table} AS cur (key, state, body, headers, object, position,
     correlation_id, attempts, next_at, enqueued_at)
-VALUES ($1, 'queued', $2, $3, NULLIF($4, ''), $5, $6, $7, $8, $9)
+SELECT $1, 'queued', $2, $3, NULLIF($4, ''), $5, $6, $7, $8, $9
+WHERE NOT EXISTS (
+    SELECT 1 FROM {table}_objects AS w
+    WHERE w.object = $4 AND w.watermark >= $5 AND w.expires_at > $10
+)
 ON CONFLICT (key) DO UPDATE
     SET state = 'queued', body = EXCLUDED.body, headers = EXCLUDED.headers,
         object = EXCLUDED.object, position = EXCLUDED.position,

@@ -9,6 +9,7 @@ use futures_util::future::join_all;
 
 use super::entry::{InboxEntry, Lease};
 use super::wake::Wakeups;
+use crate::order::Position;
 use crate::store::{StoreError, StoreKey, Token};
 
 /// What became of an enqueue.
@@ -18,6 +19,10 @@ pub enum Enqueued {
     Queued,
     /// The key was already known: nothing was stored.
     Duplicate(KeyState),
+    /// The entry is ordered and its object's watermark (carried here) is at or past its
+    /// position: a newer event of the object was applied already. Nothing was stored (a
+    /// worker would settle it without the handler); the route answers it as a stale event.
+    Stale(Position),
 }
 
 /// The state of a key an inbox knows.
@@ -77,10 +82,13 @@ pub struct InboxCounts {
 /// completed or failed; past its lease it is the one taken over), no other entry of its object
 /// is taken, not even one that arrived later with a lower position; with none in flight, the
 /// object's first entry by position that is neither done nor dead is the one that can be
-/// taken. An entry at or below its object's watermark comes back stale.
+/// taken. An entry at or below its object's watermark is stale: refused at the door by
+/// `enqueue`, or, when the watermark passed it while it waited, handed out marked stale.
 pub trait InboxStore: Send + Sync + 'static {
     /// Stores `entry` if its key is absent; a known key (queued, running, dead or done) is a
-    /// duplicate and stores nothing; a full store is an error (`StoreErrorKind::Capacity`).
+    /// duplicate and stores nothing; an ordered entry at or below its object's watermark is
+    /// [`Stale`](Enqueued::Stale) and stores nothing; a full store is an error
+    /// (`StoreErrorKind::Capacity`).
     fn enqueue(
         &self,
         entry: InboxEntry,

@@ -39,12 +39,19 @@ pub(crate) async fn enqueue<B, ResBody>(
         Ok(entry) => entry,
         Err(rejection) => return Prelude::reject(settings, rejection, grpc),
     };
+    let position = entry.order.as_ref().map(|order| order.position);
     let enqueued = match tokio::time::timeout(settings.store_timeout, route.enqueue(entry)).await {
         Ok(result) => result,
         Err(_elapsed) => Err(crate::store::StoreError::new(StoreErrorKind::Timeout)),
     };
     let mut response = match enqueued {
         Ok(Enqueued::Queued) => answer(&route.accepted, Outcome::Queued),
+        // Older than what its object's entries already applied: answered as on the synchronous
+        // route, not queued.
+        Ok(Enqueued::Stale(watermark)) => {
+            let position = position.unwrap_or(watermark);
+            crate::answer::stale(settings, grpc, position, watermark)
+        }
         Ok(Enqueued::Duplicate(_)) => {
             let mut response = answer(&settings.ack, Outcome::Replayed);
             let replayed = HeaderValue::from_static("true");

@@ -448,10 +448,12 @@ pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(stor
             .await
             .unwrap()
     );
-    let x0 = ordered(&x, 0);
-    store.enqueue(x0.clone()).await.unwrap();
-    let stale = take_one(&store, "x0 is due").await;
-    assert!(stale.stale, "x0 is behind x's watermark");
+    let two = Position::from_integer_text("2").unwrap();
+    assert_eq!(
+        store.enqueue(ordered(&x, 0)).await.unwrap(),
+        Enqueued::Stale(two),
+        "x0 is behind x's watermark"
+    );
 }
 
 /// An object's watermark lasts for the retention of the last completion of one of its entries,
@@ -476,11 +478,13 @@ pub async fn a_watermark_lasts_for_the_retention<St: InboxStore>(store: St) {
         }
     };
     assert!(!run(5, retention).await);
-    assert!(
-        run(1, retention).await,
-        "behind the watermark while it lasts"
-    );
     let last = Instant::now();
+    // Behind the watermark while it lasts: stale at the door, not stored.
+    let five = Position::from_integer_text("5").unwrap();
+    assert_eq!(
+        store.enqueue(ordered(&object, 1)).await.unwrap(),
+        Enqueued::Stale(five)
+    );
     // Past the retention of that last completion.
     tokio::time::sleep((retention * 2).saturating_sub(last.elapsed())).await;
     assert!(!run(0, RETENTION).await, "the watermark ran out");
@@ -579,19 +583,24 @@ pub async fn complete_many_settles_each_lease_on_its_own<St: InboxStore>(store: 
             .await
             .unwrap()
     );
-    // Each object's watermark moved: an older entry of x is stale, a newer one of y is not.
-    for (next, stale) in [(ordered(&x, 1), true), (ordered(&y, 8), false)] {
-        store.enqueue(next.clone()).await.unwrap();
-        let lease = take_one(&store, "the object's next entry").await;
-        assert_eq!(lease.entry.key, next.key);
-        assert_eq!(lease.stale, stale);
-        assert!(
-            store
-                .complete(&next.key, &lease.token, RETENTION)
-                .await
-                .unwrap()
-        );
-    }
+    // Each object's watermark moved: an older entry of x is stale (at the door), a newer one
+    // of y is not.
+    let five = Position::from_integer_text("5").unwrap();
+    assert_eq!(
+        store.enqueue(ordered(&x, 1)).await.unwrap(),
+        Enqueued::Stale(five)
+    );
+    let next = ordered(&y, 8);
+    store.enqueue(next.clone()).await.unwrap();
+    let lease = take_one(&store, "the object's next entry").await;
+    assert_eq!(lease.entry.key, next.key);
+    assert!(!lease.stale);
+    assert!(
+        store
+            .complete(&next.key, &lease.token, RETENTION)
+            .await
+            .unwrap()
+    );
 }
 
 /// A worker running many entries at once applies each of them once and marks each done (its
@@ -697,7 +706,6 @@ pub async fn a_worker_settles_a_stale_entry_without_the_handler<St: InboxStore +
     let (newer, older) = (ordered(&object, 2), ordered(&object, 1));
     store.enqueue(newer.clone()).await.unwrap();
     let gated = Gated::default();
-    gated.gate.add_permits(10);
     let worker =
         Worker::new(store.clone(), gated.handler()).poll_interval(Duration::from_millis(5));
     let (stop, run) = spawn(worker);
@@ -705,8 +713,14 @@ pub async fn a_worker_settles_a_stale_entry_without_the_handler<St: InboxStore +
         let store = store.clone();
         async move { store.enqueue(entry).await.unwrap() == Enqueued::Duplicate(KeyState::Done) }
     };
+    // The older event arrives while the newer one runs: stored, and stale once it is applied.
+    gated.started().await;
+    assert_eq!(
+        store.enqueue(older.clone()).await.unwrap(),
+        Enqueued::Queued
+    );
+    gated.gate.add_permits(10);
     eventually("the newer event is applied", || done(newer.clone())).await;
-    store.enqueue(older.clone()).await.unwrap();
     eventually("the older event is settled", || done(older.clone())).await;
     stop.send(()).unwrap();
     run.await.unwrap();
@@ -714,6 +728,40 @@ pub async fn a_worker_settles_a_stale_entry_without_the_handler<St: InboxStore +
         gated.calls.load(Ordering::SeqCst),
         1,
         "only the newer event ran"
+    );
+}
+
+/// An ordered entry at or behind its object's watermark is stale at the door: answered with
+/// the watermark and not stored (a duplicate of a known key is still a duplicate first); one
+/// past it is queued.
+pub async fn an_entry_behind_the_watermark_is_stale_at_the_door<St: InboxStore>(store: St) {
+    let object = ObjectKey::new("inbox-contract", None, &fresh("door"));
+    let newer = ordered(&object, 2);
+    store.enqueue(newer.clone()).await.unwrap();
+    let lease = take_one(&store, "the newer entry").await;
+    assert!(
+        store
+            .complete(&newer.key, &lease.token, RETENTION)
+            .await
+            .unwrap()
+    );
+    let two = Position::from_integer_text("2").unwrap();
+    for position in [1, 2] {
+        assert_eq!(
+            store.enqueue(ordered(&object, position)).await.unwrap(),
+            Enqueued::Stale(two),
+            "position {position}"
+        );
+    }
+    assert_eq!(
+        store.enqueue(newer).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done)
+    );
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.in_flight), (0, 0), "nothing stored");
+    assert_eq!(
+        store.enqueue(ordered(&object, 3)).await.unwrap(),
+        Enqueued::Queued
     );
 }
 
@@ -1096,9 +1144,15 @@ pub async fn arrivals_in_any_order_end_at_the_highest_position<St: InboxStore + 
     }
     for entry in &entries {
         let (store, entry) = (store.clone(), entry.clone());
+        // Done, or refused at the door once its object went past it.
         eventually(&format!("seed {seed}: every entry is settled"), move || {
             let (store, entry) = (store.clone(), entry.clone());
-            async move { store.enqueue(entry).await.unwrap() == Enqueued::Duplicate(KeyState::Done) }
+            async move {
+                matches!(
+                    store.enqueue(entry).await.unwrap(),
+                    Enqueued::Duplicate(KeyState::Done) | Enqueued::Stale(_)
+                )
+            }
         })
         .await;
     }
@@ -1248,6 +1302,7 @@ macro_rules! inbox_contract {
             shutdown_finishes_what_runs,
             a_running_entry_is_renewed,
             a_worker_settles_a_stale_entry_without_the_handler,
+            an_entry_behind_the_watermark_is_stale_at_the_door,
             a_watermark_lasts_for_the_retention,
             a_take_looks_past_the_entries_that_wait,
             complete_many_settles_each_lease_on_its_own,

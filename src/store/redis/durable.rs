@@ -65,7 +65,9 @@ pub(super) async fn complete_durably<C>(
 
 /// `script` on `keys` with a `WAIT` behind it on one connection of `client` (sent again as
 /// `EVAL` on `NOSCRIPT`): the script's reply once `durability.replicas` replicas acknowledged
-/// every write of that connection, a [`NotReplicated`] error when fewer did in time.
+/// every write of that connection, a [`NotReplicated`] error when fewer did in time. A reply
+/// that `wrote` says wrote nothing is returned whatever the `WAIT` counted (it counts the
+/// connection's earlier writes, not this script's).
 ///
 /// Sent once: a pipeline that fails is an error, and the caller's retry finds what the script
 /// may have written (the inbox's scripts tell a repeat by the key's state or the lease's token).
@@ -75,6 +77,7 @@ pub(crate) async fn script_replicated<C>(
     script: &Script,
     keys: &Keys<'_>,
     args: &[Value],
+    wrote: fn(&Value) -> bool,
 ) -> Result<Value, StoreError> {
     let slot = keys.slot();
     let owner = slot_owner(client, slot);
@@ -84,7 +87,9 @@ pub(crate) async fn script_replicated<C>(
     }
     let (written, acknowledged) = pair.map_err(store_error)?;
     let written = written.map_err(store_error)?;
-    replicated(client, slot, owner, acknowledged, durability).await?;
+    if wrote(&written) {
+        replicated(client, slot, owner, acknowledged, durability).await?;
+    }
     Ok(written)
 }
 
