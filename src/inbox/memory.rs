@@ -220,22 +220,38 @@ impl State {
         })
     }
 
-    fn take(&mut self, max: usize, lease: Duration, now: SystemTime) -> Vec<Lease> {
-        let due: Vec<(SystemTime, StoreKey)> = self
-            .due
-            .iter()
-            .take_while(|(at, _)| *at <= now)
-            .cloned()
-            .collect();
-        let mut taken = Vec::new();
-        for (at, key) in due {
-            if taken.len() == max {
+    /// Up to `max` due entries that may run now, each with its due time and whether it is
+    /// stale, read in due order only as far as needed (a take costs what it passes over, not
+    /// the backlog). One entry per object: once one is chosen, its object's others wait, as
+    /// they would once it is taken.
+    fn choose(&self, max: usize, now: SystemTime) -> Vec<(SystemTime, StoreKey, bool)> {
+        let mut chosen = Vec::new();
+        let mut objects = std::collections::HashSet::new();
+        for (at, key) in self.due.iter().take_while(|(at, _)| *at <= now) {
+            if chosen.len() == max {
                 break;
             }
-            let Some(slot) = self.entries.get(&key) else {
+            let Some(slot) = self.entries.get(key) else {
                 continue;
             };
+            let object = slot.entry.order.as_ref().map(|order| &order.object);
+            if object.is_some_and(|object| objects.contains(object)) {
+                continue;
+            }
             let Some(stale) = self.runnable(slot, now) else {
+                continue;
+            };
+            objects.extend(object);
+            chosen.push((*at, key.clone(), stale));
+        }
+        chosen
+    }
+
+    fn take(&mut self, max: usize, lease: Duration, now: SystemTime) -> Vec<Lease> {
+        let chosen = self.choose(max, now);
+        let mut taken = Vec::with_capacity(chosen.len());
+        for (at, key, stale) in chosen {
+            let Some(slot) = self.entries.get(&key) else {
                 continue;
             };
             let token = Token::random();
