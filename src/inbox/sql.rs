@@ -336,9 +336,12 @@ impl<DB: Dialect> SqlInbox<DB> {
     ///     .execute(&mut *tx)
     ///     .await?;
     /// let retention = Duration::from_secs(7 * 24 * 3600);
-    /// if inbox.complete_in_tx(&mut tx, request.key(), request.token(), retention).await? {
-    ///     tx.commit().await?;
+    /// if !inbox.complete_in_tx(&mut tx, request.key(), request.token(), retention).await? {
+    ///     // Another worker holds the entry now: the refund rolls back with `tx`, and the error
+    ///     // makes the worker fail the attempt rather than complete it.
+    ///     return Err("lease lost before the effect committed".into());
     /// }
+    /// tx.commit().await?;
     /// # Ok(())
     /// # }
     /// ```
