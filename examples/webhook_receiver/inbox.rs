@@ -17,7 +17,10 @@ use serde_json::{Value, json};
 use tower_idempotency::inbox::{AnyInbox, InboxRoute, InboxStore};
 use tower_idempotency::key::JsonPathKey;
 use tower_idempotency::order::{EventOrder, TimestampAt};
-use tower_idempotency::store::AnyStore;
+use tower_idempotency::store::{AnyStore, StoreKey};
+
+/// The inbox route's path, and so the scope of its keys.
+const ROUTE: &str = "/inbox/email";
 
 use super::email_inbox::{self, Effects, InboxSettings};
 use super::{AppState, Error, Settings, webhook_layer};
@@ -49,7 +52,7 @@ pub(super) fn routes(
     // Inbox mode never calls the route's handler: the workers apply the entries.
     let unreachable = || async { StatusCode::INTERNAL_SERVER_ERROR };
     Ok(Router::new()
-        .route("/inbox/email", post(unreachable).route_layer(layer))
+        .route(ROUTE, post(unreachable).route_layer(layer))
         .route("/inbox", get(counts))
         .route("/inbox/dead", get(dead_letters))
         .route("/inbox/dead/{event_id}/retry", post(retry))
@@ -94,14 +97,10 @@ async fn dead_letters(State(inbox): State<AnyInbox>) -> Response {
 
 /// Re-queues the dead letter of `event_id`: 202, or 404 when it is not dead.
 async fn retry(State(inbox): State<AnyInbox>, Path(wanted): Path<String>) -> Response {
-    let dead = inbox.dead_letters(usize::MAX).await.unwrap_or_default();
-    let found = dead
-        .iter()
-        .find(|letter| event_id(&letter.entry.body) == Some(wanted.clone()));
-    let requeued = match found {
-        Some(letter) => inbox.requeue(&letter.entry.key).await.unwrap_or(false),
-        None => false,
-    };
+    // The delivery's store key: its id within the route's namespace and scope (the route's
+    // path, `Scope::path`, the default).
+    let key = StoreKey::new(email_inbox::NAMESPACE, Some(ROUTE), &wanted);
+    let requeued = inbox.requeue(&key).await.unwrap_or(false);
     match requeued {
         true => (
             StatusCode::ACCEPTED,

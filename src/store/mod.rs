@@ -192,15 +192,30 @@ impl StoreKey {
     }
 
     /// The key a store wrote as [`as_str`](Self::as_str), read back; `None` if it is not one.
-    #[cfg_attr(
-        not(any(feature = "redis", feature = "sqlite", feature = "postgres")),
-        allow(dead_code)
-    )]
     pub(crate) fn from_stored(stored: &[u8]) -> Option<Self> {
         let bytes: [u8; STORE_KEY_LEN] = stored.try_into().ok()?;
         bytes
             .starts_with(KEY_PREFIX.as_bytes())
             .then_some(StoreKey(bytes))
+    }
+
+    /// The key printed as [`as_str`](Self::as_str) (`ti:` and 16 base64url digits, as in the
+    /// inbox's log lines and `Debug` output) read back; `None` for any other text. An operator
+    /// can re-queue a dead letter from the key its log line shows; from the delivery's id, the
+    /// key is [`StoreKey::new`] with the route's namespace (and scope).
+    ///
+    /// ```
+    /// use tower_idempotency::store::StoreKey;
+    ///
+    /// let key = StoreKey::new("email", None, "evt_1");
+    /// assert_eq!(StoreKey::parse(&key.to_string()), Some(key));
+    /// assert_eq!(StoreKey::parse("evt_1"), None);
+    /// ```
+    pub fn parse(printed: &str) -> Option<Self> {
+        let digits = printed.strip_prefix(KEY_PREFIX)?;
+        let base64url = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+        let valid = digits.len() == DIGITS && digits.bytes().all(base64url);
+        valid.then(|| Self::from_stored(printed.as_bytes()))?
     }
 
     /// The 16 hashed digits, without the prefix.
@@ -395,6 +410,28 @@ pub(crate) fn millis(duration: std::time::Duration) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_printed_store_key_parses_back_and_nothing_else_does() {
+        let key = StoreKey::new("email", Some("tenant"), "evt_1");
+        assert_eq!(StoreKey::parse(key.as_str()), Some(key.clone()));
+        assert_eq!(StoreKey::parse(&format!("{key:?}")), None, "the Debug form");
+        let object = ObjectKey::new("email", None, "m_1");
+        for not_a_key in [
+            "",
+            "ti:",
+            "evt_1",
+            object.as_str(),
+            &key.as_str()[..STORE_KEY_LEN - 1],
+            &format!("{key}x"),
+            "ti:AAAAAAAAAAAAAAA=",
+            "ti:AAAAAAAAAAAAAA\u{e9}",
+            "ti:AAAAAAAA AAAAAAA",
+        ] {
+            assert_eq!(StoreKey::parse(not_a_key), None, "{not_a_key:?}");
+        }
+        assert!(StoreKey::parse("ti:AAAAAAAA-_zz0099").is_some());
+    }
 
     #[test]
     fn store_keys_are_scoped_hashed_and_short() {
