@@ -282,7 +282,9 @@ WHERE key = $1 AND state = 'in_flight' AND token = $2 AND expires_at > now()"
         );
         assert!(sql.purge.contains("LIMIT $1 FOR UPDATE SKIP LOCKED\n"));
         assert!(sql.migrate.starts_with(
-            "SELECT pg_advisory_xact_lock(hashtext('tower_idempotency:t'));\nCREATE TABLE"
+            "SELECT pg_advisory_xact_lock(hashtext('tower_idempotency:t'));
+SET LOCAL client_min_messages = warning;
+CREATE TABLE"
         ));
     }
 
