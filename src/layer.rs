@@ -324,7 +324,9 @@ impl<K: Clone> IdempotencyLayer<K> {
     }
 
     /// Sets how long completed keys are kept (default 72 h): at least the sender's retry
-    /// window.
+    /// window. On a route in [inbox mode](Self::inbox) the workers mark keys done, with the
+    /// retention of [`Worker::retention`](crate::inbox::Worker::retention); this one does not
+    /// apply there.
     pub fn retention(self, retention: Duration) -> Self {
         self.with_settings(|s| s.retention = retention)
     }
