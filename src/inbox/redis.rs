@@ -553,11 +553,7 @@ where
     where
         C: PickClient,
     {
-        self.durability = (replicas > 0).then_some(Durability {
-            replicas,
-            timeout,
-            pick: C::pick_client,
-        });
+        self.durability = Durability::of(replicas, timeout);
         self
     }
 

@@ -335,6 +335,18 @@ pub(crate) struct Durability<C> {
     pub(crate) pick: fn(&C) -> Client,
 }
 
+impl<C: PickClient> Durability<C> {
+    /// `WAIT replicas timeout` behind the writes, through one client picked by `C`; `None`
+    /// (off) for 0 replicas.
+    pub(crate) fn of(replicas: u32, timeout: Duration) -> Option<Self> {
+        (replicas > 0).then_some(Durability {
+            replicas,
+            timeout,
+            pick: C::pick_client,
+        })
+    }
+}
+
 impl<C> Clone for Durability<C> {
     fn clone(&self) -> Self {
         *self
@@ -463,11 +475,7 @@ where
     where
         C: PickClient,
     {
-        self.durability = (replicas > 0).then_some(Durability {
-            replicas,
-            timeout,
-            pick: C::pick_client,
-        });
+        self.durability = Durability::of(replicas, timeout);
         self
     }
 
