@@ -1,5 +1,7 @@
 //! The inbox contract on the memory inbox, and what only the memory inbox shows (its bound).
 
+#[path = "contract/inbox_admin.rs"]
+mod inbox_admin_contract;
 #[path = "contract/inbox.rs"]
 mod inbox_contract;
 
@@ -8,6 +10,7 @@ use tower_idempotency::inbox::{InboxEntry, InboxStore, MemoryInbox};
 use tower_idempotency::store::{StoreErrorKind, StoreKey};
 
 inbox_contract::inbox_contract!(async { (MemoryInbox::new(10_000), ()) });
+inbox_admin_contract::inbox_admin_contract!(async { (MemoryInbox::new(10_000), ()) });
 
 /// The contract through `AnyInbox::on` a memory store.
 mod any {
@@ -19,6 +22,13 @@ mod any {
             .await
             .unwrap();
         assert_eq!(inbox.backend(), "memory");
+        (inbox, ())
+    });
+    inbox_admin_contract::inbox_admin_contract!(async {
+        let store = tower_idempotency::store::connect("memory:").await.unwrap();
+        let inbox = tower_idempotency::inbox::AnyInbox::on(&store, "any")
+            .await
+            .unwrap();
         (inbox, ())
     });
 }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::admin::{EntryInfo, Filter, InboxAdmin, Page, Requeued};
 use super::entry::{InboxEntry, Lease};
 use super::memory::MemoryInbox;
 use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore};
@@ -229,5 +230,46 @@ impl InboxStore for AnyInbox {
 
     fn wakeups(&self) -> Wakeups {
         dispatch!(self, inbox => inbox.wakeups())
+    }
+}
+
+/// Every call goes to the backend's inbox.
+impl InboxAdmin for AnyInbox {
+    async fn find(&self, key: &StoreKey) -> Result<Option<EntryInfo>, StoreError> {
+        dispatch!(self, inbox => inbox.find(key).await)
+    }
+
+    async fn list(
+        &self,
+        filter: &Filter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        dispatch!(self, inbox => inbox.list(filter, cursor, limit).await)
+    }
+
+    async fn requeue_matching(
+        &self,
+        filter: &Filter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Requeued, StoreError> {
+        dispatch!(self, inbox => inbox.requeue_matching(filter, cursor, limit).await)
+    }
+
+    async fn discard(&self, key: &StoreKey, retention: Duration) -> Result<bool, StoreError> {
+        dispatch!(self, inbox => inbox.discard(key, retention).await)
+    }
+
+    async fn pause(&self) -> Result<(), StoreError> {
+        dispatch!(self, inbox => inbox.pause().await)
+    }
+
+    async fn resume(&self) -> Result<(), StoreError> {
+        dispatch!(self, inbox => inbox.resume().await)
+    }
+
+    async fn is_paused(&self) -> Result<bool, StoreError> {
+        dispatch!(self, inbox => inbox.is_paused().await)
     }
 }

@@ -11,8 +11,14 @@ use crate::store::{ObjectKey, StoreKey, Token};
 /// One stored delivery, waiting to be applied: what the worker needs and no more.
 #[derive(Clone, Debug)]
 pub struct InboxEntry {
-    /// The delivery's idempotency key (it is `queued` while the entry exists).
+    /// The delivery's idempotency key (it is `queued` while the entry exists): the hash of
+    /// [`route`](Self::route), the route's scope and [`id`](Self::id).
     pub key: StoreKey,
+    /// The delivery's key as the route derived it (a `webhook-id`, an `$.event_id`), before
+    /// hashing; empty on an entry made from a store key alone ([`InboxEntry::new`]).
+    pub id: String,
+    /// The namespace of the route that enqueued it; empty likewise.
+    pub route: String,
     /// The request body, byte for byte as it arrived (and as it was verified).
     pub body: Bytes,
     /// The headers the route names (content type, event type, ...); no others are kept.
@@ -35,6 +41,8 @@ impl InboxEntry {
         let now = SystemTime::now();
         InboxEntry {
             key,
+            id: String::new(),
+            route: String::new(),
             body,
             headers: HeaderMap::new(),
             order: None,
@@ -43,6 +51,14 @@ impl InboxEntry {
             next_attempt_at: now,
             enqueued_at: now,
         }
+    }
+
+    /// The entry with the delivery's key as derived (`id`) by the route of namespace `route`:
+    /// what operators find it by (the store key is their hash).
+    pub fn with_delivery(mut self, route: impl Into<String>, id: impl Into<String>) -> Self {
+        self.route = route.into();
+        self.id = id.into();
+        self
     }
 
     /// The entry with the headers the route keeps.
@@ -91,9 +107,21 @@ impl InboxRequest {
         InboxRequest { entry, token }
     }
 
-    /// The delivery's idempotency key.
+    /// The delivery's store key (a hash; [`id`](Self::id) is the key the route derived).
     pub fn key(&self) -> &StoreKey {
         &self.entry.key
+    }
+
+    /// The delivery's key as the route derived it (a `webhook-id`, an `$.event_id`); empty for
+    /// an entry enqueued from a store key alone.
+    pub fn id(&self) -> &str {
+        &self.entry.id
+    }
+
+    /// The namespace of the route that enqueued it (empty likewise): one worker serving the
+    /// inbox of several routes tells them apart by it.
+    pub fn route(&self) -> &str {
+        &self.entry.route
     }
 
     /// The body as it arrived.

@@ -4,6 +4,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use super::admin::{AttemptOutcome, EntryInfo, Filter, InboxAdmin, Page, history, worker_id};
 use super::entry::{InboxEntry, Lease};
 use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 use super::wake::{Announcer, Wakeups};
@@ -49,14 +50,27 @@ struct State {
     entries: HashMap<StoreKey, Slot>,
     /// Pending entries by next attempt time and leased ones by lease end: what `take` scans.
     due: BTreeSet<(SystemTime, StoreKey)>,
-    done: HashMap<StoreKey, SystemTime>,
+    done: HashMap<StoreKey, Done>,
     objects: HashMap<ObjectKey, Object>,
+    /// Taking is paused ([`InboxAdmin::pause`]).
+    paused: bool,
 }
 
 #[derive(Debug)]
 struct Slot {
     entry: InboxEntry,
     phase: Phase,
+    /// The attempts, in the stored form the backends share.
+    history: String,
+}
+
+/// A done key: until when it is kept, and what an operator finds of its entry meanwhile.
+#[derive(Debug)]
+struct Done {
+    until: SystemTime,
+    /// The entry without its body and headers.
+    entry: InboxEntry,
+    history: String,
 }
 
 #[derive(Debug)]
@@ -134,7 +148,7 @@ impl State {
             });
         }
         match self.done.get(key) {
-            Some(until) if *until > now => Some(KeyState::Done),
+            Some(done) if done.until > now => Some(KeyState::Done),
             Some(_) => {
                 self.done.remove(key);
                 None
@@ -144,12 +158,12 @@ impl State {
     }
 
     fn purge_done(&mut self, now: SystemTime) {
-        self.done.retain(|_, until| *until > now);
+        self.done.retain(|_, done| done.until > now);
         self.objects.retain(|_, object| !object.is_spent(now));
     }
 
     /// Puts `entry` in its object's queue and the due set (pending, due at `at`).
-    fn schedule(&mut self, entry: InboxEntry, at: SystemTime) {
+    fn schedule(&mut self, entry: InboxEntry, at: SystemTime, history: String) {
         if let Some(order) = &entry.order {
             let object = self.objects.entry(order.object.clone()).or_default();
             object.queue.insert((order.position, entry.key.clone()));
@@ -159,6 +173,7 @@ impl State {
         let slot = Slot {
             entry,
             phase: Phase::Pending,
+            history,
         };
         self.entries.insert(key, slot);
     }
@@ -191,6 +206,49 @@ impl State {
             }
         }
         Some(slot)
+    }
+
+    /// Marks `entry`'s key done until `until`, keeping the entry (without body and headers) and
+    /// its attempts for operators.
+    fn done_with(&mut self, mut entry: InboxEntry, history: String, until: SystemTime) {
+        entry.body = bytes::Bytes::new();
+        entry.headers = http::HeaderMap::new();
+        let key = entry.key.clone();
+        self.done.insert(
+            key,
+            Done {
+                until,
+                entry,
+                history,
+            },
+        );
+    }
+
+    /// What an operator sees of `key`, if the inbox knows it.
+    fn info(&self, key: &StoreKey, now: SystemTime) -> Option<EntryInfo> {
+        if let Some(slot) = self.entries.get(key) {
+            let (state, until, dead) = match &slot.phase {
+                Phase::Pending => (KeyState::Queued, Some(slot.entry.next_attempt_at), None),
+                Phase::Leased { until, .. } => (KeyState::Running, Some(*until), None),
+                Phase::Dead { error } => (KeyState::Dead, None, Some(error.clone())),
+            };
+            return Some(EntryInfo::of(
+                slot.entry.clone(),
+                state,
+                until,
+                &slot.history,
+                dead,
+            ));
+        }
+        let done = self.done.get(key).filter(|done| done.until > now)?;
+        let (entry, until) = (done.entry.clone(), Some(done.until));
+        Some(EntryInfo::of(
+            entry,
+            KeyState::Done,
+            until,
+            &done.history,
+            None,
+        ))
     }
 
     /// The watermark of `entry`'s object when it is at or past the entry's position (the take's
@@ -248,6 +306,9 @@ impl State {
     }
 
     fn take(&mut self, max: usize, lease: Duration, now: SystemTime) -> Vec<Lease> {
+        if self.paused {
+            return Vec::new();
+        }
         let chosen = self.choose(max, now);
         let mut taken = Vec::with_capacity(chosen.len());
         for (at, key, stale) in chosen {
@@ -263,6 +324,8 @@ impl State {
             let slot = self.entries.get_mut(&key).expect("checked above");
             slot.entry.attempts += 1;
             slot.phase = Phase::Leased { token, until };
+            let started = history::started(slot.entry.attempts, now, worker_id());
+            slot.history = history::push(&slot.history, &started);
             let entry = slot.entry.clone();
             self.due.remove(&(at, key.clone()));
             self.due.insert((until, key));
@@ -293,7 +356,7 @@ impl InboxStore for MemoryInbox {
             return Err(StoreError::new(StoreErrorKind::Capacity));
         }
         let at = entry.next_attempt_at;
-        state.schedule(entry, at);
+        state.schedule(entry, at, String::new());
         drop(state);
         self.announcer.announce(at);
         Ok(Enqueued::Queued)
@@ -337,13 +400,14 @@ impl InboxStore for MemoryInbox {
         let Some(slot) = state.settle(key, token) else {
             return Ok(false);
         };
-        // Past the bound the key is still marked: an applied entry must never run again
-        // within its retention, and the entry it replaces is gone.
-        state.done.insert(key.clone(), now + retention);
-        if let Some(order) = slot.entry.order {
+        if let Some(order) = &slot.entry.order {
             let object = state.objects.entry(order.object.clone()).or_default();
             object.raise(order.position, now + retention, now);
         }
+        // Past the bound the key is still marked: an applied entry must never run again
+        // within its retention, and the entry it replaces is gone.
+        let history = history::end(&slot.history, now, AttemptOutcome::Succeeded);
+        state.done_with(slot.entry, history, now + retention);
         Ok(true)
     }
 
@@ -357,20 +421,24 @@ impl InboxStore for MemoryInbox {
         let Some(mut slot) = state.settle(key, token) else {
             return Ok(false);
         };
+        let error = match &failure {
+            Failure::RetryAt(_, error) | Failure::Dead(error) => error.clone(),
+        };
+        let now = SystemTime::now();
+        slot.history = history::end(&slot.history, now, AttemptOutcome::Failed(error));
         // Announced like an enqueue: a retry at its time; a dead letter now when its object's
         // next entry may go.
         let announce = match failure {
-            // The last error of a retried entry is in the worker's log; a dead letter keeps it.
             Failure::RetryAt(at, _error) => {
                 slot.entry.next_attempt_at = at;
-                state.schedule(slot.entry, at);
+                state.schedule(slot.entry, at, slot.history);
                 Some(at)
             }
             Failure::Dead(error) => {
                 let ordered = slot.entry.order.is_some();
                 slot.phase = Phase::Dead { error };
                 state.entries.insert(key.clone(), slot);
-                ordered.then(SystemTime::now)
+                ordered.then_some(now)
             }
         };
         drop(state);
@@ -413,7 +481,7 @@ impl InboxStore for MemoryInbox {
         let now = SystemTime::now();
         slot.entry.attempts = 0;
         slot.entry.next_attempt_at = now;
-        state.schedule(slot.entry, now);
+        state.schedule(slot.entry, now, slot.history);
         drop(state);
         self.announcer.announce(now);
         Ok(true)
@@ -444,5 +512,88 @@ impl InboxStore for MemoryInbox {
 
     fn wakeups(&self) -> Wakeups {
         self.announcer.subscribe()
+    }
+}
+
+impl InboxAdmin for MemoryInbox {
+    async fn find(&self, key: &StoreKey) -> Result<Option<EntryInfo>, StoreError> {
+        Ok(self.lock().info(key, SystemTime::now()))
+    }
+
+    async fn list(
+        &self,
+        filter: &Filter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let now = SystemTime::now();
+        let state = self.lock();
+        let after = cursor.map(StoreKey::parse);
+        let after = match after {
+            Some(None) => return Err(StoreError::new(StoreErrorKind::Other)),
+            Some(Some(key)) => Some(key),
+            None => None,
+        };
+        // By store key, from the cursor: every key the inbox knows, read whole (in memory).
+        let mut keys: Vec<&StoreKey> = state
+            .entries
+            .keys()
+            .chain(state.done.keys())
+            .filter(|key| {
+                after
+                    .as_ref()
+                    .is_none_or(|after| key.as_str() > after.as_str())
+            })
+            .collect();
+        keys.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        let mut entries = Vec::new();
+        let mut next = None;
+        for key in keys {
+            if entries.len() == limit {
+                next = entries
+                    .last()
+                    .map(|info: &EntryInfo| info.entry.key.to_string());
+                break;
+            }
+            if let Some(info) = state.info(key, now).filter(|info| filter.matches(info)) {
+                entries.push(info);
+            }
+        }
+        Ok(Page::new(entries, next))
+    }
+
+    async fn discard(&self, key: &StoreKey, retention: Duration) -> Result<bool, StoreError> {
+        let now = SystemTime::now();
+        let mut state = self.lock();
+        let Some(Slot {
+            phase: Phase::Dead { .. },
+            ..
+        }) = state.entries.get(key)
+        else {
+            return Ok(false);
+        };
+        let slot = state.entries.remove(key).expect("checked above");
+        if let Some(order) = &slot.entry.order {
+            if let Some(object) = state.objects.get_mut(&order.object) {
+                object.queue.remove(&(order.position, key.clone()));
+            }
+        }
+        state.done_with(slot.entry, slot.history, now + retention);
+        Ok(true)
+    }
+
+    async fn pause(&self) -> Result<(), StoreError> {
+        self.lock().paused = true;
+        Ok(())
+    }
+
+    async fn resume(&self) -> Result<(), StoreError> {
+        self.lock().paused = false;
+        self.announcer.announce(SystemTime::now());
+        Ok(())
+    }
+
+    async fn is_paused(&self) -> Result<bool, StoreError> {
+        Ok(self.lock().paused)
     }
 }

@@ -13,6 +13,8 @@
 //!   `SqlInbox` in PostgreSQL and SQLite (features `postgres`, `sqlite`),
 //!   `RedisInbox` on Redis (feature `redis`); [`AnyInbox`], one of them chosen at run time
 //!   (on an [`AnyStore`](crate::store::AnyStore)'s connections);
+//! - [`InboxAdmin`]: the operator's side (find, list, re-queue, discard, pause), with each
+//!   entry's [`Attempt`]s;
 //! - [`RetryPolicy`] and [`Backoff`]: the policy decides, the worker's loop executes;
 //! - [`Announcer`] and [`Wakeups`]: what an idle worker waits on instead of polling;
 //! - [`Worker`]: the loop.
@@ -44,6 +46,7 @@
 //! # });
 //! ```
 
+mod admin;
 mod any;
 #[cfg(any(feature = "redis", feature = "sqlite", feature = "postgres"))]
 mod codec;
@@ -64,6 +67,10 @@ mod store;
 mod wake;
 mod worker;
 
+pub use self::admin::{
+    Attempt, AttemptOutcome, EntryInfo, Filter, InboxAdmin, KEPT_ATTEMPTS, KEPT_ERROR_BYTES, Page,
+    Requeued, worker_id,
+};
 pub use self::any::AnyInbox;
 pub use self::entry::{EntryOrder, InboxEntry, InboxRequest, Lease};
 pub use self::memory::{DEFAULT_CAPACITY, MemoryInbox};

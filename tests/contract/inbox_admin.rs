@@ -1,0 +1,452 @@
+//! The admin side of the inbox contract ([`InboxAdmin`]) every queue backend must honour: find
+//! an entry in each state with its attempts, list with filters and a cursor, re-queue all
+//! matching in bounded calls, discard, pause and resume.
+//!
+//! Each store's test file instantiates it with `inbox_admin_contract!(async { (store, guard) })`
+//! beside `inbox_contract!`. Every listing filters on names no other test uses, so that a
+//! shared server's other entries never change what a case sees.
+
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use tower_idempotency::inbox::{
+    AttemptOutcome, Backoff, Enqueued, EntryInfo, Failure, Filter, InboxAdmin, InboxEntry,
+    InboxRequest, KeyState, Worker, worker_id,
+};
+use tower_idempotency::order::Position;
+use tower_idempotency::store::{ObjectKey, StoreKey};
+
+const RETENTION: Duration = Duration::from_secs(3600);
+const LONG: Duration = Duration::from_secs(60);
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// A name no other test (nor an earlier run against the same server) uses.
+fn fresh(test: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "{test}-{}-{}-{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// An entry of `route` whose delivery id is `id`, keyed as a route keys it.
+fn delivery(route: &str, id: &str) -> InboxEntry {
+    let key = StoreKey::new(route, Some("/admin-contract"), id);
+    InboxEntry::new(key, Bytes::from_static(b"{\"event\":1}"), fresh("corr"))
+        .with_delivery(route, id)
+}
+
+async fn find<St: InboxAdmin>(store: &St, key: &StoreKey) -> EntryInfo {
+    store.find(key).await.unwrap().expect("the inbox knows it")
+}
+
+/// Every entry matching `filter`, read page by page (`limit` each), checking that no entry is
+/// listed twice and that no page holds more than asked.
+async fn list_all<St: InboxAdmin>(store: &St, filter: &Filter, limit: usize) -> Vec<EntryInfo> {
+    let mut all = Vec::new();
+    let mut seen = HashSet::new();
+    let mut cursor: Option<String> = None;
+    let start = Instant::now();
+    loop {
+        let page = store.list(filter, cursor.as_deref(), limit).await.unwrap();
+        assert!(
+            page.entries.len() <= limit,
+            "{} > {limit}",
+            page.entries.len()
+        );
+        for info in page.entries {
+            assert!(
+                seen.insert(info.entry.key.clone()),
+                "listed twice: {}",
+                info.entry.id
+            );
+            assert!(filter.matches(&info), "does not match: {info:?}");
+            all.push(info);
+        }
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => return all,
+        }
+        assert!(start.elapsed() < DEADLINE * 3, "the listing never ends");
+    }
+}
+
+/// Takes until the entry of `key` is handed out (others of the route are failed again at
+/// once... none are due in these cases), failing after the deadline.
+async fn take_key<St: InboxAdmin>(store: &St, key: &StoreKey) -> tower_idempotency::inbox::Lease {
+    let start = Instant::now();
+    loop {
+        let taken = store.take(10, LONG).await.unwrap();
+        let mut found = None;
+        for lease in taken {
+            if lease.entry.key == *key {
+                found = Some(lease);
+            } else {
+                // Another case's entry on a shared server: give it back, due now.
+                let back = Failure::RetryAt(SystemTime::now(), "not this case's".to_owned());
+                store
+                    .fail(&lease.entry.key, &lease.token, back)
+                    .await
+                    .unwrap();
+            }
+        }
+        if let Some(lease) = found {
+            return lease;
+        }
+        assert!(start.elapsed() < DEADLINE, "not taken: {key}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// An entry found in each state it goes through, with its delivery id, route, correlation id
+/// and every attempt: who ran it, how it ended, with the error.
+pub async fn find_tells_each_state_and_its_attempts<St: InboxAdmin>(store: St) {
+    let route = fresh("find");
+    let first = delivery(&route, "evt_1");
+    let key = first.key.clone();
+    assert!(store.find(&key).await.unwrap().is_none());
+    assert_eq!(
+        store.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Queued
+    );
+
+    let queued = find(&store, &key).await;
+    assert_eq!(queued.state, KeyState::Queued);
+    assert_eq!(
+        (queued.entry.id.as_str(), queued.entry.route.as_str()),
+        ("evt_1", route.as_str())
+    );
+    assert_eq!(queued.entry.correlation_id, first.correlation_id);
+    assert_eq!(queued.entry.body, first.body);
+    assert!(queued.history.is_empty() && queued.last_error.is_none());
+
+    let lease = take_key(&store, &key).await;
+    assert_eq!(lease.entry.id, "evt_1", "a worker gets the delivery id");
+    assert_eq!(lease.entry.route, route);
+    let running = find(&store, &key).await;
+    assert_eq!(running.state, KeyState::Running);
+    assert_eq!(running.history.len(), 1);
+    assert_eq!(running.history[0].outcome, AttemptOutcome::Running);
+    assert_eq!(running.history[0].worker, worker_id());
+    assert_eq!(running.history[0].number, 1);
+    assert!(running.until.unwrap() > SystemTime::now());
+
+    let retry = Failure::RetryAt(SystemTime::now(), "gateway timeout".to_owned());
+    assert!(store.fail(&key, &lease.token, retry).await.unwrap());
+    let retrying = find(&store, &key).await;
+    assert_eq!(retrying.state, KeyState::Queued);
+    assert_eq!(retrying.last_error.as_deref(), Some("gateway timeout"));
+    assert_eq!(
+        retrying.history[0].outcome,
+        AttemptOutcome::Failed("gateway timeout".to_owned())
+    );
+    assert!(retrying.history[0].duration.is_some());
+
+    let lease = take_key(&store, &key).await;
+    let long = format!("poisoned\t{}", "x".repeat(2_000));
+    assert!(
+        store
+            .fail(&key, &lease.token, Failure::Dead(long))
+            .await
+            .unwrap()
+    );
+    let dead = find(&store, &key).await;
+    assert_eq!(dead.state, KeyState::Dead);
+    assert!(
+        dead.last_error.as_deref().unwrap().starts_with("poisoned"),
+        "{:?}",
+        dead.last_error
+    );
+    assert_eq!(dead.history.len(), 2);
+    let AttemptOutcome::Failed(kept) = &dead.history[1].outcome else {
+        panic!("the second attempt failed: {:?}", dead.history);
+    };
+    assert!(
+        kept.len() <= tower_idempotency::inbox::KEPT_ERROR_BYTES,
+        "an attempt's error is cut: {} bytes",
+        kept.len()
+    );
+
+    assert!(store.requeue(&key).await.unwrap());
+    let lease = take_key(&store, &key).await;
+    assert!(store.complete(&key, &lease.token, RETENTION).await.unwrap());
+    let done = find(&store, &key).await;
+    assert_eq!(done.state, KeyState::Done);
+    assert_eq!(done.entry.id, "evt_1");
+    assert_eq!(done.entry.correlation_id, first.correlation_id);
+    assert_eq!(done.history.len(), 3, "{:?}", done.history);
+    assert_eq!(done.history[2].outcome, AttemptOutcome::Succeeded);
+    assert!(done.until.unwrap() > SystemTime::now() + RETENTION / 2);
+}
+
+/// A listing pages through every matching entry exactly once, whatever the page size, and
+/// each filter keeps what it names.
+pub async fn list_pages_through_every_match<St: InboxAdmin>(store: St) {
+    let route = fresh("list");
+    let object = ObjectKey::new(&route, None, "order-1");
+    let mut entries = Vec::new();
+    for n in 0..23 {
+        let mut entry = delivery(&route, &format!("evt_{n:02}"));
+        if n < 3 {
+            let position = Position::from_integer_text(&n.to_string()).unwrap();
+            entry = entry.ordered(object.clone(), position);
+        }
+        store.enqueue(entry.clone()).await.unwrap();
+        entries.push(entry);
+    }
+    let other = delivery(&fresh("other-route"), "evt_00");
+    store.enqueue(other.clone()).await.unwrap();
+
+    let by_route = Filter::default().route(&route);
+    for limit in [1, 5, 23, 100] {
+        let listed = list_all(&store, &by_route, limit).await;
+        assert_eq!(listed.len(), 23, "page size {limit}");
+    }
+    let prefixed = list_all(&store, &by_route.clone().id_prefix("evt_1"), 4).await;
+    let mut ids: Vec<_> = prefixed.iter().map(|info| info.entry.id.clone()).collect();
+    ids.sort();
+    let expected: Vec<_> = (10..20).map(|n| format!("evt_{n}")).collect();
+    assert_eq!(ids, expected);
+
+    let correlated = Filter::default().correlation_id(&entries[7].correlation_id);
+    let found = list_all(&store, &correlated, 10).await;
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].entry.key, entries[7].key);
+
+    let of_object = list_all(&store, &Filter::default().object(object.clone()), 2).await;
+    assert_eq!(of_object.len(), 3);
+
+    // Two fail for good with different errors; only the one named is found by its error.
+    for (n, error) in [(20, "card declined"), (21, "timeout talking to smtp")] {
+        let lease = take_key(&store, &entries[n].key).await;
+        let failure = Failure::Dead(error.to_owned());
+        assert!(
+            store
+                .fail(&entries[n].key, &lease.token, failure)
+                .await
+                .unwrap()
+        );
+    }
+    let declined = by_route.clone().error_contains("declined");
+    let found = list_all(&store, &declined, 10).await;
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].entry.id, "evt_20");
+    let dead = list_all(&store, &by_route.clone().state(KeyState::Dead), 10).await;
+    assert_eq!(dead.len(), 2);
+    let queued = list_all(&store, &by_route.clone().state(KeyState::Queued), 10).await;
+    assert_eq!(queued.len(), 21);
+}
+
+/// Every dead letter matching a filter is re-queued, in calls that each re-queue at most their
+/// limit and go on from their cursor; the others stay dead.
+pub async fn requeue_matching_redrives_in_bounded_calls<St: InboxAdmin>(store: St) {
+    let route = fresh("bulk");
+    let mut poisoned = Vec::new();
+    for n in 0..30 {
+        let entry = delivery(&route, &format!("evt_{n}"));
+        store.enqueue(entry.clone()).await.unwrap();
+        let lease = take_key(&store, &entry.key).await;
+        let error = if n < 26 {
+            "downstream 503"
+        } else {
+            "invalid payload"
+        };
+        let failure = Failure::Dead(error.to_owned());
+        assert!(store.fail(&entry.key, &lease.token, failure).await.unwrap());
+        poisoned.push((entry.key, n < 26));
+    }
+    let filter = Filter::default().route(&route).error_contains("503");
+    let mut total = 0;
+    let mut cursor: Option<String> = None;
+    let mut calls = 0;
+    loop {
+        let done = store
+            .requeue_matching(&filter, cursor.as_deref(), 8)
+            .await
+            .unwrap();
+        assert!(done.requeued <= 8, "one call re-queues at most its limit");
+        total += done.requeued;
+        calls += 1;
+        assert!(calls < 200, "the re-queue never ends");
+        match done.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(total, 26);
+    for (key, matched) in &poisoned {
+        let state = find(&store, key).await.state;
+        let expected = if *matched {
+            KeyState::Queued
+        } else {
+            KeyState::Dead
+        };
+        assert_eq!(state, expected);
+    }
+    // Nothing left to re-queue: a second pass finds no dead letter matching.
+    let again = store.requeue_matching(&filter, None, 100).await.unwrap();
+    assert_eq!(again.requeued, 0);
+}
+
+/// A discarded dead letter is gone without running; its key stays known, so the sender's
+/// next retry is a duplicate. Only a dead letter is discarded.
+pub async fn discard_drops_a_dead_letter_and_keeps_its_key<St: InboxAdmin>(store: St) {
+    let route = fresh("discard");
+    let entry = delivery(&route, "evt_poison");
+    store.enqueue(entry.clone()).await.unwrap();
+    assert!(
+        !store.discard(&entry.key, RETENTION).await.unwrap(),
+        "a queued entry is not discarded"
+    );
+    let lease = take_key(&store, &entry.key).await;
+    let failure = Failure::Dead("poison".to_owned());
+    assert!(store.fail(&entry.key, &lease.token, failure).await.unwrap());
+    assert!(store.discard(&entry.key, RETENTION).await.unwrap());
+    assert!(!store.discard(&entry.key, RETENTION).await.unwrap());
+    assert_eq!(find(&store, &entry.key).await.state, KeyState::Done);
+    assert_eq!(
+        store.enqueue(entry.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done)
+    );
+    let dead = Filter::default().route(&route).state(KeyState::Dead);
+    assert!(list_all(&store, &dead, 10).await.is_empty());
+}
+
+/// Paused, no take hands out anything (through every handle of the inbox) and a worker starts
+/// nothing; resumed, an idle worker starts the waiting entry within a second.
+pub async fn pause_stops_every_take_and_resume_wakes<St: InboxAdmin + Clone>(store: St) {
+    let route = fresh("pause");
+    assert!(!store.is_paused().await.unwrap());
+    store.pause().await.unwrap();
+    assert!(store.is_paused().await.unwrap());
+    let entry = delivery(&route, "evt_wait");
+    store.enqueue(entry.clone()).await.unwrap();
+    assert!(store.take(10, LONG).await.unwrap().is_empty(), "paused");
+
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let handler = tower::service_fn(move |_request: InboxRequest| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, Infallible>(()) }
+    });
+    let worker = Worker::new(store.clone(), handler).poll_interval(Duration::from_secs(60));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        stopped.await.ok();
+    }));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "a paused inbox runs nothing"
+    );
+    assert_eq!(find(&store, &entry.key).await.state, KeyState::Queued);
+
+    let resumed = Instant::now();
+    store.resume().await.unwrap();
+    assert!(!store.is_paused().await.unwrap());
+    while find(&store, &entry.key).await.state != KeyState::Done {
+        assert!(
+            resumed.elapsed() < Duration::from_secs(1),
+            "not done within a second of the resume"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.send(()).unwrap();
+    tokio::time::timeout(DEADLINE, run).await.unwrap().unwrap();
+}
+
+/// A worker's attempts are kept: an entry that failed twice then succeeded is found by its
+/// correlation id, done, with two failed attempts (their errors) and one success.
+pub async fn a_worker_records_every_attempt<St: InboxAdmin + Clone>(store: St) {
+    let route = fresh("attempts");
+    let entry = delivery(&route, "evt_flaky");
+    store.enqueue(entry.clone()).await.unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let handler = tower::service_fn(move |_request: InboxRequest| {
+        let call = counted.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            if call <= 2 {
+                return Err(format!("smtp said 451 (call {call})"));
+            }
+            Ok(())
+        }
+    });
+    let backoff = Backoff::new(Duration::from_millis(20))
+        .max_delay(Duration::from_millis(40))
+        .max_attempts(5);
+    let worker = Worker::new(store.clone(), handler).retry(backoff);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        stopped.await.ok();
+    }));
+    let by_correlation = Filter::default().correlation_id(&entry.correlation_id);
+    let start = Instant::now();
+    let found = loop {
+        let found = list_all(&store, &by_correlation, 50).await;
+        if found
+            .first()
+            .is_some_and(|info| info.state == KeyState::Done)
+        {
+            break found;
+        }
+        assert!(start.elapsed() < DEADLINE, "not done: {found:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    stop.send(()).unwrap();
+    tokio::time::timeout(DEADLINE, run).await.unwrap().unwrap();
+    assert_eq!(found.len(), 1);
+    let outcomes: Vec<_> = found[0].history.iter().map(|a| a.outcome.clone()).collect();
+    assert_eq!(
+        outcomes,
+        [
+            AttemptOutcome::Failed("smtp said 451 (call 1)".to_owned()),
+            AttemptOutcome::Failed("smtp said 451 (call 2)".to_owned()),
+            AttemptOutcome::Succeeded,
+        ]
+    );
+    let numbers: Vec<_> = found[0].history.iter().map(|a| a.number).collect();
+    assert_eq!(numbers, [1, 2, 3]);
+    assert!(found[0].history.iter().all(|a| a.duration.is_some()));
+}
+
+#[macro_export]
+macro_rules! inbox_admin_contract {
+    ($make:expr) => {
+        $crate::inbox_admin_contract!(@tests $make;
+            find_tells_each_state_and_its_attempts,
+            list_pages_through_every_match,
+            requeue_matching_redrives_in_bounded_calls,
+            discard_drops_a_dead_letter_and_keeps_its_key,
+            pause_stops_every_take_and_resume_wakes,
+            a_worker_records_every_attempt,
+        );
+    };
+    (@tests $make:expr; $($name:ident),* $(,)?) => {
+        mod inbox_admin_contract_tests {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let (store, _guard) = $make.await;
+                    inbox_admin_contract::$name(store).await;
+                }
+            )*
+        }
+    };
+}
+
+#[allow(unused_imports)]
+pub use inbox_admin_contract;
