@@ -166,7 +166,7 @@ async fn prefill(store: &MemoryStore) -> Result<(), Box<dyn std::error::Error>> 
 #[cfg(feature = "redis")]
 async fn redis() -> Result<Router, Box<dyn std::error::Error>> {
     use tower_idempotency::RedisStore;
-    use tower_idempotency::inbox::{InboxRoute, InboxStore, RedisInbox};
+    use tower_idempotency::inbox::{InboxLayer, InboxStore, RedisInbox};
 
     let pool = redis_pool().await?;
     let mut store = RedisStore::new(pool.clone());
@@ -181,9 +181,7 @@ async fn redis() -> Result<Router, Box<dyn std::error::Error>> {
         store = store.durable_completion(replicas.parse()?, timeout);
         inbox = inbox.durable(replicas.parse()?, timeout);
     }
-    let layer = IdempotencyLayer::new(store.clone())
-        .namespace("loadtest-inbox")
-        .inbox(InboxRoute::new(inbox.clone()));
+    let layer = InboxLayer::new(inbox.clone()).namespace("loadtest-inbox");
     let workers: usize = match std::env::var("INBOX_WORKERS") {
         Ok(n) => n.parse()?,
         Err(_) => 0,

@@ -438,7 +438,7 @@ fn app(
         table: email_inbox::shared_effects(&inbox),
         ..AppState::default()
     };
-    let inbox_routes = inbox::routes(&store, settings, &state, inbox)?;
+    let inbox_routes = inbox::routes(settings, &state, inbox)?;
     let orders = IdempotencyLayer::api(store)
         .namespace("orders")
         .lease(settings.lease)

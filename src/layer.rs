@@ -12,7 +12,7 @@ use crate::IdempotencyStore;
 use crate::classify::Classifier;
 use crate::config::{AckResponse, FailureMode, MissingKey, Mode, OnMismatch, Scope, Settings};
 use crate::guard::ClaimOpener;
-use crate::inbox::InboxRoute;
+use crate::inbox::route::InboxRoute;
 use crate::key::{ExtractKey, HeaderKey};
 use crate::observe::OutcomeEvent;
 use crate::order::EventOrder;
@@ -219,13 +219,18 @@ impl<K> IdempotencyLayer<K> {
 }
 
 impl<K: Clone> IdempotencyLayer<K> {
-    /// Puts the route in **inbox mode**: read, verify and key as configured, then store the
-    /// delivery in `route`'s inbox, the key `queued` in the same atomic step, and answer at
-    /// once (202 on a first delivery, the ack with `Idempotent-Replayed: true` on a duplicate,
-    /// 503 + `Retry-After` when the inbox cannot take it). The inner service is not called:
-    /// [`Worker`](crate::inbox::Worker)s apply the entries. See [`crate::inbox`].
-    pub fn inbox(self, route: InboxRoute) -> Self {
+    /// Inbox mode on `route` (what [`InboxLayer`](crate::inbox::InboxLayer) is built on).
+    pub(crate) fn with_inbox(self, route: InboxRoute) -> Self {
         self.with(|config, _| config.inbox = Some(route))
+    }
+
+    /// The inbox route changed by `f` (no-op outside inbox mode).
+    pub(crate) fn with_inbox_route(self, f: impl FnOnce(&mut InboxRoute)) -> Self {
+        self.with(|config, _| {
+            if let Some(route) = config.inbox.as_mut() {
+                f(route);
+            }
+        })
     }
 
     /// Verifies every covered request with `verifier` (a built-in scheme of

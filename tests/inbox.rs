@@ -60,15 +60,15 @@ mod route {
     use axum::routing::post;
     use http::{Request, StatusCode};
     use tower::ServiceExt;
-    use tower_idempotency::inbox::{InboxRoute, InboxStore, MemoryInbox};
+    use tower_idempotency::Outcome;
+    use tower_idempotency::inbox::{InboxLayer, InboxStore, MemoryInbox};
     use tower_idempotency::key::JsonPathKey;
-    use tower_idempotency::{IdempotencyLayer, MemoryStore, Outcome};
 
     fn app(inbox: MemoryInbox, calls: Arc<AtomicU32>) -> Router {
-        let layer = IdempotencyLayer::webhook(MemoryStore::new())
+        let layer = InboxLayer::new(inbox)
             .namespace("inbox-route")
             .key(JsonPathKey::new("$.event_id").unwrap())
-            .inbox(InboxRoute::new(inbox).keep_headers([http::header::CONTENT_TYPE]));
+            .keep_headers([http::header::CONTENT_TYPE]);
         let handler = post(move || {
             calls.fetch_add(1, Ordering::SeqCst);
             async { "inner" }
@@ -123,6 +123,53 @@ mod route {
             (entry.correlation_id.as_str(), entry.headers.len()),
             ("req-42", 1)
         );
+        assert_eq!(
+            (entry.id.as_str(), entry.route.as_str()),
+            ("evt_1", "inbox-route"),
+            "the delivery's key as derived and its route"
+        );
+        let key = tower_idempotency::store::StoreKey::new("inbox-route", Some("/inbox"), "evt_1");
+        assert_eq!(entry.key, key);
+    }
+
+    /// An ordered door needs no record store: the first event of an object is queued, an older
+    /// one after a newer was applied is answered stale (200, `Idempotent-Stale`), not queued.
+    #[tokio::test]
+    async fn an_ordered_door_answers_an_older_event_stale() {
+        use tower_idempotency::order::{EventOrder, SequenceAt};
+        let inbox = MemoryInbox::default();
+        let order = EventOrder::new(
+            JsonPathKey::new("$.message_id").unwrap(),
+            SequenceAt::new("$.seq").unwrap(),
+        );
+        let door = InboxLayer::new(inbox.clone())
+            .namespace("ordered-door")
+            .key(JsonPathKey::new("$.event_id").unwrap())
+            .order(order);
+        let app = Router::new().route("/inbox", post(|| async { "inner" }).route_layer(door));
+        let send = |event: &str, seq: u32| {
+            let body = format!(r#"{{"event_id":"{event}","message_id":"m1","seq":{seq}}}"#);
+            Request::post("/inbox").body(Body::from(body)).unwrap()
+        };
+        let newer = app.clone().oneshot(send("evt_2", 2)).await.unwrap();
+        assert_eq!(newer.status(), StatusCode::ACCEPTED);
+        let lease = inbox
+            .take(10, std::time::Duration::from_secs(60))
+            .await
+            .unwrap()
+            .pop()
+            .unwrap();
+        let retention = std::time::Duration::from_secs(60);
+        assert!(
+            inbox
+                .complete(&lease.entry.key, &lease.token, retention)
+                .await
+                .unwrap()
+        );
+        let older = app.oneshot(send("evt_1", 1)).await.unwrap();
+        assert_eq!(older.status(), StatusCode::OK);
+        assert_eq!(older.headers()["idempotent-stale"], "true");
+        assert_eq!(inbox.counts().await.unwrap().pending, 0, "not queued");
     }
 
     /// A full inbox: 503 + `Retry-After` as problem+json, nothing acknowledged.

@@ -14,20 +14,19 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
-use tower_idempotency::inbox::{AnyInbox, InboxRoute, InboxStore};
+use tower_idempotency::inbox::{AnyInbox, InboxLayer, InboxStore};
 use tower_idempotency::key::JsonPathKey;
 use tower_idempotency::order::{EventOrder, TimestampAt};
-use tower_idempotency::store::{AnyStore, StoreKey};
+use tower_idempotency::store::StoreKey;
 
 /// The inbox route's path, and so the scope of its keys.
 const ROUTE: &str = "/inbox/email";
 
 use super::email_inbox::{self, Effects, InboxSettings};
-use super::{AppState, Error, Settings, webhook_layer};
+use super::{AppState, Error, Settings};
 
 /// The inbox routes, and the workers started in the background.
 pub(super) fn routes(
-    store: &AnyStore,
     settings: &Settings,
     state: &AppState,
     inbox: AnyInbox,
@@ -37,10 +36,14 @@ pub(super) fn routes(
         JsonPathKey::new("$.message_id")?,
         TimestampAt::new("$.occurred_at")?,
     );
-    let layer = webhook_layer(store, settings, email_inbox::NAMESPACE, 72)
+    // The door of the inbox: no record store; the inbox's retention is the workers'
+    // (`email_inbox::RETENTION`).
+    let layer = InboxLayer::new(inbox.clone())
+        .namespace(email_inbox::NAMESPACE)
+        .body_timeout(settings.body_timeout)
         .key(JsonPathKey::new("$.event_id")?)
         .order(order)
-        .inbox(InboxRoute::new(inbox.clone()).keep_headers([CONTENT_TYPE]));
+        .keep_headers([CONTENT_TYPE]);
     if env.workers > 0 {
         let effects = state
             .table

@@ -53,6 +53,7 @@ mod codec;
 mod completions;
 mod entry;
 mod idle;
+mod layer;
 mod memory;
 mod metrics;
 #[cfg(feature = "redis")]
@@ -60,7 +61,7 @@ mod redis;
 #[cfg(feature = "redis")]
 mod redis_relay;
 mod retry;
-mod route;
+pub(crate) mod route;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 mod store;
@@ -73,12 +74,13 @@ pub use self::admin::{
 };
 pub use self::any::AnyInbox;
 pub use self::entry::{EntryOrder, InboxEntry, InboxRequest, Lease};
+pub use self::layer::InboxLayer;
 pub use self::memory::{DEFAULT_CAPACITY, MemoryInbox};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{MAX_TAKE, RedisInbox, RedisWrites};
 pub use self::retry::{Backoff, Decision, RetryPolicy};
-pub use self::route::{IDEMPOTENCY_CORRELATION_ID, InboxRoute};
+pub use self::route::IDEMPOTENCY_CORRELATION_ID;
 #[cfg(feature = "postgres")]
 pub use self::sql::PostgresInbox;
 #[cfg(feature = "sqlite")]

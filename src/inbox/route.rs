@@ -1,4 +1,4 @@
-//! [`InboxRoute`]: what a layer in inbox mode needs (the inbox, the correlation header, the
+//! `InboxRoute`: what a layer in inbox mode needs (the inbox, the correlation header, the
 //! kept headers, the first delivery's answer), with the inbox's type erased.
 
 use std::fmt;
@@ -31,25 +31,10 @@ impl<St: InboxStore> Enqueue for St {
     }
 }
 
-/// The inbox mode of a route ([`IdempotencyLayer::inbox`](crate::IdempotencyLayer::inbox)):
-/// read → verify → key → **enqueue**, and answer at once; the inner service is not called.
-///
-/// ```
-/// use axum::{Router, routing::post};
-/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
-/// use tower_idempotency::inbox::{InboxRoute, MemoryInbox};
-/// use tower_idempotency::key::JsonPathKey;
-///
-/// let inbox = MemoryInbox::default();
-/// let layer = IdempotencyLayer::webhook(MemoryStore::new())
-///     .key(JsonPathKey::new("$.event_id")?)
-///     .inbox(InboxRoute::new(inbox.clone()).keep_headers([http::header::CONTENT_TYPE]));
-/// // The handler is never called on the request path: workers apply the entries.
-/// let app: Router = Router::new().route("/inbox", post(|| async { "" }).route_layer(layer));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
+/// The inbox mode of a route ([`InboxLayer`](super::InboxLayer)): the inbox, the correlation
+/// header, the kept headers and the first delivery's answer.
 #[derive(Clone)]
-pub struct InboxRoute {
+pub(crate) struct InboxRoute {
     store: Arc<dyn Enqueue>,
     pub(crate) correlation_header: HeaderName,
     pub(crate) keep_headers: Vec<HeaderName>,
@@ -59,7 +44,7 @@ pub struct InboxRoute {
 impl InboxRoute {
     /// Inbox mode on `inbox`: correlation id from `X-Request-Id` (else generated), no headers
     /// kept, first deliveries answered `202 {"ok":true,"queued":true}`.
-    pub fn new(inbox: impl InboxStore) -> Self {
+    pub(crate) fn new(inbox: impl InboxStore) -> Self {
         InboxRoute {
             store: Arc::new(inbox),
             correlation_header: HeaderName::from_static("x-request-id"),
@@ -70,25 +55,6 @@ impl InboxRoute {
                 &br#"{"ok":true,"queued":true}"#[..],
             ),
         }
-    }
-
-    /// The request header whose value becomes the correlation id, when present.
-    pub fn correlation_header(mut self, name: HeaderName) -> Self {
-        self.correlation_header = name;
-        self
-    }
-
-    /// The request headers stored with the entry for the worker (no others are kept).
-    pub fn keep_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.keep_headers = names.into_iter().collect();
-        self
-    }
-
-    /// The answer to a first delivery (default `202 {"ok":true,"queued":true}`); a duplicate
-    /// gets the layer's [`ack_response`](crate::IdempotencyLayer::ack_response).
-    pub fn accepted(mut self, answer: AckResponse) -> Self {
-        self.accepted = answer;
-        self
     }
 
     pub(crate) fn enqueue(&self, entry: InboxEntry) -> Boxed<'_, Result<Enqueued, StoreError>> {

@@ -11,7 +11,8 @@ use super::key::Derived;
 use crate::answer::{IDEMPOTENT_REPLAYED, reject};
 use crate::config::{AckResponse, Settings};
 use crate::guard::{OneOrMany, Targets};
-use crate::inbox::{Enqueued, IDEMPOTENCY_CORRELATION_ID, InboxEntry, InboxRoute};
+use crate::inbox::route::InboxRoute;
+use crate::inbox::{Enqueued, IDEMPOTENCY_CORRELATION_ID, InboxEntry};
 use crate::key::{KeyError, KeyErrorKind};
 use crate::outcome::Outcome;
 use crate::rejection::Rejection;
@@ -35,7 +36,13 @@ pub(crate) async fn enqueue<B, ResBody>(
     if let Some(span) = crate::observe::request_span() {
         span.record("correlation_id", correlation.as_str());
     }
+    let id = derived.key.as_str();
+    let namespace = settings.observer.namespace();
     let entry = match entry_of(route, parts, data, derived.targets, &correlation) {
+        Ok(entry) => Ok(entry.with_delivery(namespace, id)),
+        Err(rejection) => Err(rejection),
+    };
+    let entry = match entry {
         Ok(entry) => entry,
         Err(rejection) => return Prelude::reject(settings, rejection, grpc),
     };

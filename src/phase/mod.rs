@@ -38,7 +38,7 @@ use crate::answer::reject;
 use crate::body::{RequestBody, ResponseBody, read_request};
 use crate::config::{MissingKey, Settings};
 use crate::guard::{ClaimGuard, ClaimOpener};
-use crate::inbox::InboxRoute;
+use crate::inbox::route::InboxRoute;
 use crate::key::ExtractKey;
 use crate::outcome::Outcome;
 use crate::rejection::Rejection;
