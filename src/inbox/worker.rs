@@ -343,6 +343,7 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
     {
         let (key, token) = (lease.entry.key.clone(), lease.token);
         let attempts = lease.entry.attempts;
+        let correlation_id = lease.entry.correlation_id.clone();
         metrics::attempt(&self.settings.namespace);
         let outcome = self
             .call(service, InboxRequest::new(lease.entry, token), asked)
@@ -362,10 +363,10 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
             }
             Decision::DeadLetter => {
                 metrics::dead_letter(&self.settings.namespace);
-                // A person has to act: the line says what to find and re-queue (its span,
-                // `inbox.entry`, carries the correlation id).
+                // A person has to act: the line says what to find and re-queue.
                 tracing::error!(
                     %key,
+                    %correlation_id,
                     attempts,
                     last_error = %error,
                     "inbox: entry made a dead letter"
