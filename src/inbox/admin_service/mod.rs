@@ -91,6 +91,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
+use futures_util::future::BoxFuture;
 use http::{HeaderMap, HeaderName, Method, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
@@ -418,7 +419,7 @@ where
 /// The future of an [`AdminService`]'s answer (never an `Err`).
 pub struct AdminFuture {
     // Boxed: the answer awaits the inbox's calls, whose futures have no names.
-    inner: Pin<Box<dyn Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send>>,
+    inner: BoxFuture<'static, Result<Response<Full<Bytes>>, Infallible>>,
 }
 
 impl Future for AdminFuture {

@@ -37,24 +37,26 @@ impl Endpoint {
     }
 }
 
+/// Reads an endpoint from its path's segments.
+type Parse = fn(&[&str]) -> Result<Endpoint, Refusal>;
+
 /// The endpoint of `method` on `path`: 404 for a path it does not serve, 405 for another
 /// method, 400 for a key that is not a printed store key (once the method is right).
 pub(super) fn resolve(method: &Method, path: &str) -> Result<Endpoint, Refusal> {
     let path = path.strip_suffix('/').unwrap_or(path);
     let segments: Vec<&str> = path.split('/').skip(1).collect();
-    let (wanted, endpoint): (Method, fn(&[&str]) -> Result<Endpoint, Refusal>) =
-        match segments.as_slice() {
-            ["counts"] => (Method::GET, |_| Ok(Endpoint::Counts)),
-            ["entries"] => (Method::GET, |_| Ok(Endpoint::List)),
-            ["entries", "by-id", _] => (Method::GET, |s| Ok(Endpoint::FindById(segment(s[2])?))),
-            ["entries", _] => (Method::GET, |s| Ok(Endpoint::Find(key(s[1])?))),
-            ["entries", _, "requeue"] => (Method::POST, |s| Ok(Endpoint::Requeue(key(s[1])?))),
-            ["entries", _, "discard"] => (Method::POST, |s| Ok(Endpoint::Discard(key(s[1])?))),
-            ["requeue"] => (Method::POST, |_| Ok(Endpoint::RequeueMatching)),
-            ["pause"] => (Method::POST, |_| Ok(Endpoint::Pause)),
-            ["resume"] => (Method::POST, |_| Ok(Endpoint::Resume)),
-            _ => return Err(Refusal::NoPath),
-        };
+    let (wanted, endpoint): (Method, Parse) = match segments.as_slice() {
+        ["counts"] => (Method::GET, |_| Ok(Endpoint::Counts)),
+        ["entries"] => (Method::GET, |_| Ok(Endpoint::List)),
+        ["entries", "by-id", _] => (Method::GET, |s| Ok(Endpoint::FindById(segment(s[2])?))),
+        ["entries", _] => (Method::GET, |s| Ok(Endpoint::Find(key(s[1])?))),
+        ["entries", _, "requeue"] => (Method::POST, |s| Ok(Endpoint::Requeue(key(s[1])?))),
+        ["entries", _, "discard"] => (Method::POST, |s| Ok(Endpoint::Discard(key(s[1])?))),
+        ["requeue"] => (Method::POST, |_| Ok(Endpoint::RequeueMatching)),
+        ["pause"] => (Method::POST, |_| Ok(Endpoint::Pause)),
+        ["resume"] => (Method::POST, |_| Ok(Endpoint::Resume)),
+        _ => return Err(Refusal::NoPath),
+    };
     if *method != wanted {
         return Err(Refusal::Method { allow: wanted });
     }
