@@ -96,7 +96,7 @@ use http::{HeaderMap, HeaderName, Method, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 
-use super::admin::{Filter, InboxAdmin};
+use super::admin::InboxAdmin;
 use crate::store::StoreKey;
 
 use self::json::Refusal;
@@ -279,47 +279,69 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
                 }
                 Err(Refusal::NoEntry)
             }
-            action => self.act(action, query, actor).await,
+            Endpoint::RequeueMatching => {
+                self.logged(
+                    "requeue_matching",
+                    actor,
+                    self.requeue_matching(query, actor),
+                )
+                .await
+            }
+            Endpoint::Requeue(key) => {
+                self.logged(
+                    "requeue",
+                    actor,
+                    self.on_dead_letter(key, Fate::Requeue, query, actor),
+                )
+                .await
+            }
+            Endpoint::Discard(key) => {
+                self.logged(
+                    "discard",
+                    actor,
+                    self.on_dead_letter(key, Fate::Discard, query, actor),
+                )
+                .await
+            }
+            Endpoint::Pause => {
+                self.logged("pause", actor, self.set_paused(true, query, actor))
+                    .await
+            }
+            Endpoint::Resume => {
+                self.logged("resume", actor, self.set_paused(false, query, actor))
+                    .await
+            }
         }
     }
 
-    /// Runs an action and logs it (with its result, or its failure).
-    async fn act(
+    /// `action`'s answer, its failure in the store logged (its success is logged by itself).
+    async fn logged(
         &self,
-        action: Endpoint,
-        query: &str,
+        action: &'static str,
         actor: &str,
+        answer: impl Future<Output = Result<serde_json::Value, Refusal>>,
     ) -> Result<serde_json::Value, Refusal> {
-        let name = action.name();
-        let answer = match &action {
-            Endpoint::RequeueMatching => {
-                let (filter, cursor, limit) = params::listing(query, params::REQUEUE)?;
-                self.requeue_matching(&filter, cursor.as_deref(), limit, actor)
-                    .await
-            }
-            _ => {
-                params::none(query)?;
-                self.act_on_one(&action, actor).await
-            }
-        };
+        let answer = answer.await;
         if let Err(Refusal::Store(error)) = &answer {
-            tracing::warn!(actor, action = name, %error, "inbox admin: action failed");
+            tracing::warn!(actor, action, %error, "inbox admin: action failed in the store");
         }
         answer
     }
 
+    /// `POST /requeue`: one page of the matching dead letters re-queued.
     async fn requeue_matching(
         &self,
-        filter: &Filter,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &str,
         actor: &str,
     ) -> Result<serde_json::Value, Refusal> {
-        let done = (self.inbox).requeue_matching(filter, cursor, limit).await?;
+        let (filter, cursor, limit) = params::listing(query, params::REQUEUE)?;
+        let done = (self.inbox)
+            .requeue_matching(&filter, cursor.as_deref(), limit)
+            .await?;
         tracing::info!(
             actor,
             action = "requeue_matching",
-            filter = %params::describe(filter),
+            filter = %params::describe(&filter),
             requeued = done.requeued,
             more = done.next.is_some(),
             "inbox admin: dead letters re-queued"
@@ -328,42 +350,61 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
         Ok(serde_json::json!({"requeued": done.requeued, "next": next}))
     }
 
-    async fn act_on_one(
+    /// `POST /entries/{key}/requeue` and `/discard`: 404 when `key` is not a dead letter.
+    async fn on_dead_letter(
         &self,
-        action: &Endpoint,
+        key: StoreKey,
+        fate: Fate,
+        query: &str,
         actor: &str,
     ) -> Result<serde_json::Value, Refusal> {
-        let inbox = &self.inbox;
-        let name = action.name();
-        let (key, done, field) = match action {
-            Endpoint::Requeue(key) => (key, inbox.requeue(key).await?, "requeued"),
-            Endpoint::Discard(key) => {
-                let discarded = inbox.discard(key, self.settings.retention).await?;
-                (key, discarded, "discarded")
+        params::none(query)?;
+        let (done, action, field) = match fate {
+            Fate::Requeue => (self.inbox.requeue(&key).await?, "requeue", "requeued"),
+            Fate::Discard => {
+                let retention = self.settings.retention;
+                (
+                    self.inbox.discard(&key, retention).await?,
+                    "discard",
+                    "discarded",
+                )
             }
-            Endpoint::Pause | Endpoint::Resume => {
-                let pause = matches!(action, Endpoint::Pause);
-                match pause {
-                    true => inbox.pause().await?,
-                    false => inbox.resume().await?,
-                }
-                tracing::info!(
-                    actor,
-                    action = name,
-                    "inbox admin: taking {}",
-                    if pause { "paused" } else { "resumed" }
-                );
-                return Ok(serde_json::json!({"paused": pause}));
-            }
-            _ => unreachable!("reads are not actions"),
         };
         let result = if done { field } else { "not_dead" };
-        tracing::info!(actor, action = name, key = %key, result, "inbox admin: dead letter");
+        tracing::info!(actor, action, key = %key, result, "inbox admin: dead letter");
         match done {
             true => Ok(serde_json::json!({"key": key.as_str(), field: true})),
             false => Err(Refusal::NotDead),
         }
     }
+
+    /// `POST /pause` and `/resume`: taking stopped or restarted in every worker process.
+    async fn set_paused(
+        &self,
+        paused: bool,
+        query: &str,
+        actor: &str,
+    ) -> Result<serde_json::Value, Refusal> {
+        params::none(query)?;
+        match paused {
+            true => self.inbox.pause().await?,
+            false => self.inbox.resume().await?,
+        }
+        let (action, result) = if paused {
+            ("pause", "paused")
+        } else {
+            ("resume", "resumed")
+        };
+        tracing::info!(actor, action, result, "inbox admin: taking {result}");
+        Ok(serde_json::json!({"paused": paused}))
+    }
+}
+
+/// What an action does to a dead letter.
+#[derive(Clone, Copy)]
+enum Fate {
+    Requeue,
+    Discard,
 }
 
 /// Reads `body` to its end without keeping it (the endpoints take no body): 413 beyond
