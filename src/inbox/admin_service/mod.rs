@@ -1,82 +1,4 @@
-//! [`AdminService`]: the operator's side of an inbox ([`InboxAdmin`]) as a `tower::Service`
-//! speaking JSON, to mount behind the application's own authentication (feature `admin`).
-//!
-//! It is read-only unless [`actions`](AdminService::actions) are enabled, shows no delivery
-//! body unless [`show_bodies`](AdminService::show_bodies) is, and logs every action (at
-//! `info`, with the actor a header of the application's names) and never a body. Its paths are
-//! relative to where it is mounted: axum's `nest_service` strips the prefix, and at the root of
-//! a server it answers the same paths.
-//!
-//! ```
-//! use std::time::Duration;
-//! use axum::Router;
-//! use http::HeaderName;
-//! use tower_idempotency::inbox::{AdminService, MemoryInbox};
-//!
-//! let inbox = MemoryInbox::default();
-//! let admin = AdminService::new(inbox.clone())
-//!     .actions(true) // POSTs are refused with 403 without this
-//!     .actor_header(HeaderName::from_static("x-user"))
-//!     .retention(Duration::from_secs(72 * 3600)) // the workers' retention
-//!     .route("inbox-email", Some("/inbox/email")); // find by delivery id on this route
-//! // Behind the application's own authentication (a layer that sets `x-user`, say):
-//! let app: Router = Router::new().nest_service("/admin/inbox", admin);
-//! # let _ = app;
-//! ```
-//!
-//! # Endpoints
-//!
-//! | method and path | what | answer |
-//! |---|---|---|
-//! | `GET /counts` | the inbox's counts | `{"pending", "in_flight", "dead", "oldest_age_ms", "paused"}` |
-//! | `GET /entries?…` | a page of entries matching the filter | `{"entries": [entry…], "next"}` |
-//! | `GET /entries/{key}` | the entry of a printed store key (`ti:…`) | entry |
-//! | `GET /entries/by-id/{id}` | the entry of a delivery id, on the configured routes | entry |
-//! | `POST /entries/{key}/requeue` | re-queues a dead letter | `{"key", "requeued": true}` |
-//! | `POST /entries/{key}/discard` | drops a dead letter, its key kept as done | `{"key", "discarded": true}` |
-//! | `POST /requeue?…` | re-queues one page of the matching dead letters | `{"requeued", "next"}` |
-//! | `POST /pause`, `POST /resume` | stops, restarts taking in every worker process | `{"paused"}` |
-//!
-//! The filter's query parameters (each optional; empty ones count as absent, unknown ones are
-//! a 400): `state` (`queued`, `running`, `dead`, `done`), `id_prefix` (of the delivery id),
-//! `route` (the route's namespace), `object` (a printed object key, `to:…`),
-//! `correlation_id`, `error` (text in the last error), `cursor` (a `next` from the previous
-//! answer) and `limit` (listing: 1 to 500, default 50; bulk re-queue: 1 to 1000, default 500).
-//! A bulk re-queue reads one page of dead letters and re-queues them: call it again with its
-//! `next` until `next` is `null`.
-//!
-//! Times are milliseconds since the Unix epoch (`…_at`), durations milliseconds (`…_ms`); an
-//! entry:
-//!
-//! ```json
-//! {
-//!   "key": "ti:2c9Tq8rKDn0xWb1A", "id": "evt_1", "route": "inbox-email",
-//!   "state": "queued", "correlation_id": "req-1", "attempts": 2,
-//!   "enqueued_at": 1764669600000, "next_attempt_at": 1764669600412,
-//!   "until": 1764669600412, "last_error": "demo failure",
-//!   "object": "to:Qm3h0cPzqLk1XyZa", "position": "1764669600000000000",
-//!   "history": [
-//!     {"number": 1, "started_at": 1764669600003, "duration_ms": 2, "outcome": "failed",
-//!      "error": "demo failure", "worker": "host/4242"},
-//!     {"number": 2, "started_at": 1764669600210, "duration_ms": 1, "outcome": "failed",
-//!      "error": "demo failure", "worker": "host/4242"}
-//!   ]
-//! }
-//! ```
-//!
-//! `until` is when a queued entry is due, when a running one's lease ends, until when a done
-//! key is kept (`null` for a dead letter); `object` and `position` are `null` off ordered
-//! routes; an attempt's `outcome` is `running`, `succeeded`, `failed` or `lease_lost`, its
-//! `error` `null` unless failed. With [`show_bodies`](AdminService::show_bodies), an entry
-//! also has `"body"` (the text, or `null` when it is not UTF-8), `"body_bytes"` and
-//! `"headers"` (the ones the route keeps).
-//!
-//! Every refusal is an `application/problem+json` document (see `docs/problems.md`):
-//! 400 `admin_bad_parameter` (a parameter, key or cursor), 403 `admin_actions_disabled`,
-//! 404 `admin_not_found` (an unknown path or key, or a key that is not a dead letter),
-//! 405 `admin_method_not_allowed` (with `Allow`), 413 `payload_too_large` (a request body
-//! over 64 KiB: bodies are read and ignored; 400 `body_unreadable` when reading fails),
-//! 503 `store_unavailable`.
+//! [`AdminService`]: an inbox's admin side as JSON over HTTP (feature `admin`).
 
 mod json;
 mod params;
@@ -105,8 +27,85 @@ use self::route::Endpoint;
 /// The most bytes of a request body the service reads (and ignores): beyond, 413.
 const BODY_LIMIT: usize = 64 * 1024;
 
-/// An inbox's admin side ([`InboxAdmin`]) as a `tower::Service` speaking JSON: see the
-/// [module](self) for its endpoints and their JSON.
+/// The operator's side of an inbox ([`InboxAdmin`]) as a `tower::Service`
+/// speaking JSON, to mount behind the application's own authentication (feature `admin`).
+///
+/// It is read-only unless [`actions`](AdminService::actions) are enabled, shows no delivery
+/// body unless [`show_bodies`](AdminService::show_bodies) is, and logs every action (at
+/// `info`, with the actor a header of the application's names) and never a body. Its paths are
+/// relative to where it is mounted: axum's `nest_service` strips the prefix, and at the root of
+/// a server it answers the same paths.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::Router;
+/// use http::HeaderName;
+/// use tower_idempotency::inbox::{AdminService, MemoryInbox};
+///
+/// let inbox = MemoryInbox::default();
+/// let admin = AdminService::new(inbox.clone())
+///     .actions(true) // POSTs are refused with 403 without this
+///     .actor_header(HeaderName::from_static("x-user"))
+///     .retention(Duration::from_secs(72 * 3600)) // the workers' retention
+///     .route("inbox-email", Some("/inbox/email")); // find by delivery id on this route
+/// // Behind the application's own authentication (a layer that sets `x-user`, say):
+/// let app: Router = Router::new().nest_service("/admin/inbox", admin);
+/// # let _ = app;
+/// ```
+///
+/// # Endpoints
+///
+/// | method and path | what | answer |
+/// |---|---|---|
+/// | `GET /counts` | the inbox's counts | `{"pending", "in_flight", "dead", "oldest_age_ms", "paused"}` |
+/// | `GET /entries?…` | a page of entries matching the filter | `{"entries": [entry…], "next"}` |
+/// | `GET /entries/{key}` | the entry of a printed store key (`ti:…`) | entry |
+/// | `GET /entries/by-id/{id}` | the entry of a delivery id, on the configured routes | entry |
+/// | `POST /entries/{key}/requeue` | re-queues a dead letter | `{"key", "requeued": true}` |
+/// | `POST /entries/{key}/discard` | drops a dead letter, its key kept as done | `{"key", "discarded": true}` |
+/// | `POST /requeue?…` | re-queues one page of the matching dead letters | `{"requeued", "next"}` |
+/// | `POST /pause`, `POST /resume` | stops, restarts taking in every worker process | `{"paused"}` |
+///
+/// The filter's query parameters (each optional; empty ones count as absent, unknown ones are
+/// a 400): `state` (`queued`, `running`, `dead`, `done`), `id_prefix` (of the delivery id),
+/// `route` (the route's namespace), `object` (a printed object key, `to:…`),
+/// `correlation_id`, `error` (text in the last error), `cursor` (a `next` from the previous
+/// answer) and `limit` (listing: 1 to 500, default 50; bulk re-queue: 1 to 1000, default 500).
+/// A bulk re-queue reads one page of dead letters and re-queues them: call it again with its
+/// `next` until `next` is `null`.
+///
+/// Times are milliseconds since the Unix epoch (`…_at`), durations milliseconds (`…_ms`); an
+/// entry:
+///
+/// ```json
+/// {
+///   "key": "ti:2c9Tq8rKDn0xWb1A", "id": "evt_1", "route": "inbox-email",
+///   "state": "queued", "correlation_id": "req-1", "attempts": 2,
+///   "enqueued_at": 1764669600000, "next_attempt_at": 1764669600412,
+///   "until": 1764669600412, "last_error": "demo failure",
+///   "object": "to:Qm3h0cPzqLk1XyZa", "position": "1764669600000000000",
+///   "history": [
+///     {"number": 1, "started_at": 1764669600003, "duration_ms": 2, "outcome": "failed",
+///      "error": "demo failure", "worker": "host/4242"},
+///     {"number": 2, "started_at": 1764669600210, "duration_ms": 1, "outcome": "failed",
+///      "error": "demo failure", "worker": "host/4242"}
+///   ]
+/// }
+/// ```
+///
+/// `until` is when a queued entry is due, when a running one's lease ends, until when a done
+/// key is kept (`null` for a dead letter); `object` and `position` are `null` off ordered
+/// routes; an attempt's `outcome` is `running`, `succeeded`, `failed` or `lease_lost`, its
+/// `error` `null` unless failed. With [`show_bodies`](AdminService::show_bodies), an entry
+/// also has `"body"` (the text, or `null` when it is not UTF-8), `"body_bytes"` and
+/// `"headers"` (the ones the route keeps).
+///
+/// Every refusal is an `application/problem+json` document (see `docs/problems.md`):
+/// 400 `admin_bad_parameter` (a parameter, key or cursor), 403 `admin_actions_disabled`,
+/// 404 `admin_not_found` (an unknown path or key, or a key that is not a dead letter),
+/// 405 `admin_method_not_allowed` (with `Allow`), 413 `payload_too_large` (a request body
+/// over 64 KiB: bodies are read and ignored; 400 `body_unreadable` when reading fails),
+/// 503 `store_unavailable`.
 ///
 /// A cheap `Clone` (the inbox handle and its settings); every answer is a response, never an
 /// `Err`.
