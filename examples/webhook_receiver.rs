@@ -1,7 +1,7 @@
 //! A webhook receiver that applies every delivery exactly once.
 //!
 //! ```text
-//! cargo run --example webhook_receiver --features metrics,verify     # the memory store
+//! cargo run --example webhook_receiver --features metrics,verify,admin     # the memory store
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example webhook_receiver --all-features
 //! ```
 //!
@@ -55,6 +55,10 @@
 //!   transaction that marks the entry done, with `REDIS_URL` two Redis hashes written by the
 //!   script that marks it done, and `GET /effects` / `GET /messages/{id}` read them too, so
 //!   `inbox_worker` processes can apply the entries.
+//! - `/admin/inbox/...`: the inbox's admin service (`tower_idempotency::inbox::AdminService`):
+//!   `GET /admin/inbox/counts`, `GET /admin/inbox/entries?correlation_id=..`, ... are open;
+//!   its actions (`POST /admin/inbox/requeue`, `/pause`, `/resume`, ...) are enabled only when
+//!   `ADMIN_TOKEN` is set, and then need `Authorization: Bearer <ADMIN_TOKEN>`.
 //!
 //! Logs go to stderr through `tracing-subscriber`; `RUST_LOG` is respected (default `info`).
 //!

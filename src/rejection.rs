@@ -292,31 +292,28 @@ impl Rejection {
 
     /// The problem document (RFC 9457) of the rejection, its `type` under `type_base`.
     pub fn problem_json(&self, type_base: &str) -> String {
-        let status = self.status();
-        serde_json::json!({
-            "type": format!("{type_base}{}", self.code()),
-            "title": self.title(),
-            "status": status.as_u16(),
-            "detail": self.detail(),
-            "code": self.code(),
-        })
-        .to_string()
+        problem_document(self.problem(), type_base)
     }
 
     /// The HTTP response: problem+json (its `type` under `type_base`), with `Retry-After`
     /// where retrying helps.
     pub fn http_response(&self, type_base: &str) -> Response<Bytes> {
-        let mut response = Response::new(Bytes::from(self.problem_json(type_base)));
-        *response.status_mut() = self.status();
-        let headers = response.headers_mut();
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        let mut response = problem_response(self.problem(), type_base);
         if let Some(after) = self.retry_after() {
-            headers.insert(RETRY_AFTER, retry_after_value(after));
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, retry_after_value(after));
         }
         response
+    }
+
+    fn problem(&self) -> Problem {
+        Problem {
+            status: self.status(),
+            code: self.code(),
+            title: self.title(),
+            detail: self.detail(),
+        }
     }
 
     /// The gRPC response: a trailers-only response (HTTP 200, `grpc-status` and `grpc-message`
@@ -335,6 +332,41 @@ impl Rejection {
         }
         response
     }
+}
+
+/// What a problem document (RFC 9457) says: the crate's one form of it, for the layer's
+/// rejections and the inbox's admin service alike.
+pub(crate) struct Problem {
+    pub(crate) status: StatusCode,
+    /// A stable code: the document's `code`, and the anchor of its `type`.
+    pub(crate) code: &'static str,
+    pub(crate) title: &'static str,
+    /// What was wrong with this request (never a key or a body).
+    pub(crate) detail: String,
+}
+
+/// The problem document of `problem`, its `type` the code under `type_base`.
+pub(crate) fn problem_document(problem: Problem, type_base: &str) -> String {
+    serde_json::json!({
+        "type": format!("{type_base}{}", problem.code),
+        "title": problem.title,
+        "status": problem.status.as_u16(),
+        "detail": problem.detail,
+        "code": problem.code,
+    })
+    .to_string()
+}
+
+/// The `application/problem+json` response of `problem`.
+pub(crate) fn problem_response(problem: Problem, type_base: &str) -> Response<Bytes> {
+    let status = problem.status;
+    let mut response = Response::new(Bytes::from(problem_document(problem, type_base)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
 }
 
 /// A trailers-only gRPC response with status `code` and `message` (percent-encoded): the

@@ -1,5 +1,6 @@
 //! The demo's inbox routes (`POST /inbox/email`, `GET /inbox`, `GET /inbox/dead`,
-//! `POST /inbox/dead/{event_id}/retry`) driven over real HTTP on loopback, on the memory store.
+//! `POST /inbox/dead/{event_id}/retry`) and its admin service (`/admin/inbox`) driven over real
+//! HTTP on loopback, on the memory store.
 
 use std::time::{Duration, Instant};
 
@@ -138,4 +139,136 @@ async fn receive_only_keeps_entries_pending() {
     let (_, _, counts) = http.send("GET", "/inbox", &[], "").await;
     assert_eq!(counts, json!({"pending": 1, "in_flight": 0, "dead": 0}));
     assert_eq!(http.effects().await["total"], 0);
+}
+
+// The inbox's admin service, mounted by the demo at `/admin/inbox`.
+
+const TOKEN: &str = "demo-admin-token";
+const BEARER: (&str, &str) = ("Authorization", "Bearer demo-admin-token");
+
+/// An event that failed twice then succeeded, found by the acknowledgement's correlation id
+/// (and by its event id) with its three attempts; without `ADMIN_TOKEN` the service is
+/// read-only.
+#[tokio::test]
+async fn admin_finds_an_entry_by_correlation_id_with_its_attempts() {
+    let demo = start_demo(&[("INBOX_RETRY_BASE_MS", "20")]);
+    let http = Http::new(&demo);
+    let body = email("evt_admin_history", json!({"demo_fail_attempts": 2}));
+    let (status, headers, _) = http.send("POST", "/inbox/email", &[], &body).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let correlation = headers["idempotency-correlation-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    until(&http, "/effects", |e| e["by_key"]["evt_admin_history"] == 1).await;
+
+    let path = format!("/admin/inbox/entries?correlation_id={correlation}");
+    let page = until(&http, &path, |p| p["entries"][0]["state"] == "done").await;
+    let entries = page["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{page}");
+    let outcomes: Vec<&Value> = entries[0]["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|attempt| &attempt["outcome"])
+        .collect();
+    assert_eq!(outcomes, ["failed", "failed", "succeeded"], "{page}");
+    let first = &entries[0]["history"][0];
+    assert!(
+        first["error"].as_str().unwrap().contains("demo failure"),
+        "{first}"
+    );
+    assert_eq!(entries[0]["correlation_id"], correlation.as_str());
+    assert!(entries[0].get("body").is_none(), "bodies hidden");
+    let (status, _, by_id) = http
+        .send(
+            "GET",
+            "/admin/inbox/entries/by-id/evt_admin_history",
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(by_id, entries[0]);
+
+    let (status, _, problem) = http.send("POST", "/admin/inbox/pause", &[BEARER], "").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "no ADMIN_TOKEN: read-only");
+    assert_eq!(problem["code"], "admin_actions_disabled");
+}
+
+/// 1,000 dead letters re-queued by repeated bulk calls until `next` is null, then applied.
+#[tokio::test]
+async fn admin_requeues_a_thousand_dead_letters() {
+    let envs = [("INBOX_MAX_ATTEMPTS", "1"), ("ADMIN_TOKEN", TOKEN)];
+    let demo = start_demo(&envs);
+    let http = Http::new(&demo);
+    let events: Vec<String> = (0..1000).map(|n| format!("evt_redrive_{n:04}")).collect();
+    for chunk in events.chunks(50) {
+        let sent = chunk.iter().map(|event| {
+            let body = email(event, json!({"demo_fail_attempts": 1}));
+            let http = &http;
+            async move { http.send("POST", "/inbox/email", &[], &body).await.0 }
+        });
+        for status in futures_util::future::join_all(sent).await {
+            assert_eq!(status, StatusCode::ACCEPTED);
+        }
+    }
+    until(&http, "/admin/inbox/counts", |c| c["dead"] == 1000).await;
+
+    let (status, _, _) = http.send("POST", "/admin/inbox/requeue", &[], "").await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "actions need the bearer token"
+    );
+    let (mut requeued, mut calls, mut path) = (0, 0, "/admin/inbox/requeue".to_owned());
+    loop {
+        let (status, _, answer) = http.send("POST", &path, &[BEARER], "").await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        requeued += answer["requeued"].as_u64().unwrap();
+        calls += 1;
+        match answer["next"].as_str() {
+            Some(next) => path = format!("/admin/inbox/requeue?cursor={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(requeued, 1000, "in {calls} calls");
+    until(&http, "/effects", |e| e["total"] == 1000).await;
+    let counts = until(&http, "/admin/inbox/counts", |c| c["pending"] == 0).await;
+    assert_eq!(
+        (counts["dead"].clone(), counts["in_flight"].clone()),
+        (json!(0), json!(0))
+    );
+}
+
+/// Paused, the workers take nothing; resumed, they apply what waited within a second or two.
+#[tokio::test]
+async fn admin_pause_stops_the_workers_and_resume_restarts_them() {
+    let demo = start_demo(&[("ADMIN_TOKEN", TOKEN)]);
+    let http = Http::new(&demo);
+    let (status, _, answer) = http.send("POST", "/admin/inbox/pause", &[BEARER], "").await;
+    assert_eq!((status, answer), (StatusCode::OK, json!({"paused": true})));
+    for n in 0..5 {
+        let body = email(&format!("evt_paused_{n}"), json!({}));
+        let (status, _, _) = http.send("POST", "/inbox/email", &[], &body).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, _, counts) = http.send("GET", "/admin/inbox/counts", &[], "").await;
+    assert_eq!(counts["pending"], 5, "{counts}");
+    assert_eq!(counts["in_flight"], 0, "{counts}");
+    assert_eq!(counts["paused"], true, "{counts}");
+    assert_eq!(http.effects().await["total"], 0);
+
+    let resumed = Instant::now();
+    let (status, _, answer) = http
+        .send("POST", "/admin/inbox/resume", &[BEARER], "")
+        .await;
+    assert_eq!((status, answer), (StatusCode::OK, json!({"paused": false})));
+    until(&http, "/effects", |e| e["total"] == 5).await;
+    assert!(
+        resumed.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        resumed.elapsed()
+    );
 }

@@ -645,11 +645,11 @@ async fn thousand_concurrent_one_mib_bodies_are_all_answered_with_bounded_memory
 }
 
 /// The demo's bounds on connections, over real sockets against the built demo.
-#[cfg(all(feature = "metrics", feature = "verify"))]
+#[cfg(all(feature = "metrics", feature = "verify", feature = "admin"))]
 #[path = "support/harness.rs"]
 mod harness;
 
-#[cfg(all(feature = "metrics", feature = "verify"))]
+#[cfg(all(feature = "metrics", feature = "verify", feature = "admin"))]
 mod demo_connections {
     use super::harness::{Http, start_demo, start_example_with_fd_limit};
     use super::*;

@@ -5,16 +5,24 @@
 //! `INBOX_WORKERS` (default 2; 0 receives only), `INBOX_MAX_ATTEMPTS` (5),
 //! `INBOX_RETRY_BASE_MS` (200), `INBOX_LEASE_MS` (10 000). The inbox is kept on the demo's
 //! store (see `email_inbox.rs`), so that `inbox_worker` processes can apply its entries too.
+//!
+//! The inbox's admin service is mounted at `/admin/inbox`: its reads are open (a real
+//! application puts them behind its login too); its actions (re-queue, discard, pause, resume)
+//! are enabled only when `ADMIN_TOKEN` is set, and then each needs `Authorization: Bearer
+//! <ADMIN_TOKEN>`, checked by the application's own middleware (`require_token`), which
+//! names the actor for the service's log lines.
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
-use axum::http::{StatusCode, header::CONTENT_TYPE};
+use axum::extract::{Path, Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
+use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
-use tower_idempotency::inbox::{AnyInbox, InboxLayer, InboxStore};
+use tower_idempotency::inbox::{AdminService, AnyInbox, InboxLayer, InboxStore};
 use tower_idempotency::key::JsonPathKey;
 use tower_idempotency::order::{EventOrder, TimestampAt};
 use tower_idempotency::store::StoreKey;
@@ -59,7 +67,65 @@ pub(super) fn routes(
         .route("/inbox", get(counts))
         .route("/inbox/dead", get(dead_letters))
         .route("/inbox/dead/{event_id}/retry", post(retry))
-        .with_state(inbox))
+        .with_state(inbox.clone())
+        .merge(admin(inbox)))
+}
+
+/// The header the demo's authentication sets to name who acts (and removes from requests).
+const ACTOR: HeaderName = HeaderName::from_static("x-admin-actor");
+
+/// The inbox's admin service at `/admin/inbox`, behind `require_token`.
+fn admin(inbox: AnyInbox) -> Router {
+    let token: Option<Arc<str>> = std::env::var("ADMIN_TOKEN")
+        .ok()
+        .filter(|token| !token.is_empty())
+        .map(Arc::from);
+    let service = AdminService::new(inbox)
+        .actions(token.is_some())
+        .actor_header(ACTOR)
+        // A discarded dead letter's key is kept as long as the workers keep done keys.
+        .retention(email_inbox::RETENTION)
+        // `GET /admin/inbox/entries/by-id/{event_id}`: the inbox route's keys.
+        .route(email_inbox::NAMESPACE, Some(ROUTE));
+    Router::new()
+        .nest_service("/admin/inbox", service)
+        .layer(from_fn_with_state(token, require_token))
+}
+
+/// The application's own authentication of the admin service: reads pass; an action needs
+/// `Authorization: Bearer <ADMIN_TOKEN>` (401 without), and is then done as the actor
+/// `admin-token`. Without `ADMIN_TOKEN` actions pass to the service, which refuses them (403).
+async fn require_token(
+    State(token): State<Option<Arc<str>>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    // Only this middleware names the actor.
+    request.headers_mut().remove(ACTOR);
+    if let (Some(token), false) = (token, request.method() == Method::GET) {
+        let given = request
+            .headers()
+            .get(AUTHORIZATION)
+            .map(HeaderValue::as_bytes);
+        let bearer = given.and_then(|value| value.strip_prefix(b"Bearer "));
+        if !bearer.is_some_and(|bearer| same(bearer, token.as_bytes())) {
+            let challenge = [(WWW_AUTHENTICATE, "Bearer")];
+            return (
+                StatusCode::UNAUTHORIZED,
+                challenge,
+                "a bearer token is needed\n",
+            )
+                .into_response();
+        }
+        let actor = HeaderValue::from_static("admin-token");
+        request.headers_mut().insert(ACTOR, actor);
+    }
+    next.run(request).await
+}
+
+/// Whether `a` and `b` are equal, in a time that does not tell where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
 /// The email event's effect in this process, as `/webhooks/email` applies it.

@@ -14,7 +14,8 @@
 //!   `RedisInbox` on Redis (feature `redis`); [`AnyInbox`], one of them chosen at run time
 //!   (on an [`AnyStore`](crate::store::AnyStore)'s connections);
 //! - [`InboxAdmin`]: the operator's side (find, list, re-queue, discard, pause), with each
-//!   entry's [`Attempt`]s;
+//!   entry's [`Attempt`]s; `AdminService`, the same as JSON over HTTP to mount behind an
+//!   application's authentication (feature `admin`);
 //! - [`RetryPolicy`] and [`Backoff`]: the policy decides, the worker's loop executes;
 //! - [`Announcer`] and [`Wakeups`]: what an idle worker waits on instead of polling;
 //! - [`Worker`]: the loop.
@@ -47,6 +48,8 @@
 //! ```
 
 mod admin;
+#[cfg(feature = "admin")]
+mod admin_service;
 mod any;
 #[cfg(any(feature = "redis", feature = "sqlite", feature = "postgres"))]
 mod codec;
@@ -72,6 +75,9 @@ pub use self::admin::{
     Attempt, AttemptOutcome, EntryInfo, Filter, InboxAdmin, KEPT_ATTEMPTS, KEPT_ERROR_BYTES, Page,
     Requeued, worker_id,
 };
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub use self::admin_service::{AdminFuture, AdminService};
 pub use self::any::AnyInbox;
 pub use self::entry::{EntryOrder, InboxEntry, InboxRequest, Lease};
 pub use self::layer::InboxLayer;

@@ -283,6 +283,16 @@ impl ObjectKey {
             .then_some(ObjectKey(bytes))
     }
 
+    /// The key printed as [`as_str`](Self::as_str) (`to:` and 16 base64url digits) read back;
+    /// `None` for any other text.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    pub(crate) fn parse(printed: &str) -> Option<Self> {
+        let digits = printed.strip_prefix(OBJECT_PREFIX)?;
+        let base64url = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+        let valid = digits.len() == DIGITS && digits.bytes().all(base64url);
+        valid.then(|| Self::from_stored(printed.as_bytes()))?
+    }
+
     /// The 16 hashed digits, without the prefix.
     pub fn digits(&self) -> &str {
         &self.as_str()[OBJECT_PREFIX.len()..]

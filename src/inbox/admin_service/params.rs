@@ -1,0 +1,224 @@
+//! The query parameters of the listing and of the bulk re-queue: a filter, a cursor, a limit.
+
+use std::fmt::Write;
+
+use super::json::Refusal;
+use crate::inbox::{Filter, KeyState};
+use crate::store::ObjectKey;
+
+/// The page sizes of a listing: (default, most).
+pub(super) const LIST: (usize, usize) = (50, 500);
+
+/// The page sizes of a bulk re-queue: (default, most).
+pub(super) const REQUEUE: (usize, usize) = (500, 1000);
+
+/// `raw` percent-decoded (and `+` as a space in a query); `None` when an escape is malformed
+/// or the result is not UTF-8.
+pub(super) fn percent_decode(raw: &str, query: bool) -> Option<String> {
+    let mut bytes = Vec::with_capacity(raw.len());
+    let mut rest = raw.as_bytes();
+    while let Some((&first, tail)) = rest.split_first() {
+        rest = tail;
+        match first {
+            b'%' => {
+                let hex = std::str::from_utf8(rest.get(..2)?).ok()?;
+                bytes.push(u8::from_str_radix(hex, 16).ok()?);
+                rest = &rest[2..];
+            }
+            b'+' if query => bytes.push(b' '),
+            other => bytes.push(other),
+        }
+    }
+    String::from_utf8(bytes).ok()
+}
+
+/// The decoded parameters of `query`, empty values left out: 400 for a malformed or repeated
+/// one.
+fn pairs(query: &str) -> Result<Vec<(String, String)>, Refusal> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let decode = |raw| {
+            percent_decode(raw, true)
+                .ok_or_else(|| bad("a query parameter is not valid percent-encoded UTF-8"))
+        };
+        let (name, value) = (decode(name)?, decode(value)?);
+        if pairs.iter().any(|(seen, _)| *seen == name) {
+            return Err(Refusal::BadParameter(format!("`{name}` is given twice")));
+        }
+        if !value.is_empty() {
+            pairs.push((name, value));
+        }
+    }
+    Ok(pairs)
+}
+
+fn bad(detail: &str) -> Refusal {
+    Refusal::BadParameter(detail.to_owned())
+}
+
+/// 400 unless `query` has no parameter (the endpoints that take none).
+pub(super) fn none(query: &str) -> Result<(), Refusal> {
+    match pairs(query)?.first() {
+        Some((name, _)) => Err(Refusal::BadParameter(format!("unknown parameter `{name}`"))),
+        None => Ok(()),
+    }
+}
+
+/// The filter, the cursor (as the store gave it) and the limit of `query`, the limit's
+/// `(default, most)` being `sizes`.
+pub(super) fn listing(
+    query: &str,
+    (default, most): (usize, usize),
+) -> Result<(Filter, Option<String>, usize), Refusal> {
+    let mut filter = Filter::default();
+    let (mut cursor, mut limit) = (None, default);
+    for (name, value) in pairs(query)? {
+        match name.as_str() {
+            "state" => filter = filter.state(state(&value)?),
+            "id_prefix" => filter = filter.id_prefix(value),
+            "route" => filter = filter.route(value),
+            "object" => filter = filter.object(object(&value)?),
+            "correlation_id" => filter = filter.correlation_id(value),
+            "error" => filter = filter.error_contains(value),
+            "cursor" => cursor = Some(open_cursor(&value)?),
+            "limit" => {
+                limit = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=most).contains(n))
+                    .ok_or_else(|| {
+                        Refusal::BadParameter(format!("`limit` is a number from 1 to {most}"))
+                    })?;
+            }
+            _ => return Err(Refusal::BadParameter(format!("unknown parameter `{name}`"))),
+        }
+    }
+    Ok((filter, cursor, limit))
+}
+
+fn state(value: &str) -> Result<KeyState, Refusal> {
+    Ok(match value {
+        "queued" => KeyState::Queued,
+        "running" => KeyState::Running,
+        "dead" => KeyState::Dead,
+        "done" => KeyState::Done,
+        _ => return Err(bad("`state` is one of queued, running, dead, done")),
+    })
+}
+
+fn object(value: &str) -> Result<ObjectKey, Refusal> {
+    ObjectKey::parse(value)
+        .ok_or_else(|| bad("`object` is a printed object key: `to:` and 16 base64url digits"))
+}
+
+/// The state's name in the answers and the query.
+pub(super) fn state_name(state: KeyState) -> &'static str {
+    match state {
+        KeyState::Queued => "queued",
+        KeyState::Running => "running",
+        KeyState::Dead => "dead",
+        KeyState::Done => "done",
+    }
+}
+
+/// The cursor handed out for the store's `cursor`: it, a dot and a check of it, so that a
+/// cursor cut or made up is a 400 rather than whatever the store makes of it.
+pub(super) fn seal_cursor(cursor: &str) -> String {
+    format!("{cursor}.{:08x}", check(cursor))
+}
+
+/// The store's cursor in a sealed one: 400 if it is not one the service handed out.
+pub(super) fn open_cursor(sealed: &str) -> Result<String, Refusal> {
+    let invalid = || bad("`cursor` is not a `next` this service gave");
+    let (cursor, digits) = sealed.rsplit_once('.').ok_or_else(invalid)?;
+    let valid =
+        u32::from_str_radix(digits, 16).is_ok_and(|c| digits.len() == 8 && c == check(cursor));
+    valid.then(|| cursor.to_owned()).ok_or_else(invalid)
+}
+
+fn check(cursor: &str) -> u32 {
+    // A check against mistakes (a cursor cut, or of another listing's making), not a secret.
+    xxhash_rust::xxh3::xxh3_64(cursor.as_bytes()) as u32
+}
+
+/// `filter` for a log line: the conditions set (never a body).
+pub(super) fn describe(filter: &Filter) -> String {
+    let mut out = String::new();
+    let mut add = |name: &str, value: Option<&str>| {
+        if let Some(value) = value {
+            let _ = write!(
+                out,
+                "{}{name}={value:?}",
+                if out.is_empty() { "" } else { " " }
+            );
+        }
+    };
+    add("state", filter.state.map(state_name));
+    add("id_prefix", filter.id_prefix.as_deref());
+    add("route", filter.route.as_deref());
+    add("object", filter.object.as_ref().map(ObjectKey::as_str));
+    add("correlation_id", filter.correlation_id.as_deref());
+    add("error", filter.error_contains.as_deref());
+    if out.is_empty() {
+        out.push_str("all");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listing_reads_every_filter_and_refuses_what_it_does_not_know() {
+        let object = ObjectKey::new("email", None, "msg-1");
+        let query = format!(
+            "state=dead&id_prefix=evt%5F&route=inbox-email&object={}&correlation_id=a+b&error=time&limit=7&cursor=",
+            object.as_str()
+        );
+        let (filter, cursor, limit) = listing(&query, LIST).unwrap();
+        let wanted = Filter::default()
+            .state(KeyState::Dead)
+            .id_prefix("evt_")
+            .route("inbox-email")
+            .object(object)
+            .correlation_id("a b")
+            .error_contains("time");
+        assert_eq!((filter, cursor, limit), (wanted, None, 7));
+        assert_eq!(listing("", REQUEUE).unwrap().2, 500);
+        for wrong in [
+            "state=gone",
+            "limit=0",
+            "limit=501",
+            "limit=x",
+            "object=evt_1",
+            "stat=dead",
+            "route=a&route=b",
+            "cursor=abc",
+            "error=%E9",
+        ] {
+            assert!(
+                matches!(listing(wrong, LIST), Err(Refusal::BadParameter(_))),
+                "{wrong}"
+            );
+        }
+        assert!(none("").is_ok() && none("x=1").is_err());
+    }
+
+    #[test]
+    fn a_cursor_goes_back_to_the_store_as_it_gave_it_and_only_so() {
+        let sealed = seal_cursor("ti:abc.def");
+        assert_eq!(open_cursor(&sealed).unwrap(), "ti:abc.def");
+        let cut = &sealed[..sealed.len() - 1];
+        assert!(open_cursor(cut).is_err());
+        assert!(open_cursor("ti:abc.def").is_err());
+    }
+
+    #[test]
+    fn a_filter_is_described_for_the_log() {
+        assert_eq!(describe(&Filter::default()), "all");
+        let filter = Filter::default().state(KeyState::Dead).error_contains("x");
+        assert_eq!(describe(&filter), "state=\"dead\" error=\"x\"");
+    }
+}
