@@ -3,6 +3,8 @@
 //! only the SQL inboxes show: several pools taking at once, the completion in the handler's
 //! own transaction.
 
+#[path = "contract/inbox_admin.rs"]
+mod inbox_admin_contract;
 #[path = "contract/inbox.rs"]
 mod inbox_contract;
 #[path = "support/postgres_server.rs"]
@@ -109,12 +111,14 @@ mod sqlite {
     use super::*;
 
     inbox_contract::inbox_contract!(sqlite_inbox());
+    inbox_admin_contract::inbox_admin_contract!(sqlite_inbox());
 }
 
 mod postgres {
     use super::*;
 
     inbox_contract::inbox_contract!(async { (pg_inbox().await, ()) });
+    inbox_admin_contract::inbox_admin_contract!(async { (pg_inbox().await, ()) });
 }
 
 /// The contract through `AnyInbox::on` a store from `connect(url)`: the inbox on the store's own
@@ -135,6 +139,13 @@ mod any {
             assert_eq!(inbox.backend(), "sqlite");
             (inbox, dir)
         });
+        inbox_admin_contract::inbox_admin_contract!(async {
+            let dir = TempDir::new();
+            let url = format!("sqlite://{}", dir.0.join("any.db").display());
+            let store = connect(&url).await.unwrap();
+            let inbox = AnyInbox::on(&store, "any_inbox").await.unwrap();
+            (inbox, dir)
+        });
     }
 
     mod postgres {
@@ -145,6 +156,12 @@ mod any {
             let store = connect(&url).await.unwrap();
             let inbox = AnyInbox::on(&store, &unique("any")).await.unwrap();
             assert_eq!(inbox.backend(), "postgres");
+            (inbox, ())
+        });
+        inbox_admin_contract::inbox_admin_contract!(async {
+            let url = tokio::task::block_in_place(|| shared_server().url());
+            let store = connect(&url).await.unwrap();
+            let inbox = AnyInbox::on(&store, &unique("any")).await.unwrap();
             (inbox, ())
         });
     }
