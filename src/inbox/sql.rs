@@ -42,7 +42,8 @@ const ENQUEUE_ATTEMPTS: usize = 3;
 const TAKE_ATTEMPTS: usize = 3;
 
 /// The columns of an entry, in the order `entry` reads them (then `stale` or `last_error`).
-const ENTRY_COLUMNS: &str = "key, body, headers, object, position, correlation_id, attempts, next_at, enqueued_at, id, route";
+const ENTRY_COLUMNS: &str = "key, body, headers, object, position, correlation_id, attempts, \
+    next_at, enqueued_at, id, route";
 
 /// The columns of what an operator sees of an entry, in the order `info` reads them.
 const INFO_COLUMNS: &str = "key, body, headers, object, position, correlation_id, attempts, \
@@ -73,11 +74,17 @@ const ADDED_COLUMNS: [(&str, &str); 5] = [
 /// One row per key in `<table>` ([`DEFAULT_INBOX_TABLE`] unless configured otherwise), its
 /// `state` one of `queued`, `running`, `dead` and `done`: the key is the `PRIMARY KEY`, so the
 /// database itself guarantees one entry per key, and a done key keeps its row (without its
-/// body) until `expires_at`. Times are milliseconds since the Unix epoch from this host's clock
-/// (a retry time comes from it anyway). `<table>_objects` holds each ordered object's
+/// body and headers: with its correlation id, delivery `id`, `route`, order and attempts, for
+/// [`find`](InboxAdmin::find)) until `expires_at`. `history` holds the attempts that ended, a
+/// line each (the last [`KEPT_ATTEMPTS`](super::KEPT_ATTEMPTS)); the one that runs is
+/// `attempts`, `started_us` (microseconds since the epoch) and `worker`
+/// ([`worker_id`](super::worker_id)). Times are milliseconds since the Unix epoch from this
+/// host's clock (a retry time comes from it anyway). `<table>_objects` holds each ordered object's
 /// watermark: the highest position completed (16 bytes, byte order is position order), until
 /// the retention of the last completion of one of its entries runs out, as on Redis, where it
 /// is a key with that `PX` (an expired watermark counts as none, and is purged).
+/// `<table>_paused` holds one row while taking is [paused](InboxAdmin::pause).
+/// [`migrate`](Self::migrate) adds the columns a table made by an earlier version lacks.
 ///
 /// # Statements
 ///
@@ -95,20 +102,29 @@ const ADDED_COLUMNS: [(&str, &str); 5] = [
 ///   `running` rows holds that rule against concurrent takes on PostgreSQL (each reads its
 ///   own snapshot): the later of two that chose entries of one object waits for the first to
 ///   commit, fails on the index, and takes again.
+///   The take also reads `<table>_paused` (a paused inbox hands out nothing), and starts the
+///   attempt's history: its start and this process's worker id, and, when it takes over a lease
+///   that ran out, the line of the attempt that lost it.
 /// - **renew**, **complete** and **fail** are `UPDATE`s whose `WHERE` holds the lease's token;
-///   **complete** also raises the watermark, in the same transaction.
+///   **complete** also raises the watermark, in the same transaction. **complete** and **fail**
+///   append the attempt's line to `history` in their statement (the error cut in Rust), as
+///   does the completion in the handler's transaction.
+/// - **list** reads by key from the cursor (`key > $1 ORDER BY key LIMIT n`), the filter's
+///   conditions in the statement; **requeue_matching** re-queues the dead letters of such a
+///   page in one `UPDATE`; **discard** makes a dead letter done without moving its object's
+///   watermark.
 ///
 /// The entries of one `take` share their lease token (each is still settled by its own key).
 ///
 /// # Wake-ups
 ///
-/// On PostgreSQL the enqueue and the re-queue `pg_notify` the entry's due time on the channel
-/// `<table>_wake` when they commit (in the same statement), and
+/// On PostgreSQL the enqueue, the re-queue and the resume `pg_notify` the entry's due time on
+/// the channel `<table>_wake` when they commit (in the same statement), and
 /// [`wakeups`](InboxStore::wakeups) listens with one connection of the pool per process
 /// (`PgListener`, reconnecting by itself) while a worker waits: size the pool for it. On SQLite
-/// the enqueues and re-queues of this process wake its workers (those of every inbox of the
-/// process on the same database and table); another process's are seen at the workers' poll
-/// (5 s by default).
+/// the enqueues, re-queues and resumes of this process wake its workers (those of every inbox
+/// of the process on the same database and table); another process's are seen at the workers'
+/// poll (5 s by default).
 ///
 /// ```no_run
 /// # #[cfg(feature = "sqlite")]
@@ -224,7 +240,9 @@ impl<DB: Dialect> SqlInbox<DB> {
     }
 
     /// The `CREATE TABLE IF NOT EXISTS` and `CREATE INDEX IF NOT EXISTS` statements of the
-    /// inbox's tables, for your own migration tool.
+    /// inbox's tables, for your own migration tool; on PostgreSQL also the `ALTER TABLE .. ADD
+    /// COLUMN IF NOT EXISTS` of the columns added since the table was first released (SQLite
+    /// has no such statement: [`migrate`](Self::migrate) adds them there).
     ///
     /// ```no_run
     /// # #[cfg(feature = "sqlite")]
@@ -250,9 +268,10 @@ impl<DB: Dialect> SqlInbox<DB> {
         &self.pool
     }
 
-    /// Creates the tables and their indexes if they do not exist yet ([`schema`](Self::schema)).
-    /// Idempotent; on PostgreSQL it runs as one transaction under an advisory lock, so
-    /// instances starting together do not trip over each other.
+    /// Creates the tables and their indexes if they do not exist yet ([`schema`](Self::schema)),
+    /// and adds to a table made by an earlier version the columns it lacks. Idempotent; on
+    /// PostgreSQL it runs as one transaction under an advisory lock, so instances starting
+    /// together do not trip over each other.
     ///
     /// ```no_run
     /// # #[cfg(feature = "postgres")]
@@ -954,9 +973,9 @@ struct Statements {
     take: Sql,
     /// $1 key, $2 token, $3 lease end.
     renew: Sql,
-    /// $1 key, $2 token, $3 retention end, $4 now in µs. The entry's object and position when the token
-    /// holds the entry, or already completed it (the done key keeps the token: the worker's
-    /// completion after the handler's `complete_in_tx` is not a lost lease).
+    /// $1 key, $2 token, $3 retention end, $4 now in µs. The entry's object and position when
+    /// the token holds the entry, or already completed it (the done key keeps the token: the
+    /// worker's completion after the handler's `complete_in_tx` is not a lost lease).
     complete: Sql,
     /// $1 object, $2 position, $3 retention end, $4 now.
     raise_watermark: Sql,
