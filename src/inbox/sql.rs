@@ -802,23 +802,15 @@ impl<DB: Dialect> InboxAdmin for SqlInbox<DB> {
         let rows = fetch::<DB>(&mut conn, &self.sql.list, &params).await?;
         let now = epoch_ms(SystemTime::now());
         let mut entries = Vec::with_capacity(rows.len());
-        let mut last = None;
         for row in &rows {
-            let Some(info) = info::<DB>(row, now)? else {
-                continue;
-            };
-            last = Some(info.entry.key.to_string());
-            if filter.matches(&info) {
+            if let Some(info) = info::<DB>(row, now)?.filter(|info| filter.matches(info)) {
                 entries.push(info);
             }
         }
         // A full page read: the next one starts after its last row, whatever matched of it.
-        let next = match rows.len() == limit {
-            true => match last {
-                Some(last) => Some(last),
-                None => rows.last().map(|row| row_key::<DB>(row)).transpose()?,
-            },
-            false => None,
+        let next = match (rows.len() == limit, rows.last()) {
+            (true, Some(last)) => Some(row_key::<DB>(last)?),
+            _ => None,
         };
         Ok(Page::new(entries, next))
     }
