@@ -3,6 +3,8 @@
 //! only the SQL inboxes show: several pools taking at once, the completion in the handler's
 //! own transaction.
 
+#[path = "contract/inbox_admin.rs"]
+mod inbox_admin_contract;
 #[path = "contract/inbox.rs"]
 mod inbox_contract;
 #[path = "support/postgres_server.rs"]
@@ -20,8 +22,8 @@ use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use tower_idempotency::inbox::{
-    Enqueued, InboxCounts, InboxEntry, InboxRequest, InboxStore, KeyState, PostgresInbox, SqlInbox,
-    SqliteInbox, Worker,
+    AttemptOutcome, Enqueued, InboxAdmin, InboxCounts, InboxEntry, InboxRequest, InboxStore,
+    KeyState, PostgresInbox, SqlInbox, SqliteInbox, Worker,
 };
 use tower_idempotency::order::Position;
 use tower_idempotency::store::{ObjectKey, StoreKey};
@@ -109,12 +111,14 @@ mod sqlite {
     use super::*;
 
     inbox_contract::inbox_contract!(sqlite_inbox());
+    inbox_admin_contract::inbox_admin_contract!(sqlite_inbox());
 }
 
 mod postgres {
     use super::*;
 
     inbox_contract::inbox_contract!(async { (pg_inbox().await, ()) });
+    inbox_admin_contract::inbox_admin_contract!(async { (pg_inbox().await, ()) });
 }
 
 /// The contract through `AnyInbox::on` a store from `connect(url)`: the inbox on the store's own
@@ -135,6 +139,13 @@ mod any {
             assert_eq!(inbox.backend(), "sqlite");
             (inbox, dir)
         });
+        inbox_admin_contract::inbox_admin_contract!(async {
+            let dir = TempDir::new();
+            let url = format!("sqlite://{}", dir.0.join("any.db").display());
+            let store = connect(&url).await.unwrap();
+            let inbox = AnyInbox::on(&store, "any_inbox").await.unwrap();
+            (inbox, dir)
+        });
     }
 
     mod postgres {
@@ -145,6 +156,12 @@ mod any {
             let store = connect(&url).await.unwrap();
             let inbox = AnyInbox::on(&store, &unique("any")).await.unwrap();
             assert_eq!(inbox.backend(), "postgres");
+            (inbox, ())
+        });
+        inbox_admin_contract::inbox_admin_contract!(async {
+            let url = tokio::task::block_in_place(|| shared_server().url());
+            let store = connect(&url).await.unwrap();
+            let inbox = AnyInbox::on(&store, &unique("any")).await.unwrap();
             (inbox, ())
         });
     }
@@ -280,6 +297,122 @@ where
         .await
         .unwrap();
     assert_eq!(effects, 1, "one effect: the rolled-back one is gone");
+}
+
+/// A table made before the delivery id, the route and the attempts were kept (with an entry
+/// waiting in it): `migrate` adds their columns, again harmlessly, and the entry is taken,
+/// found with its attempt, and completed.
+async fn migrate_upgrades_an_older_table<DB>(inbox: SqlInbox<DB>, bytes: &str)
+where
+    DB: tower_idempotency::store::sql::Dialect,
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+{
+    let table = inbox.table().to_owned();
+    let old = entry(0);
+    let older = format!(
+        "CREATE TABLE {table} (
+    key            text    NOT NULL PRIMARY KEY,
+    state          text    NOT NULL CHECK (state IN ('queued', 'running', 'dead', 'done')),
+    body           {bytes},
+    headers        {bytes},
+    object         text,
+    position       {bytes},
+    correlation_id text    NOT NULL,
+    attempts       bigint  NOT NULL,
+    next_at        bigint  NOT NULL,
+    lease_token    {bytes},
+    lease_until    bigint,
+    last_error     text,
+    enqueued_at    bigint  NOT NULL,
+    expires_at     bigint,
+    CHECK (state = 'done' OR (state = 'running') = (lease_token IS NOT NULL)),
+    CHECK ((state = 'done') = (expires_at IS NOT NULL))
+);
+INSERT INTO {table} (key, state, correlation_id, attempts, next_at, enqueued_at)
+VALUES ('{}', 'queued', 'corr-old', 0, 0, 0);",
+        old.key.as_str()
+    );
+    sqlx::raw_sql(AssertSqlSafe(older))
+        .execute(inbox.pool())
+        .await
+        .unwrap();
+    inbox.migrate().await.unwrap();
+    inbox.migrate().await.unwrap();
+
+    let taken = inbox.take(10, LONG).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    let lease = &taken[0];
+    assert_eq!(lease.entry.key, old.key);
+    assert_eq!(
+        (lease.entry.id.as_str(), lease.entry.route.as_str()),
+        ("", "")
+    );
+    let running = inbox.find(&old.key).await.unwrap().unwrap();
+    assert_eq!(running.state, KeyState::Running);
+    assert_eq!(running.history.len(), 1);
+    assert!(
+        inbox
+            .complete(&old.key, &lease.token, RETENTION)
+            .await
+            .unwrap()
+    );
+    let done = inbox.find(&old.key).await.unwrap().unwrap();
+    assert_eq!(done.state, KeyState::Done);
+    assert_eq!(done.entry.correlation_id, "corr-old");
+    assert_eq!(done.history.len(), 1);
+    assert_eq!(done.history[0].outcome, AttemptOutcome::Succeeded);
+    assert!(!inbox.is_paused().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_upgrades_an_older_postgres_table() {
+    let inbox = PostgresInbox::new(pg_pool().await)
+        .with_table(&unique("older"))
+        .unwrap();
+    migrate_upgrades_an_older_table(inbox, "bytea").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_upgrades_an_older_sqlite_table() {
+    let dir = TempDir::new();
+    let url = format!("sqlite://{}?mode=rwc", dir.0.join("older.db").display());
+    let pool = SqlitePoolOptions::new().connect(&url).await.unwrap();
+    migrate_upgrades_an_older_table(SqliteInbox::new(pool), "BLOB").await;
+}
+
+/// An entry whose lease keeps running out is taken over each time: its history keeps the last
+/// attempts (the statements bound it), each taken-over one lost, the last one running.
+async fn a_history_keeps_the_last_attempts_and_marks_lost_leases<St: InboxAdmin>(inbox: St) {
+    let lost = entry(0);
+    inbox.enqueue(lost.clone()).await.unwrap();
+    let kept = tower_idempotency::inbox::KEPT_ATTEMPTS as u32;
+    for n in 0..kept + 2 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let taken = inbox.take(1, Duration::ZERO).await.unwrap();
+        assert_eq!(taken.len(), 1, "take {n}");
+    }
+    let info = inbox.find(&lost.key).await.unwrap().unwrap();
+    assert_eq!(info.state, KeyState::Running);
+    let numbers: Vec<u32> = info.history.iter().map(|a| a.number).collect();
+    assert_eq!(numbers, (3..=kept + 2).collect::<Vec<_>>());
+    let (last, before) = info.history.split_last().unwrap();
+    assert_eq!(last.outcome, AttemptOutcome::Running);
+    assert!(
+        before
+            .iter()
+            .all(|a| a.outcome == AttemptOutcome::LeaseLost && a.duration.is_none())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_history_keeps_the_last_attempts() {
+    a_history_keeps_the_last_attempts_and_marks_lost_leases(pg_inbox().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sqlite_history_keeps_the_last_attempts() {
+    let (inbox, _dir) = sqlite_inbox().await;
+    a_history_keeps_the_last_attempts_and_marks_lost_leases(inbox).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

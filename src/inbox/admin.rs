@@ -309,6 +309,17 @@ pub(crate) mod history {
         format!("{number}\t{}\t\tr\t{}\t", micros(at), clean(worker))
     }
 
+    /// An ended attempt's `error` as its line keeps it (cut, tabs and line breaks made spaces):
+    /// what a backend that writes the lines in its own statements binds.
+    pub(crate) fn error_field(error: &str) -> String {
+        clean(kept_error(error))
+    }
+
+    /// A `worker` as a line names it.
+    pub(crate) fn worker_field(worker: &str) -> String {
+        clean(worker)
+    }
+
     /// `history` with `line` appended, the attempt before it (still running: its lease ran out)
     /// marked lost, and only the last [`KEPT_ATTEMPTS`] kept.
     pub(crate) fn push(history: &str, line: &str) -> String {

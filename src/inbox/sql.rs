@@ -8,6 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use sqlx::{Pool, Transaction};
 
+use super::admin::{
+    EntryInfo, Filter, InboxAdmin, KEPT_ATTEMPTS, Page, Requeued, history, worker_id,
+};
 use super::codec::{decode_headers, encode_headers};
 use super::entry::{EntryOrder, InboxEntry, Lease};
 use super::store::{
@@ -39,8 +42,23 @@ const ENQUEUE_ATTEMPTS: usize = 3;
 const TAKE_ATTEMPTS: usize = 3;
 
 /// The columns of an entry, in the order `entry` reads them (then `stale` or `last_error`).
-const ENTRY_COLUMNS: &str =
-    "key, body, headers, object, position, correlation_id, attempts, next_at, enqueued_at";
+const ENTRY_COLUMNS: &str = "key, body, headers, object, position, correlation_id, attempts, \
+    next_at, enqueued_at, id, route";
+
+/// The columns of what an operator sees of an entry, in the order `info` reads them.
+const INFO_COLUMNS: &str = "key, body, headers, object, position, correlation_id, attempts, \
+    next_at, enqueued_at, id, route, state, lease_until, expires_at, last_error, history, \
+    started_us, worker";
+
+/// The columns added to the table since it was first released, with their definitions: what
+/// `migrate` adds to a table created before.
+const ADDED_COLUMNS: [(&str, &str); 5] = [
+    ("id", "text NOT NULL DEFAULT ''"),
+    ("route", "text NOT NULL DEFAULT ''"),
+    ("history", "text NOT NULL DEFAULT ''"),
+    ("started_us", "bigint"),
+    ("worker", "text"),
+];
 
 /// An [`InboxStore`] in an SQL table: `PostgresInbox` (feature `postgres`) and `SqliteInbox`
 /// (feature `sqlite`).
@@ -56,11 +74,17 @@ const ENTRY_COLUMNS: &str =
 /// One row per key in `<table>` ([`DEFAULT_INBOX_TABLE`] unless configured otherwise), its
 /// `state` one of `queued`, `running`, `dead` and `done`: the key is the `PRIMARY KEY`, so the
 /// database itself guarantees one entry per key, and a done key keeps its row (without its
-/// body) until `expires_at`. Times are milliseconds since the Unix epoch from this host's clock
-/// (a retry time comes from it anyway). `<table>_objects` holds each ordered object's
+/// body and headers: with its correlation id, delivery `id`, `route`, order and attempts, for
+/// [`find`](InboxAdmin::find)) until `expires_at`. `history` holds the attempts that ended, a
+/// line each (the last [`KEPT_ATTEMPTS`](super::KEPT_ATTEMPTS)); the one that runs is
+/// `attempts`, `started_us` (microseconds since the epoch) and `worker`
+/// ([`worker_id`](super::worker_id)). Times are milliseconds since the Unix epoch from this
+/// host's clock (a retry time comes from it anyway). `<table>_objects` holds each ordered object's
 /// watermark: the highest position completed (16 bytes, byte order is position order), until
 /// the retention of the last completion of one of its entries runs out, as on Redis, where it
 /// is a key with that `PX` (an expired watermark counts as none, and is purged).
+/// `<table>_paused` holds one row while taking is [paused](InboxAdmin::pause).
+/// [`migrate`](Self::migrate) adds the columns a table made by an earlier version lacks.
 ///
 /// # Statements
 ///
@@ -78,20 +102,29 @@ const ENTRY_COLUMNS: &str =
 ///   `running` rows holds that rule against concurrent takes on PostgreSQL (each reads its
 ///   own snapshot): the later of two that chose entries of one object waits for the first to
 ///   commit, fails on the index, and takes again.
+///   The take also reads `<table>_paused` (a paused inbox hands out nothing), and starts the
+///   attempt's history: its start and this process's worker id, and, when it takes over a lease
+///   that ran out, the line of the attempt that lost it.
 /// - **renew**, **complete** and **fail** are `UPDATE`s whose `WHERE` holds the lease's token;
-///   **complete** also raises the watermark, in the same transaction.
+///   **complete** also raises the watermark, in the same transaction. **complete** and **fail**
+///   append the attempt's line to `history` in their statement (the error cut in Rust), as
+///   does the completion in the handler's transaction.
+/// - **list** reads by key from the cursor (`key > $1 ORDER BY key LIMIT n`), the filter's
+///   conditions in the statement; **requeue_matching** re-queues the dead letters of such a
+///   page in one `UPDATE`; **discard** makes a dead letter done without moving its object's
+///   watermark.
 ///
 /// The entries of one `take` share their lease token (each is still settled by its own key).
 ///
 /// # Wake-ups
 ///
-/// On PostgreSQL the enqueue and the re-queue `pg_notify` the entry's due time on the channel
-/// `<table>_wake` when they commit (in the same statement), and
+/// On PostgreSQL the enqueue, the re-queue and the resume `pg_notify` the entry's due time on
+/// the channel `<table>_wake` when they commit (in the same statement), and
 /// [`wakeups`](InboxStore::wakeups) listens with one connection of the pool per process
 /// (`PgListener`, reconnecting by itself) while a worker waits: size the pool for it. On SQLite
-/// the enqueues and re-queues of this process wake its workers (those of every inbox of the
-/// process on the same database and table); another process's are seen at the workers' poll
-/// (5 s by default).
+/// the enqueues, re-queues and resumes of this process wake its workers (those of every inbox
+/// of the process on the same database and table); another process's are seen at the workers'
+/// poll (5 s by default).
 ///
 /// ```no_run
 /// # #[cfg(feature = "sqlite")]
@@ -207,7 +240,9 @@ impl<DB: Dialect> SqlInbox<DB> {
     }
 
     /// The `CREATE TABLE IF NOT EXISTS` and `CREATE INDEX IF NOT EXISTS` statements of the
-    /// inbox's tables, for your own migration tool.
+    /// inbox's tables, for your own migration tool; on PostgreSQL also the `ALTER TABLE .. ADD
+    /// COLUMN IF NOT EXISTS` of the columns added since the table was first released (SQLite
+    /// has no such statement: [`migrate`](Self::migrate) adds them there).
     ///
     /// ```no_run
     /// # #[cfg(feature = "sqlite")]
@@ -233,9 +268,10 @@ impl<DB: Dialect> SqlInbox<DB> {
         &self.pool
     }
 
-    /// Creates the tables and their indexes if they do not exist yet ([`schema`](Self::schema)).
-    /// Idempotent; on PostgreSQL it runs as one transaction under an advisory lock, so
-    /// instances starting together do not trip over each other.
+    /// Creates the tables and their indexes if they do not exist yet ([`schema`](Self::schema)),
+    /// and adds to a table made by an earlier version the columns it lacks. Idempotent; on
+    /// PostgreSQL it runs as one transaction under an advisory lock, so instances starting
+    /// together do not trip over each other.
     ///
     /// ```no_run
     /// # #[cfg(feature = "postgres")]
@@ -249,6 +285,41 @@ impl<DB: Dialect> SqlInbox<DB> {
         DB::execute_script(&self.pool, &self.sql.migrate)
             .await
             .map_err(error::<DB>)?;
+        if !DB::ADD_COLUMN_IF_NOT_EXISTS {
+            self.add_missing_columns().await?;
+        }
+        Ok(())
+    }
+
+    /// Adds the [`ADDED_COLUMNS`] a table created before them lacks (where the database has
+    /// no `ADD COLUMN IF NOT EXISTS`, which the schema then holds). Another process adding one
+    /// at the same time is not an error: the column is there.
+    async fn add_missing_columns(&self) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let present = |rows: Vec<DB::Row>| -> Result<Vec<String>, StoreError> {
+            rows.iter()
+                .map(|row| {
+                    Ok(DB::text(row, 0)
+                        .map_err(error::<DB>)?
+                        .unwrap_or_default()
+                        .to_owned())
+                })
+                .collect()
+        };
+        let columns = present(fetch::<DB>(&mut conn, &self.sql.columns, &[]).await?)?;
+        for (column, definition) in ADDED_COLUMNS {
+            if columns.iter().any(|name| name == column) {
+                continue;
+            }
+            let table = &self.sql.table;
+            let add = format!("ALTER TABLE {table} ADD COLUMN {column} {definition}").into();
+            if let Err(failed) = execute::<DB>(&mut conn, &add, &[]).await {
+                let columns = present(fetch::<DB>(&mut conn, &self.sql.columns, &[]).await?)?;
+                if !columns.iter().any(|name| name == column) {
+                    return Err(failed);
+                }
+            }
+        }
         Ok(())
     }
 
@@ -375,12 +446,14 @@ impl<DB: Dialect> SqlInbox<DB> {
         token: &Token,
         retention: Duration,
     ) -> Result<bool, StoreError> {
-        let now = epoch_ms(SystemTime::now());
+        let at = SystemTime::now();
+        let now = epoch_ms(at);
         let until = now.saturating_add(millis(retention));
         let params = [
             Param::Text(key.as_str()),
             Param::Bytes(token.as_bytes()),
             Param::Int(until),
+            Param::Int(epoch_us(at)),
         ];
         let rows = fetch::<DB>(conn, &self.sql.complete, &params).await?;
         let Some(row) = rows.first() else {
@@ -461,6 +534,8 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
                 Param::Int(epoch_ms(entry.next_attempt_at)),
                 Param::Int(epoch_ms(entry.enqueued_at)),
                 Param::Int(epoch_ms(SystemTime::now())),
+                Param::Text(&entry.id),
+                Param::Text(&entry.route),
             ];
             let mut tx = self.begin().await?;
             let stored = !fetch::<DB>(&mut tx, &self.sql.enqueue, &params)
@@ -494,13 +569,17 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
         if max == 0 {
             return Ok(Vec::new());
         }
-        let now = epoch_ms(SystemTime::now());
+        let at = SystemTime::now();
+        let now = epoch_ms(at);
         let token = Token::random();
+        let worker = worker();
         let params = [
             Param::Int(i64::try_from(max).unwrap_or(i64::MAX)),
             Param::Int(now.saturating_add(millis(lease))),
             Param::Bytes(token.as_bytes()),
             Param::Int(now),
+            Param::Int(epoch_us(at)),
+            Param::Text(worker),
         ];
         let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
         let mut attempt = 1;
@@ -521,7 +600,7 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
                 Ok(Lease {
                     entry: entry::<DB>(row)?,
                     token,
-                    stale: DB::flag(row, 9).map_err(error::<DB>)?,
+                    stale: DB::flag(row, 11).map_err(error::<DB>)?,
                 })
             })
             .collect()
@@ -586,16 +665,28 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
         failure: Failure,
     ) -> Result<bool, StoreError> {
         let (key, token) = (Param::Text(key.as_str()), Param::Bytes(token.as_bytes()));
+        let now = SystemTime::now();
+        let ended = Param::Int(epoch_us(now));
+        let (Failure::RetryAt(_, why) | Failure::Dead(why)) = &failure;
+        let kept = history::error_field(why);
+        let kept = Param::Text(&kept);
         let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
         // Told like an enqueue: a retry at its time, a dead letter now (its object's next).
         let (rows, at) = match &failure {
             Failure::RetryAt(at, error) => {
-                let params = [key, token, Param::Int(epoch_ms(*at)), Param::Text(error)];
+                let next = Param::Int(epoch_ms(*at));
+                let params = [key, token, next, Param::Text(error), ended, kept];
                 (fetch::<DB>(&mut conn, &self.sql.retry, &params).await?, *at)
             }
             Failure::Dead(error) => {
-                let now = SystemTime::now();
-                let params = [key, token, Param::Text(error), Param::Int(epoch_ms(now))];
+                let params = [
+                    key,
+                    token,
+                    Param::Text(error),
+                    Param::Int(epoch_ms(now)),
+                    ended,
+                    kept,
+                ];
                 (fetch::<DB>(&mut conn, &self.sql.bury, &params).await?, now)
             }
         };
@@ -612,7 +703,7 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
         let rows = fetch::<DB>(&mut conn, &self.sql.dead_letters, &[limit]).await?;
         rows.iter()
             .map(|row| {
-                let last_error = DB::text(row, 9).map_err(error::<DB>)?;
+                let last_error = DB::text(row, 11).map_err(error::<DB>)?;
                 Ok(DeadLetter {
                     entry: entry::<DB>(row)?,
                     last_error: last_error.unwrap_or_default().to_owned(),
@@ -678,6 +769,163 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
     }
 }
 
+/// Listing and re-queueing read by key, with the filter's conditions in the statement (an
+/// entry's error is checked again on what was read: a page may hold fewer than asked). The
+/// bulk re-queue is one statement. Pausing is a row of `<table>_paused`, which every take
+/// reads in its statement; the resume is told like an enqueue.
+impl<DB: Dialect> InboxAdmin for SqlInbox<DB> {
+    async fn find(&self, key: &StoreKey) -> Result<Option<EntryInfo>, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let rows = fetch::<DB>(&mut conn, &self.sql.find, &[Param::Text(key.as_str())]).await?;
+        let now = epoch_ms(SystemTime::now());
+        rows.first().map_or(Ok(None), |row| info::<DB>(row, now))
+    }
+
+    async fn list(
+        &self,
+        filter: &Filter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let after = after(cursor)?;
+        let object = filter.object.as_ref().map(ObjectKey::as_str);
+        let state = filter.state.map(state_name);
+        let params = filter_params(
+            filter,
+            after,
+            epoch_ms(SystemTime::now()),
+            limit,
+            state,
+            object,
+        );
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let rows = fetch::<DB>(&mut conn, &self.sql.list, &params).await?;
+        let now = epoch_ms(SystemTime::now());
+        let mut entries = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if let Some(info) = info::<DB>(row, now)?.filter(|info| filter.matches(info)) {
+                entries.push(info);
+            }
+        }
+        // A full page read: the next one starts after its last row, whatever matched of it.
+        let next = match (rows.len() == limit, rows.last()) {
+            (true, Some(last)) => Some(row_key::<DB>(last)?),
+            _ => None,
+        };
+        Ok(Page::new(entries, next))
+    }
+
+    async fn requeue_matching(
+        &self,
+        filter: &Filter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Requeued, StoreError> {
+        let after = after(cursor)?;
+        let object = filter.object.as_ref().map(ObjectKey::as_str);
+        let now = SystemTime::now();
+        let dead = Some(state_name(KeyState::Dead));
+        let params = filter_params(filter, after, epoch_ms(now), limit, dead, object);
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let rows = fetch::<DB>(&mut conn, &self.sql.requeue_matching, &params).await?;
+        drop(conn);
+        let keys = rows
+            .iter()
+            .map(|row| row_key::<DB>(row))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !keys.is_empty() {
+            self.tell(now);
+        }
+        // Fewer than the limit: no matching dead letter is left after this page (but those
+        // another re-queue held, locked, which it re-queues).
+        let next = match keys.len() == limit {
+            true => keys.into_iter().max(),
+            false => None,
+        };
+        Ok(Requeued {
+            requeued: u64::try_from(rows.len()).unwrap_or(u64::MAX),
+            next,
+        })
+    }
+
+    async fn discard(&self, key: &StoreKey, retention: Duration) -> Result<bool, StoreError> {
+        let until = epoch_ms(SystemTime::now()).saturating_add(millis(retention));
+        let params = [Param::Text(key.as_str()), Param::Int(until)];
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        Ok(!fetch::<DB>(&mut conn, &self.sql.discard, &params)
+            .await?
+            .is_empty())
+    }
+
+    async fn pause(&self) -> Result<(), StoreError> {
+        let now = Param::Int(epoch_ms(SystemTime::now()));
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        execute::<DB>(&mut conn, &self.sql.pause, &[now]).await?;
+        Ok(())
+    }
+
+    async fn resume(&self) -> Result<(), StoreError> {
+        let now = SystemTime::now();
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let resumed = !fetch::<DB>(&mut conn, &self.sql.resume, &[Param::Int(epoch_ms(now))])
+            .await?
+            .is_empty();
+        if resumed {
+            self.tell(now);
+        }
+        Ok(())
+    }
+
+    async fn is_paused(&self) -> Result<bool, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let rows = fetch::<DB>(&mut conn, &self.sql.is_paused, &[]).await?;
+        let paused = rows.first().map(|row| DB::int(row, 0)).transpose();
+        Ok(paused.map_err(error::<DB>)?.flatten().unwrap_or(0) > 0)
+    }
+}
+
+/// The key a listing starts after: the cursor's (a store key as printed), or none.
+fn after(cursor: Option<&str>) -> Result<&str, StoreError> {
+    match cursor {
+        None => Ok(""),
+        Some(cursor) => match StoreKey::parse(cursor) {
+            Some(_) => Ok(cursor),
+            None => Err(StoreError::with_source(
+                StoreErrorKind::Other,
+                "a listing's cursor that is not a store key",
+            )),
+        },
+    }
+}
+
+/// The parameters of [`Statements::list`] and [`Statements::requeue_matching`].
+fn filter_params<'a>(
+    filter: &'a Filter,
+    after: &'a str,
+    now: i64,
+    limit: usize,
+    state: Option<&'a str>,
+    object: Option<&'a str>,
+) -> [Param<'a>; 9] {
+    [
+        Param::Text(after),
+        Param::Int(now),
+        Param::Int(i64::try_from(limit).unwrap_or(i64::MAX)),
+        Param::MaybeText(state),
+        Param::MaybeText(filter.id_prefix.as_deref()),
+        Param::MaybeText(filter.route.as_deref()),
+        Param::MaybeText(object),
+        Param::MaybeText(filter.correlation_id.as_deref()),
+        Param::MaybeText(filter.error_contains.as_deref()),
+    ]
+}
+
+/// The key in the first column of `row`, as printed.
+fn row_key<DB: Dialect>(row: &DB::Row) -> Result<String, StoreError> {
+    let key = DB::text(row, 0).map_err(error::<DB>)?;
+    Ok(key.unwrap_or_default().to_owned())
+}
+
 /// Whether a take failed on another take's write: the in-flight index (the other took an
 /// entry of the same object first), or a deadlock between two takes that each waited on the
 /// other's entries of two objects (PostgreSQL cancels one: `40P01`). Taken again, it sees the
@@ -704,26 +952,30 @@ struct Statements {
     schema: String,
     migrate: Sql,
     /// $1 key, $2 body, $3 headers, $4 object (`''`: none), $5 position, $6 correlation id,
-    /// $7 attempts, $8 next attempt, $9 enqueued at, $10 now. A row when it stored the entry.
+    /// $7 attempts, $8 next attempt, $9 enqueued at, $10 now, $11 delivery id, $12 route. A
+    /// row when it stored the entry.
     enqueue: Sql,
     /// $1 key. The key's state.
     read_state: Sql,
     /// $1 object, $2 position, $3 now. The object's watermark when it is at or past the
     /// position.
     stale_at: Sql,
-    /// $1 max, $2 lease end, $3 token, $4 now. The entries taken, then `stale`.
+    /// $1 max, $2 lease end, $3 token, $4 now, $5 now in µs, $6 worker. The entries taken,
+    /// then `stale`.
     take: Sql,
     /// $1 key, $2 token, $3 lease end.
     renew: Sql,
-    /// $1 key, $2 token, $3 retention end. The entry's object and position when the token
-    /// holds the entry, or already completed it (the done key keeps the token: the worker's
-    /// completion after the handler's `complete_in_tx` is not a lost lease).
+    /// $1 key, $2 token, $3 retention end, $4 now in µs. The entry's object and position when
+    /// the token holds the entry, or already completed it (the done key keeps the token: the
+    /// worker's completion after the handler's `complete_in_tx` is not a lost lease).
     complete: Sql,
     /// $1 object, $2 position, $3 retention end, $4 now.
     raise_watermark: Sql,
-    /// $1 key, $2 token, $3 next attempt, $4 error.
+    /// $1 key, $2 token, $3 next attempt, $4 error, $5 now in µs, $6 the error as the
+    /// attempt's line keeps it.
     retry: Sql,
-    /// $1 key, $2 token, $3 error.
+    /// $1 key, $2 token, $3 error, $4 now, $5 now in µs, $6 the error as the attempt's line
+    /// keeps it.
     bury: Sql,
     /// $1 limit. The dead entries, then `last_error`.
     dead_letters: Sql,
@@ -735,6 +987,23 @@ struct Statements {
     purge: Sql,
     /// $1 the most rows to delete, $2 now.
     purge_watermarks: Sql,
+    /// $1 key. The row as [`INFO_COLUMNS`].
+    find: Sql,
+    /// $1 after this key, $2 now, $3 limit, then the filter's $4 to $9 (see [`matching`]).
+    /// Rows as [`INFO_COLUMNS`], by key.
+    list: Sql,
+    /// $1 after this key, $2 now, $3 limit, then the filter's $4 to $9. The keys re-queued.
+    requeue_matching: Sql,
+    /// $1 key, $2 retention end. A row when it discarded.
+    discard: Sql,
+    /// $1 now.
+    pause: Sql,
+    /// $1 now. A row when it resumed.
+    resume: Sql,
+    /// Whether paused (a count).
+    is_paused: Sql,
+    /// The names of the table's columns (SQLite), for `migrate`.
+    columns: Sql,
     /// The channel the enqueue and the re-queue tell other processes on (PostgreSQL).
     channel: String,
     /// Whether the database tells (PostgreSQL `NOTIFY`); else the process tells its own.
@@ -743,8 +1012,13 @@ struct Statements {
 
 impl Statements {
     fn new<DB: Dialect>(table: &str) -> Self {
-        let schema = schema(table, DB::BYTES);
+        let schema = schema(table, DB::BYTES, DB::ADD_COLUMN_IF_NOT_EXISTS);
         let held = "key = $1 AND state = 'running' AND lease_token = $2";
+        // The attempt held ends at $5 as failed, with the error $6.
+        let failed = format!(
+            "history = CASE WHEN started_us IS NOT NULL THEN {} ELSE history END",
+            appended::<DB>(&ended_line::<DB>('f', "$5", "$6"))
+        );
         let channel = wake_channel(table);
         // What arrives is told to the other processes by the database where it can.
         let told = |statement: String| DB::notify(&statement, &channel).unwrap_or(statement);
@@ -759,22 +1033,24 @@ impl Statements {
 WHERE object = $1 AND watermark >= $2 AND expires_at > $3"
             )
             .into(),
-            take: take(table, DB::PURGE_LOCKS).into(),
+            take: take::<DB>(table, DB::PURGE_LOCKS).into(),
             renew: format!("UPDATE {table} SET lease_until = $3 WHERE {held}").into(),
-            complete: complete(table).into(),
+            complete: complete::<DB>(table).into(),
             raise_watermark: raise_watermark(table).into(),
             // A retry is told at its time; a dead letter now, since its object's next entry
             // may go.
             retry: told(format!(
                 "UPDATE {table}
-SET state = 'queued', next_at = $3, lease_token = NULL, lease_until = NULL, last_error = $4
+SET state = 'queued', next_at = $3, lease_token = NULL, lease_until = NULL, last_error = $4,
+    {failed}
 WHERE {held}
 RETURNING key, next_at AS at"
             ))
             .into(),
             bury: told(format!(
                 "UPDATE {table}
-SET state = 'dead', lease_token = NULL, lease_until = NULL, last_error = $3
+SET state = 'dead', lease_token = NULL, lease_until = NULL, last_error = $3,
+    {failed}
 WHERE {held}
 RETURNING key, $4 AS at"
             ))
@@ -793,6 +1069,35 @@ RETURNING key, next_at AS at"
             counts: counts(table).into(),
             purge: purge(table, DB::PURGE_LOCKS).into(),
             purge_watermarks: purge_watermarks(table, DB::PURGE_LOCKS).into(),
+            find: format!("SELECT {INFO_COLUMNS} FROM {table} WHERE key = $1").into(),
+            list: format!(
+                "SELECT {INFO_COLUMNS} FROM {table}
+WHERE key > $1 AND (state <> 'done' OR expires_at > $2) AND {matching}
+ORDER BY key LIMIT $3",
+                matching = matching::<DB>()
+            )
+            .into(),
+            requeue_matching: told(requeue_matching::<DB>(table, DB::PURGE_LOCKS)).into(),
+            // The watermark stays: the dead letter was not applied.
+            discard: format!(
+                "UPDATE {table}
+SET state = 'done', body = NULL, headers = NULL, last_error = NULL, expires_at = $2
+WHERE key = $1 AND state = 'dead'
+RETURNING key"
+            )
+            .into(),
+            pause: format!(
+                "INSERT INTO {table}_paused (one, paused_at) VALUES (1, $1)
+ON CONFLICT (one) DO NOTHING"
+            )
+            .into(),
+            // Told like an enqueue due now: every idle worker takes again.
+            resume: told(format!(
+                "DELETE FROM {table}_paused RETURNING 'resumed' AS key, $1 AS at"
+            ))
+            .into(),
+            is_paused: format!("SELECT COUNT(*) FROM {table}_paused").into(),
+            columns: format!("SELECT name FROM pragma_table_info('{table}')").into(),
             told_by_database: DB::NOTIFIES,
             channel,
         }
@@ -821,8 +1126,8 @@ fn wake_channel(table: &str) -> String {
 fn enqueue(table: &str) -> String {
     format!(
         "INSERT INTO {table} AS cur (key, state, body, headers, object, position,
-    correlation_id, attempts, next_at, enqueued_at)
-SELECT $1, 'queued', $2, $3, NULLIF($4, ''), $5, $6, $7, $8, $9
+    correlation_id, attempts, next_at, enqueued_at, id, route)
+SELECT $1, 'queued', $2, $3, NULLIF($4, ''), $5, $6, $7, $8, $9, $11, $12
 WHERE NOT EXISTS (
     SELECT 1 FROM {table}_objects AS w
     WHERE w.object = $4 AND w.watermark >= $5 AND w.expires_at > $10
@@ -832,23 +1137,56 @@ ON CONFLICT (key) DO UPDATE
         object = EXCLUDED.object, position = EXCLUDED.position,
         correlation_id = EXCLUDED.correlation_id, attempts = EXCLUDED.attempts,
         next_at = EXCLUDED.next_at, enqueued_at = EXCLUDED.enqueued_at, lease_token = NULL,
-        lease_until = NULL, last_error = NULL, expires_at = NULL
+        lease_until = NULL, last_error = NULL, expires_at = NULL, id = EXCLUDED.id,
+        route = EXCLUDED.route, history = '', started_us = NULL, worker = NULL
     WHERE cur.state = 'done' AND cur.expires_at <= $10
 RETURNING key, next_at AS at"
     )
 }
 
-/// The completion: the key done (a done key keeps its first retention), its object and
-/// position returned for the watermark.
-fn complete(table: &str) -> String {
+/// The completion: the key done (a done key keeps its first retention, and its history), its
+/// attempt ended at `$4` as succeeded, its object and position returned for the watermark.
+fn complete<DB: Dialect>(table: &str) -> String {
+    let succeeded = appended::<DB>(&ended_line::<DB>('s', "$4", "''"));
     format!(
         "UPDATE {table}
 SET state = 'done', body = NULL, headers = NULL, lease_until = NULL, last_error = NULL,
-    expires_at = CASE WHEN state = 'done' THEN expires_at ELSE $3 END
+    expires_at = CASE WHEN state = 'done' THEN expires_at ELSE $3 END,
+    history = CASE WHEN state = 'running' AND started_us IS NOT NULL
+        THEN {succeeded} ELSE history END
 WHERE key = $1 AND state IN ('running', 'done') AND lease_token = $2
 RETURNING object, position"
     )
 }
+
+/// The stored history with the SQL text `line` appended as its last line, its first dropped
+/// when it keeps [`KEPT_ATTEMPTS`] already ([`history::push`]'s bound, in the statement).
+fn appended<DB: Dialect>(line: &str) -> String {
+    let lines = "length(history) - length(replace(history, '\n', '')) + 1";
+    let first_break = DB::find_text("history", "'\n'");
+    format!(
+        "CASE WHEN history = '' THEN {line}
+            WHEN {lines} >= {KEPT_ATTEMPTS}
+            THEN substr(history, {first_break} + 1) || '\n' || {line}
+            ELSE history || '\n' || {line} END"
+    )
+}
+
+/// The line of the attempt the row runs (`attempts`, `started_us`, `worker`), ended at the
+/// microseconds `now` as `outcome` (`s` or `f`) with the SQL text `error`: the stored form of
+/// [`history`].
+fn ended_line<DB: Dialect>(outcome: char, now: &str, error: &str) -> String {
+    let duration = DB::greatest("0", &format!("{now} - started_us"));
+    format!(
+        "CAST(attempts AS text) || '\t' || CAST(started_us AS text) || '\t'
+                || CAST({duration} AS text) || '\t{outcome}\t' || COALESCE(worker, '')
+                || '\t' || {error}"
+    )
+}
+
+/// The line of the attempt the row runs, its lease lost: another take took it over.
+const LOST_LINE: &str = "CAST(attempts AS text) || '\t' || CAST(started_us AS text)
+                || '\t\tl\t' || COALESCE(worker, '') || '\t'";
 
 /// The watermark raised to a position (an expired one counts as none), for the retention.
 fn raise_watermark(table: &str) -> String {
@@ -913,13 +1251,18 @@ const DUE_AT: &str = "CASE WHEN state = 'queued' THEN next_at ELSE lease_until E
 /// Read through `<table>_take_idx`, in due order, until `$1` entries are found: its cost
 /// follows the entries it passes over (locked by another take, or waiting behind their
 /// object's), not the backlog; never a sort of the table.
-fn take(table: &str, locks: &str) -> String {
+fn take<DB: Dialect>(table: &str, locks: &str) -> String {
+    let lost = appended::<DB>(LOST_LINE);
     format!(
         "UPDATE {table}
-SET state = 'running', attempts = attempts + 1, lease_token = $3, lease_until = $2
+SET state = 'running', attempts = attempts + 1, lease_token = $3, lease_until = $2,
+    history = CASE WHEN state = 'running' AND started_us IS NOT NULL
+        THEN {lost} ELSE history END,
+    started_us = $5, worker = $6
 WHERE key IN (
     SELECT e.key FROM {table} AS e
     WHERE e.state IN ('queued', 'running') AND {DUE_AT} <= $4
+      AND NOT EXISTS (SELECT 1 FROM {table}_paused)
       AND (e.object IS NULL OR NOT EXISTS (
         SELECT 1 FROM {table} AS o
         WHERE o.object = e.object AND o.key <> e.key AND o.state IN ('queued', 'running')
@@ -936,12 +1279,59 @@ RETURNING {ENTRY_COLUMNS}, EXISTS (
     )
 }
 
-/// The tables, with `bytes` the dialect's column type of bytes. Times are `bigint`
-/// milliseconds (an integer column on SQLite too).
-fn schema(table: &str, bytes: &str) -> String {
+/// The conditions of a [`Filter`], each on when its parameter is not `NULL`: $4 state, $5 id
+/// prefix, $6 route, $7 object, $8 correlation id, $9 error text. Exact on every row but the
+/// error of an entry that is not dead, whose history (every attempt's error) is searched
+/// where the filter reads only the last failed attempt's: what is read is checked again.
+fn matching<DB: Dialect>() -> String {
+    let in_error = DB::find_text("last_error", "$9");
+    let in_history = DB::find_text("history", "$9");
+    format!(
+        "($4 IS NULL OR state = $4)
+    AND ($5 IS NULL OR substr(id, 1, length($5)) = $5)
+    AND ($6 IS NULL OR route = $6)
+    AND ($7 IS NULL OR object = $7)
+    AND ($8 IS NULL OR correlation_id = $8)
+    AND ($9 IS NULL OR (state = 'dead' AND {in_error} > 0)
+        OR (state <> 'dead' AND {in_history} > 0))"
+    )
+}
+
+/// The bulk re-queue: the first `$3` dead letters matching the filter after the key `$1`, by
+/// key, queued again now (`$2`) as [`InboxStore::requeue`] does; the keys re-queued. On a dead
+/// letter every condition of [`matching`] is exact. The choice is materialized: a semi-join
+/// may run a `LIMIT` subquery again for each row it joins, and re-queue more than `$3`.
+fn requeue_matching<DB: Dialect>(table: &str, locks: &str) -> String {
+    format!(
+        "WITH chosen AS MATERIALIZED (
+    SELECT key FROM {table}
+    WHERE key > $1 AND state = 'dead' AND {matching}
+    ORDER BY key LIMIT $3{locks}
+)
+UPDATE {table} SET state = 'queued', attempts = 0, next_at = $2, last_error = NULL
+WHERE key IN (SELECT key FROM chosen) AND state = 'dead'
+RETURNING key, next_at AS at",
+        matching = matching::<DB>()
+    )
+}
+
+/// The tables, with `bytes` the dialect's column type of bytes, and the `ALTER TABLE`s of
+/// the [`ADDED_COLUMNS`] where the dialect takes `ADD COLUMN IF NOT EXISTS` (`alter`). Times
+/// are `bigint` milliseconds (an integer column on SQLite too), but an attempt's start
+/// (microseconds, as its history keeps it).
+fn schema(table: &str, bytes: &str, alter: bool) -> String {
     let index = bare_name(table);
     // An index lives in its table's schema: a dropped one is named there.
     let schema_prefix = &table[..table.len() - index.len()];
+    let added: String = match alter {
+        true => ADDED_COLUMNS
+            .iter()
+            .map(|(column, definition)| {
+                format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {definition};\n")
+            })
+            .collect(),
+        false => String::new(),
+    };
     format!(
         "CREATE TABLE IF NOT EXISTS {table} (
     key            text    NOT NULL PRIMARY KEY,
@@ -958,11 +1348,19 @@ fn schema(table: &str, bytes: &str) -> String {
     last_error     text,
     enqueued_at    bigint  NOT NULL,
     expires_at     bigint,
+    -- The delivery's key as the route derived it, and the route: what operators find it by.
+    id             text    NOT NULL DEFAULT '',
+    route          text    NOT NULL DEFAULT '',
+    -- The attempts that ended, one line each (the crate's `admin::history` form); the one
+    -- that runs is `attempts`, `started_us` (µs since the epoch) and `worker`.
+    history        text    NOT NULL DEFAULT '',
+    started_us     bigint,
+    worker         text,
     -- A done key keeps the token that completed it.
     CHECK (state = 'done' OR (state = 'running') = (lease_token IS NOT NULL)),
     CHECK ((state = 'done') = (expires_at IS NOT NULL))
 );
--- The take's order, over what it may take: a take is an index scan that stops at its limit.
+{added}-- The take's order, over what it may take: a take is an index scan that stops at its limit.
 CREATE INDEX IF NOT EXISTS {index}_take_idx ON {table} (({DUE_AT}), key)
     WHERE state IN ('queued', 'running');
 -- Replaced by the take's index (SQLite's planner preferred it and sorted the backlog).
@@ -982,6 +1380,11 @@ CREATE TABLE IF NOT EXISTS {table}_objects (
     expires_at bigint  NOT NULL
 );
 CREATE INDEX IF NOT EXISTS {index}_objects_expires_idx ON {table}_objects (expires_at);
+-- One row while taking is paused (every take reads it).
+CREATE TABLE IF NOT EXISTS {table}_paused (
+    one       integer NOT NULL PRIMARY KEY CHECK (one = 1),
+    paused_at bigint  NOT NULL
+);
 "
     )
 }
@@ -1012,10 +1415,63 @@ fn entry<DB: Dialect>(row: &DB::Row) -> Result<InboxEntry, StoreError> {
         headers: decode_headers(bytes(2)?.unwrap_or_default())?,
         order,
         correlation_id: text(5)?.unwrap_or_default().to_owned(),
+        id: text(9)?.unwrap_or_default().to_owned(),
+        route: text(10)?.unwrap_or_default().to_owned(),
         attempts: u32::try_from(int(6)?.unwrap_or(0)).unwrap_or(u32::MAX),
         next_attempt_at: from_epoch_ms(int(7)?.unwrap_or(0)),
         enqueued_at: from_epoch_ms(int(8)?.unwrap_or(0)),
     })
+}
+
+/// What an operator sees of the row (as [`INFO_COLUMNS`]); `None` for a done key past its
+/// retention at `now` (milliseconds), which counts as absent.
+fn info<DB: Dialect>(row: &DB::Row, now: i64) -> Result<Option<EntryInfo>, StoreError> {
+    let text = |column| DB::text(row, column).map_err(error::<DB>);
+    let int = |column| DB::int(row, column).map_err(error::<DB>);
+    let entry = entry::<DB>(row)?;
+    let state = key_state(text(11)?.unwrap_or_default())?;
+    let (until, dead) = match state {
+        KeyState::Queued => (Some(entry.next_attempt_at), None),
+        KeyState::Running => (int(12)?.map(from_epoch_ms), None),
+        KeyState::Dead => (None, text(14)?.map(str::to_owned)),
+        KeyState::Done => match int(13)? {
+            Some(expires) if expires > now => (Some(from_epoch_ms(expires)), None),
+            _ => return Ok(None),
+        },
+    };
+    let stored = text(15)?.unwrap_or_default();
+    // The attempt that runs is not in the stored lines (a take writes no text): its line is
+    // made here, as the take would have appended it.
+    let running = match (state, int(16)?) {
+        (KeyState::Running, Some(started)) => {
+            let at = UNIX_EPOCH + Duration::from_micros(u64::try_from(started).unwrap_or(0));
+            let worker = text(17)?.unwrap_or_default();
+            Some(history::push(
+                stored,
+                &history::started(entry.attempts, at, worker),
+            ))
+        }
+        _ => None,
+    };
+    let stored = running.as_deref().unwrap_or(stored);
+    Ok(Some(EntryInfo::of(entry, state, until, stored, dead)))
+}
+
+/// The stored name of `state`.
+fn state_name(state: KeyState) -> &'static str {
+    match state {
+        KeyState::Queued => "queued",
+        KeyState::Running => "running",
+        KeyState::Dead => "dead",
+        KeyState::Done => "done",
+    }
+}
+
+/// This process's worker id as an attempt's line names it.
+fn worker() -> &'static str {
+    static WORKER: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| history::worker_field(worker_id()));
+    &WORKER
 }
 
 fn key_state(state: &str) -> Result<KeyState, StoreError> {
@@ -1031,6 +1487,11 @@ fn key_state(state: &str) -> Result<KeyState, StoreError> {
 fn epoch_ms(at: SystemTime) -> i64 {
     at.duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn epoch_us(at: SystemTime) -> i64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
 fn from_epoch_ms(ms: i64) -> SystemTime {
@@ -1097,8 +1558,10 @@ mod tests {
         assert_eq!(wake_a, wake_channel(&a));
     }
 
+    #[cfg(feature = "postgres")]
     #[test]
     fn the_take_locks_only_where_asked() {
+        let take = take::<sqlx::Postgres>;
         assert!(
             take("t", " FOR UPDATE SKIP LOCKED").contains("LIMIT $1 FOR UPDATE SKIP LOCKED\n)")
         );
@@ -1117,16 +1580,18 @@ mod tests {
             .unwrap();
         runtime.block_on(async {
             let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
-            sqlx::raw_sql(sqlx::AssertSqlSafe(schema("t", "blob")))
+            sqlx::raw_sql(sqlx::AssertSqlSafe(schema("t", "blob", false)))
                 .execute(&pool)
                 .await
                 .unwrap();
-            let explain = format!("EXPLAIN QUERY PLAN {}", take("t", ""));
+            let explain = format!("EXPLAIN QUERY PLAN {}", take::<sqlx::Sqlite>("t", ""));
             let rows: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(explain))
                 .bind(32_i64)
                 .bind(0_i64)
                 .bind(vec![0_u8; 16])
                 .bind(0_i64)
+                .bind(0_i64)
+                .bind("w")
                 .fetch_all(&pool)
                 .await
                 .unwrap();

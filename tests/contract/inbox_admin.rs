@@ -275,7 +275,10 @@ pub async fn requeue_matching_redrives_in_bounded_calls<St: InboxAdmin>(store: S
             .requeue_matching(&filter, cursor.as_deref(), 8)
             .await
             .unwrap();
-        assert!(done.requeued <= 8, "one call re-queues at most its limit");
+        assert!(
+            done.requeued <= 8,
+            "one call re-queues at most its limit: {done:?}"
+        );
         total += done.requeued;
         calls += 1;
         assert!(calls < 200, "the re-queue never ends");

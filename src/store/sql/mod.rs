@@ -192,6 +192,9 @@ pub(crate) mod dialect {
         /// Whether the database carries messages between processes ([`notify`](Self::notify),
         /// [`listen`](Self::listen)).
         const NOTIFIES: bool;
+        /// Whether the database takes `ALTER TABLE .. ADD COLUMN IF NOT EXISTS` (PostgreSQL);
+        /// where it does not (SQLite), a migration reads the table's columns first.
+        const ADD_COLUMN_IF_NOT_EXISTS: bool;
 
         /// The current time, in a statement whose bound clock (if the dialect has one, see
         /// [`clock`](Self::clock)) is parameter `$clock`.
@@ -200,6 +203,8 @@ pub(crate) mod dialect {
         fn plus_millis(time: &str, millis: &str) -> String;
         /// The greater of two times.
         fn greatest(a: &str, b: &str) -> String;
+        /// Where the text `needle` first starts in the text `haystack`, from 1; 0 if nowhere.
+        fn find_text(haystack: &str, needle: &str) -> String;
         /// The whole milliseconds from `now` to `time` (rounded down), as a 64-bit integer.
         fn millis_until(time: &str, now: &str) -> String;
         /// The value of the bound clock, bound after every statement's own parameters; `None`

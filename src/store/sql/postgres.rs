@@ -115,6 +115,7 @@ impl dialect::Sealed for Postgres {
     const BYTES: &'static str = "bytea";
     const ONE_WRITER: bool = false;
     const NOTIFIES: bool = true;
+    const ADD_COLUMN_IF_NOT_EXISTS: bool = true;
 
     fn now(_clock: usize) -> String {
         "now()".to_owned()
@@ -126,6 +127,10 @@ impl dialect::Sealed for Postgres {
 
     fn greatest(a: &str, b: &str) -> String {
         format!("greatest({a}, {b})")
+    }
+
+    fn find_text(haystack: &str, needle: &str) -> String {
+        format!("strpos({haystack}, {needle})")
     }
 
     fn millis_until(time: &str, now: &str) -> String {

@@ -19,6 +19,8 @@ pub enum Param<'a> {
     Bytes(&'a [u8]),
     /// `bigint` / `INTEGER`.
     Int(i64),
+    /// `text` / `TEXT`, or `NULL`.
+    MaybeText(Option<&'a str>),
 }
 
 /// What the SQL store runs on an sqlx database. Implemented for every database sqlx's traits
@@ -64,6 +66,7 @@ where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'q> &'q str: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
     for<'q> &'q [u8]: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
     for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
     for<'r> bool: Decode<'r, DB> + Type<DB>,
@@ -121,6 +124,7 @@ fn query<DB>(
 where
     DB: Database,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
     for<'q> &'q [u8]: Encode<'q, DB> + Type<DB>,
     for<'q> i64: Encode<'q, DB> + Type<DB>,
 {
@@ -130,6 +134,7 @@ where
             Param::Text(text) => query.bind(text),
             Param::Bytes(bytes) => query.bind(bytes),
             Param::Int(int) => query.bind(int),
+            Param::MaybeText(text) => query.bind(text),
         });
     match clock {
         Some(now) => query.bind(now),

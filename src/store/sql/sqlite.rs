@@ -134,6 +134,7 @@ impl dialect::Sealed for Sqlite {
     const BYTES: &'static str = "BLOB";
     const ONE_WRITER: bool = true;
     const NOTIFIES: bool = false;
+    const ADD_COLUMN_IF_NOT_EXISTS: bool = false;
 
     fn now(clock: usize) -> String {
         format!("${clock}")
@@ -145,6 +146,10 @@ impl dialect::Sealed for Sqlite {
 
     fn greatest(a: &str, b: &str) -> String {
         format!("max({a}, {b})")
+    }
+
+    fn find_text(haystack: &str, needle: &str) -> String {
+        format!("instr({haystack}, {needle})")
     }
 
     fn millis_until(time: &str, now: &str) -> String {
