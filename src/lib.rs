@@ -186,6 +186,8 @@ mod outcome;
 mod phase;
 pub mod rejection;
 mod service;
+#[cfg(feature = "admin")]
+mod stats;
 pub mod store;
 mod throttle;
 mod util;

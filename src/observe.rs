@@ -65,6 +65,9 @@ pub(crate) struct Observer {
     throttle: Arc<LogThrottle>,
     #[cfg(feature = "metrics")]
     metrics: Arc<MetricKeys>,
+    /// The namespace's figures for the admin page, resolved once (not per request).
+    #[cfg(feature = "admin")]
+    stats: Arc<crate::stats::RouteStats>,
 }
 
 impl fmt::Debug for Observer {
@@ -139,6 +142,8 @@ impl Observer {
             throttle: Arc::default(),
             #[cfg(feature = "metrics")]
             metrics: Arc::new(MetricKeys::new(namespace)),
+            #[cfg(feature = "admin")]
+            stats: crate::stats::route(namespace),
         }
     }
 
@@ -147,6 +152,10 @@ impl Observer {
         #[cfg(feature = "metrics")]
         {
             self.metrics = Arc::new(MetricKeys::new(namespace));
+        }
+        #[cfg(feature = "admin")]
+        {
+            self.stats = crate::stats::route(namespace);
         }
     }
 
@@ -179,6 +188,7 @@ impl Observer {
 
     fn measures(&self) -> bool {
         cfg!(feature = "metrics")
+            || cfg!(feature = "admin")
             || self.hook.is_some()
             || tracing::enabled!(tracing::Level::TRACE)
             || !tracing::Span::current().is_disabled()
@@ -209,6 +219,8 @@ impl Observer {
             let reason = outcome.reason();
             self.metrics.count_outcome(&self.namespace, outcome, reason);
         }
+        #[cfg(feature = "admin")]
+        self.stats.outcome(outcome);
         if let Some(hook) = &self.hook {
             hook(&OutcomeEvent {
                 namespace: &self.namespace,
@@ -318,11 +330,14 @@ impl Observer {
 
     /// Records how long the inner service took to answer.
     pub(crate) fn inner_duration(&self, timer: Stopwatch) {
-        #[cfg(feature = "metrics")]
+        #[cfg(any(feature = "metrics", feature = "admin"))]
         if let Some(elapsed) = timer.elapsed() {
+            #[cfg(feature = "metrics")]
             self.metrics.inner.record(elapsed);
+            #[cfg(feature = "admin")]
+            self.stats.latency(crate::stats::Latency::Handler, elapsed);
         }
-        #[cfg(not(feature = "metrics"))]
+        #[cfg(not(any(feature = "metrics", feature = "admin")))]
         let _ = timer;
     }
 }

@@ -171,6 +171,8 @@ where
         // Subscribed before the first take: nothing enqueued after it goes unheard.
         let (mut idle, tell) = Idle::new(store.wakeups(), settings.poll);
         let run = Run {
+            #[cfg(feature = "admin")]
+            stats: crate::stats::route(&settings.namespace),
             store,
             completions,
             policy,
@@ -271,6 +273,8 @@ impl<St: InboxStore, P> Run<St, P> {
 impl<St, P> Clone for Run<St, P> {
     fn clone(&self) -> Self {
         Run {
+            #[cfg(feature = "admin")]
+            stats: self.stats.clone(),
             store: self.store.clone(),
             completions: self.completions.clone(),
             policy: self.policy.clone(),
@@ -299,6 +303,9 @@ struct Run<St, P> {
     settings: Settings,
     /// Tells the loop when an entry this run settled makes another due.
     tell: Tell,
+    /// The namespace's figures for the admin page.
+    #[cfg(feature = "admin")]
+    stats: Arc<crate::stats::RouteStats>,
 }
 
 impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
@@ -313,6 +320,8 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
             // Its object moved past it while it waited (a newer event applied first).
             tracing::info!(key = %lease.entry.key, "inbox: stale entry settled without the handler");
             metrics::stale(&self.settings.namespace);
+            #[cfg(feature = "admin")]
+            self.stats.count(crate::stats::Count::Stale);
             let (key, token) = (lease.entry.key, lease.token);
             report("complete", self.completions.complete(key, token).await);
             None
@@ -345,9 +354,13 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
         let attempts = lease.entry.attempts;
         let correlation_id = lease.entry.correlation_id.clone();
         metrics::attempt(&self.settings.namespace);
+        #[cfg(feature = "admin")]
+        let started = Instant::now();
         let outcome = self
             .call(service, InboxRequest::new(lease.entry, token), asked)
             .await;
+        #[cfg(feature = "admin")]
+        (self.stats).latency(crate::stats::Latency::Worker, started.elapsed());
         let error = match outcome {
             Ok(()) => {
                 report("complete", self.completions.complete(key, token).await);
