@@ -311,11 +311,13 @@ pub(crate) mod history {
 
     /// An ended attempt's `error` as its line keeps it (cut, tabs and line breaks made spaces):
     /// what a backend that writes the lines in its own statements binds.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn error_field(error: &str) -> String {
         clean(kept_error(error))
     }
 
     /// A `worker` as a line names it.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn worker_field(worker: &str) -> String {
         clean(worker)
     }

@@ -20,6 +20,8 @@ pub(super) enum Refusal {
     BadParameter(String),
     /// A `POST` while actions are disabled (403).
     ActionsDisabled,
+    /// A browser's `POST` without a valid anti-forgery token (403).
+    Forgery,
     /// No endpoint at this path (404).
     NoPath,
     /// The inbox knows no entry of this key or id (404).
@@ -43,11 +45,12 @@ impl From<StoreError> for Refusal {
 }
 
 /// The problem codes of the service's own refusals (each a section of docs/problems.md).
-pub(super) const CODES: [&str; 4] = [
+pub(super) const CODES: [&str; 5] = [
     "admin_bad_parameter",
     "admin_actions_disabled",
     "admin_not_found",
     "admin_method_not_allowed",
+    "admin_forgery",
 ];
 
 impl Refusal {
@@ -62,6 +65,14 @@ impl Refusal {
                 CODES[1],
                 "Actions disabled",
                 "this admin service is read-only: its actions are not enabled".to_owned(),
+            ),
+            Refusal::Forgery => (
+                StatusCode::FORBIDDEN,
+                CODES[4],
+                "Anti-forgery token missing or invalid",
+                "a browser's POST needs the page's token (form field `csrf` or header \
+                 `x-csrf-token`): reload the page and try again"
+                    .to_owned(),
             ),
             Refusal::NoPath => not_found("no such endpoint"),
             Refusal::NoEntry => not_found("the inbox knows no entry of this key"),

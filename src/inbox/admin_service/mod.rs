@@ -1,6 +1,10 @@
 //! [`AdminService`]: an inbox's admin side as JSON over HTTP (feature `admin`).
 
+mod csrf;
+mod html;
 mod json;
+mod page;
+mod panel;
 mod params;
 mod route;
 
@@ -124,6 +128,8 @@ struct Settings {
     retention: Duration,
     /// The routes (namespace, scope) whose delivery ids `by-id` finds.
     routes: Vec<(String, Option<String>)>,
+    /// The key of the page's anti-forgery tokens.
+    csrf: csrf::Csrf,
 }
 
 impl<I> fmt::Debug for AdminService<I> {
@@ -146,6 +152,7 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
                 actor_header: None,
                 retention: crate::defaults::RETENTION,
                 routes: Vec::new(),
+                csrf: csrf::Csrf::random(),
             }),
         }
     }
@@ -189,6 +196,14 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
         self
     }
 
+    /// The secret the page's anti-forgery tokens are made with: the same in every process
+    /// behind one address, so that a form served by one is accepted by another. Default: a
+    /// random one of this service's own (enough behind sticky sessions or with one process).
+    pub fn csrf_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.settings_mut().csrf = csrf::Csrf::shared(secret.as_ref());
+        self
+    }
+
     /// The inbox.
     pub fn get_ref(&self) -> &I {
         &self.inbox
@@ -210,6 +225,7 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
             Err(refusal) => return refusal.response(),
         };
         let actor = self.actor(&parts.headers);
+        let mut form = Vec::new();
         if parts.method == Method::POST {
             if !self.settings.actions {
                 tracing::info!(
@@ -219,15 +235,48 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
                 );
                 return Refusal::ActionsDisabled.response();
             }
-            if let Err(refusal) = drain(&parts.headers, body).await {
-                return refusal.response();
+            match self.read_post(&parts.headers, body).await {
+                Ok(fields) => form = fields,
+                Err(refusal) => {
+                    if let Refusal::Forgery = refusal {
+                        let action = endpoint.name();
+                        tracing::warn!(actor, action, "inbox admin: refused, forgery suspected");
+                    }
+                    return refusal.response();
+                }
             }
         }
         let query = parts.uri.query().unwrap_or_default();
-        match self.run(endpoint, query, &actor).await {
-            Ok(answer) => json::ok(&answer),
-            Err(refusal) => refusal.response(),
+        let answer = match endpoint {
+            Endpoint::Page => self.page(query).await,
+            Endpoint::Act => self.act(&form, query, &actor).await,
+            endpoint => self.run(endpoint, query, &actor).await.map(|a| json::ok(&a)),
+        };
+        answer.unwrap_or_else(Refusal::response)
+    }
+
+    /// A `POST`'s form fields (none unless it is a form), once its anti-forgery token is
+    /// checked: a browser's needs one (see [`csrf::from_browser`]), in the form's `csrf`
+    /// field or the `x-csrf-token` header.
+    async fn read_post<B>(&self, headers: &HeaderMap, body: B) -> Result<Vec<(String, String)>, Refusal>
+    where
+        B: Body + Send,
+        B::Data: Send,
+    {
+        let body = read(headers, body).await?;
+        let is_form = (headers.get(http::header::CONTENT_TYPE))
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| value.starts_with("application/x-www-form-urlencoded"));
+        let form = if is_form { params::form(&body)? } else { Vec::new() };
+        if csrf::from_browser(headers) {
+            let header = headers.get("x-csrf-token").and_then(|v| v.to_str().ok());
+            let field = form.iter().find(|(name, _)| name == "csrf").map(|(_, v)| v.as_str());
+            let valid = header.or(field).is_some_and(|token| self.settings.csrf.check(token));
+            if !valid {
+                return Err(Refusal::Forgery);
+            }
         }
+        Ok(form)
     }
 
     /// Who acts, as the actor header names them.
@@ -253,6 +302,8 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
         let inbox = &self.inbox;
         let bodies = self.settings.show_bodies;
         match endpoint {
+            // The page's, answered by `page` and `act`.
+            Endpoint::Page | Endpoint::Act => Err(Refusal::NoPath),
             Endpoint::Counts => {
                 params::none(query)?;
                 let counts = inbox.counts().await?;
@@ -314,12 +365,12 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
     }
 
     /// `action`'s answer, its failure in the store logged (its success is logged by itself).
-    async fn logged(
+    async fn logged<T>(
         &self,
         action: &'static str,
         actor: &str,
-        answer: impl Future<Output = Result<serde_json::Value, Refusal>>,
-    ) -> Result<serde_json::Value, Refusal> {
+        answer: impl Future<Output = Result<T, Refusal>>,
+    ) -> Result<T, Refusal> {
         let answer = answer.await;
         if let Err(Refusal::Store(error)) = &answer {
             tracing::warn!(actor, action, %error, "inbox admin: action failed in the store");
@@ -406,9 +457,9 @@ enum Fate {
     Discard,
 }
 
-/// Reads `body` to its end without keeping it (the endpoints take no body): 413 beyond
-/// [`BODY_LIMIT`], by `Content-Length` or as it is read.
-async fn drain<B>(headers: &HeaderMap, body: B) -> Result<(), Refusal>
+/// Reads `body` (a form's, or one the endpoints ignore): 413 beyond [`BODY_LIMIT`], by
+/// `Content-Length` or as it is read.
+async fn read<B>(headers: &HeaderMap, body: B) -> Result<Bytes, Refusal>
 where
     B: Body + Send,
     B::Data: Send,
@@ -420,17 +471,22 @@ where
         return Err(Refusal::TooLarge { limit: BODY_LIMIT });
     }
     let mut body = std::pin::pin!(body);
-    let mut read = 0;
+    let mut read = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|_| Refusal::Unreadable)?;
-        if let Some(data) = frame.data_ref() {
-            read += data.remaining();
-            if read > BODY_LIMIT {
+        if let Ok(mut data) = frame.into_data() {
+            if read.len() + data.remaining() > BODY_LIMIT {
                 return Err(Refusal::TooLarge { limit: BODY_LIMIT });
+            }
+            while data.has_remaining() {
+                let chunk = data.chunk();
+                read.extend_from_slice(chunk);
+                let n = chunk.len();
+                data.advance(n);
             }
         }
     }
-    Ok(())
+    Ok(Bytes::from(read))
 }
 
 impl<I, B> tower_service::Service<Request<B>> for AdminService<I>

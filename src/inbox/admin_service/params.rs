@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use super::json::Refusal;
+use super::page::FilterForm;
 use crate::inbox::{Filter, KeyState};
 use crate::store::ObjectKey;
 
@@ -51,6 +52,60 @@ fn pairs(query: &str) -> Result<Vec<(String, String)>, Refusal> {
         }
     }
     Ok(pairs)
+}
+
+/// The fields of a form's `application/x-www-form-urlencoded` body.
+pub(super) fn form(body: &[u8]) -> Result<Vec<(String, String)>, Refusal> {
+    let body = std::str::from_utf8(body).map_err(|_| bad("the form is not UTF-8"))?;
+    pairs(body.trim_end())
+}
+
+/// What the page's query asks: a message to show, an entry's page, the confirmation of a
+/// bulk re-queue, or the index with a filter (`state=any` meaning none).
+#[derive(Debug, Default)]
+pub(super) struct PageQuery {
+    pub(super) flash: Option<String>,
+    pub(super) entry: Option<String>,
+    pub(super) confirm: bool,
+    /// The listing's parameters, as given (for [`listing`]).
+    pub(super) listing: String,
+    pub(super) filter: FilterForm,
+}
+
+/// The page's query: 400 for a malformed one (the listing's parameters are checked by
+/// [`listing`]).
+pub(super) fn page(query: &str) -> Result<PageQuery, Refusal> {
+    let mut page = PageQuery::default();
+    let mut listing = Vec::new();
+    for raw in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (name, value) = raw.split_once('=').unwrap_or((raw, ""));
+        let value = percent_decode(value, true)
+            .ok_or_else(|| bad("a query parameter is not valid percent-encoded UTF-8"))?;
+        let name = percent_decode(name, true)
+            .ok_or_else(|| bad("a query parameter is not valid percent-encoded UTF-8"))?;
+        let form = &mut page.filter;
+        match name.as_str() {
+            "flash" => page.flash = Some(value),
+            "entry" => page.entry = Some(value),
+            "confirm" => page.confirm = value == "requeue",
+            "state" if value == "any" => form.state = value,
+            name => {
+                listing.push(raw);
+                let slot = match name {
+                    "state" => &mut form.state,
+                    "correlation_id" => &mut form.correlation_id,
+                    "id_prefix" => &mut form.id_prefix,
+                    "route" => &mut form.route,
+                    "error" => &mut form.error,
+                    "object" => &mut form.object,
+                    _ => continue,
+                };
+                *slot = value;
+            }
+        }
+    }
+    page.listing = listing.join("&");
+    Ok(page)
 }
 
 fn bad(detail: &str) -> Refusal {

@@ -9,6 +9,10 @@ use crate::store::StoreKey;
 /// An endpoint, with the key or id its path names.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Endpoint {
+    /// `GET /`: the page (HTML).
+    Page,
+    /// `POST /`: a form of the page.
+    Act,
     Counts,
     List,
     Find(StoreKey),
@@ -24,6 +28,8 @@ impl Endpoint {
     /// Its name in log lines.
     pub(super) fn name(&self) -> &'static str {
         match self {
+            Endpoint::Page => "page",
+            Endpoint::Act => "page_action",
             Endpoint::Counts => "counts",
             Endpoint::List => "list",
             Endpoint::Find(_) => "find",
@@ -46,6 +52,8 @@ pub(super) fn resolve(method: &Method, path: &str) -> Result<Endpoint, Refusal> 
     let path = path.strip_suffix('/').unwrap_or(path);
     let segments: Vec<&str> = path.split('/').skip(1).collect();
     let (wanted, endpoint): (Method, Parse) = match segments.as_slice() {
+        [] if *method == Method::POST => (Method::POST, |_| Ok(Endpoint::Act)),
+        [] => (Method::GET, |_| Ok(Endpoint::Page)),
         ["counts"] => (Method::GET, |_| Ok(Endpoint::Counts)),
         ["entries"] => (Method::GET, |_| Ok(Endpoint::List)),
         ["entries", "by-id", _] => (Method::GET, |s| Ok(Endpoint::FindById(segment(s[2])?))),
@@ -114,8 +122,10 @@ mod tests {
         assert_eq!(post("/requeue").unwrap(), Endpoint::RequeueMatching);
         assert_eq!(post("/pause").unwrap(), Endpoint::Pause);
         assert_eq!(post("/resume").unwrap(), Endpoint::Resume);
-        assert!(matches!(get("/"), Err(Refusal::NoPath)));
-        assert!(matches!(get(""), Err(Refusal::NoPath)));
+        assert_eq!(get("/").unwrap(), Endpoint::Page);
+        assert_eq!(get("").unwrap(), Endpoint::Page);
+        assert_eq!(post("/").unwrap(), Endpoint::Act);
+        assert!(matches!(get("//"), Err(Refusal::NoPath)));
         assert!(matches!(get("/counts/x"), Err(Refusal::NoPath)));
         assert!(matches!(post("/counts"), Err(Refusal::Method { allow }) if allow == Method::GET));
         assert!(matches!(get("/pause"), Err(Refusal::Method { allow }) if allow == Method::POST));
