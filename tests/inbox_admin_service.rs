@@ -385,9 +385,10 @@ async fn answers_at_the_root_of_a_server() {
     assert_eq!(counts["pending"], 1);
     let request = Request::get("/").body(Full::new(Bytes::new())).unwrap();
     let response = service.oneshot(request).await.unwrap();
+    // `/` is the page (tests/inbox_admin_page.rs).
+    assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(
-        response.status(),
-        StatusCode::NOT_FOUND,
-        "`/` is kept for the page"
+        response.headers()["content-type"],
+        "text/html; charset=utf-8"
     );
 }

@@ -60,7 +60,10 @@ impl Csrf {
     }
 
     fn check_at(&self, token: &str, now: u64) -> bool {
-        let Some(Ok(hour)) = token.split_once('.').map(|(h, _)| u64::from_str_radix(h, 16)) else {
+        let Some(Ok(hour)) = token
+            .split_once('.')
+            .map(|(h, _)| u64::from_str_radix(h, 16))
+        else {
             return false;
         };
         let fresh = hour <= now + 1 && hour + VALID_HOURS >= now;

@@ -58,7 +58,10 @@ pub(super) fn query<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> 
 
 /// `time` in UTC, to the second: `2025-12-02 09:20:00Z`.
 pub(super) fn time(time: SystemTime) -> String {
-    let secs = time.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    let secs = time
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
     let (days, rest) = (secs / 86_400, secs % 86_400);
     let (year, month, day) = civil(days as i64);
     let (h, m, s) = (rest / 3600, rest % 3600 / 60, rest % 60);

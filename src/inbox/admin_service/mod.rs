@@ -250,7 +250,10 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
         let answer = match endpoint {
             Endpoint::Page => self.page(query).await,
             Endpoint::Act => self.act(&form, query, &actor).await,
-            endpoint => self.run(endpoint, query, &actor).await.map(|a| json::ok(&a)),
+            endpoint => self
+                .run(endpoint, query, &actor)
+                .await
+                .map(|a| json::ok(&a)),
         };
         answer.unwrap_or_else(Refusal::response)
     }
@@ -258,7 +261,11 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
     /// A `POST`'s form fields (none unless it is a form), once its anti-forgery token is
     /// checked: a browser's needs one (see [`csrf::from_browser`]), in the form's `csrf`
     /// field or the `x-csrf-token` header.
-    async fn read_post<B>(&self, headers: &HeaderMap, body: B) -> Result<Vec<(String, String)>, Refusal>
+    async fn read_post<B>(
+        &self,
+        headers: &HeaderMap,
+        body: B,
+    ) -> Result<Vec<(String, String)>, Refusal>
     where
         B: Body + Send,
         B::Data: Send,
@@ -267,11 +274,20 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
         let is_form = (headers.get(http::header::CONTENT_TYPE))
             .and_then(|value| value.to_str().ok())
             .is_some_and(|value| value.starts_with("application/x-www-form-urlencoded"));
-        let form = if is_form { params::form(&body)? } else { Vec::new() };
+        let form = if is_form {
+            params::form(&body)?
+        } else {
+            Vec::new()
+        };
         if csrf::from_browser(headers) {
             let header = headers.get("x-csrf-token").and_then(|v| v.to_str().ok());
-            let field = form.iter().find(|(name, _)| name == "csrf").map(|(_, v)| v.as_str());
-            let valid = header.or(field).is_some_and(|token| self.settings.csrf.check(token));
+            let field = form
+                .iter()
+                .find(|(name, _)| name == "csrf")
+                .map(|(_, v)| v.as_str());
+            let valid = header
+                .or(field)
+                .is_some_and(|token| self.settings.csrf.check(token));
             if !valid {
                 return Err(Refusal::Forgery);
             }

@@ -173,7 +173,9 @@ fn route_row(out: &mut String, namespace: &str, window: &Window, minute: u64) {
     for (name, latency) in [("handler", Latency::Handler), ("worker", Latency::Worker)] {
         let hist = total.latency(latency);
         for (q, at) in [("p50", 0.5), ("p95", 0.95)] {
-            let shown = hist.quantile(at).map_or_else(|| "–".to_owned(), html::duration);
+            let shown = hist
+                .quantile(at)
+                .map_or_else(|| "–".to_owned(), html::duration);
             let _ = write!(
                 out,
                 "<td class=\"n\" data-stat=\"{name}_{q}\">{}</td>",
@@ -219,8 +221,7 @@ per minute, the last {MINUTES} minutes up to {2}: {3}\">",
         let mut y = h;
         let parts = [
             (
-                (m.count(Count::Received))
-                    .saturating_sub(m.count(Count::Duplicate) + m.rejected()),
+                (m.count(Count::Received)).saturating_sub(m.count(Count::Duplicate) + m.rejected()),
                 "#2b6cb0",
             ),
             (m.count(Count::Duplicate), "#9aa5b1"),
@@ -242,7 +243,11 @@ per minute, the last {MINUTES} minutes up to {2}: {3}\">",
             .collect()
     };
     let (handler, worker) = (p95(Latency::Handler), p95(Latency::Worker));
-    let slowest = handler.iter().chain(&worker).flatten().fold(0.0, |a: f64, &b| a.max(b));
+    let slowest = handler
+        .iter()
+        .chain(&worker)
+        .flatten()
+        .fold(0.0, |a: f64, &b| a.max(b));
     for (line, dash) in [(handler, ""), (worker, " stroke-dasharray=\"2\"")] {
         let points: Vec<String> = (line.iter().enumerate())
             .filter_map(|(i, p)| p.map(|p| (i, p)))
@@ -271,7 +276,9 @@ fn minute_label(minute: u64) -> String {
 /// Per inbox, from the store.
 fn inbox(out: &mut String, index: &Index<'_>) {
     let counts = index.counts;
-    let oldest = counts.oldest_age.map_or_else(|| "–".to_owned(), html::duration);
+    let oldest = counts
+        .oldest_age
+        .map_or_else(|| "–".to_owned(), html::duration);
     let (retries, more) = index.retries;
     let _ = write!(
         out,
@@ -459,7 +466,11 @@ pub(super) fn entry(
         ("state", "state", shown.as_str()),
         ("id", "delivery id", entry.id.as_str()),
         ("route", "route", entry.route.as_str()),
-        ("correlation_id", "correlation id", entry.correlation_id.as_str()),
+        (
+            "correlation_id",
+            "correlation id",
+            entry.correlation_id.as_str(),
+        ),
         ("attempts", "attempts", attempts.as_str()),
         ("until", until_label, until.as_str()),
     ];
@@ -520,7 +531,9 @@ fn attempts_table(out: &mut String, info: &EntryInfo) {
             AttemptOutcome::Failed(error) => ("failed", error.as_str()),
             AttemptOutcome::LeaseLost => ("lease_lost", ""),
         };
-        let took = attempt.duration.map_or_else(|| "–".to_owned(), html::duration);
+        let took = attempt
+            .duration
+            .map_or_else(|| "–".to_owned(), html::duration);
         let _ = write!(
             out,
             "<tr data-outcome=\"{outcome}\"><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td>\
@@ -550,7 +563,11 @@ pub(super) fn confirm(
     let _ = write!(
         out,
         "<p>Dead letters matching this filter: <strong id=\"redrive-count\">{count}</strong>{}.</p>",
-        if more { " (at least; more were not counted)" } else { "" }
+        if more {
+            " (at least; more were not counted)"
+        } else {
+            ""
+        }
     );
     if actions && count > 0 {
         let _ = write!(

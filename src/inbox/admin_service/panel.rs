@@ -33,12 +33,20 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
             let info = self.inbox.find(&key).await?.ok_or(Refusal::NoEntry)?;
             let (bodies, actions) = (settings.show_bodies, settings.actions);
             let now = SystemTime::now();
-            return Ok(html_ok(page::entry(&info, bodies, actions, &csrf, flash, now)));
+            return Ok(html_ok(page::entry(
+                &info, bodies, actions, &csrf, flash, now,
+            )));
         }
         if asked.confirm {
             let (count, more) = self.count_dead(&filter).await?;
             let actions = settings.actions;
-            return Ok(html_ok(page::confirm(&asked.filter, count, more, &csrf, actions)));
+            return Ok(html_ok(page::confirm(
+                &asked.filter,
+                count,
+                more,
+                &csrf,
+                actions,
+            )));
         }
         let minute = stats::now_minute();
         let routes: Vec<_> = (stats::routes().iter())
@@ -87,7 +95,9 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
         let dead = filter.clone().state(KeyState::Dead);
         let (mut count, mut cursor) = (0, None);
         loop {
-            let page = (self.inbox).list(&dead, cursor.as_deref(), params::REQUEUE.1).await?;
+            let page = (self.inbox)
+                .list(&dead, cursor.as_deref(), params::REQUEUE.1)
+                .await?;
             count += page.entries.len() as u64;
             cursor = page.next;
             match cursor {
@@ -106,7 +116,11 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
         query: &str,
         actor: &str,
     ) -> Result<Response<Full<Bytes>>, Refusal> {
-        let field = |name: &str| form.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+        let field = |name: &str| {
+            form.iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
         let key = || {
             (field("key").and_then(StoreKey::parse))
                 .ok_or_else(|| Refusal::BadParameter("`key` is not a store key".to_owned()))
@@ -185,7 +199,9 @@ fn html_ok(page: String) -> Response<Full<Bytes>> {
 
 /// 303 to the page of query `back` (kept only if it is a plain query string) with `flash`.
 fn see_other(back: &str, flash: &str) -> Response<Full<Bytes>> {
-    let plain = back.bytes().all(|b| b.is_ascii_alphanumeric() || b"%=&._~+-".contains(&b));
+    let plain = back
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"%=&._~+-:".contains(&b));
     let back = if plain { back } else { "" };
     let flash = html::query([("flash", flash)]);
     let location = match back {
