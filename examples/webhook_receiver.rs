@@ -58,7 +58,8 @@
 //! - `/admin/inbox/...`: the inbox's admin service (`tower_idempotency::inbox::AdminService`):
 //!   `GET /admin/inbox/counts`, `GET /admin/inbox/entries?correlation_id=..`, ... are open;
 //!   its actions (`POST /admin/inbox/requeue`, `/pause`, `/resume`, ...) are enabled only when
-//!   `ADMIN_TOKEN` is set, and then need `Authorization: Bearer <ADMIN_TOKEN>`.
+//!   `ADMIN_TOKEN` is set, and then need `Authorization: Bearer <ADMIN_TOKEN>` (or, from a
+//!   browser, the cookie `admin_token=<ADMIN_TOKEN>`). `GET /admin/inbox` is its page.
 //!
 //! Logs go to stderr through `tracing-subscriber`; `RUST_LOG` is respected (default `info`).
 //!

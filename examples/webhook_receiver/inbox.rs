@@ -9,13 +9,15 @@
 //! The inbox's admin service is mounted at `/admin/inbox`: its reads are open (a real
 //! application puts them behind its login too); its actions (re-queue, discard, pause, resume)
 //! are enabled only when `ADMIN_TOKEN` is set, and then each needs `Authorization: Bearer
-//! <ADMIN_TOKEN>`, checked by the application's own middleware (`require_token`), which
-//! names the actor for the service's log lines.
+//! <ADMIN_TOKEN>` or, from a browser, the cookie `admin_token=<ADMIN_TOKEN>`, checked by the
+//! application's own middleware (`require_token`), which names the actor for the service's
+//! log lines. The page is at `/admin/inbox` (set the cookie in the browser's developer tools
+//! to act from it; its forms carry the service's anti-forgery token).
 
 use std::sync::Arc;
 
 use axum::extract::{Path, Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, COOKIE, WWW_AUTHENTICATE};
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
@@ -93,8 +95,9 @@ fn admin(inbox: AnyInbox) -> Router {
 }
 
 /// The application's own authentication of the admin service: reads pass; an action needs
-/// `Authorization: Bearer <ADMIN_TOKEN>` (401 without), and is then done as the actor
-/// `admin-token`. Without `ADMIN_TOKEN` actions pass to the service, which refuses them (403).
+/// `Authorization: Bearer <ADMIN_TOKEN>` or the cookie `admin_token=<ADMIN_TOKEN>` (401
+/// without), and is then done as the actor `admin-token`. Without `ADMIN_TOKEN` actions pass
+/// to the service, which refuses them (403).
 async fn require_token(
     State(token): State<Option<Arc<str>>>,
     mut request: Request,
@@ -103,17 +106,19 @@ async fn require_token(
     // Only this middleware names the actor.
     request.headers_mut().remove(ACTOR);
     if let (Some(token), false) = (token, request.method() == Method::GET) {
-        let given = request
-            .headers()
-            .get(AUTHORIZATION)
-            .map(HeaderValue::as_bytes);
+        let headers = request.headers();
+        let given = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes);
         let bearer = given.and_then(|value| value.strip_prefix(b"Bearer "));
+        let cookie = (headers.get_all(COOKIE).iter())
+            .flat_map(|value| value.as_bytes().split(|&b| b == b';'))
+            .find_map(|pair| pair.trim_ascii().strip_prefix(b"admin_token="));
+        let bearer = bearer.or(cookie);
         if !bearer.is_some_and(|bearer| same(bearer, token.as_bytes())) {
             let challenge = [(WWW_AUTHENTICATE, "Bearer")];
             return (
                 StatusCode::UNAUTHORIZED,
                 challenge,
-                "a bearer token is needed\n",
+                "a bearer token (or the cookie admin_token) is needed\n",
             )
                 .into_response();
         }
