@@ -385,3 +385,52 @@ async fn read_only_shows_everything_and_no_form_that_acts() {
     assert_eq!(answer.status, StatusCode::FORBIDDEN);
     assert!(!inbox.is_paused().await.unwrap());
 }
+
+/// The index's size and the time to answer it with 5 routes and 50 entries (a measure, not a
+/// check: `cargo test --release --features admin --test inbox_admin_page -- --ignored
+/// --nocapture`).
+#[tokio::test]
+#[ignore]
+async fn measure_the_index() {
+    let inbox = MemoryInbox::default();
+    let ids: Vec<String> = (0..10).map(|i| format!("evt_dead_{i}")).collect();
+    kill(&inbox, &ids.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    for i in 0..40 {
+        enqueue(&inbox, &format!("evt_{i}")).await;
+    }
+    let mut app = Router::new();
+    for route in 0..5 {
+        let door = InboxLayer::new(inbox.clone()).namespace(format!("measure-{route}"));
+        app = app.route(
+            &format!("/in/{route}"),
+            post(|| async { "" }).route_layer(door),
+        );
+    }
+    let admin = AdminService::new(inbox.clone()).actions(true);
+    let app = app.nest_service("/admin/inbox", admin);
+    for route in 0..5 {
+        for i in 0..20 {
+            let key = format!("m{route}-{i}");
+            send(
+                &app,
+                "POST",
+                &format!("/in/{route}"),
+                &[("idempotency-key", &key)],
+                "{}",
+            )
+            .await;
+        }
+    }
+    let html = page(&app, "/admin/inbox").await;
+    assert_eq!(html.matches("<tr data-key=").count(), 50);
+    let started = std::time::Instant::now();
+    let rounds = 200;
+    for _ in 0..rounds {
+        page(&app, "/admin/inbox").await;
+    }
+    let each = started.elapsed() / rounds;
+    println!(
+        "index: {} bytes, {each:?} per answer (5 routes, 50 entries)",
+        html.len()
+    );
+}

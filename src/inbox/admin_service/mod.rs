@@ -1,4 +1,4 @@
-//! [`AdminService`]: an inbox's admin side as JSON over HTTP (feature `admin`).
+//! [`AdminService`]: an inbox's admin side as JSON over HTTP, and its page (feature `admin`).
 
 mod csrf;
 mod html;
@@ -61,6 +61,8 @@ const BODY_LIMIT: usize = 64 * 1024;
 ///
 /// | method and path | what | answer |
 /// |---|---|---|
+/// | `GET /?…` | the page (below): the index (`?<filter>`), an entry (`?entry={key}`) | HTML |
+/// | `POST /` | a form of the page (`do`, `csrf`) | 303 back to the page |
 /// | `GET /counts` | the inbox's counts | `{"pending", "in_flight", "dead", "oldest_age_ms", "paused"}` |
 /// | `GET /entries?…` | a page of entries matching the filter | `{"entries": [entry…], "next"}` |
 /// | `GET /entries/{key}` | the entry of a printed store key (`ti:…`) | entry |
@@ -104,11 +106,28 @@ const BODY_LIMIT: usize = 64 * 1024;
 /// also has `"body"` (the text, or `null` when it is not UTF-8), `"body_bytes"` and
 /// `"headers"` (the ones the route keeps).
 ///
+/// # The page
+///
+/// `GET /` is a page for people: server-rendered HTML with nothing loaded from elsewhere,
+/// complete without JavaScript. It shows per route this process's figures of the last 15
+/// minutes (received, first, duplicates, rejected by reason, stale, queued, the handler's and
+/// the workers' p50 and p95), the inbox's counts from the store, and the entries with the
+/// filter above, each with its page (state, attempts, last error). With actions enabled it
+/// has forms (redrive one or all matching, discard, pause, resume), each a `POST /` carrying
+/// an anti-forgery token.
+///
+/// Every `POST` from a browser (a request with an `Origin`, `Sec-Fetch-Site` or `Cookie`
+/// header) needs that token, in the form's `csrf` field or the `x-csrf-token` header, or is
+/// refused (403 `admin_forgery`); a client that sends none of these headers (curl, a JSON
+/// client with a bearer token) needs none. See [`csrf_secret`](AdminService::csrf_secret).
+///
 /// Every refusal is an `application/problem+json` document (see `docs/problems.md`):
-/// 400 `admin_bad_parameter` (a parameter, key or cursor), 403 `admin_actions_disabled`,
+/// 400 `admin_bad_parameter` (a parameter, key or cursor), 403 `admin_actions_disabled` or
+/// `admin_forgery`,
 /// 404 `admin_not_found` (an unknown path or key, or a key that is not a dead letter),
 /// 405 `admin_method_not_allowed` (with `Allow`), 413 `payload_too_large` (a request body
-/// over 64 KiB: bodies are read and ignored; 400 `body_unreadable` when reading fails),
+/// over 64 KiB: bodies are read, and ignored unless a form's; 400 `body_unreadable` when
+/// reading fails),
 /// 503 `store_unavailable`.
 ///
 /// A cheap `Clone` (the inbox handle and its settings); every answer is a response, never an
