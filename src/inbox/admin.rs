@@ -309,6 +309,17 @@ pub(crate) mod history {
         format!("{number}\t{}\t\tr\t{}\t", micros(at), clean(worker))
     }
 
+    /// The text an attempt's line keeps of `error`: cut to [`KEPT_ERROR_BYTES`], tabs and line
+    /// breaks made spaces (what a backend that ends an attempt in its own scripts is sent).
+    pub(crate) fn attempt_error(error: &str) -> String {
+        clean(kept_error(error))
+    }
+
+    /// The text a line keeps of a `worker`'s name (tabs and line breaks made spaces).
+    pub(crate) fn worker_field(worker: &str) -> String {
+        clean(worker)
+    }
+
     /// `history` with `line` appended, the attempt before it (still running: its lease ran out)
     /// marked lost, and only the last [`KEPT_ATTEMPTS`] kept.
     pub(crate) fn push(history: &str, line: &str) -> String {
