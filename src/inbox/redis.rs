@@ -260,7 +260,7 @@ for i = 5, #ARGV, 2 do
   local f = redis.call('HMGET', prefix .. 'e:' .. key, 's', 't', 'o', 'p', 'y')
   if f[1] == 'r' and f[2] == ARGV[i + 1] then
     drop_payload(prefix, key)
-    finish_one(prefix, retention, key, f, now)
+    finish_one(prefix, retention, key, f, now, durable and ARGV[i + 1] or '1')
     done[#done + 1] = key
     out[#out + 1] = 1
   elseif f[1] == 'k' and f[2] == ARGV[i + 1] then
@@ -281,16 +281,21 @@ return out
 /// time): the first writes of a completion, since Redis refuses a script whose first write may
 /// grow memory past `maxmemory`, and a full inbox must still drain. `finish_one` then
 /// completes the entry of `key` whose fields `f` (state, token, object, position, history)
-/// showed it held: the entry becomes done (state `k`, its lease's token kept, its attempt ended
-/// as a success at `now`) with the retention's `PEXPIRE`, and its object's next entry may go
-/// with the watermark raised. The caller removes it from the sets.
+/// showed it held: the entry becomes done (state `k`, its token field `mark`: `1`, or the
+/// lease's token for a completion that must find its own when sent again; its attempt ended as
+/// a success at `now`) with the retention's `PEXPIRE`, and its object's next entry may go with
+/// the watermark raised. The caller removes it from the sets.
 const FINISH_ONE_LUA: &str = r#"local function drop_payload(prefix, key)
   redis.call('DEL', prefix .. 'b:' .. key)
   redis.call('HDEL', prefix .. 'e:' .. key, 'h', 'n')
 end
-local function finish_one(prefix, retention, key, f, now)
+local function finish_one(prefix, retention, key, f, now, mark)
   local e, y = prefix .. 'e:' .. key, ended(f[5], now, 's', '')
-  if y then redis.call('HSET', e, 's', 'k', 'y', y) else redis.call('HSET', e, 's', 'k') end
+  if y then
+    redis.call('HSET', e, 's', 'k', 't', mark, 'y', y)
+  else
+    redis.call('HSET', e, 's', 'k', 't', mark)
+  end
   redis.call('PEXPIRE', e, retention)
   if f[3] then
     redis.call('ZREM', prefix .. 'o:' .. f[3], f[4] .. key)
@@ -332,7 +337,7 @@ while i <= #ARGV do
   redis.call(unpack(ARGV, i + 1, i + n))
   i = i + n + 1
 end
-finish_one(prefix, ARGV[2], key, f, ARGV[6])
+finish_one(prefix, ARGV[2], key, f, ARGV[6], token)
 for j = 1, 3 do redis.call('ZREM', KEYS[j], key) end
 return 1
 "#
@@ -447,14 +452,18 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// `{inbox:N:<p>}`, each with the keys below:
 ///
 /// - `{inbox:N}:e:<key>`: a hash, the entry (kept headers, object and position, correlation
-///   id, attempts, next attempt, enqueue time; a field at its default is left out) with its
-///   state (queued, running, dead), its lease's token, its last error; `{inbox:N}:b:<key>`: its
-///   body, a string of its own (so that the hash of small fields stays in Redis's compact
-///   encoding);
-/// - `{inbox:N}:d:<key>`: the key done, with the retention's `PX`: `1`, or the token of the lease
-///   that completed it when that was [`complete_with`](RedisInbox::complete_with) or a
-///   [durable](RedisInbox::durable) completion (so that the same completion sent again finds
-///   its own);
+///   id, delivery id and route, attempts, next attempt, enqueue time; a field at its default is
+///   left out) with its state (queued, running, dead, done), its lease's token, a dead letter's
+///   error, and its last 10 attempts ([`KEPT_ATTEMPTS`](super::KEPT_ATTEMPTS), one line each:
+///   started, how long, how it ended, the worker, the error); `{inbox:N}:b:<key>`: its body, a
+///   string of its own (so that the hash of small fields stays in Redis's compact encoding);
+/// - a done entry is the same hash, kept with the retention's `PX` (what makes a later delivery
+///   a duplicate, and what an operator [finds](super::InboxAdmin::find) of it: correlation id,
+///   delivery id, route, order, attempts), without its body, headers and next attempt; its token
+///   field holds `1`, or the token of the lease that completed it when that was
+///   [`complete_with`](RedisInbox::complete_with) or a [durable](RedisInbox::durable)
+///   completion (so that the same completion sent again finds its own). A
+///   [discarded](super::InboxAdmin::discard) dead letter becomes one too;
 /// - `{inbox:N}:fence`: written by a [durable](RedisInbox::durable) script that found its work
 ///   done already (a duplicate, a repeat), so that the `WAIT` behind it counts what it found;
 /// - `{inbox:N}:due`: a sorted set of the queued and running entries, by next attempt time or
@@ -468,6 +477,8 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 ///
 /// - `{inbox:N}:idle`: left by a take that found fewer entries than it asked for (its worker is
 ///   about to wait), deleted by the next enqueue, which then publishes.
+/// - `{inbox:N}:paused`: present while the inbox is [paused](super::InboxAdmin::pause) (in every
+///   partition); `take` checks it in its script and hands out nothing.
 ///
 /// Channels: `{inbox:N}:wake`, on which `enqueue` (while a worker waits: `:idle`), `requeue` and
 /// a retry's `fail` publish their entry's due time (a `PUBLISH` in the script; an ordered dead
@@ -475,8 +486,18 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// subscriber connection per process (made from the client's configuration, resubscribed after
 /// a reconnection), held while a worker waits.
 ///
+/// # Operators
+///
+/// [`InboxAdmin`](super::InboxAdmin) reads the entry hashes: `find` one (in the key's
+/// partition, else in each of the others, since an ordered entry is in its object's), `list`
+/// through a `SCAN` of each partition's node (`MATCH {inbox:N}:e:*`, on Redis Cluster the node
+/// that holds the partition's slot), filtering what it read. A listing costs a pass over the
+/// node's keyspace, the inbox's and others': as any `SCAN`, it sees every entry present from
+/// its start to its end at least once, and a page holds fewer entries than asked (even none)
+/// where the node holds mostly other keys. Keep listings to a cluster that is not resharding.
+///
 /// Times are the clients' clocks in microseconds since the epoch (as [`MemoryInbox`] uses its
-/// own clock): keep the hosts' clocks in sync (NTP), since a skew between two workers shifts
+/// own clock, and as the attempts' start and duration are kept): keep the hosts' clocks in sync (NTP), since a skew between two workers shifts
 /// when one sees the other's lease run out.
 ///
 /// # Bound
