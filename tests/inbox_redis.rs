@@ -5,6 +5,8 @@
 //! slot, and through Sentinel (a primary, a replica, three sentinels).
 #![cfg(feature = "redis")]
 
+#[path = "contract/inbox_admin.rs"]
+mod inbox_admin_contract;
 #[path = "contract/inbox.rs"]
 mod inbox_contract;
 // The harness re-exports helpers for the tests that kill nodes; this file needs only the start.
@@ -41,21 +43,31 @@ fn fresh_name() -> String {
     )
 }
 
-inbox_contract::inbox_contract!(async {
+/// An inbox of its own on a server of its own.
+async fn standalone() -> (RedisInbox<fred::clients::Client>, RedisServer) {
     let server = RedisServer::start();
     let inbox = RedisInbox::new(server.connect().await, &fresh_name());
     (inbox, server)
-});
+}
+
+inbox_contract::inbox_contract!(standalone());
+inbox_admin_contract::inbox_admin_contract!(standalone());
 
 /// The contract on a clustered client: no script answers `CROSSSLOT`.
 mod cluster {
     use super::*;
 
-    inbox_contract::inbox_contract!(async {
+    async fn clustered() -> (
+        RedisInbox<fred::clients::Client>,
+        std::sync::Arc<redis_cluster::RedisCluster>,
+    ) {
         let cluster = redis_cluster::RedisCluster::shared();
         let inbox = RedisInbox::new(cluster.connect().await, &fresh_name());
         (inbox, cluster)
-    });
+    }
+
+    inbox_contract::inbox_contract!(clustered());
+    inbox_admin_contract::inbox_admin_contract!(clustered());
 }
 
 /// The contract on an inbox of four partitions, on one server and on the cluster, where its
@@ -63,20 +75,29 @@ mod cluster {
 mod partitioned {
     use super::*;
 
-    inbox_contract::inbox_contract!(async {
+    async fn partitioned() -> (RedisInbox<fred::clients::Client>, RedisServer) {
         let server = RedisServer::start();
         let inbox = RedisInbox::new(server.connect().await, &fresh_name()).partitions(4);
         (inbox, server)
-    });
+    }
+
+    inbox_contract::inbox_contract!(partitioned());
+    inbox_admin_contract::inbox_admin_contract!(partitioned());
 
     mod cluster {
         use super::*;
 
-        inbox_contract::inbox_contract!(async {
+        async fn clustered() -> (
+            RedisInbox<fred::clients::Client>,
+            std::sync::Arc<redis_cluster::RedisCluster>,
+        ) {
             let cluster = redis_cluster::RedisCluster::shared();
             let inbox = RedisInbox::new(cluster.connect().await, &fresh_name()).partitions(4);
             (inbox, cluster)
-        });
+        }
+
+        inbox_contract::inbox_contract!(clustered());
+        inbox_admin_contract::inbox_admin_contract!(clustered());
     }
 }
 
@@ -144,7 +165,7 @@ mod any {
     use super::*;
     use tower_idempotency::inbox::AnyInbox;
 
-    inbox_contract::inbox_contract!(async {
+    async fn any() -> (AnyInbox, RedisServer) {
         let server = RedisServer::start();
         let store = tower_idempotency::store::connect(&server.url())
             .await
@@ -152,30 +173,42 @@ mod any {
         let inbox = AnyInbox::on(&store, &fresh_name()).await.unwrap();
         assert_eq!(inbox.backend(), "redis");
         (inbox, server)
-    });
+    }
+
+    inbox_contract::inbox_contract!(any());
+    inbox_admin_contract::inbox_admin_contract!(any());
 }
 
 /// The contract through Sentinel: the client finds the primary by asking the sentinels.
 mod sentinel {
     use super::*;
 
-    inbox_contract::inbox_contract!(async {
+    async fn sentinel() -> (
+        RedisInbox<fred::clients::Client>,
+        std::sync::Arc<redis_sentinel::RedisSentinel>,
+    ) {
         let deployment = redis_sentinel::RedisSentinel::shared();
         let inbox = RedisInbox::new(deployment.connect().await, &fresh_name());
         (inbox, deployment)
-    });
+    }
+
+    inbox_contract::inbox_contract!(sentinel());
+    inbox_admin_contract::inbox_admin_contract!(sentinel());
 
     /// The contract with durable writes, through a pool: every write an answer or a
     /// settlement relies on waits for the replica, and the contract holds unchanged.
     mod durable {
         use super::*;
 
-        inbox_contract::inbox_contract!(async {
+        async fn durable() -> (RedisInbox, std::sync::Arc<redis_sentinel::RedisSentinel>) {
             let deployment = redis_sentinel::RedisSentinel::shared();
             let inbox = RedisInbox::new(deployment.connect_pool(2).await, &fresh_name())
                 .durable(1, Duration::from_secs(1));
             (inbox, deployment)
-        });
+        }
+
+        inbox_contract::inbox_contract!(durable());
+        inbox_admin_contract::inbox_admin_contract!(durable());
     }
 
     /// `AnyInbox::on` a store with durable completion makes a durable inbox: an enqueue

@@ -309,15 +309,16 @@ pub(crate) mod history {
         format!("{number}\t{}\t\tr\t{}\t", micros(at), clean(worker))
     }
 
-    /// An ended attempt's `error` as its line keeps it (cut, tabs and line breaks made spaces):
-    /// what a backend that writes the lines in its own statements binds.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    /// An ended attempt's `error` as its line keeps it (cut to [`KEPT_ERROR_BYTES`], tabs and
+    /// line breaks made spaces): what a backend that writes the lines in its own statements or
+    /// scripts is sent.
+    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "redis"))]
     pub(crate) fn error_field(error: &str) -> String {
         clean(kept_error(error))
     }
 
-    /// A `worker` as a line names it.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    /// A `worker`'s name as a line keeps it (tabs and line breaks made spaces).
+    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "redis"))]
     pub(crate) fn worker_field(worker: &str) -> String {
         clean(worker)
     }

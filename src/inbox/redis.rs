@@ -1,6 +1,8 @@
 //! [`RedisInbox`]: the inbox on Redis, every operation one Lua script over keys that share the
 //! inbox's hash tag.
 
+mod admin;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -12,6 +14,7 @@ use fred::types::Value;
 use fred::types::scripts::Script;
 use futures_util::future::join_all;
 
+use super::admin::{history, worker_id};
 use super::codec::{decode_headers, encode_headers};
 use super::entry::{EntryOrder, InboxEntry, Lease};
 use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
@@ -32,12 +35,17 @@ use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token, milli
 /// ```
 pub const MAX_TAKE: usize = 1_000;
 
-/// `enqueue`: KEYS = due, entry, done (what decides a duplicate is declared, so that a slot
-/// being migrated redirects the script rather than hide a key); ARGV[1] = prefix, [2] = key,
+/// This process as its attempts name it ([`worker_id`]), as a history line keeps it: sent with
+/// every take.
+static WORKER: LazyLock<String> = LazyLock::new(|| history::worker_field(worker_id()));
+
+/// `enqueue`: KEYS = due, entry (what decides a duplicate is declared, so that a slot being
+/// migrated redirects the script rather than hide a key); ARGV[1] = prefix, [2] = key,
 /// [3] = body, [4] = correlation id, [5] = enqueued (µs), then pairs of a name and a value for
 /// what is not the default: `w` durable (first when present: a duplicate then writes `<prefix>fence`
 /// for the `WAIT` behind it to count), `h` headers (none), `a` attempts (0), `n` next attempt (the
-/// enqueue time), `o` object and `p` position (unordered), `cap` capacity (unbounded). Returns 0 when
+/// enqueue time), `o` object and `p` position (unordered), `i` delivery id and `r` route (empty), `cap` capacity
+/// (unbounded). Returns 0 when
 /// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full, `{6, watermark}`
 /// for an ordered entry its object's watermark is at or past (stale, not stored). A queued entry is
 /// announced on `<prefix>wake` (`PUBLISH` of its due time) to every process's idle workers
@@ -54,11 +62,11 @@ pub const MAX_TAKE: usize = 1_000;
 static ENQUEUE_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
         + r#"local prefix, key, t, e = ARGV[1], ARGV[2], ARGV[5], KEYS[2]
-if redis.call('EXISTS', e, KEYS[3]) > 0 then
+local s = redis.call('HGET', e, 's')
+if s then
   -- Durable: a write, so that the WAIT behind the script waits for the replicas to hold what
   -- was found (WAIT counts the writes of its own connection, and replicas apply in order).
   if ARGV[6] == 'w' then redis.pcall('SET', prefix .. 'fence', t) end
-  local s = redis.call('HGET', e, 's')
   if s == 'q' then return 1 elseif s == 'r' then return 2 elseif s == 'd' then return 3 end
   return 4
 end
@@ -109,14 +117,51 @@ return 0
 "#
 });
 
+/// An entry's attempts (`y`), in the stored form of `admin::history`: one line per attempt,
+/// oldest first, each `number TAB start TAB duration TAB outcome TAB worker TAB error`, times in
+/// µs. `pushed` appends a running attempt's line, marks the one before it lost when it still
+/// ran (its lease ran out) and keeps the last 10 (`KEPT_ATTEMPTS`); `ended` ends the last
+/// attempt, if running, at `now` as `s` or `f` with `err` (cleaned and cut by the caller), or
+/// answers nil.
+const HISTORY_LUA: &str = r#"local function last_line(y)
+  local at, n, first = 1, 1, nil
+  local nl = string.find(y, '\n', 1, true)
+  while nl do
+    first, at, n = first or nl, nl + 1, n + 1
+    nl = string.find(y, '\n', at, true)
+  end
+  return at, n, first
+end
+local function pushed(y, line)
+  if not y or y == '' then return line end
+  local at, n, first = last_line(y)
+  local last = string.gsub(string.sub(y, at), '^(%d+\t%d+\t)\tr\t', '%1\tl\t', 1)
+  y = string.sub(y, 1, at - 1) .. last .. '\n' .. line
+  if n >= 10 then y = string.sub(y, first + 1) end
+  return y
+end
+local function ended(y, now, outcome, err)
+  if not y then return nil end
+  local at = last_line(y)
+  local n, start, worker = string.match(y, '^(%d+)\t(%d+)\t\tr\t([^\t]*)\t$', at)
+  if not n then return nil end
+  local took = math.max(0, tonumber(now) - tonumber(start))
+  return string.sub(y, 1, at - 1) .. n .. '\t' .. start .. '\t' .. string.format('%d', took)
+    .. '\t' .. outcome .. '\t' .. worker .. '\t' .. err
+end
+"#;
+
 /// `take`: KEYS = due, leased; ARGV[1] = prefix, [2] = now (µs), [3] = lease end (µs), [4] =
-/// max, [5] = a random token whose 14th and 15th bytes each lease replaces with its index. Scans
+/// max, [5] = a random token whose 14th and 15th bytes each lease replaces with its index, [6] =
+/// this process's worker id (no tabs or line breaks). Takes nothing while `<prefix>paused`
+/// exists (and leaves no `idle` mark: `resume` publishes). Appends an attempt to the history
+/// (`y`) of each entry it takes, started now. Scans
 /// the due set in time order, skipping an ordered entry that is not its object's next: the
 /// object's entry in flight (`c:<object>`, while it is running, its lease live or not), else
 /// its first by position; taking fewer than `max` leaves `<prefix>idle` for the next enqueue
 /// to publish (see `enqueue`); returns one row per entry taken: key, stale (0/1), token, then
 /// the fields `Row::entry` reads (headers, object, position, correlation id, attempts, next
-/// attempt, enqueued).
+/// attempt, enqueued, delivery id, route).
 ///
 /// Every string handed to Lua costs Redis about 2k instructions, more for a long one: the scan
 /// asks for as many due entries as it still wants (more only when it passed some over), one
@@ -124,7 +169,9 @@ return 0
 /// one `MGET` (a 1 KiB body read into Lua cost 13k).
 static TAKE_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
+        + HISTORY_LUA
         + r#"local prefix, now, lease_end, max = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+if redis.call('EXISTS', prefix .. 'paused') == 1 then return {} end
 local head, tail = string.sub(ARGV[5], 1, 13), string.sub(ARGV[5], 16, 16)
 local out, skipped, batch = {}, 0, max
 while #out < max do
@@ -133,7 +180,7 @@ while #out < max do
   for _, key in ipairs(due) do
     if #out == max then break end
     local e = prefix .. 'e:' .. key
-    local f = redis.call('HMGET', e, 's', 'o', 'p', 'h', 'c', 'a', 'n', 'e')
+    local f = redis.call('HMGET', e, 's', 'o', 'p', 'h', 'c', 'a', 'n', 'e', 'i', 'r', 'y')
     local runnable, stale = f[1] == 'q' or f[1] == 'r', 0
     if not runnable then
       redis.call('ZREM', KEYS[1], key)
@@ -156,11 +203,12 @@ while #out < max do
       local i = #out
       local token = head .. string.char(math.floor(i / 256), i % 256) .. tail
       local attempts = (tonumber(f[6]) or 0) + 1
-      redis.call('HSET', e, 's', 'r', 't', token, 'a', attempts)
+      local y = pushed(f[11], attempts .. '\t' .. now .. '\t\tr\t' .. ARGV[6] .. '\t')
+      redis.call('HSET', e, 's', 'r', 't', token, 'a', attempts, 'y', y)
       if f[2] then redis.call('SET', prefix .. 'c:' .. f[2], key) end
       redis.call('ZADD', KEYS[1], lease_end, key)
       redis.call('ZADD', KEYS[2], lease_end, key)
-      out[#out + 1] = {key, stale, token, f[4], f[2], f[3], f[5], attempts, f[7], f[8]}
+      out[#out + 1] = {key, stale, token, f[4], f[2], f[3], f[5], attempts, f[7], f[8], f[9], f[10]}
     end
   end
   -- Every due entry was seen: those passed over wait behind their object's first.
@@ -174,13 +222,13 @@ return out
 "#
 });
 
-/// `renew`: KEYS = entry, due, leased; ARGV[1] = key, [2] = token, [3] = lease end (µs), [4] =
-/// prefix. 1 while the token holds the entry, or completed it (`complete_with`: its handler may
-/// still run, and must not be cancelled as if the lease were lost).
+/// `renew`: KEYS = entry, due, leased; ARGV[1] = key, [2] = token, [3] = lease end (µs). 1
+/// while the token holds the entry, or completed it (`complete_with`: its handler may still
+/// run, and must not be cancelled as if the lease were lost).
 const RENEW_LUA: &str = r#"local f = redis.call('HMGET', KEYS[1], 's', 't')
 if f[1] ~= 'r' or f[2] ~= ARGV[2] then
   -- Completed by its own lease (`complete_with`): still this worker's, nothing to extend.
-  if not f[1] and redis.call('GET', ARGV[4] .. 'd:' .. ARGV[1]) == ARGV[2] then return 1 end
+  if f[1] == 'k' and f[2] == ARGV[2] then return 1 end
   return 0
 end
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
@@ -189,13 +237,13 @@ return 1
 "#;
 
 /// `complete`, any number of leases of one partition: KEYS = due, leased, live; ARGV[1] =
-/// prefix, [2] = retention (ms), [3] = `w` when durable (else empty), then a key and its
-/// lease's token for each lease. For each lease still held by its token: marks the key done,
-/// removes the entry and raises its object's watermark (kept for the retention). Returns 1
-/// (completed) or 0 (not held) per lease; 1 also for a lease that completed it already (its
-/// handler's [`RedisInbox::complete_with`], or, durable, this completion sent again after a
-/// `NotReplicated`: the done key then keeps the token, and the fence makes the `WAIT` behind
-/// count the first write).
+/// prefix, [2] = retention (ms), [3] = `w` when durable (else empty), [4] = now (µs), then a
+/// key and its lease's token for each lease. For each lease still held by its token: makes the
+/// entry done (see `FINISH_ONE_LUA`) and raises its object's watermark (kept for the
+/// retention). Returns 1 (completed) or 0 (not held) per lease; 1 also for a lease that
+/// completed it already (its handler's [`RedisInbox::complete_with`], or this completion sent
+/// again, after a `NotReplicated` when durable: the done entry keeps the token, and the fence
+/// makes the `WAIT` behind count the first write).
 ///
 /// A script costs Redis about 12k instructions before it does anything and every string
 /// handed to it about 2k: a worker sends the completions that gathered while the last ones
@@ -203,17 +251,19 @@ return 1
 static COMPLETE_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
         + RELEASE_LUA
+        + HISTORY_LUA
         + FINISH_ONE_LUA
-        + r#"local prefix, retention, durable, out, done = ARGV[1], ARGV[2], ARGV[3] == 'w', {}, {}
-for i = 4, #ARGV, 2 do
+        + r#"local prefix, retention, durable, now = ARGV[1], ARGV[2], ARGV[3] == 'w', ARGV[4]
+local out, done = {}, {}
+for i = 5, #ARGV, 2 do
   local key = ARGV[i]
-  local f = redis.call('HMGET', prefix .. 'e:' .. key, 's', 't', 'o', 'p')
+  local f = redis.call('HMGET', prefix .. 'e:' .. key, 's', 't', 'o', 'p', 'y')
   if f[1] == 'r' and f[2] == ARGV[i + 1] then
-    redis.call('DEL', prefix .. 'e:' .. key, prefix .. 'b:' .. key)
-    finish_one(prefix, retention, key, f, durable and ARGV[i + 1] or '1')
+    drop_payload(prefix, key)
+    finish_one(prefix, retention, key, f, now, durable and ARGV[i + 1] or '1')
     done[#done + 1] = key
     out[#out + 1] = 1
-  elseif redis.call('GET', prefix .. 'd:' .. key) == ARGV[i + 1] then
+  elseif f[1] == 'k' and f[2] == ARGV[i + 1] then
     if durable then redis.pcall('SET', prefix .. 'fence', '1') end
     out[#out + 1] = 1
   else
@@ -227,13 +277,26 @@ return out
 "#
 });
 
-/// Completes the entry of `key` whose fields `f` (state, token, object, position) showed it
-/// held, once the caller deleted it and its body (first: Redis refuses a script whose first
-/// write may grow memory past `maxmemory`, and a full inbox must still drain): marks the key
-/// done with `mark` for the retention, and lets its object's next entry go with the watermark
-/// raised. The caller removes it from the sets.
-const FINISH_ONE_LUA: &str = r#"local function finish_one(prefix, retention, key, f, mark)
-  redis.call('SET', prefix .. 'd:' .. key, mark, 'PX', retention)
+/// `drop_payload` deletes what a done entry no longer keeps (its body, headers and next attempt
+/// time): the first writes of a completion, since Redis refuses a script whose first write may
+/// grow memory past `maxmemory`, and a full inbox must still drain. `finish_one` then
+/// completes the entry of `key` whose fields `f` (state, token, object, position, history)
+/// showed it held: the entry becomes done (state `k`, its token field `mark`: `1`, or the
+/// lease's token for a completion that must find its own when sent again; its attempt ended as
+/// a success at `now`) with the retention's `PEXPIRE`, and its object's next entry may go with
+/// the watermark raised. The caller removes it from the sets.
+const FINISH_ONE_LUA: &str = r#"local function drop_payload(prefix, key)
+  redis.call('DEL', prefix .. 'b:' .. key)
+  redis.call('HDEL', prefix .. 'e:' .. key, 'h', 'n')
+end
+local function finish_one(prefix, retention, key, f, now, mark)
+  local e, y = prefix .. 'e:' .. key, ended(f[5], now, 's', '')
+  if y then
+    redis.call('HSET', e, 's', 'k', 't', mark, 'y', y)
+  else
+    redis.call('HSET', e, 's', 'k', 't', mark)
+  end
+  redis.call('PEXPIRE', e, retention)
   if f[3] then
     redis.call('ZREM', prefix .. 'o:' .. f[3], f[4] .. key)
     release(prefix .. 'c:' .. f[3], key)
@@ -247,33 +310,34 @@ end
 "#;
 
 /// `complete_with`: KEYS = due, leased, live, entry; ARGV[1] = prefix, [2] = retention (ms),
-/// [3] = key, [4] = token, [5] = `w` when durable (else empty), then the writes, each its
-/// number of strings and those strings (a command and its arguments). When the lease is still
-/// the token's: deletes the entry (the first write, see `FINISH_ONE_LUA`), runs the writes,
-/// then completes as `complete` does, keeping the token in the done key. Returns 1 (written), 2
+/// [3] = key, [4] = token, [5] = `w` when durable (else empty), [6] = now (µs), then the writes,
+/// each its number of strings and those strings (a command and its arguments). When the lease
+/// is still the token's: drops the entry's body and headers (the first writes, see
+/// `FINISH_ONE_LUA`), runs the writes, then completes as `complete` does. Returns 1 (written), 2
 /// (done by this token already: a repeat, nothing written again but the fence when durable) or
 /// 0 (not held).
 static COMPLETE_WITH_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
         + RELEASE_LUA
+        + HISTORY_LUA
         + FINISH_ONE_LUA
         + r#"local prefix, key, token = ARGV[1], ARGV[3], ARGV[4]
-local f = redis.call('HMGET', KEYS[4], 's', 't', 'o', 'p')
+local f = redis.call('HMGET', KEYS[4], 's', 't', 'o', 'p', 'y')
 if f[1] ~= 'r' or f[2] ~= token then
-  if redis.call('GET', prefix .. 'd:' .. key) == token then
+  if f[1] == 'k' and f[2] == token then
     if ARGV[5] == 'w' then redis.pcall('SET', prefix .. 'fence', '1') end
     return 2
   end
   return 0
 end
-redis.call('DEL', KEYS[4], prefix .. 'b:' .. key)
-local i = 6
+drop_payload(prefix, key)
+local i = 7
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
   redis.call(unpack(ARGV, i + 1, i + n))
   i = i + n + 1
 end
-finish_one(prefix, ARGV[2], key, f, token)
+finish_one(prefix, ARGV[2], key, f, ARGV[6], token)
 for j = 1, 3 do redis.call('ZREM', KEYS[j], key) end
 return 1
 "#
@@ -286,24 +350,30 @@ end
 "#;
 
 /// `fail`: KEYS = entry, due, leased, live, dead; ARGV[1] = prefix, [2] = key, [3] = token,
-/// [4] = `r` (retry) or `d` (dead), [5] = retry time (µs), [6] = error. Either way the entry
+/// [4] = `r` (retry) or `d` (dead), [5] = retry time (µs), [6] = now (µs), [7] = the error as
+/// the attempt's line keeps it (cut, cleaned), [8] = a dead letter's whole error when it is not
+/// that. The attempt ends failed at `now`. Either way the entry
 /// is no longer its object's entry in flight: a retry waits its turn in position order. A
 /// retry is announced at its time, an ordered dead letter at once (its object's next may go),
 /// so that the workers of every process hear them, not only the one that settled.
 static FAIL_LUA: LazyLock<String> = LazyLock::new(|| {
     RELEASE_LUA.to_owned()
-        + r#"local f = redis.call('HMGET', KEYS[1], 's', 't', 'o', 'p', 'e')
+        + HISTORY_LUA
+        + r#"local f = redis.call('HMGET', KEYS[1], 's', 't', 'o', 'p', 'e', 'y')
 if f[1] ~= 'r' or f[2] ~= ARGV[3] then return 0 end
 redis.call('ZREM', KEYS[3], ARGV[2])
 redis.call('HDEL', KEYS[1], 't')
 if f[3] then release(ARGV[1] .. 'c:' .. f[3], ARGV[2]) end
+local set = {'s', 'q', 'n', ARGV[5]}
+if ARGV[4] ~= 'r' then set = {'s', 'd', 'x', ARGV[8] or ARGV[7]} end
+local y = ended(f[6], ARGV[6], 'f', ARGV[7])
+if y then set[5], set[6] = 'y', y end
+redis.call('HSET', KEYS[1], unpack(set))
 if ARGV[4] == 'r' then
-  redis.call('HSET', KEYS[1], 's', 'q', 'n', ARGV[5])
   redis.call('ZADD', KEYS[2], ARGV[5], ARGV[2])
   redis.pcall('PUBLISH', ARGV[1] .. 'wake', ARGV[5])
   return 1
 end
-redis.call('HSET', KEYS[1], 's', 'd', 'x', ARGV[6])
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[2])
 redis.call('ZADD', KEYS[5], f[5], ARGV[2])
@@ -333,9 +403,9 @@ return 1
 /// letter, oldest enqueued first: key, last error, then the fields `Row::entry` reads.
 const DEAD_LUA: &str = r#"local out = {}
 for _, key in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)) do
-  local g = redis.call('HMGET', ARGV[1] .. 'e:' .. key, 'x', 'h', 'o', 'p', 'c', 'a', 'n', 'e')
+  local g = redis.call('HMGET', ARGV[1] .. 'e:' .. key, 'x', 'h', 'o', 'p', 'c', 'a', 'n', 'e', 'i', 'r')
   local b = redis.call('GET', ARGV[1] .. 'b:' .. key)
-  out[#out + 1] = {key, g[1], b, g[2], g[3], g[4], g[5], g[6], g[7], g[8]}
+  out[#out + 1] = {key, g[1], b, g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10]}
 end
 return out
 "#;
@@ -382,14 +452,18 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// `{inbox:N:<p>}`, each with the keys below:
 ///
 /// - `{inbox:N}:e:<key>`: a hash, the entry (kept headers, object and position, correlation
-///   id, attempts, next attempt, enqueue time; a field at its default is left out) with its
-///   state (queued, running, dead), its lease's token, its last error; `{inbox:N}:b:<key>`: its
-///   body, a string of its own (so that the hash of small fields stays in Redis's compact
-///   encoding);
-/// - `{inbox:N}:d:<key>`: the key done, with the retention's `PX`: `1`, or the token of the lease
-///   that completed it when that was [`complete_with`](RedisInbox::complete_with) or a
-///   [durable](RedisInbox::durable) completion (so that the same completion sent again finds
-///   its own);
+///   id, delivery id and route, attempts, next attempt, enqueue time; a field at its default is
+///   left out) with its state (queued, running, dead, done), its lease's token, a dead letter's
+///   error, and its last 10 attempts ([`KEPT_ATTEMPTS`](super::KEPT_ATTEMPTS), one line each:
+///   started, how long, how it ended, the worker, the error); `{inbox:N}:b:<key>`: its body, a
+///   string of its own (so that the hash of small fields stays in Redis's compact encoding);
+/// - a done entry is the same hash, kept with the retention's `PX` (what makes a later delivery
+///   a duplicate, and what an operator [finds](super::InboxAdmin::find) of it: correlation id,
+///   delivery id, route, order, attempts), without its body, headers and next attempt; its token
+///   field holds `1`, or the token of the lease that completed it when that was
+///   [`complete_with`](RedisInbox::complete_with) or a [durable](RedisInbox::durable)
+///   completion (so that the same completion sent again finds its own). A
+///   [discarded](super::InboxAdmin::discard) dead letter becomes one too;
 /// - `{inbox:N}:fence`: written by a [durable](RedisInbox::durable) script that found its work
 ///   done already (a duplicate, a repeat), so that the `WAIT` behind it counts what it found;
 /// - `{inbox:N}:due`: a sorted set of the queued and running entries, by next attempt time or
@@ -403,6 +477,8 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 ///
 /// - `{inbox:N}:idle`: left by a take that found fewer entries than it asked for (its worker is
 ///   about to wait), deleted by the next enqueue, which then publishes.
+/// - `{inbox:N}:paused`: present while the inbox is [paused](super::InboxAdmin::pause) (in every
+///   partition); `take` checks it in its script and hands out nothing.
 ///
 /// Channels: `{inbox:N}:wake`, on which `enqueue` (while a worker waits: `:idle`), `requeue` and
 /// a retry's `fail` publish their entry's due time (a `PUBLISH` in the script; an ordered dead
@@ -410,8 +486,18 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// subscriber connection per process (made from the client's configuration, resubscribed after
 /// a reconnection), held while a worker waits.
 ///
+/// # Operators
+///
+/// [`InboxAdmin`](super::InboxAdmin) reads the entry hashes: `find` one (in the key's
+/// partition, else in each of the others, since an ordered entry is in its object's), `list`
+/// through a `SCAN` of each partition's node (`MATCH {inbox:N}:e:*`, on Redis Cluster the node
+/// that holds the partition's slot), filtering what it read. A listing costs a pass over the
+/// node's keyspace, the inbox's and others': as any `SCAN`, it sees every entry present from
+/// its start to its end at least once, and a page holds fewer entries than asked (even none)
+/// where the node holds mostly other keys. Keep listings to a cluster that is not resharding.
+///
 /// Times are the clients' clocks in microseconds since the epoch (as [`MemoryInbox`] uses its
-/// own clock): keep the hosts' clocks in sync (NTP), since a skew between two workers shifts
+/// own clock, and as the attempts' start and duration are kept): keep the hosts' clocks in sync (NTP), since a skew between two workers shifts
 /// when one sees the other's lease run out.
 ///
 /// # Bound
@@ -607,10 +693,6 @@ where
         concat(&[&self.prefixes[p], "e:", key.as_str()])
     }
 
-    fn done_key(&self, p: usize, key: &StoreKey) -> String {
-        concat(&[&self.prefixes[p], "d:", key.as_str()])
-    }
-
     fn body_key(&self, p: usize, key: &StoreKey) -> String {
         concat(&[&self.prefixes[p], "b:", key.as_str()])
     }
@@ -626,10 +708,19 @@ where
             return 0;
         }
         let hashed = match &entry.order {
-            Some(order) => order.object.as_str().as_bytes(),
-            None => entry.key.as_str().as_bytes(),
+            Some(order) => order.object.as_str(),
+            None => entry.key.as_str(),
         };
-        usize::from(fred::util::redis_keyslot(hashed)) % n
+        usize::from(fred::util::redis_keyslot(hashed.as_bytes())) % n
+    }
+
+    /// The partition an unordered entry of `key` is in (an ordered one is in its object's).
+    fn partition_of_key(&self, key: &StoreKey) -> usize {
+        let n = self.prefixes.len();
+        if n == 1 {
+            return 0;
+        }
+        usize::from(fred::util::redis_keyslot(key.as_str().as_bytes())) % n
     }
 
     /// The partition a lease's token was handed out from (see `take_from`).
@@ -715,6 +806,7 @@ where
                 Value::Integer(micros(now + lease)),
                 Value::Integer(max as i64),
                 token_value(&seed),
+                Value::from(WORKER.as_str()),
             ]
         };
         let leases = rows(self.run(&TAKE, keys, args).await?, "take")?
@@ -781,11 +873,13 @@ where
             self.set(p, "leased"),
             self.set(p, "live"),
         ];
+        let now = micros(SystemTime::now());
         let args = || {
-            let mut args = Vec::with_capacity(3 + 2 * indices.len());
+            let mut args = Vec::with_capacity(4 + 2 * indices.len());
             args.push(Value::from(&*self.prefixes[p]));
             args.push(Value::Integer(millis(retention)));
             args.push(self.durable_flag());
+            args.push(Value::Integer(now));
             for &i in indices {
                 let (key, token) = &leases[i];
                 args.push(Value::from(key.as_str()));
@@ -861,13 +955,15 @@ where
             self.set(p, "live"),
             self.entry_key(p, key),
         ];
+        let now = micros(SystemTime::now());
         let args = || {
-            let mut args = Vec::with_capacity(5 + writes.args.len());
+            let mut args = Vec::with_capacity(6 + writes.args.len());
             args.push(Value::from(&*self.prefixes[p]));
             args.push(Value::Integer(millis(retention)));
             args.push(Value::from(key.as_str()));
             args.push(token_value(token));
             args.push(self.durable_flag());
+            args.push(Value::Integer(now));
             args.extend(writes.args.iter().cloned());
             args
         };
@@ -1021,11 +1117,7 @@ where
             optional_fields(&entry, enqueued_at, capacity, &mut args);
             args
         };
-        let keys = vec![
-            self.set(p, "due"),
-            self.entry_key(p, &entry.key),
-            self.done_key(p, &entry.key),
-        ];
+        let keys = vec![self.set(p, "due"), self.entry_key(p, &entry.key)];
         match self
             .run_written(&ENQUEUE, keys, args, enqueue_wrote)
             .await?
@@ -1101,7 +1193,6 @@ where
                 Value::from(key.as_str()),
                 token_value(token),
                 Value::Integer(until),
-                Value::from(&*self.prefixes[p]),
             ]
         };
         self.run_flag(&RENEW, keys, args).await
@@ -1165,20 +1256,26 @@ where
             self.set(p, "live"),
             self.set(p, "dead"),
         ];
-        // The last error of a retried entry is in the worker's log; a dead letter keeps it.
+        // The attempt keeps its error cut and cleaned; a dead letter keeps it whole.
         let (mode, at, error) = match &failure {
-            Failure::RetryAt(at, _error) => ("r", micros(*at), ""),
-            Failure::Dead(error) => ("d", 0, error.as_str()),
+            Failure::RetryAt(at, error) => ("r", micros(*at), error),
+            Failure::Dead(error) => ("d", 0, error),
         };
+        let kept = history::error_field(error);
+        let whole = (mode == "d" && kept != *error).then_some(error.as_str());
+        let now = micros(SystemTime::now());
         let args = || {
-            vec![
+            let mut args = vec![
                 Value::from(&*self.prefixes[p]),
                 Value::from(key.as_str()),
                 token_value(token),
                 Value::from(mode),
                 Value::Integer(at),
-                Value::from(error),
-            ]
+                Value::Integer(now),
+                Value::from(kept.as_str()),
+            ];
+            args.extend(whole.map(Value::from));
+            args
         };
         flag(self.run_written(&FAIL, keys, args, one).await?)
     }
@@ -1262,6 +1359,12 @@ fn optional_fields(entry: &InboxEntry, enqueued_at: i64, capacity: u64, args: &m
     let next = micros(entry.next_attempt_at);
     if next != enqueued_at {
         args.extend(["n".into(), Value::Integer(next)]);
+    }
+    if !entry.id.is_empty() {
+        args.extend(["i".into(), Value::from(entry.id.as_str())]);
+    }
+    if !entry.route.is_empty() {
+        args.extend(["r".into(), Value::from(entry.route.as_str())]);
     }
     if let Some(order) = &entry.order {
         let position = Bytes::copy_from_slice(&order.position.to_bytes());
@@ -1375,6 +1478,15 @@ impl Row {
         String::from_utf8(self.bytes()?.to_vec()).map_err(|_| corrupt("a field is not UTF-8"))
     }
 
+    fn is_empty(&self) -> bool {
+        self.fields.len() == 0
+    }
+
+    fn optional_text(&mut self) -> Result<String, StoreError> {
+        let bytes = self.optional()?.unwrap_or_default();
+        String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("a field is not UTF-8"))
+    }
+
     fn optional_int(&mut self) -> Result<Option<i64>, StoreError> {
         let Some(bytes) = self.optional()? else {
             return Ok(None);
@@ -1406,8 +1518,9 @@ impl Row {
     }
 
     /// The entry of `key` carrying `body`, from the fields headers, object, position,
-    /// correlation id, attempts, next attempt and enqueue time (a missing headers, attempts or
-    /// next attempt is its default: none, 0, the enqueue time).
+    /// correlation id, attempts, next attempt, enqueue time, delivery id and route (a missing
+    /// headers, attempts, next attempt, id or route is its default: none, 0, the enqueue time,
+    /// empty).
     fn entry(&mut self, key: StoreKey, body: Bytes) -> Result<InboxEntry, StoreError> {
         let headers = decode_headers(&self.optional()?.unwrap_or_default())?;
         let order = self.order()?;
@@ -1418,8 +1531,12 @@ impl Row {
         let enqueued_at = from_micros(self.int()?);
         // `enqueue` leaves a field out when it is the default.
         let next_attempt_at = next_attempt_at.map_or(enqueued_at, from_micros);
+        let id = self.optional_text()?;
+        let route = self.optional_text()?;
         Ok(InboxEntry {
             key,
+            id,
+            route,
             body,
             headers,
             order,

@@ -1,0 +1,402 @@
+//! [`InboxAdmin`] on [`RedisInbox`]: find and list read the entry hashes (a done entry is one
+//! until its retention ends), list pages through a `SCAN` of each partition's node, discard
+//! makes a dead letter done, and pausing is one key per partition that `take` checks.
+
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime};
+
+use fred::interfaces::{KeysInterface, LuaInterface};
+use fred::types::scripts::Script;
+use fred::types::{ClusterHash, CustomCommand, Value};
+use futures_util::future::join_all;
+
+use super::{RedisInbox, Row, concat, corrupt, flag, from_micros, micros, one, rows};
+use crate::inbox::admin::{EntryInfo, Filter, InboxAdmin, Page};
+use crate::inbox::store::KeyState;
+use crate::store::redis::errors::store_error;
+use crate::store::redis::scripts::{bytes_of, unexpected};
+use crate::store::{StoreError, StoreErrorKind, StoreKey, millis};
+
+/// `find` and `list`: KEYS = leased; ARGV[1] = prefix, then keys. One row per key: nothing when
+/// the inbox does not know it, else its state, dead letter's error, history, body (nil when
+/// done), the entry's time to live (ms: a done entry's retention left), its lease end (µs, when
+/// running), then the fields `Row::entry` reads.
+const READ_LUA: &str = r#"local out = {}
+for i = 2, #ARGV do
+  local e = ARGV[1] .. 'e:' .. ARGV[i]
+  local f = redis.call('HMGET', e, 's', 'x', 'y', 'h', 'o', 'p', 'c', 'a', 'n', 'e', 'i', 'r')
+  if not f[1] then
+    out[i - 1] = {}
+  else
+    local body = redis.call('GET', ARGV[1] .. 'b:' .. ARGV[i])
+    local ttl, lease = redis.call('PTTL', e), redis.call('ZSCORE', KEYS[1], ARGV[i])
+    out[i - 1] = {f[1], f[2], f[3], body, ttl, lease, f[4], f[5], f[6], f[7], f[8], f[9], f[10],
+      f[11], f[12]}
+  end
+end
+return out
+"#;
+
+/// `discard`: KEYS = entry, dead; ARGV[1] = prefix, [2] = key, [3] = retention (ms). A dead
+/// letter becomes done for the retention as a completed entry does (its body, headers and
+/// error dropped, its history kept), without raising its object's watermark; `fail` took it
+/// out of the other sets and its object's queue already. 1, or 0 when the entry is not dead.
+const DISCARD_LUA: &str = r#"if redis.call('HGET', KEYS[1], 's') ~= 'd' then return 0 end
+redis.call('DEL', ARGV[1] .. 'b:' .. ARGV[2])
+redis.call('HDEL', KEYS[1], 'h', 'n', 'x')
+redis.call('HSET', KEYS[1], 's', 'k')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('ZREM', KEYS[2], ARGV[2])
+return 1
+"#;
+
+/// `pause` and `resume`: KEYS = paused; ARGV[1] = `1` to pause (else resume), [2] = prefix, [3]
+/// = now (µs). Resuming publishes now on `<prefix>wake`, which wakes every idle worker.
+const PAUSE_LUA: &str = r#"if ARGV[1] == '1' then
+  redis.call('SET', KEYS[1], '1')
+  return 1
+end
+redis.call('DEL', KEYS[1])
+redis.pcall('PUBLISH', ARGV[2] .. 'wake', ARGV[3])
+return 1
+"#;
+
+static READ: LazyLock<Script> = LazyLock::new(|| Script::from_lua(READ_LUA));
+static DISCARD: LazyLock<Script> = LazyLock::new(|| Script::from_lua(DISCARD_LUA));
+static PAUSE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(PAUSE_LUA));
+
+/// The most `SCAN` calls one `list` makes before it answers (with fewer entries than asked
+/// when the inbox's keys are sparse on the node), so that a call stays short.
+const SCANS_PER_PAGE: usize = 16;
+
+/// Where a listing stands: the partition, the `SCAN` cursor on its node, and how many keys of
+/// that cursor's batch were listed already (a batch can hold more than a page).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct ListCursor {
+    partition: usize,
+    scan: u64,
+    skip: usize,
+}
+
+impl ListCursor {
+    /// The cursor's text: `partition-scan-skip`.
+    fn encode(self) -> String {
+        format!("{}-{}-{}", self.partition, self.scan, self.skip)
+    }
+
+    fn parse(text: &str) -> Option<ListCursor> {
+        let mut parts = text.splitn(3, '-');
+        let partition = parts.next()?.parse().ok()?;
+        let scan = parts.next()?.parse().ok()?;
+        let skip = parts.next()?.parse().ok()?;
+        Some(ListCursor {
+            partition,
+            scan,
+            skip,
+        })
+    }
+}
+
+/// `text` with the characters `SCAN`'s `MATCH` treats as a pattern escaped.
+fn glob_escaped(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len() + 4);
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+/// What a `READ` row tells of `key`, or `None` when the inbox does not know it.
+fn entry_info(key: StoreKey, row: Value, now: SystemTime) -> Result<Option<EntryInfo>, StoreError> {
+    let mut row = Row::new(row, "find")?;
+    if row.is_empty() {
+        return Ok(None);
+    }
+    let state = row.bytes()?;
+    let dead = row.optional()?;
+    let history = row.optional_text()?;
+    let body = row.optional()?.unwrap_or_default();
+    let ttl = row.int()?;
+    let lease = match row.optional()? {
+        // A sorted set's score is a double in the reply: integral here, in any notation.
+        Some(score) => std::str::from_utf8(&score)
+            .ok()
+            .and_then(|score| score.parse::<f64>().ok())
+            .map(|score| from_micros(score as i64)),
+        None => None,
+    };
+    let entry = row.entry(key, body)?;
+    let text = |bytes: bytes::Bytes| String::from_utf8_lossy(&bytes).into_owned();
+    let (state, until, dead) = match &state[..] {
+        b"q" => (KeyState::Queued, Some(entry.next_attempt_at), None),
+        b"r" => (KeyState::Running, lease, None),
+        b"d" => (
+            KeyState::Dead,
+            None,
+            Some(dead.map(text).unwrap_or_default()),
+        ),
+        b"k" => {
+            let left = Duration::from_millis(ttl.max(0) as u64);
+            (KeyState::Done, (ttl >= 0).then_some(now + left), None)
+        }
+        _ => return Err(corrupt("an entry in an unknown state")),
+    };
+    Ok(Some(EntryInfo::of(entry, state, until, &history, dead)))
+}
+
+impl<C> RedisInbox<C>
+where
+    C: LuaInterface + KeysInterface + Send + Sync + 'static,
+{
+    /// What partition `p` holds of each of `keys` (one script).
+    async fn read_in(
+        &self,
+        p: usize,
+        keys: &[StoreKey],
+    ) -> Result<Vec<Option<EntryInfo>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let args = || {
+            let mut args = Vec::with_capacity(1 + keys.len());
+            args.push(Value::from(&*self.prefixes[p]));
+            args.extend(keys.iter().map(|key| Value::from(key.as_str())));
+            args
+        };
+        let now = SystemTime::now();
+        let rows = rows(
+            self.run(&READ, vec![self.set(p, "leased")], args).await?,
+            "find",
+        )?;
+        if rows.len() != keys.len() {
+            return Err(corrupt("find answered another number of rows"));
+        }
+        (keys.iter().zip(rows))
+            .map(|(key, row)| entry_info(key.clone(), row, now))
+            .collect()
+    }
+
+    /// One `SCAN` of partition `p`'s entries from `cursor`, on the node that holds the
+    /// partition's hash slot: the next cursor (0 once the scan went round) and the keys found.
+    async fn scan_in(
+        &self,
+        p: usize,
+        cursor: u64,
+        count: usize,
+    ) -> Result<(u64, Vec<StoreKey>), StoreError> {
+        let prefix = &self.prefixes[p];
+        let slot = fred::util::redis_keyslot(prefix.as_bytes());
+        let scan = CustomCommand::new_static("SCAN", ClusterHash::Custom(slot), false);
+        let pattern = concat(&[&glob_escaped(prefix), "e:*"]);
+        let args = vec![
+            Value::from(cursor.to_string()),
+            Value::from("MATCH"),
+            Value::from(pattern),
+            Value::from("COUNT"),
+            Value::Integer(count as i64),
+        ];
+        let reply: Value = self.client.custom(scan, args).await.map_err(store_error)?;
+        let Value::Array(mut parts) = reply else {
+            return Err(unexpected("SCAN", &reply));
+        };
+        let (Some(Value::Array(names)), Some(next)) = (parts.pop(), parts.pop()) else {
+            return Err(corrupt("SCAN answered another shape"));
+        };
+        let next = bytes_of(next)
+            .and_then(|next| std::str::from_utf8(&next).ok()?.parse().ok())
+            .ok_or_else(|| corrupt("SCAN answered a cursor that is not a number"))?;
+        let skipped = prefix.len() + 2;
+        let keys = names
+            .into_iter()
+            .filter_map(bytes_of)
+            .filter_map(|name| StoreKey::from_stored(name.get(skipped..)?))
+            .collect();
+        Ok((next, keys))
+    }
+
+    /// The partitions where `key` may be: its own first, then the others (an ordered entry is
+    /// in its object's, which the key alone does not tell).
+    fn partitions_of_key(&self, key: &StoreKey) -> impl Iterator<Item = usize> {
+        let first = self.partition_of_key(key);
+        std::iter::once(first).chain((0..self.prefixes.len()).filter(move |&p| p != first))
+    }
+
+    async fn discard_in(
+        &self,
+        p: usize,
+        key: &StoreKey,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let keys = vec![self.entry_key(p, key), self.set(p, "dead")];
+        let args = || {
+            vec![
+                Value::from(&*self.prefixes[p]),
+                Value::from(key.as_str()),
+                Value::Integer(millis(retention)),
+            ]
+        };
+        flag(self.run_written(&DISCARD, keys, args, one).await?)
+    }
+
+    /// Pauses (or resumes) every partition, at once.
+    async fn set_paused(&self, paused: bool) -> Result<(), StoreError> {
+        let now = micros(SystemTime::now());
+        let each = (0..self.prefixes.len()).map(|p| {
+            let args = move || {
+                vec![
+                    Value::from(if paused { "1" } else { "" }),
+                    Value::from(&*self.prefixes[p]),
+                    Value::Integer(now),
+                ]
+            };
+            self.run(&PAUSE, vec![self.set(p, "paused")], args)
+        });
+        for done in join_all(each).await {
+            done?;
+        }
+        Ok(())
+    }
+}
+
+/// Entries are the hashes `{inbox:N}:e:<key>`, a done one kept with the retention's `PX`, so
+/// `find` reads one hash (of the key's partition first; an ordered entry is in its object's,
+/// so the others are asked when it is not there). `list` pages through a `SCAN ... MATCH
+/// {inbox:N}:e:*` of each partition in turn, on the node that holds the partition's hash slot
+/// (on Redis Cluster too), reading each page's keys in one script and checking the filter on
+/// what it read; its cursor is the partition, the scan's cursor and how far into that batch it
+/// got. As any `SCAN`, a listing sees every entry present from its start to its end at least
+/// once (Redis may repeat one while it resizes its table, and a reshard that moves a slot
+/// while a listing runs restarts nothing: keep listings to a stable cluster). A page holds at
+/// most `limit` entries, fewer (even none) when the node's keys are mostly others'.
+///
+/// Pausing writes `{inbox:N}:paused` in every partition; `take` checks it in its script, and
+/// `resume` deletes it and publishes on `{inbox:N}:wake`.
+impl<C> InboxAdmin for RedisInbox<C>
+where
+    C: LuaInterface + KeysInterface + Send + Sync + 'static,
+{
+    async fn find(&self, key: &StoreKey) -> Result<Option<EntryInfo>, StoreError> {
+        let mut partitions = self.partitions_of_key(key);
+        let first = partitions.next().unwrap_or_default();
+        let found = self.read_in(first, std::slice::from_ref(key)).await?;
+        if let Some(info) = found.into_iter().next().flatten() {
+            return Ok(Some(info));
+        }
+        let keys = std::slice::from_ref(key);
+        let others = partitions.map(|p| self.read_in(p, keys));
+        for found in join_all(others).await {
+            if let Some(info) = found?.into_iter().next().flatten() {
+                return Ok(Some(info));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn list(
+        &self,
+        filter: &Filter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let mut at = match cursor {
+            None => ListCursor::default(),
+            Some(text) => ListCursor::parse(text)
+                .filter(|at| at.partition < self.prefixes.len())
+                .ok_or_else(|| StoreError::with_source(StoreErrorKind::Other, "not a cursor"))?,
+        };
+        let count = limit.clamp(10, 1_000);
+        let mut entries = Vec::with_capacity(limit.min(1_000));
+        for _ in 0..SCANS_PER_PAGE {
+            if entries.len() >= limit {
+                break;
+            }
+            let p = at.partition;
+            let (next, keys) = self.scan_in(p, at.scan, count).await?;
+            let unread = keys.get(at.skip..).unwrap_or_default();
+            let mut used = at.skip;
+            for info in self.read_in(p, unread).await? {
+                if entries.len() == limit {
+                    break;
+                }
+                used += 1;
+                entries.extend(info.filter(|info| filter.matches(info)));
+            }
+            if used < keys.len() {
+                // The page filled up within this batch: the next one reads its rest.
+                at.skip = used;
+                break;
+            }
+            at = match (next, p + 1 < self.prefixes.len()) {
+                (0, false) => return Ok(Page::new(entries, None)),
+                (0, true) => ListCursor {
+                    partition: p + 1,
+                    ..ListCursor::default()
+                },
+                (scan, _) => ListCursor {
+                    partition: p,
+                    scan,
+                    skip: 0,
+                },
+            };
+        }
+        Ok(Page::new(entries, Some(at.encode())))
+    }
+
+    async fn discard(&self, key: &StoreKey, retention: Duration) -> Result<bool, StoreError> {
+        for p in self.partitions_of_key(key) {
+            if self.discard_in(p, key, retention).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    async fn pause(&self) -> Result<(), StoreError> {
+        self.set_paused(true).await
+    }
+
+    async fn resume(&self) -> Result<(), StoreError> {
+        self.set_paused(false).await
+    }
+
+    /// Paused when any partition is (a pause or resume cut short leaves some).
+    async fn is_paused(&self) -> Result<bool, StoreError> {
+        let names: Vec<String> = (0..self.prefixes.len())
+            .map(|p| self.set(p, "paused"))
+            .collect();
+        let each = names
+            .iter()
+            .map(|name| self.client.exists::<i64, _>(name.as_str()));
+        for paused in join_all(each).await {
+            if paused.map_err(store_error)? > 0 {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_reads_back_and_garbage_is_refused() {
+        let at = ListCursor {
+            partition: 3,
+            scan: u64::MAX,
+            skip: 7,
+        };
+        assert_eq!(ListCursor::parse(&at.encode()), Some(at));
+        assert_eq!(ListCursor::parse("3-x-1"), None);
+        assert_eq!(ListCursor::parse("3-1"), None);
+    }
+
+    #[test]
+    fn a_scan_pattern_escapes_the_inbox_name() {
+        assert_eq!(glob_escaped("{inbox:a*b[1]?}:"), "{inbox:a\\*b\\[1\\]\\?}:");
+    }
+}
