@@ -300,7 +300,8 @@ impl Browser {
         form.submit().await.unwrap();
     }
 
-    /// Sets a cookie for the current page's site (so go to the site first), path `/`.
+    /// Sets a cookie for the current page's site, path `/`: go first to a page of the site
+    /// that answers (Chromium's error page for an empty 404 is not the site's).
     pub async fn set_cookie(&self, name: &str, value: &str) {
         // Chromium refuses `SameSite=None` (fantoccini's default) without `Secure`, and
         // chromedriver a null domain: Lax, on the page's host.
@@ -341,7 +342,16 @@ impl Browser {
     }
 
     /// [`until`](Self::until) with its own deadline.
-    pub async fn until_within<T, F, Fut>(&self, limit: Duration, what: &str, mut check: F) -> T
+    pub async fn until_within<T, F, Fut>(&self, limit: Duration, what: &str, check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        self.poll(limit, || what.to_owned(), check).await
+    }
+
+    /// The one polling loop: `what` tells the failure, once it is known.
+    async fn poll<T, F, Fut>(&self, limit: Duration, what: impl Fn() -> String, mut check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
@@ -353,8 +363,9 @@ impl Browser {
             }
             assert!(
                 start.elapsed() < limit,
-                "{}: not within {limit:?}: {what} (page {})",
+                "{}: not within {limit:?}: {} (page {})",
                 self.name,
+                what(),
                 self.url().await
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -369,12 +380,16 @@ impl Browser {
         .await
     }
 
-    /// Reloads `url` until `check` holds on the text of `css`; returns that text.
+    /// Reloads `url` until `check` holds on the text of `css`; returns that text. A failure
+    /// says what the page showed last.
     pub async fn reload_until(&self, url: &str, css: &str, check: impl Fn(&str) -> bool) -> String {
-        let what = format!("{css:?} on {url}");
-        self.until(&what, || async {
+        let seen = std::cell::RefCell::new(None::<String>);
+        let what = || format!("{css:?} on {url}, last seen {:?}", seen.borrow());
+        self.poll(WAIT, what, || async {
             self.goto(url).await;
-            self.try_text(css).await.filter(|text| check(text))
+            let text = self.try_text(css).await;
+            seen.replace(text.clone());
+            text.filter(|text| check(text))
         })
         .await
     }
