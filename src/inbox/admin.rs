@@ -311,11 +311,15 @@ pub(crate) mod history {
 
     /// An ended attempt's `error` as its line keeps it (cut, tabs and line breaks made spaces):
     /// what a backend that writes the lines in its own statements binds.
+    // Used by the SQL inboxes only, whose statements bind the fields one by one.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn error_field(error: &str) -> String {
         clean(kept_error(error))
     }
 
     /// A `worker` as a line names it.
+    // Used by the SQL inboxes only, whose statements bind the fields one by one.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn worker_field(worker: &str) -> String {
         clean(worker)
     }
