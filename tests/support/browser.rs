@@ -103,13 +103,14 @@ fn which(names: &[&str]) -> Option<PathBuf> {
 }
 
 fn require(env: &str, names: &[&str]) -> PathBuf {
-    let found = std::env::var_os(env)
-        .map(PathBuf::from)
-        .or_else(|| which(names));
+    let found = match std::env::var_os(env) {
+        Some(path) => Some(PathBuf::from(path)).filter(|path| path.is_file()),
+        None => which(names),
+    };
     found.unwrap_or_else(|| {
         panic!(
-            "{} not found (nor {env} set): the browser test needs Chromium and ChromeDriver; \
-             install them with `apt-get install chromium chromium-driver` (.ci/run does)",
+            "{} not found (on PATH, or at {env}): the browser test needs Chromium and ChromeDriver; \
+             install them with `apt-get install chromium chromium-driver` (scripts/test, run by CI, does)",
             names.join(" or ")
         )
     })
@@ -228,11 +229,10 @@ impl Browser {
         self.client.current_url().await.unwrap().to_string()
     }
 
-    /// The first element matching `css`, failing when there is none.
+    /// The first element matching `css`, waited for (a click that navigates may return
+    /// before the next page is there), failing after `WAIT`.
     pub async fn find(&self, css: &str) -> Element {
-        self.try_find(css)
-            .await
-            .unwrap_or_else(|| panic!("no element matches {css:?} on {}", self.name))
+        self.wait_for(css).await
     }
 
     /// The first element matching `css`, if any.
@@ -248,7 +248,7 @@ impl Browser {
             .map_or(0, |all| all.len())
     }
 
-    /// The visible text of the first element matching `css`, trimmed.
+    /// The visible text of the first element matching `css` (waited for), trimmed.
     pub async fn text(&self, css: &str) -> String {
         let text = self.find(css).await.text().await.unwrap();
         text.trim().to_owned()
