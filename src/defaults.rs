@@ -1,13 +1,5 @@
 //! The defaults of [`IdempotencyLayer`](crate::IdempotencyLayer), each changed by the builder
 //! method of the same name.
-//!
-//! ```
-//! use std::time::Duration;
-//! use tower_idempotency::defaults;
-//!
-//! assert_eq!(defaults::LEASE, Duration::from_secs(10));
-//! assert_eq!(defaults::RETENTION, Duration::from_secs(72 * 3600));
-//! ```
 
 use std::time::Duration;
 

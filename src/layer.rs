@@ -320,7 +320,7 @@ impl<K: Clone> IdempotencyLayer<K> {
     }
 
     /// Sets the lease: how long a claim blocks duplicates if its holder dies without finishing
-    /// (default 10 s, [`defaults::LEASE`](crate::defaults::LEASE)). A live holder's claim is renewed every third of the
+    /// (default 10 s). A live holder's claim is renewed every third of the
     /// lease for as long as the inner service runs and its response streams, so the lease
     /// need not cover the slowest handler: it bounds how long a crashed worker's key stays
     /// blocked. Keep it a few times the store's worst latency, so a renewal is never late.

@@ -171,7 +171,7 @@ mod answer;
 mod body;
 mod classify;
 mod config;
-pub mod defaults;
+pub(crate) mod defaults;
 pub mod fingerprint;
 mod future;
 mod guard;

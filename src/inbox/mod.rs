@@ -84,7 +84,7 @@ pub use self::layer::InboxLayer;
 pub use self::memory::{DEFAULT_CAPACITY, MemoryInbox};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use self::redis::{MAX_TAKE, RedisInbox, RedisWrites};
+pub use self::redis::{RedisInbox, RedisWrites};
 pub use self::retry::{Backoff, Decision, RetryPolicy};
 pub use self::route::IDEMPOTENCY_CORRELATION_ID;
 #[cfg(feature = "postgres")]

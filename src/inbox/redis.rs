@@ -26,14 +26,9 @@ use crate::store::redis::scripts::{Keys, LESS_LUA, bytes_of, evalsha_with_reload
 use crate::store::redis::{Durability, PickClient};
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token, millis};
 
-/// The most entries one [`RedisInbox`] `take` hands out: a take is one script, which holds the
-/// server while it runs (and numbers its leases in two bytes), so a larger `max` is cut to this.
-///
-/// ```
-/// // A worker pool larger than this takes in several calls.
-/// assert_eq!(tower_idempotency::inbox::MAX_TAKE, 1_000);
-/// ```
-pub const MAX_TAKE: usize = 1_000;
+/// The most entries one [`RedisInbox`] `take` hands out (a larger `max` is cut to this): a take
+/// is one script, which holds the server while it runs (and numbers its leases in two bytes).
+pub(crate) const MAX_TAKE: usize = 1_000;
 
 /// This process as its attempts name it ([`worker_id`]), as a history line keeps it: sent with
 /// every take.

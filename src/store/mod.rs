@@ -109,10 +109,10 @@ use crate::fingerprint::Fingerprint;
 use crate::order::Position;
 
 /// The prefix of every event key this crate writes to a shared store.
-pub const KEY_PREFIX: &str = "ti:";
+pub(crate) const KEY_PREFIX: &str = "ti:";
 
 /// The length of every store key: the prefix and 16 base64url digits.
-pub const STORE_KEY_LEN: usize = KEY_PREFIX.len() + DIGITS;
+pub(crate) const STORE_KEY_LEN: usize = KEY_PREFIX.len() + DIGITS;
 
 /// The base64url digits of a hashed key: 96 bits of a BLAKE3.
 const DIGITS: usize = 16;
@@ -253,7 +253,7 @@ impl fmt::Display for StoreKey {
 pub struct ObjectKey([u8; STORE_KEY_LEN]);
 
 /// The prefix of an object key.
-pub const OBJECT_PREFIX: &str = "to:";
+pub(crate) const OBJECT_PREFIX: &str = "to:";
 
 impl ObjectKey {
     /// The key of `object` within `namespace` and the optional request `scope`.

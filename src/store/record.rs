@@ -43,10 +43,10 @@ const TAG_REPLAY: u8 = 0x05;
 /// only tells a retried completion whose first attempt landed ("already written") from a claim
 /// lost to another owner; two owners of one key share a tag with probability 2⁻²⁴, and then
 /// only that log line is wrong, never what is recorded.
-pub const OWNER_LEN: usize = 3;
+pub(crate) const OWNER_LEN: usize = 3;
 
 /// The length of an encoded in-flight value: tag, token, fingerprint.
-pub const IN_FLIGHT_LEN: usize = 1 + 16 + Fingerprint::LEN;
+pub(crate) const IN_FLIGHT_LEN: usize = 1 + 16 + Fingerprint::LEN;
 
 /// The length of [`StoredValue::owner_prefix`]: the tag and the token.
 pub(crate) const OWNER_PREFIX_LEN: usize = 1 + 16;
@@ -257,15 +257,9 @@ fn owner_tag(token: &Token) -> [u8; OWNER_LEN] {
     tag
 }
 
-/// The prefix of a record written by the claim of `token`: tag byte excluded, so it matches
-/// both ack and replay records at offset 1 (what the Redis `complete` script compares).
-pub fn encoded_owner(token: &Token) -> Bytes {
-    let mut out = BytesMut::with_capacity(OWNER_LEN);
-    put_owner(token, &mut out);
-    out.freeze()
-}
-
-/// Appends [`encoded_owner`]'s bytes to `out`.
+/// Appends the prefix of a record written by the claim of `token` to `out`: tag byte
+/// excluded, so it matches both ack and replay records at offset 1 (what the Redis `complete`
+/// script compares).
 pub(crate) fn put_owner(token: &Token, out: &mut BytesMut) {
     out.put_slice(&owner_tag(token));
 }
@@ -505,7 +499,7 @@ mod tests {
             &out[..OWNER_PREFIX_LEN],
             &StoredValue::owner_prefix(&token)[..]
         );
-        assert_eq!(&out[OWNER_PREFIX_LEN..], &encoded_owner(&token)[..]);
+        assert_eq!(&out[OWNER_PREFIX_LEN..], &owner_tag(&token)[..]);
     }
 
     #[test]
