@@ -329,9 +329,9 @@ impl<K: Clone> IdempotencyLayer<K> {
     }
 
     /// Sets how long completed keys are kept (default 72 h): at least the sender's retry
-    /// window. On a route in [inbox mode](Self::inbox) the workers mark keys done, with the
-    /// retention of [`Worker::retention`](crate::inbox::Worker::retention); this one does not
-    /// apply there.
+    /// window. An inbox's door ([`InboxLayer`](crate::inbox::InboxLayer)) has none: the
+    /// workers mark keys done, with the retention of
+    /// [`Worker::retention`](crate::inbox::Worker::retention).
     pub fn retention(self, retention: Duration) -> Self {
         self.with_settings(|s| s.retention = retention)
     }

@@ -1203,7 +1203,7 @@ where
         Ok(self.complete_many(&lease, retention).await?[0])
     }
 
-    /// One script per partition the leases came from (per [`MAX_TAKE`] of them: a script holds
+    /// One script per partition the leases came from (per 1000 of them: a script holds
     /// the server while it runs), all at once.
     async fn complete_many(
         &self,
