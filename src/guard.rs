@@ -45,7 +45,7 @@ use crate::store::{
 /// `fut` is pinned by its caller and taken by reference, as by every step between the guard's
 /// call and here: an `async fn` keeps a future passed by value in its own state as well as in
 /// the state of the `async fn` it hands it to, so each step taking it by value held one more
-/// copy (a single-key completion's box was 1392 bytes, past the allocator's per-thread cache).
+/// copy, and the completion's box outgrew the allocator's per-thread cache.
 pub(crate) async fn timed<F, T>(
     timeout: Option<Duration>,
     mut fut: Pin<&mut F>,

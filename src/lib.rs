@@ -136,13 +136,14 @@
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `idempotency_requests_total` | counter | `namespace`, `outcome`, `reason` | one per covered request, by [`Outcome`] (`reason`: [`Outcome::reason`]) |
+//! | `idempotency_requests_total` | counter | `namespace`, `outcome`, `reason` | one per covered request, by [`Outcome`] (`reason`: [`Outcome::reason`], the rejection's code or the verification failure's, else `none`) |
 //! | `idempotency_store_duration_seconds` | histogram | `namespace`, `operation` | latency of `reserve`, `complete`, `release`, `renew` (not for a store that answers in process, see [`IdempotencyStore::in_process`]) |
 //! | `idempotency_store_errors_total` | counter | `namespace`, `operation` | failed store calls (timeouts included) |
 //! | `idempotency_inner_duration_seconds` | histogram | `namespace` | time the inner service took to answer (from the end of the reserve to the response head) |
-//! | `idempotency_lease_lost_total` | counter | `namespace` | claims found lost before their owner finished |
+//! | `idempotency_lease_lost_total` | counter | `namespace` | claims found lost before their owner finished (a renewal or completion that found the key taken or gone) |
 //! | `idempotency_memory_evictions_total` | counter | none | records the memory store evicted early to make room |
 //! | `idempotency_memory_effective_retention_seconds` | gauge | none | how old the youngest record evicted was: the retention the memory store really gives |
+//! | `idempotency_inbox_*` | counters, gauges | `namespace` | the inbox's workers: attempts, retries, dead letters, stale settlements, pending, in flight, oldest age, dead ([docs/inbox.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/inbox.md), "What to watch") |
 //!
 //! [`IdempotencyLayer::on_outcome`] calls a hook once per covered request, in the
 //! application's own terms.

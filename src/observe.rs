@@ -6,13 +6,8 @@
 //!
 //! # Metrics (feature `metrics`)
 //!
-//! | name | type | labels | meaning |
-//! |---|---|---|---|
-//! | `idempotency_requests_total` | counter | `namespace`, `outcome`, `reason` | one per covered request, by [`Outcome`] (`reason`: [`Outcome::reason`], the rejection's code or the verification failure's, else `none`) |
-//! | `idempotency_store_duration_seconds` | histogram | `namespace`, `operation` | latency of `reserve`, `complete`, `release`, `renew` (not for a store that answers in process, see [`IdempotencyStore::in_process`](crate::IdempotencyStore::in_process)) |
-//! | `idempotency_lease_lost_total` | counter | `namespace` | claims found lost before their owner finished (a renewal or completion that found the key taken or gone) |
-//! | `idempotency_store_errors_total` | counter | `namespace`, `operation` | failed store calls (including timeouts) |
-//! | `idempotency_inner_duration_seconds` | histogram | `namespace` | time the inner service took to answer (from the end of the reserve to the response head) |
+//! The metrics are listed once, in the crate's documentation (its table of metrics); the
+//! inbox's, in [`crate::inbox`]'s guide (docs/inbox.md, "What to watch").
 //!
 //! A layer registers each metric once, at its first sample, with the recorder in charge then,
 //! and keeps the handle: install the recorder before the layer serves its first request (a

@@ -47,13 +47,12 @@ static WORKER: LazyLock<String> = LazyLock::new(|| history::worker_field(worker_
 /// when one waits: a take that came back short left `<prefix>idle`, which the first enqueue
 /// due now after it deletes as it publishes (one due later publishes and leaves it, since the
 /// worker only notes the time and waits on). While every worker is busy (their takes full)
-/// nothing is published: a message costs Redis a write to every subscribed process (about
-/// 5 µs per enqueue and process, measured), where the check costs a `DEL`.
+/// nothing is published: a message costs Redis a write to every subscribed process, where the
+/// check costs a `DEL`.
 ///
-/// Every argument costs Redis about 2k instructions to hand to Lua and every hash field about
-/// 3k to store, so a first delivery sends 8 strings (the other key names are built in the
-/// script from the prefix, as `take` builds them) and stores 3 fields (a worker reads an absent
-/// field as its default).
+/// Every argument handed to Lua and every hash field stored costs Redis work, so a first
+/// delivery sends 8 strings (the other key names are built in the script from the prefix, as
+/// `take` builds them) and stores 3 fields (a worker reads an absent field as its default).
 static ENQUEUE_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
         + r#"local prefix, key, t, e = ARGV[1], ARGV[2], ARGV[5], KEYS[2]
@@ -158,10 +157,9 @@ end
 /// the fields `Row::entry` reads (headers, object, position, correlation id, attempts, next
 /// attempt, enqueued, delivery id, route).
 ///
-/// Every string handed to Lua costs Redis about 2k instructions, more for a long one: the scan
-/// asks for as many due entries as it still wants (more only when it passed some over), one
-/// token is sent, not one per entry it may take, and the bodies are read after the script, with
-/// one `MGET` (a 1 KiB body read into Lua cost 13k).
+/// Every string handed to Lua costs Redis work, more for a long one: the scan asks for as many
+/// due entries as it still wants (more only when it passed some over), one token is sent, not
+/// one per entry it may take, and the bodies are read after the script, with one `MGET`.
 static TAKE_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
         + HISTORY_LUA
@@ -240,9 +238,9 @@ return 1
 /// again, after a `NotReplicated` when durable: the done entry keeps the token, and the fence
 /// makes the `WAIT` behind count the first write).
 ///
-/// A script costs Redis about 12k instructions before it does anything and every string
-/// handed to it about 2k: a worker sends the completions that gathered while the last ones
-/// were in flight as one script, each one key and one token.
+/// A script has a fixed cost before it does anything, and every string handed to it one more:
+/// a worker sends the completions that gathered while the last ones were in flight as one
+/// script, each one key and one token.
 static COMPLETE_LUA: LazyLock<String> = LazyLock::new(|| {
     LESS_LUA.to_owned()
         + RELEASE_LUA

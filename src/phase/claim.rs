@@ -22,7 +22,7 @@ use crate::store::{Claim, Reservation, StoreError, StoreErrorKind};
 /// A request on its way through the claim: what the inner service will get (its head and
 /// body) and what it is claimed as. Boxed once and handed down by pointer: moved by value, it
 /// took a slot of its own in each async step that held it, and the prelude future that every
-/// request allocates grew past the allocator's per-thread cache (2 KiB; now under 1 KiB).
+/// request allocates grew past the allocator's per-thread cache.
 pub(crate) struct Claiming<B> {
     pub(crate) parts: Parts,
     pub(crate) body: RequestBody<B>,

@@ -16,8 +16,8 @@
 //! 6. **settle**: success or failure decided by the one classifier, then the claim recorded or
 //!    released ([`settle::finish`], and the streamed body for responses too large to hold).
 //!
-//! Phases 1 to 4 make the [`Prelude`]: one future, boxed once per request (under 1 KiB, in the
-//! allocator's per-thread cache); the request they claim travels in a box of its own
+//! Phases 1 to 4 make the [`Prelude`]: one future, boxed once per request (small enough for
+//! the allocator's per-thread cache); the request they claim travels in a box of its own
 //! ([`claim::Claiming`]), so that no async step keeps a copy of it.
 //!
 //! [`Targets`]: crate::guard::Targets

@@ -121,10 +121,9 @@ const DIGITS: usize = 16;
 /// and ("ab", "c") never collide (`None` is its own value, apart from the empty string).
 ///
 /// BLAKE3 rather than SHA-256: as collision-resistant, and each 64 bytes of the hashed input
-/// (the parts and their 8-byte prefixes) is one compression of 7 rounds where SHA-256 runs 64.
-/// On a CPU without the SHA extensions (Intel server parts before Ice Lake, and valgrind) a
-/// SHA-256 store key cost about 6k instructions per request, the largest single step of a
-/// first delivery.
+/// (the parts and their 8-byte prefixes) is one compression of 7 rounds where SHA-256 runs 64,
+/// which matters on a CPU without the SHA extensions (docs/performance.md, "Where the
+/// figures in the code went").
 fn hash_digits(parts: &[Option<&str>]) -> [u8; DIGITS] {
     // The parts of a usual key fit one stack buffer, hashed in one call; the incremental
     // hasher's per-update work is left to the long ones.
