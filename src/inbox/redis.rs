@@ -53,63 +53,8 @@ static WORKER: LazyLock<String> = LazyLock::new(|| history::worker_field(worker_
 /// Every argument handed to Lua and every hash field stored costs Redis work, so a first
 /// delivery sends 8 strings (the other key names are built in the script from the prefix, as
 /// `take` builds them) and stores 3 fields (a worker reads an absent field as its default).
-static ENQUEUE_LUA: LazyLock<String> = LazyLock::new(|| {
-    LESS_LUA.to_owned()
-        + r#"local prefix, key, t, e = ARGV[1], ARGV[2], ARGV[5], KEYS[2]
-local s = redis.call('HGET', e, 's')
-if s then
-  -- Durable: a write, so that the WAIT behind the script waits for the replicas to hold what
-  -- was found (WAIT counts the writes of its own connection, and replicas apply in order).
-  if ARGV[6] == 'w' then redis.pcall('SET', prefix .. 'fence', t) end
-  if s == 'q' then return 1 elseif s == 'r' then return 2 elseif s == 'd' then return 3 end
-  return 4
-end
-local due, o, p, cap, fields = t, nil, nil, nil, nil
-for i = 6, #ARGV, 2 do
-  local name, value = ARGV[i], ARGV[i + 1]
-  if name == 'w' then
-  elseif name == 'cap' then
-    cap = tonumber(value)
-  else
-    fields = fields or {'s', 'q', 'c', ARGV[4], 'e', t}
-    fields[#fields + 1] = name
-    fields[#fields + 1] = value
-    if name == 'n' then due = value end
-    if name == 'o' then o = value end
-    if name == 'p' then p = value end
-  end
-end
-if o then
-  -- Stale at the door: its object went past it already (the take's rule).
-  local w = redis.call('GET', prefix .. 'w:' .. o)
-  if w and string.len(w) == 16 and not less(w, p) then
-    if ARGV[6] == 'w' then redis.pcall('SET', prefix .. 'fence', t) end
-    return {6, w}
-  end
-end
-if cap then
-  local held = redis.call('ZCARD', prefix .. 'live') + redis.call('ZCARD', prefix .. 'dead')
-  if held >= cap then return 5 end
-end
-if fields then
-  redis.call('HSET', e, unpack(fields))
-else
-  redis.call('HSET', e, 's', 'q', 'c', ARGV[4], 'e', t)
-end
-redis.call('SET', prefix .. 'b:' .. key, ARGV[3])
-if o then redis.call('ZADD', prefix .. 'o:' .. o, 0, p .. key) end
-redis.call('ZADD', KEYS[1], due, key)
-redis.call('ZADD', prefix .. 'live', t, key)
-local idle = prefix .. 'idle'
-if tonumber(due) > tonumber(t) then
-  -- Due later: the waiting worker keeps the time, and the mark stays for an entry due now.
-  if redis.call('EXISTS', idle) == 1 then redis.pcall('PUBLISH', prefix .. 'wake', due) end
-elseif redis.call('DEL', idle) == 1 then
-  redis.pcall('PUBLISH', prefix .. 'wake', due)
-end
-return 0
-"#
-});
+static ENQUEUE_LUA: LazyLock<String> =
+    LazyLock::new(|| LESS_LUA.to_owned() + include_str!("redis/lua/enqueue.lua"));
 
 /// An entry's attempts (`y`), in the stored form of `admin::history`: one line per attempt,
 /// oldest first, each `number TAB start TAB duration TAB outcome TAB worker TAB error`, times in
@@ -117,33 +62,7 @@ return 0
 /// ran (its lease ran out) and keeps the last 10 (`KEPT_ATTEMPTS`); `ended` ends the last
 /// attempt, if running, at `now` as `s` or `f` with `err` (cleaned and cut by the caller), or
 /// answers nil.
-const HISTORY_LUA: &str = r#"local function last_line(y)
-  local at, n, first = 1, 1, nil
-  local nl = string.find(y, '\n', 1, true)
-  while nl do
-    first, at, n = first or nl, nl + 1, n + 1
-    nl = string.find(y, '\n', at, true)
-  end
-  return at, n, first
-end
-local function pushed(y, line)
-  if not y or y == '' then return line end
-  local at, n, first = last_line(y)
-  local last = string.gsub(string.sub(y, at), '^(%d+\t%d+\t)\tr\t', '%1\tl\t', 1)
-  y = string.sub(y, 1, at - 1) .. last .. '\n' .. line
-  if n >= 10 then y = string.sub(y, first + 1) end
-  return y
-end
-local function ended(y, now, outcome, err)
-  if not y then return nil end
-  local at = last_line(y)
-  local n, start, worker = string.match(y, '^(%d+)\t(%d+)\t\tr\t([^\t]*)\t$', at)
-  if not n then return nil end
-  local took = math.max(0, tonumber(now) - tonumber(start))
-  return string.sub(y, 1, at - 1) .. n .. '\t' .. start .. '\t' .. string.format('%d', took)
-    .. '\t' .. outcome .. '\t' .. worker .. '\t' .. err
-end
-"#;
+const HISTORY_LUA: &str = include_str!("redis/lua/history.lua");
 
 /// `take`: KEYS = due, leased; ARGV[1] = prefix, [2] = now (µs), [3] = lease end (µs), [4] =
 /// max, [5] = a random token whose 14th and 15th bytes each lease replaces with its index, [6] =
@@ -160,74 +79,13 @@ end
 /// Every string handed to Lua costs Redis work, more for a long one: the scan asks for as many
 /// due entries as it still wants (more only when it passed some over), one token is sent, not
 /// one per entry it may take, and the bodies are read after the script, with one `MGET`.
-static TAKE_LUA: LazyLock<String> = LazyLock::new(|| {
-    LESS_LUA.to_owned()
-        + HISTORY_LUA
-        + r#"local prefix, now, lease_end, max = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-if redis.call('EXISTS', prefix .. 'paused') == 1 then return {} end
-local head, tail = string.sub(ARGV[5], 1, 13), string.sub(ARGV[5], 16, 16)
-local out, skipped, batch = {}, 0, max
-while #out < max do
-  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', skipped, batch)
-  local passed = skipped
-  for _, key in ipairs(due) do
-    if #out == max then break end
-    local e = prefix .. 'e:' .. key
-    local f = redis.call('HMGET', e, 's', 'o', 'p', 'h', 'c', 'a', 'n', 'e', 'i', 'r', 'y')
-    local runnable, stale = f[1] == 'q' or f[1] == 'r', 0
-    if not runnable then
-      redis.call('ZREM', KEYS[1], key)
-    elseif f[2] then
-      local current = redis.call('GET', prefix .. 'c:' .. f[2])
-      if current and redis.call('HGET', prefix .. 'e:' .. current, 's') ~= 'r' then
-        current = nil
-      end
-      local next = current
-      if not next then next = redis.call('ZRANGE', prefix .. 'o:' .. f[2], 0, 0)[1] end
-      if next ~= (current and key or f[3] .. key) then
-        runnable = false
-        skipped = skipped + 1
-      else
-        local w = redis.call('GET', prefix .. 'w:' .. f[2])
-        if w and string.len(w) == 16 and not less(w, f[3]) then stale = 1 end
-      end
-    end
-    if runnable then
-      local i = #out
-      local token = head .. string.char(math.floor(i / 256), i % 256) .. tail
-      local attempts = (tonumber(f[6]) or 0) + 1
-      local y = pushed(f[11], attempts .. '\t' .. now .. '\t\tr\t' .. ARGV[6] .. '\t')
-      redis.call('HSET', e, 's', 'r', 't', token, 'a', attempts, 'y', y)
-      if f[2] then redis.call('SET', prefix .. 'c:' .. f[2], key) end
-      redis.call('ZADD', KEYS[1], lease_end, key)
-      redis.call('ZADD', KEYS[2], lease_end, key)
-      out[#out + 1] = {key, stale, token, f[4], f[2], f[3], f[5], attempts, f[7], f[8], f[9], f[10]}
-    end
-  end
-  -- Every due entry was seen: those passed over wait behind their object's first.
-  if #due < batch then break end
-  batch = max - #out
-  if skipped > passed then batch = math.max(batch, math.min(batch * 4, 100)) end
-end
--- Short: the worker will wait, and the next enqueue is to wake it.
-if #out < max then redis.call('SET', prefix .. 'idle', '1') end
-return out
-"#
-});
+static TAKE_LUA: LazyLock<String> =
+    LazyLock::new(|| LESS_LUA.to_owned() + HISTORY_LUA + include_str!("redis/lua/take.lua"));
 
 /// `renew`: KEYS = entry, due, leased; ARGV[1] = key, [2] = token, [3] = lease end (µs). 1
 /// while the token holds the entry, or completed it (`complete_with`: its handler may still
 /// run, and must not be cancelled as if the lease were lost).
-const RENEW_LUA: &str = r#"local f = redis.call('HMGET', KEYS[1], 's', 't')
-if f[1] ~= 'r' or f[2] ~= ARGV[2] then
-  -- Completed by its own lease (`complete_with`): still this worker's, nothing to extend.
-  if f[1] == 'k' and f[2] == ARGV[2] then return 1 end
-  return 0
-end
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
-return 1
-"#;
+const RENEW_LUA: &str = include_str!("redis/lua/renew.lua");
 
 /// `complete`, any number of leases of one partition: KEYS = due, leased, live; ARGV[1] =
 /// prefix, [2] = retention (ms), [3] = `w` when durable (else empty), [4] = now (µs), then a
@@ -246,28 +104,7 @@ static COMPLETE_LUA: LazyLock<String> = LazyLock::new(|| {
         + RELEASE_LUA
         + HISTORY_LUA
         + FINISH_ONE_LUA
-        + r#"local prefix, retention, durable, now = ARGV[1], ARGV[2], ARGV[3] == 'w', ARGV[4]
-local out, done = {}, {}
-for i = 5, #ARGV, 2 do
-  local key = ARGV[i]
-  local f = redis.call('HMGET', prefix .. 'e:' .. key, 's', 't', 'o', 'p', 'y')
-  if f[1] == 'r' and f[2] == ARGV[i + 1] then
-    drop_payload(prefix, key)
-    finish_one(prefix, retention, key, f, now, durable and ARGV[i + 1] or '1')
-    done[#done + 1] = key
-    out[#out + 1] = 1
-  elseif f[1] == 'k' and f[2] == ARGV[i + 1] then
-    if durable then redis.pcall('SET', prefix .. 'fence', '1') end
-    out[#out + 1] = 1
-  else
-    out[#out + 1] = 0
-  end
-end
-if #done > 0 then
-  for i = 1, 3 do redis.call('ZREM', KEYS[i], unpack(done)) end
-end
-return out
-"#
+        + include_str!("redis/lua/complete.lua")
 });
 
 /// `drop_payload` deletes what a done entry no longer keeps (its body, headers and next attempt
@@ -278,29 +115,7 @@ return out
 /// lease's token for a completion that must find its own when sent again; its attempt ended as
 /// a success at `now`) with the retention's `PEXPIRE`, and its object's next entry may go with
 /// the watermark raised. The caller removes it from the sets.
-const FINISH_ONE_LUA: &str = r#"local function drop_payload(prefix, key)
-  redis.call('DEL', prefix .. 'b:' .. key)
-  redis.call('HDEL', prefix .. 'e:' .. key, 'h', 'n')
-end
-local function finish_one(prefix, retention, key, f, now, mark)
-  local e, y = prefix .. 'e:' .. key, ended(f[5], now, 's', '')
-  if y then
-    redis.call('HSET', e, 's', 'k', 't', mark, 'y', y)
-  else
-    redis.call('HSET', e, 's', 'k', 't', mark)
-  end
-  redis.call('PEXPIRE', e, retention)
-  if f[3] then
-    redis.call('ZREM', prefix .. 'o:' .. f[3], f[4] .. key)
-    release(prefix .. 'c:' .. f[3], key)
-    local wk = prefix .. 'w:' .. f[3]
-    local w = redis.call('GET', wk)
-    local m = f[4]
-    if w and string.len(w) == 16 and less(m, w) then m = w end
-    redis.call('SET', wk, m, 'PX', retention)
-  end
-end
-"#;
+const FINISH_ONE_LUA: &str = include_str!("redis/lua/finish_one.lua");
 
 /// `complete_with`: KEYS = due, leased, live, entry; ARGV[1] = prefix, [2] = retention (ms),
 /// [3] = key, [4] = token, [5] = `w` when durable (else empty), [6] = now (µs), then the writes,
@@ -314,33 +129,11 @@ static COMPLETE_WITH_LUA: LazyLock<String> = LazyLock::new(|| {
         + RELEASE_LUA
         + HISTORY_LUA
         + FINISH_ONE_LUA
-        + r#"local prefix, key, token = ARGV[1], ARGV[3], ARGV[4]
-local f = redis.call('HMGET', KEYS[4], 's', 't', 'o', 'p', 'y')
-if f[1] ~= 'r' or f[2] ~= token then
-  if f[1] == 'k' and f[2] == token then
-    if ARGV[5] == 'w' then redis.pcall('SET', prefix .. 'fence', '1') end
-    return 2
-  end
-  return 0
-end
-drop_payload(prefix, key)
-local i = 7
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  redis.call(unpack(ARGV, i + 1, i + n))
-  i = i + n + 1
-end
-finish_one(prefix, ARGV[2], key, f, ARGV[6], token)
-for j = 1, 3 do redis.call('ZREM', KEYS[j], key) end
-return 1
-"#
+        + include_str!("redis/lua/complete_with.lua")
 });
 
 /// Lets go of an object's entry in flight (`c:<object>`, which `take` sets) when it is `key`.
-const RELEASE_LUA: &str = r#"local function release(c, key)
-  if redis.call('GET', c) == key then redis.call('DEL', c) end
-end
-"#;
+const RELEASE_LUA: &str = include_str!("redis/lua/release.lua");
 
 /// `fail`: KEYS = entry, due, leased, live, dead; ARGV[1] = prefix, [2] = key, [3] = token,
 /// [4] = `r` (retry) or `d` (dead), [5] = retry time (µs), [6] = now (µs), [7] = the error as
@@ -349,70 +142,20 @@ end
 /// is no longer its object's entry in flight: a retry waits its turn in position order. A
 /// retry is announced at its time, an ordered dead letter at once (its object's next may go),
 /// so that the workers of every process hear them, not only the one that settled.
-static FAIL_LUA: LazyLock<String> = LazyLock::new(|| {
-    RELEASE_LUA.to_owned()
-        + HISTORY_LUA
-        + r#"local f = redis.call('HMGET', KEYS[1], 's', 't', 'o', 'p', 'e', 'y')
-if f[1] ~= 'r' or f[2] ~= ARGV[3] then return 0 end
-redis.call('ZREM', KEYS[3], ARGV[2])
-redis.call('HDEL', KEYS[1], 't')
-if f[3] then release(ARGV[1] .. 'c:' .. f[3], ARGV[2]) end
-local set = {'s', 'q', 'n', ARGV[5]}
-if ARGV[4] ~= 'r' then set = {'s', 'd', 'x', ARGV[8] or ARGV[7]} end
-local y = ended(f[6], ARGV[6], 'f', ARGV[7])
-if y then set[5], set[6] = 'y', y end
-redis.call('HSET', KEYS[1], unpack(set))
-if ARGV[4] == 'r' then
-  redis.call('ZADD', KEYS[2], ARGV[5], ARGV[2])
-  redis.pcall('PUBLISH', ARGV[1] .. 'wake', ARGV[5])
-  return 1
-end
-redis.call('ZREM', KEYS[2], ARGV[2])
-redis.call('ZREM', KEYS[4], ARGV[2])
-redis.call('ZADD', KEYS[5], f[5], ARGV[2])
-if f[3] then
-  redis.call('ZREM', ARGV[1] .. 'o:' .. f[3], f[4] .. ARGV[2])
-  redis.pcall('PUBLISH', ARGV[1] .. 'wake', 0)
-end
-return 1
-"#
-});
+static FAIL_LUA: LazyLock<String> =
+    LazyLock::new(|| RELEASE_LUA.to_owned() + HISTORY_LUA + include_str!("redis/lua/fail.lua"));
 
 /// `requeue`: KEYS = entry, due, live, dead; ARGV[1] = prefix, [2] = key, [3] = now (µs).
 /// Announced as an enqueue is.
-const REQUEUE_LUA: &str = r#"local f = redis.call('HMGET', KEYS[1], 's', 'o', 'p', 'e')
-if f[1] ~= 'd' then return 0 end
-redis.call('HSET', KEYS[1], 's', 'q', 'a', 0, 'n', ARGV[3])
-redis.call('HDEL', KEYS[1], 'x')
-redis.call('ZREM', KEYS[4], ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
-redis.call('ZADD', KEYS[3], f[4], ARGV[2])
-if f[2] then redis.call('ZADD', ARGV[1] .. 'o:' .. f[2], 0, f[3] .. ARGV[2]) end
-redis.pcall('PUBLISH', ARGV[1] .. 'wake', ARGV[3])
-return 1
-"#;
+const REQUEUE_LUA: &str = include_str!("redis/lua/requeue.lua");
 
 /// `dead_letters`: KEYS = dead; ARGV[1] = prefix, [2] = limit (at least 1). One row per dead
 /// letter, oldest enqueued first: key, last error, then the fields `Row::entry` reads.
-const DEAD_LUA: &str = r#"local out = {}
-for _, key in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)) do
-  local g = redis.call('HMGET', ARGV[1] .. 'e:' .. key, 'x', 'h', 'o', 'p', 'c', 'a', 'n', 'e', 'i', 'r')
-  local b = redis.call('GET', ARGV[1] .. 'b:' .. key)
-  out[#out + 1] = {key, g[1], b, g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10]}
-end
-return out
-"#;
+const DEAD_LUA: &str = include_str!("redis/lua/dead.lua");
 
 /// `counts`: KEYS = leased, live, dead; ARGV[1] = prefix, [2] = now (µs). Returns in flight,
 /// live (pending and in flight), dead, and the oldest live entry's enqueue time (or nil).
-const COUNTS_LUA: &str = r#"local in_flight = redis.call('ZCOUNT', KEYS[1], '(' .. ARGV[2], '+inf')
-local live = redis.call('ZCARD', KEYS[2])
-local dead = redis.call('ZCARD', KEYS[3])
-local oldest = false
-local first = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-if first then oldest = redis.call('HGET', ARGV[1] .. 'e:' .. first, 'e') end
-return {in_flight, live, dead, oldest}
-"#;
+const COUNTS_LUA: &str = include_str!("redis/lua/counts.lua");
 
 static ENQUEUE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(ENQUEUE_LUA.as_str()));
 static TAKE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(TAKE_LUA.as_str()));

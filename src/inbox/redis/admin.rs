@@ -21,45 +21,17 @@ use crate::store::{StoreError, StoreErrorKind, StoreKey, millis};
 /// the inbox does not know it, else its state, dead letter's error, history, body (nil when
 /// done), the entry's time to live (ms: a done entry's retention left), its lease end (µs, when
 /// running), then the fields `Row::entry` reads.
-const READ_LUA: &str = r#"local out = {}
-for i = 2, #ARGV do
-  local e = ARGV[1] .. 'e:' .. ARGV[i]
-  local f = redis.call('HMGET', e, 's', 'x', 'y', 'h', 'o', 'p', 'c', 'a', 'n', 'e', 'i', 'r')
-  if not f[1] then
-    out[i - 1] = {}
-  else
-    local body = redis.call('GET', ARGV[1] .. 'b:' .. ARGV[i])
-    local ttl, lease = redis.call('PTTL', e), redis.call('ZSCORE', KEYS[1], ARGV[i])
-    out[i - 1] = {f[1], f[2], f[3], body, ttl, lease, f[4], f[5], f[6], f[7], f[8], f[9], f[10],
-      f[11], f[12]}
-  end
-end
-return out
-"#;
+const READ_LUA: &str = include_str!("lua/admin_read.lua");
 
 /// `discard`: KEYS = entry, dead; ARGV[1] = prefix, [2] = key, [3] = retention (ms). A dead
 /// letter becomes done for the retention as a completed entry does (its body, headers and
 /// error dropped, its history kept), without raising its object's watermark; `fail` took it
 /// out of the other sets and its object's queue already. 1, or 0 when the entry is not dead.
-const DISCARD_LUA: &str = r#"if redis.call('HGET', KEYS[1], 's') ~= 'd' then return 0 end
-redis.call('DEL', ARGV[1] .. 'b:' .. ARGV[2])
-redis.call('HDEL', KEYS[1], 'h', 'n', 'x')
-redis.call('HSET', KEYS[1], 's', 'k')
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('ZREM', KEYS[2], ARGV[2])
-return 1
-"#;
+const DISCARD_LUA: &str = include_str!("lua/admin_discard.lua");
 
 /// `pause` and `resume`: KEYS = paused; ARGV[1] = `1` to pause (else resume), [2] = prefix, [3]
 /// = now (µs). Resuming publishes now on `<prefix>wake`, which wakes every idle worker.
-const PAUSE_LUA: &str = r#"if ARGV[1] == '1' then
-  redis.call('SET', KEYS[1], '1')
-  return 1
-end
-redis.call('DEL', KEYS[1])
-redis.pcall('PUBLISH', ARGV[2] .. 'wake', ARGV[3])
-return 1
-"#;
+const PAUSE_LUA: &str = include_str!("lua/admin_pause.lua");
 
 static READ: LazyLock<Script> = LazyLock::new(|| Script::from_lua(READ_LUA));
 static DISCARD: LazyLock<Script> = LazyLock::new(|| Script::from_lua(DISCARD_LUA));

@@ -20,53 +20,19 @@ use crate::store::{StoreErrorKind, StoreKey};
 /// ARGV[3] = retention in milliseconds, ARGV[4] = owner tag (3 bytes). Returns 1 when the
 /// record was written, 2 when the key already holds a record of this owner (a retried
 /// completion whose first attempt landed), 0 otherwise.
-pub(super) const COMPLETE_LUA: &str = r#"local v = redis.call('GET', KEYS[1])
-if not v then
-  return 0
-end
-if string.sub(v, 1, 17) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return 1
-end
-local tag = string.byte(v, 1)
-if (tag == 4 or tag == 5) and string.sub(v, 2, 1 + string.len(ARGV[4])) == ARGV[4] then
-  return 2
-end
-return 0
-"#;
+pub(super) const COMPLETE_LUA: &str = include_str!("lua/complete.lua");
 
 /// `renew`: KEYS[1] = key, ARGV[1] = owner prefix (17 bytes), ARGV[2] = lease in
 /// milliseconds. Returns 1 when the claim's lease was extended, 0 otherwise.
-pub(super) const RENEW_LUA: &str = r#"local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 17) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"#;
+pub(super) const RENEW_LUA: &str = include_str!("lua/renew.lua");
 
 /// `release`: KEYS[1] = key, ARGV[1] = owner prefix (17 bytes). Returns 1 when the claim was
 /// deleted, 0 otherwise.
-pub(super) const RELEASE_LUA: &str = r#"local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 17) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-return 0
-"#;
+pub(super) const RELEASE_LUA: &str = include_str!("lua/release.lua");
 
 /// Byte-wise `a < b` of two positions (16 bytes each). Lua's own `<` on strings goes through
 /// the C library's `strcoll`, which depends on the server's locale: never used here.
-pub(crate) const LESS_LUA: &str = r#"local function less(a, b)
-  for i = 1, 16 do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then
-      return x < y
-    end
-  end
-  return false
-end
-"#;
+pub(crate) const LESS_LUA: &str = include_str!("lua/less.lua");
 
 /// `reserve_ordered`, one event: KEYS[1] = the event's key, KEYS[2] = its object's lease,
 /// KEYS[3] = its object's watermark (one hash slot: see `ordered_keys`); ARGV[1] = the
@@ -75,87 +41,25 @@ end
 /// stale. Returns `{1, value}` when another claim or a record holds the key, `{2}` when another
 /// claim holds the object, else takes the key and the object's lease and returns `{3,
 /// watermark}` when the event is stale, `{0}` otherwise.
-static RESERVE_ORDERED_LUA: LazyLock<String> = LazyLock::new(|| {
-    LESS_LUA.to_owned()
-        + r#"local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 17) ~= string.sub(ARGV[1], 1, 17) then
-  return {1, v}
-end
-local owner = string.sub(ARGV[1], 2, 17)
-local holder = redis.call('GET', KEYS[2])
-if holder and holder ~= owner then
-  return {2}
-end
-redis.call('SET', KEYS[2], owner, 'PX', ARGV[2])
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local w = redis.call('GET', KEYS[3])
-if w and string.len(w) == 16 and (less(ARGV[3], w) or (ARGV[4] == '1' and ARGV[3] == w)) then
-  return {3, w}
-end
-return {0}
-"#
-});
+static RESERVE_ORDERED_LUA: LazyLock<String> =
+    LazyLock::new(|| LESS_LUA.to_owned() + include_str!("lua/reserve_ordered.lua"));
 
 /// `complete_ordered`, one event: KEYS as for `reserve_ordered`; ARGV[1..4] as for
 /// `complete`, ARGV[5] = the position. Writes the record and raises the watermark (same
 /// retention) when the key holds this claim; lets go of the object's lease when this claim
 /// holds it, whatever the key holds. Returns as `complete` does.
-static COMPLETE_ORDERED_LUA: LazyLock<String> = LazyLock::new(|| {
-    LESS_LUA.to_owned()
-        + r#"local owner = string.sub(ARGV[1], 2, 17)
-local done = 0
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 17) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  local w = redis.call('GET', KEYS[3])
-  if not w or string.len(w) ~= 16 or less(w, ARGV[5]) then
-    redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[3])
-  end
-  done = 1
-elseif v then
-  local tag = string.byte(v, 1)
-  if (tag == 4 or tag == 5) and string.sub(v, 2, 1 + string.len(ARGV[4])) == ARGV[4] then
-    done = 2
-  end
-end
-if redis.call('GET', KEYS[2]) == owner then
-  redis.call('DEL', KEYS[2])
-end
-return done
-"#
-});
+static COMPLETE_ORDERED_LUA: LazyLock<String> =
+    LazyLock::new(|| LESS_LUA.to_owned() + include_str!("lua/complete_ordered.lua"));
 
 /// `release_ordered`, one event: KEYS as for `reserve_ordered`, ARGV[1] = owner prefix.
 /// Deletes the key and the object's lease, each when this claim holds it; returns 1 when the
 /// key was deleted.
-pub(super) const RELEASE_ORDERED_LUA: &str = r#"local owner = string.sub(ARGV[1], 2, 17)
-local released = 0
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 17) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  released = 1
-end
-if redis.call('GET', KEYS[2]) == owner then
-  redis.call('DEL', KEYS[2])
-end
-return released
-"#;
+pub(super) const RELEASE_ORDERED_LUA: &str = include_str!("lua/release_ordered.lua");
 
 /// `renew_ordered`, one event: KEYS as for `reserve_ordered`, ARGV[1] = owner prefix, ARGV[2]
 /// = lease in milliseconds. Extends the key and the object's lease, each when this claim holds
 /// it; returns 1 when the key was extended.
-pub(super) const RENEW_ORDERED_LUA: &str = r#"local owner = string.sub(ARGV[1], 2, 17)
-local renewed = 0
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 17) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  renewed = 1
-end
-if redis.call('GET', KEYS[2]) == owner then
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-end
-return renewed
-"#;
+pub(super) const RENEW_ORDERED_LUA: &str = include_str!("lua/renew_ordered.lua");
 
 pub(super) static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COMPLETE_LUA));
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(RELEASE_LUA));
