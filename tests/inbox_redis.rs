@@ -904,3 +904,66 @@ async fn a_fenced_completion_drains_an_inbox_over_maxmemory() {
         Enqueued::Duplicate(KeyState::Done)
     );
 }
+
+/// A listing goes on after the last key it listed, not after a count of keys: an entry that
+/// vanishes from a `SCAN` batch between two pages (a done key whose retention ended) makes
+/// no other entry of that batch go unlisted.
+#[tokio::test]
+async fn a_listing_misses_nothing_when_a_listed_key_expires() {
+    use tower_idempotency::inbox::{Filter, InboxAdmin};
+    let (inbox, _server) = standalone().await;
+    let route = fresh_name();
+    let mut all = HashSet::new();
+    for n in 0..20 {
+        let id = format!("evt_{n}");
+        let key = StoreKey::new(&route, None, &id);
+        let entry = InboxEntry::new(key.clone(), Bytes::new(), "c").with_delivery(&route, id);
+        inbox.enqueue(entry).await.unwrap();
+        all.insert(key);
+    }
+    let filter = Filter::default().route(&route);
+    // One server of its own: its 20 keys come in one batch of the scan, longer than a page.
+    let first = inbox.list(&filter, None, 3).await.unwrap();
+    assert_eq!(first.entries.len(), 3);
+    let mut seen: HashSet<StoreKey> = first.entries.iter().map(|i| i.entry.key.clone()).collect();
+    // The first key listed is taken, completed with a retention of a millisecond, and gone.
+    let gone = first.entries[0].entry.key.clone();
+    let lease = loop {
+        let taken = inbox.take(20, Duration::from_secs(60)).await.unwrap();
+        let mut found = None;
+        for lease in taken {
+            if lease.entry.key == gone {
+                found = Some(lease);
+            } else {
+                let back = tower_idempotency::inbox::Failure::RetryAt(
+                    std::time::SystemTime::now(),
+                    "not this one".to_owned(),
+                );
+                inbox
+                    .fail(&lease.entry.key, &lease.token, back)
+                    .await
+                    .unwrap();
+            }
+        }
+        if let Some(lease) = found {
+            break lease;
+        }
+    };
+    let retention = Duration::from_millis(1);
+    assert!(
+        inbox
+            .complete(&gone, &lease.token, retention)
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(inbox.find(&gone).await.unwrap().is_none(), "expired");
+    let mut cursor = first.next;
+    while let Some(at) = cursor {
+        let page = inbox.list(&filter, Some(&at), 3).await.unwrap();
+        seen.extend(page.entries.iter().map(|i| i.entry.key.clone()));
+        cursor = page.next;
+    }
+    let missed: Vec<_> = all.difference(&seen).collect();
+    assert!(missed.is_empty(), "never listed: {missed:?}");
+}

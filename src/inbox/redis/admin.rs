@@ -39,32 +39,38 @@ static PAUSE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(PAUSE_LUA));
 
 /// The most `SCAN` calls one `list` makes before it answers (with fewer entries than asked
 /// when the inbox's keys are sparse on the node), so that a call stays short.
-const SCANS_PER_PAGE: usize = 16;
+const SCANS_PER_PAGE: usize = 64;
 
-/// Where a listing stands: the partition, the `SCAN` cursor on its node, and how many keys of
-/// that cursor's batch were listed already (a batch can hold more than a page).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Where a listing stands: the partition, the `SCAN` cursor on its node, and the last key of
+/// that cursor's batch listed already (a batch can hold more than a page). A batch is read in
+/// key order, so the rest of it is the keys after that one, whatever left the batch since (a
+/// count of keys listed would skip one for each that expired meanwhile).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct ListCursor {
     partition: usize,
     scan: u64,
-    skip: usize,
+    after: Option<StoreKey>,
 }
 
 impl ListCursor {
-    /// The cursor's text: `partition-scan-skip`.
-    fn encode(self) -> String {
-        format!("{}-{}-{}", self.partition, self.scan, self.skip)
+    /// The cursor's text: `partition-scan-` and the last key listed, if any.
+    fn encode(&self) -> String {
+        let after = self.after.as_ref().map_or("", StoreKey::as_str);
+        format!("{}-{}-{after}", self.partition, self.scan)
     }
 
     fn parse(text: &str) -> Option<ListCursor> {
         let mut parts = text.splitn(3, '-');
         let partition = parts.next()?.parse().ok()?;
         let scan = parts.next()?.parse().ok()?;
-        let skip = parts.next()?.parse().ok()?;
+        let after = match parts.next()? {
+            "" => None,
+            key => Some(StoreKey::parse(key)?),
+        };
         Some(ListCursor {
             partition,
             scan,
-            skip,
+            after,
         })
     }
 }
@@ -238,11 +244,15 @@ where
 /// so the others are asked when it is not there). `list` pages through a `SCAN ... MATCH
 /// {inbox:N}:e:*` of each partition in turn, on the node that holds the partition's hash slot
 /// (on Redis Cluster too), reading each page's keys in one script and checking the filter on
-/// what it read; its cursor is the partition, the scan's cursor and how far into that batch it
-/// got. As any `SCAN`, a listing sees every entry present from its start to its end at least
-/// once (Redis may repeat one while it resizes its table, and a reshard that moves a slot
-/// while a listing runs restarts nothing: keep listings to a stable cluster). A page holds at
-/// most `limit` entries, fewer (even none) when the node's keys are mostly others'.
+/// what it read; its cursor is the partition and the scan's cursor. A page takes whole batches
+/// (each `SCAN` asks for about what the page has room for), since one cursor scanned again may
+/// cover other buckets once keys around it came and went; only a batch larger than a page is
+/// split, by key, the next page reading on after the last key listed (an entry that joins that
+/// one bucket between the two calls, sorted before that key, is then not listed). As any
+/// `SCAN`, a listing sees every entry present from its start to its end at least once (Redis
+/// may repeat one while it resizes its table, and a reshard that moves a slot while a listing
+/// runs restarts nothing: keep listings to a stable cluster). A page holds at most `limit`
+/// entries (at most 1000), fewer (even none) when the node's keys are mostly others'.
 ///
 /// Pausing writes `{inbox:N}:paused` in every partition; `take` checks it in its script, and
 /// `resume` deletes it and publishes on `{inbox:N}:wake`.
@@ -279,28 +289,40 @@ where
                 .filter(|at| at.partition < self.prefixes.len())
                 .ok_or_else(|| StoreError::with_source(StoreErrorKind::Other, "not a cursor"))?,
         };
-        let count = limit.clamp(10, 1_000);
-        let mut entries = Vec::with_capacity(limit.min(1_000));
+        let limit = limit.clamp(1, 1_000);
+        let mut entries = Vec::with_capacity(limit);
         for _ in 0..SCANS_PER_PAGE {
             if entries.len() >= limit {
                 break;
             }
             let p = at.partition;
-            let (next, keys) = self.scan_in(p, at.scan, count).await?;
-            let unread = keys.get(at.skip..).unwrap_or_default();
-            let mut used = at.skip;
-            for info in self.read_in(p, unread).await? {
-                if entries.len() == limit {
+            // A batch of about what the page has room for: a page takes whole batches, since
+            // the same cursor scanned again may cover other buckets (the keys around it came
+            // and went), so a place inside a batch does not hold from one call to the next.
+            let room = limit - entries.len();
+            let (next, mut keys) = self.scan_in(p, at.scan, room).await?;
+            keys.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+            if let Some(after) = &at.after {
+                keys.retain(|key| key.as_str() > after.as_str());
+            }
+            let infos = self.read_in(p, &keys).await?;
+            let mut matching: Vec<EntryInfo> = (infos.into_iter().flatten())
+                .filter(|info| filter.matches(info))
+                .collect();
+            if matching.len() > room {
+                if !entries.is_empty() {
+                    // Not this page's: the next one starts with this batch.
                     break;
                 }
-                used += 1;
-                entries.extend(info.filter(|info| filter.matches(info)));
-            }
-            if used < keys.len() {
-                // The page filled up within this batch: the next one reads its rest.
-                at.skip = used;
+                // A batch larger than a page (a bucket's keys come together): the page is its
+                // first keys, and the next one reads on after the last of them, from the same
+                // cursor (what the batch covers then may differ: documented).
+                matching.truncate(room);
+                at.after = matching.last().map(|info| info.entry.key.clone());
+                entries.extend(matching);
                 break;
             }
+            entries.extend(matching);
             at = match (next, p + 1 < self.prefixes.len()) {
                 (0, false) => return Ok(Page::new(entries, None)),
                 (0, true) => ListCursor {
@@ -310,7 +332,7 @@ where
                 (scan, _) => ListCursor {
                     partition: p,
                     scan,
-                    skip: 0,
+                    after: None,
                 },
             };
         }
@@ -357,14 +379,18 @@ mod tests {
 
     #[test]
     fn a_cursor_reads_back_and_garbage_is_refused() {
+        let key = StoreKey::new("list", None, "a key whose digits may hold a -");
         let at = ListCursor {
             partition: 3,
             scan: u64::MAX,
-            skip: 7,
+            after: Some(key),
         };
         assert_eq!(ListCursor::parse(&at.encode()), Some(at));
-        assert_eq!(ListCursor::parse("3-x-1"), None);
+        let start = ListCursor::default();
+        assert_eq!(ListCursor::parse(&start.encode()), Some(start));
+        assert_eq!(ListCursor::parse("3-x-"), None);
         assert_eq!(ListCursor::parse("3-1"), None);
+        assert_eq!(ListCursor::parse("3-1-not a key"), None);
     }
 
     #[test]
