@@ -160,18 +160,23 @@ impl Filter {
     /// Whether `info` matches every condition set (what a backend that cannot filter in the
     /// store checks on what it read).
     pub fn matches(&self, info: &EntryInfo) -> bool {
-        let entry = &info.entry;
-        self.state.is_none_or(|state| state == info.state)
-            && (self.id_prefix.as_deref()).is_none_or(|prefix| entry.id.starts_with(prefix))
-            && (self.route.as_deref()).is_none_or(|route| entry.route == route)
-            && (self.object.as_ref())
-                .is_none_or(|object| entry.order.as_ref().is_some_and(|o| o.object == *object))
-            && (self.correlation_id.as_deref()).is_none_or(|id| entry.correlation_id == id)
+        self.matches_entry(&info.entry, info.state)
             && (self.error_contains.as_deref()).is_none_or(|text| {
                 info.last_error
                     .as_deref()
                     .is_some_and(|error| error.contains(text))
             })
+    }
+
+    /// Whether an entry in `state` matches every condition but the error text (what a backend
+    /// checks before it reads an entry's attempts).
+    pub(crate) fn matches_entry(&self, entry: &InboxEntry, state: KeyState) -> bool {
+        self.state.is_none_or(|wanted| wanted == state)
+            && (self.id_prefix.as_deref()).is_none_or(|prefix| entry.id.starts_with(prefix))
+            && (self.route.as_deref()).is_none_or(|route| entry.route == route)
+            && (self.object.as_ref())
+                .is_none_or(|object| entry.order.as_ref().is_some_and(|o| o.object == *object))
+            && (self.correlation_id.as_deref()).is_none_or(|id| entry.correlation_id == id)
     }
 }
 

@@ -534,18 +534,29 @@ impl InboxAdmin for MemoryInbox {
             Some(Some(key)) => Some(key),
             None => None,
         };
-        // By store key, from the cursor: every key the inbox knows, read whole (in memory).
-        let mut keys: Vec<&StoreKey> = state
-            .entries
-            .keys()
-            .chain(state.done.keys())
-            .filter(|key| {
-                after
-                    .as_ref()
-                    .is_none_or(|after| key.as_str() > after.as_str())
-            })
+        // By store key, from the cursor: the keys whose entries match all but the error text,
+        // found without building what an operator sees of them (the lock is held), sorted.
+        let after = |key: &StoreKey| {
+            after
+                .as_ref()
+                .is_none_or(|after| key.as_str() > after.as_str())
+        };
+        let live = state.entries.iter().filter(|(key, slot)| {
+            let kept = match slot.phase {
+                Phase::Pending => KeyState::Queued,
+                Phase::Leased { .. } => KeyState::Running,
+                Phase::Dead { .. } => KeyState::Dead,
+            };
+            after(key) && filter.matches_entry(&slot.entry, kept)
+        });
+        let done = state.done.iter().filter(|(key, done)| {
+            done.until > now && after(key) && filter.matches_entry(&done.entry, KeyState::Done)
+        });
+        let mut keys: Vec<&StoreKey> = live
+            .map(|(key, _)| key)
+            .chain(done.map(|(key, _)| key))
             .collect();
-        keys.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        keys.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
         let mut entries = Vec::new();
         let mut next = None;
         for key in keys {
