@@ -352,7 +352,6 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
     {
         let (key, token) = (lease.entry.key.clone(), lease.token);
         let attempts = lease.entry.attempts;
-        let correlation_id = lease.entry.correlation_id.clone();
         metrics::attempt(&self.settings.namespace);
         #[cfg(feature = "admin")]
         let started = Instant::now();
@@ -376,10 +375,10 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
             }
             Decision::DeadLetter => {
                 metrics::dead_letter(&self.settings.namespace);
-                // A person has to act: the line says what to find and re-queue.
+                // A person has to act: the line says what to find and re-queue (its span,
+                // `inbox.entry`, carries the correlation id: no copy of it per attempt).
                 tracing::error!(
                     %key,
-                    %correlation_id,
                     attempts,
                     last_error = %error,
                     "inbox: entry made a dead letter"

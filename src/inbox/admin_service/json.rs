@@ -93,7 +93,10 @@ impl Refusal {
             }
             Refusal::TooLarge { limit } => return layer(Rejection::PayloadTooLarge { limit }),
             Refusal::Unreadable => return layer(Rejection::BodyUnreadable),
-            Refusal::Store(_) => {
+            Refusal::Store(error) => {
+                // Reads too: a store failing behind the page is seen in the log, not only as a
+                // 503 in a browser.
+                tracing::warn!(%error, "inbox admin: the inbox could not be read or written");
                 let retry_after = Duration::from_secs(1);
                 return layer(Rejection::StoreUnavailable { retry_after });
             }

@@ -164,6 +164,14 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
     /// Re-queues every dead letter matching the query's filter, page after page.
     async fn requeue_all(&self, query: &str, actor: &str) -> Result<u64, Refusal> {
         let (filter, _, limit) = params::listing(query, params::REQUEUE)?;
+        // Logged as it starts: a request dropped half way (a proxy's timeout, a closed tab)
+        // leaves what it re-queued attributed to its actor.
+        tracing::info!(
+            actor,
+            action = "requeue_matching",
+            filter = %params::describe(&filter),
+            "inbox admin: re-queueing every matching dead letter"
+        );
         let (mut requeued, mut cursor) = (0, None::<String>);
         loop {
             let done = (self.inbox)
