@@ -209,3 +209,31 @@ proptest::proptest! {
         ));
     }
 }
+
+/// In memory a listing pages through the inbox by key: every entry once, never twice.
+#[tokio::test]
+async fn a_memory_listing_never_repeats_an_entry() {
+    use tower_idempotency::inbox::{Filter, InboxAdmin};
+    let inbox = MemoryInbox::default();
+    for n in 0..25 {
+        let key = StoreKey::new("listing", None, &n.to_string());
+        inbox
+            .enqueue(InboxEntry::new(key, Bytes::new(), "c"))
+            .await
+            .unwrap();
+    }
+    let (mut listed, mut cursor) = (Vec::new(), None::<String>);
+    loop {
+        let page = inbox
+            .list(&Filter::default(), cursor.as_deref(), 4)
+            .await
+            .unwrap();
+        listed.extend(page.entries.into_iter().map(|info| info.entry.key));
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    let unique: std::collections::HashSet<_> = listed.iter().collect();
+    assert_eq!((listed.len(), unique.len()), (25, 25));
+}

@@ -214,7 +214,8 @@ pub struct Requeued {
 /// on Redis) through an opaque cursor, so a listing goes on where it stopped however large the
 /// inbox; what changes meanwhile may be seen or not. Filters other than the state may be
 /// checked on what was read (a page can then hold fewer entries than asked, none even, and
-/// still not be the last).
+/// still not be the last). A listing that is a scan of the server's keys (Redis) may list an
+/// entry twice while the server resizes its table; in memory and on SQL it never does.
 ///
 /// Pausing is stored in the backend: while paused, every worker of every process takes
 /// nothing (a take returns no entry), and what runs finishes; resuming wakes idle workers.
