@@ -19,12 +19,12 @@ use tower_idempotency::inbox::{
 use tower_idempotency::order::Position;
 use tower_idempotency::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
 
-const RETENTION: Duration = Duration::from_secs(3600);
-const LONG: Duration = Duration::from_secs(60);
-const DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const RETENTION: Duration = Duration::from_secs(3600);
+pub(crate) const LONG: Duration = Duration::from_secs(60);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(10);
 
 /// A name no other test (nor an earlier run against the same server) uses.
-fn fresh(test: &str) -> String {
+pub(crate) fn fresh(test: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)

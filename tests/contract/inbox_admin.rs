@@ -11,7 +11,7 @@
 use std::collections::HashSet;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -22,23 +22,9 @@ use tower_idempotency::inbox::{
 use tower_idempotency::order::Position;
 use tower_idempotency::store::{ObjectKey, StoreKey};
 
-const RETENTION: Duration = Duration::from_secs(3600);
-const LONG: Duration = Duration::from_secs(60);
-const DEADLINE: Duration = Duration::from_secs(10);
-
-/// A name no other test (nor an earlier run against the same server) uses.
-fn fresh(test: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!(
-        "{test}-{}-{}-{nanos}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+// The names, bounds and retention of the queue contract (`inbox_contract`, beside this
+// module in every file that runs both).
+use super::inbox_contract::{DEADLINE, LONG, RETENTION, fresh};
 
 /// An entry of `route` whose delivery id is `id`, keyed as a route keys it.
 fn delivery(route: &str, id: &str) -> InboxEntry {
