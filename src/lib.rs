@@ -168,55 +168,48 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod answer;
-mod body;
-mod classify;
-mod config;
+mod claim;
 pub(crate) mod defaults;
 pub mod fingerprint;
-mod future;
-mod guard;
+mod http;
 pub mod inbox;
-mod items;
 pub mod key;
-mod layer;
-mod observe;
 pub mod once;
 pub mod order;
-mod outcome;
-mod phase;
-pub mod rejection;
-mod service;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod sql;
 #[cfg(feature = "admin")]
 mod stats;
 pub mod store;
-mod throttle;
 mod util;
 pub mod verify;
 
-pub use self::answer::IDEMPOTENT_REPLAYED;
-pub use self::body::{RequestBody, ResponseBody};
-pub use self::config::{AckResponse, FailureMode, MissingKey, Mode, OnMismatch, Scope};
-pub use self::future::ResponseFuture;
-pub use self::items::BatchItems;
+pub use self::claim::observe::OutcomeEvent;
+pub use self::claim::outcome::Outcome;
+pub use self::http::answer::IDEMPOTENT_REPLAYED;
+pub use self::http::body::{RequestBody, ResponseBody};
+pub use self::http::config::{AckResponse, FailureMode, MissingKey, Mode, OnMismatch, Scope};
+pub use self::http::future::ResponseFuture;
+pub use self::http::items::BatchItems;
+pub use self::http::layer::IdempotencyLayer;
+pub use self::http::rejection;
+pub use self::http::service::Idempotency;
 pub use self::key::value::IdempotencyKey;
-pub use self::layer::IdempotencyLayer;
-pub use self::observe::OutcomeEvent;
 pub use self::once::{Idempotent, OnceError};
-pub use self::outcome::Outcome;
-pub use self::service::Idempotency;
 pub use self::store::contract::IdempotencyStore;
 pub use self::store::memory::MemoryStore;
 
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use self::store::redis::RedisStore;
+pub use self::redis::records::RedisStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use self::store::sql::postgres::PostgresStore;
+pub use self::sql::postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use self::store::sql::sqlite::SqliteStore;
+pub use self::sql::sqlite::SqliteStore;
 /// The Redis client the Redis store runs on, re-exported so that its version always matches.
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::outcome::Outcome;
+use crate::claim::outcome::Outcome;
 
 /// How many minutes the statistics cover, the current one included.
 pub(crate) const MINUTES: usize = 15;

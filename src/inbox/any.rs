@@ -35,11 +35,11 @@ pub struct AnyInbox(Backend);
 enum Backend {
     Memory(MemoryInbox),
     #[cfg(feature = "redis")]
-    Redis(super::redis::RedisInbox),
+    Redis(crate::redis::inbox::RedisInbox),
     #[cfg(feature = "postgres")]
-    Postgres(super::sql::PostgresInbox),
+    Postgres(crate::sql::inbox::PostgresInbox),
     #[cfg(feature = "sqlite")]
-    Sqlite(super::sql::SqliteInbox),
+    Sqlite(crate::sql::inbox::SqliteInbox),
 }
 
 impl AnyInbox {
@@ -55,7 +55,7 @@ impl AnyInbox {
     pub async fn on(store: &AnyStore, name: &str) -> Result<Self, StoreError> {
         #[cfg(feature = "redis")]
         if let Some(redis) = store.as_redis() {
-            let mut inbox = super::redis::RedisInbox::new(redis.client().clone(), name);
+            let mut inbox = crate::redis::inbox::RedisInbox::new(redis.client().clone(), name);
             // The store's durable completion covers the inbox's writes as well.
             if let Some((replicas, timeout)) = redis.durability() {
                 inbox = inbox.durable(replicas, timeout);
@@ -64,7 +64,7 @@ impl AnyInbox {
         }
         #[cfg(feature = "postgres")]
         if let Some(postgres) = store.as_postgres() {
-            let inbox = super::sql::PostgresInbox::new(postgres.pool().clone())
+            let inbox = crate::sql::inbox::PostgresInbox::new(postgres.pool().clone())
                 .with_table(name)
                 .map_err(invalid_table)?;
             inbox.migrate().await?;
@@ -72,7 +72,7 @@ impl AnyInbox {
         }
         #[cfg(feature = "sqlite")]
         if let Some(sqlite) = store.as_sqlite() {
-            let inbox = super::sql::SqliteInbox::new(sqlite.pool().clone())
+            let inbox = crate::sql::inbox::SqliteInbox::new(sqlite.pool().clone())
                 .with_table(name)
                 .map_err(invalid_table)?;
             inbox.migrate().await?;
@@ -96,7 +96,7 @@ impl AnyInbox {
 
     /// The `RedisInbox` inside, if the backend is Redis.
     #[cfg(feature = "redis")]
-    pub fn as_redis(&self) -> Option<&super::redis::RedisInbox> {
+    pub fn as_redis(&self) -> Option<&crate::redis::inbox::RedisInbox> {
         match &self.0 {
             Backend::Redis(inbox) => Some(inbox),
             _ => None,
@@ -106,7 +106,7 @@ impl AnyInbox {
     /// The `PostgresInbox` inside, if the backend is PostgreSQL: for
     /// [`complete_in_tx`](super::SqlInbox::complete_in_tx) in a handler's transaction.
     #[cfg(feature = "postgres")]
-    pub fn as_postgres(&self) -> Option<&super::sql::PostgresInbox> {
+    pub fn as_postgres(&self) -> Option<&crate::sql::inbox::PostgresInbox> {
         match &self.0 {
             Backend::Postgres(inbox) => Some(inbox),
             _ => None,
@@ -116,7 +116,7 @@ impl AnyInbox {
     /// The `SqliteInbox` inside, if the backend is SQLite: for
     /// [`complete_in_tx`](super::SqlInbox::complete_in_tx) in a handler's transaction.
     #[cfg(feature = "sqlite")]
-    pub fn as_sqlite(&self) -> Option<&super::sql::SqliteInbox> {
+    pub fn as_sqlite(&self) -> Option<&crate::sql::inbox::SqliteInbox> {
         match &self.0 {
             Backend::Sqlite(inbox) => Some(inbox),
             _ => None,
@@ -125,7 +125,7 @@ impl AnyInbox {
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-fn invalid_table(err: crate::store::sql::InvalidTable) -> StoreError {
+fn invalid_table(err: crate::sql::InvalidTable) -> StoreError {
     StoreError::with_source(crate::store::StoreErrorKind::Other, err)
 }
 
@@ -136,22 +136,22 @@ impl From<MemoryInbox> for AnyInbox {
 }
 
 #[cfg(feature = "redis")]
-impl From<super::redis::RedisInbox> for AnyInbox {
-    fn from(inbox: super::redis::RedisInbox) -> Self {
+impl From<crate::redis::inbox::RedisInbox> for AnyInbox {
+    fn from(inbox: crate::redis::inbox::RedisInbox) -> Self {
         AnyInbox(Backend::Redis(inbox))
     }
 }
 
 #[cfg(feature = "postgres")]
-impl From<super::sql::PostgresInbox> for AnyInbox {
-    fn from(inbox: super::sql::PostgresInbox) -> Self {
+impl From<crate::sql::inbox::PostgresInbox> for AnyInbox {
+    fn from(inbox: crate::sql::inbox::PostgresInbox) -> Self {
         AnyInbox(Backend::Postgres(inbox))
     }
 }
 
 #[cfg(feature = "sqlite")]
-impl From<super::sql::SqliteInbox> for AnyInbox {
-    fn from(inbox: super::sql::SqliteInbox) -> Self {
+impl From<crate::sql::inbox::SqliteInbox> for AnyInbox {
+    fn from(inbox: crate::sql::inbox::SqliteInbox) -> Self {
         AnyInbox(Backend::Sqlite(inbox))
     }
 }

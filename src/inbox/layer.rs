@@ -9,11 +9,11 @@ use tower_layer::Layer;
 
 use super::route::InboxRoute;
 use super::store::InboxStore;
-use crate::config::{AckResponse, Scope};
+use crate::claim::observe::OutcomeEvent;
+use crate::http::config::{AckResponse, Scope};
+use crate::http::rejection::RenderRejection;
 use crate::key::{ExtractKey, HeaderKey};
-use crate::observe::OutcomeEvent;
 use crate::order::EventOrder;
-use crate::rejection::RenderRejection;
 use crate::store::LocalCache;
 use crate::verify::VerifyRequest;
 use crate::{Idempotency, IdempotencyLayer, MemoryStore};

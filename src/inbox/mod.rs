@@ -47,29 +47,23 @@
 //! # });
 //! ```
 
-mod admin;
+pub(crate) mod admin;
 #[cfg(feature = "admin")]
 mod admin_service;
-mod any;
+pub(crate) mod any;
 #[cfg(any(feature = "redis", feature = "sqlite", feature = "postgres"))]
-mod codec;
-mod completions;
-mod entry;
-mod idle;
-mod layer;
-mod memory;
-mod metrics;
-#[cfg(feature = "redis")]
-mod redis;
-#[cfg(feature = "redis")]
-mod redis_relay;
-mod retry;
+pub(crate) mod codec;
+pub(crate) mod completions;
+pub(crate) mod entry;
+pub(crate) mod idle;
+pub(crate) mod layer;
+pub(crate) mod memory;
+pub(crate) mod metrics;
+pub(crate) mod retry;
 pub(crate) mod route;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod sql;
-mod store;
-mod wake;
-mod worker;
+pub(crate) mod store;
+pub(crate) mod wake;
+pub(crate) mod worker;
 
 pub use self::admin::{
     Attempt, AttemptOutcome, EntryInfo, Filter, InboxAdmin, KEPT_ATTEMPTS, KEPT_ERROR_BYTES, Page,
@@ -82,17 +76,17 @@ pub use self::any::AnyInbox;
 pub use self::entry::{EntryOrder, InboxEntry, InboxRequest, Lease};
 pub use self::layer::InboxLayer;
 pub use self::memory::{DEFAULT_CAPACITY, MemoryInbox};
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use self::redis::{RedisInbox, RedisWrites};
 pub use self::retry::{Backoff, Decision, RetryPolicy};
 pub use self::route::IDEMPOTENCY_CORRELATION_ID;
-#[cfg(feature = "postgres")]
-pub use self::sql::PostgresInbox;
-#[cfg(feature = "sqlite")]
-pub use self::sql::SqliteInbox;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use self::sql::{DEFAULT_INBOX_TABLE, SqlInbox};
 pub use self::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 pub use self::wake::{Announcer, Wakeups};
 pub use self::worker::Worker;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use crate::redis::inbox::{RedisInbox, RedisWrites};
+#[cfg(feature = "postgres")]
+pub use crate::sql::inbox::PostgresInbox;
+#[cfg(feature = "sqlite")]
+pub use crate::sql::inbox::SqliteInbox;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use crate::sql::inbox::{DEFAULT_INBOX_TABLE, SqlInbox};

@@ -10,7 +10,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 
 use super::entry::InboxEntry;
 use super::store::{Enqueued, InboxStore};
-use crate::config::AckResponse;
+use crate::http::config::AckResponse;
 use crate::store::StoreError;
 
 /// `Idempotency-Correlation-Id`: the header of an inbox route's acknowledgement that relates

@@ -172,7 +172,7 @@ pub trait InboxStore: Send + Sync + 'static {
 }
 
 /// [`InboxStore::complete_many`]'s default: each lease completed on its own, all at once.
-pub(super) async fn complete_each<St: InboxStore + ?Sized>(
+pub(crate) async fn complete_each<St: InboxStore + ?Sized>(
     store: &St,
     leases: &[(StoreKey, Token)],
     retention: Duration,

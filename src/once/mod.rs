@@ -60,9 +60,9 @@ use tracing::Instrument;
 pub use self::error::OnceError;
 pub use self::layer::{FingerprintRequest, NoFingerprint, Once, OnceFuture, OnceLayer};
 use crate::IdempotencyStore;
-use crate::config::Settings;
+use crate::claim::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany, Renewal, Targets};
 use crate::fingerprint::Fingerprint;
-use crate::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany, Renewal, Targets};
+use crate::http::config::Settings;
 use crate::store::record::{Record, StoredResponse};
 use crate::store::{Claim, Reservation, StoreError, StoreErrorKind, StoreKey};
 

@@ -17,10 +17,10 @@ use serde::de::DeserializeOwned;
 use sqlx::Transaction;
 
 use super::{Idempotent, OnceError, encode, fingerprint_json, renewed};
+use crate::claim::guard::ClaimGuard;
 use crate::fingerprint::Fingerprint;
-use crate::guard::ClaimGuard;
+use crate::sql::{Dialect, SqlStore};
 use crate::store::record::Record;
-use crate::store::sql::{Dialect, SqlStore};
 use crate::store::{Completion, StoreKey};
 
 impl Idempotent {

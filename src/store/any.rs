@@ -38,11 +38,11 @@ pub struct AnyStore(Backend);
 enum Backend {
     Memory(MemoryStore),
     #[cfg(feature = "redis")]
-    Redis(crate::store::redis::RedisStore),
+    Redis(crate::redis::records::RedisStore),
     #[cfg(feature = "postgres")]
-    Postgres(crate::store::sql::postgres::PostgresStore),
+    Postgres(crate::sql::postgres::PostgresStore),
     #[cfg(feature = "sqlite")]
-    Sqlite(crate::store::sql::sqlite::SqliteStore),
+    Sqlite(crate::sql::sqlite::SqliteStore),
 }
 
 impl AnyStore {
@@ -100,7 +100,7 @@ impl AnyStore {
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "redis")]
-    pub fn as_redis(&self) -> Option<&crate::store::redis::RedisStore> {
+    pub fn as_redis(&self) -> Option<&crate::redis::records::RedisStore> {
         match &self.0 {
             Backend::Redis(store) => Some(store),
             _ => None,
@@ -108,7 +108,7 @@ impl AnyStore {
     }
 
     /// The [`PostgresStore`](crate::PostgresStore) inside, if the backend is PostgreSQL: its
-    /// [`pool`](crate::store::sql::SqlStore::pool) can carry a `PostgresInbox` or the
+    /// [`pool`](crate::sql::SqlStore::pool) can carry a `PostgresInbox` or the
     /// application's own transactions.
     ///
     /// ```no_run
@@ -119,7 +119,7 @@ impl AnyStore {
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "postgres")]
-    pub fn as_postgres(&self) -> Option<&crate::store::sql::postgres::PostgresStore> {
+    pub fn as_postgres(&self) -> Option<&crate::sql::postgres::PostgresStore> {
         match &self.0 {
             Backend::Postgres(store) => Some(store),
             _ => None,
@@ -127,7 +127,7 @@ impl AnyStore {
     }
 
     /// The [`SqliteStore`](crate::SqliteStore) inside, if the backend is SQLite: its
-    /// [`pool`](crate::store::sql::SqlStore::pool) can carry a `SqliteInbox` (one pool for
+    /// [`pool`](crate::sql::SqlStore::pool) can carry a `SqliteInbox` (one pool for
     /// both, which an exclusively locked file needs).
     ///
     /// ```no_run
@@ -138,7 +138,7 @@ impl AnyStore {
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "sqlite")]
-    pub fn as_sqlite(&self) -> Option<&crate::store::sql::sqlite::SqliteStore> {
+    pub fn as_sqlite(&self) -> Option<&crate::sql::sqlite::SqliteStore> {
         match &self.0 {
             Backend::Sqlite(store) => Some(store),
             _ => None,
@@ -153,22 +153,22 @@ impl From<MemoryStore> for AnyStore {
 }
 
 #[cfg(feature = "redis")]
-impl From<crate::store::redis::RedisStore> for AnyStore {
-    fn from(store: crate::store::redis::RedisStore) -> Self {
+impl From<crate::redis::records::RedisStore> for AnyStore {
+    fn from(store: crate::redis::records::RedisStore) -> Self {
         AnyStore(Backend::Redis(store))
     }
 }
 
 #[cfg(feature = "postgres")]
-impl From<crate::store::sql::postgres::PostgresStore> for AnyStore {
-    fn from(store: crate::store::sql::postgres::PostgresStore) -> Self {
+impl From<crate::sql::postgres::PostgresStore> for AnyStore {
+    fn from(store: crate::sql::postgres::PostgresStore) -> Self {
         AnyStore(Backend::Postgres(store))
     }
 }
 
 #[cfg(feature = "sqlite")]
-impl From<crate::store::sql::sqlite::SqliteStore> for AnyStore {
-    fn from(store: crate::store::sql::sqlite::SqliteStore) -> Self {
+impl From<crate::sql::sqlite::SqliteStore> for AnyStore {
+    fn from(store: crate::sql::sqlite::SqliteStore) -> Self {
         AnyStore(Backend::Sqlite(store))
     }
 }
@@ -274,7 +274,7 @@ async fn redis(url: &str) -> Result<AnyStore, ConnectError> {
         .build_pool(REDIS_CONNECTIONS)
         .map_err(backend)?;
     pool.init().await.map_err(backend)?;
-    let store = crate::store::redis::RedisStore::new(pool);
+    let store = crate::redis::records::RedisStore::new(pool);
     // Saves the first call of each script a round trip (`NOSCRIPT`, then `EVAL`).
     store
         .load_scripts()
@@ -299,7 +299,7 @@ async fn postgres(url: &str) -> Result<AnyStore, ConnectError> {
         .connect(url)
         .await
         .map_err(|err| ConnectError::Backend(err.into()))?;
-    let store = crate::store::sql::postgres::PostgresStore::new(pool);
+    let store = crate::sql::postgres::PostgresStore::new(pool);
     store
         .migrate()
         .await
@@ -333,9 +333,9 @@ async fn sqlite(url: &str) -> Result<AnyStore, ConnectError> {
         }
     };
     let opened = if exclusive {
-        crate::store::sql::sqlite::SqliteStore::open_exclusive(path).await
+        crate::sql::sqlite::SqliteStore::open_exclusive(path).await
     } else {
-        crate::store::sql::sqlite::SqliteStore::open(path).await
+        crate::sql::sqlite::SqliteStore::open(path).await
     };
     let store = opened.map_err(|err| ConnectError::Backend(err.into()))?;
     drop(store.spawn_purge(PURGE_EVERY));

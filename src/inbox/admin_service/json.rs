@@ -9,8 +9,8 @@ use http_body_util::Full;
 use serde_json::{Map, Value, json};
 
 use super::params::{seal_cursor, state_name};
+use crate::http::rejection::{DEFAULT_TYPE_BASE, Problem, Rejection, problem_response};
 use crate::inbox::{Attempt, AttemptOutcome, EntryInfo, InboxCounts, Page};
-use crate::rejection::{DEFAULT_TYPE_BASE, Problem, Rejection, problem_response};
 use crate::store::StoreError;
 
 /// Why the service answers with a problem document.

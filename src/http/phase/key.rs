@@ -5,12 +5,12 @@ use bytes::Bytes;
 use http::request::Parts;
 use sha2::{Digest, Sha256};
 
-use crate::config::Settings;
+use crate::claim::guard::{OneOrMany, Targets};
 use crate::fingerprint::Fingerprint;
-use crate::guard::{OneOrMany, Targets};
+use crate::http::config::Settings;
+use crate::http::rejection::Rejection;
 use crate::key::{ExtractKey, IdempotencyKey, KeyInput};
 use crate::order::{Placed, Position};
-use crate::rejection::Rejection;
 use crate::store::{ObjectKey, OrderedEvent, StoreKey};
 
 /// What a request is, for its claim.
@@ -187,7 +187,7 @@ fn signed_content<K: ExtractKey>(
 /// Names the hashed key in the request's span, when there is one.
 fn name_the_key(targets: &Targets) {
     if let Some(key) = targets.single_key() {
-        if let Some(span) = crate::observe::request_span() {
+        if let Some(span) = crate::claim::observe::request_span() {
             span.record("key", key.as_str());
         }
     }

@@ -13,8 +13,8 @@ use futures_util::future::join_all;
 use super::{RedisInbox, Row, concat, corrupt, flag, from_micros, micros, one, rows};
 use crate::inbox::admin::{EntryInfo, Filter, InboxAdmin, Page};
 use crate::inbox::store::KeyState;
-use crate::store::redis::errors::store_error;
-use crate::store::redis::scripts::{bytes_of, unexpected};
+use crate::redis::records::errors::store_error;
+use crate::redis::records::scripts::{bytes_of, unexpected};
 use crate::store::{StoreError, StoreErrorKind, StoreKey, millis};
 
 /// `find` and `list`: KEYS = leased; ARGV[1] = prefix, then keys. One row per key: nothing when

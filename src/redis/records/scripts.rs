@@ -12,8 +12,9 @@ use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Expiration, MultipleKeys, SetOptions, Value};
 
 use super::errors::store_error;
+use crate::order::Position;
 use crate::store::record::StoredValue;
-use crate::store::{Claim, Completion, OrderedEvent, Position, Reservation, StoreError};
+use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError};
 use crate::store::{StoreErrorKind, StoreKey};
 
 /// `complete`: KEYS[1] = key, ARGV[1] = owner prefix (17 bytes), ARGV[2] = encoded record,

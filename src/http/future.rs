@@ -1,5 +1,5 @@
 //! [`ResponseFuture`]: the response future of [`Idempotency`](crate::Idempotency), a state
-//! machine over a private state enum that drives the [phases](crate::phase) of one request:
+//! machine over a private state enum that drives the [phases](crate::http::phase) of one request:
 //! prelude (read, verify, key, claim) → calling the inner service → finishing (decide success,
 //! record or release) → done. While the inner service runs (and while its response is being
 //! read), the claim's renewal starts once a third of the lease has passed; the settlement that
@@ -20,13 +20,13 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use crate::body::{RequestBody, ResponseBody};
-use crate::config::Settings;
-use crate::guard::{ClaimGuard, Ending, Renewal};
-use crate::observe::Stopwatch;
-use crate::outcome::Outcome;
-use crate::phase::Prelude;
-use crate::phase::settle::finish;
+use crate::claim::guard::{ClaimGuard, Ending, Renewal};
+use crate::claim::observe::Stopwatch;
+use crate::claim::outcome::Outcome;
+use crate::http::body::{RequestBody, ResponseBody};
+use crate::http::config::Settings;
+use crate::http::phase::Prelude;
+use crate::http::phase::settle::finish;
 use crate::store::BoxError;
 
 type Finish<ResBody, E> = BoxFuture<'static, Result<Response<ResponseBody<ResBody>>, E>>;

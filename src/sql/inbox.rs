@@ -8,19 +8,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use sqlx::{Pool, Transaction};
 
-use super::admin::{
+use crate::inbox::admin::{
     EntryInfo, Filter, InboxAdmin, KEPT_ATTEMPTS, Page, Requeued, history, worker_id,
 };
-use super::codec::{decode_headers, encode_headers};
-use super::entry::{EntryOrder, InboxEntry, Lease};
-use super::store::{
+use crate::inbox::codec::{decode_headers, encode_headers};
+use crate::inbox::entry::{EntryOrder, InboxEntry, Lease};
+use crate::inbox::store::{
     DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState, complete_each,
 };
-use super::wake::{Announcer, Wakeups};
+use crate::inbox::wake::{Announcer, Wakeups};
 use crate::order::Position;
-use crate::store::sql::query::Param;
-use crate::store::sql::statements::Sql;
-use crate::store::sql::{
+use crate::sql::query::Param;
+use crate::sql::statements::Sql;
+use crate::sql::{
     DEFAULT_PURGE_BATCH, Dialect, InvalidTable, bare_name, millis, purge_in_batches,
     spawn_purge_every, store_error, validate_table,
 };
@@ -76,9 +76,9 @@ const ADDED_COLUMNS: [(&str, &str); 5] = [
 /// database itself guarantees one entry per key, and a done key keeps its row (without its
 /// body and headers: with its correlation id, delivery `id`, `route`, order and attempts, for
 /// [`find`](InboxAdmin::find)) until `expires_at`. `history` holds the attempts that ended, a
-/// line each (the last [`KEPT_ATTEMPTS`](super::KEPT_ATTEMPTS)); the one that runs is
+/// line each (the last [`KEPT_ATTEMPTS`](crate::inbox::KEPT_ATTEMPTS)); the one that runs is
 /// `attempts`, `started_us` (microseconds since the epoch) and `worker`
-/// ([`worker_id`](super::worker_id)). Times are milliseconds since the Unix epoch from this
+/// ([`worker_id`](crate::inbox::worker_id)). Times are milliseconds since the Unix epoch from this
 /// host's clock (a retry time comes from it anyway). `<table>_objects` holds each ordered object's
 /// watermark: the highest position completed (16 bytes, byte order is position order), until
 /// the retention of the last completion of one of its entries runs out, as on Redis, where it
@@ -362,7 +362,7 @@ impl<DB: Dialect> SqlInbox<DB> {
 
     /// Spawns a Tokio task that runs [`purge`](Self::purge) every `every`, the first time
     /// right away, logging its outcome with `tracing`: the same schedule as
-    /// [`SqlStore::spawn_purge`](crate::store::sql::SqlStore::spawn_purge). Abort the returned
+    /// [`SqlStore::spawn_purge`](crate::sql::SqlStore::spawn_purge). Abort the returned
     /// handle to stop it; it also ends with the runtime.
     ///
     /// ```no_run

@@ -8,14 +8,14 @@ use http::{HeaderMap, HeaderValue, Response};
 
 use super::Prelude;
 use super::key::Derived;
-use crate::answer::{IDEMPOTENT_REPLAYED, reject};
-use crate::config::{AckResponse, Settings};
-use crate::guard::{OneOrMany, Targets};
+use crate::claim::guard::{OneOrMany, Targets};
+use crate::claim::outcome::Outcome;
+use crate::http::answer::{IDEMPOTENT_REPLAYED, reject};
+use crate::http::config::{AckResponse, Settings};
+use crate::http::rejection::Rejection;
 use crate::inbox::route::InboxRoute;
 use crate::inbox::{Enqueued, IDEMPOTENCY_CORRELATION_ID, InboxEntry};
 use crate::key::{KeyError, KeyErrorKind};
-use crate::outcome::Outcome;
-use crate::rejection::Rejection;
 use crate::store::{StoreErrorKind, Token};
 
 /// The longest correlation id taken from a request header; a longer one is replaced.
@@ -33,7 +33,7 @@ pub(crate) async fn enqueue<B, ResBody>(
     grpc: bool,
 ) -> Prelude<B, ResBody> {
     let correlation = correlation_id(route, parts);
-    if let Some(span) = crate::observe::request_span() {
+    if let Some(span) = crate::claim::observe::request_span() {
         span.record("correlation_id", correlation.as_str());
     }
     let id = derived.key.as_str();
@@ -57,7 +57,7 @@ pub(crate) async fn enqueue<B, ResBody>(
         // route, not queued.
         Ok(Enqueued::Stale(watermark)) => {
             let position = position.unwrap_or(watermark);
-            crate::answer::stale(settings, grpc, position, watermark)
+            crate::http::answer::stale(settings, grpc, position, watermark)
         }
         Ok(Enqueued::Duplicate(_)) => {
             let mut response = answer(&settings.ack, Outcome::Replayed);
@@ -121,9 +121,12 @@ fn correlation_id(route: &InboxRoute, parts: &Parts) -> String {
 fn answer<ResBody>(
     ack: &AckResponse,
     outcome: Outcome,
-) -> Response<crate::body::ResponseBody<ResBody>> {
+) -> Response<crate::http::body::ResponseBody<ResBody>> {
     let (status, content_type, body) = ack.parts();
-    let mut response = Response::new(crate::body::ResponseBody::buffered(body.clone(), None));
+    let mut response = Response::new(crate::http::body::ResponseBody::buffered(
+        body.clone(),
+        None,
+    ));
     *response.status_mut() = status;
     response
         .headers_mut()

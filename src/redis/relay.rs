@@ -1,4 +1,4 @@
-//! The relay of a [`RedisInbox`](super::RedisInbox)'s announcements: one subscriber connection
+//! The relay of a [`RedisInbox`](crate::inbox::RedisInbox)'s announcements: one subscriber connection
 //! per process that hears every process's enqueues (`PUBLISH` from the enqueue script) and
 //! announces them to this process's idle workers.
 
@@ -11,7 +11,7 @@ use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
 use fred::types::Builder;
 use futures_util::future::{Either, select};
 
-use super::wake::Announcer;
+use crate::inbox::wake::Announcer;
 
 /// How long the relay waits before it tries to connect or subscribe again the first time;
 /// doubled at each failure in a row, up to [`MAX_RETRY`] (a user whose ACL denies `SUBSCRIBE`

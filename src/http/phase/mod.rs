@@ -2,7 +2,7 @@
 //! one job and a verdict between them:
 //!
 //! 1. **read**: the body, bounded by the layer's limit and timeout
-//!    ([`read_request`](crate::body::read_request)), when something needs it (the fingerprint,
+//!    ([`read_request`](crate::http::body::read_request)), when something needs it (the fingerprint,
 //!    the verifier, a key or an order in the body);
 //! 2. **verify**: the signature over the exact bytes ([`verify`]), before anything else
 //!    looks at the request: an unverified request never reaches the key, the store or the
@@ -20,7 +20,7 @@
 //! the allocator's per-thread cache); the request they claim travels in a box of its own
 //! ([`claim::Claiming`]), so that no async step keeps a copy of it.
 //!
-//! [`Targets`]: crate::guard::Targets
+//! [`Targets`]: crate::claim::guard::Targets
 
 pub(crate) mod claim;
 pub(crate) mod enqueue;
@@ -34,14 +34,14 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 
-use crate::answer::reject;
-use crate::body::{RequestBody, ResponseBody, read_request};
-use crate::config::{MissingKey, Settings};
-use crate::guard::{ClaimGuard, ClaimOpener};
+use crate::claim::guard::{ClaimGuard, ClaimOpener};
+use crate::claim::outcome::Outcome;
+use crate::http::answer::reject;
+use crate::http::body::{RequestBody, ResponseBody, read_request};
+use crate::http::config::{MissingKey, Settings};
+use crate::http::rejection::Rejection;
 use crate::inbox::route::InboxRoute;
 use crate::key::ExtractKey;
-use crate::outcome::Outcome;
-use crate::rejection::Rejection;
 use crate::store::BoxError;
 
 /// What the phases of a request read from its layer: the claims (on the layer's store), the

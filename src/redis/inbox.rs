@@ -14,16 +14,16 @@ use fred::types::Value;
 use fred::types::scripts::Script;
 use futures_util::future::join_all;
 
-use super::admin::{history, worker_id};
-use super::codec::{decode_headers, encode_headers};
-use super::entry::{EntryOrder, InboxEntry, Lease};
-use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
-use super::wake::{Announcer, Wakeups};
+use crate::inbox::admin::{history, worker_id};
+use crate::inbox::codec::{decode_headers, encode_headers};
+use crate::inbox::entry::{EntryOrder, InboxEntry, Lease};
+use crate::inbox::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
+use crate::inbox::wake::{Announcer, Wakeups};
 use crate::order::Position;
-use crate::store::redis::durable::script_replicated;
-use crate::store::redis::errors::store_error;
-use crate::store::redis::scripts::{Keys, LESS_LUA, bytes_of, evalsha_with_reload, unexpected};
-use crate::store::redis::{Durability, PickClient};
+use crate::redis::records::durable::script_replicated;
+use crate::redis::records::errors::store_error;
+use crate::redis::records::scripts::{Keys, LESS_LUA, bytes_of, evalsha_with_reload, unexpected};
+use crate::redis::records::{Durability, PickClient};
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token, millis};
 
 /// The most entries one [`RedisInbox`] `take` hands out (a larger `max` is cut to this): a take
@@ -54,7 +54,7 @@ static WORKER: LazyLock<String> = LazyLock::new(|| history::worker_field(worker_
 /// delivery sends 8 strings (the other key names are built in the script from the prefix, as
 /// `take` builds them) and stores 3 fields (a worker reads an absent field as its default).
 static ENQUEUE_LUA: LazyLock<String> =
-    LazyLock::new(|| LESS_LUA.to_owned() + include_str!("redis/lua/enqueue.lua"));
+    LazyLock::new(|| LESS_LUA.to_owned() + include_str!("inbox/lua/enqueue.lua"));
 
 /// An entry's attempts (`y`), in the stored form of `admin::history`: one line per attempt,
 /// oldest first, each `number TAB start TAB duration TAB outcome TAB worker TAB error`, times in
@@ -62,7 +62,7 @@ static ENQUEUE_LUA: LazyLock<String> =
 /// ran (its lease ran out) and keeps the last 10 (`KEPT_ATTEMPTS`); `ended` ends the last
 /// attempt, if running, at `now` as `s` or `f` with `err` (cleaned and cut by the caller), or
 /// answers nil.
-const HISTORY_LUA: &str = include_str!("redis/lua/history.lua");
+const HISTORY_LUA: &str = include_str!("inbox/lua/history.lua");
 
 /// `take`: KEYS = due, leased; ARGV[1] = prefix, [2] = now (µs), [3] = lease end (µs), [4] =
 /// max, [5] = a random token whose 14th and 15th bytes each lease replaces with its index, [6] =
@@ -80,12 +80,12 @@ const HISTORY_LUA: &str = include_str!("redis/lua/history.lua");
 /// due entries as it still wants (more only when it passed some over), one token is sent, not
 /// one per entry it may take, and the bodies are read after the script, with one `MGET`.
 static TAKE_LUA: LazyLock<String> =
-    LazyLock::new(|| LESS_LUA.to_owned() + HISTORY_LUA + include_str!("redis/lua/take.lua"));
+    LazyLock::new(|| LESS_LUA.to_owned() + HISTORY_LUA + include_str!("inbox/lua/take.lua"));
 
 /// `renew`: KEYS = entry, due, leased; ARGV[1] = key, [2] = token, [3] = lease end (µs). 1
 /// while the token holds the entry, or completed it (`complete_with`: its handler may still
 /// run, and must not be cancelled as if the lease were lost).
-const RENEW_LUA: &str = include_str!("redis/lua/renew.lua");
+const RENEW_LUA: &str = include_str!("inbox/lua/renew.lua");
 
 /// `complete`, any number of leases of one partition: KEYS = due, leased, live; ARGV[1] =
 /// prefix, [2] = retention (ms), [3] = `w` when durable (else empty), [4] = now (µs), then a
@@ -104,7 +104,7 @@ static COMPLETE_LUA: LazyLock<String> = LazyLock::new(|| {
         + RELEASE_LUA
         + HISTORY_LUA
         + FINISH_ONE_LUA
-        + include_str!("redis/lua/complete.lua")
+        + include_str!("inbox/lua/complete.lua")
 });
 
 /// `drop_payload` deletes what a done entry no longer keeps (its body, headers and next attempt
@@ -115,7 +115,7 @@ static COMPLETE_LUA: LazyLock<String> = LazyLock::new(|| {
 /// lease's token for a completion that must find its own when sent again; its attempt ended as
 /// a success at `now`) with the retention's `PEXPIRE`, and its object's next entry may go with
 /// the watermark raised. The caller removes it from the sets.
-const FINISH_ONE_LUA: &str = include_str!("redis/lua/finish_one.lua");
+const FINISH_ONE_LUA: &str = include_str!("inbox/lua/finish_one.lua");
 
 /// `complete_with`: KEYS = due, leased, live, entry; ARGV[1] = prefix, [2] = retention (ms),
 /// [3] = key, [4] = token, [5] = `w` when durable (else empty), [6] = now (µs), then the writes,
@@ -129,11 +129,11 @@ static COMPLETE_WITH_LUA: LazyLock<String> = LazyLock::new(|| {
         + RELEASE_LUA
         + HISTORY_LUA
         + FINISH_ONE_LUA
-        + include_str!("redis/lua/complete_with.lua")
+        + include_str!("inbox/lua/complete_with.lua")
 });
 
 /// Lets go of an object's entry in flight (`c:<object>`, which `take` sets) when it is `key`.
-const RELEASE_LUA: &str = include_str!("redis/lua/release.lua");
+const RELEASE_LUA: &str = include_str!("inbox/lua/release.lua");
 
 /// `fail`: KEYS = entry, due, leased, live, dead; ARGV[1] = prefix, [2] = key, [3] = token,
 /// [4] = `r` (retry) or `d` (dead), [5] = retry time (µs), [6] = now (µs), [7] = the error as
@@ -143,19 +143,19 @@ const RELEASE_LUA: &str = include_str!("redis/lua/release.lua");
 /// retry is announced at its time, an ordered dead letter at once (its object's next may go),
 /// so that the workers of every process hear them, not only the one that settled.
 static FAIL_LUA: LazyLock<String> =
-    LazyLock::new(|| RELEASE_LUA.to_owned() + HISTORY_LUA + include_str!("redis/lua/fail.lua"));
+    LazyLock::new(|| RELEASE_LUA.to_owned() + HISTORY_LUA + include_str!("inbox/lua/fail.lua"));
 
 /// `requeue`: KEYS = entry, due, live, dead; ARGV[1] = prefix, [2] = key, [3] = now (µs).
 /// Announced as an enqueue is.
-const REQUEUE_LUA: &str = include_str!("redis/lua/requeue.lua");
+const REQUEUE_LUA: &str = include_str!("inbox/lua/requeue.lua");
 
 /// `dead_letters`: KEYS = dead; ARGV[1] = prefix, [2] = limit (at least 1). One row per dead
 /// letter, oldest enqueued first: key, last error, then the fields `Row::entry` reads.
-const DEAD_LUA: &str = include_str!("redis/lua/dead.lua");
+const DEAD_LUA: &str = include_str!("inbox/lua/dead.lua");
 
 /// `counts`: KEYS = leased, live, dead; ARGV[1] = prefix, [2] = now (µs). Returns in flight,
 /// live (pending and in flight), dead, and the oldest live entry's enqueue time (or nil).
-const COUNTS_LUA: &str = include_str!("redis/lua/counts.lua");
+const COUNTS_LUA: &str = include_str!("inbox/lua/counts.lua");
 
 static ENQUEUE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(ENQUEUE_LUA.as_str()));
 static TAKE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(TAKE_LUA.as_str()));
@@ -178,7 +178,7 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// compare the lease's token before they write. `complete_many`, which a [`Worker`] sends its
 /// gathered completions through, is one script per partition for all of them.
 ///
-/// [`Worker`]: super::Worker
+/// [`Worker`]: crate::inbox::Worker
 ///
 /// # Keys
 ///
@@ -190,16 +190,16 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// - `{inbox:N}:e:<key>`: a hash, the entry (kept headers, object and position, correlation
 ///   id, delivery id and route, attempts, next attempt, enqueue time; a field at its default is
 ///   left out) with its state (queued, running, dead, done), its lease's token, a dead letter's
-///   error, and its last 10 attempts ([`KEPT_ATTEMPTS`](super::KEPT_ATTEMPTS), one line each:
+///   error, and its last 10 attempts ([`KEPT_ATTEMPTS`](crate::inbox::KEPT_ATTEMPTS), one line each:
 ///   started, how long, how it ended, the worker, the error); `{inbox:N}:b:<key>`: its body, a
 ///   string of its own (so that the hash of small fields stays in Redis's compact encoding);
 /// - a done entry is the same hash, kept with the retention's `PX` (what makes a later delivery
-///   a duplicate, and what an operator [finds](super::InboxAdmin::find) of it: correlation id,
+///   a duplicate, and what an operator [finds](crate::inbox::InboxAdmin::find) of it: correlation id,
 ///   delivery id, route, order, attempts), without its body, headers and next attempt; its token
 ///   field holds `1`, or the token of the lease that completed it when that was
 ///   [`complete_with`](RedisInbox::complete_with) or a [durable](RedisInbox::durable)
 ///   completion (so that the same completion sent again finds its own). A
-///   [discarded](super::InboxAdmin::discard) dead letter becomes one too;
+///   [discarded](crate::inbox::InboxAdmin::discard) dead letter becomes one too;
 /// - `{inbox:N}:fence`: written by a [durable](RedisInbox::durable) script that found its work
 ///   done already (a duplicate, a repeat), so that the `WAIT` behind it counts what it found;
 /// - `{inbox:N}:due`: a sorted set of the queued and running entries, by next attempt time or
@@ -213,7 +213,7 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 ///
 /// - `{inbox:N}:idle`: left by a take that found fewer entries than it asked for (its worker is
 ///   about to wait), deleted by the next enqueue, which then publishes.
-/// - `{inbox:N}:paused`: present while the inbox is [paused](super::InboxAdmin::pause) (in every
+/// - `{inbox:N}:paused`: present while the inbox is [paused](crate::inbox::InboxAdmin::pause) (in every
 ///   partition); `take` checks it in its script and hands out nothing.
 ///
 /// Channels: `{inbox:N}:wake`, on which `enqueue` (while a worker waits: `:idle`), `requeue` and
@@ -224,7 +224,7 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 ///
 /// # Operators
 ///
-/// [`InboxAdmin`](super::InboxAdmin) reads the entry hashes: `find` one (in the key's
+/// [`InboxAdmin`](crate::inbox::InboxAdmin) reads the entry hashes: `find` one (in the key's
 /// partition, else in each of the others, since an ordered entry is in its object's), `list`
 /// through a `SCAN` of each partition's node (`MATCH {inbox:N}:e:*`, on Redis Cluster the node
 /// that holds the partition's slot), filtering what it read. A listing costs a pass over the
@@ -263,7 +263,7 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// # }
 /// ```
 ///
-/// [`MemoryInbox`]: super::MemoryInbox
+/// [`MemoryInbox`]: crate::inbox::MemoryInbox
 #[derive(Clone, Debug)]
 pub struct RedisInbox<C = Pool> {
     client: C,
@@ -355,7 +355,7 @@ where
     /// back; the sender's retry finds the entry stored and is acknowledged once the replicas
     /// have it (a duplicate is made to wait for them too). As
     /// [`RedisStore::durable_completion`](crate::RedisStore::durable_completion), whose setting
-    /// [`AnyInbox::on`](super::AnyInbox::on) carries over. Takes and renewals are not waited
+    /// [`AnyInbox::on`](crate::inbox::AnyInbox::on) carries over. Takes and renewals are not waited
     /// for (a lost one is a lease that runs out), but they share the client's connections with
     /// the writes that are: while the replicas lag, a renewal may queue behind `WAIT`s, each up
     /// to `timeout`, so keep `timeout` well under a third of the workers' lease (or give the
@@ -407,7 +407,7 @@ where
     /// The hash tag of the partition the entry leased under `token` is in (`{inbox:<name>}`, or
     /// `{inbox:<name>:<p>}` when [partitioned](Self::partitions)); `None` for a token that is
     /// not of one of this inbox's partitions (a worker's
-    /// [`InboxRequest::token`](super::InboxRequest::token) always is). The
+    /// [`InboxRequest::token`](crate::inbox::InboxRequest::token) always is). The
     /// keys of the [writes](RedisWrites) completed with the entry
     /// ([`complete_with`](Self::complete_with)) carry it, so that they live in the entry's hash
     /// slot: `format!("app:status:{tag}:{message_id}")`. An ordered entry is in its object's
@@ -635,11 +635,11 @@ where
 
     /// Applies `writes` and completes the entry of `key` in **one token-checked script**: both
     /// when the lease is still `token`'s (a worker's
-    /// [`InboxRequest::key`](super::InboxRequest::key) and
-    /// [`InboxRequest::token`](super::InboxRequest::token)), neither when it is not
+    /// [`InboxRequest::key`](crate::inbox::InboxRequest::key) and
+    /// [`InboxRequest::token`](crate::inbox::InboxRequest::token)), neither when it is not
     /// (`Ok(false)`: another worker took the entry over; the handler should then return an
     /// error). The Redis
-    /// counterpart of [`SqlInbox::complete_in_tx`](super::SqlInbox::complete_in_tx): the effect
+    /// counterpart of [`SqlInbox::complete_in_tx`](crate::inbox::SqlInbox::complete_in_tx): the effect
     /// and the entry's completion happen together, exactly once, whatever happens around them:
     /// a worker paused in the middle of its handler and resumed after its lease (its script
     /// finds the lease gone and writes nothing), a worker killed after the script (the key is
@@ -1070,7 +1070,7 @@ where
         let channels = self.prefixes.iter().map(|p| concat(&[p, "wake"])).collect();
         let client = self.client.clone();
         self.announcer.subscribe_relayed(move |announcer| {
-            Some(tokio::spawn(super::redis_relay::relay(
+            Some(tokio::spawn(crate::redis::relay::relay(
                 client, channels, announcer,
             )))
         })

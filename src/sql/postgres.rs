@@ -258,7 +258,7 @@ mod tests {
     use super::super::DEFAULT_TABLE;
     use super::super::statements::Statements;
     use super::*;
-    use crate::store::sql::dialect::Sealed;
+    use crate::sql::dialect::Sealed;
 
     #[test]
     fn schema_constant_is_the_default_tables() {

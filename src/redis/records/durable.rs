@@ -203,7 +203,7 @@ fn slot_owner(client: &Client, slot: u16) -> Option<Server> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::redis::PickClient;
+    use crate::redis::records::PickClient;
 
     #[test]
     fn wait_is_routed_like_the_key_and_never_waits_forever() {

@@ -1,5 +1,5 @@
 //! [`Idempotency`]: the middleware service. Uncovered methods take a fast path straight to the
-//! inner service; covered requests go through the [phases](crate::phase) of a request (read,
+//! inner service; covered requests go through the [phases](crate::http::phase) of a request (read,
 //! verify, key, claim) and only then to the instance that `poll_ready` made ready.
 //!
 //! ```
@@ -37,13 +37,13 @@ use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use crate::answer::reject;
-use crate::body::{RequestBody, ResponseBody};
-use crate::classify::is_grpc;
-use crate::future::ResponseFuture;
+use crate::http::answer::reject;
+use crate::http::body::{RequestBody, ResponseBody};
+use crate::http::classify::is_grpc;
+use crate::http::future::ResponseFuture;
+use crate::http::phase::{Config, prelude};
+use crate::http::rejection::Rejection;
 use crate::key::ExtractKey;
-use crate::phase::{Config, prelude};
-use crate::rejection::Rejection;
 use crate::store::BoxError;
 
 /// The middleware service built by [`IdempotencyLayer`](crate::IdempotencyLayer).

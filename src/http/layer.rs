@@ -9,16 +9,18 @@ use http::{HeaderMap, HeaderName, Method, StatusCode};
 use tower_layer::Layer;
 
 use crate::IdempotencyStore;
-use crate::classify::Classifier;
-use crate::config::{AckResponse, FailureMode, MissingKey, Mode, OnMismatch, Scope, Settings};
-use crate::guard::ClaimOpener;
+use crate::claim::guard::ClaimOpener;
+use crate::claim::observe::OutcomeEvent;
+use crate::http::classify::Classifier;
+use crate::http::config::{
+    AckResponse, FailureMode, MissingKey, Mode, OnMismatch, Scope, Settings,
+};
+use crate::http::phase::Config;
+use crate::http::rejection::RenderRejection;
+use crate::http::service::Idempotency;
 use crate::inbox::route::InboxRoute;
 use crate::key::{ExtractKey, HeaderKey};
-use crate::observe::OutcomeEvent;
 use crate::order::EventOrder;
-use crate::phase::Config;
-use crate::rejection::RenderRejection;
-use crate::service::Idempotency;
 use crate::store::LocalCache;
 use crate::verify::VerifyRequest;
 
@@ -435,7 +437,7 @@ impl<K: Clone> IdempotencyLayer<K> {
     }
 
     /// Sets how the layer's own answers (400, 409, 413, 422, 503, …) are rendered (default
-    /// [`ProblemJson`](crate::rejection::ProblemJson)): see [`rejection`](crate::rejection).
+    /// [`ProblemJson`](crate::http::rejection::ProblemJson)): see [`rejection`](crate::http::rejection).
     pub fn render_rejection(self, render: impl RenderRejection) -> Self {
         let render: Arc<dyn RenderRejection> = Arc::new(render);
         self.with_settings(|s| s.render_rejection = render)

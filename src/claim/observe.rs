@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 
-use crate::outcome::Outcome;
-use crate::throttle::LogThrottle;
+use crate::claim::outcome::Outcome;
+use crate::claim::throttle::LogThrottle;
 
 /// What the outcome hook receives, once per covered request.
 #[derive(Debug)]

@@ -12,11 +12,11 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 
-use crate::classify::Classifier;
+use crate::claim::observe::Observer;
 use crate::defaults;
-use crate::observe::Observer;
+use crate::http::classify::Classifier;
+use crate::http::rejection::{ProblemJson, RenderRejection};
 use crate::order::EventOrder;
-use crate::rejection::{ProblemJson, RenderRejection};
 use crate::verify::VerifyRequest;
 
 /// What to do with a covered request that carries no key.

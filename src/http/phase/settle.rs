@@ -1,5 +1,5 @@
 //! Phase 6: the inner service answered. Whether the attempt succeeded is decided by the one
-//! [`Classifier`](crate::classify::Classifier); the claim is then recorded or released, and the
+//! [`Classifier`](crate::http::classify::Classifier); the claim is then recorded or released, and the
 //! response handed on. Responses up to the buffer limit are read in full first, so that the
 //! client never receives the end of a response that was not recorded; larger ones stream, and
 //! their claim is settled at the end of the stream (the guarded [`ResponseBody`]).
@@ -11,11 +11,11 @@ use http::response::Parts;
 use http::{HeaderMap, Response};
 use http_body::Body;
 
-use crate::body::{Collected, Read, ResponseBody, read_within};
-use crate::classify::{Head, Verdict};
-use crate::config::{Mode, Settings};
-use crate::guard::{ClaimGuard, Ending};
-use crate::outcome::Outcome;
+use crate::claim::guard::{ClaimGuard, Ending};
+use crate::claim::outcome::Outcome;
+use crate::http::body::{Collected, Read, ResponseBody, read_within};
+use crate::http::classify::{Head, Verdict};
+use crate::http::config::{Mode, Settings};
 use crate::store::BoxError;
 use crate::store::record::StoredResponse;
 

@@ -433,7 +433,7 @@ mod tests {
             "DATA_LOSS",
             "UNAUTHENTICATED",
         ];
-        let docs = include_str!("../docs/problems.md");
+        let docs = include_str!("../../docs/problems.md");
         let wait = Duration::from_secs(1);
         let key = || KeyError::new(KeyErrorKind::Empty, "empty");
         let every = [

@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 
 use crate::IdempotencyStore;
-use crate::config::Settings;
-use crate::items::BatchItems;
-use crate::observe::{Observer, Stopwatch, StoreOp};
+use crate::claim::observe::{Observer, Stopwatch, StoreOp};
+use crate::http::config::Settings;
+use crate::http::items::BatchItems;
 use crate::order::EqualPositions;
 use crate::store::record::{Record, StoredResponse};
 use crate::store::{

@@ -1,5 +1,5 @@
 //! The layer's own answers, in place of the inner service's: a rejection (rendered by the
-//! layer's [`RenderRejection`](crate::rejection::RenderRejection)), a duplicate (the
+//! layer's [`RenderRejection`](crate::http::rejection::RenderRejection)), a duplicate (the
 //! acknowledgement or the replay) and a stale event's acknowledgement. Each carries its
 //! [`Outcome`] in the response extensions (and a rejection its [`Rejection`]).
 
@@ -7,11 +7,11 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::body::ResponseBody;
-use crate::config::Settings;
+use crate::claim::outcome::Outcome;
+use crate::http::body::ResponseBody;
+use crate::http::config::Settings;
+use crate::http::rejection::{Rejection, grpc_status};
 use crate::order::{IDEMPOTENT_STALE, Position};
-use crate::outcome::Outcome;
-use crate::rejection::{Rejection, grpc_status};
 use crate::store::record::Record;
 
 /// `Idempotent-Replayed`: the header set (to `true`) on every answer the layer gives in place

@@ -8,15 +8,15 @@ use http::request::Parts;
 
 use super::Prelude;
 use super::key::Derived;
-use crate::answer::{duplicate, stale};
-use crate::body::RequestBody;
-use crate::config::{FailureMode, OnMismatch, Settings};
+use crate::claim::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany};
+use crate::claim::outcome::Outcome;
 use crate::fingerprint::Fingerprint;
-use crate::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany};
-use crate::items::BatchItems;
+use crate::http::answer::{duplicate, stale};
+use crate::http::body::RequestBody;
+use crate::http::config::{FailureMode, OnMismatch, Settings};
+use crate::http::items::BatchItems;
+use crate::http::rejection::Rejection;
 use crate::order::{Position, StaleEvent, StaleEvents};
-use crate::outcome::Outcome;
-use crate::rejection::Rejection;
 use crate::store::{Claim, Reservation, StoreError, StoreErrorKind};
 
 /// A request on its way through the claim: what the inner service will get (its head and

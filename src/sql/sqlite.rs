@@ -32,7 +32,7 @@ use sqlx::sqlite::{
     SqliteQueryResult, SqliteSynchronous,
 };
 
-use super::store::error;
+use super::records::error;
 use super::{Dialect, SqlStore, dialect};
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -244,7 +244,7 @@ mod tests {
     use super::super::DEFAULT_TABLE;
     use super::super::statements::Statements;
     use super::*;
-    use crate::store::sql::dialect::Sealed;
+    use crate::sql::dialect::Sealed;
 
     #[test]
     fn schema_constant_is_the_default_tables() {

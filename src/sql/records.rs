@@ -22,7 +22,7 @@ use crate::store::{
 };
 
 /// An [`IdempotencyStore`] in an SQL table: [`PostgresStore`](crate::PostgresStore) and
-/// [`SqliteStore`](crate::SqliteStore) (see the [module docs](super) for the table and the
+/// [`SqliteStore`](crate::SqliteStore) (see the [module docs](crate::store::sql) for the table and the
 /// statements).
 ///
 /// Cheap to clone (the pool and the statements are shared). Build it over a pool with

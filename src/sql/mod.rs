@@ -1,98 +1,6 @@
-//! The SQL stores, on [`sqlx`]: [`PostgresStore`](crate::PostgresStore) (feature `postgres`)
-//! and [`SqliteStore`](crate::SqliteStore) (feature `sqlite`). Claims and records survive restarts of the application and of the
-//! database, and are shared by every process that uses the same database.
-//!
-//! ```no_run
-//! # #[cfg(feature = "sqlite")]
-//! # #[tokio::main]
-//! # async fn main() -> Result<(), tower_idempotency::store::StoreError> {
-//! use std::time::Duration;
-//! use tower_idempotency::SqliteStore;
-//!
-//! // Opens (creating it if missing) the database file and creates the table.
-//! let store = SqliteStore::open("idempotency.db").await?;
-//! // Deletes expired claims and records every ten minutes.
-//! let _purge = store.spawn_purge(Duration::from_secs(600));
-//! // Hand `store` to the idempotency layer.
-//! # Ok(())
-//! # }
-//! # #[cfg(not(feature = "sqlite"))]
-//! # fn main() {}
-//! ```
-//!
-//! Both are one implementation, [`SqlStore`], over a [`Dialect`]: `PostgresStore` is
-//! `SqlStore<sqlx::Postgres>` and `SqliteStore` is `SqlStore<sqlx::Sqlite>`. The statements
-//! are the same; a dialect supplies only what differs (the clock, how a claim reads back the
-//! row that holds the key, row locks, column types and error codes).
-//!
-//! # The table
-//!
-//! One row per key, in a table named [`DEFAULT_TABLE`] unless configured otherwise
-//! (`with_table`). The key is the row's `PRIMARY KEY`, so the database itself guarantees that
-//! a key has at most one row:
-//!
-//! | column | PostgreSQL | SQLite | meaning |
-//! |---|---|---|---|
-//! | `key` | `text PRIMARY KEY` | `TEXT PRIMARY KEY` | the [`StoreKey`](super::StoreKey) (hashed: no raw user bytes) |
-//! | `state` | `text` | `TEXT` | `in_flight` or `completed` |
-//! | `token` | `bytea` | `BLOB` | the owner token (16 bytes) while in flight, `NULL` once completed |
-//! | `fingerprint` | `bytea` | `BLOB` | the request [fingerprint](crate::fingerprint::Fingerprint) |
-//! | `record` | `bytea` | `BLOB` | `NULL` while in flight, then [`Record::encode_for`](crate::store::record::Record::encode_for): the record with the owner tag of the claim that completed it |
-//! | `expires_at` | `timestamptz` | `INTEGER` (ms since the Unix epoch) | end of the lease, then of the retention |
-//! | `created_at` | `timestamptz` | `INTEGER` (ms since the Unix epoch) | when the current claim was taken |
-//!
-//! plus an index on `expires_at` for the purge. A row whose `expires_at` has passed counts as
-//! absent: the next claim takes it over in place, and `purge_expired` deletes it.
-//!
-//! Routes that order events ([`order`](crate::order)) also use a table of objects,
-//! `<table>_objects`, one row per object:
-//!
-//! | column | PostgreSQL | SQLite | meaning |
-//! |---|---|---|---|
-//! | `object` | `text PRIMARY KEY` | `TEXT PRIMARY KEY` | the [`ObjectKey`](crate::store::ObjectKey) (hashed) |
-//! | `token` | `bytea` | `BLOB` | the owner token of the claim whose event of the object is in flight, or `NULL` |
-//! | `lease_until` | `timestamptz` | `INTEGER` | the end of that claim's object lease |
-//! | `watermark` | `bytea` | `BLOB` | the highest position processed ([`Position::to_bytes`](crate::order::Position::to_bytes): byte order is position order) |
-//! | `watermark_until` | `timestamptz` | `INTEGER` | the end of the watermark's retention |
-//! | `expires_at` | `timestamptz` | `INTEGER` | the later of the two: when the row may be purged |
-//!
-//! # Statements
-//!
-//! *now* is the database server's `now()` on PostgreSQL, and this host's clock (bound to the
-//! statement) on SQLite.
-//!
-//! - **reserve** is one atomic `INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE <the row
-//!   there has expired, or is this claim's own (a retried reserve)> RETURNING`: the row is
-//!   inserted, or taken over in place, or nothing is written and the live row is read back
-//!   (in the same statement on PostgreSQL, with a data-modifying CTE; by a following `SELECT`
-//!   on SQLite). Never a `SELECT` then an `INSERT`: two concurrent claims of one key can never
-//!   both win.
-//! - **complete** is one `UPDATE ... WHERE key = $1 AND state = 'in_flight' AND token = $2 AND
-//!   expires_at > now`. When it updates no row, a `SELECT` of the key's live completed record
-//!   tells a retried completion whose first attempt landed (the record carries this claim's
-//!   owner tag: `AlreadyWritten`) from a lost claim (`Lost`).
-//! - **release** is the same `DELETE`, and **renew** the same `UPDATE` of `expires_at` alone
-//!   (to now plus the lease): a slow original whose lease expired never touches a newer
-//!   holder's row, nor revives its own.
-//! - **reserve_many** is, on PostgreSQL, the same claim for every key of the batch in one
-//!   statement (the keys inserted in sorted order, so that overlapping batches lock rows in one
-//!   order and never deadlock; each key is still claimed atomically on its own). The other
-//!   batch methods, and every batch method on SQLite, run one statement per key, in order.
-//! - **purge** deletes expired rows in batches, of both tables.
-//! - **ordered events** (`reserve_ordered` and the others) run in one transaction per event:
-//!   the key's statement as above, then the object's (an `INSERT ... ON CONFLICT ... DO UPDATE
-//!   ... WHERE` that takes the object's lease only when it is free, expired or already this
-//!   claim's, and returns the live watermark; an update that raises the watermark only when the
-//!   position is higher; an update that lets go of the lease only for its token). A claim that
-//!   finds the object busy rolls back, leaving no trace of its key. The statements on a key come
-//!   before those on its object in every transaction, so two never wait for each other in a
-//!   circle.
-//!
-//! # Expired rows
-//!
-//! The database does not drop rows by itself: call `purge_expired` from a scheduled job, or
-//! let `spawn_purge` run it periodically in the background. Expired rows left behind are
-//! harmless to correctness (they count as absent), they only take space.
+//! The SQL backend, on `sqlx`: the record store ([`SqlStore`] over a sealed [`Dialect`]: PostgreSQL
+//! and SQLite) and the inbox ([`SqlInbox`](crate::inbox::SqlInbox)), one table each. The public
+//! paths are [`store::sql`](crate::sql) and [`inbox`](crate::inbox).
 
 use std::time::Duration;
 
@@ -131,24 +39,25 @@ macro_rules! schema {
         format!(
             schema!(@text "{table}", "{index}", $columns, $objects),
             table = $table,
-            index = $crate::store::sql::bare_name($table),
+            index = $crate::sql::bare_name($table),
         )
     };
 }
 
+pub(crate) mod inbox;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod query;
+mod records;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 pub(crate) mod statements;
-mod store;
 
-pub use self::store::SqlStore;
+pub use self::records::SqlStore;
 
-use super::{Claim, Completion, Reservation, StoreError, StoreErrorKind};
 use crate::fingerprint::Fingerprint;
 use crate::store::record::StoredValue;
+use crate::store::{Claim, Completion, Reservation, StoreError, StoreErrorKind};
 
 /// The default name of the table holding claims and records.
 pub const DEFAULT_TABLE: &str = "idempotency_keys";

@@ -33,9 +33,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
 use pin_project_lite::pin_project;
 
-use crate::classify::{Classifier, Verdict};
-use crate::guard::{ClaimGuard, Ending};
-use crate::rejection::Rejection;
+use crate::claim::guard::{ClaimGuard, Ending};
+use crate::http::classify::{Classifier, Verdict};
+use crate::http::rejection::Rejection;
 use crate::store::BoxError;
 
 pin_project! {

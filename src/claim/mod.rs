@@ -1,0 +1,8 @@
+//! The core every door uses (the HTTP layer, the inbox's door, `once`): the claim guard that
+//! owns one claim from its reserve to its settlement, and the observer that counts and logs
+//! each outcome.
+
+pub(crate) mod guard;
+pub(crate) mod observe;
+pub(crate) mod outcome;
+pub(crate) mod throttle;
