@@ -53,7 +53,7 @@ impl Fingerprint {
     ///
     /// [`Fingerprint::NONE`] on either side matches anything: a layer with fingerprinting off
     /// never reports a mismatch.
-    pub fn matches(&self, other: &Fingerprint) -> bool {
+    pub(crate) fn matches(&self, other: &Fingerprint) -> bool {
         *self == Fingerprint::NONE || *other == Fingerprint::NONE || self == other
     }
 }

@@ -69,7 +69,7 @@ pin_project! {
 
 impl<B> RequestBody<B> {
     /// The original body, streamed through untouched.
-    pub fn streaming(body: B) -> Self {
+    pub(crate) fn streaming(body: B) -> Self {
         RequestBody {
             kind: RequestKind::Streaming { body },
         }
@@ -77,7 +77,7 @@ impl<B> RequestBody<B> {
 
     /// The original body streamed through, failing with
     /// [`LengthLimitError`](http_body_util::LengthLimitError) past `limit` bytes.
-    pub fn limited(body: B, limit: usize) -> Self {
+    pub(crate) fn limited(body: B, limit: usize) -> Self {
         RequestBody {
             kind: RequestKind::Limited {
                 body: Limited::new(body, limit),
@@ -86,7 +86,7 @@ impl<B> RequestBody<B> {
     }
 
     /// A body that was read in full: its bytes, then its trailers.
-    pub fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+    pub(crate) fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         RequestBody {
             kind: RequestKind::Buffered {
                 data: (!data.is_empty()).then_some(data),

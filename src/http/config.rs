@@ -103,11 +103,6 @@ impl Scope {
         Ok(Scope(ScopeKind::Header(name)))
     }
 
-    /// The value of an already parsed header name (see [`Scope::header`]).
-    pub fn header_name(name: HeaderName) -> Self {
-        Scope(ScopeKind::Header(name))
-    }
-
     /// Any function of the request head.
     pub fn from_fn(f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
         Scope(ScopeKind::Fn(Arc::new(f)))

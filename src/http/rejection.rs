@@ -209,7 +209,7 @@ impl Rejection {
     }
 
     /// The gRPC status code of the rejection.
-    pub fn grpc_code(&self) -> u8 {
+    pub(crate) fn grpc_code(&self) -> u8 {
         match self {
             Rejection::PayloadTooLarge { .. } => 8,
             Rejection::BodyTimeout => 4,
@@ -273,12 +273,6 @@ impl Rejection {
                                                    request was not processed; retry later"
                 .to_owned(),
         }
-    }
-
-    /// The problem `type` under the default base: [`DEFAULT_TYPE_BASE`] and the code, the
-    /// anchor of the rejection in the crate's `docs/problems.md`.
-    pub fn type_uri(&self) -> String {
-        format!("{DEFAULT_TYPE_BASE}{}", self.code())
     }
 
     fn retry_after(&self) -> Option<Duration> {

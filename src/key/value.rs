@@ -112,7 +112,7 @@ impl IdempotencyKey {
     }
 
     /// Whether each value is its own key ([`IdempotencyKey::items`]).
-    pub fn is_items(&self) -> bool {
+    pub(crate) fn is_items(&self) -> bool {
         self.items
     }
 

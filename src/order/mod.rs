@@ -78,7 +78,7 @@ pub enum EqualPositions {
 
 impl EqualPositions {
     /// Whether `position` is stale against `watermark` under this rule.
-    pub fn is_stale(self, position: Position, watermark: Position) -> bool {
+    pub(crate) fn is_stale(self, position: Position, watermark: Position) -> bool {
         match self {
             EqualPositions::Process => position < watermark,
             EqualPositions::Stale => position <= watermark,
@@ -248,7 +248,7 @@ impl EventOrder {
     }
 
     /// The rule for equal positions.
-    pub fn equal(&self) -> EqualPositions {
+    pub(crate) fn equal(&self) -> EqualPositions {
         self.equal
     }
 

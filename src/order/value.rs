@@ -225,7 +225,7 @@ impl RankAt {
     }
 
     /// The rank of `value`, if it is in the table.
-    pub fn rank(&self, value: &str) -> Option<Position> {
+    pub(crate) fn rank(&self, value: &str) -> Option<Position> {
         self.ranks
             .get(value)
             .map(|&rank| Position::new(i128::from(rank)))

@@ -209,12 +209,12 @@ impl LocalCache {
     /// that is every record of the last 10 minutes ([`DEFAULT_MAX_TTL`](Self::DEFAULT_MAX_TTL));
     /// above that rate the oldest go first, and the duplicates that come in bursts, seconds
     /// after the first delivery, are still answered from the cache.
-    pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
+    pub(crate) const DEFAULT_MAX_ENTRIES: usize = 100_000;
 
     /// The default bound on the bytes the cache accounts for: 64 MiB. It is what bounds a
     /// cache of replay-mode records, which carry the response body: 100 000 responses of 1 KiB
     /// would take about 150 MB.
-    pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
+    pub(crate) const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
 
     /// The default longest life of a cached record: 10 minutes.
     ///
@@ -224,18 +224,18 @@ impl LocalCache {
     /// then 5 minutes). A duplicate arriving later costs one round trip, as without the cache.
     /// And it bounds how long an instance that completed a key answers it as a duplicate after
     /// the key was deleted from the shared store by hand.
-    pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(600);
+    pub(crate) const DEFAULT_MAX_TTL: Duration = Duration::from_secs(600);
 
     /// The default longest life of a record read from the store rather than written by this
     /// instance: 5 seconds (and never past the record's expiry in the store, when the store
     /// tells it). This is how late a duplicate may be answered after the record was
     /// deleted from the store by hand. Short enough to be harmless, long enough to absorb a
     /// burst of duplicates with one round trip.
-    pub const DEFAULT_READ_TTL: Duration = Duration::from_secs(5);
+    pub(crate) const DEFAULT_READ_TTL: Duration = Duration::from_secs(5);
 
     /// What one cached record is accounted as, before any stored response: its slot in the
     /// shard's table (key, record, expiry) and in its expiry queue, with the tables' slack.
-    pub const ENTRY_BYTES: usize = 192;
+    pub(crate) const ENTRY_BYTES: usize = 192;
 
     /// A cache of at most [`DEFAULT_MAX_ENTRIES`](Self::DEFAULT_MAX_ENTRIES) records and
     /// [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES) bytes, kept at most
@@ -261,7 +261,7 @@ impl LocalCache {
     }
 
     /// Whether the cache can hold records (it is not [`off`](Self::off)).
-    pub fn is_on(&self) -> bool {
+    pub(crate) fn is_on(&self) -> bool {
         self.map.holds_anything()
     }
 

@@ -168,15 +168,15 @@ impl MemoryStore {
     /// on how full the tables are since they last doubled). With the default 72 h retention
     /// that keeps every record of about 4 first deliveries per second, sustained; above that,
     /// the oldest records are evicted (see [`WhenFull`]).
-    pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
+    pub(crate) const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
 
     /// The default bound on the bytes accounted for: 256 MiB (an entry counts
     /// [`ENTRY_BYTES`](Self::ENTRY_BYTES), plus the response of a replay-mode record).
-    pub const DEFAULT_MAX_BYTES: usize = 256 * 1024 * 1024;
+    pub(crate) const DEFAULT_MAX_BYTES: usize = 256 * 1024 * 1024;
 
     /// What one entry is accounted as, before any stored response: the entry, its expiry item
     /// and the table's slack, as measured (100–170 bytes).
-    pub const ENTRY_BYTES: usize = 128;
+    pub(crate) const ENTRY_BYTES: usize = 128;
 
     /// An empty store within [`DEFAULT_MAX_ENTRIES`](Self::DEFAULT_MAX_ENTRIES) keys and
     /// [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES) bytes.

@@ -130,7 +130,7 @@ pub mod sql {
     //! | `state` | `text` | `TEXT` | `in_flight` or `completed` |
     //! | `token` | `bytea` | `BLOB` | the owner token (16 bytes) while in flight, `NULL` once completed |
     //! | `fingerprint` | `bytea` | `BLOB` | the request [fingerprint](crate::fingerprint::Fingerprint) |
-    //! | `record` | `bytea` | `BLOB` | `NULL` while in flight, then [`Record::encode_for`](crate::store::record::Record::encode_for): the record with the owner tag of the claim that completed it |
+    //! | `record` | `bytea` | `BLOB` | `NULL` while in flight, then `Record::encode_for`: the record with the owner tag of the claim that completed it |
     //! | `expires_at` | `timestamptz` | `INTEGER` (ms since the Unix epoch) | end of the lease, then of the retention |
     //! | `created_at` | `timestamptz` | `INTEGER` (ms since the Unix epoch) | when the current claim was taken |
     //!
@@ -316,7 +316,7 @@ impl StoreKey {
     }
 
     /// The 16 hashed digits, without the prefix.
-    pub fn digits(&self) -> &str {
+    pub(crate) fn digits(&self) -> &str {
         &self.as_str()[KEY_PREFIX.len()..]
     }
 
@@ -391,7 +391,8 @@ impl ObjectKey {
     }
 
     /// The 16 hashed digits, without the prefix.
-    pub fn digits(&self) -> &str {
+    #[cfg(feature = "redis")]
+    pub(crate) fn digits(&self) -> &str {
         &self.as_str()[OBJECT_PREFIX.len()..]
     }
 
@@ -479,7 +480,7 @@ pub enum Reservation {
 
 impl Reservation {
     /// Whether the claim is ours ([`Acquired`](Self::Acquired) or [`Stale`](Self::Stale)).
-    pub fn is_ours(&self) -> bool {
+    pub(crate) fn is_ours(&self) -> bool {
         matches!(self, Reservation::Acquired | Reservation::Stale { .. })
     }
 }

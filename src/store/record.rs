@@ -152,7 +152,7 @@ impl Record {
     /// The record, read from a store that said it keeps it `left` longer (from a moment during
     /// the read). What a store sets on the records its reserve returns when it knows: a local
     /// cache then keeps the record no longer, without asking the store again.
-    pub fn expiring_in(mut self, left: std::time::Duration) -> Self {
+    pub(crate) fn expiring_in(mut self, left: std::time::Duration) -> Self {
         let millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
         self.expires_in = std::num::NonZeroU64::new(millis);
         self
@@ -198,7 +198,8 @@ impl Record {
 
     /// The encoded record as completed by the claim of `token` (its owner tag set to the
     /// token's), whatever owner the record holds: what a store writes in `complete`.
-    pub fn encode_for(&self, token: &Token) -> Bytes {
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn encode_for(&self, token: &Token) -> Bytes {
         let mut out = BytesMut::with_capacity(self.encoded_len());
         self.put_for(token, &mut out);
         out.freeze()
@@ -212,6 +213,7 @@ impl Record {
 
     /// Appends [`encode_for`](Self::encode_for)'s bytes to `out`, so that a store can send
     /// them with other arguments out of one buffer.
+    #[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
     pub(crate) fn put_for(&self, token: &Token, out: &mut BytesMut) {
         self.put_with_owner(&owner_tag(token), out);
     }

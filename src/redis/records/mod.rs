@@ -70,7 +70,7 @@ use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError, Sto
 /// - **in flight**: [`StoredValue::encode_in_flight`](crate::store::record::StoredValue::encode_in_flight), 25 bytes (tag, owner token, request
 ///   fingerprint), written with `PX <lease>`: if the worker dies, Redis drops the claim when the
 ///   lease runs out and the sender's next retry is processed again;
-/// - **completed**: [`Record::encode_for`](crate::store::record::Record::encode_for) the claim's token, 12 bytes in ack mode (tag, the
+/// - **completed**: `Record::encode_for` the claim's token, 12 bytes in ack mode (tag, the
 ///   first 3 bytes of the owner token as the record's owner tag, fingerprint), or with the
 ///   stored status, allow-listed headers, body and trailers in replay mode, written with
 ///   `PX <retention>`: Redis drops the record when the retention period ends. An ack-mode key
