@@ -62,7 +62,7 @@ impl Position {
     /// `00:00:00Z` (the Unix clock has no leap seconds). `None` when `text` is not one: a
     /// missing offset, a month 13, February 30, an hour 24, a second 61, or years outside 0000
     /// to 9999.
-    pub(crate) fn from_rfc3339(text: &str) -> Option<Self> {
+    pub fn from_rfc3339(text: &str) -> Option<Self> {
         rfc3339_nanos(text.as_bytes()).map(Position)
     }
 
@@ -76,7 +76,7 @@ impl Position {
     /// let at = Position::from_rfc3339("2024-05-01T16:02:03.500+02:00").unwrap();
     /// assert_eq!(at.to_rfc3339().as_deref(), Some("2024-05-01T14:02:03.5Z"));
     /// ```
-    pub(crate) fn to_rfc3339(&self) -> Option<String> {
+    pub fn to_rfc3339(&self) -> Option<String> {
         let seconds = i64::try_from(self.0.div_euclid(1_000_000_000)).ok()?;
         let nanos = self.0.rem_euclid(1_000_000_000);
         let (days, second_of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
