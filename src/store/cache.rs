@@ -73,11 +73,11 @@ fn cost(record: &Record) -> usize {
 ///
 /// - **Records this instance completed** ([`Completion::Written`]): until the record's
 ///   retention ends in the store, or [`max_ttl`](Self::max_ttl) (default
-///   [`Self::DEFAULT_MAX_TTL`], 10 minutes), whichever comes first. The clock starts
+///   10 minutes), whichever comes first. The clock starts
 ///   before the store is asked, so the entry does not outlive the record.
 /// - **Records read from the store** (a reserve that found the key completed) and retried
 ///   completions ([`Completion::AlreadyWritten`]): for [`read_ttl`](Self::read_ttl) (default
-///   [`Self::DEFAULT_READ_TTL`], 5 seconds), and no longer than the store said it keeps the
+///   5 seconds), and no longer than the store said it keeps the
 ///   record when it said so with the record it read ([`Record::expires_in`]: the memory and
 ///   SQL stores do, at no cost; the Redis store does not, so that a reserve stays one plain
 ///   `SET`). The cache never asks the store how long a record has left: a duplicate that
@@ -112,9 +112,9 @@ fn cost(record: &Record) -> usize {
 /// # Memory
 ///
 /// The cache holds at most [`max_entries`](Self::max_entries) records (default
-/// [`Self::DEFAULT_MAX_ENTRIES`]) and at most [`max_bytes`](Self::max_bytes)
-/// accounted bytes (default [`Self::DEFAULT_MAX_BYTES`]): an entry counts
-/// [`Self::ENTRY_BYTES`], plus the stored response of a replay-mode record (body,
+/// 100,000) and at most [`max_bytes`](Self::max_bytes)
+/// accounted bytes (default 64 MiB): an entry counts
+/// 192 bytes, plus the stored response of a replay-mode record (body,
 /// headers and trailers). It is the crate's one bounded, expiring, sharded map (the memory
 /// store's too): up to 16 independently locked shards, each with its share of both bounds;
 /// when one is full, the entry nearest to its expiry goes (with one life for the records this
@@ -205,8 +205,8 @@ impl fmt::Debug for LocalCache {
 
 impl LocalCache {
     /// The default bound on the number of cached records: 100 000, about 20 MB of ack-mode
-    /// records ([`ENTRY_BYTES`](Self::ENTRY_BYTES) each). At 160 first deliveries a second,
-    /// that is every record of the last 10 minutes ([`DEFAULT_MAX_TTL`](Self::DEFAULT_MAX_TTL));
+    /// records (192 bytes each). At 160 first deliveries a second,
+    /// that is every record of the last 10 minutes (10 minutes);
     /// above that rate the oldest go first, and the duplicates that come in bursts, seconds
     /// after the first delivery, are still answered from the cache.
     pub(crate) const DEFAULT_MAX_ENTRIES: usize = 100_000;
@@ -237,9 +237,9 @@ impl LocalCache {
     /// shard's table (key, record, expiry) and in its expiry queue, with the tables' slack.
     pub(crate) const ENTRY_BYTES: usize = 192;
 
-    /// A cache of at most [`DEFAULT_MAX_ENTRIES`](Self::DEFAULT_MAX_ENTRIES) records and
-    /// [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES) bytes, kept at most
-    /// [`DEFAULT_MAX_TTL`](Self::DEFAULT_MAX_TTL) ([`DEFAULT_READ_TTL`](Self::DEFAULT_READ_TTL)
+    /// A cache of at most 100,000 records and
+    /// 64 MiB bytes, kept at most
+    /// 10 minutes (5 seconds
     /// for records read from the store).
     pub fn new() -> Self {
         Self::with_bounds(Self::DEFAULT_MAX_ENTRIES, Self::DEFAULT_MAX_BYTES)
@@ -266,7 +266,7 @@ impl LocalCache {
     }
 
     /// Sets the bound on the number of cached records (default
-    /// [`DEFAULT_MAX_ENTRIES`](Self::DEFAULT_MAX_ENTRIES)); zero turns the cache off. Starts a
+    /// 100,000); zero turns the cache off. Starts a
     /// new, empty cache.
     pub fn max_entries(self, max_entries: usize) -> Self {
         LocalCache {
@@ -277,7 +277,7 @@ impl LocalCache {
     }
 
     /// Sets the bound on the accounted bytes (default
-    /// [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES)): [`ENTRY_BYTES`](Self::ENTRY_BYTES) per
+    /// 64 MiB): 192 bytes per
     /// record, plus the stored response of replay-mode records. Starts a new, empty cache.
     pub fn max_bytes(self, max_bytes: usize) -> Self {
         LocalCache {
@@ -288,7 +288,7 @@ impl LocalCache {
     }
 
     /// Sets the longest time a record is cached (default
-    /// [`DEFAULT_MAX_TTL`](Self::DEFAULT_MAX_TTL)). A record this instance completed is cached
+    /// 10 minutes). A record this instance completed is cached
     /// for its retention or `max_ttl`, whichever is shorter; this is also how long a key
     /// deleted from the store by hand may still be answered as a duplicate by this instance.
     pub fn max_ttl(mut self, max_ttl: Duration) -> Self {
@@ -297,7 +297,7 @@ impl LocalCache {
     }
 
     /// Sets how long a record read from the store (not written by this instance) is cached at
-    /// most (default [`DEFAULT_READ_TTL`](Self::DEFAULT_READ_TTL), never more than
+    /// most (default 5 seconds, never more than
     /// [`max_ttl`](Self::max_ttl), never past the record's expiry in the store when the store
     /// tells it): how late a duplicate may be answered after the record was deleted from the
     /// store by hand, or expired there. Zero
@@ -318,7 +318,7 @@ impl LocalCache {
         self.len() == 0
     }
 
-    /// The bytes accounted for the records held ([`ENTRY_BYTES`](Self::ENTRY_BYTES) each, plus
+    /// The bytes accounted for the records held (192 bytes each, plus
     /// stored responses).
     pub fn bytes(&self) -> usize {
         self.map.bytes()

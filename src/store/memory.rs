@@ -41,9 +41,9 @@ pub enum WhenFull {
 ///   the expired entries of the part of the key space it touches), so memory follows the live
 ///   key count.
 /// - Memory is bounded: at most [`with_max_entries`](MemoryStore::with_max_entries) live keys
-///   (default [`DEFAULT_MAX_ENTRIES`](Self::DEFAULT_MAX_ENTRIES); ack-mode records cost 100–170
+///   (default 1,000,000; ack-mode records cost 100–170
 ///   bytes each) and at most [`with_max_bytes`](MemoryStore::with_max_bytes) accounted bytes
-///   (default [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES); replay-mode records count their
+///   (default 256 MiB; replay-mode records count their
 ///   response on top). Ordered routes count their per-object state against the same bounds
 ///   (an object's lease while one of its events is in flight, its watermark afterwards).
 /// - When full ([`WhenFull::EvictOldest`], the default), the completed records (and
@@ -171,15 +171,15 @@ impl MemoryStore {
     pub(crate) const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
 
     /// The default bound on the bytes accounted for: 256 MiB (an entry counts
-    /// [`ENTRY_BYTES`](Self::ENTRY_BYTES), plus the response of a replay-mode record).
+    /// 128 bytes, plus the response of a replay-mode record).
     pub(crate) const DEFAULT_MAX_BYTES: usize = 256 * 1024 * 1024;
 
     /// What one entry is accounted as, before any stored response: the entry, its expiry item
     /// and the table's slack, as measured (100–170 bytes).
     pub(crate) const ENTRY_BYTES: usize = 128;
 
-    /// An empty store within [`DEFAULT_MAX_ENTRIES`](Self::DEFAULT_MAX_ENTRIES) keys and
-    /// [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES) bytes.
+    /// An empty store within 1,000,000 keys and
+    /// 256 MiB bytes.
     pub fn new() -> Self {
         Self::with_bounds(Self::DEFAULT_MAX_ENTRIES, Self::DEFAULT_MAX_BYTES)
     }
@@ -207,7 +207,7 @@ impl MemoryStore {
         Self::with_bounds(max_entries.max(1), bytes).when_full(self.when_full)
     }
 
-    /// Sets the bound on accounted bytes ([`ENTRY_BYTES`](Self::ENTRY_BYTES) per key, plus
+    /// Sets the bound on accounted bytes (128 bytes per key, plus
     /// stored responses). Starts a new, empty store, like
     /// [`with_max_entries`](Self::with_max_entries).
     pub fn with_max_bytes(self, max_bytes: usize) -> Self {
