@@ -183,6 +183,9 @@ mod sql;
 #[cfg(feature = "admin")]
 mod stats;
 pub mod store;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod test_util;
 mod util;
 pub mod verify;
 

@@ -1,9 +1,7 @@
 //! The inbox contract on the memory inbox, and what only the memory inbox shows (its bound).
 
-#[path = "contract/inbox_admin.rs"]
-mod inbox_admin_contract;
-#[path = "contract/inbox.rs"]
-mod inbox_contract;
+use tower_idempotency::test_util::inbox as inbox_contract;
+use tower_idempotency::test_util::inbox_admin as inbox_admin_contract;
 
 use bytes::Bytes;
 use tower_idempotency::inbox::{InboxEntry, InboxStore, MemoryInbox};

@@ -5,10 +5,8 @@
 //! slot, and through Sentinel (a primary, a replica, three sentinels).
 #![cfg(feature = "redis")]
 
-#[path = "contract/inbox_admin.rs"]
-mod inbox_admin_contract;
-#[path = "contract/inbox.rs"]
-mod inbox_contract;
+use tower_idempotency::test_util::inbox as inbox_contract;
+use tower_idempotency::test_util::inbox_admin as inbox_admin_contract;
 // The harness re-exports helpers for the tests that kill nodes; this file needs only the start.
 #[allow(unused_imports)]
 #[path = "support/redis_cluster.rs"]

@@ -3,10 +3,8 @@
 //! only the SQL inboxes show: several pools taking at once, the completion in the handler's
 //! own transaction.
 
-#[path = "contract/inbox_admin.rs"]
-mod inbox_admin_contract;
-#[path = "contract/inbox.rs"]
-mod inbox_contract;
+use tower_idempotency::test_util::inbox as inbox_contract;
+use tower_idempotency::test_util::inbox_admin as inbox_admin_contract;
 #[path = "support/postgres_server.rs"]
 mod postgres_server;
 

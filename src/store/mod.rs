@@ -391,7 +391,7 @@ impl ObjectKey {
     }
 
     /// The 16 hashed digits, without the prefix.
-    #[cfg(feature = "redis")]
+    #[cfg(any(test, feature = "redis"))]
     pub(crate) fn digits(&self) -> &str {
         &self.as_str()[OBJECT_PREFIX.len()..]
     }

@@ -198,7 +198,7 @@ impl Record {
 
     /// The encoded record as completed by the claim of `token` (its owner tag set to the
     /// token's), whatever owner the record holds: what a store writes in `complete`.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(test, feature = "postgres", feature = "sqlite"))]
     pub(crate) fn encode_for(&self, token: &Token) -> Bytes {
         let mut out = BytesMut::with_capacity(self.encoded_len());
         self.put_for(token, &mut out);
@@ -213,7 +213,7 @@ impl Record {
 
     /// Appends [`encode_for`](Self::encode_for)'s bytes to `out`, so that a store can send
     /// them with other arguments out of one buffer.
-    #[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(test, feature = "redis", feature = "postgres", feature = "sqlite"))]
     pub(crate) fn put_for(&self, token: &Token, out: &mut BytesMut) {
         self.put_with_owner(&owner_tag(token), out);
     }

@@ -262,7 +262,7 @@ impl VerifyError {
     }
 
     /// Header `name` is missing: "the `name` header is missing".
-    #[cfg(feature = "verify")]
+    #[cfg(any(test, feature = "verify"))]
     pub(crate) fn missing_header(name: &str) -> Self {
         Self::new(
             VerifyErrorKind::MissingHeader,
@@ -272,7 +272,7 @@ impl VerifyError {
 
     /// Header `name` is unusable, for reason `why` ("it appears more than once"). The header's
     /// value is not quoted: it may be a signature.
-    #[cfg(feature = "verify")]
+    #[cfg(any(test, feature = "verify"))]
     pub(crate) fn malformed_header(name: &str, why: &str) -> Self {
         Self::new(
             VerifyErrorKind::MalformedHeader,
@@ -281,7 +281,7 @@ impl VerifyError {
     }
 
     /// No signature matched any secret.
-    #[cfg(feature = "verify")]
+    #[cfg(any(test, feature = "verify"))]
     pub(crate) fn no_match() -> Self {
         Self::new(VerifyErrorKind::NoMatch, "no signature matched")
     }

@@ -14,17 +14,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::Bytes;
-use tower_idempotency::inbox::{
+use crate::inbox::{
     AttemptOutcome, Backoff, Enqueued, EntryInfo, Failure, Filter, InboxAdmin, InboxEntry,
     InboxRequest, KeyState, Worker, worker_id,
 };
-use tower_idempotency::order::Position;
-use tower_idempotency::store::{ObjectKey, StoreKey};
+use crate::order::Position;
+use crate::store::{ObjectKey, StoreKey};
+use bytes::Bytes;
 
 // The names, bounds and retention of the queue contract (`inbox_contract`, beside this
 // module in every file that runs both).
-use super::inbox_contract::{DEADLINE, LONG, RETENTION, fresh};
+use super::inbox::{DEADLINE, LONG, RETENTION, fresh};
 
 /// An entry of `route` whose delivery id is `id`, keyed as a route keys it.
 fn delivery(route: &str, id: &str) -> InboxEntry {
@@ -69,7 +69,7 @@ async fn list_all<St: InboxAdmin>(store: &St, filter: &Filter, limit: usize) -> 
 
 /// Takes until the entry of `key` is handed out (others of the route are failed again at
 /// once... none are due in these cases), failing after the deadline.
-async fn take_key<St: InboxAdmin>(store: &St, key: &StoreKey) -> tower_idempotency::inbox::Lease {
+async fn take_key<St: InboxAdmin>(store: &St, key: &StoreKey) -> crate::inbox::Lease {
     let start = Instant::now();
     loop {
         let taken = store.take(10, LONG).await.unwrap();
@@ -158,7 +158,7 @@ pub async fn find_tells_each_state_and_its_attempts<St: InboxAdmin>(store: St) {
         panic!("the second attempt failed: {:?}", dead.history);
     };
     assert!(
-        kept.len() <= tower_idempotency::inbox::KEPT_ERROR_BYTES,
+        kept.len() <= crate::inbox::KEPT_ERROR_BYTES,
         "an attempt's error is cut: {} bytes",
         kept.len()
     );
@@ -410,6 +410,11 @@ pub async fn a_worker_records_every_attempt<St: InboxAdmin + Clone>(store: St) {
     assert!(found[0].history.iter().all(|a| a.duration.is_some()));
 }
 
+/// The inbox admin contract as `#[tokio::test]`s, one per case, in a module of the calling
+/// file (feature `test-util`; see [`test_util`](crate::test_util)).
+///
+/// `$make` is as for [`inbox_contract!`](crate::inbox_contract): `(inbox, guard)`, where the
+/// inbox implements [`InboxAdmin`](crate::inbox::InboxAdmin).
 #[macro_export]
 macro_rules! inbox_admin_contract {
     ($make:expr) => {
@@ -429,12 +434,11 @@ macro_rules! inbox_admin_contract {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     let (store, _guard) = $make.await;
-                    inbox_admin_contract::$name(store).await;
+                    $crate::test_util::inbox_admin::$name(store).await;
                 }
             )*
         }
     };
 }
 
-#[allow(unused_imports)]
-pub use inbox_admin_contract;
+pub use crate::inbox_admin_contract;

@@ -11,20 +11,20 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::Bytes;
-use tower_idempotency::inbox::{
+use crate::inbox::{
     Backoff, DeadLetter, Enqueued, Failure, InboxCounts, InboxEntry, InboxRequest, InboxStore,
     KeyState, Lease, Wakeups, Worker,
 };
-use tower_idempotency::order::Position;
-use tower_idempotency::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
+use crate::order::Position;
+use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
+use bytes::Bytes;
 
-pub(crate) const RETENTION: Duration = Duration::from_secs(3600);
-pub(crate) const LONG: Duration = Duration::from_secs(60);
-pub(crate) const DEADLINE: Duration = Duration::from_secs(10);
+pub const RETENTION: Duration = Duration::from_secs(3600);
+pub const LONG: Duration = Duration::from_secs(60);
+pub const DEADLINE: Duration = Duration::from_secs(10);
 
 /// A name no other test (nor an earlier run against the same server) uses.
-pub(crate) fn fresh(test: &str) -> String {
+pub fn fresh(test: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -65,10 +65,7 @@ async fn eventually<F: std::future::Future<Output = bool>>(
 }
 
 /// Polls `take` until it hands out entries, failing after the deadline.
-async fn take_within<St: InboxStore>(
-    store: &St,
-    what: &str,
-) -> Vec<tower_idempotency::inbox::Lease> {
+async fn take_within<St: InboxStore>(store: &St, what: &str) -> Vec<crate::inbox::Lease> {
     let start = Instant::now();
     loop {
         let taken = store.take(10, LONG).await.unwrap();
@@ -84,7 +81,7 @@ async fn take_within<St: InboxStore>(
 }
 
 /// The one entry due now.
-async fn take_one<St: InboxStore>(store: &St, what: &str) -> tower_idempotency::inbox::Lease {
+async fn take_one<St: InboxStore>(store: &St, what: &str) -> crate::inbox::Lease {
     store.take(10, LONG).await.unwrap().pop().expect(what)
 }
 
@@ -144,8 +141,8 @@ where
     St: InboxStore,
     S: tower::Service<InboxRequest> + Clone + Send + 'static,
     S::Future: Send,
-    S::Error: Into<tower_idempotency::store::BoxError>,
-    P: tower_idempotency::inbox::RetryPolicy,
+    S::Error: Into<crate::store::BoxError>,
+    P: crate::inbox::RetryPolicy,
 {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(worker.run(async {
@@ -1288,6 +1285,12 @@ pub async fn an_enqueue_elsewhere_wakes_an_idle_worker<St: InboxStore + Clone>(
     stop_worker(stop, run).await;
 }
 
+/// The inbox queue contract as `#[tokio::test]`s, one per case, in a module of the calling file
+/// (feature `test-util`; see [`test_util`](crate::test_util)).
+///
+/// `$make` is an `async` expression whose output is `(inbox, guard)`: a fresh
+/// [`InboxStore`](crate::inbox::InboxStore) (cheap to clone) and whatever must live as long as
+/// the test. Every case runs on a multi-threaded runtime with two workers.
 #[macro_export]
 macro_rules! inbox_contract {
     ($make:expr) => {
@@ -1322,12 +1325,11 @@ macro_rules! inbox_contract {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     let (store, _guard) = $make.await;
-                    inbox_contract::$name(store).await;
+                    $crate::test_util::inbox::$name(store).await;
                 }
             )*
         }
     };
 }
 
-#[allow(unused_imports)]
-pub use inbox_contract;
+pub use crate::inbox_contract;

@@ -1,0 +1,30 @@
+//! The contract suites the crate's own backends pass, for a third-party backend to run on itself
+//! (feature `test-util`).
+//!
+//! Each suite is a macro that writes one `#[tokio::test]` per case into the calling test file.
+//! It takes an expression that makes a fresh backend: an `async` block whose output is the
+//! backend and a guard kept alive for the test (a server process, a temporary directory, `()`).
+//! The test crate needs `tokio` with its `macros` and `rt-multi-thread` features, as any
+//! `#[tokio::test]` does.
+//!
+//! - [`inbox_contract!`](crate::inbox_contract): the queue contract ([`InboxStore`]: enqueue
+//!   atomic with the claim, duplicates, retries, dead letters, re-queue, lease take-over, order
+//!   per object, wake-ups) through a real [`Worker`](crate::inbox::Worker).
+//! - [`inbox_admin_contract!`](crate::inbox_admin_contract): the admin contract
+//!   ([`InboxAdmin`]: find, list, re-queue, discard, pause, the attempt history).
+//!
+//! ```ignore
+//! // tests/inbox.rs of a crate with its own inbox backend
+//! tower_idempotency::inbox_contract!(async { (MyInbox::connect("...").await, ()) });
+//! tower_idempotency::inbox_admin_contract!(async { (MyInbox::connect("...").await, ()) });
+//! ```
+//!
+//! [`InboxStore`]: crate::inbox::InboxStore
+//! [`InboxAdmin`]: crate::inbox::InboxAdmin
+
+// The cases are public so that the macros can name them from the caller's crate; they are not
+// an API of their own.
+#[doc(hidden)]
+pub mod inbox;
+#[doc(hidden)]
+pub mod inbox_admin;
