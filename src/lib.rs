@@ -205,7 +205,7 @@ pub use self::observe::OutcomeEvent;
 pub use self::once::{Idempotent, OnceError};
 pub use self::outcome::Outcome;
 pub use self::service::Idempotency;
-pub use self::store::contract::IdempotencyStore;
+pub use self::store::contract::{IdempotencyStore, OrderedStore};
 pub use self::store::memory::MemoryStore;
 
 #[cfg(feature = "redis")]
