@@ -522,7 +522,7 @@ impl ClaimGuard {
     pub(crate) async fn release(mut self) {
         self.settled = true;
         stop(&*self.calls);
-        if self.calls.state().held().len() == 0 {
+        if self.calls.state().held().is_empty() {
             return;
         }
         if let Err(err) = self.calls.clone().release(Subset::Held).await {
@@ -589,7 +589,7 @@ impl Drop for ClaimGuard {
             return;
         }
         stop(&*self.calls);
-        if self.calls.state().held().len() > 0 {
+        if !self.calls.state().held().is_empty() {
             release_in_background(self.calls.clone(), Subset::Held, 0);
         }
     }

@@ -43,8 +43,6 @@ fn ack(claim: &Claim) -> Record {
     Record::ack(claim.fingerprint()).owned_by(claim.token())
 }
 
-/// absent → in flight → completed; a second claim sees each state.
-
 /// The targets of `keys`, none of them ordered (what a batch claims).
 pub fn keys_of(keys: &[StoreKey]) -> Vec<Target> {
     keys.iter().cloned().map(Target::key).collect()
@@ -58,6 +56,7 @@ pub fn with_equal(events: &[Target], equal: EqualPositions) -> Vec<Target> {
         .collect()
 }
 
+/// absent → in flight → completed; a second claim sees each state.
 pub async fn reserve_complete_then_duplicate<St: IdempotencyStore>(store: St) {
     let key = fresh_key("transitions");
     let (first, second) = (claim(), claim());
