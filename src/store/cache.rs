@@ -126,7 +126,7 @@ fn cost(record: &Record) -> usize {
 /// use tower_idempotency::{IdempotencyStore, MemoryStore};
 /// use tower_idempotency::fingerprint::Fingerprint;
 /// use tower_idempotency::store::record::Record;
-/// use tower_idempotency::store::{CachedStore, Claim, Completion, LocalCache, Reservation, StoreKey};
+/// use tower_idempotency::store::{CachedStore, Claim, Completion, LocalCache, Reservation, StoreKey, Target};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -139,23 +139,23 @@ fn cost(record: &Record) -> usize {
 ///     .read_ttl(Duration::from_secs(2));
 /// let store = CachedStore::with_cache(MemoryStore::new(), cache);
 ///
-/// let key = StoreKey::new("docs", None, "evt_1");
+/// let key = [Target::key(StoreKey::new("docs", None, "evt_1"))];
 /// let lease = Duration::from_secs(30);
 /// let first = Claim::new(Fingerprint::of_bytes(b"{}"));
-/// assert_eq!(store.reserve(&key, &first, lease).await.unwrap(), Reservation::Acquired);
+/// assert_eq!(store.reserve(&key, &first, lease).await.unwrap(), [Reservation::Acquired]);
 /// // In flight: never cached.
 /// let second = Claim::new(Fingerprint::of_bytes(b"{}"));
-/// let answer = store.reserve(&key, &second, lease).await.unwrap();
+/// let answer = store.reserve(&key, &second, lease).await.unwrap().remove(0);
 /// assert!(matches!(answer, Reservation::InFlight { .. }));
 /// assert_eq!(store.len(), 0);
 ///
 /// let record = Record::ack(first.fingerprint());
 /// let retention = Duration::from_secs(72 * 3600);
 /// let done = store.complete(&key, &first, &record, retention).await.unwrap();
-/// assert_eq!(done, Completion::Written);
+/// assert_eq!(done, [Completion::Written]);
 /// // Completed: duplicates are answered from the cache, without asking the inner store.
 /// assert_eq!(store.len(), 1);
-/// let answer = store.reserve(&key, &second, lease).await.unwrap();
+/// let answer = store.reserve(&key, &second, lease).await.unwrap().remove(0);
 /// assert!(matches!(answer, Reservation::Completed(_)));
 ///
 /// store.cache().clear();
