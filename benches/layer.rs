@@ -70,7 +70,7 @@ use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::key::{ExtractKey, HeaderKey, JsonPathKey};
 use tower_idempotency::store::record::{Record, StoredResponse, StoredValue};
-use tower_idempotency::store::{AnyStore, Claim, StoreKey};
+use tower_idempotency::store::{AnyStore, Claim, StoreKey, Target};
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 /// The JSONPath of every WhatsApp message id of a batch.
@@ -393,8 +393,12 @@ fn scenarios(rt: &tokio::runtime::Runtime) -> Vec<Scenario> {
             // The first attempt: a claim with an hour-long lease that is never settled.
             let claim = Claim::new(Fingerprint::of_bytes(&constant));
             let store_key = StoreKey::new(NAMESPACE, Some(PATH), &key);
-            rt.block_on(store.reserve(&store_key, &claim, Duration::from_secs(3600)))
-                .expect("reserve");
+            rt.block_on(store.reserve(
+                &[Target::key(store_key)],
+                &claim,
+                Duration::from_secs(3600),
+            ))
+            .expect("reserve");
             let (payload, constant) = (payload.clone(), constant.clone());
             out.push(Scenario {
                 group: "in_flight",
@@ -532,7 +536,7 @@ fn verify(c: &mut Criterion) {
     use tower_idempotency::key::Fallback;
     use tower_idempotency::verify::StandardWebhooks;
     let rt = runtime();
-    let wrap = |layer: IdempotencyLayer<Fallback<HeaderKey, HeaderKey>>| {
+    let wrap = |layer: IdempotencyLayer<MemoryStore, Fallback<HeaderKey, HeaderKey>>| {
         let svc = ServiceBuilder::new()
             .layer(layer.namespace(NAMESPACE))
             .service_fn(handler::<tower_idempotency::RequestBody<Full<Bytes>>>);

@@ -202,7 +202,7 @@ impl Payments for PaymentsService {
 }
 
 /// The idempotency layer of the service: the key is the `idempotency-key` metadata entry.
-pub fn idempotency(store: impl IdempotencyStore) -> IdempotencyLayer {
+pub fn idempotency<St: IdempotencyStore>(store: St) -> IdempotencyLayer<St> {
     IdempotencyLayer::new(store)
         .namespace("payments")
         .key(HeaderKey::new("idempotency-key").unwrap())
@@ -211,10 +211,10 @@ pub fn idempotency(store: impl IdempotencyStore) -> IdempotencyLayer {
 }
 
 /// Serves `payments` on `listener`, every method behind `idempotency`.
-pub async fn serve(
+pub async fn serve<St: 'static>(
     listener: TcpListener,
     payments: PaymentsService,
-    idempotency: IdempotencyLayer,
+    idempotency: IdempotencyLayer<St>,
 ) -> Result<(), tonic::transport::Error> {
     Server::builder()
         .layer(idempotency)

@@ -150,16 +150,16 @@ async fn handle(
 }
 
 /// The idempotency layer: `Idempotency-Key` header, ack mode (the defaults).
-pub fn idempotency(store: impl IdempotencyStore) -> IdempotencyLayer {
+pub fn idempotency<St: IdempotencyStore>(store: St) -> IdempotencyLayer<St> {
     IdempotencyLayer::new(store).namespace("charges")
 }
 
 /// Serves `handle` behind `idempotency` on `listener`, HTTP/1.1 and HTTP/2, until the task is
 /// dropped.
-pub async fn serve(
+pub async fn serve<St: 'static>(
     listener: TcpListener,
     ledger: Ledger,
-    idempotency: IdempotencyLayer,
+    idempotency: IdempotencyLayer<St>,
 ) -> std::io::Result<()> {
     let service = ServiceBuilder::new()
         .layer(idempotency)

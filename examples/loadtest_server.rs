@@ -144,7 +144,7 @@ async fn prefill(store: &MemoryStore) -> Result<(), Box<dyn std::error::Error>> 
     use std::time::Duration;
     use tower_idempotency::fingerprint::Fingerprint;
     use tower_idempotency::store::record::Record;
-    use tower_idempotency::store::{Claim, StoreKey};
+    use tower_idempotency::store::{Claim, StoreKey, Target};
 
     let count: u64 = match std::env::var("PREFILL") {
         Ok(n) => n.parse()?,
@@ -152,7 +152,11 @@ async fn prefill(store: &MemoryStore) -> Result<(), Box<dyn std::error::Error>> 
     };
     let (lease, retention) = (Duration::from_secs(60), Duration::from_secs(72 * 3600));
     for i in 0..count {
-        let key = StoreKey::new("prefill", None, &format!("evt_{i:012}"));
+        let key = [Target::key(StoreKey::new(
+            "prefill",
+            None,
+            &format!("evt_{i:012}"),
+        ))];
         let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
         store.reserve(&key, &claim, lease).await?;
         let record = Record::ack(claim.fingerprint());

@@ -378,7 +378,7 @@ fn webhook_layer(
     settings: &Settings,
     namespace: &str,
     hours: u64,
-) -> IdempotencyLayer {
+) -> IdempotencyLayer<AnyStore> {
     IdempotencyLayer::webhook(store.clone())
         .namespace(namespace)
         .lease(settings.lease)
@@ -388,9 +388,9 @@ fn webhook_layer(
 
 /// `X-Hub-Signature-256` with `secret`, when one is set.
 fn hub<K: Clone>(
-    layer: IdempotencyLayer<K>,
+    layer: IdempotencyLayer<AnyStore, K>,
     secret: Option<&str>,
-) -> Result<IdempotencyLayer<K>, Error> {
+) -> Result<IdempotencyLayer<AnyStore, K>, Error> {
     Ok(match secret {
         Some(secret) => layer.verify(HubSignature256::new([secret])?),
         None => layer,

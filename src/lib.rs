@@ -201,7 +201,7 @@ pub use self::http::rejection;
 pub use self::http::service::Idempotency;
 pub use self::key::value::IdempotencyKey;
 pub use self::once::{Idempotent, OnceError};
-pub use self::store::contract::IdempotencyStore;
+pub use self::store::contract::{IdempotencyStore, OrderedStore};
 pub use self::store::memory::MemoryStore;
 
 #[cfg(feature = "redis")]

@@ -30,7 +30,9 @@ mod on_redis {
     use tower_idempotency::IdempotencyStore;
     use tower_idempotency::fingerprint::Fingerprint;
     use tower_idempotency::store::record::Record;
-    use tower_idempotency::store::{Claim, Completion, LocalCache, Reservation, StoreKey};
+    use tower_idempotency::store::{Claim, Completion, LocalCache, Reservation, StoreKey, Target};
+
+    use crate::contract::keys_of;
 
     const LEASE: Duration = Duration::from_secs(30);
     const RETENTION: Duration = Duration::from_secs(3600);
@@ -113,7 +115,12 @@ mod on_redis {
                     let key = StoreKey::new("exactly-once", None, &id);
                     loop {
                         let mine = claim();
-                        match store.reserve(&key, &mine, LEASE).await.unwrap() {
+                        match store
+                            .reserve(&[Target::key(key.clone())], &mine, LEASE)
+                            .await
+                            .unwrap()
+                            .remove(0)
+                        {
                             Reservation::Acquired => {
                                 let first = {
                                     let mut l = ledger.lock().unwrap();
@@ -127,7 +134,13 @@ mod on_redis {
                                 tokio::time::sleep(Duration::from_millis(3)).await;
                                 if fail_first && first {
                                     *ledger.lock().unwrap().holding.get_mut(&id).unwrap() -= 1;
-                                    assert!(store.release(&key, &mine).await.unwrap());
+                                    assert!(
+                                        store
+                                            .release(&[Target::key(key.clone())], &mine)
+                                            .await
+                                            .map(|n| n == 1)
+                                            .unwrap()
+                                    );
                                     continue;
                                 }
                                 {
@@ -137,9 +150,15 @@ mod on_redis {
                                 }
                                 let record = Record::ack(mine.fingerprint());
                                 let done = store
-                                    .complete(&key, &mine, &record, RETENTION)
+                                    .complete(
+                                        &[Target::key(key.clone())],
+                                        &mine,
+                                        &record,
+                                        RETENTION,
+                                    )
                                     .await
-                                    .unwrap();
+                                    .unwrap()
+                                    .remove(0);
                                 assert_eq!(done, Completion::Written);
                                 *ledger.lock().unwrap().written.entry(id).or_default() += 1;
                                 return;
@@ -180,7 +199,11 @@ mod on_redis {
             for id in &keys {
                 let key = StoreKey::new("exactly-once", None, id);
                 assert!(matches!(
-                    store.reserve(&key, &claim(), LEASE).await.unwrap(),
+                    store
+                        .reserve(&[Target::key(key.clone())], &claim(), LEASE)
+                        .await
+                        .unwrap()
+                        .remove(0),
                     Reservation::Completed(_)
                 ));
             }
@@ -199,12 +222,18 @@ mod on_redis {
         let monitor = server.monitor();
         let owner = claim();
         assert_eq!(
-            a.reserve(&key, &owner, LEASE).await.unwrap(),
+            a.reserve(&[Target::key(key.clone())], &owner, LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired
         );
         let record = Record::ack(owner.fingerprint());
         assert_eq!(
-            a.complete(&key, &owner, &record, RETENTION).await.unwrap(),
+            a.complete(&[Target::key(key.clone())], &owner, &record, RETENTION)
+                .await
+                .unwrap()
+                .remove(0),
             Completion::Written
         );
         assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
@@ -213,7 +242,10 @@ mod on_redis {
         let monitor = server.monitor();
         for _ in 0..3 {
             assert!(matches!(
-                a.reserve(&key, &claim(), LEASE).await.unwrap(),
+                a.reserve(&[Target::key(key.clone())], &claim(), LEASE)
+                    .await
+                    .unwrap()
+                    .remove(0),
                 Reservation::Completed(_)
             ));
         }
@@ -221,7 +253,12 @@ mod on_redis {
 
         // B: from Redis once (one command, nothing in the background), then from its cache.
         let monitor = server.monitor();
-        match b.reserve(&key, &claim(), LEASE).await.unwrap() {
+        match b
+            .reserve(&[Target::key(key.clone())], &claim(), LEASE)
+            .await
+            .unwrap()
+            .remove(0)
+        {
             Reservation::Completed(held) => assert!(held.is_owned_by(owner.token())),
             other => panic!("expected a completed record, got {other:?}"),
         }
@@ -231,7 +268,10 @@ mod on_redis {
         let monitor = server.monitor();
         for _ in 0..3 {
             assert!(matches!(
-                b.reserve(&key, &claim(), LEASE).await.unwrap(),
+                b.reserve(&[Target::key(key.clone())], &claim(), LEASE)
+                    .await
+                    .unwrap()
+                    .remove(0),
                 Reservation::Completed(_)
             ));
         }
@@ -242,7 +282,7 @@ mod on_redis {
         let mine = claim();
         let monitor = server.monitor();
         let answers = b
-            .reserve_many(&[key.clone(), other.clone()], &mine, LEASE)
+            .reserve(&keys_of(&[key.clone(), other.clone()]), &mine, LEASE)
             .await
             .unwrap();
         assert_eq!(monitor.finish(), ["SET"]);
@@ -253,8 +293,17 @@ mod on_redis {
         assert_eq!(answers[1], Reservation::Acquired);
         // Renewing and releasing always go to Redis.
         let monitor = server.monitor();
-        assert!(b.renew(&other, &mine, LEASE).await.unwrap());
-        assert!(b.release(&other, &mine).await.unwrap());
+        assert!(
+            b.renew(&[Target::key(other.clone())], &mine, LEASE)
+                .await
+                .unwrap()
+        );
+        assert!(
+            b.release(&[Target::key(other.clone())], &mine)
+                .await
+                .map(|n| n == 1)
+                .unwrap()
+        );
         assert_eq!(monitor.finish(), ["EVALSHA", "EVALSHA"]);
     }
 
@@ -311,16 +360,25 @@ mod on_redis {
         let b = instance(&server).await.read_ttl(Duration::from_secs(3));
         let key = StoreKey::new("expiry", None, "evt_1");
         let owner = claim();
-        a.reserve(&key, &owner, LEASE).await.unwrap();
+        a.reserve(&[Target::key(key.clone())], &owner, LEASE)
+            .await
+            .unwrap()
+            .remove(0);
         let record = Record::ack(owner.fingerprint());
         // B reads the record at once, well within its retention.
         let retention = Duration::from_secs(1);
         assert_eq!(
-            a.complete(&key, &owner, &record, retention).await.unwrap(),
+            a.complete(&[Target::key(key.clone())], &owner, &record, retention)
+                .await
+                .unwrap()
+                .remove(0),
             Completion::Written
         );
         assert!(matches!(
-            b.reserve(&key, &claim(), LEASE).await.unwrap(),
+            b.reserve(&[Target::key(key.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
         cached(b.cache(), 1).await;
@@ -329,7 +387,10 @@ mod on_redis {
         tokio::time::sleep(retention + Duration::from_millis(200)).await;
         let monitor = server.monitor();
         assert!(matches!(
-            b.reserve(&key, &claim(), LEASE).await.unwrap(),
+            b.reserve(&[Target::key(key.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
         assert_eq!(
@@ -342,11 +403,19 @@ mod on_redis {
         tokio::time::sleep(Duration::from_millis(2000)).await;
         let next = claim();
         assert_eq!(
-            b.reserve(&key, &next, LEASE).await.unwrap(),
+            b.reserve(&[Target::key(key.clone())], &next, LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired,
             "past read_ttl: asked Redis, which no longer holds the key"
         );
-        assert!(b.release(&key, &next).await.unwrap());
+        assert!(
+            b.release(&[Target::key(key.clone())], &next)
+                .await
+                .map(|n| n == 1)
+                .unwrap()
+        );
     }
 
     /// A key deleted from Redis by hand is still answered as completed by an instance that
@@ -362,13 +431,27 @@ mod on_redis {
             .read_ttl(Duration::from_millis(1500));
         let key = StoreKey::new("by-hand", None, "evt_1");
         let owner = claim();
-        writer.reserve(&key, &owner, LEASE).await.unwrap();
         writer
-            .complete(&key, &owner, &Record::ack(owner.fingerprint()), RETENTION)
+            .reserve(&[Target::key(key.clone())], &owner, LEASE)
             .await
-            .unwrap();
+            .unwrap()
+            .remove(0);
+        writer
+            .complete(
+                &[Target::key(key.clone())],
+                &owner,
+                &Record::ack(owner.fingerprint()),
+                RETENTION,
+            )
+            .await
+            .unwrap()
+            .remove(0);
         assert!(matches!(
-            reader.reserve(&key, &claim(), LEASE).await.unwrap(),
+            reader
+                .reserve(&[Target::key(key.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
         cached(reader.cache(), 1).await;
@@ -377,7 +460,11 @@ mod on_redis {
         assert!(reply.starts_with(":1"), "{reply}");
         for store in [&writer, &reader] {
             assert!(matches!(
-                store.reserve(&key, &claim(), LEASE).await.unwrap(),
+                store
+                    .reserve(&[Target::key(key.clone())], &claim(), LEASE)
+                    .await
+                    .unwrap()
+                    .remove(0),
                 Reservation::Completed(_)
             ));
         }
@@ -386,17 +473,29 @@ mod on_redis {
         tokio::time::sleep(Duration::from_millis(1700)).await;
         let again = claim();
         assert_eq!(
-            reader.reserve(&key, &again, LEASE).await.unwrap(),
+            reader
+                .reserve(&[Target::key(key.clone())], &again, LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired,
             "the reader forgot it after read_ttl"
         );
         assert!(matches!(
-            writer.reserve(&key, &claim(), LEASE).await.unwrap(),
+            writer
+                .reserve(&[Target::key(key.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
         writer.clear();
         assert!(matches!(
-            writer.reserve(&key, &claim(), LEASE).await.unwrap(),
+            writer
+                .reserve(&[Target::key(key.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::InFlight { .. }
         ));
     }

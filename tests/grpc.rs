@@ -44,7 +44,7 @@ use receiver::payments::payments_server::PaymentsServer;
 use receiver::payments::{ChargeReply, ChargeRequest, InstallmentsRequest};
 
 /// Serves the example's service behind `layer` on `127.0.0.1:0`; returns a connected client.
-async fn start(layer: IdempotencyLayer) -> (PaymentsClient<Channel>, PaymentsService) {
+async fn start(layer: IdempotencyLayer<MemoryStore>) -> (PaymentsClient<Channel>, PaymentsService) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let payments = PaymentsService::default();
@@ -62,7 +62,7 @@ async fn connect(url: &str) -> PaymentsClient<Channel> {
     PaymentsClient::new(channel)
 }
 
-fn layer() -> IdempotencyLayer {
+fn layer() -> IdempotencyLayer<MemoryStore> {
     receiver::idempotency(MemoryStore::new())
 }
 

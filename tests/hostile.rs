@@ -25,7 +25,7 @@ use tokio::net::TcpStream;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::key::{ExtractKey, FieldsFingerprintKey, JsonPathKey, from_body_fn};
 use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey, Target};
 use tower_idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore};
 
 /// One app on `127.0.0.1:0`: `POST /hook` counts its calls, and holds the request for
@@ -43,7 +43,7 @@ impl Drop for App {
 }
 
 impl App {
-    async fn start<K: ExtractKey + Clone>(layer: IdempotencyLayer<K>) -> App {
+    async fn start<St: 'static, K: ExtractKey + Clone>(layer: IdempotencyLayer<St, K>) -> App {
         async fn hook(
             State(calls): State<Arc<AtomicUsize>>,
             headers: HeaderMap,
@@ -186,7 +186,7 @@ fn chunk(data: &[u8]) -> Vec<u8> {
     out
 }
 
-fn json_id_layer(limit: usize) -> IdempotencyLayer<JsonPathKey> {
+fn json_id_layer(limit: usize) -> IdempotencyLayer<MemoryStore, JsonPathKey> {
     IdempotencyLayer::new(MemoryStore::new())
         .namespace("hostile")
         .body_limit(limit)
@@ -458,35 +458,35 @@ struct SlowComplete(MemoryStore);
 impl IdempotencyStore for SlowComplete {
     async fn reserve(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
-    ) -> Result<Reservation, StoreError> {
-        self.0.reserve(key, claim, lease).await
+    ) -> Result<Vec<Reservation>, StoreError> {
+        self.0.reserve(targets, claim, lease).await
     }
 
     async fn complete(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<Completion, StoreError> {
+    ) -> Result<Vec<Completion>, StoreError> {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        self.0.complete(key, claim, record, retention).await
+        self.0.complete(targets, claim, record, retention).await
     }
 
-    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        self.0.release(key, claim).await
+    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
+        self.0.release(targets, claim).await
     }
 
     async fn renew(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        self.0.renew(key, claim, lease).await
+        self.0.renew(targets, claim, lease).await
     }
 }
 
@@ -527,9 +527,10 @@ async fn client_disconnect_while_recording_still_records_the_key() {
     let probe = Claim::new(Fingerprint::of_bytes(b"{}"));
     let found = store
         .0
-        .reserve(&key, &probe, Duration::from_secs(1))
+        .reserve(&[Target::key(key.clone())], &probe, Duration::from_secs(1))
         .await
-        .unwrap();
+        .unwrap()
+        .remove(0);
     assert!(matches!(found, Reservation::Completed(_)), "{found:?}");
 
     let raw = raw_exchange(app.addr, request).await;

@@ -18,15 +18,16 @@ async fn full_store_fails_closed_or_open() {
     suite::fail_open_processes_without_protection(store, async move || {
         use tower_idempotency::IdempotencyStore;
         use tower_idempotency::fingerprint::Fingerprint;
-        use tower_idempotency::store::{Claim, StoreKey};
+        use tower_idempotency::store::{Claim, StoreKey, Target};
         filler
             .reserve(
-                &StoreKey::new("filler", None, "x"),
+                &[Target::key(StoreKey::new("filler", None, "x"))],
                 &Claim::new(Fingerprint::NONE),
                 std::time::Duration::from_secs(60),
             )
             .await
-            .unwrap();
+            .unwrap()
+            .remove(0);
     })
     .await;
 }
@@ -40,7 +41,7 @@ fn a_full_store_evicts_and_warns_without_waiting_for_itself() {
     use tower_idempotency::IdempotencyStore;
     use tower_idempotency::fingerprint::Fingerprint;
     use tower_idempotency::store::record::Record;
-    use tower_idempotency::store::{Claim, Reservation, StoreKey};
+    use tower_idempotency::store::{Claim, Reservation, StoreKey, Target};
 
     let store = MemoryStore::new().with_max_entries(2);
     let (done, finished) = std::sync::mpsc::channel();
@@ -61,14 +62,24 @@ fn a_full_store_evicts_and_warns_without_waiting_for_itself() {
                 let claim = Claim::new(Fingerprint::NONE);
                 let lease = Duration::from_secs(60);
                 assert_eq!(
-                    worker.reserve(&key, &claim, lease).await.unwrap(),
+                    worker
+                        .reserve(&[Target::key(key.clone())], &claim, lease)
+                        .await
+                        .unwrap()
+                        .remove(0),
                     Reservation::Acquired
                 );
                 let record = Record::ack(claim.fingerprint()).owned_by(claim.token());
                 worker
-                    .complete(&key, &claim, &record, Duration::from_secs(3600))
+                    .complete(
+                        &[Target::key(key.clone())],
+                        &claim,
+                        &record,
+                        Duration::from_secs(3600),
+                    )
                     .await
-                    .unwrap();
+                    .unwrap()
+                    .remove(0);
             }
         });
         let _ = done.send(());
@@ -90,11 +101,10 @@ mod bounded {
     use tower_idempotency::IdempotencyStore;
     use tower_idempotency::MemoryStore;
     use tower_idempotency::fingerprint::Fingerprint;
-    use tower_idempotency::order::{EqualPositions, Position};
+    use tower_idempotency::order::Position;
     use tower_idempotency::store::record::Record;
     use tower_idempotency::store::{
-        Claim, Completion, ObjectKey, OrderedEvent, Reservation, StoreError, StoreErrorKind,
-        StoreKey,
+        Claim, Completion, ObjectKey, Reservation, StoreError, StoreErrorKind, StoreKey, Target,
     };
 
     const LEASE: Duration = Duration::from_secs(60);
@@ -107,18 +117,29 @@ mod bounded {
     /// Reserves the key `i` under a new claim.
     async fn reserve_new(store: &MemoryStore, i: usize) -> Result<Reservation, StoreError> {
         store
-            .reserve(&key(i), &Claim::new(Fingerprint::NONE), LEASE)
+            .reserve(
+                &[Target::key(key(i))],
+                &Claim::new(Fingerprint::NONE),
+                LEASE,
+            )
             .await
+            .map(|mut a| a.remove(0))
     }
 
     /// Completes the keys `from..from + count`; every one must be taken as new.
     async fn complete_new_keys(store: &MemoryStore, from: usize, count: usize) {
         for i in from..from + count {
             let claim = Claim::new(Fingerprint::NONE);
-            let answer = store.reserve(&key(i), &claim, LEASE).await;
+            let answer = store
+                .reserve(&[Target::key(key(i))], &claim, LEASE)
+                .await
+                .map(|mut a| a.remove(0));
             assert_eq!(answer.unwrap(), Reservation::Acquired, "key {i} refused");
             let record = Record::ack(claim.fingerprint());
-            let done = store.complete(&key(i), &claim, &record, RETENTION).await;
+            let done = store
+                .complete(&[Target::key(key(i))], &claim, &record, RETENTION)
+                .await
+                .map(|mut a| a.remove(0));
             assert_eq!(done.unwrap(), Completion::Written, "key {i}");
         }
     }
@@ -187,7 +208,11 @@ mod bounded {
         let store = MemoryStore::new().with_max_entries(bound);
         let claims: Vec<Claim> = (0..bound).map(|_| Claim::new(Fingerprint::NONE)).collect();
         for (i, claim) in claims.iter().enumerate() {
-            let answer = store.reserve(&key(i), claim, LEASE).await.unwrap();
+            let answer = store
+                .reserve(&[Target::key(key(i))], claim, LEASE)
+                .await
+                .unwrap()
+                .remove(0);
             assert_eq!(answer, Reservation::Acquired);
         }
         let refused = reserve_new(&store, bound).await;
@@ -195,8 +220,9 @@ mod bounded {
         // One claim completes: its record may go, so the new key is taken.
         let record = Record::ack(claims[0].fingerprint());
         let done = store
-            .complete(&key(0), &claims[0], &record, RETENTION)
-            .await;
+            .complete(&[Target::key(key(0))], &claims[0], &record, RETENTION)
+            .await
+            .map(|mut a| a.remove(0));
         assert_eq!(done.unwrap(), Completion::Written);
         assert_eq!(
             reserve_new(&store, bound).await.unwrap(),
@@ -206,40 +232,47 @@ mod bounded {
         // Full of claims again; one is released: room for one more.
         let refused = reserve_new(&store, bound + 1).await;
         assert_eq!(refused.unwrap_err().kind(), StoreErrorKind::Capacity);
-        assert!(store.release(&key(1), &claims[1]).await.unwrap());
+        assert!(
+            store
+                .release(&[Target::key(key(1))], &claims[1])
+                .await
+                .map(|n| n == 1)
+                .unwrap()
+        );
         let taken = reserve_new(&store, bound + 1).await;
         assert_eq!(taken.unwrap(), Reservation::Acquired);
         // Every claim settles: the store takes 10 times its bound again.
         for (i, claim) in claims.iter().enumerate().skip(2) {
             let record = Record::ack(claim.fingerprint());
             store
-                .complete(&key(i), claim, &record, RETENTION)
+                .complete(&[Target::key(key(i))], claim, &record, RETENTION)
                 .await
-                .unwrap();
+                .unwrap()
+                .remove(0);
         }
         complete_new_keys(&store, 10 * bound, 10 * bound).await;
         assert!(store.len() <= bound);
     }
 
-    fn event(i: usize, object: usize, position: i128) -> OrderedEvent {
-        OrderedEvent {
-            key: StoreKey::new("ordered", None, &format!("e{i}")),
-            object: ObjectKey::new("ordered", None, &format!("o{object}")),
-            position: Position::new(position),
-        }
+    fn event(i: usize, object: usize, position: i128) -> Target {
+        Target::ordered(
+            StoreKey::new("ordered", None, &format!("e{i}")),
+            ObjectKey::new("ordered", None, &format!("o{object}")),
+            Position::new(position),
+        )
     }
 
     /// Reserves and completes `event`, which must be taken as new.
-    async fn complete_event(store: &MemoryStore, event: OrderedEvent) {
+    async fn complete_event(store: &MemoryStore, event: Target) {
         let claim = Claim::new(Fingerprint::NONE);
         let events = [event];
         let answers = store
-            .reserve_ordered(&events, &claim, LEASE, EqualPositions::Process)
+            .reserve(&events, &claim, LEASE)
             .await
             .unwrap_or_else(|err| panic!("{:?} refused: {err}", events[0].key));
         assert_eq!(answers, [Reservation::Acquired]);
         let record = Record::ack(claim.fingerprint());
-        let done = store.complete_ordered(&events, &claim, &record, RETENTION);
+        let done = store.complete(&events, &claim, &record, RETENTION);
         assert_eq!(done.await.unwrap(), [Completion::Written]);
     }
 
@@ -260,10 +293,7 @@ mod bounded {
         // The last object's watermark is kept: an older event of it is stale.
         let claim = Claim::new(Fingerprint::NONE);
         let stale = [event(20 * bound + 1, 20 * bound - 1, 5)];
-        let answers = store
-            .reserve_ordered(&stale, &claim, LEASE, EqualPositions::Process)
-            .await
-            .unwrap();
+        let answers = store.reserve(&stale, &claim, LEASE).await.unwrap();
         assert!(
             matches!(answers[..], [Reservation::Stale { .. }]),
             "{answers:?}"
@@ -277,29 +307,24 @@ mod bounded {
         let bound = 60;
         let store = MemoryStore::new().with_max_entries(bound);
         // Each event in flight holds its key and its object's lease.
-        let held: Vec<(OrderedEvent, Claim)> = (0..bound / 2)
+        let held: Vec<(Target, Claim)> = (0..bound / 2)
             .map(|i| (event(i, i, 1), Claim::new(Fingerprint::NONE)))
             .collect();
         for (event, claim) in &held {
             let events = std::slice::from_ref(event);
-            let answers = store
-                .reserve_ordered(events, claim, LEASE, EqualPositions::Process)
-                .await
-                .unwrap();
+            let answers = store.reserve(events, claim, LEASE).await.unwrap();
             assert_eq!(answers, [Reservation::Acquired]);
         }
         assert_eq!(store.len(), bound);
         let next = [event(bound, bound, 1)];
         let claim = Claim::new(Fingerprint::NONE);
-        let refused = store
-            .reserve_ordered(&next, &claim, LEASE, EqualPositions::Process)
-            .await;
+        let refused = store.reserve(&next, &claim, LEASE).await;
         assert_eq!(refused.unwrap_err().kind(), StoreErrorKind::Capacity);
         assert_eq!(store.len(), bound, "nothing of the refused event is left");
         for (event, claim) in &held {
             let record = Record::ack(claim.fingerprint());
             let events = std::slice::from_ref(event);
-            let done = store.complete_ordered(events, claim, &record, RETENTION);
+            let done = store.complete(events, claim, &record, RETENTION);
             assert_eq!(done.await.unwrap(), [Completion::Written]);
         }
         for i in 0..10 * bound {

@@ -15,7 +15,7 @@ use suite::{post, send};
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey, Target};
 use tower_idempotency::{FailureMode, IdempotencyLayer, MemoryStore, Outcome, OutcomeEvent};
 
 const SECRET_KEY: &str = "whsec-delivery-7Hq2";
@@ -157,12 +157,13 @@ async fn every_outcome_is_traced_and_counted_without_secrets() {
     let held = StoreKey::new("obs", Some("/effect"), "held");
     store
         .reserve(
-            &held,
+            &[Target::key(held.clone())],
             &Claim::new(Fingerprint::of_bytes(b"{}")),
             Duration::from_secs(30),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .remove(0);
     assert_eq!(
         send(&app, post("/effect", Some("held"), "{}")).await.0,
         StatusCode::CONFLICT
@@ -171,12 +172,13 @@ async fn every_outcome_is_traced_and_counted_without_secrets() {
     // store_error and fail_open: a full store
     let full = MemoryStore::new().with_max_entries(1);
     full.reserve(
-        &StoreKey::new("x", None, "x"),
+        &[Target::key(StoreKey::new("x", None, "x"))],
         &Claim::new(Fingerprint::NONE),
         Duration::from_secs(30),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .remove(0);
     let closed = router(
         IdempotencyLayer::new(full.clone()).namespace("obs"),
         &effects,
@@ -285,31 +287,31 @@ struct Remote(MemoryStore);
 impl IdempotencyStore for Remote {
     async fn reserve(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
-    ) -> Result<Reservation, StoreError> {
-        self.0.reserve(key, claim, lease).await
+    ) -> Result<Vec<Reservation>, StoreError> {
+        self.0.reserve(targets, claim, lease).await
     }
     async fn complete(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<Completion, StoreError> {
-        self.0.complete(key, claim, record, retention).await
+    ) -> Result<Vec<Completion>, StoreError> {
+        self.0.complete(targets, claim, record, retention).await
     }
-    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        self.0.release(key, claim).await
+    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
+        self.0.release(targets, claim).await
     }
     async fn renew(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        self.0.renew(key, claim, lease).await
+        self.0.renew(targets, claim, lease).await
     }
 }
 
@@ -394,9 +396,14 @@ async fn a_flood_of_refusals_is_logged_throttled_and_counted_whole() {
     let filler = StoreKey::new("flood", None, "filler");
     let claim = Claim::new(Fingerprint::NONE);
     store
-        .reserve(&filler, &claim, Duration::from_secs(600))
+        .reserve(
+            &[Target::key(filler.clone())],
+            &claim,
+            Duration::from_secs(600),
+        )
         .await
-        .unwrap();
+        .unwrap()
+        .remove(0);
     let interval = Duration::from_millis(500);
     let layer = IdempotencyLayer::new(store)
         .namespace("flood")

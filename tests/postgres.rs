@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
+use contract::keys_of;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use postgres_server::PostgresServer;
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -25,7 +26,7 @@ use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::CachedStore;
 use tower_idempotency::store::record::{Record, StoredResponse};
 use tower_idempotency::store::sql::DEFAULT_TABLE;
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey, Target};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -132,7 +133,11 @@ async fn absent_in_flight_completed_transitions() {
     let first = claim(b"{\"a\":1}");
 
     assert_eq!(
-        store.reserve(&key, &first, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &first, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     let row = sqlx::query(
@@ -156,13 +161,21 @@ async fn absent_in_flight_completed_transitions() {
 
     // The same claim again (a retry of a statement whose reply was lost) is still ours.
     assert_eq!(
-        store.reserve(&key, &first, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &first, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     // A duplicate while in flight sees the first fingerprint.
     let dup = claim(b"{\"a\":1}");
     assert_eq!(
-        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &dup, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::InFlight {
             fingerprint: first.fingerprint()
         }
@@ -171,18 +184,26 @@ async fn absent_in_flight_completed_transitions() {
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
     assert!(
         !store
-            .complete(&key, &dup, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &dup, &record, RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
-    assert!(!store.release(&key, &dup).await.unwrap());
+    assert!(
+        !store
+            .release(&[Target::key(key.clone())], &dup)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
 
     assert!(
         store
-            .complete(&key, &first, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
     let row = sqlx::query(
@@ -205,19 +226,37 @@ async fn absent_in_flight_completed_transitions() {
 
     // A duplicate after completion gets the record; the key is not claimed again.
     assert_eq!(
-        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &dup, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Completed(record.clone())
     );
     // Release does not apply to a completed key, not even with its old token.
-    assert!(!store.release(&key, &first).await.unwrap());
+    assert!(
+        !store
+            .release(&[Target::key(key.clone())], &first)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     // Completing again (a retry whose first attempt landed) is reported as done, and the
     // record stays as it was.
     assert_eq!(
-        store.complete(&key, &first, &record, LEASE).await.unwrap(),
+        store
+            .complete(&[Target::key(key.clone())], &first, &record, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Completion::AlreadyWritten
     );
     assert_eq!(
-        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &dup, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Completed(record.clone())
     );
 
@@ -225,10 +264,20 @@ async fn absent_in_flight_completed_transitions() {
     let other = StoreKey::new(&suite::ns("pg-transitions"), None, "evt_2");
     let a = claim(b"x");
     assert_eq!(
-        store.reserve(&other, &a, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(other.clone())], &a, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
-    assert!(store.release(&other, &a).await.unwrap());
+    assert!(
+        store
+            .release(&[Target::key(other.clone())], &a)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE key = $1")
         .bind(other.as_str())
         .fetch_one(store.pool())
@@ -236,7 +285,11 @@ async fn absent_in_flight_completed_transitions() {
         .unwrap();
     assert_eq!(left, 0);
     assert_eq!(
-        store.reserve(&other, &claim(b"x"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(other.clone())], &claim(b"x"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
 }
@@ -251,26 +304,42 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     let key = StoreKey::new(&ns, None, "lease");
     let old = claim(b"x");
     store
-        .reserve(&key, &old, Duration::from_millis(50))
+        .reserve(&[Target::key(key.clone())], &old, Duration::from_millis(50))
         .await
-        .unwrap();
+        .unwrap()
+        .remove(0);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let new = claim(b"y");
     assert_eq!(
-        store.reserve(&key, &new, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &new, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     let record = Record::ack(old.fingerprint());
     assert!(
         !store
-            .complete(&key, &old, &record, LEASE)
+            .complete(&[Target::key(key.clone())], &old, &record, LEASE)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
-    assert!(!store.release(&key, &old).await.unwrap());
+    assert!(
+        !store
+            .release(&[Target::key(key.clone())], &old)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     assert_eq!(
-        store.reserve(&key, &claim(b"z"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(b"z"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::InFlight {
             fingerprint: new.fingerprint()
         }
@@ -278,22 +347,40 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     // An expired record.
     let key = StoreKey::new(&ns, None, "record");
     let first = claim(b"x");
-    store.reserve(&key, &first, LEASE).await.unwrap();
+    store
+        .reserve(&[Target::key(key.clone())], &first, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
     assert!(
         store
-            .complete(&key, &first, &record, RECORD_RETENTION)
+            .complete(
+                &[Target::key(key.clone())],
+                &first,
+                &record,
+                RECORD_RETENTION
+            )
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
     assert_eq!(
-        store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Completed(record)
     );
     tokio::time::sleep(RECORD_RETENTION + Duration::from_millis(200)).await;
     assert_eq!(
-        store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
 }
@@ -310,9 +397,10 @@ async fn fifty_concurrent_claims_have_exactly_one_winner() {
             // Odd rounds race for an expired row instead of an absent one.
             let dead = claim(b"same");
             store
-                .reserve(&key, &dead, Duration::from_millis(1))
+                .reserve(&[Target::key(key.clone())], &dead, Duration::from_millis(1))
                 .await
-                .unwrap();
+                .unwrap()
+                .remove(0);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(50));
@@ -323,7 +411,10 @@ async fn fifty_concurrent_claims_have_exactly_one_winner() {
                 let barrier = barrier.clone();
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    store.reserve(&key, &claim(b"same"), LEASE).await
+                    store
+                        .reserve(&[Target::key(key.clone())], &claim(b"same"), LEASE)
+                        .await
+                        .map(|mut a| a.remove(0))
                 })
             })
             .collect();
@@ -366,12 +457,17 @@ async fn completed_keys_survive_an_app_restart() {
     let record = replay_record(&first);
     {
         let store = shared_store().await;
-        store.reserve(&key, &first, LEASE).await.unwrap();
+        store
+            .reserve(&[Target::key(key.clone())], &first, LEASE)
+            .await
+            .unwrap()
+            .remove(0);
         assert!(
             store
-                .complete(&key, &first, &record, RETENTION)
+                .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
                 .await
                 .unwrap()
+                .remove(0)
                 .is_recorded()
         );
         store.into_inner().close().await;
@@ -379,7 +475,11 @@ async fn completed_keys_survive_an_app_restart() {
     // A new process: a new pool, a new store, the same database.
     let store = shared_store().await;
     assert_eq!(
-        store.reserve(&key, &claim(b"body"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(b"body"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Completed(record)
     );
 }
@@ -395,38 +495,53 @@ async fn completed_keys_survive_a_database_crash_and_the_store_reconnects() {
     let key = StoreKey::new("restart", None, "evt_1");
     let first = claim(b"body");
     let record = replay_record(&first);
-    cached.reserve(&key, &first, LEASE).await.unwrap();
+    cached
+        .reserve(&[Target::key(key.clone())], &first, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     assert!(
         cached
-            .complete(&key, &first, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
 
     tokio::task::block_in_place(|| server.stop());
     let err = store
-        .reserve(&key, &claim(b"body"), LEASE)
+        .reserve(&[Target::key(key.clone())], &claim(b"body"), LEASE)
         .await
+        .map(|mut a| a.remove(0))
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
     // The caching instance still answers the duplicate of the key it completed.
     assert_eq!(
-        cached.reserve(&key, &claim(b"body"), LEASE).await.unwrap(),
+        cached
+            .reserve(&[Target::key(key.clone())], &claim(b"body"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Completed(record.clone())
     );
     // A new key needs the database.
     let other = StoreKey::new("restart", None, "evt_2");
     let err = cached
-        .reserve(&other, &claim(b"x"), LEASE)
+        .reserve(&[Target::key(other.clone())], &claim(b"x"), LEASE)
         .await
+        .map(|mut a| a.remove(0))
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
     tokio::task::block_in_place(|| server.start());
 
     // The same store (the same pool) recovers by itself, and the record is still there.
     assert_eq!(
-        store.reserve(&key, &claim(b"body"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(b"body"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Completed(record)
     );
 }
@@ -488,7 +603,11 @@ async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
     store.migrate().await.unwrap();
     let key = StoreKey::new("app", None, "k");
     assert_eq!(
-        store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     let indexes: Vec<String> = sqlx::query_scalar(
@@ -537,7 +656,12 @@ async fn claim_racing_an_uncommitted_insert_reports_the_winner() {
         let waiting = {
             let store = store.clone();
             let key = key.clone();
-            tokio::spawn(async move { store.reserve(&key, &claim(b"loser"), LEASE).await })
+            tokio::spawn(async move {
+                store
+                    .reserve(&[Target::key(key.clone())], &claim(b"loser"), LEASE)
+                    .await
+                    .map(|mut a| a.remove(0))
+            })
         };
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!waiting.is_finished(), "the claim waits for the insert");
@@ -567,17 +691,40 @@ async fn a_batch_is_claimed_in_one_statement_key_by_key() {
         ["absent", "expired", "held", "completed", "own"].map(|k| StoreKey::new(&ns, None, k));
     let (batch, other) = (claim(b"batch"), claim(b"other"));
     store
-        .reserve(&expired, &other, Duration::from_millis(1))
+        .reserve(
+            &[Target::key(expired.clone())],
+            &other,
+            Duration::from_millis(1),
+        )
         .await
-        .unwrap();
-    store.reserve(&held, &other, LEASE).await.unwrap();
-    store.reserve(&completed, &other, LEASE).await.unwrap();
+        .unwrap()
+        .remove(0);
+    store
+        .reserve(&[Target::key(held.clone())], &other, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    store
+        .reserve(&[Target::key(completed.clone())], &other, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     let record = Record::ack(other.fingerprint()).owned_by(other.token());
     store
-        .complete(&completed, &other, &record, RETENTION)
+        .complete(
+            &[Target::key(completed.clone())],
+            &other,
+            &record,
+            RETENTION,
+        )
         .await
-        .unwrap();
-    store.reserve(&own, &batch, LEASE).await.unwrap();
+        .unwrap()
+        .remove(0);
+    store
+        .reserve(&[Target::key(own.clone())], &batch, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     tokio::time::sleep(Duration::from_millis(20)).await;
 
     let keys = [
@@ -588,7 +735,7 @@ async fn a_batch_is_claimed_in_one_statement_key_by_key() {
         own.clone(),
         absent.clone(),
     ];
-    let answers = store.reserve_many(&keys, &batch, LEASE).await.unwrap();
+    let answers = store.reserve(&keys_of(&keys), &batch, LEASE).await.unwrap();
     assert_eq!(
         answers,
         [
@@ -614,7 +761,7 @@ async fn a_batch_is_claimed_in_one_statement_key_by_key() {
     assert_eq!(created.len(), 1, "one statement claimed them: {created:?}");
     assert!(
         store
-            .reserve_many(&[], &batch, LEASE)
+            .reserve(&keys_of(&[]), &batch, LEASE)
             .await
             .unwrap()
             .is_empty()
@@ -644,7 +791,11 @@ async fn batch_racing_an_uncommitted_insert_reports_the_winner() {
         .unwrap();
         let waiting = {
             let (store, keys) = (store.clone(), [free.clone(), contended.clone()]);
-            tokio::spawn(async move { store.reserve_many(&keys, &claim(b"loser"), LEASE).await })
+            tokio::spawn(async move {
+                store
+                    .reserve(&keys_of(&keys), &claim(b"loser"), LEASE)
+                    .await
+            })
         };
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!waiting.is_finished(), "the batch waits for the insert");
@@ -688,7 +839,7 @@ async fn opposite_batches_never_deadlock() {
                 tokio::spawn(async move {
                     let claim = claim(b"same");
                     barrier.wait().await;
-                    let answers = store.reserve_many(&mine, &claim, LEASE).await.unwrap();
+                    let answers = store.reserve(&keys_of(&mine), &claim, LEASE).await.unwrap();
                     let won: Vec<StoreKey> = mine
                         .iter()
                         .zip(&answers)

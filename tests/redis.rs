@@ -13,6 +13,7 @@ mod suite;
 
 use std::time::Duration;
 
+use contract::keys_of;
 use fred::interfaces::ClientLike;
 use http::StatusCode;
 use redis_proxy::RoundTripProxy;
@@ -21,7 +22,7 @@ use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{CachedStore, LocalCache};
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey, Target};
 use tower_idempotency::{IdempotencyLayer, RedisStore};
 
 use suite::app::{Effects, router};
@@ -307,9 +308,14 @@ async fn lease_of_a_dead_instance_expires_then_processed_once() {
     let lease = Duration::from_millis(1500);
     let claimed = tokio::time::Instant::now();
     store
-        .reserve(&key, &Claim::new(Fingerprint::NONE), lease)
+        .reserve(
+            &[Target::key(key.clone())],
+            &Claim::new(Fingerprint::NONE),
+            lease,
+        )
         .await
-        .unwrap();
+        .unwrap()
+        .remove(0);
     let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
     assert_eq!(status, StatusCode::CONFLICT);
     // The sender retries while it gets 409; once the lease has run out, the event is processed.
@@ -369,12 +375,12 @@ async fn a_batch_of_five_costs_two_round_trips() {
 
     let monitor = server.monitor();
     let reserved = store
-        .reserve_many(&keys, &claim, Duration::from_secs(30))
+        .reserve(&keys_of(&keys), &claim, Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(reserved, vec![Reservation::Acquired; N]);
     let completed = store
-        .complete_many(&keys, &claim, &record, retention)
+        .complete(&keys_of(&keys), &claim, &record, retention)
         .await
         .unwrap();
     assert_eq!(completed, vec![Completion::Written; N]);
@@ -396,7 +402,7 @@ async fn a_batch_of_five_costs_two_round_trips() {
     let monitor = server.monitor();
     let again = Claim::new(Fingerprint::of_bytes(b"{}"));
     let duplicate = store
-        .reserve_many(&keys, &again, Duration::from_secs(30))
+        .reserve(&keys_of(&keys), &again, Duration::from_secs(30))
         .await
         .unwrap();
     assert!(
@@ -422,17 +428,17 @@ async fn a_batch_of_five_costs_two_round_trips() {
     let claim_c = Claim::new(Fingerprint::of_bytes(b"{}"));
     let record_c = Record::ack(claim_c.fingerprint()).owned_by(claim_c.token());
     cached
-        .reserve_many(&fresh, &claim_c, Duration::from_secs(30))
+        .reserve(&keys_of(&fresh), &claim_c, Duration::from_secs(30))
         .await
         .unwrap();
     cached
-        .complete_many(&fresh, &claim_c, &record_c, retention)
+        .complete(&keys_of(&fresh), &claim_c, &record_c, retention)
         .await
         .unwrap();
     let _ = proxy.take_rounds();
     let monitor = server.monitor();
     let duplicate = cached
-        .reserve_many(&fresh, &again, Duration::from_secs(30))
+        .reserve(&keys_of(&fresh), &again, Duration::from_secs(30))
         .await
         .unwrap();
     assert!(
@@ -447,9 +453,10 @@ async fn a_batch_of_five_costs_two_round_trips() {
     // sees it (one round per command).
     for key in batch_keys("one-by-one", 3) {
         store
-            .reserve(&key, &claim, Duration::from_secs(30))
+            .reserve(&[Target::key(key.clone())], &claim, Duration::from_secs(30))
             .await
-            .unwrap();
+            .unwrap()
+            .remove(0);
     }
     let rounds = proxy.take_rounds();
     println!("3 single-key reserves: {} round trips", rounds.len());
@@ -470,27 +477,30 @@ async fn a_batch_after_noscript_costs_one_more_round_trip() {
     let keys = batch_keys("noscript", N);
     let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
     let lease = Duration::from_secs(30);
-    store.reserve_many(&keys, &claim, lease).await.unwrap();
+    store.reserve(&keys_of(&keys), &claim, lease).await.unwrap();
     let _ = proxy.take_rounds();
 
-    assert!(store.renew_many(&keys, &claim, lease).await.unwrap());
+    assert!(store.renew(&keys_of(&keys), &claim, lease).await.unwrap());
     let evalsha = vec!["EVALSHA".to_owned(); N];
     assert_eq!(proxy.take_rounds(), std::slice::from_ref(&evalsha));
 
     let flushed = server.raw_command(&["SCRIPT", "FLUSH", "SYNC"]).unwrap();
     assert!(flushed.starts_with("+OK"), "{flushed}");
-    assert_eq!(store.release_many(&keys, &claim).await.unwrap(), N);
+    assert_eq!(store.release(&keys_of(&keys), &claim).await.unwrap(), N);
     let rounds = proxy.take_rounds();
     println!("release_many of {N} after SCRIPT FLUSH: {rounds:?}");
     assert_eq!(rounds, [evalsha.clone(), vec!["EVAL".to_owned(); N]]);
 
     // Cached again: one round trip.
-    assert_eq!(store.release_many(&keys, &claim).await.unwrap(), 0);
+    assert_eq!(store.release(&keys_of(&keys), &claim).await.unwrap(), 0);
     assert_eq!(proxy.take_rounds(), [evalsha]);
     // An empty batch sends nothing.
-    assert_eq!(store.reserve_many(&[], &claim, lease).await.unwrap(), []);
-    assert_eq!(store.release_many(&[], &claim).await.unwrap(), 0);
-    assert!(store.renew_many(&[], &claim, lease).await.unwrap());
+    assert_eq!(
+        store.reserve(&keys_of(&[]), &claim, lease).await.unwrap(),
+        []
+    );
+    assert_eq!(store.release(&keys_of(&[]), &claim).await.unwrap(), 0);
+    assert!(store.renew(&keys_of(&[]), &claim, lease).await.unwrap());
     assert!(proxy.take_rounds().is_empty());
 }
 

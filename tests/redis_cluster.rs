@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::error::Error as _;
 use std::time::{Duration, Instant};
 
+use contract::keys_of;
 use fred::prelude::*;
 use redis_cluster::{RedisCluster, must};
 use tower_idempotency::IdempotencyStore;
@@ -25,7 +26,7 @@ use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::NotReplicated;
 use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey, Target};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -148,16 +149,25 @@ async fn batch_over_every_primary<St: IdempotencyStore>(
     // A key outside the batch, on the first primary, held by someone else.
     let foreign = key_on(cluster, primaries[0], &format!("spread-{run}-foreign"));
     let stranger = claim();
-    store.reserve(&foreign, &stranger, LEASE).await.unwrap();
+    store
+        .reserve(&[Target::key(foreign.clone())], &stranger, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
 
     let mine = claim();
-    let reserved = store.reserve_many(&keys, &mine, LEASE).await.unwrap();
+    let reserved = store.reserve(&keys_of(&keys), &mine, LEASE).await.unwrap();
     assert_eq!(reserved, vec![Reservation::Acquired; keys.len()], "{label}");
-    assert!(store.renew_many(&keys, &mine, LEASE).await.unwrap());
+    assert!(store.renew(&keys_of(&keys), &mine, LEASE).await.unwrap());
     let with_foreign = [keys.clone(), vec![foreign.clone()]].concat();
-    assert!(!store.renew_many(&with_foreign, &mine, LEASE).await.unwrap());
+    assert!(
+        !store
+            .renew(&keys_of(&with_foreign), &mine, LEASE)
+            .await
+            .unwrap()
+    );
     let answers = store
-        .reserve_many(&with_foreign, &claim(), LEASE)
+        .reserve(&keys_of(&with_foreign), &claim(), LEASE)
         .await
         .unwrap();
     assert!(
@@ -168,23 +178,23 @@ async fn batch_over_every_primary<St: IdempotencyStore>(
     );
     // Two items released, the rest completed; the foreign claim untouched.
     let (released, completed) = keys.split_at(2);
-    assert_eq!(store.release_many(released, &mine).await.unwrap(), 2);
+    assert_eq!(store.release(&keys_of(released), &mine).await.unwrap(), 2);
     let record = Record::ack(mine.fingerprint()).owned_by(mine.token());
     let done = store
-        .complete_many(&with_foreign[2..], &mine, &record, RETENTION)
+        .complete(&keys_of(&with_foreign[2..]), &mine, &record, RETENTION)
         .await
         .unwrap();
     let mut expected = vec![Completion::Written; completed.len()];
     expected.push(Completion::Lost);
     assert_eq!(done, expected, "{label}");
     let again = store
-        .complete_many(completed, &mine, &record, RETENTION)
+        .complete(&keys_of(completed), &mine, &record, RETENTION)
         .await
         .unwrap();
     assert_eq!(again, vec![Completion::AlreadyWritten; completed.len()]);
 
     let answers = store
-        .reserve_many(&with_foreign, &claim(), LEASE)
+        .reserve(&keys_of(&with_foreign), &claim(), LEASE)
         .await
         .unwrap();
     assert_eq!(answers[..2], [Reservation::Acquired, Reservation::Acquired]);
@@ -250,7 +260,14 @@ async fn ten_thousand_keys_spread_over_every_primary() {
         let (store, chunk) = (store.clone(), chunk.to_vec());
         tasks.push(tokio::spawn(async move {
             for key in chunk {
-                let reserved = store.reserve(&key, &claim(), Duration::from_secs(60)).await;
+                let reserved = store
+                    .reserve(
+                        &[Target::key(key.clone())],
+                        &claim(),
+                        Duration::from_secs(60),
+                    )
+                    .await
+                    .map(|mut a| a.remove(0));
                 assert_eq!(reserved.unwrap(), Reservation::Acquired);
             }
         }));
@@ -301,11 +318,19 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     let durable_key = key_on(&cluster, primary, "noscript-durable");
     let (a, b) = (claim(), claim());
     assert_eq!(
-        plain.reserve(&key, &a, LEASE).await.unwrap(),
+        plain
+            .reserve(&[Target::key(key.clone())], &a, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     assert_eq!(
-        plain.reserve(&durable_key, &b, LEASE).await.unwrap(),
+        plain
+            .reserve(&[Target::key(durable_key.clone())], &b, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     // Both claims reached the replica before the kill.
@@ -329,12 +354,22 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     // The script is cached there now: the next call is a plain EVALSHA.
     let other = key_on(&cluster, promoted, "noscript-after");
     let c = claim();
-    plain.reserve(&other, &c, LEASE).await.unwrap();
+    plain
+        .reserve(&[Target::key(other.clone())], &c, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     assert!(
         plain
-            .complete(&other, &c, &Record::ack(c.fingerprint()), RETENTION)
+            .complete(
+                &[Target::key(other.clone())],
+                &c,
+                &Record::ack(c.fingerprint()),
+                RETENTION
+            )
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
     assert_eq!(calls(promoted, "eval"), 1);
@@ -344,8 +379,14 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     must(promoted, &["SCRIPT", "FLUSH", "SYNC"]);
     let durable = RedisStore::new(client.clone()).durable_completion(1, Duration::from_millis(100));
     let error = durable
-        .complete(&durable_key, &b, &Record::ack(b.fingerprint()), RETENTION)
+        .complete(
+            &[Target::key(durable_key.clone())],
+            &b,
+            &Record::ack(b.fingerprint()),
+            RETENTION,
+        )
         .await
+        .map(|mut a| a.remove(0))
         .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::NotReplicated);
     let shortfall = error
@@ -357,9 +398,10 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     assert_eq!(calls(promoted, "eval"), 2);
     assert!(matches!(
         durable
-            .reserve(&durable_key, &claim(), LEASE)
+            .reserve(&[Target::key(durable_key.clone())], &claim(), LEASE)
             .await
-            .unwrap(),
+            .unwrap()
+            .remove(0),
         Reservation::Completed(_)
     ));
 
@@ -372,12 +414,22 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     let durable = RedisStore::new(client.clone()).durable_completion(1, Duration::from_secs(2));
     let last = key_on(&cluster, promoted, "noscript-rejoined");
     let d = claim();
-    durable.reserve(&last, &d, LEASE).await.unwrap();
+    durable
+        .reserve(&[Target::key(last.clone())], &d, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     assert!(
         durable
-            .complete(&last, &d, &Record::ack(d.fingerprint()), RETENTION)
+            .complete(
+                &[Target::key(last.clone())],
+                &d,
+                &Record::ack(d.fingerprint()),
+                RETENTION
+            )
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
 }
@@ -391,8 +443,9 @@ async fn complete_eventually<St: IdempotencyStore>(
 ) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match store.complete(key, claim, record, RETENTION).await {
-            Ok(done) => return done.is_recorded(),
+        let targets = [Target::key(key.clone())];
+        match store.complete(&targets, claim, record, RETENTION).await {
+            Ok(done) => return done[0].is_recorded(),
             Err(e) if Instant::now() < deadline => {
                 eprintln!("complete failed, retrying: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -422,9 +475,16 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
     for &primary in &primaries {
         let key = key_on(&cluster, primary, "healthy");
         let c = claim();
-        store.reserve(&key, &c, LEASE).await.unwrap();
+        store
+            .reserve(&[Target::key(key.clone())], &c, LEASE)
+            .await
+            .unwrap()
+            .remove(0);
         let record = Record::ack(c.fingerprint());
-        let done = store.complete(&key, &c, &record, RETENTION).await;
+        let done = store
+            .complete(&[Target::key(key.clone())], &c, &record, RETENTION)
+            .await
+            .map(|mut a| a.remove(0));
         assert!(done.unwrap().is_recorded(), "primary {primary}");
     }
 
@@ -433,7 +493,11 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
         for i in 0..6 {
             let key = key_on(&cluster, primary, &format!("frozen-{i}"));
             let c = claim();
-            store.reserve(&key, &c, LEASE).await.unwrap();
+            store
+                .reserve(&[Target::key(key.clone())], &c, LEASE)
+                .await
+                .unwrap()
+                .remove(0);
             keys.push((primary, key, c));
         }
     }
@@ -442,8 +506,14 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
     for (primary, key, c) in &keys {
         let started = Instant::now();
         let result = store
-            .complete(key, c, &Record::ack(c.fingerprint()), RETENTION)
-            .await;
+            .complete(
+                &[Target::key(key.clone())],
+                c,
+                &Record::ack(c.fingerprint()),
+                RETENTION,
+            )
+            .await
+            .map(|mut done| done.remove(0));
         results.push((*primary, key.clone(), result, started.elapsed()));
     }
     cluster.thaw(frozen_replica);
@@ -459,7 +529,11 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
         }
         // Written on the primary either way.
         assert!(matches!(
-            store.reserve(&key, &claim(), LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(key.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
     }

@@ -25,7 +25,7 @@ use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::NotReplicated;
 use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::store::{Claim, Reservation, StoreErrorKind, StoreKey, Target};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -140,13 +140,18 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
 
     let healthy = key("healthy");
     let c = claim();
-    store.reserve(&healthy, &c, LEASE).await.unwrap();
+    store
+        .reserve(&[Target::key(healthy.clone())], &c, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     let record = Record::ack(c.fingerprint());
     assert!(
         store
-            .complete(&healthy, &c, &record, RETENTION)
+            .complete(&[Target::key(healthy.clone())], &c, &record, RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
 
@@ -154,7 +159,11 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
         .map(|i| (key(&format!("frozen-{i}")), claim()))
         .collect();
     for (k, c) in &claims {
-        store.reserve(k, c, LEASE).await.unwrap();
+        store
+            .reserve(&[Target::key(k.clone())], c, LEASE)
+            .await
+            .unwrap()
+            .remove(0);
     }
     let replica = deployment.replica_port();
     deployment.freeze(replica);
@@ -162,13 +171,22 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
     for (k, c) in &claims {
         let started = Instant::now();
         let record = Record::ack(c.fingerprint());
-        let result = store.complete(k, c, &record, RETENTION).await;
+        let result = store
+            .complete(&[Target::key(k.clone())], c, &record, RETENTION)
+            .await
+            .map(|mut a| a.remove(0));
         results.push((result, started.elapsed()));
     }
     // A lease lost meanwhile is still `Ok(false)`, as without the option.
     let lost = store
-        .complete(&key("never-claimed"), &claim(), &record, RETENTION)
-        .await;
+        .complete(
+            &[Target::key(key("never-claimed"))],
+            &claim(),
+            &record,
+            RETENTION,
+        )
+        .await
+        .map(|mut a| a.remove(0));
     deployment.thaw(replica);
     // The thawed replica catches up before the next checks count on its acknowledgement.
     redis_sentinel::wait_replicated(deployment.master_port(), replica, Duration::from_secs(10));
@@ -184,7 +202,11 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
     for (k, _) in &claims {
         assert!(
             matches!(
-                store.reserve(k, &claim(), LEASE).await.unwrap(),
+                store
+                    .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+                    .await
+                    .unwrap()
+                    .remove(0),
                 Reservation::Completed(_)
             ),
             "written on the primary"
@@ -194,11 +216,16 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
     // More replicas than exist: never enough (the one there acknowledges within the timeout).
     let greedy = RedisStore::new(pool).durable_completion(2, timeout);
     let (k, c) = (key("greedy"), claim());
-    greedy.reserve(&k, &c, LEASE).await.unwrap();
+    greedy
+        .reserve(&[Target::key(k.clone())], &c, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     let record = Record::ack(c.fingerprint());
     let error = greedy
-        .complete(&k, &c, &record, RETENTION)
+        .complete(&[Target::key(k.clone())], &c, &record, RETENTION)
         .await
+        .map(|mut a| a.remove(0))
         .unwrap_err();
     let shortfall = not_replicated(&error);
     assert_eq!((shortfall.acknowledged(), shortfall.required()), (1, 2));
@@ -219,8 +246,16 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     let durable = RedisStore::new(client).durable_completion(1, Duration::from_millis(100));
     plain.load_scripts().await.unwrap();
     let (a, b) = (claim(), claim());
-    plain.reserve(&key("a"), &a, LEASE).await.unwrap();
-    plain.reserve(&key("b"), &b, LEASE).await.unwrap();
+    plain
+        .reserve(&[Target::key(key("a"))], &a, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    plain
+        .reserve(&[Target::key(key("b"))], &b, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     let primary = deployment.master_port();
     let replica = deployment.replica_port();
     // Both claims reached the replica before the kill.
@@ -234,7 +269,11 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     let record = Record::ack(a.fingerprint());
     let deadline = Instant::now() + Duration::from_secs(10);
     let done = loop {
-        match plain.complete(&key("a"), &a, &record, RETENTION).await {
+        match plain
+            .complete(&[Target::key(key("a"))], &a, &record, RETENTION)
+            .await
+            .map(|mut a| a.remove(0))
+        {
             Ok(done) => break done,
             Err(e) if Instant::now() < deadline => {
                 eprintln!("complete failed, retrying: {e}");
@@ -250,14 +289,19 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     must(promoted, &["SCRIPT", "FLUSH", "SYNC"]);
     let record = Record::ack(b.fingerprint());
     let error = durable
-        .complete(&key("b"), &b, &record, RETENTION)
+        .complete(&[Target::key(key("b"))], &b, &record, RETENTION)
         .await
+        .map(|mut a| a.remove(0))
         .unwrap_err();
     assert_eq!(not_replicated(&error).acknowledged(), 0);
     assert_eq!(calls(promoted, "eval"), 2);
     for k in [key("a"), key("b")] {
         assert!(matches!(
-            plain.reserve(&k, &claim(), LEASE).await.unwrap(),
+            plain
+                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
     }

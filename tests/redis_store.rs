@@ -16,7 +16,9 @@ use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::fred;
 use tower_idempotency::store::record::{Record, StoredResponse, StoredValue};
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey, Token};
+use tower_idempotency::store::{
+    Claim, Completion, Reservation, StoreErrorKind, StoreKey, Target, Token,
+};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -58,7 +60,11 @@ async fn absent_in_flight_completed_transitions() {
     let first = claim(b"{\"a\":1}");
 
     assert_eq!(
-        store.reserve(&key, &first, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &first, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     // Stored: the 25-byte in-flight value, with the lease as its TTL.
@@ -71,14 +77,22 @@ async fn absent_in_flight_completed_transitions() {
     assert!(key.as_str().starts_with("ti:"));
     // The same claim again (a client retrying a SET whose reply was lost) is still ours.
     assert_eq!(
-        store.reserve(&key, &first, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &first, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
 
     // A duplicate while in flight sees the first fingerprint.
     let dup = claim(b"{\"a\":1}");
     assert_eq!(
-        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &dup, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::InFlight {
             fingerprint: first.fingerprint()
         }
@@ -88,9 +102,10 @@ async fn absent_in_flight_completed_transitions() {
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
     assert!(
         store
-            .complete(&key, &first, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
@@ -102,17 +117,31 @@ async fn absent_in_flight_completed_transitions() {
 
     // A duplicate after completion gets the record; the key is not re-claimed.
     assert_eq!(
-        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &dup, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Completed(record.clone())
     );
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
 
     // Release after completion is refused: the key is no longer in flight.
-    assert!(!store.release(&key, &first).await.unwrap());
+    assert!(
+        !store
+            .release(&[Target::key(key.clone())], &first)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     // A second completion by the same claim (a retry whose first attempt landed) is told so,
     // and changes nothing: neither the record nor its retention.
     assert_eq!(
-        store.complete(&key, &first, &record, LEASE).await.unwrap(),
+        store
+            .complete(&[Target::key(key.clone())], &first, &record, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Completion::AlreadyWritten
     );
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
@@ -120,9 +149,15 @@ async fn absent_in_flight_completed_transitions() {
     // Another claim's completion is lost: a late finisher learns that it lost its lease.
     assert_eq!(
         store
-            .complete(&key, &dup, &Record::ack(dup.fingerprint()), RETENTION)
+            .complete(
+                &[Target::key(key.clone())],
+                &dup,
+                &Record::ack(dup.fingerprint()),
+                RETENTION
+            )
             .await
-            .unwrap(),
+            .unwrap()
+            .remove(0),
         Completion::Lost
     );
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
@@ -131,14 +166,28 @@ async fn absent_in_flight_completed_transitions() {
     let other = StoreKey::new("orders", None, "evt_2");
     let a = claim(b"x");
     assert_eq!(
-        store.reserve(&other, &a, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(other.clone())], &a, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
-    assert!(store.release(&other, &a).await.unwrap());
+    assert!(
+        store
+            .release(&[Target::key(other.clone())], &a)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     assert_eq!(get_raw(&client, &other).await, None);
     let b = claim(b"x");
     assert_eq!(
-        store.reserve(&other, &b, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(other.clone())], &b, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
 }
@@ -154,7 +203,12 @@ async fn fifty_concurrent_reserves_have_exactly_one_winner() {
             .map(|_| {
                 let store = store.clone();
                 let key = key.clone();
-                tokio::spawn(async move { store.reserve(&key, &claim(b"same"), LEASE).await })
+                tokio::spawn(async move {
+                    store
+                        .reserve(&[Target::key(key.clone())], &claim(b"same"), LEASE)
+                        .await
+                        .map(|mut a| a.remove(0))
+                })
             })
             .collect();
         let mut acquired = 0;
@@ -185,19 +239,30 @@ async fn wrong_token_changes_nothing() {
         owner.fingerprint(),
     );
 
-    store.reserve(&key, &owner, LEASE).await.unwrap();
+    store
+        .reserve(&[Target::key(key.clone())], &owner, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     let before = get_raw(&client, &key).await.unwrap();
     let ttl_before = pttl(&client, &key).await;
 
     let record = Record::ack(owner.fingerprint());
     assert!(
         !store
-            .complete(&key, &intruder, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &intruder, &record, RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
-    assert!(!store.release(&key, &intruder).await.unwrap());
+    assert!(
+        !store
+            .release(&[Target::key(key.clone())], &intruder)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     assert_eq!(get_raw(&client, &key).await.unwrap(), before);
     let ttl_after = pttl(&client, &key).await;
     assert!(ttl_after <= ttl_before && ttl_after > ttl_before - 5_000);
@@ -206,20 +271,28 @@ async fn wrong_token_changes_nothing() {
     let absent = StoreKey::new("tokens", None, "never");
     assert!(
         !store
-            .complete(&absent, &owner, &record, RETENTION)
+            .complete(&[Target::key(absent.clone())], &owner, &record, RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
-    assert!(!store.release(&absent, &owner).await.unwrap());
+    assert!(
+        !store
+            .release(&[Target::key(absent.clone())], &owner)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     assert_eq!(get_raw(&client, &absent).await, None);
 
     // The owner still completes.
     assert!(
         store
-            .complete(&key, &owner, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &owner, &record, RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
 }
@@ -234,9 +307,14 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
 
     assert_eq!(
         store
-            .reserve(&key, &old, Duration::from_millis(100))
+            .reserve(
+                &[Target::key(key.clone())],
+                &old,
+                Duration::from_millis(100)
+            )
             .await
-            .unwrap(),
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     tokio::time::sleep(Duration::from_millis(250)).await;
@@ -244,49 +322,70 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
 
     let new = claim(b"body");
     assert_eq!(
-        store.reserve(&key, &new, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &new, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     let record = Record::ack(old.fingerprint());
     assert!(
         !store
-            .complete(&key, &old, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &old, &record, RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
-    assert!(!store.release(&key, &old).await.unwrap());
+    assert!(
+        !store
+            .release(&[Target::key(key.clone())], &old)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     assert_eq!(
         get_raw(&client, &key).await.unwrap(),
         StoredValue::encode_in_flight(new.token(), &new.fingerprint())
     );
     assert!(
         store
-            .complete(&key, &new, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &new, &record, RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
 
     // Completed records expire with their retention too.
     let short = StoreKey::new("lease", None, "evt_2");
     let c = claim(b"body");
-    store.reserve(&short, &c, LEASE).await.unwrap();
+    store
+        .reserve(&[Target::key(short.clone())], &c, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     assert!(
         store
             .complete(
-                &short,
+                &[Target::key(short.clone())],
                 &c,
                 &Record::ack(c.fingerprint()),
                 Duration::from_millis(100)
             )
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(
-        store.reserve(&short, &claim(b"body"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(short.clone())], &claim(b"body"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
 }
@@ -314,7 +413,11 @@ async fn replay_records_round_trip() {
         let key = StoreKey::new("replay", Some("tenant-a"), &format!("evt_{i}"));
         let first = claim(&body);
         assert_eq!(
-            store.reserve(&key, &first, LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(key.clone())], &first, LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired
         );
         let record = Record::replay(
@@ -329,13 +432,18 @@ async fn replay_records_round_trip() {
         .owned_by(first.token());
         assert!(
             store
-                .complete(&key, &first, &record, RETENTION)
+                .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
                 .await
                 .unwrap()
+                .remove(0)
                 .is_recorded()
         );
         assert_eq!(
-            store.reserve(&key, &claim(b"dup"), LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(key.clone())], &claim(b"dup"), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(record)
         );
     }
@@ -345,18 +453,27 @@ async fn replay_records_round_trip() {
     let key = StoreKey::new("replay", None, "ack");
     let fp = Fingerprint::from_bytes(*b"01234567");
     let c = Claim::with_token(Token::from_bytes(*b"0123456789abcdef"), fp);
-    store.reserve(&key, &c, LEASE).await.unwrap();
+    store
+        .reserve(&[Target::key(key.clone())], &c, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     assert!(
         store
-            .complete(&key, &c, &Record::ack(fp), RETENTION)
+            .complete(&[Target::key(key.clone())], &c, &Record::ack(fp), RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
     let stored = get_raw(&client, &key).await.unwrap();
     assert!(std::str::from_utf8(&stored).is_ok(), "{stored:?}");
     assert_eq!(
-        store.reserve(&key, &claim(b"dup"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(b"dup"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Completed(Record::ack(fp).owned_by(c.token()))
     );
 }
@@ -371,10 +488,20 @@ async fn undecodable_values_are_corrupt_errors() {
         .set(key.as_str(), "not ours", None, None, false)
         .await
         .unwrap();
-    let err = store.reserve(&key, &claim(b"x"), LEASE).await.unwrap_err();
+    let err = store
+        .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
+        .await
+        .map(|mut a| a.remove(0))
+        .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt);
     // Token-checked scripts leave foreign values alone.
-    assert!(!store.release(&key, &claim(b"x")).await.unwrap());
+    assert!(
+        !store
+            .release(&[Target::key(key.clone())], &claim(b"x"))
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     assert_eq!(
         get_raw(&client, &key).await.unwrap(),
         Bytes::from_static(b"not ours")
@@ -390,18 +517,38 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
     // Warm the script cache once, as any running process has.
     let warm = StoreKey::new("cost", None, "warm-up");
     let c = claim(b"w");
-    store.reserve(&warm, &c, LEASE).await.unwrap();
+    store
+        .reserve(&[Target::key(warm.clone())], &c, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     assert!(
         store
-            .complete(&warm, &c, &Record::ack(c.fingerprint()), RETENTION)
+            .complete(
+                &[Target::key(warm.clone())],
+                &c,
+                &Record::ack(c.fingerprint()),
+                RETENTION
+            )
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
     let r = claim(b"w2");
     let warm2 = StoreKey::new("cost", None, "warm-up-2");
-    store.reserve(&warm2, &r, LEASE).await.unwrap();
-    assert!(store.release(&warm2, &r).await.unwrap());
+    store
+        .reserve(&[Target::key(warm2.clone())], &r, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert!(
+        store
+            .release(&[Target::key(warm2.clone())], &r)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
 
     const N: u64 = 20;
     redis_server::reset_stats(&client).await;
@@ -410,14 +557,24 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
         let c = claim(b"payload");
         assert_eq!(
-            store.reserve(&key, &c, LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(key.clone())], &c, LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired
         );
         assert!(
             store
-                .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
+                .complete(
+                    &[Target::key(key.clone())],
+                    &c,
+                    &Record::ack(c.fingerprint()),
+                    RETENTION
+                )
                 .await
                 .unwrap()
+                .remove(0)
                 .is_recorded()
         );
     }
@@ -453,13 +610,19 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
     let store = tower_idempotency::store::CachedStore::new(store);
     for i in 0..N {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
-        let answer = store.reserve(&key, &claim(b"payload"), LEASE).await;
+        let answer = store
+            .reserve(&[Target::key(key.clone())], &claim(b"payload"), LEASE)
+            .await
+            .map(|mut a| a.remove(0));
         assert!(matches!(answer.unwrap(), Reservation::Completed(_)));
     }
     let monitor = server.monitor();
     for i in 0..N {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
-        let answer = store.reserve(&key, &claim(b"payload"), LEASE).await;
+        let answer = store
+            .reserve(&[Target::key(key.clone())], &claim(b"payload"), LEASE)
+            .await
+            .map(|mut a| a.remove(0));
         assert!(matches!(answer.unwrap(), Reservation::Completed(_)));
     }
     assert_eq!(monitor.finish(), Vec::<String>::new());
@@ -472,9 +635,10 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
         assert!(matches!(
             other
-                .reserve(&key, &claim(b"payload"), LEASE)
+                .reserve(&[Target::key(key.clone())], &claim(b"payload"), LEASE)
                 .await
-                .unwrap(),
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
     }
@@ -493,8 +657,18 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
     let monitor = server.monitor();
     let key = StoreKey::new("cost", None, "failed");
     let c = claim(b"payload");
-    store.reserve(&key, &c, LEASE).await.unwrap();
-    assert!(store.release(&key, &c).await.unwrap());
+    store
+        .reserve(&[Target::key(key.clone())], &c, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert!(
+        store
+            .release(&[Target::key(key.clone())], &c)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
 }
 
@@ -513,15 +687,25 @@ async fn an_ack_record_is_one_small_string() {
     let store = RedisStore::new(client.clone());
     let key = StoreKey::new("kalipto", None, "pd_01J9Z6V4Q8K3N2M5T7R1W0XYZA");
     let c = claim(b"{\"id\":\"pd_01J9Z6V4Q8K3N2M5T7R1W0XYZA\"}");
-    store.reserve(&key, &c, LEASE).await.unwrap();
+    store
+        .reserve(&[Target::key(key.clone())], &c, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     let in_flight = redis_server::memory_usage(&client, key.as_str())
         .await
         .unwrap();
     assert!(
         store
-            .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
+            .complete(
+                &[Target::key(key.clone())],
+                &c,
+                &Record::ack(c.fingerprint()),
+                RETENTION
+            )
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
     let completed = redis_server::memory_usage(&client, key.as_str())
@@ -565,13 +749,18 @@ async fn scripts_are_reloaded_after_noscript() {
     redis_server::reset_stats(&client).await;
     let key = StoreKey::new("noscript", None, "evt_1");
     let c = claim(b"x");
-    store.reserve(&key, &c, LEASE).await.unwrap();
+    store
+        .reserve(&[Target::key(key.clone())], &c, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     let record = Record::ack(c.fingerprint()).owned_by(c.token());
     assert!(
         store
-            .complete(&key, &c, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &c, &record, RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
@@ -581,12 +770,22 @@ async fn scripts_are_reloaded_after_noscript() {
     redis_server::reset_stats(&client).await;
     let key = StoreKey::new("noscript", None, "evt_2");
     let c = claim(b"x");
-    store.reserve(&key, &c, LEASE).await.unwrap();
+    store
+        .reserve(&[Target::key(key.clone())], &c, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     assert!(
         store
-            .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
+            .complete(
+                &[Target::key(key.clone())],
+                &c,
+                &Record::ack(c.fingerprint()),
+                RETENTION
+            )
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
     assert_eq!(redis_server::command_calls(&client, "evalsha").await, 1);
@@ -596,8 +795,18 @@ async fn scripts_are_reloaded_after_noscript() {
     redis_server::script_flush(&client).await;
     let key = StoreKey::new("noscript", None, "evt_3");
     let c = claim(b"x");
-    store.reserve(&key, &c, LEASE).await.unwrap();
-    assert!(store.release(&key, &c).await.unwrap());
+    store
+        .reserve(&[Target::key(key.clone())], &c, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert!(
+        store
+            .release(&[Target::key(key.clone())], &c)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     assert_eq!(get_raw(&client, &key).await, None);
 }
 
@@ -608,13 +817,17 @@ async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
     let store = RedisStore::new(client.clone());
     let key = StoreKey::new("down", None, "evt_1");
     let c = claim(b"x");
-    store.reserve(&key, &c, LEASE).await.unwrap();
+    store
+        .reserve(&[Target::key(key.clone())], &c, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
 
     server.kill();
     let started = Instant::now();
     let err = tokio::time::timeout(
         Duration::from_secs(5),
-        store.reserve(&key, &claim(b"x"), LEASE),
+        store.reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE),
     )
     .await
     .expect("the store answers within 5 s while Redis is down")
@@ -634,7 +847,12 @@ async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
     let started = Instant::now();
     let err = tokio::time::timeout(
         Duration::from_secs(5),
-        store.complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION),
+        store.complete(
+            &[Target::key(key.clone())],
+            &c,
+            &Record::ack(c.fingerprint()),
+            RETENTION,
+        ),
     )
     .await
     .expect("the store answers within 5 s while Redis is down")
@@ -654,7 +872,11 @@ async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let c = claim(b"x");
     loop {
-        match store.reserve(&key, &c, LEASE).await {
+        match store
+            .reserve(&[Target::key(key.clone())], &c, LEASE)
+            .await
+            .map(|mut a| a.remove(0))
+        {
             Ok(reservation) => {
                 assert_eq!(reservation, Reservation::Acquired);
                 break;
@@ -669,9 +891,15 @@ async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
     // The script cache of the new process is empty: complete reloads it.
     assert!(
         store
-            .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
+            .complete(
+                &[Target::key(key.clone())],
+                &c,
+                &Record::ack(c.fingerprint()),
+                RETENTION
+            )
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
 }
@@ -711,8 +939,9 @@ async fn a_busy_server_is_unavailable() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let err = store
-        .reserve(&key, &claim(b"x"), LEASE)
+        .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
         .await
+        .map(|mut a| a.remove(0))
         .expect_err("the server is busy");
     println!("busy server: {:?}: {err}", err.kind());
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
@@ -721,7 +950,11 @@ async fn a_busy_server_is_unavailable() {
     busy.join().unwrap();
     // Nothing was claimed; once the script ends, the key is free.
     assert_eq!(
-        store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
 }
@@ -738,18 +971,30 @@ async fn a_pool_and_a_client_are_both_stores() {
     let key = StoreKey::new("both", None, "evt_1");
     let c = claim(b"x");
     assert_eq!(
-        pool.reserve(&key, &c, LEASE).await.unwrap(),
+        pool.reserve(&[Target::key(key.clone())], &c, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     assert!(
         client
-            .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
+            .complete(
+                &[Target::key(key.clone())],
+                &c,
+                &Record::ack(c.fingerprint()),
+                RETENTION
+            )
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
     assert_eq!(
-        pool.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        pool.reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Completed(Record::ack(c.fingerprint()).owned_by(c.token()))
     );
     assert!(client.client().is_connected());

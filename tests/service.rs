@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{
-    Claim, Completion, Reservation, StoreError, StoreErrorKind, StoreKey,
+    Claim, Completion, Reservation, StoreError, StoreErrorKind, Target,
 };
 use tower_idempotency::{
     IdempotencyKey, IdempotencyLayer, IdempotencyStore, MemoryStore, RequestBody,
@@ -163,22 +163,22 @@ struct Flaky {
 impl IdempotencyStore for Flaky {
     async fn reserve(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
-    ) -> Result<Reservation, StoreError> {
-        let result = self.inner.reserve(key, claim, lease).await;
+    ) -> Result<Vec<Reservation>, StoreError> {
+        let result = self.inner.reserve(targets, claim, lease).await;
         tokio::time::sleep(self.reserve_delay).await;
         result
     }
 
     async fn complete(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<Completion, StoreError> {
+    ) -> Result<Vec<Completion>, StoreError> {
         self.completes.fetch_add(1, Ordering::SeqCst);
         let failing = self.failing_completes.load(Ordering::SeqCst);
         if failing > 0 {
@@ -186,22 +186,22 @@ impl IdempotencyStore for Flaky {
             return Err(StoreError::new(StoreErrorKind::Unavailable));
         }
         tokio::time::sleep(self.complete_sent_after).await;
-        let written = self.inner.complete(key, claim, record, retention).await;
+        let written = self.inner.complete(targets, claim, record, retention).await;
         tokio::time::sleep(self.complete_delay).await;
         written
     }
 
-    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        self.inner.release(key, claim).await
+    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
+        self.inner.release(targets, claim).await
     }
 
     async fn renew(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        self.inner.renew(key, claim, lease).await
+        self.inner.renew(targets, claim, lease).await
     }
 }
 
@@ -209,8 +209,8 @@ impl IdempotencyStore for Flaky {
 type Replied = Response<tower_idempotency::ResponseBody<Full<Bytes>>>;
 
 /// `layer` over a handler that counts its runs in `runs` and answers 200 `done`.
-fn counted(
-    layer: IdempotencyLayer,
+fn counted<St: 'static>(
+    layer: IdempotencyLayer<St>,
     runs: Arc<AtomicUsize>,
 ) -> impl tower::Service<Request<Full<Bytes>>, Response = Replied, Error = Infallible, Future: Send>
 + Clone

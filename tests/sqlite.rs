@@ -18,7 +18,7 @@ use tower_idempotency::IdempotencyStore;
 use tower_idempotency::SqliteStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::record::{Record, StoredResponse};
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey, Target};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -98,7 +98,11 @@ async fn absent_in_flight_completed_transitions() {
     let first = claim(b"{\"a\":1}");
 
     assert_eq!(
-        store.reserve(&key, &first, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &first, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     let row = sqlx::query(
@@ -120,12 +124,20 @@ async fn absent_in_flight_completed_transitions() {
 
     // The same claim again is still ours; a duplicate sees the first fingerprint.
     assert_eq!(
-        store.reserve(&key, &first, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &first, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     let dup = claim(b"{\"a\":1}");
     assert_eq!(
-        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &dup, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::InFlight {
             fingerprint: first.fingerprint()
         }
@@ -133,18 +145,26 @@ async fn absent_in_flight_completed_transitions() {
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
     assert!(
         !store
-            .complete(&key, &dup, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &dup, &record, RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
-    assert!(!store.release(&key, &dup).await.unwrap());
+    assert!(
+        !store
+            .release(&[Target::key(key.clone())], &dup)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
 
     assert!(
         store
-            .complete(&key, &first, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
     let row =
@@ -161,28 +181,60 @@ async fn absent_in_flight_completed_transitions() {
     assert!(left > retention - 10_000 && left <= retention, "{left}");
 
     assert_eq!(
-        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &dup, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Completed(record.clone())
     );
-    assert!(!store.release(&key, &first).await.unwrap());
+    assert!(
+        !store
+            .release(&[Target::key(key.clone())], &first)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     // Completing again (a retry whose first attempt landed) is reported as done, and the
     // record stays as it was.
     assert_eq!(
-        store.complete(&key, &first, &record, LEASE).await.unwrap(),
+        store
+            .complete(&[Target::key(key.clone())], &first, &record, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Completion::AlreadyWritten
     );
     assert_eq!(
-        store.reserve(&key, &dup, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &dup, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Completed(record.clone())
     );
 
     let other = StoreKey::new("orders", None, "evt_2");
     let a = claim(b"x");
-    store.reserve(&other, &a, LEASE).await.unwrap();
-    assert!(store.release(&other, &a).await.unwrap());
+    store
+        .reserve(&[Target::key(other.clone())], &a, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert!(
+        store
+            .release(&[Target::key(other.clone())], &a)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     assert_eq!(count(&store).await, 1);
     assert_eq!(
-        store.reserve(&other, &claim(b"x"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(other.clone())], &claim(b"x"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
 }
@@ -196,25 +248,46 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     let key = StoreKey::new("t", None, "lease");
     let old = claim(b"x");
     store
-        .reserve(&key, &old, Duration::from_millis(30))
+        .reserve(&[Target::key(key.clone())], &old, Duration::from_millis(30))
         .await
-        .unwrap();
+        .unwrap()
+        .remove(0);
     tokio::time::sleep(Duration::from_millis(60)).await;
     let new = claim(b"y");
     assert_eq!(
-        store.reserve(&key, &new, LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &new, LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     assert!(
         !store
-            .complete(&key, &old, &Record::ack(old.fingerprint()), LEASE)
+            .complete(
+                &[Target::key(key.clone())],
+                &old,
+                &Record::ack(old.fingerprint()),
+                LEASE
+            )
             .await
             .unwrap()
+            .remove(0)
             .is_recorded()
     );
-    assert!(!store.release(&key, &old).await.unwrap());
+    assert!(
+        !store
+            .release(&[Target::key(key.clone())], &old)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
     assert_eq!(
-        store.reserve(&key, &claim(b"z"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(b"z"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::InFlight {
             fingerprint: new.fingerprint()
         }
@@ -222,19 +295,37 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
 
     let key = StoreKey::new("t", None, "record");
     let first = claim(b"x");
-    store.reserve(&key, &first, LEASE).await.unwrap();
+    store
+        .reserve(&[Target::key(key.clone())], &first, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
     store
-        .complete(&key, &first, &record, RECORD_RETENTION)
+        .complete(
+            &[Target::key(key.clone())],
+            &first,
+            &record,
+            RECORD_RETENTION,
+        )
         .await
-        .unwrap();
+        .unwrap()
+        .remove(0);
     assert_eq!(
-        store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Completed(record)
     );
     tokio::time::sleep(RECORD_RETENTION + Duration::from_millis(200)).await;
     assert_eq!(
-        store.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     assert_eq!(count(&store).await, 2, "taken over in place");
@@ -249,9 +340,14 @@ async fn fifty_concurrent_claims_have_exactly_one_winner() {
         let key = StoreKey::new("race", None, &format!("evt_{round}"));
         if round % 2 == 1 {
             // Odd rounds race for an expired row instead of an absent one.
-            a.reserve(&key, &claim(b"same"), Duration::from_millis(1))
-                .await
-                .unwrap();
+            a.reserve(
+                &[Target::key(key.clone())],
+                &claim(b"same"),
+                Duration::from_millis(1),
+            )
+            .await
+            .unwrap()
+            .remove(0);
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(50));
@@ -262,7 +358,10 @@ async fn fifty_concurrent_claims_have_exactly_one_winner() {
                 let barrier = barrier.clone();
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    store.reserve(&key, &claim(b"same"), LEASE).await
+                    store
+                        .reserve(&[Target::key(key.clone())], &claim(b"same"), LEASE)
+                        .await
+                        .map(|mut a| a.remove(0))
                 })
             })
             .collect();
@@ -299,12 +398,17 @@ async fn completed_keys_survive_an_app_restart() {
     .owned_by(first.token());
     {
         let store = open(&dir.db()).await;
-        store.reserve(&key, &first, LEASE).await.unwrap();
+        store
+            .reserve(&[Target::key(key.clone())], &first, LEASE)
+            .await
+            .unwrap()
+            .remove(0);
         assert!(
             store
-                .complete(&key, &first, &record, RETENTION)
+                .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
                 .await
                 .unwrap()
+                .remove(0)
                 .is_recorded()
         );
         store.into_inner().close().await;
@@ -312,7 +416,11 @@ async fn completed_keys_survive_an_app_restart() {
     // A new process: a new pool on the same file; opening migrates again, harmlessly.
     let store = open(&dir.db()).await;
     assert_eq!(
-        store.reserve(&key, &claim(b"body"), LEASE).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(b"body"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Completed(record)
     );
 }
@@ -352,7 +460,11 @@ async fn custom_table_and_published_schema() {
     custom.migrate().await.unwrap();
     let key = StoreKey::new("t", None, "k");
     assert_eq!(
-        custom.reserve(&key, &claim(b"x"), LEASE).await.unwrap(),
+        custom
+            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     let index: String = sqlx::query_scalar(
@@ -381,8 +493,13 @@ async fn closed_pool_is_unavailable_and_fails_closed() {
     let pool = store.pool().clone();
     pool.close().await;
     let err = store
-        .reserve(&StoreKey::new("t", None, "k"), &claim(b"x"), LEASE)
+        .reserve(
+            &[Target::key(StoreKey::new("t", None, "k"))],
+            &claim(b"x"),
+            LEASE,
+        )
         .await
+        .map(|mut a| a.remove(0))
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
     let (store, _dir) = fresh().await;

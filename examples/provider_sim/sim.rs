@@ -62,7 +62,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::key::HeaderKey;
 use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey, Target};
 use tower_idempotency::{IdempotencyLayer, RedisStore};
 
 pub use self::redis_server::RedisServer;
@@ -312,23 +312,27 @@ impl Drop for CompleteGuard {
 impl<St: IdempotencyStore> IdempotencyStore for Tracked<St> {
     async fn reserve(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
-    ) -> Result<Reservation, StoreError> {
-        self.inner.reserve(key, claim, lease).await
+    ) -> Result<Vec<Reservation>, StoreError> {
+        self.inner.reserve(targets, claim, lease).await
     }
 
+    /// Logged under the first target's key: the simulator's routes claim one key each.
     async fn complete(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<Completion, StoreError> {
+    ) -> Result<Vec<Completion>, StoreError> {
+        let Some(first) = targets.first() else {
+            return Ok(Vec::new());
+        };
         let mut guard = CompleteGuard {
             log: self.log.clone(),
-            key: key.clone(),
+            key: first.key.clone(),
             result: None,
             started: Instant::now(),
             store_timeout: self.store_timeout,
@@ -336,27 +340,27 @@ impl<St: IdempotencyStore> IdempotencyStore for Tracked<St> {
         if !self.complete_delay.is_zero() {
             tokio::time::sleep(self.complete_delay).await;
         }
-        let result = self.inner.complete(key, claim, record, retention).await;
+        let result = self.inner.complete(targets, claim, record, retention).await;
         guard.result = Some(
             result
                 .as_ref()
-                .map(|done| *done != Completion::Lost)
+                .map(|done| !done.contains(&Completion::Lost))
                 .map_err(|_| ()),
         );
         result
     }
 
-    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        self.inner.release(key, claim).await
+    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
+        self.inner.release(targets, claim).await
     }
 
     async fn renew(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        self.inner.renew(key, claim, lease).await
+        self.inner.renew(targets, claim, lease).await
     }
 }
 

@@ -29,11 +29,10 @@ use crate::IdempotencyStore;
 use crate::claim::observe::{Observer, Stopwatch, StoreOp};
 use crate::http::config::Settings;
 use crate::http::items::BatchItems;
-use crate::order::EqualPositions;
 use crate::store::record::{Record, StoredResponse};
 use crate::store::{
-    CachedStore, Claim, Completion, LocalCache, OrderedEvent, Reservation, StoreError,
-    StoreErrorKind, StoreKey,
+    CachedStore, Claim, Completion, LocalCache, Reservation, StoreError, StoreErrorKind, StoreKey,
+    Target,
 };
 
 /// Runs `fut` under the store timeout, or as it is when `timeout` is `None` (the store's client
@@ -92,8 +91,8 @@ impl Backoff {
 /// free the key.
 const RELEASE_TRIES: usize = 4;
 
-/// One value without an allocation, or many: the keys of a claim (one, or the items of a
-/// batch), and the answers of a store call (one per key).
+/// One value without an allocation, or many: the targets of a claim (one key, or the items of
+/// a batch, or ordered events).
 #[derive(Clone, Debug)]
 pub(crate) enum OneOrMany<T> {
     One(T),
@@ -123,42 +122,24 @@ impl<T> IntoIterator for OneOrMany<T> {
     }
 }
 
-/// What a claim is on: one key, the keys of a batch's items, or ordered events (each a key with
-/// its object and position).
-#[derive(Clone, Debug)]
-pub(crate) enum Targets {
-    Keys(OneOrMany<StoreKey>),
-    Events(Vec<OrderedEvent>),
-}
+/// What a claim is on: one key without an allocation, or several targets (the keys of a
+/// batch's items, ordered events).
+pub(crate) type Targets = OneOrMany<Target>;
 
 impl Targets {
-    fn len(&self) -> usize {
-        match self {
-            Targets::Keys(keys) => keys.len(),
-            Targets::Events(events) => events.len(),
-        }
-    }
-
     /// The targets whose flag in `keep` is set, in order.
     fn select(&self, keep: &[bool]) -> Targets {
-        fn pick<T: Clone>(all: &[T], keep: &[bool]) -> Vec<T> {
-            all.iter()
-                .zip(keep)
-                .filter(|(_, keep)| **keep)
-                .map(|(t, _)| t.clone())
-                .collect()
-        }
-        match self {
-            Targets::Keys(keys) => Targets::Keys(OneOrMany::Many(pick(keys, keep))),
-            Targets::Events(events) => Targets::Events(pick(events, keep)),
-        }
+        let kept = self.iter().zip(keep).filter(|(_, keep)| **keep);
+        OneOrMany::Many(kept.map(|(target, _)| target.clone()).collect())
     }
 
-    /// The one key of a single-key claim (what the request's span names).
+    /// The one key of a single-key claim or of a single ordered event (what the request's
+    /// span names).
     pub(crate) fn single_key(&self) -> Option<&StoreKey> {
-        match self {
-            Targets::Keys(OneOrMany::One(key)) => Some(key),
-            Targets::Events(events) if events.len() == 1 => Some(&events[0].key),
+        match &self[..] {
+            [target] if matches!(self, OneOrMany::One(_)) || target.order.is_some() => {
+                Some(&target.key)
+            }
             _ => None,
         }
     }
@@ -173,7 +154,6 @@ struct ClaimState {
     /// The store timeout the layer arms itself: `None` when the store's client times its
     /// commands no later ([`IdempotencyStore::command_timeout`]).
     timeout: Option<Duration>,
-    equal: EqualPositions,
     /// Every target asked for.
     asked: Targets,
     /// The targets acquired, when not all of them were (set once the reserve answered).
@@ -305,30 +285,9 @@ impl<St: IdempotencyStore> ClaimCalls for StoreClaim<St> {
 
     fn reserve(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Reserved> {
         Box::pin(async move {
-            let (s, store) = (&self.state, &self.store);
-            let (claim, lease) = (&s.claim, s.lease);
-            let op = StoreOp::Reserve;
-            match s.held() {
-                Targets::Keys(OneOrMany::One(key)) => {
-                    let one = pin!(store.reserve(key, claim, lease));
-                    let (result, ended) = self.call_timed(op, Some(started), one).await;
-                    (result.map(OneOrMany::One), ended)
-                }
-                // Batches are rare: their (large) futures are boxed apart, so that the box of
-                // a single-key call stays small.
-                Targets::Keys(OneOrMany::Many(keys)) => {
-                    let mut many = Box::pin(store.reserve_many(keys, claim, lease));
-                    let (result, ended) = self.call_timed(op, Some(started), many.as_mut()).await;
-                    (result.map(OneOrMany::Many), ended)
-                }
-                Targets::Events(events) => {
-                    let mut ordered =
-                        Box::pin(store.reserve_ordered(events, claim, lease, s.equal));
-                    let (result, ended) =
-                        self.call_timed(op, Some(started), ordered.as_mut()).await;
-                    (result.map(OneOrMany::Many), ended)
-                }
-            }
+            let s = &self.state;
+            let call = pin!(self.store.reserve(s.held(), &s.claim, s.lease));
+            self.call_timed(StoreOp::Reserve, Some(started), call).await
         })
     }
 
@@ -338,71 +297,32 @@ impl<St: IdempotencyStore> ClaimCalls for StoreClaim<St> {
         record: Record,
     ) -> BoxFuture<'static, Result<Vec<Completion>, StoreError>> {
         Box::pin(async move {
-            let (s, store) = (&self.state, &self.store);
-            let (claim, retention, op) = (&s.claim, s.retention, StoreOp::Complete);
-            match s.targets(&subset) {
-                Targets::Keys(OneOrMany::One(key)) => {
-                    let one = pin!(store.complete(key, claim, &record, retention));
-                    self.call(op, None, one).await.map(|done| vec![done])
-                }
-                Targets::Keys(OneOrMany::Many(keys)) => {
-                    let mut many = Box::pin(store.complete_many(keys, claim, &record, retention));
-                    self.call(op, None, many.as_mut()).await
-                }
-                Targets::Events(events) => {
-                    let mut ordered =
-                        Box::pin(store.complete_ordered(events, claim, &record, retention));
-                    self.call(op, None, ordered.as_mut()).await
-                }
-            }
+            let s = &self.state;
+            let targets = s.targets(&subset);
+            let call = pin!(self.store.complete(targets, &s.claim, &record, s.retention));
+            self.call(StoreOp::Complete, None, call).await
         })
     }
 
     fn release(self: Arc<Self>, subset: Subset) -> BoxFuture<'static, Result<usize, StoreError>> {
         Box::pin(async move {
-            let (s, store) = (&self.state, &self.store);
-            let (claim, op) = (&s.claim, StoreOp::Release);
-            match s.targets(&subset) {
-                Targets::Keys(OneOrMany::One(key)) => {
-                    let one = pin!(store.release(key, claim));
-                    self.call(op, None, one).await.map(usize::from)
-                }
-                Targets::Keys(OneOrMany::Many(keys)) => {
-                    let mut many = Box::pin(store.release_many(keys, claim));
-                    self.call(op, None, many.as_mut()).await
-                }
-                Targets::Events(events) => {
-                    let mut ordered = Box::pin(store.release_ordered(events, claim));
-                    self.call(op, None, ordered.as_mut()).await
-                }
-            }
+            let s = &self.state;
+            let call = pin!(self.store.release(s.targets(&subset), &s.claim));
+            self.call(StoreOp::Release, None, call).await
         })
     }
 
     fn renew(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Result<bool, StoreError>> {
         Box::pin(async move {
-            let (s, store) = (&self.state, &self.store);
-            let (claim, lease, op) = (&s.claim, s.lease, StoreOp::Renew);
-            match s.held() {
-                Targets::Keys(OneOrMany::One(key)) => {
-                    let one = pin!(store.renew(key, claim, lease));
-                    self.call(op, Some(started), one).await
-                }
-                Targets::Keys(OneOrMany::Many(keys)) => {
-                    let mut many = Box::pin(store.renew_many(keys, claim, lease));
-                    self.call(op, Some(started), many.as_mut()).await
-                }
-                Targets::Events(events) => {
-                    let mut ordered = Box::pin(store.renew_ordered(events, claim, lease));
-                    self.call(op, Some(started), ordered.as_mut()).await
-                }
-            }
+            let s = &self.state;
+            let call = pin!(self.store.renew(s.held(), &s.claim, s.lease));
+            self.call(StoreOp::Renew, Some(started), call).await
         })
     }
 }
 
 /// What a reserve answers, and when it ended if that was measured.
-type Reserved = (Result<OneOrMany<Reservation>, StoreError>, Option<Instant>);
+type Reserved = (Result<Vec<Reservation>, StoreError>, Option<Instant>);
 
 /// Where a layer's store type ends: opens a [`ClaimGuard`] per request on the store (behind
 /// its local cache, when it has one), so that services and futures do not carry the store's
@@ -413,7 +333,6 @@ pub(crate) struct ClaimOpener(Arc<dyn OpenClaims>);
 trait OpenClaims: Send + Sync + 'static {
     fn open(&self, targets: Targets, claim: Claim, settings: &Settings) -> ClaimGuard;
     fn with_cache(&self, cache: Option<LocalCache>) -> ClaimOpener;
-    fn orders_events(&self) -> bool;
 }
 
 struct Opener<St> {
@@ -438,10 +357,6 @@ impl<St: IdempotencyStore> OpenClaims for Opener<St> {
             cache: cache.filter(LocalCache::is_on),
         }))
     }
-
-    fn orders_events(&self) -> bool {
-        self.store.orders_events()
-    }
 }
 
 impl ClaimOpener {
@@ -455,11 +370,6 @@ impl ClaimOpener {
     /// The same store behind `cache` instead (`None`, or a cache that is off: none).
     pub(crate) fn with_cache(&self, cache: Option<LocalCache>) -> Self {
         self.0.with_cache(cache)
-    }
-
-    /// Whether the store orders events.
-    pub(crate) fn orders_events(&self) -> bool {
-        self.0.orders_events()
     }
 
     /// A guard for `claim` on `targets`, not yet reserved.
@@ -521,11 +431,6 @@ impl ClaimGuard {
             lease: settings.lease,
             retention: settings.retention,
             timeout: layer_timeout(&store, settings.store_timeout),
-            equal: settings
-                .order
-                .as_ref()
-                .map(|o| o.equal())
-                .unwrap_or_default(),
             asked: targets,
             acquired: OnceLock::new(),
             stopped: AtomicBool::new(false),
@@ -556,7 +461,7 @@ impl ClaimGuard {
     /// Claims every target (again: targets this claim already holds answer as acquired).
     /// Until [`keep`](Self::keep) or a settlement, dropping the guard releases them all: a
     /// reserve that failed or was cut off may still have landed.
-    pub(crate) async fn reserve(&mut self) -> Result<OneOrMany<Reservation>, StoreError> {
+    pub(crate) async fn reserve(&mut self) -> Result<Vec<Reservation>, StoreError> {
         let started = Instant::now();
         let (result, ended) = self.calls.clone().reserve(started).await;
         self.calls.state().extend(started);
@@ -617,7 +522,7 @@ impl ClaimGuard {
     pub(crate) async fn release(mut self) {
         self.settled = true;
         stop(&*self.calls);
-        if self.calls.state().held().len() == 0 {
+        if self.calls.state().held().is_empty() {
             return;
         }
         if let Err(err) = self.calls.clone().release(Subset::Held).await {
@@ -684,7 +589,7 @@ impl Drop for ClaimGuard {
             return;
         }
         stop(&*self.calls);
-        if self.calls.state().held().len() > 0 {
+        if !self.calls.state().held().is_empty() {
             release_in_background(self.calls.clone(), Subset::Held, 0);
         }
     }
@@ -872,7 +777,10 @@ mod tests {
     use std::time::Duration;
 
     use super::layer_timeout;
-    use crate::store::{CachedStore, LocalCache};
+    use crate::store::record::Record;
+    use crate::store::{
+        CachedStore, Claim, Completion, LocalCache, Reservation, StoreError, Target,
+    };
     use crate::{IdempotencyStore, MemoryStore};
 
     /// A memory store that reports a client command timeout (`.1`).
@@ -886,38 +794,34 @@ mod tests {
 
         async fn reserve(
             &self,
-            key: &crate::store::StoreKey,
-            claim: &crate::store::Claim,
+            targets: &[Target],
+            claim: &Claim,
             lease: Duration,
-        ) -> Result<crate::store::Reservation, crate::store::StoreError> {
-            self.0.reserve(key, claim, lease).await
+        ) -> Result<Vec<Reservation>, StoreError> {
+            self.0.reserve(targets, claim, lease).await
         }
 
         async fn complete(
             &self,
-            key: &crate::store::StoreKey,
-            claim: &crate::store::Claim,
-            record: &crate::store::record::Record,
+            targets: &[Target],
+            claim: &Claim,
+            record: &Record,
             retention: Duration,
-        ) -> Result<crate::store::Completion, crate::store::StoreError> {
-            self.0.complete(key, claim, record, retention).await
+        ) -> Result<Vec<Completion>, StoreError> {
+            self.0.complete(targets, claim, record, retention).await
         }
 
-        async fn release(
-            &self,
-            key: &crate::store::StoreKey,
-            claim: &crate::store::Claim,
-        ) -> Result<bool, crate::store::StoreError> {
-            self.0.release(key, claim).await
+        async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
+            self.0.release(targets, claim).await
         }
 
         async fn renew(
             &self,
-            key: &crate::store::StoreKey,
-            claim: &crate::store::Claim,
+            targets: &[Target],
+            claim: &Claim,
             lease: Duration,
-        ) -> Result<bool, crate::store::StoreError> {
-            self.0.renew(key, claim, lease).await
+        ) -> Result<bool, StoreError> {
+            self.0.renew(targets, claim, lease).await
         }
     }
 

@@ -2,13 +2,13 @@
 //! configured with by-value builder methods.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 use tower_layer::Layer;
 
-use crate::IdempotencyStore;
 use crate::claim::guard::ClaimOpener;
 use crate::claim::observe::OutcomeEvent;
 use crate::http::classify::Classifier;
@@ -23,12 +23,15 @@ use crate::key::{ExtractKey, HeaderKey};
 use crate::order::EventOrder;
 use crate::store::LocalCache;
 use crate::verify::VerifyRequest;
+use crate::{IdempotencyStore, OrderedStore};
 
 /// Makes the wrapped service idempotent: see the [crate docs](crate) for the behaviour and
 /// every status code.
 ///
-/// `K` is the key extractor (default: the `Idempotency-Key` header); the store's type ends
-/// here. Start from a profile, [`webhook`](Self::webhook) or [`api`](Self::api), or from
+/// `St` is the store's type, `K` the key extractor (default: the `Idempotency-Key` header).
+/// The layer keeps the store's type only as a mark, for what a store must be able to do
+/// ([`order`](Self::order) asks for an [`OrderedStore`]); the services it makes do not carry
+/// it. Start from a profile, [`webhook`](Self::webhook) or [`api`](Self::api), or from
 /// [`new`](Self::new), then set what differs. Cheap to clone: one `Arc`.
 ///
 /// ```
@@ -52,19 +55,22 @@ use crate::verify::VerifyRequest;
 ///     .route("/orders", post(|| async { "created" }).route_layer(orders));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct IdempotencyLayer<K = HeaderKey> {
+pub struct IdempotencyLayer<St, K = HeaderKey> {
     config: Arc<Config<K>>,
+    /// The store's type: a mark, neither owned nor borrowed (the layer stays `Send + Sync`).
+    store: PhantomData<fn() -> St>,
 }
 
-impl<K> Clone for IdempotencyLayer<K> {
+impl<St, K> Clone for IdempotencyLayer<St, K> {
     fn clone(&self) -> Self {
         IdempotencyLayer {
             config: self.config.clone(),
+            store: PhantomData,
         }
     }
 }
 
-impl<K> fmt::Debug for IdempotencyLayer<K> {
+impl<St, K> fmt::Debug for IdempotencyLayer<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.config.settings;
         f.debug_struct("IdempotencyLayer")
@@ -80,14 +86,14 @@ impl<K> fmt::Debug for IdempotencyLayer<K> {
     }
 }
 
-impl IdempotencyLayer<HeaderKey> {
+impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
     /// A layer on `store`, keyed by the `Idempotency-Key` header, with the defaults: 1 MiB body
     /// limit, 10 s lease (renewed while the handler runs), 72 h retention, 2 s store timeout,
     /// missing key → 400, ack mode, mismatch → 422, fail closed, POST/PUT/PATCH/DELETE (every
     /// non-safe method) covered, keys scoped by namespace `default` and the request path, and a
     /// [`LocalCache`] of completed records in front of a store that talks to a server (see
     /// [`local_cache`](Self::local_cache)).
-    pub fn new(store: impl IdempotencyStore) -> Self {
+    pub fn new(store: St) -> Self {
         IdempotencyLayer {
             config: Arc::new(Config {
                 claims: ClaimOpener::new(store),
@@ -95,6 +101,7 @@ impl IdempotencyLayer<HeaderKey> {
                 settings: Arc::new(Settings::default()),
                 inbox: None,
             }),
+            store: PhantomData,
         }
     }
 
@@ -117,7 +124,7 @@ impl IdempotencyLayer<HeaderKey> {
     ///     .retention(Duration::from_secs(7 * 24 * 3600));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn webhook(store: impl IdempotencyStore) -> Self {
+    pub fn webhook(store: St) -> Self {
         Self::new(store)
             .mode(Mode::Ack)
             .on_mismatch(OnMismatch::Ack)
@@ -133,7 +140,7 @@ impl IdempotencyLayer<HeaderKey> {
     ///
     /// let payments = IdempotencyLayer::api(MemoryStore::new()).namespace("payments");
     /// ```
-    pub fn api(store: impl IdempotencyStore) -> Self {
+    pub fn api(store: St) -> Self {
         Self::new(store)
             .mode(Mode::Replay)
             .on_mismatch(OnMismatch::Reject)
@@ -158,9 +165,9 @@ impl IdempotencyLayer<HeaderKey> {
     #[cfg(feature = "verify")]
     #[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
     pub fn standard_webhooks(
-        store: impl IdempotencyStore,
+        store: St,
         scheme: crate::verify::StandardWebhooks,
-    ) -> IdempotencyLayer<crate::key::Fallback<HeaderKey, HeaderKey>> {
+    ) -> IdempotencyLayer<St, crate::key::Fallback<HeaderKey, HeaderKey>> {
         use crate::verify::StandardWebhooks;
         // The verifier picks `svix-*` as soon as one of them is there, so a verified request
         // with `svix-id` was verified by it, and one without by `webhook-id`.
@@ -170,10 +177,10 @@ impl IdempotencyLayer<HeaderKey> {
     }
 }
 
-impl<K> IdempotencyLayer<K> {
+impl<St, K> IdempotencyLayer<St, K> {
     /// Sets where the key comes from: a [`HeaderKey`], a [`JsonPathKey`](crate::key::JsonPathKey),
     /// a fallback chain, a closure, …
-    pub fn key<K2: ExtractKey>(self, extractor: K2) -> IdempotencyLayer<K2> {
+    pub fn key<K2: ExtractKey>(self, extractor: K2) -> IdempotencyLayer<St, K2> {
         let (claims, settings, inbox) = match Arc::try_unwrap(self.config) {
             Ok(config) => (config.claims, config.settings, config.inbox),
             Err(shared) => (
@@ -189,6 +196,7 @@ impl<K> IdempotencyLayer<K> {
                 settings,
                 inbox,
             }),
+            store: PhantomData,
         }
     }
 
@@ -208,6 +216,7 @@ impl<K> IdempotencyLayer<K> {
         config.settings = Arc::new(settings);
         IdempotencyLayer {
             config: Arc::new(config),
+            store: PhantomData,
         }
     }
 
@@ -220,7 +229,7 @@ impl<K> IdempotencyLayer<K> {
     }
 }
 
-impl<K: Clone> IdempotencyLayer<K> {
+impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// Inbox mode on `route` (what [`InboxLayer`](crate::inbox::InboxLayer) is built on).
     pub(crate) fn with_inbox(self, route: InboxRoute) -> Self {
         self.with(|config, _| config.inbox = Some(route))
@@ -256,24 +265,6 @@ impl<K: Clone> IdempotencyLayer<K> {
     pub fn verify(self, verifier: impl VerifyRequest) -> Self {
         let verifier: Arc<dyn VerifyRequest> = Arc::new(verifier);
         self.with_settings(|s| s.verifier = Some(verifier))
-    }
-
-    /// Orders the events of each object (see [`order`](crate::order)): a stale event (older
-    /// than what was processed for its object) is acknowledged without the inner service, and
-    /// events of one object are handled one at a time.
-    ///
-    /// # Panics
-    ///
-    /// When the layer's store does not order events
-    /// ([`IdempotencyStore::orders_events`]): every store of this crate does.
-    pub fn order(self, order: EventOrder) -> Self {
-        assert!(
-            self.config.claims.orders_events(),
-            "IdempotencyLayer::order: this store does not implement ordered events \
-             (IdempotencyStore::orders_events is false)"
-        );
-        let order = Arc::new(order);
-        self.with_settings(|s| s.order = Some(order))
     }
 
     /// Sets the local cache of completed records in front of the store, which answers the
@@ -454,7 +445,52 @@ impl<K: Clone> IdempotencyLayer<K> {
     }
 }
 
-impl<S, K> Layer<S> for IdempotencyLayer<K> {
+impl<St: OrderedStore, K: Clone> IdempotencyLayer<St, K> {
+    /// Orders the events of each object (see [`order`](crate::order)): a stale event (older
+    /// than what was processed for its object) is acknowledged without the inner service, and
+    /// events of one object are handled one at a time.
+    ///
+    /// The store must keep each event's object with its key: it must be an [`OrderedStore`]
+    /// (every store of this crate is). A layer on a store that is not does not compile:
+    ///
+    /// ```compile_fail
+    /// use std::time::Duration;
+    /// use tower_idempotency::key::JsonPathKey;
+    /// use tower_idempotency::order::{EventOrder, SequenceAt};
+    /// use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, Target};
+    /// use tower_idempotency::store::record::Record;
+    /// use tower_idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore};
+    ///
+    /// /// A store that keeps keys only: it does not implement `OrderedStore`.
+    /// #[derive(Clone)]
+    /// struct KeysOnly(MemoryStore);
+    ///
+    /// impl IdempotencyStore for KeysOnly {
+    ///     async fn reserve(&self, t: &[Target], c: &Claim, l: Duration) -> Result<Vec<Reservation>, StoreError> {
+    ///         self.0.reserve(t, c, l).await
+    ///     }
+    ///     async fn complete(&self, t: &[Target], c: &Claim, r: &Record, d: Duration) -> Result<Vec<Completion>, StoreError> {
+    ///         self.0.complete(t, c, r, d).await
+    ///     }
+    ///     async fn release(&self, t: &[Target], c: &Claim) -> Result<usize, StoreError> {
+    ///         self.0.release(t, c).await
+    ///     }
+    ///     async fn renew(&self, t: &[Target], c: &Claim, l: Duration) -> Result<bool, StoreError> {
+    ///         self.0.renew(t, c, l).await
+    ///     }
+    /// }
+    ///
+    /// let order = EventOrder::new(JsonPathKey::new("$.object_id")?, SequenceAt::new("$.sequence")?);
+    /// let layer = IdempotencyLayer::webhook(KeysOnly(MemoryStore::new())).order(order);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn order(self, order: EventOrder) -> Self {
+        let order = Arc::new(order);
+        self.with_settings(|s| s.order = Some(order))
+    }
+}
+
+impl<St, S, K> Layer<S> for IdempotencyLayer<St, K> {
     type Service = Idempotency<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {

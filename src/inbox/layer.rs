@@ -55,7 +55,7 @@ use crate::{Idempotency, IdempotencyLayer, MemoryStore};
 pub struct InboxLayer<K = HeaderKey> {
     /// The request path's phases, in inbox mode. Its record store is an empty memory store
     /// that an inbox route never calls.
-    layer: IdempotencyLayer<K>,
+    layer: IdempotencyLayer<MemoryStore, K>,
 }
 
 impl<K> Clone for InboxLayer<K> {
@@ -110,7 +110,10 @@ impl<K> InboxLayer<K> {
 }
 
 impl<K: Clone> InboxLayer<K> {
-    fn map(self, f: impl FnOnce(IdempotencyLayer<K>) -> IdempotencyLayer<K>) -> Self {
+    fn map(
+        self,
+        f: impl FnOnce(IdempotencyLayer<MemoryStore, K>) -> IdempotencyLayer<MemoryStore, K>,
+    ) -> Self {
         InboxLayer {
             layer: f(self.layer),
         }

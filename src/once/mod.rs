@@ -60,11 +60,11 @@ use tracing::Instrument;
 pub use self::error::OnceError;
 pub use self::layer::{FingerprintRequest, NoFingerprint, Once, OnceFuture, OnceLayer};
 use crate::IdempotencyStore;
-use crate::claim::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany, Renewal, Targets};
+use crate::claim::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany, Renewal};
 use crate::fingerprint::Fingerprint;
 use crate::http::config::Settings;
 use crate::store::record::{Record, StoredResponse};
-use crate::store::{Claim, Reservation, StoreError, StoreErrorKind, StoreKey};
+use crate::store::{Claim, Reservation, StoreError, StoreErrorKind, StoreKey, Target};
 
 /// Runs closures at most once per key on one store. Cheap to clone; configure it once and
 /// share it (two instances on one store see each other's claims).
@@ -277,7 +277,7 @@ impl Idempotent {
             key = %store_key.digits(),
         );
         async move {
-            let targets = Targets::Keys(OneOrMany::One(store_key));
+            let targets = OneOrMany::One(Target::key(store_key));
             let mut guard = self
                 .claims
                 .open(targets, Claim::new(fingerprint), &self.settings);

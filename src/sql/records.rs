@@ -13,12 +13,11 @@ use super::{
     completion_after_miss, held, millis, purge_in_batches, spawn_purge_every, store_error,
     unsettled, validate_table,
 };
-use crate::order::EqualPositions;
 use crate::order::Position;
-use crate::store::contract::IdempotencyStore;
+use crate::store::contract::{IdempotencyStore, OrderedStore};
 use crate::store::record::Record;
 use crate::store::{
-    Claim, Completion, OrderedEvent, Reservation, StoreError, StoreErrorKind, StoreKey,
+    Claim, Completion, Kinds, Order, Reservation, StoreError, StoreErrorKind, StoreKey, Target,
 };
 
 /// An [`IdempotencyStore`] in an SQL table: [`PostgresStore`](crate::PostgresStore) and
@@ -303,7 +302,7 @@ impl<DB: Dialect> SqlStore<DB> {
     async fn reserve_batch(
         &self,
         sql: &Sql,
-        keys: &[StoreKey],
+        keys: &[Target],
         claim: &Claim,
         lease: Duration,
     ) -> Result<Vec<Reservation>, StoreError> {
@@ -318,7 +317,7 @@ impl<DB: Dialect> SqlStore<DB> {
             }
             let batch = pending
                 .iter()
-                .map(|&i| keys[i].as_str())
+                .map(|&i| keys[i].key.as_str())
                 .collect::<Vec<_>>()
                 .join(",");
             let params = [
@@ -354,13 +353,13 @@ impl<DB: Dialect> SqlStore<DB> {
 impl<DB: Dialect> SqlStore<DB> {
     async fn reserve_event(
         &self,
-        event: &OrderedEvent,
+        key: &StoreKey,
+        event: &Order,
         claim: &Claim,
         lease: Duration,
-        equal: EqualPositions,
     ) -> Result<Reservation, StoreError> {
         let mut tx = self.begin().await?;
-        let found = self.reserve_on(&mut tx, &event.key, claim, lease).await?;
+        let found = self.reserve_on(&mut tx, key, claim, lease).await?;
         if found != Reservation::Acquired {
             // Nothing was written.
             return Ok(found);
@@ -384,7 +383,7 @@ impl<DB: Dialect> SqlStore<DB> {
             .transpose()?;
         commit::<DB>(tx).await?;
         Ok(match watermark {
-            Some(watermark) if equal.is_stale(event.position, watermark) => {
+            Some(watermark) if event.equal.is_stale(event.position, watermark) => {
                 Reservation::Stale { watermark }
             }
             _ => Reservation::Acquired,
@@ -393,14 +392,15 @@ impl<DB: Dialect> SqlStore<DB> {
 
     async fn complete_event(
         &self,
-        event: &OrderedEvent,
+        key: &StoreKey,
+        event: &Order,
         claim: &Claim,
         record: &Record,
         retention: Duration,
     ) -> Result<Completion, StoreError> {
         let mut tx = self.begin().await?;
         let done = self
-            .complete_on(&mut tx, &event.key, claim, record, retention)
+            .complete_on(&mut tx, key, claim, record, retention)
             .await?;
         let object = Param::Text(event.object.as_str());
         if done == Completion::Written {
@@ -420,9 +420,14 @@ impl<DB: Dialect> SqlStore<DB> {
         Ok(done)
     }
 
-    async fn release_event(&self, event: &OrderedEvent, claim: &Claim) -> Result<bool, StoreError> {
+    async fn release_event(
+        &self,
+        key: &StoreKey,
+        event: &Order,
+        claim: &Claim,
+    ) -> Result<bool, StoreError> {
         let mut tx = self.begin().await?;
-        let released = self.release_on(&mut tx, &event.key, claim).await?;
+        let released = self.release_on(&mut tx, key, claim).await?;
         let params = [
             Param::Text(event.object.as_str()),
             Param::Bytes(claim.token().as_bytes()),
@@ -435,12 +440,13 @@ impl<DB: Dialect> SqlStore<DB> {
 
     async fn renew_event(
         &self,
-        event: &OrderedEvent,
+        key: &StoreKey,
+        event: &Order,
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let mut tx = self.begin().await?;
-        let renewed = self.renew_on(&mut tx, &event.key, claim, lease).await?;
+        let renewed = self.renew_on(&mut tx, key, claim, lease).await?;
         let params = [
             Param::Text(event.object.as_str()),
             Param::Bytes(claim.token().as_bytes()),
@@ -469,117 +475,164 @@ fn position(bytes: &[u8]) -> Result<Position, StoreError> {
     Ok(Position::from_bytes(bytes))
 }
 
-/// The batch completion, release and renewal are one statement per key, on one connection.
+/// A plain target is one statement (a reserve of several is one statement on PostgreSQL);
+/// the targets of a completion, release or renewal are one statement per key, on one
+/// connection; an ordered event is one transaction (see above).
 impl<DB: Dialect> IdempotencyStore for SqlStore<DB> {
     async fn reserve(
         &self,
-        key: &StoreKey,
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<Reservation, StoreError> {
-        let mut conn = self.connection().await?;
-        self.reserve_on(&mut conn, key, claim, lease).await
-    }
-
-    async fn reserve_many(
-        &self,
-        keys: &[StoreKey],
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
     ) -> Result<Vec<Reservation>, StoreError> {
-        if let Some(sql) = &self.sql.reserve_many {
-            return self.reserve_batch(sql, keys, claim, lease).await;
+        if let [Target { key, order: None }] = targets {
+            let mut conn = self.connection().await?;
+            return Ok(vec![self.reserve_on(&mut conn, key, claim, lease).await?]);
         }
-        let mut conn = self.connection().await?;
-        let mut out = Vec::with_capacity(keys.len());
-        for key in keys {
-            out.push(self.reserve_on(&mut conn, key, claim, lease).await?);
-        }
-        Ok(out)
+        // Boxed: the single key's future, which every request awaits, stays small.
+        Box::pin(async move {
+            match Kinds::of(targets) {
+                Kinds::Plain => self.reserve_keys(targets, claim, lease).await,
+                Kinds::Ordered | Kinds::Mixed(..) => {
+                    let mut out = Vec::with_capacity(targets.len());
+                    for target in targets {
+                        out.push(match &target.order {
+                            Some(order) => {
+                                self.reserve_event(&target.key, order, claim, lease).await?
+                            }
+                            None => {
+                                let mut conn = self.connection().await?;
+                                self.reserve_on(&mut conn, &target.key, claim, lease)
+                                    .await?
+                            }
+                        });
+                    }
+                    Ok(out)
+                }
+            }
+        })
+        .await
     }
 
     async fn complete(
         &self,
-        key: &StoreKey,
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> Result<Completion, StoreError> {
-        let mut conn = self.connection().await?;
-        self.complete_on(&mut conn, key, claim, record, retention)
-            .await
-    }
-
-    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        let mut conn = self.connection().await?;
-        self.release_on(&mut conn, key, claim).await
-    }
-
-    async fn renew(
-        &self,
-        key: &StoreKey,
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let mut conn = self.connection().await?;
-        self.renew_on(&mut conn, key, claim, lease).await
-    }
-
-    fn orders_events(&self) -> bool {
-        true
-    }
-
-    async fn reserve_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        lease: Duration,
-        equal: EqualPositions,
-    ) -> Result<Vec<Reservation>, StoreError> {
-        let mut out = Vec::with_capacity(events.len());
-        for event in events {
-            out.push(self.reserve_event(event, claim, lease, equal).await?);
-        }
-        Ok(out)
-    }
-
-    async fn complete_ordered(
-        &self,
-        events: &[OrderedEvent],
+        targets: &[Target],
         claim: &Claim,
         record: &Record,
         retention: Duration,
     ) -> Result<Vec<Completion>, StoreError> {
-        let mut out = Vec::with_capacity(events.len());
-        for event in events {
-            out.push(self.complete_event(event, claim, record, retention).await?);
+        if let [Target { key, order: None }] = targets {
+            let mut conn = self.connection().await?;
+            let done = self.complete_on(&mut conn, key, claim, record, retention);
+            return Ok(vec![done.await?]);
+        }
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(targets.len());
+            let mut conn = None;
+            for target in targets {
+                out.push(match &target.order {
+                    Some(order) => {
+                        let done =
+                            self.complete_event(&target.key, order, claim, record, retention);
+                        done.await?
+                    }
+                    None => {
+                        let conn = self.shared_connection(&mut conn).await?;
+                        self.complete_on(conn, &target.key, claim, record, retention)
+                            .await?
+                    }
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
+        if let [Target { key, order: None }] = targets {
+            let mut conn = self.connection().await?;
+            return Ok(usize::from(self.release_on(&mut conn, key, claim).await?));
+        }
+        Box::pin(async move {
+            let mut released = 0;
+            let mut conn = None;
+            for target in targets {
+                released += usize::from(match &target.order {
+                    Some(order) => self.release_event(&target.key, order, claim).await?,
+                    None => {
+                        let conn = self.shared_connection(&mut conn).await?;
+                        self.release_on(conn, &target.key, claim).await?
+                    }
+                });
+            }
+            Ok(released)
+        })
+        .await
+    }
+
+    async fn renew(
+        &self,
+        targets: &[Target],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        if let [Target { key, order: None }] = targets {
+            let mut conn = self.connection().await?;
+            return self.renew_on(&mut conn, key, claim, lease).await;
+        }
+        Box::pin(async move {
+            let mut all = true;
+            let mut conn = None;
+            for target in targets {
+                all &= match &target.order {
+                    Some(order) => self.renew_event(&target.key, order, claim, lease).await?,
+                    None => {
+                        let conn = self.shared_connection(&mut conn).await?;
+                        self.renew_on(conn, &target.key, claim, lease).await?
+                    }
+                };
+            }
+            Ok(all)
+        })
+        .await
+    }
+}
+
+/// An ordered event and its object are written in one transaction.
+impl<DB: Dialect> OrderedStore for SqlStore<DB> {}
+
+impl<DB: Dialect> SqlStore<DB> {
+    /// The reserve of several plain targets: one statement where the dialect has one
+    /// (PostgreSQL), else one statement per key on one connection.
+    async fn reserve_keys(
+        &self,
+        targets: &[Target],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        if let Some(sql) = &self.sql.reserve_many {
+            return self.reserve_batch(sql, targets, claim, lease).await;
+        }
+        let mut conn = self.connection().await?;
+        let mut out = Vec::with_capacity(targets.len());
+        for target in targets {
+            out.push(
+                self.reserve_on(&mut conn, &target.key, claim, lease)
+                    .await?,
+            );
         }
         Ok(out)
     }
 
-    async fn release_ordered(
+    /// The connection in `slot`, taken from the pool at its first use.
+    async fn shared_connection<'c>(
         &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-    ) -> Result<usize, StoreError> {
-        let mut released = 0;
-        for event in events {
-            released += usize::from(self.release_event(event, claim).await?);
+        slot: &'c mut Option<PoolConnection<DB>>,
+    ) -> Result<&'c mut PoolConnection<DB>, StoreError> {
+        if slot.is_none() {
+            *slot = Some(self.connection().await?);
         }
-        Ok(released)
-    }
-
-    async fn renew_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let mut all = true;
-        for event in events {
-            all &= self.renew_event(event, claim, lease).await?;
-        }
-        Ok(all)
+        Ok(slot.as_mut().expect("just set"))
     }
 }
 

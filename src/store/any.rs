@@ -6,9 +6,8 @@ use std::fmt;
 use std::time::Duration;
 
 use super::record::Record;
-use super::{Claim, Completion, OrderedEvent, Reservation, StoreError, StoreKey};
-use crate::order::EqualPositions;
-use crate::store::contract::IdempotencyStore;
+use super::{Claim, Completion, Reservation, StoreError, Target};
+use crate::store::contract::{IdempotencyStore, OrderedStore};
 use crate::store::memory::MemoryStore;
 
 /// A store chosen at run time: one type for every backend, so that an application picks its
@@ -387,34 +386,34 @@ macro_rules! dispatch_async {
 impl IdempotencyStore for AnyStore {
     async fn reserve(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
-    ) -> Result<Reservation, StoreError> {
-        dispatch_async!(self, s => s.reserve(key, claim, lease).await)
+    ) -> Result<Vec<Reservation>, StoreError> {
+        dispatch_async!(self, s => s.reserve(targets, claim, lease).await)
     }
 
     async fn complete(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<Completion, StoreError> {
-        dispatch_async!(self, s => s.complete(key, claim, record, retention).await)
+    ) -> Result<Vec<Completion>, StoreError> {
+        dispatch_async!(self, s => s.complete(targets, claim, record, retention).await)
     }
 
-    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        dispatch_async!(self, s => s.release(key, claim).await)
+    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
+        dispatch_async!(self, s => s.release(targets, claim).await)
     }
 
     async fn renew(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        dispatch_async!(self, s => s.renew(key, claim, lease).await)
+        dispatch_async!(self, s => s.renew(targets, claim, lease).await)
     }
 
     fn in_process(&self) -> bool {
@@ -424,80 +423,10 @@ impl IdempotencyStore for AnyStore {
     fn command_timeout(&self) -> Option<Duration> {
         dispatch!(self, s => s.command_timeout())
     }
-
-    async fn reserve_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<Vec<Reservation>, StoreError> {
-        dispatch_async!(self, s => s.reserve_many(keys, claim, lease).await)
-    }
-
-    async fn complete_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> Result<Vec<Completion>, StoreError> {
-        dispatch_async!(self, s => s.complete_many(keys, claim, record, retention).await)
-    }
-
-    async fn release_many(&self, keys: &[StoreKey], claim: &Claim) -> Result<usize, StoreError> {
-        dispatch_async!(self, s => s.release_many(keys, claim).await)
-    }
-
-    async fn renew_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        dispatch_async!(self, s => s.renew_many(keys, claim, lease).await)
-    }
-
-    fn orders_events(&self) -> bool {
-        dispatch!(self, s => s.orders_events())
-    }
-
-    async fn reserve_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        lease: Duration,
-        equal: EqualPositions,
-    ) -> Result<Vec<Reservation>, StoreError> {
-        dispatch_async!(self, s => s.reserve_ordered(events, claim, lease, equal).await)
-    }
-
-    async fn complete_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> Result<Vec<Completion>, StoreError> {
-        dispatch_async!(self, s => s.complete_ordered(events, claim, record, retention).await)
-    }
-
-    async fn release_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-    ) -> Result<usize, StoreError> {
-        dispatch_async!(self, s => s.release_ordered(events, claim).await)
-    }
-
-    async fn renew_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        dispatch_async!(self, s => s.renew_ordered(events, claim, lease).await)
-    }
 }
+
+/// Every backend orders events.
+impl OrderedStore for AnyStore {}
 
 #[cfg(test)]
 mod tests {

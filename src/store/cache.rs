@@ -19,9 +19,8 @@ use std::time::{Duration, Instant};
 use super::map::{ExpiringMap, Weigh};
 use super::record::Record;
 use super::slot::Slot;
-use super::{Claim, Completion, OrderedEvent, Reservation, StoreError, StoreErrorKind, StoreKey};
-use crate::order::EqualPositions;
-use crate::store::contract::IdempotencyStore;
+use super::{Claim, Completion, Reservation, StoreError, StoreErrorKind, StoreKey, Target};
+use crate::store::contract::{IdempotencyStore, OrderedStore};
 
 /// How much earlier than the store a cached record expires: stores count time in whole
 /// milliseconds (Redis, SQL), rounded down from a clock read after the cache's own, so the
@@ -127,7 +126,7 @@ fn cost(record: &Record) -> usize {
 /// use tower_idempotency::{IdempotencyStore, MemoryStore};
 /// use tower_idempotency::fingerprint::Fingerprint;
 /// use tower_idempotency::store::record::Record;
-/// use tower_idempotency::store::{CachedStore, Claim, Completion, LocalCache, Reservation, StoreKey};
+/// use tower_idempotency::store::{CachedStore, Claim, Completion, LocalCache, Reservation, StoreKey, Target};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -140,23 +139,23 @@ fn cost(record: &Record) -> usize {
 ///     .read_ttl(Duration::from_secs(2));
 /// let store = CachedStore::with_cache(MemoryStore::new(), cache);
 ///
-/// let key = StoreKey::new("docs", None, "evt_1");
+/// let key = [Target::key(StoreKey::new("docs", None, "evt_1"))];
 /// let lease = Duration::from_secs(30);
 /// let first = Claim::new(Fingerprint::of_bytes(b"{}"));
-/// assert_eq!(store.reserve(&key, &first, lease).await.unwrap(), Reservation::Acquired);
+/// assert_eq!(store.reserve(&key, &first, lease).await.unwrap(), [Reservation::Acquired]);
 /// // In flight: never cached.
 /// let second = Claim::new(Fingerprint::of_bytes(b"{}"));
-/// let answer = store.reserve(&key, &second, lease).await.unwrap();
+/// let answer = store.reserve(&key, &second, lease).await.unwrap().remove(0);
 /// assert!(matches!(answer, Reservation::InFlight { .. }));
 /// assert_eq!(store.len(), 0);
 ///
 /// let record = Record::ack(first.fingerprint());
 /// let retention = Duration::from_secs(72 * 3600);
 /// let done = store.complete(&key, &first, &record, retention).await.unwrap();
-/// assert_eq!(done, Completion::Written);
+/// assert_eq!(done, [Completion::Written]);
 /// // Completed: duplicates are answered from the cache, without asking the inner store.
 /// assert_eq!(store.len(), 1);
-/// let answer = store.reserve(&key, &second, lease).await.unwrap();
+/// let answer = store.reserve(&key, &second, lease).await.unwrap().remove(0);
 /// assert!(matches!(answer, Reservation::Completed(_)));
 ///
 /// store.cache().clear();
@@ -533,36 +532,31 @@ impl<St: fmt::Debug> fmt::Debug for CachedStore<St> {
 }
 
 impl<St: IdempotencyStore> CachedStore<St> {
-    /// A batch reserve through the cache: the cached keys (`key_of` each item) are answered
-    /// from the cache, the others sent to `store` in one call (none when every key is cached);
-    /// the answers come back in the order of `items`.
-    async fn reserve_misses<T, F, Fut>(
+    /// A reserve of several targets through the cache: the cached keys are answered from the
+    /// cache, the others sent to the inner store in one call (none when every key is cached);
+    /// the answers come back in the order of `targets`.
+    async fn reserve_misses(
         &self,
-        items: &[T],
-        key_of: fn(&T) -> &StoreKey,
-        store: F,
-    ) -> Result<Vec<Reservation>, StoreError>
-    where
-        T: Clone,
-        F: FnOnce(Vec<T>) -> Fut,
-        Fut: Future<Output = Result<Vec<Reservation>, StoreError>>,
-    {
-        let mut answers: Vec<Option<Reservation>> = items
+        targets: &[Target],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        let mut answers: Vec<Option<Reservation>> = targets
             .iter()
-            .map(|item| self.cache.get(key_of(item)).map(Reservation::Completed))
+            .map(|target| self.cache.get(&target.key).map(Reservation::Completed))
             .collect();
-        let misses: Vec<T> = items
+        let misses: Vec<Target> = targets
             .iter()
             .zip(&answers)
             .filter(|(_, answer)| answer.is_none())
-            .map(|(item, _)| item.clone())
+            .map(|(target, _)| target.clone())
             .collect();
         if misses.is_empty() {
             return Ok(answers.into_iter().flatten().collect());
         }
         let count = misses.len();
         let asked = Instant::now();
-        let fetched = store(misses).await?;
+        let fetched = self.inner.reserve(&misses, claim, lease).await?;
         if fetched.len() != count {
             return Err(StoreError::with_source(
                 StoreErrorKind::Corrupt,
@@ -573,61 +567,26 @@ impl<St: IdempotencyStore> CachedStore<St> {
             ));
         }
         let mut fetched = fetched.into_iter();
-        for (item, answer) in items.iter().zip(&mut answers) {
+        for (target, answer) in targets.iter().zip(&mut answers) {
             if answer.is_some() {
                 continue;
             }
             let Some(reservation) = fetched.next() else {
                 break;
             };
-            self.cache.heed(key_of(item), &reservation, asked);
+            self.cache.heed(&target.key, &reservation, asked);
             *answer = Some(reservation);
         }
         Ok(answers.into_iter().flatten().collect())
     }
 
-    /// A batch completion through the cache: `store` always runs (one call); what each key's
-    /// answer teaches is heeded.
-    async fn complete_through<'k>(
-        &self,
-        keys: impl Iterator<Item = &'k StoreKey>,
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-        store: impl Future<Output = Result<Vec<Completion>, StoreError>>,
-    ) -> Result<Vec<Completion>, StoreError> {
-        let asked = Instant::now();
-        let done = store.await?;
-        let owned = record.clone().owned_by(claim.token());
-        for (key, completion) in keys.zip(&done) {
-            self.cache
-                .heed_completion(key, *completion, &owned, retention, asked);
+    /// Drops whatever was cached for the keys of `targets` (a claim only releases or renews
+    /// keys it acquired from the store, so a record cached for one is stale at best).
+    fn forget(&self, targets: &[Target]) {
+        for target in targets {
+            self.cache.forget(&target.key);
         }
-        Ok(done)
     }
-
-    /// A release or renewal through the cache: `store` always runs, then whatever was cached
-    /// for `keys` is dropped (a claim only releases or renews keys it acquired from the store,
-    /// so a record cached for one is stale at best).
-    async fn forgetting<'k, T>(
-        &self,
-        keys: impl Iterator<Item = &'k StoreKey>,
-        store: impl Future<Output = T>,
-    ) -> T {
-        let answer = store.await;
-        for key in keys {
-            self.cache.forget(key);
-        }
-        answer
-    }
-}
-
-fn event_key(event: &OrderedEvent) -> &StoreKey {
-    &event.key
-}
-
-fn same_key(key: &StoreKey) -> &StoreKey {
-    key
 }
 
 impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
@@ -644,166 +603,79 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
     /// A live cached record answers [`Reservation::Completed`] without calling the inner
     /// store; otherwise the inner store answers, and a completed record it returns is cached
     /// for [`read_ttl`](LocalCache::read_ttl), no longer than the inner store said it keeps
-    /// it ([`Record::expires_in`]), when it said.
+    /// it ([`Record::expires_in`]), when it said. Of several targets, only those not cached
+    /// are sent to the inner store, in one call (none when every key is cached); the answers
+    /// come back in the order of `targets`.
     async fn reserve(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
-    ) -> Result<Reservation, StoreError> {
-        if let Some(record) = self.cache.get(key) {
-            return Ok(Reservation::Completed(record));
+    ) -> Result<Vec<Reservation>, StoreError> {
+        let [target] = targets else {
+            // Boxed: the single target's future, which every request awaits, stays small.
+            return Box::pin(self.reserve_misses(targets, claim, lease)).await;
+        };
+        if let Some(record) = self.cache.get(&target.key) {
+            return Ok(vec![Reservation::Completed(record)]);
         }
         let asked = Instant::now();
-        let answer = self.inner.reserve(key, claim, lease).await?;
-        self.cache.heed(key, &answer, asked);
-        Ok(answer)
+        let answers = self.inner.reserve(targets, claim, lease).await?;
+        if let Some(answer) = answers.first() {
+            self.cache.heed(&target.key, answer, asked);
+        }
+        Ok(answers)
     }
 
-    /// Always completes in the inner store. A record written ([`Completion::Written`]) is
-    /// cached for its retention or [`max_ttl`](LocalCache::max_ttl), whichever is shorter,
-    /// counted from before the call; one found already written by an earlier attempt
-    /// ([`Completion::AlreadyWritten`]), whose retention started earlier, like a record read
-    /// (see [`reserve`](Self::reserve)).
+    /// Always completes in the inner store (one call). A record written
+    /// ([`Completion::Written`]) is cached for its retention or
+    /// [`max_ttl`](LocalCache::max_ttl), whichever is shorter, counted from before the call;
+    /// one found already written by an earlier attempt ([`Completion::AlreadyWritten`]), whose
+    /// retention started earlier, like a record read (see [`reserve`](Self::reserve)).
     async fn complete(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<Completion, StoreError> {
+    ) -> Result<Vec<Completion>, StoreError> {
         let asked = Instant::now();
-        let done = self.inner.complete(key, claim, record, retention).await?;
+        let done = self
+            .inner
+            .complete(targets, claim, record, retention)
+            .await?;
         let owned = record.clone().owned_by(claim.token());
-        self.cache
-            .heed_completion(key, done, &owned, retention, asked);
+        for (target, completion) in targets.iter().zip(&done) {
+            self.cache
+                .heed_completion(&target.key, *completion, &owned, retention, asked);
+        }
         Ok(done)
     }
 
-    /// Always releases in the inner store, then drops any cached record of `key`.
-    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        let store = self.inner.release(key, claim);
-        self.forgetting(std::iter::once(key), store).await
+    /// Always releases in the inner store (one call), then drops any cached record of the
+    /// targets' keys.
+    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
+        let answer = self.inner.release(targets, claim).await;
+        self.forget(targets);
+        answer
     }
 
-    /// Always renews in the inner store, then drops any cached record of `key`.
+    /// Always renews in the inner store (one call), then drops any cached record of the
+    /// targets' keys.
     async fn renew(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        let store = self.inner.renew(key, claim, lease);
-        self.forgetting(std::iter::once(key), store).await
-    }
-
-    /// Answers the cached keys from the cache and sends only the others to the inner store's
-    /// `reserve_many`, in one call (none when every key is cached); the answers come back in
-    /// the order of `keys`.
-    async fn reserve_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<Vec<Reservation>, StoreError> {
-        let store = |misses: Vec<StoreKey>| async move {
-            self.inner.reserve_many(&misses, claim, lease).await
-        };
-        self.reserve_misses(keys, same_key, store).await
-    }
-
-    /// Always completes in the inner store (one call), then caches each key's record as
-    /// [`complete`](IdempotencyStore::complete) does.
-    async fn complete_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> Result<Vec<Completion>, StoreError> {
-        let store = self.inner.complete_many(keys, claim, record, retention);
-        self.complete_through(keys.iter(), claim, record, retention, store)
-            .await
-    }
-
-    /// Always releases in the inner store (one call), then drops any cached record of the
-    /// keys.
-    async fn release_many(&self, keys: &[StoreKey], claim: &Claim) -> Result<usize, StoreError> {
-        let store = self.inner.release_many(keys, claim);
-        self.forgetting(keys.iter(), store).await
-    }
-
-    /// Always renews in the inner store (one call), then drops any cached record of the keys.
-    async fn renew_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let store = self.inner.renew_many(keys, claim, lease);
-        self.forgetting(keys.iter(), store).await
-    }
-
-    /// As the inner store.
-    fn orders_events(&self) -> bool {
-        self.inner.orders_events()
-    }
-
-    /// Answers the events whose key is cached as completed from the cache, and sends only the
-    /// others to the inner store, in one call.
-    async fn reserve_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        lease: Duration,
-        equal: EqualPositions,
-    ) -> Result<Vec<Reservation>, StoreError> {
-        let store = |misses: Vec<OrderedEvent>| async move {
-            self.inner
-                .reserve_ordered(&misses, claim, lease, equal)
-                .await
-        };
-        self.reserve_misses(events, event_key, store).await
-    }
-
-    /// Always completes in the inner store, then caches each event's record as
-    /// [`complete`](IdempotencyStore::complete) does.
-    async fn complete_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> Result<Vec<Completion>, StoreError> {
-        let store = self
-            .inner
-            .complete_ordered(events, claim, record, retention);
-        let keys = events.iter().map(event_key);
-        self.complete_through(keys, claim, record, retention, store)
-            .await
-    }
-
-    /// Always releases in the inner store, then drops any cached record of the events' keys.
-    async fn release_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-    ) -> Result<usize, StoreError> {
-        let store = self.inner.release_ordered(events, claim);
-        self.forgetting(events.iter().map(event_key), store).await
-    }
-
-    /// Always renews in the inner store, then drops any cached record of the events' keys.
-    async fn renew_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let store = self.inner.renew_ordered(events, claim, lease);
-        self.forgetting(events.iter().map(event_key), store).await
+        let answer = self.inner.renew(targets, claim, lease).await;
+        self.forget(targets);
+        answer
     }
 }
+
+/// As the inner store: the cache answers only keys completed, and sends every order on.
+impl<St: OrderedStore> OrderedStore for CachedStore<St> {}
 
 #[cfg(test)]
 mod tests {
@@ -822,7 +694,7 @@ mod tests {
     const LEASE: Duration = Duration::from_secs(30);
     const RETENTION: Duration = Duration::from_secs(3600);
 
-    /// A memory store that counts the calls made to it, and the keys of the last batch call.
+    /// A memory store that counts the calls made to it, and the keys of the last reserve.
     #[derive(Clone, Default)]
     struct Counting {
         store: MemoryStore,
@@ -843,50 +715,45 @@ mod tests {
     impl IdempotencyStore for Counting {
         async fn reserve(
             &self,
-            key: &StoreKey,
-            claim: &Claim,
-            lease: Duration,
-        ) -> Result<Reservation, StoreError> {
-            self.count();
-            self.store.reserve(key, claim, lease).await
-        }
-
-        async fn complete(
-            &self,
-            key: &StoreKey,
-            claim: &Claim,
-            record: &Record,
-            retention: Duration,
-        ) -> Result<Completion, StoreError> {
-            self.count();
-            self.store.complete(key, claim, record, retention).await
-        }
-
-        async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-            self.count();
-            self.store.release(key, claim).await
-        }
-
-        async fn renew(
-            &self,
-            key: &StoreKey,
-            claim: &Claim,
-            lease: Duration,
-        ) -> Result<bool, StoreError> {
-            self.count();
-            self.store.renew(key, claim, lease).await
-        }
-
-        async fn reserve_many(
-            &self,
-            keys: &[StoreKey],
+            targets: &[Target],
             claim: &Claim,
             lease: Duration,
         ) -> Result<Vec<Reservation>, StoreError> {
             self.count();
-            *self.last_batch.lock().unwrap() = keys.to_vec();
-            self.store.reserve_many(keys, claim, lease).await
+            *self.last_batch.lock().unwrap() = targets.iter().map(|t| t.key.clone()).collect();
+            self.store.reserve(targets, claim, lease).await
         }
+
+        async fn complete(
+            &self,
+            targets: &[Target],
+            claim: &Claim,
+            record: &Record,
+            retention: Duration,
+        ) -> Result<Vec<Completion>, StoreError> {
+            self.count();
+            self.store.complete(targets, claim, record, retention).await
+        }
+
+        async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
+            self.count();
+            self.store.release(targets, claim).await
+        }
+
+        async fn renew(
+            &self,
+            targets: &[Target],
+            claim: &Claim,
+            lease: Duration,
+        ) -> Result<bool, StoreError> {
+            self.count();
+            self.store.renew(targets, claim, lease).await
+        }
+    }
+
+    /// The targets of `keys`, none of them ordered (what a batch claims).
+    fn keys_of(keys: &[StoreKey]) -> Vec<Target> {
+        keys.iter().cloned().map(Target::key).collect()
     }
 
     fn claim() -> Claim {
@@ -901,15 +768,20 @@ mod tests {
     async fn complete<St: IdempotencyStore>(store: &St, key: &StoreKey, retention: Duration) {
         let owner = claim();
         assert_eq!(
-            store.reserve(key, &owner, LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(key.clone())], &owner, LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired
         );
         let record = Record::ack(owner.fingerprint());
         assert_eq!(
             store
-                .complete(key, &owner, &record, retention)
+                .complete(&[Target::key(key.clone())], &owner, &record, retention)
                 .await
-                .unwrap(),
+                .unwrap()
+                .remove(0),
             Completion::Written
         );
     }
@@ -934,15 +806,25 @@ mod tests {
         let store = CachedStore::new(inner.clone());
         let k = key(1);
         let owner = claim();
-        store.reserve(&k, &owner, LEASE).await.unwrap();
+        store
+            .reserve(&[Target::key(k.clone())], &owner, LEASE)
+            .await
+            .unwrap()
+            .remove(0);
         let record = Record::ack(owner.fingerprint());
         store
-            .complete(&k, &owner, &record, RETENTION)
+            .complete(&[Target::key(k.clone())], &owner, &record, RETENTION)
             .await
-            .unwrap();
+            .unwrap()
+            .remove(0);
         assert_eq!(inner.calls(), 2);
         for _ in 0..3 {
-            match store.reserve(&k, &claim(), LEASE).await.unwrap() {
+            match store
+                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0)
+            {
                 // The record as the inner store holds it: owned by the claim that wrote it.
                 Reservation::Completed(held) => {
                     assert!(held.is_owned_by(owner.token()));
@@ -955,9 +837,10 @@ mod tests {
         // Completing and releasing still go to the inner store.
         assert_eq!(
             store
-                .complete(&k, &owner, &record, RETENTION)
+                .complete(&[Target::key(k.clone())], &owner, &record, RETENTION)
                 .await
-                .unwrap(),
+                .unwrap()
+                .remove(0),
             Completion::AlreadyWritten
         );
         assert_eq!(inner.calls(), 3);
@@ -969,12 +852,20 @@ mod tests {
         let store = CachedStore::new(inner.clone());
         let (k, owner) = (key(1), claim());
         assert_eq!(
-            store.reserve(&k, &owner, LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &owner, LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired
         );
         for _ in 0..3 {
             assert!(matches!(
-                store.reserve(&k, &claim(), LEASE).await.unwrap(),
+                store
+                    .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+                    .await
+                    .unwrap()
+                    .remove(0),
                 Reservation::InFlight { .. }
             ));
         }
@@ -989,15 +880,25 @@ mod tests {
         let record = Record::ack(stranger.fingerprint());
         assert_eq!(
             store
-                .complete(&k, &stranger, &record, RETENTION)
+                .complete(&[Target::key(k.clone())], &stranger, &record, RETENTION)
                 .await
-                .unwrap(),
+                .unwrap()
+                .remove(0),
             Completion::Lost
         );
         assert!(store.is_empty());
-        assert!(store.renew(&k, &owner, LEASE).await.unwrap());
+        assert!(
+            store
+                .renew(&[Target::key(k.clone())], &owner, LEASE)
+                .await
+                .unwrap()
+        );
         assert!(matches!(
-            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::InFlight { .. }
         ));
     }
@@ -1007,8 +908,18 @@ mod tests {
         let inner = Counting::default();
         let store = CachedStore::new(inner.clone());
         let (k, owner) = (key(1), claim());
-        store.reserve(&k, &owner, LEASE).await.unwrap();
-        assert!(store.release(&k, &owner).await.unwrap());
+        store
+            .reserve(&[Target::key(k.clone())], &owner, LEASE)
+            .await
+            .unwrap()
+            .remove(0);
+        assert!(
+            store
+                .release(&[Target::key(k.clone())], &owner)
+                .await
+                .map(|n| n == 1)
+                .unwrap()
+        );
         assert!(store.is_empty());
         assert_claimed_anew(&store, &k).await;
     }
@@ -1017,10 +928,20 @@ mod tests {
     async fn assert_claimed_anew<St: IdempotencyStore>(store: &CachedStore<St>, k: &StoreKey) {
         let next = claim();
         assert_eq!(
-            store.reserve(k, &next, LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &next, LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired
         );
-        assert!(store.release(k, &next).await.unwrap());
+        assert!(
+            store
+                .release(&[Target::key(k.clone())], &next)
+                .await
+                .map(|n| n == 1)
+                .unwrap()
+        );
     }
 
     #[tokio::test]
@@ -1032,7 +953,11 @@ mod tests {
         let retention = Duration::from_secs(1);
         complete(&inner, &k, retention).await;
         assert!(matches!(
-            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
         assert_eq!(store.len(), 1, "cached with the expiry the store told");
@@ -1048,40 +973,42 @@ mod tests {
     impl IdempotencyStore for Untold {
         async fn reserve(
             &self,
-            key: &StoreKey,
+            targets: &[Target],
             claim: &Claim,
             lease: Duration,
-        ) -> Result<Reservation, StoreError> {
-            Ok(match self.0.reserve(key, claim, lease).await? {
+        ) -> Result<Vec<Reservation>, StoreError> {
+            let answers = self.0.reserve(targets, claim, lease).await?;
+            let untold = |answer| match answer {
                 Reservation::Completed(record) => match StoredValue::decode(&record.encode())? {
-                    StoredValue::Completed(untold) => Reservation::Completed(untold),
+                    StoredValue::Completed(untold) => Ok(Reservation::Completed(untold)),
                     StoredValue::InFlight { .. } => unreachable!("a record encodes as one"),
                 },
-                other => other,
-            })
+                other => Ok(other),
+            };
+            answers.into_iter().map(untold).collect()
         }
 
         async fn complete(
             &self,
-            key: &StoreKey,
+            targets: &[Target],
             claim: &Claim,
             record: &Record,
             retention: Duration,
-        ) -> Result<Completion, StoreError> {
-            self.0.complete(key, claim, record, retention).await
+        ) -> Result<Vec<Completion>, StoreError> {
+            self.0.complete(targets, claim, record, retention).await
         }
 
-        async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-            self.0.release(key, claim).await
+        async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
+            self.0.release(targets, claim).await
         }
 
         async fn renew(
             &self,
-            key: &StoreKey,
+            targets: &[Target],
             claim: &Claim,
             lease: Duration,
         ) -> Result<bool, StoreError> {
-            self.0.renew(key, claim, lease).await
+            self.0.renew(targets, claim, lease).await
         }
     }
 
@@ -1092,7 +1019,12 @@ mod tests {
         let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_secs(2));
         let k = key(1);
         complete(&inner.0, &k, Duration::from_millis(500)).await;
-        let Reservation::Completed(read) = store.reserve(&k, &claim(), LEASE).await.unwrap() else {
+        let Reservation::Completed(read) = store
+            .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+            .await
+            .unwrap()
+            .remove(0)
+        else {
             panic!("completed");
         };
         assert_eq!(read.expires_in(), None, "the store did not tell");
@@ -1101,7 +1033,11 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(600)).await;
         // Gone from the store, still answered from the cache: the event was processed.
         assert!(matches!(
-            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
         // 2.1 s at least after the read: past read_ttl.
@@ -1120,27 +1056,54 @@ mod tests {
         assert_eq!(store.len(), 1);
         let filler = claim();
         assert_eq!(
-            inner.reserve(&key(2), &filler, LEASE).await.unwrap(),
+            inner
+                .reserve(&[Target::key(key(2))], &filler, LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired,
             "the record of `k` was evicted"
         );
-        assert!(inner.release(&key(2), &filler).await.unwrap());
+        assert!(
+            inner
+                .release(&[Target::key(key(2))], &filler)
+                .await
+                .map(|n| n == 1)
+                .unwrap()
+        );
         // Another instance claims the key again; this one renews it for that claim (as a
         // guard on this instance would): the entry is dropped, and the answer shows the key
         // in flight.
         let other = claim();
         assert_eq!(
-            inner.reserve(&k, &other, LEASE).await.unwrap(),
+            inner
+                .reserve(&[Target::key(k.clone())], &other, LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired
         );
         assert!(matches!(
-            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
-        assert!(store.renew(&k, &other, LEASE).await.unwrap());
+        assert!(
+            store
+                .renew(&[Target::key(k.clone())], &other, LEASE)
+                .await
+                .unwrap()
+        );
         assert!(store.is_empty());
         assert!(matches!(
-            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::InFlight { .. }
         ));
     }
@@ -1152,24 +1115,40 @@ mod tests {
         let k = key(1);
         complete(&inner.store, &k, RETENTION).await;
         assert!(matches!(
-            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
         assert!(matches!(
-            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
         assert_eq!(inner.calls(), 1, "the second duplicate is a cache hit");
         tokio::time::sleep(Duration::from_millis(1100)).await;
         assert!(matches!(
-            store.reserve(&k, &claim(), LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
         assert_eq!(inner.calls(), 2, "expired: asked the store again");
 
         // A zero read TTL caches only what this instance wrote.
         let store = CachedStore::new(inner.clone()).read_ttl(Duration::ZERO);
-        store.reserve(&k, &claim(), LEASE).await.unwrap();
+        store
+            .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+            .await
+            .unwrap()
+            .remove(0);
         assert!(store.is_empty());
         complete(&store, &key(2), RETENTION).await;
         assert_eq!(store.len(), 1);
@@ -1189,7 +1168,11 @@ mod tests {
         let calls = inner.calls();
         for k in [&short, &long] {
             assert!(matches!(
-                store.reserve(k, &claim(), LEASE).await.unwrap(),
+                store
+                    .reserve(&[Target::key(k.clone())], &claim(), LEASE)
+                    .await
+                    .unwrap()
+                    .remove(0),
                 Reservation::Completed(_)
             ));
         }
@@ -1198,19 +1181,31 @@ mod tests {
         // Past the short retention (500 ms), 1.3 s before max_ttl (2 s).
         tokio::time::sleep(Duration::from_millis(700)).await;
         assert_eq!(
-            store.reserve(&short, &claim(), LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(short.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired,
             "expired with its retention: the key is free again"
         );
         assert!(matches!(
-            store.reserve(&long, &claim(), LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(long.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
         assert_eq!(inner.calls(), calls + 1);
         // 2.1 s at least after the completion: past max_ttl.
         tokio::time::sleep(Duration::from_millis(1400)).await;
         assert!(matches!(
-            store.reserve(&long, &claim(), LEASE).await.unwrap(),
+            store
+                .reserve(&[Target::key(long.clone())], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
         assert_eq!(inner.calls(), calls + 2, "past max_ttl: asked the store");
@@ -1228,12 +1223,20 @@ mod tests {
         assert_eq!(store.bytes(), 4 * LocalCache::ENTRY_BYTES);
         let calls = inner.calls();
         for i in 6..10 {
-            store.reserve(&key(i), &claim(), LEASE).await.unwrap();
+            store
+                .reserve(&[Target::key(key(i))], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0);
         }
         assert_eq!(inner.calls(), calls, "the newest four are cached");
         for i in 0..6 {
             assert!(matches!(
-                store.reserve(&key(i), &claim(), LEASE).await.unwrap(),
+                store
+                    .reserve(&[Target::key(key(i))], &claim(), LEASE)
+                    .await
+                    .unwrap()
+                    .remove(0),
                 Reservation::Completed(_)
             ));
         }
@@ -1255,17 +1258,27 @@ mod tests {
         assert!(one > 2_000 + LocalCache::ENTRY_BYTES);
         for i in 0..10 {
             let (k, owner) = (key(i), claim());
-            store.reserve(&k, &owner, LEASE).await.unwrap();
             store
-                .complete(&k, &owner, &replay(2_000), RETENTION)
+                .reserve(&[Target::key(k.clone())], &owner, LEASE)
                 .await
-                .unwrap();
+                .unwrap()
+                .remove(0);
+            store
+                .complete(&[Target::key(k.clone())], &owner, &replay(2_000), RETENTION)
+                .await
+                .unwrap()
+                .remove(0);
             assert!(store.bytes() <= 10_000);
         }
         assert_eq!(store.len(), 10_000 / one);
         assert_eq!(store.bytes(), store.len() * one);
         // The newest are kept.
-        match store.reserve(&key(9), &claim(), LEASE).await.unwrap() {
+        match store
+            .reserve(&[Target::key(key(9))], &claim(), LEASE)
+            .await
+            .unwrap()
+            .remove(0)
+        {
             Reservation::Completed(record) => {
                 assert_eq!(record.response().unwrap().body().len(), 2_000)
             }
@@ -1273,11 +1286,21 @@ mod tests {
         }
         // A record larger than the bound is not cached, and evicts nothing.
         let (k, owner) = (key(100), claim());
-        store.reserve(&k, &owner, LEASE).await.unwrap();
         store
-            .complete(&k, &owner, &replay(20_000), RETENTION)
+            .reserve(&[Target::key(k.clone())], &owner, LEASE)
             .await
-            .unwrap();
+            .unwrap()
+            .remove(0);
+        store
+            .complete(
+                &[Target::key(k.clone())],
+                &owner,
+                &replay(20_000),
+                RETENTION,
+            )
+            .await
+            .unwrap()
+            .remove(0);
         assert_eq!(store.len(), 10_000 / one);
     }
 
@@ -1287,7 +1310,11 @@ mod tests {
         let store = CachedStore::new(inner.clone()).max_entries(0);
         complete(&store, &key(1), RETENTION).await;
         assert!(store.is_empty());
-        store.reserve(&key(1), &claim(), LEASE).await.unwrap();
+        store
+            .reserve(&[Target::key(key(1))], &claim(), LEASE)
+            .await
+            .unwrap()
+            .remove(0);
         assert_eq!(inner.calls(), 3);
     }
 
@@ -1299,7 +1326,11 @@ mod tests {
         complete(&store, &done_a, RETENTION).await;
         complete(&store, &done_c, RETENTION).await;
         let holder = claim();
-        store.reserve(&busy_d, &holder, LEASE).await.unwrap();
+        store
+            .reserve(&[Target::key(busy_d.clone())], &holder, LEASE)
+            .await
+            .unwrap()
+            .remove(0);
         let calls = inner.calls();
 
         let batch = [
@@ -1310,7 +1341,7 @@ mod tests {
             new_e.clone(),
         ];
         let mine = claim();
-        let answers = store.reserve_many(&batch, &mine, LEASE).await.unwrap();
+        let answers = store.reserve(&keys_of(&batch), &mine, LEASE).await.unwrap();
         assert!(
             matches!(answers[0], Reservation::Completed(_)),
             "{answers:?}"
@@ -1333,8 +1364,8 @@ mod tests {
 
         // Every key cached: no call at all.
         let done = store
-            .complete_many(
-                &[new_b.clone(), new_e.clone()],
+            .complete(
+                &keys_of(&[new_b.clone(), new_e.clone()]),
                 &mine,
                 &Record::ack(mine.fingerprint()),
                 RETENTION,
@@ -1344,7 +1375,7 @@ mod tests {
         assert_eq!(done, [Completion::Written, Completion::Written]);
         let calls = inner.calls();
         let answers = store
-            .reserve_many(&[new_e.clone(), done_a, new_b], &claim(), LEASE)
+            .reserve(&keys_of(&[new_e.clone(), done_a, new_b]), &claim(), LEASE)
             .await
             .unwrap();
         assert!(
@@ -1357,7 +1388,7 @@ mod tests {
         // Records read in a batch are cached.
         store.clear();
         let answers = store
-            .reserve_many(&[new_e.clone(), busy_d.clone()], &claim(), LEASE)
+            .reserve(&keys_of(&[new_e.clone(), busy_d.clone()]), &claim(), LEASE)
             .await
             .unwrap();
         assert!(matches!(answers[0], Reservation::Completed(_)));
@@ -1367,12 +1398,15 @@ mod tests {
         // Releasing or renewing keys drops their entries.
         assert!(
             store
-                .renew_many(std::slice::from_ref(&busy_d), &holder, LEASE)
+                .renew(&keys_of(std::slice::from_ref(&busy_d)), &holder, LEASE)
                 .await
                 .unwrap()
         );
         assert_eq!(
-            store.release_many(&[busy_d, new_e], &holder).await.unwrap(),
+            store
+                .release(&keys_of(&[busy_d, new_e]), &holder)
+                .await
+                .unwrap(),
             1
         );
         assert!(store.is_empty());
@@ -1390,7 +1424,11 @@ mod tests {
         assert_eq!(store.inner().len(), 1);
         let inner = store.into_inner();
         assert!(matches!(
-            inner.reserve(&key(1), &claim(), LEASE).await.unwrap(),
+            inner
+                .reserve(&[Target::key(key(1))], &claim(), LEASE)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
     }
@@ -1448,36 +1486,27 @@ mod tests {
     /// the others reach the inner store.
     #[tokio::test]
     async fn ordered_events_are_answered_from_the_cache_once_completed() {
-        use crate::store::{ObjectKey, OrderedEvent, Position};
+        use crate::store::{ObjectKey, Position};
         let inner = MemoryStore::new();
         let store = CachedStore::new(inner.clone());
-        let event = |i: usize, at: i128| OrderedEvent {
-            key: key(i),
-            object: ObjectKey::new("cache", None, "message"),
-            position: Position::new(at),
+        let event = |i: usize, at: i128| {
+            let object = ObjectKey::new("cache", None, "message");
+            Target::ordered(key(i), object, Position::new(at))
         };
         let owner = claim();
         let first = [event(1, 10)];
-        let answers = store
-            .reserve_ordered(&first, &owner, LEASE, EqualPositions::Process)
-            .await
-            .unwrap();
+        let answers = store.reserve(&first, &owner, LEASE).await.unwrap();
         assert_eq!(answers, [Reservation::Acquired]);
         let record = Record::ack(owner.fingerprint());
         let done = store
-            .complete_ordered(&first, &owner, &record, RETENTION)
+            .complete(&first, &owner, &record, RETENTION)
             .await
             .unwrap();
         assert_eq!(done, [Completion::Written]);
         assert_eq!(store.len(), 1);
         // A duplicate: from the cache. An older event of the object: stale, from the store.
         let answers = store
-            .reserve_ordered(
-                &[event(1, 10), event(2, 5)],
-                &claim(),
-                LEASE,
-                EqualPositions::Process,
-            )
+            .reserve(&[event(1, 10), event(2, 5)], &claim(), LEASE)
             .await
             .unwrap();
         assert!(

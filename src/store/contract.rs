@@ -1,12 +1,13 @@
 //! [`IdempotencyStore`]: the one trait every store implements (see the [store docs](super)
-//! for the state machine it keeps).
+//! for the state machine it keeps), and [`OrderedStore`], the capability of ordering events.
 
 use std::future::Future;
 use std::time::Duration;
 
+#[cfg(doc)]
+use super::StoreErrorKind;
 use super::record::Record;
-use super::{Claim, Completion, OrderedEvent, Reservation, StoreError, StoreErrorKind, StoreKey};
-use crate::order::EqualPositions;
+use super::{Claim, Completion, Reservation, StoreError, Target};
 
 /// A store of claims and records. Implemented by [`MemoryStore`](crate::MemoryStore), the Redis
 /// store (feature `redis`) and the SQL stores (features `postgres`, `sqlite`).
@@ -14,50 +15,76 @@ use crate::order::EqualPositions;
 /// Implementations must be cheap to clone (an `Arc` or a client handle inside): the layer clones
 /// the store into every response future.
 ///
-/// The `*_many` methods act on the items of one batch request, all under one claim (one
-/// token). Their default implementations call the single-key method once per key, in order;
-/// shared stores override them to spend one round trip for the whole batch.
+/// # One method per operation, over targets
+///
+/// Each operation takes the [`Target`]s of one claim: one key for a single request, the items of
+/// a batch (all under one claim, one token), or the events of an ordered route (each a key with
+/// its [`Order`](super::Order)). Each target is handled atomically on its own; the slice as a
+/// whole is not atomic. Answers come one per target, in order. A store spends as few round
+/// trips as it can on a slice (one pipeline, one statement); the usual slice holds one
+/// unordered target, and is worth a path of its own.
+///
+/// A target with an order is handed only to a store that implements [`OrderedStore`]: a store
+/// that does not may answer an error for one.
 pub trait IdempotencyStore: Clone + Send + Sync + 'static {
-    /// Atomically claims `key` for `claim` with a lease of `lease`, or reports what holds it.
+    /// Atomically claims every target's key for `claim` with a lease of `lease`, or reports
+    /// what holds it: one answer per target, in order.
     ///
-    /// Must be a single atomic step: two concurrent calls for one key never both get
-    /// [`Reservation::Acquired`] while the first lease is alive. A key already held by the same
-    /// claim (a retried call) is [`Reservation::Acquired`] again.
+    /// Each key must be claimed in a single atomic step: two concurrent calls for one key never
+    /// both get [`Reservation::Acquired`] while the first lease is alive. A key already held by
+    /// the same claim (a retried call) is [`Reservation::Acquired`] again. After an error some
+    /// keys may be held by `claim`: the caller releases them.
+    ///
+    /// A target with an order (see [`OrderedStore`]) also takes its object's turn, in the same
+    /// atomic step: the answer is what a key held elsewhere answers;
+    /// [`Reservation::ObjectBusy`] when another claim holds the object (nothing written); else
+    /// the key and the object lease are taken for `lease`, and the answer is
+    /// [`Reservation::Stale`] when the order's `equal` says the position is stale against the
+    /// object's watermark, [`Reservation::Acquired`] otherwise. Targets of one call may share
+    /// an object: the object's lease is then this claim's for all of them. See [Ordered
+    /// events](super#ordered-events).
     fn reserve(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
-    ) -> impl Future<Output = Result<Reservation, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Reservation>, StoreError>> + Send;
 
-    /// Replaces our in-flight claim with the completed `record`, kept for `retention`.
+    /// Replaces our in-flight claim on every target's key with the completed `record`, kept for
+    /// `retention`: one answer per target, in order.
     ///
-    /// Writes nothing and answers [`Completion::Lost`] when the key is no longer held by
-    /// `claim`'s token (the lease expired and another attempt took it, or it was released), and
-    /// [`Completion::AlreadyWritten`] when it already holds the record of this claim.
+    /// Writes nothing and answers [`Completion::Lost`] for a key no longer held by `claim`'s
+    /// token (the lease expired and another attempt took it, or it was released), and
+    /// [`Completion::AlreadyWritten`] for one that already holds the record of this claim.
+    /// With an order, in the same atomic step: the object's watermark is raised to the
+    /// position (when higher, kept for `retention`) and the object lease let go (when this
+    /// claim's); a lost claim writes nothing but still lets go of this claim's object lease.
     fn complete(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> impl Future<Output = Result<Completion, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Completion>, StoreError>> + Send;
 
-    /// Deletes our in-flight claim so that a retry is processed again.
+    /// Deletes our in-flight claim on every target's key (and, with an order, lets go of the
+    /// object lease), so that a retry is processed again; returns how many keys were released.
     ///
-    /// Returns `Ok(false)` and deletes nothing when the key is not held by `claim`'s token.
+    /// A key (or an object lease) not held by `claim`'s token is left as it is.
     fn release(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
-    /// Extends our in-flight claim to `lease` from now: what keeps a slow handler's claim alive.
+    /// Extends our in-flight claim on every target's key (and, with an order, the object
+    /// lease) to `lease` from now: what keeps a slow handler's claim alive. `Ok(true)` when
+    /// every key was still ours; every key still ours is renewed, even when another is not.
     ///
-    /// Returns `Ok(false)` and changes nothing when the key is not held by `claim`'s token.
+    /// A key (or an object lease) not held by `claim`'s token is left as it is.
     fn renew(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
@@ -92,144 +119,14 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     fn command_timeout(&self) -> Option<Duration> {
         None
     }
-
-    /// [`reserve`](Self::reserve) of every key, one answer per key, in order. Not atomic as a
-    /// whole: each key is claimed atomically on its own. After an error some keys may be held
-    /// by `claim`: the caller releases them.
-    fn reserve_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Vec<Reservation>, StoreError>> + Send {
-        async move {
-            let mut out = Vec::with_capacity(keys.len());
-            for key in keys {
-                out.push(self.reserve(key, claim, lease).await?);
-            }
-            Ok(out)
-        }
-    }
-
-    /// [`complete`](Self::complete) of every key with the same `record`, one answer per key.
-    fn complete_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> impl Future<Output = Result<Vec<Completion>, StoreError>> + Send {
-        async move {
-            let mut out = Vec::with_capacity(keys.len());
-            for key in keys {
-                out.push(self.complete(key, claim, record, retention).await?);
-            }
-            Ok(out)
-        }
-    }
-
-    /// [`release`](Self::release) of every key; returns how many were released.
-    fn release_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-    ) -> impl Future<Output = Result<usize, StoreError>> + Send {
-        async move {
-            let mut released = 0;
-            for key in keys {
-                released += usize::from(self.release(key, claim).await?);
-            }
-            Ok(released)
-        }
-    }
-
-    /// [`renew`](Self::renew) of every key; `Ok(true)` when every one was still ours.
-    fn renew_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        lease: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        async move {
-            let mut all = true;
-            for key in keys {
-                all &= self.renew(key, claim, lease).await?;
-            }
-            Ok(all)
-        }
-    }
-
-    /// Whether this store implements the `*_ordered` methods (every store of this crate
-    /// does). A layer that orders events refuses, at its first request, a store that does not.
-    fn orders_events(&self) -> bool {
-        false
-    }
-
-    /// Claims the key of every event, and its object's turn, one event after the other (each
-    /// atomically on its own, as [`reserve_many`](Self::reserve_many)): see [Ordered
-    /// events](super#ordered-events). One answer per event, in order: what
-    /// [`reserve`](Self::reserve) answers for a key held elsewhere;
-    /// [`Reservation::ObjectBusy`] when another claim holds the object (nothing written); else
-    /// the key and the object lease are taken for `lease`, and the answer is
-    /// [`Reservation::Stale`] when `equal` says the position is stale against the object's
-    /// watermark, [`Reservation::Acquired`] otherwise. Events of one request may share an
-    /// object: the object's lease is then this claim's for all of them.
-    ///
-    /// The default answers an error: a store that does not order events.
-    fn reserve_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        lease: Duration,
-        equal: EqualPositions,
-    ) -> impl Future<Output = Result<Vec<Reservation>, StoreError>> + Send {
-        let _ = (events, claim, lease, equal);
-        async { Err(unsupported()) }
-    }
-
-    /// Completes every event as [`complete`](Self::complete) does and, in the same atomic
-    /// step, raises its object's watermark to its position (when higher, kept for
-    /// `retention`) and lets the object lease go (when this claim's). A lost claim writes
-    /// nothing but still lets go of this claim's object lease.
-    fn complete_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> impl Future<Output = Result<Vec<Completion>, StoreError>> + Send {
-        let _ = (events, claim, record, retention);
-        async { Err(unsupported()) }
-    }
-
-    /// Releases every event's key and its object's lease, each only when this claim's; returns
-    /// how many keys were released.
-    fn release_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-    ) -> impl Future<Output = Result<usize, StoreError>> + Send {
-        let _ = (events, claim);
-        async { Err(unsupported()) }
-    }
-
-    /// Renews every event's key and its object's lease, each only when this claim's;
-    /// `Ok(true)` when every key was still ours.
-    fn renew_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        lease: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let _ = (events, claim, lease);
-        async { Err(unsupported()) }
-    }
 }
 
-/// The error of a store that does not order events.
-fn unsupported() -> StoreError {
-    StoreError::with_source(
-        StoreErrorKind::Other,
-        "this store does not implement ordered events (IdempotencyStore::reserve_ordered)",
-    )
-}
+/// A store that honours each target's [`Order`](super::Order): its object's lease and
+/// watermark are claimed, recorded, released and renewed in the same atomic step as the
+/// target's key (see [Ordered events](super#ordered-events)).
+///
+/// What [`IdempotencyLayer::order`](crate::IdempotencyLayer::order) asks of its store: a layer
+/// that orders events on a store without it does not compile. Every store of this crate
+/// implements it, as do [`AnyStore`](super::AnyStore) and a
+/// [`CachedStore`](super::CachedStore) of an ordered store.
+pub trait OrderedStore: IdempotencyStore {}

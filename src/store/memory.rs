@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use super::map::{Evicted, ExpiringMap, Full, Table, Weigh};
 use super::slot::Slot;
 use super::{
-    Claim, Completion, OrderedEvent, Reservation, StoreError, StoreErrorKind, StoreKey, Token,
+    Claim, Completion, Order, Reservation, StoreError, StoreErrorKind, StoreKey, Target, Token,
 };
 use crate::fingerprint::Fingerprint;
-use crate::order::{EqualPositions, Position};
-use crate::store::contract::IdempotencyStore;
+use crate::order::Position;
+use crate::store::contract::{IdempotencyStore, OrderedStore};
 use crate::store::record::Record;
 
 /// What a full [`MemoryStore`] does with a new key.
@@ -332,15 +332,31 @@ impl MemoryStore {
         }
     }
 
+    /// Claims one plain key under its shard's lock.
+    fn reserve_key(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Reservation, StoreError> {
+        let slot = Slot::of(key);
+        let (mut table, now) = self.shared.map.shard(&slot);
+        if let Some(held) = Self::held(&table, &slot, claim, now) {
+            return Ok(held);
+        }
+        self.insert(&mut table, slot, in_flight(claim), lease, now)?;
+        Ok(Reservation::Acquired)
+    }
+
     /// Claims one ordered event under the locks of its three slots.
     fn reserve_event(
         &self,
-        event: &OrderedEvent,
+        key: &StoreKey,
+        order: &Order,
         claim: &Claim,
         lease: Duration,
-        equal: EqualPositions,
     ) -> Result<Reservation, StoreError> {
-        let (key, lease_slot, mark) = slots(event);
+        let (key, lease_slot, mark) = slots(key, order);
         let (mut locked, now) = self.shared.map.lock(&[key, lease_slot, mark]);
         if let Some(held) = Self::held(locked.table(&key), &key, claim, now) {
             return Ok(held);
@@ -366,7 +382,7 @@ impl MemoryStore {
             return Err(full);
         }
         Ok(match watermark {
-            Some(watermark) if equal.is_stale(event.position, watermark) => {
+            Some(watermark) if order.equal.is_stale(order.position, watermark) => {
                 Reservation::Stale { watermark }
             }
             _ => Reservation::Acquired,
@@ -376,36 +392,37 @@ impl MemoryStore {
     /// Completes one ordered event, its watermark and its object's lease under their locks.
     fn complete_event(
         &self,
-        event: &OrderedEvent,
+        key: &StoreKey,
+        order: &Order,
         claim: &Claim,
         record: &Record,
         retention: Duration,
-    ) -> Result<Completion, StoreError> {
-        let (key, lease_slot, mark) = slots(event);
+    ) -> Completion {
+        let (key, lease_slot, mark) = slots(key, order);
         let (mut locked, now) = self.shared.map.lock(&[key, lease_slot, mark]);
         let done = complete_in(locked.table(&key), &key, claim, record, retention, now);
         if done == Completion::Written {
             let higher = match locked.table(&mark).get(&mark, now) {
-                Some(State::Watermark(position)) => event.position > *position,
+                Some(State::Watermark(position)) => order.position > *position,
                 _ => true,
             };
             if higher {
-                let state = State::Watermark(event.position);
+                let state = State::Watermark(order.position);
                 // A watermark that does not fit is as if evicted: its record is written.
                 let _ = self.insert(locked.table(&mark), mark, state, retention, now);
             }
         }
         release_lease(locked.table(&lease_slot), &lease_slot, claim, now);
-        Ok(done)
+        done
     }
 }
 
 /// The slots of an ordered event: its key, its object's lease and its object's watermark.
-fn slots(event: &OrderedEvent) -> (Slot, Slot, Slot) {
+fn slots(key: &StoreKey, order: &Order) -> (Slot, Slot, Slot) {
     (
-        Slot::of(&event.key),
-        Slot::object_lease(&event.object),
-        Slot::watermark(&event.object),
+        Slot::of(key),
+        Slot::object_lease(&order.object),
+        Slot::watermark(&order.object),
     )
 }
 
@@ -465,94 +482,56 @@ impl IdempotencyStore for MemoryStore {
         true
     }
 
+    /// Each target under the locks it needs: a plain key under its shard's, an ordered event
+    /// under those of its key, its object's lease and its object's watermark.
     async fn reserve(
         &self,
-        key: &StoreKey,
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
-    ) -> Result<Reservation, StoreError> {
-        let slot = Slot::of(key);
-        let (mut table, now) = self.shared.map.shard(&slot);
-        if let Some(held) = Self::held(&table, &slot, claim, now) {
-            return Ok(held);
-        }
-        self.insert(&mut table, slot, in_flight(claim), lease, now)?;
-        Ok(Reservation::Acquired)
+    ) -> Result<Vec<Reservation>, StoreError> {
+        targets
+            .iter()
+            .map(|target| match &target.order {
+                None => self.reserve_key(&target.key, claim, lease),
+                Some(order) => self.reserve_event(&target.key, order, claim, lease),
+            })
+            .collect()
     }
 
     async fn complete(
         &self,
-        key: &StoreKey,
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> Result<Completion, StoreError> {
-        let slot = Slot::of(key);
-        let (mut table, now) = self.shared.map.shard(&slot);
-        Ok(complete_in(
-            &mut table, &slot, claim, record, retention, now,
-        ))
-    }
-
-    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        let slot = Slot::of(key);
-        let (mut table, now) = self.shared.map.shard(&slot);
-        if !owns(&table, &slot, claim, now) {
-            return Ok(false);
-        }
-        table.remove(&slot);
-        Ok(true)
-    }
-
-    async fn renew(
-        &self,
-        key: &StoreKey,
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let slot = Slot::of(key);
-        let (mut table, now) = self.shared.map.shard(&slot);
-        Ok(owns(&table, &slot, claim, now) && table.extend(&slot, lease, now))
-    }
-
-    fn orders_events(&self) -> bool {
-        true
-    }
-
-    async fn reserve_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        lease: Duration,
-        equal: EqualPositions,
-    ) -> Result<Vec<Reservation>, StoreError> {
-        events
-            .iter()
-            .map(|event| self.reserve_event(event, claim, lease, equal))
-            .collect()
-    }
-
-    async fn complete_ordered(
-        &self,
-        events: &[OrderedEvent],
+        targets: &[Target],
         claim: &Claim,
         record: &Record,
         retention: Duration,
     ) -> Result<Vec<Completion>, StoreError> {
-        events
+        Ok(targets
             .iter()
-            .map(|event| self.complete_event(event, claim, record, retention))
-            .collect()
+            .map(|target| match &target.order {
+                None => {
+                    let slot = Slot::of(&target.key);
+                    let (mut table, now) = self.shared.map.shard(&slot);
+                    complete_in(&mut table, &slot, claim, record, retention, now)
+                }
+                Some(order) => self.complete_event(&target.key, order, claim, record, retention),
+            })
+            .collect())
     }
 
-    async fn release_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-    ) -> Result<usize, StoreError> {
+    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
         let mut released = 0;
-        for event in events {
-            let (key, lease_slot, _) = slots(event);
+        for target in targets {
+            let key = Slot::of(&target.key);
+            let Some(order) = &target.order else {
+                let (mut table, now) = self.shared.map.shard(&key);
+                if owns(&table, &key, claim, now) {
+                    table.remove(&key);
+                    released += 1;
+                }
+                continue;
+            };
+            let lease_slot = Slot::object_lease(&order.object);
             let (mut locked, now) = self.shared.map.lock(&[key, lease_slot]);
             if owns(locked.table(&key), &key, claim, now) {
                 locked.table(&key).remove(&key);
@@ -563,15 +542,21 @@ impl IdempotencyStore for MemoryStore {
         Ok(released)
     }
 
-    async fn renew_ordered(
+    async fn renew(
         &self,
-        events: &[OrderedEvent],
+        targets: &[Target],
         claim: &Claim,
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let mut all = true;
-        for event in events {
-            let (key, lease_slot, _) = slots(event);
+        for target in targets {
+            let key = Slot::of(&target.key);
+            let Some(order) = &target.order else {
+                let (mut table, now) = self.shared.map.shard(&key);
+                all &= owns(&table, &key, claim, now) && table.extend(&key, lease, now);
+                continue;
+            };
+            let lease_slot = Slot::object_lease(&order.object);
             let (mut locked, now) = self.shared.map.lock(&[key, lease_slot]);
             let table = locked.table(&key);
             all &= owns(table, &key, claim, now) && table.extend(&key, lease, now);
@@ -580,6 +565,9 @@ impl IdempotencyStore for MemoryStore {
         Ok(all)
     }
 }
+
+/// Every ordered event's key, object lease and watermark are settled under their three locks.
+impl OrderedStore for MemoryStore {}
 
 #[cfg(test)]
 mod tests {
@@ -602,7 +590,11 @@ mod tests {
         // expires (`len` drops expired entries).
         let lease = Duration::from_millis(500);
         for i in 0..100 {
-            store.reserve(&key(i), &claim(), lease).await.unwrap();
+            store
+                .reserve(&[Target::key(key(i))], &claim(), lease)
+                .await
+                .unwrap()
+                .remove(0);
         }
         assert_eq!(store.len(), 100);
         tokio::time::sleep(lease + Duration::from_millis(100)).await;
@@ -615,13 +607,18 @@ mod tests {
         let store = MemoryStore::new();
         let (k, first) = (key(1), claim());
         let (lease, retention) = (Duration::from_millis(100), Duration::from_secs(1));
-        store.reserve(&k, &first, lease).await.unwrap();
+        store
+            .reserve(&[Target::key(k.clone())], &first, lease)
+            .await
+            .unwrap()
+            .remove(0);
         let record = Record::ack(first.fingerprint());
         assert_eq!(
             store
-                .complete(&k, &first, &record, retention)
+                .complete(&[Target::key(k.clone())], &first, &record, retention)
                 .await
-                .unwrap(),
+                .unwrap()
+                .remove(0),
             Completion::Written
         );
         // Past the lease (by 200 ms at least), well within the retention (700 ms to spare).
@@ -629,7 +626,10 @@ mod tests {
         // The lease's expiry item is due, but the entry was set again: it stays.
         assert_eq!(store.len(), 1);
         assert!(matches!(
-            store.reserve(&k, &claim(), Duration::from_secs(1)).await,
+            store
+                .reserve(&[Target::key(k.clone())], &claim(), Duration::from_secs(1))
+                .await
+                .map(|mut a| a.remove(0)),
             Ok(Reservation::Completed(_))
         ));
         // 1.1 s at least after the completion: past the retention.
@@ -644,16 +644,38 @@ mod tests {
             .when_full(WhenFull::Refuse);
         let lease = Duration::from_secs(30);
         let first = claim();
-        store.reserve(&key(0), &first, lease).await.unwrap();
         store
-            .complete(&key(0), &first, &Record::ack(first.fingerprint()), lease)
+            .reserve(&[Target::key(key(0))], &first, lease)
             .await
-            .unwrap();
-        store.reserve(&key(1), &claim(), lease).await.unwrap();
-        let err = store.reserve(&key(2), &claim(), lease).await.unwrap_err();
+            .unwrap()
+            .remove(0);
+        store
+            .complete(
+                &[Target::key(key(0))],
+                &first,
+                &Record::ack(first.fingerprint()),
+                lease,
+            )
+            .await
+            .unwrap()
+            .remove(0);
+        store
+            .reserve(&[Target::key(key(1))], &claim(), lease)
+            .await
+            .unwrap()
+            .remove(0);
+        let err = store
+            .reserve(&[Target::key(key(2))], &claim(), lease)
+            .await
+            .map(|mut a| a.remove(0))
+            .unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Capacity);
         assert!(matches!(
-            store.reserve(&key(0), &claim(), lease).await.unwrap(),
+            store
+                .reserve(&[Target::key(key(0))], &claim(), lease)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Completed(_)
         ));
     }
@@ -665,36 +687,67 @@ mod tests {
         // Two in-flight claims and two records, the older first.
         let held: Vec<Claim> = (0..2).map(|_| claim()).collect();
         for (i, c) in held.iter().enumerate() {
-            store.reserve(&key(100 + i), c, lease).await.unwrap();
+            store
+                .reserve(&[Target::key(key(100 + i))], c, lease)
+                .await
+                .unwrap()
+                .remove(0);
         }
         for i in 0..2 {
             let c = claim();
-            store.reserve(&key(i), &c, lease).await.unwrap();
             store
-                .complete(&key(i), &c, &Record::ack(c.fingerprint()), retention)
+                .reserve(&[Target::key(key(i))], &c, lease)
                 .await
-                .unwrap();
+                .unwrap()
+                .remove(0);
+            store
+                .complete(
+                    &[Target::key(key(i))],
+                    &c,
+                    &Record::ack(c.fingerprint()),
+                    retention,
+                )
+                .await
+                .unwrap()
+                .remove(0);
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert!(store.effective_retention().unwrap() >= Duration::from_millis(5));
         // Full: a new key evicts the oldest record (key 0), then the next one (key 1).
         assert_eq!(
-            store.reserve(&key(2), &claim(), lease).await.unwrap(),
+            store
+                .reserve(&[Target::key(key(2))], &claim(), lease)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired
         );
         assert_eq!(store.evictions(), 1);
         assert_eq!(
-            store.reserve(&key(0), &claim(), lease).await.unwrap(),
+            store
+                .reserve(&[Target::key(key(0))], &claim(), lease)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired,
             "the evicted record is forgotten"
         );
         assert_eq!(store.evictions(), 2);
         assert_eq!(store.len(), 4);
         // Only in-flight claims are left: the next key is refused, the claims stay.
-        let err = store.reserve(&key(3), &claim(), lease).await.unwrap_err();
+        let err = store
+            .reserve(&[Target::key(key(3))], &claim(), lease)
+            .await
+            .map(|mut a| a.remove(0))
+            .unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Capacity);
         for (i, c) in held.iter().enumerate() {
-            assert!(store.renew(&key(100 + i), c, lease).await.unwrap());
+            assert!(
+                store
+                    .renew(&[Target::key(key(100 + i))], c, lease)
+                    .await
+                    .unwrap()
+            );
         }
         assert_eq!(store.effective_retention(), None);
     }
@@ -706,7 +759,11 @@ mod tests {
         let store = MemoryStore::new().with_max_bytes(3 * entry + 800);
         let (lease, retention) = (Duration::from_secs(30), Duration::from_secs(3600));
         let big = claim();
-        store.reserve(&key(0), &big, lease).await.unwrap();
+        store
+            .reserve(&[Target::key(key(0))], &big, lease)
+            .await
+            .unwrap()
+            .remove(0);
         let response = StoredResponse::new(
             http::StatusCode::OK,
             http::HeaderMap::new(),
@@ -715,13 +772,22 @@ mod tests {
         );
         let record = Record::replay(big.fingerprint(), response);
         store
-            .complete(&key(0), &big, &record, retention)
+            .complete(&[Target::key(key(0))], &big, &record, retention)
             .await
-            .unwrap();
+            .unwrap()
+            .remove(0);
         assert_eq!(store.bytes(), entry + 900);
-        store.reserve(&key(1), &claim(), lease).await.unwrap();
+        store
+            .reserve(&[Target::key(key(1))], &claim(), lease)
+            .await
+            .unwrap()
+            .remove(0);
         // A third key does not fit the bytes (3 * 128 + 900 > 3 * 128 + 800): the big record goes.
-        store.reserve(&key(2), &claim(), lease).await.unwrap();
+        store
+            .reserve(&[Target::key(key(2))], &claim(), lease)
+            .await
+            .unwrap()
+            .remove(0);
         assert_eq!(store.evictions(), 1);
         assert_eq!(store.bytes(), 2 * entry);
         assert_eq!(store.len(), 2);
@@ -732,16 +798,18 @@ mod tests {
         let store = MemoryStore::new().with_max_entries(50);
         for i in 0..50 {
             store
-                .reserve(&key(i), &claim(), Duration::from_millis(10))
+                .reserve(&[Target::key(key(i))], &claim(), Duration::from_millis(10))
                 .await
-                .unwrap();
+                .unwrap()
+                .remove(0);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
         for i in 50..100 {
             store
-                .reserve(&key(i), &claim(), Duration::from_secs(60))
+                .reserve(&[Target::key(key(i))], &claim(), Duration::from_secs(60))
                 .await
-                .unwrap();
+                .unwrap()
+                .remove(0);
         }
         assert_eq!(store.len(), 50);
     }
@@ -761,31 +829,61 @@ mod tests {
         );
         let (k, lease) = (key(1), Duration::from_secs(60));
         assert_eq!(
-            store.reserve(&k, &first, lease).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &first, lease)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired
         );
         assert!(matches!(
-            store.reserve(&k, &second, lease).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &second, lease)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::InFlight { .. }
         ));
-        assert!(!store.release(&k, &second).await.unwrap());
+        assert!(
+            !store
+                .release(&[Target::key(k.clone())], &second)
+                .await
+                .map(|n| n == 1)
+                .unwrap()
+        );
         let record = Record::ack(Fingerprint::NONE);
         assert_eq!(
-            store.complete(&k, &second, &record, lease).await.unwrap(),
+            store
+                .complete(&[Target::key(k.clone())], &second, &record, lease)
+                .await
+                .unwrap()
+                .remove(0),
             Completion::Lost
         );
         assert_eq!(
-            store.complete(&k, &first, &record, lease).await.unwrap(),
+            store
+                .complete(&[Target::key(k.clone())], &first, &record, lease)
+                .await
+                .unwrap()
+                .remove(0),
             Completion::Written
         );
         // A retried completion recognises its own record (by the first 3 bytes of its random
         // token); another claim's is still lost.
         assert_eq!(
-            store.complete(&k, &first, &record, lease).await.unwrap(),
+            store
+                .complete(&[Target::key(k.clone())], &first, &record, lease)
+                .await
+                .unwrap()
+                .remove(0),
             Completion::AlreadyWritten
         );
         assert_eq!(
-            store.complete(&k, &claim(), &record, lease).await.unwrap(),
+            store
+                .complete(&[Target::key(k.clone())], &claim(), &record, lease)
+                .await
+                .unwrap()
+                .remove(0),
             Completion::Lost
         );
     }
@@ -797,23 +895,50 @@ mod tests {
         let owner = Claim::new(Fingerprint::NONE);
         // Renewed every 100 ms: each renewal comes 400 ms before the lease would run out.
         let lease = Duration::from_millis(500);
-        store.reserve(&k, &owner, lease).await.unwrap();
+        store
+            .reserve(&[Target::key(k.clone())], &owner, lease)
+            .await
+            .unwrap()
+            .remove(0);
         for _ in 0..10 {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            assert!(store.renew(&k, &owner, lease).await.unwrap());
+            assert!(
+                store
+                    .renew(&[Target::key(k.clone())], &owner, lease)
+                    .await
+                    .unwrap()
+            );
         }
         // 1 s at least after the claim, two leases: still held.
         let other = Claim::new(Fingerprint::NONE);
         assert!(matches!(
-            store.reserve(&k, &other, lease).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &other, lease)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::InFlight { .. }
         ));
-        assert!(!store.renew(&k, &other, lease).await.unwrap());
+        assert!(
+            !store
+                .renew(&[Target::key(k.clone())], &other, lease)
+                .await
+                .unwrap()
+        );
         // Without renewal it expires within one lease.
         tokio::time::sleep(lease + Duration::from_millis(200)).await;
-        assert!(!store.renew(&k, &owner, lease).await.unwrap());
+        assert!(
+            !store
+                .renew(&[Target::key(k.clone())], &owner, lease)
+                .await
+                .unwrap()
+        );
         assert_eq!(
-            store.reserve(&k, &other, lease).await.unwrap(),
+            store
+                .reserve(&[Target::key(k.clone())], &other, lease)
+                .await
+                .unwrap()
+                .remove(0),
             Reservation::Acquired
         );
     }
@@ -826,31 +951,23 @@ mod tests {
             .with_max_entries(2)
             .when_full(WhenFull::Refuse);
         let lease = Duration::from_secs(30);
-        let event = |i: usize, object: &str| OrderedEvent {
-            key: key(i),
-            object: ObjectKey::new("t", None, object),
-            position: Position::new(1),
+        let event = |i: usize, object: &str| {
+            Target::ordered(key(i), ObjectKey::new("t", None, object), Position::new(1))
         };
         let first = claim();
         let answers = store
-            .reserve_ordered(&[event(0, "a")], &first, lease, EqualPositions::Process)
+            .reserve(&[event(0, "a")], &first, lease)
             .await
             .unwrap();
         assert_eq!(answers, [Reservation::Acquired]);
         assert_eq!(store.len(), 2, "the key and the object's lease");
         let err = store
-            .reserve_ordered(&[event(1, "b")], &claim(), lease, EqualPositions::Process)
+            .reserve(&[event(1, "b")], &claim(), lease)
             .await
             .unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Capacity);
         assert_eq!(store.len(), 2);
-        assert_eq!(
-            store
-                .release_ordered(&[event(0, "a")], &first)
-                .await
-                .unwrap(),
-            1
-        );
+        assert_eq!(store.release(&[event(0, "a")], &first).await.unwrap(), 1);
         assert_eq!(store.len(), 0, "the key and its object's lease are gone");
     }
 }

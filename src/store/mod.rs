@@ -30,43 +30,44 @@
 //! ([`ObjectKey`]) and a [`Position`]. The store keeps per object the highest position of an
 //! event processed successfully (its **watermark**, written in the same atomic step that
 //! records the event's key, with the same retention) and a short **object lease**, so that
-//! events of one object are handled one at a time. The `*_ordered` methods claim, record,
-//! release and renew an event's key together with its object:
+//! events of one object are handled one at a time. A store that keeps them implements
+//! [`OrderedStore`](crate::OrderedStore), and settles a [`Target`] with an [`Order`] together
+//! with its object:
 //!
-//! - `reserve_ordered`: the key as `reserve` does; then, if another event of the object is in
+//! - `reserve`: the key as for a plain target; then, if another event of the object is in
 //!   flight, [`Reservation::ObjectBusy`] (nothing written); else the key and the object lease
 //!   are taken, and the answer is [`Reservation::Acquired`], or [`Reservation::Stale`] when
 //!   the position is below the watermark (or equal to it, with
-//!   [`EqualPositions::Stale`](crate::order::EqualPositions::Stale));
-//! - `complete_ordered`: the record, the watermark raised to the position if it is higher, the
+//!   [`EqualPositions::Stale`] in the order);
+//! - `complete`: the record, the watermark raised to the position if it is higher, the
 //!   object lease let go: all or nothing;
-//! - `release_ordered`, `renew_ordered`: the key and the object lease, token-checked.
+//! - `release`, `renew`: the key and the object lease, token-checked.
 //!
 //! ```
 //! use std::time::Duration;
 //! use tower_idempotency::{IdempotencyStore, MemoryStore};
 //! use tower_idempotency::fingerprint::Fingerprint;
 //! use tower_idempotency::store::record::Record;
-//! use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey};
+//! use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey, Target};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let store = MemoryStore::new();
-//! let key = StoreKey::new("docs", None, "evt_1");
+//! let key = [Target::key(StoreKey::new("docs", None, "evt_1"))];
 //! let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
 //! let lease = Duration::from_secs(30);
 //!
-//! assert!(matches!(store.reserve(&key, &claim, lease).await.unwrap(), Reservation::Acquired));
+//! assert!(matches!(store.reserve(&key, &claim, lease).await.unwrap()[0], Reservation::Acquired));
 //! // A second claim on the same key sees the first one in flight.
 //! let other = Claim::new(Fingerprint::of_bytes(b"{}"));
-//! assert!(matches!(store.reserve(&key, &other, lease).await.unwrap(), Reservation::InFlight { .. }));
+//! assert!(matches!(store.reserve(&key, &other, lease).await.unwrap()[0], Reservation::InFlight { .. }));
 //!
 //! let record = Record::ack(claim.fingerprint()).owned_by(claim.token());
 //! let retention = Duration::from_secs(3600);
-//! assert_eq!(store.complete(&key, &claim, &record, retention).await.unwrap(), Completion::Written);
+//! assert_eq!(store.complete(&key, &claim, &record, retention).await.unwrap(), [Completion::Written]);
 //! // Completing is safe to retry.
-//! assert_eq!(store.complete(&key, &claim, &record, retention).await.unwrap(), Completion::AlreadyWritten);
-//! assert!(matches!(store.reserve(&key, &other, lease).await.unwrap(), Reservation::Completed(_)));
+//! assert_eq!(store.complete(&key, &claim, &record, retention).await.unwrap(), [Completion::AlreadyWritten]);
+//! assert!(matches!(store.reserve(&key, &other, lease).await.unwrap()[0], Reservation::Completed(_)));
 //! # }
 //! ```
 //!
@@ -201,7 +202,7 @@ pub use self::error::{BoxError, StoreError, StoreErrorKind};
 pub use self::memory::WhenFull;
 pub use self::token::Token;
 use crate::fingerprint::Fingerprint;
-use crate::order::Position;
+use crate::order::{EqualPositions, Position};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use crate::redis::records::{NotReplicated, PickClient};
@@ -408,15 +409,131 @@ impl fmt::Debug for ObjectKey {
     }
 }
 
-/// One event of an ordered route, as a store sees it: its key, its object and its position.
+/// What one store call acts on, target by target: a key, and for an event of an ordered route
+/// its [`Order`] (its object, its position, and how an equal position is judged).
+///
+/// A claim names its targets once and every call of it (reserve, complete, release, renew)
+/// takes the same slice, or the part of it the claim holds. A target holds its keys inline:
+/// building, cloning and dropping one never allocates.
+///
+/// ```
+/// use tower_idempotency::order::{EqualPositions, Position};
+/// use tower_idempotency::store::{ObjectKey, StoreKey, Target};
+///
+/// let plain = Target::key(StoreKey::new("orders", None, "ord_1"));
+/// assert!(plain.order.is_none());
+/// let event = Target::ordered(
+///     StoreKey::new("email", None, "evt_2"),
+///     ObjectKey::new("email", None, "msg_1"),
+///     Position::new(2),
+/// )
+/// .equal_positions(EqualPositions::Stale);
+/// assert_eq!(event.order.map(|o| o.equal), Some(EqualPositions::Stale));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OrderedEvent {
-    /// The event's key.
+pub struct Target {
+    /// The key claimed and recorded.
     pub key: StoreKey,
+    /// For an ordered event, its object and position: the store settles them with the key, in
+    /// the same atomic step. Only an [`OrderedStore`](crate::OrderedStore) is handed one.
+    pub order: Option<Order>,
+}
+
+impl Target {
+    /// A target of `key` alone.
+    pub fn key(key: StoreKey) -> Self {
+        Target { key, order: None }
+    }
+
+    /// The target of an ordered event: its `key`, the `object` it is about and its
+    /// `position`; an equal position is processed ([`EqualPositions::Process`], the default:
+    /// see [`equal_positions`](Self::equal_positions)).
+    pub fn ordered(key: StoreKey, object: ObjectKey, position: Position) -> Self {
+        let order = Order {
+            object,
+            position,
+            equal: EqualPositions::default(),
+        };
+        Target {
+            key,
+            order: Some(order),
+        }
+    }
+
+    /// Sets how a reserve judges a position equal to the object's watermark (a target without
+    /// an order is left as it is).
+    pub fn equal_positions(mut self, equal: EqualPositions) -> Self {
+        if let Some(order) = &mut self.order {
+            order.equal = equal;
+        }
+        self
+    }
+}
+
+/// The order part of a [`Target`]: where an event stands among its object's events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Order {
     /// The object the event is about.
     pub object: ObjectKey,
     /// Where the event stands among its object's events.
     pub position: Position,
+    /// Whether a reserve answers [`Reservation::Stale`] to a position equal to the object's
+    /// watermark (the route's [`EventOrder::equal_positions`](crate::order::EventOrder::equal_positions)).
+    /// Read by [`reserve`](crate::IdempotencyStore::reserve) only: it travels with the target
+    /// so that one call's targets need nothing beside them.
+    pub equal: EqualPositions,
+}
+
+/// The targets of one call as a backend with a path per kind sees them: every one plain,
+/// every one ordered, or some of each (which no layer sends, but the contract allows).
+#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
+// The SQL stores take a mixed slice one target at a time and never split it.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) enum Kinds {
+    /// No target has an order (an empty slice included).
+    Plain,
+    /// Every target has one.
+    Ordered,
+    /// The indexes of the plain targets and those targets, then the same of the ordered ones.
+    Mixed(Vec<usize>, Vec<Target>, Vec<usize>, Vec<Target>),
+}
+
+#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
+impl Kinds {
+    /// What kinds of target `targets` holds.
+    pub(crate) fn of(targets: &[Target]) -> Kinds {
+        let ordered = targets.iter().filter(|t| t.order.is_some()).count();
+        if ordered == 0 {
+            return Kinds::Plain;
+        }
+        if ordered == targets.len() {
+            return Kinds::Ordered;
+        }
+        let (mut plain, mut events) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+        for (i, target) in targets.iter().enumerate() {
+            let (at, of) = if target.order.is_some() {
+                (&mut events.0, &mut events.1)
+            } else {
+                (&mut plain.0, &mut plain.1)
+            };
+            at.push(i);
+            of.push(target.clone());
+        }
+        Kinds::Mixed(plain.0, plain.1, events.0, events.1)
+    }
+}
+
+/// The answers of a mixed call put back in the order of its targets: `plain` answered the
+/// targets at `plain_at`, `ordered` those at `ordered_at`.
+#[cfg(feature = "redis")]
+pub(crate) fn merge<T>(
+    (plain_at, plain): (Vec<usize>, Vec<T>),
+    (ordered_at, ordered): (Vec<usize>, Vec<T>),
+) -> Vec<T> {
+    let mut out: Vec<(usize, T)> = plain_at.into_iter().zip(plain).collect();
+    out.extend(ordered_at.into_iter().zip(ordered));
+    out.sort_by_key(|(at, _)| *at);
+    out.into_iter().map(|(_, answer)| answer).collect()
 }
 
 /// One attempt's claim on a key: its owner token and the request fingerprint.
@@ -470,7 +587,7 @@ pub enum Reservation {
     ObjectBusy,
     /// Ordered events only: the claim is ours, as with [`Acquired`](Self::Acquired), but the
     /// event's position is below the watermark of its object (or equal, with
-    /// [`EqualPositions::Stale`](crate::order::EqualPositions::Stale)): a newer event of the
+    /// [`EqualPositions::Stale`]): a newer event of the
     /// object was already processed.
     Stale {
         /// The object's watermark.

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::order::{EqualPositions, Position};
 use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, Completion, ObjectKey, OrderedEvent, Reservation, StoreKey};
+use tower_idempotency::store::{Claim, Completion, ObjectKey, Reservation, StoreKey, Target};
+use tower_idempotency::{IdempotencyStore, OrderedStore};
 
 const RETENTION: Duration = Duration::from_secs(3600);
 const LONG: Duration = Duration::from_secs(60);
@@ -43,21 +43,46 @@ fn ack(claim: &Claim) -> Record {
     Record::ack(claim.fingerprint()).owned_by(claim.token())
 }
 
+/// The targets of `keys`, none of them ordered (what a batch claims).
+pub fn keys_of(keys: &[StoreKey]) -> Vec<Target> {
+    keys.iter().cloned().map(Target::key).collect()
+}
+
+/// `events` with `equal` as their rule for a position equal to the watermark.
+pub fn with_equal(events: &[Target], equal: EqualPositions) -> Vec<Target> {
+    events
+        .iter()
+        .map(|event| event.clone().equal_positions(equal))
+        .collect()
+}
+
 /// absent → in flight → completed; a second claim sees each state.
 pub async fn reserve_complete_then_duplicate<St: IdempotencyStore>(store: St) {
     let key = fresh_key("transitions");
     let (first, second) = (claim(), claim());
     assert_eq!(
-        store.reserve(&key, &first, LONG).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &first, LONG)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     // The same claim again (a retried reserve): still ours.
     assert_eq!(
-        store.reserve(&key, &first, LONG).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &first, LONG)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     assert_eq!(
-        store.reserve(&key, &second, LONG).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &second, LONG)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::InFlight {
             fingerprint: first.fingerprint()
         }
@@ -65,12 +90,18 @@ pub async fn reserve_complete_then_duplicate<St: IdempotencyStore>(store: St) {
     let record = ack(&first);
     assert_eq!(
         store
-            .complete(&key, &first, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
             .await
-            .unwrap(),
+            .unwrap()
+            .remove(0),
         Completion::Written
     );
-    match store.reserve(&key, &second, LONG).await.unwrap() {
+    match store
+        .reserve(&[Target::key(key.clone())], &second, LONG)
+        .await
+        .unwrap()
+        .remove(0)
+    {
         Reservation::Completed(held) => assert_eq!(held.fingerprint(), first.fingerprint()),
         other => panic!("expected a completed record, got {other:?}"),
     }
@@ -80,41 +111,58 @@ pub async fn reserve_complete_then_duplicate<St: IdempotencyStore>(store: St) {
 pub async fn complete_is_safe_to_retry<St: IdempotencyStore>(store: St) {
     let key = fresh_key("retry-complete");
     let owner = claim();
-    store.reserve(&key, &owner, LONG).await.unwrap();
+    store
+        .reserve(&[Target::key(key.clone())], &owner, LONG)
+        .await
+        .unwrap()
+        .remove(0);
     let record = ack(&owner);
     assert_eq!(
         store
-            .complete(&key, &owner, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &owner, &record, RETENTION)
             .await
-            .unwrap(),
+            .unwrap()
+            .remove(0),
         Completion::Written
     );
     assert_eq!(
         store
-            .complete(&key, &owner, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &owner, &record, RETENTION)
             .await
-            .unwrap(),
+            .unwrap()
+            .remove(0),
         Completion::AlreadyWritten
     );
     let stranger = claim();
     assert_eq!(
         store
-            .complete(&key, &stranger, &ack(&stranger), RETENTION)
+            .complete(
+                &[Target::key(key.clone())],
+                &stranger,
+                &ack(&stranger),
+                RETENTION
+            )
             .await
-            .unwrap(),
+            .unwrap()
+            .remove(0),
         Completion::Lost
     );
     // Completing a key nobody holds writes nothing.
     let absent = fresh_key("retry-complete-absent");
     assert_eq!(
         store
-            .complete(&absent, &owner, &record, RETENTION)
+            .complete(&[Target::key(absent.clone())], &owner, &record, RETENTION)
             .await
-            .unwrap(),
+            .unwrap()
+            .remove(0),
         Completion::Lost
     );
     assert_eq!(
-        store.reserve(&absent, &stranger, LONG).await.unwrap(),
+        store
+            .reserve(&[Target::key(absent.clone())], &stranger, LONG)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
 }
@@ -123,15 +171,56 @@ pub async fn complete_is_safe_to_retry<St: IdempotencyStore>(store: St) {
 pub async fn release_and_renew_check_the_token<St: IdempotencyStore>(store: St) {
     let key = fresh_key("tokens");
     let (owner, stranger) = (claim(), claim());
-    store.reserve(&key, &owner, LONG).await.unwrap();
-    assert!(!store.release(&key, &stranger).await.unwrap());
-    assert!(!store.renew(&key, &stranger, LONG).await.unwrap());
-    assert!(store.renew(&key, &owner, LONG).await.unwrap());
-    assert!(store.release(&key, &owner).await.unwrap());
-    assert!(!store.release(&key, &owner).await.unwrap());
-    assert!(!store.renew(&key, &owner, LONG).await.unwrap());
+    store
+        .reserve(&[Target::key(key.clone())], &owner, LONG)
+        .await
+        .unwrap()
+        .remove(0);
+    assert!(
+        !store
+            .release(&[Target::key(key.clone())], &stranger)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
+    assert!(
+        !store
+            .renew(&[Target::key(key.clone())], &stranger, LONG)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .renew(&[Target::key(key.clone())], &owner, LONG)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .release(&[Target::key(key.clone())], &owner)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
+    assert!(
+        !store
+            .release(&[Target::key(key.clone())], &owner)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
+    assert!(
+        !store
+            .renew(&[Target::key(key.clone())], &owner, LONG)
+            .await
+            .unwrap()
+    );
     assert_eq!(
-        store.reserve(&key, &stranger, LONG).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &stranger, LONG)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
 }
@@ -141,28 +230,50 @@ pub async fn expired_claim_is_taken_over<St: IdempotencyStore>(store: St) {
     let key = fresh_key("takeover");
     let (dead, next) = (claim(), claim());
     store
-        .reserve(&key, &dead, Duration::from_millis(200))
+        .reserve(
+            &[Target::key(key.clone())],
+            &dead,
+            Duration::from_millis(200),
+        )
         .await
-        .unwrap();
+        .unwrap()
+        .remove(0);
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(
-        store.reserve(&key, &next, LONG).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &next, LONG)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     assert_eq!(
         store
-            .complete(&key, &dead, &ack(&dead), RETENTION)
+            .complete(&[Target::key(key.clone())], &dead, &ack(&dead), RETENTION)
             .await
-            .unwrap(),
+            .unwrap()
+            .remove(0),
         Completion::Lost
     );
-    assert!(!store.release(&key, &dead).await.unwrap());
-    assert!(!store.renew(&key, &dead, LONG).await.unwrap());
+    assert!(
+        !store
+            .release(&[Target::key(key.clone())], &dead)
+            .await
+            .map(|n| n == 1)
+            .unwrap()
+    );
+    assert!(
+        !store
+            .renew(&[Target::key(key.clone())], &dead, LONG)
+            .await
+            .unwrap()
+    );
     assert_eq!(
         store
-            .complete(&key, &next, &ack(&next), RETENTION)
+            .complete(&[Target::key(key.clone())], &next, &ack(&next), RETENTION)
             .await
-            .unwrap(),
+            .unwrap()
+            .remove(0),
         Completion::Written
     );
 }
@@ -172,19 +283,36 @@ pub async fn renewal_keeps_the_claim<St: IdempotencyStore>(store: St) {
     let key = fresh_key("renewal");
     let owner = claim();
     let lease = Duration::from_millis(1500);
-    store.reserve(&key, &owner, lease).await.unwrap();
+    store
+        .reserve(&[Target::key(key.clone())], &owner, lease)
+        .await
+        .unwrap()
+        .remove(0);
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(store.renew(&key, &owner, lease).await.unwrap());
+        assert!(
+            store
+                .renew(&[Target::key(key.clone())], &owner, lease)
+                .await
+                .unwrap()
+        );
     }
     // Two seconds in, more than a lease after the claim: still held.
     assert!(matches!(
-        store.reserve(&key, &claim(), lease).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(), lease)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::InFlight { .. }
     ));
     tokio::time::sleep(Duration::from_millis(2600)).await;
     assert_eq!(
-        store.reserve(&key, &claim(), lease).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &claim(), lease)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
 }
@@ -197,7 +325,13 @@ pub async fn one_winner_among_concurrent_claims<St: IdempotencyStore>(store: St)
     for _ in 0..32 {
         let (store, key, winners) = (store.clone(), key.clone(), winners.clone());
         tasks.push(tokio::spawn(async move {
-            if store.reserve(&key, &claim(), LONG).await.unwrap() == Reservation::Acquired {
+            if store
+                .reserve(&[Target::key(key.clone())], &claim(), LONG)
+                .await
+                .unwrap()
+                .remove(0)
+                == Reservation::Acquired
+            {
                 winners.fetch_add(1, Ordering::SeqCst);
             }
         }));
@@ -218,14 +352,17 @@ pub async fn batch_items_are_claimed_one_by_one<St: IdempotencyStore>(store: St)
     let first = claim();
     let batch = [a.clone(), b.clone()];
     assert_eq!(
-        store.reserve_many(&batch, &first, LONG).await.unwrap(),
+        store.reserve(&keys_of(&batch), &first, LONG).await.unwrap(),
         [Reservation::Acquired, Reservation::Acquired]
     );
-    assert!(store.renew_many(&batch, &first, LONG).await.unwrap());
+    assert!(store.renew(&keys_of(&batch), &first, LONG).await.unwrap());
     // An overlapping batch sees B in flight and C free.
     let second = claim();
     let overlap = [b.clone(), c.clone()];
-    let answers = store.reserve_many(&overlap, &second, LONG).await.unwrap();
+    let answers = store
+        .reserve(&keys_of(&overlap), &second, LONG)
+        .await
+        .unwrap();
     assert!(
         matches!(answers[0], Reservation::InFlight { .. }),
         "{answers:?}"
@@ -233,7 +370,7 @@ pub async fn batch_items_are_claimed_one_by_one<St: IdempotencyStore>(store: St)
     assert_eq!(answers[1], Reservation::Acquired);
     assert_eq!(
         store
-            .release_many(std::slice::from_ref(&c), &second)
+            .release(&keys_of(std::slice::from_ref(&c)), &second)
             .await
             .unwrap(),
         1
@@ -241,15 +378,15 @@ pub async fn batch_items_are_claimed_one_by_one<St: IdempotencyStore>(store: St)
     // The first batch completes; its items are done, one by one.
     assert_eq!(
         store
-            .complete_many(&batch, &first, &ack(&first), RETENTION)
+            .complete(&keys_of(&batch), &first, &ack(&first), RETENTION)
             .await
             .unwrap(),
         [Completion::Written, Completion::Written]
     );
-    assert!(!store.renew_many(&batch, &first, LONG).await.unwrap());
+    assert!(!store.renew(&keys_of(&batch), &first, LONG).await.unwrap());
     let third = claim();
     let answers = store
-        .reserve_many(&[a, b, c.clone()], &third, LONG)
+        .reserve(&keys_of(&[a, b, c.clone()]), &third, LONG)
         .await
         .unwrap();
     assert!(
@@ -261,7 +398,7 @@ pub async fn batch_items_are_claimed_one_by_one<St: IdempotencyStore>(store: St)
         "{answers:?}"
     );
     assert_eq!(answers[2], Reservation::Acquired);
-    assert_eq!(store.release_many(&[c], &third).await.unwrap(), 1);
+    assert_eq!(store.release(&keys_of(&[c]), &third).await.unwrap(), 1);
 }
 
 /// Two overlapping batches racing, each retried until it goes through: every item is claimed
@@ -279,7 +416,7 @@ pub async fn overlapping_batches_race_exactly_once<St: IdempotencyStore>(store: 
             let mine: Vec<StoreKey> = batch.iter().map(|&i| keys[i].clone()).collect();
             loop {
                 let claim = claim();
-                let answers = store.reserve_many(&mine, &claim, LONG).await.unwrap();
+                let answers = store.reserve(&keys_of(&mine), &claim, LONG).await.unwrap();
                 let acquired: Vec<usize> = answers
                     .iter()
                     .enumerate()
@@ -291,12 +428,12 @@ pub async fn overlapping_batches_race_exactly_once<St: IdempotencyStore>(store: 
                     .iter()
                     .any(|a| matches!(a, Reservation::InFlight { .. }))
                 {
-                    store.release_many(&held, &claim).await.unwrap();
+                    store.release(&keys_of(&held), &claim).await.unwrap();
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     continue;
                 }
                 let done = store
-                    .complete_many(&held, &claim, &ack(&claim), RETENTION)
+                    .complete(&keys_of(&held), &claim, &ack(&claim), RETENTION)
                     .await
                     .unwrap();
                 assert!(done.iter().all(|d| *d == Completion::Written), "{done:?}");
@@ -322,18 +459,28 @@ pub async fn a_told_expiry_is_within_the_retention<St: IdempotencyStore>(store: 
     let key = fresh_key("told-expiry");
     let owner = claim();
     assert_eq!(
-        store.reserve(&key, &owner, LONG).await.unwrap(),
+        store
+            .reserve(&[Target::key(key.clone())], &owner, LONG)
+            .await
+            .unwrap()
+            .remove(0),
         Reservation::Acquired
     );
     let record = ack(&owner);
     assert_eq!(
         store
-            .complete(&key, &owner, &record, RETENTION)
+            .complete(&[Target::key(key.clone())], &owner, &record, RETENTION)
             .await
-            .unwrap(),
+            .unwrap()
+            .remove(0),
         Completion::Written
     );
-    let Reservation::Completed(read) = store.reserve(&key, &claim(), LONG).await.unwrap() else {
+    let Reservation::Completed(read) = store
+        .reserve(&[Target::key(key.clone())], &claim(), LONG)
+        .await
+        .unwrap()
+        .remove(0)
+    else {
         panic!("the record is held");
     };
     assert_eq!(read, record.owned_by(owner.token()));
@@ -346,12 +493,8 @@ pub async fn a_told_expiry_is_within_the_retention<St: IdempotencyStore>(store: 
 }
 
 /// An event of `object` at `position`, with a key no other test uses.
-fn ordered(test: &str, object: &ObjectKey, position: i128) -> OrderedEvent {
-    OrderedEvent {
-        key: fresh_key(test),
-        object: object.clone(),
-        position: Position::new(position),
-    }
+fn ordered(test: &str, object: &ObjectKey, position: i128) -> Target {
+    Target::ordered(fresh_key(test), object.clone(), Position::new(position))
 }
 
 /// An object no other test (nor an earlier run) uses.
@@ -361,8 +504,7 @@ fn fresh_object(test: &str) -> ObjectKey {
 
 /// The watermark follows the highest position completed, never a lower one; an event below it
 /// is stale (claimed, so that its key can be recorded), one at it is stale only by option.
-pub async fn ordered_events_keep_the_highest_position<St: IdempotencyStore>(store: St) {
-    assert!(store.orders_events());
+pub async fn ordered_events_keep_the_highest_position<St: OrderedStore>(store: St) {
     let object = fresh_object("watermark");
     let (high, low, equal) = (
         ordered("high", &object, 20),
@@ -371,52 +513,37 @@ pub async fn ordered_events_keep_the_highest_position<St: IdempotencyStore>(stor
     );
     let owner = claim();
     let answers = store
-        .reserve_ordered(
-            std::slice::from_ref(&high),
-            &owner,
-            LONG,
-            EqualPositions::Process,
-        )
+        .reserve(std::slice::from_ref(&high), &owner, LONG)
         .await
         .unwrap();
     assert_eq!(answers, [Reservation::Acquired]);
     let done = store
-        .complete_ordered(std::slice::from_ref(&high), &owner, &ack(&owner), RETENTION)
+        .complete(std::slice::from_ref(&high), &owner, &ack(&owner), RETENTION)
         .await
         .unwrap();
     assert_eq!(done, [Completion::Written]);
     // A retried completion: already written, the watermark unchanged.
     let done = store
-        .complete_ordered(std::slice::from_ref(&high), &owner, &ack(&owner), RETENTION)
+        .complete(std::slice::from_ref(&high), &owner, &ack(&owner), RETENTION)
         .await
         .unwrap();
     assert_eq!(done, [Completion::AlreadyWritten]);
 
     let late = claim();
     let answers = store
-        .reserve_ordered(
-            std::slice::from_ref(&low),
-            &late,
-            LONG,
-            EqualPositions::Process,
-        )
+        .reserve(std::slice::from_ref(&low), &late, LONG)
         .await
         .unwrap();
     let watermark = Position::new(20);
     assert_eq!(answers, [Reservation::Stale { watermark }]);
     // Recording the stale event's key leaves the watermark where it is, and frees the object.
     let done = store
-        .complete_ordered(std::slice::from_ref(&low), &late, &ack(&late), RETENTION)
+        .complete(std::slice::from_ref(&low), &late, &ack(&late), RETENTION)
         .await
         .unwrap();
     assert_eq!(done, [Completion::Written]);
     let answers = store
-        .reserve_ordered(
-            std::slice::from_ref(&low),
-            &claim(),
-            LONG,
-            EqualPositions::Process,
-        )
+        .reserve(std::slice::from_ref(&low), &claim(), LONG)
         .await
         .unwrap();
     assert!(
@@ -426,29 +553,23 @@ pub async fn ordered_events_keep_the_highest_position<St: IdempotencyStore>(stor
 
     let strict = claim();
     let answers = store
-        .reserve_ordered(
-            std::slice::from_ref(&equal),
+        .reserve(
+            &with_equal(std::slice::from_ref(&equal), EqualPositions::Stale),
             &strict,
             LONG,
-            EqualPositions::Stale,
         )
         .await
         .unwrap();
     assert_eq!(answers, [Reservation::Stale { watermark }]);
     assert_eq!(
         store
-            .release_ordered(std::slice::from_ref(&equal), &strict)
+            .release(std::slice::from_ref(&equal), &strict)
             .await
             .unwrap(),
         1
     );
     let answers = store
-        .reserve_ordered(
-            std::slice::from_ref(&equal),
-            &claim(),
-            LONG,
-            EqualPositions::Process,
-        )
+        .reserve(std::slice::from_ref(&equal), &claim(), LONG)
         .await
         .unwrap();
     assert_eq!(
@@ -466,30 +587,20 @@ pub async fn an_object_is_held_by_one_claim_at_a_time<St: IdempotencyStore>(stor
     let (first, second) = (ordered("first", &object, 1), ordered("second", &object, 2));
     let owner = claim();
     let answers = store
-        .reserve_ordered(
-            std::slice::from_ref(&first),
-            &owner,
-            LONG,
-            EqualPositions::Process,
-        )
+        .reserve(std::slice::from_ref(&first), &owner, LONG)
         .await
         .unwrap();
     assert_eq!(answers, [Reservation::Acquired]);
     let other = claim();
     let answers = store
-        .reserve_ordered(
-            std::slice::from_ref(&second),
-            &other,
-            LONG,
-            EqualPositions::Process,
-        )
+        .reserve(std::slice::from_ref(&second), &other, LONG)
         .await
         .unwrap();
     assert_eq!(answers, [Reservation::ObjectBusy]);
     // Busy: nothing was claimed for the second event.
     assert_eq!(
         store
-            .release_ordered(std::slice::from_ref(&second), &other)
+            .release(std::slice::from_ref(&second), &other)
             .await
             .unwrap(),
         0
@@ -497,42 +608,32 @@ pub async fn an_object_is_held_by_one_claim_at_a_time<St: IdempotencyStore>(stor
     // The owner renews both its key and the object; a stranger renews nothing.
     assert!(
         store
-            .renew_ordered(std::slice::from_ref(&first), &owner, LONG)
+            .renew(std::slice::from_ref(&first), &owner, LONG)
             .await
             .unwrap()
     );
     assert!(
         !store
-            .renew_ordered(std::slice::from_ref(&first), &other, LONG)
+            .renew(std::slice::from_ref(&first), &other, LONG)
             .await
             .unwrap()
     );
     // The owner may claim another event of the same object (a batch).
     let answers = store
-        .reserve_ordered(
-            std::slice::from_ref(&second),
-            &owner,
-            LONG,
-            EqualPositions::Process,
-        )
+        .reserve(std::slice::from_ref(&second), &owner, LONG)
         .await
         .unwrap();
     assert_eq!(answers, [Reservation::Acquired]);
     // Releasing lets the object go.
     assert_eq!(
         store
-            .release_ordered(&[first.clone(), second.clone()], &owner)
+            .release(&[first.clone(), second.clone()], &owner)
             .await
             .unwrap(),
         2
     );
     let answers = store
-        .reserve_ordered(
-            std::slice::from_ref(&second),
-            &other,
-            LONG,
-            EqualPositions::Process,
-        )
+        .reserve(std::slice::from_ref(&second), &other, LONG)
         .await
         .unwrap();
     assert_eq!(answers, [Reservation::Acquired], "the object was let go");
@@ -545,29 +646,19 @@ pub async fn an_objects_lease_expires_with_its_owner<St: IdempotencyStore>(store
     let short = Duration::from_millis(200);
     let first = ordered("dead", &object, 1);
     store
-        .reserve_ordered(
-            std::slice::from_ref(&first),
-            &dead,
-            short,
-            EqualPositions::Process,
-        )
+        .reserve(std::slice::from_ref(&first), &dead, short)
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     let next = ordered("next", &object, 2);
     let answers = store
-        .reserve_ordered(
-            std::slice::from_ref(&next),
-            &claim(),
-            LONG,
-            EqualPositions::Process,
-        )
+        .reserve(std::slice::from_ref(&next), &claim(), LONG)
         .await
         .unwrap();
     assert_eq!(answers, [Reservation::Acquired]);
     // The dead owner's late completion is lost, and leaves the watermark alone.
     let done = store
-        .complete_ordered(std::slice::from_ref(&first), &dead, &ack(&dead), RETENTION)
+        .complete(std::slice::from_ref(&first), &dead, &ack(&dead), RETENTION)
         .await
         .unwrap();
     assert_eq!(done, [Completion::Lost]);
@@ -579,12 +670,7 @@ pub async fn concurrent_events_of_one_object_have_one_holder<St: IdempotencyStor
     let tasks: Vec<_> = (0..16)
         .map(|i| {
             let (store, event) = (store.clone(), ordered("race", &object, i));
-            tokio::spawn(async move {
-                store
-                    .reserve_ordered(&[event], &claim(), LONG, EqualPositions::Process)
-                    .await
-                    .unwrap()
-            })
+            tokio::spawn(async move { store.reserve(&[event], &claim(), LONG).await.unwrap() })
         })
         .collect();
     let mut holders = 0;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::store::{Claim, StoreKey};
+use tower_idempotency::store::{Claim, StoreKey, Target};
 use tower_idempotency::{IdempotencyStore, Idempotent, OnceError};
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
@@ -141,7 +141,7 @@ pub async fn crashed_owner_frees_the_key_after_a_lease<St: IdempotencyStore>(sto
     let lease = Duration::from_millis(500);
     let key = StoreKey::new("crash", None, "k");
     store
-        .reserve(&key, &Claim::new(Fingerprint::NONE), lease)
+        .reserve(&[Target::key(key)], &Claim::new(Fingerprint::NONE), lease)
         .await
         .unwrap();
     let jobs = Idempotent::new(store).namespace("crash").lease(lease);

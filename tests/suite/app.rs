@@ -214,7 +214,10 @@ async fn large(State(effects): State<Effects>) -> Response {
 }
 
 /// The suite's router: the layer on every covered route (route_layer: unknown paths stay 404).
-pub fn router<K: ExtractKey + Clone>(layer: IdempotencyLayer<K>, effects: &Effects) -> Router {
+pub fn router<St: 'static, K: ExtractKey + Clone>(
+    layer: IdempotencyLayer<St, K>,
+    effects: &Effects,
+) -> Router {
     Router::new()
         .route("/effect", post(effect))
         .route("/trailers", post(trailers))

@@ -66,7 +66,7 @@ pub fn ns(test: &str) -> String {
     )
 }
 
-pub fn layer<St: IdempotencyStore>(store: St, test: &str) -> IdempotencyLayer {
+pub fn layer<St: IdempotencyStore>(store: St, test: &str) -> IdempotencyLayer<St> {
     IdempotencyLayer::new(store).namespace(ns(test))
 }
 
@@ -604,7 +604,7 @@ fn post_batch(ids: &[&str], headers: &[(&str, &str)]) -> Request<Body> {
     builder.body(Body::from(batch(ids))).unwrap()
 }
 
-fn items_layer<St: IdempotencyStore>(store: St, test: &str) -> IdempotencyLayer<JsonPathKey> {
+fn items_layer<St: IdempotencyStore>(store: St, test: &str) -> IdempotencyLayer<St, JsonPathKey> {
     IdempotencyLayer::webhook(store)
         .namespace(ns(test))
         .key(JsonPathKey::each("$.entry[*].changes[*].value.messages[*].id").unwrap())

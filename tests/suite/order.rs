@@ -9,16 +9,16 @@ use axum::body::Body;
 use http::{Request, StatusCode};
 use tower_idempotency::key::JsonPathKey;
 use tower_idempotency::order::{EventOrder, SequenceAt, StaleEvents};
-use tower_idempotency::{IdempotencyLayer, IdempotencyStore};
+use tower_idempotency::{IdempotencyLayer, OrderedStore};
 
 use super::app::{Effects, router};
 use super::{assert_problem, send};
 
 /// An ordered route: keyed by `$.event_id`, ordered by `$.object` and `$.seq`.
-fn ordered_layer<St: IdempotencyStore>(
+fn ordered_layer<St: OrderedStore>(
     store: St,
     namespace: &str,
-) -> IdempotencyLayer<JsonPathKey> {
+) -> IdempotencyLayer<St, JsonPathKey> {
     let order = EventOrder::new(
         JsonPathKey::new("$.object").unwrap(),
         SequenceAt::new("$.seq").unwrap(),
@@ -45,7 +45,7 @@ fn deliver(body: String, headers: &[(&str, &str)]) -> Request<Body> {
 /// `delivered`@2 then `processed`@1: the second is 200 stale, with no effect; then `failed`@3
 /// is processed; redeliveries of any of them are duplicates (the stale one's key was
 /// recorded). A missing position is 400.
-pub async fn a_stale_event_is_acknowledged_without_the_handler<St: IdempotencyStore>(store: St) {
+pub async fn a_stale_event_is_acknowledged_without_the_handler<St: OrderedStore>(store: St) {
     let effects = Effects::default();
     let app = router(ordered_layer(store, &super::ns("stale")), &effects);
     let (status, _, _) = send(&app, deliver(event("e2", "m1", 2), &[])).await;
@@ -84,7 +84,7 @@ pub async fn a_stale_event_is_acknowledged_without_the_handler<St: IdempotencySt
 /// While an event of an object is in flight, another event of the object is 409; once the
 /// first completes, the retry is processed or stale as its position says. A failed event lets
 /// its object go: the next one is processed.
-pub async fn one_event_of_an_object_at_a_time<St: IdempotencyStore>(store: St) {
+pub async fn one_event_of_an_object_at_a_time<St: OrderedStore>(store: St) {
     let effects = Effects::default();
     let app = router(ordered_layer(store, &super::ns("busy")), &effects);
     let slow = {
@@ -122,7 +122,7 @@ pub async fn one_event_of_an_object_at_a_time<St: IdempotencyStore>(store: St) {
 
 /// With `StaleEvents::PassOn`, a stale event reaches the handler marked stale, and its
 /// effect (a log of the invalid transition) leaves the object's state alone.
-pub async fn a_stale_event_passed_on_is_marked<St: IdempotencyStore>(store: St) {
+pub async fn a_stale_event_passed_on_is_marked<St: OrderedStore>(store: St) {
     let effects = Effects::default();
     let order = EventOrder::new(
         JsonPathKey::new("$.object").unwrap(),
@@ -180,7 +180,7 @@ impl Rng {
 /// one effect; every object ends in the state of its highest-position event; and an event
 /// answered stale had, when answered, a higher one of its object already applied (none
 /// arriving at or above the watermark was lost).
-pub async fn random_interleavings_keep_each_object_in_order<St: IdempotencyStore>(store: St) {
+pub async fn random_interleavings_keep_each_object_in_order<St: OrderedStore>(store: St) {
     for seed in [0x9E37_79B9_7F4A_7C15_u64, 42, 7777, 123_456_789] {
         let namespace = super::ns("order-props");
         let effects = Effects::default();

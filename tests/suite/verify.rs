@@ -41,7 +41,7 @@ fn delivery(id: &str, timestamp: u64, signature: &str, body: &'static str) -> Re
 fn standard_layer<St: IdempotencyStore>(
     store: St,
     test: &str,
-) -> IdempotencyLayer<Fallback<HeaderKey, HeaderKey>> {
+) -> IdempotencyLayer<St, Fallback<HeaderKey, HeaderKey>> {
     let scheme = StandardWebhooks::new([SECRET]).unwrap();
     IdempotencyLayer::standard_webhooks(store, scheme).namespace(ns(test))
 }

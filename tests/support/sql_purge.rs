@@ -8,7 +8,7 @@ use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::record::Record;
 use tower_idempotency::store::sql::{Dialect, SqlStore};
-use tower_idempotency::store::{Claim, Reservation, StoreKey};
+use tower_idempotency::store::{Claim, Reservation, StoreKey, Target};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -26,12 +26,22 @@ pub async fn removes_only_expired_rows<DB: Dialect>(
     for i in 0..30 {
         let key = StoreKey::new("purge", None, &i.to_string());
         let c = claim(b"live");
-        store.reserve(&key, &c, LEASE).await.unwrap();
+        store
+            .reserve(&[Target::key(key.clone())], &c, LEASE)
+            .await
+            .unwrap()
+            .remove(0);
         if i % 2 == 1 {
             store
-                .complete(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
+                .complete(
+                    &[Target::key(key.clone())],
+                    &c,
+                    &Record::ack(c.fingerprint()),
+                    RETENTION,
+                )
                 .await
-                .unwrap();
+                .unwrap()
+                .remove(0);
         }
         live.push(key);
     }
@@ -41,7 +51,11 @@ pub async fn removes_only_expired_rows<DB: Dialect>(
     assert_eq!(count().await, 30);
     assert_eq!(store.purge_expired(1000).await.unwrap(), 0);
     for (i, key) in live.iter().enumerate() {
-        let found = store.reserve(key, &claim(b"live"), LEASE).await.unwrap();
+        let found = store
+            .reserve(&[Target::key(key.clone())], &claim(b"live"), LEASE)
+            .await
+            .unwrap()
+            .remove(0);
         if i % 2 == 1 {
             assert!(matches!(found, Reservation::Completed(_)), "{found:?}");
         } else {
@@ -53,9 +67,14 @@ pub async fn removes_only_expired_rows<DB: Dialect>(
     for i in 0..20 {
         let key = StoreKey::new("purge-bg", None, &i.to_string());
         store
-            .reserve(&key, &claim(b"x"), Duration::from_millis(1))
+            .reserve(
+                &[Target::key(key.clone())],
+                &claim(b"x"),
+                Duration::from_millis(1),
+            )
             .await
-            .unwrap();
+            .unwrap()
+            .remove(0);
     }
     let purge = store.spawn_purge(Duration::from_millis(50));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);

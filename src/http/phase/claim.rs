@@ -8,7 +8,7 @@ use http::request::Parts;
 
 use super::Prelude;
 use super::key::Derived;
-use crate::claim::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany};
+use crate::claim::guard::{ClaimGuard, ClaimOpener, Ending};
 use crate::claim::outcome::Outcome;
 use crate::fingerprint::Fingerprint;
 use crate::http::answer::{duplicate, stale};
@@ -67,7 +67,7 @@ async fn reserve(
     guard: &mut ClaimGuard,
     settings: &Settings,
     fingerprint: &Fingerprint,
-) -> Result<OneOrMany<Reservation>, StoreError> {
+) -> Result<Vec<Reservation>, StoreError> {
     let deadline = settings.wait_in_flight.map(|wait| Instant::now() + wait);
     let mut pause = Duration::from_millis(10);
     loop {
@@ -118,7 +118,7 @@ fn busy_rejection(busy: Busy, fingerprint: &Fingerprint, settings: &Settings) ->
 /// What the reserve's answers mean.
 async fn decide<B, ResBody>(
     mut guard: ClaimGuard,
-    answers: OneOrMany<Reservation>,
+    answers: Vec<Reservation>,
     settings: &Settings,
     mut request: Box<Claiming<B>>,
     grpc: bool,
@@ -232,7 +232,7 @@ fn call<B, ResBody>(
 /// key the signature does not cover) its key or its signed content was. The first completed
 /// answer's record is the one answered: the key's, when it was completed.
 fn completed<B, ResBody>(
-    answers: OneOrMany<Reservation>,
+    answers: Vec<Reservation>,
     settings: &Settings,
     fingerprint: &Fingerprint,
     grpc: bool,

@@ -16,7 +16,7 @@ use crate::http::rejection::Rejection;
 use crate::inbox::route::InboxRoute;
 use crate::inbox::{Enqueued, IDEMPOTENCY_CORRELATION_ID, InboxEntry};
 use crate::key::{KeyError, KeyErrorKind};
-use crate::store::{StoreErrorKind, Token};
+use crate::store::{StoreErrorKind, Target, Token};
 
 /// The longest correlation id taken from a request header; a longer one is replaced.
 const MAX_CORRELATION_LEN: usize = 200;
@@ -94,13 +94,20 @@ fn entry_of(
         }
     }
     let entry = |key| InboxEntry::new(key, data.clone(), correlation).with_headers(headers.clone());
-    match targets {
-        Targets::Keys(OneOrMany::One(key)) => Ok(entry(key)),
-        Targets::Events(mut events) if events.len() == 1 => {
-            let event = events.pop().expect("one");
-            Ok(entry(event.key).ordered(event.object, event.position))
+    let one = match targets {
+        OneOrMany::One(target) => Some(target),
+        OneOrMany::Many(mut events) if events.len() == 1 && events[0].order.is_some() => {
+            events.pop()
         }
-        _ => Err(Rejection::MalformedKey(KeyError::new(
+        OneOrMany::Many(_) => None,
+    };
+    match one {
+        Some(Target {
+            key,
+            order: Some(order),
+        }) => Ok(entry(key).ordered(order.object, order.position)),
+        Some(target) => Ok(entry(target.key)),
+        None => Err(Rejection::MalformedKey(KeyError::new(
             KeyErrorKind::TooManyParts,
             "an inbox route takes one key per delivery, not a batch",
         ))),

@@ -11,7 +11,7 @@ use crate::http::config::Settings;
 use crate::http::rejection::Rejection;
 use crate::key::{ExtractKey, IdempotencyKey, KeyInput};
 use crate::order::{Placed, Position};
-use crate::store::{ObjectKey, OrderedEvent, StoreKey};
+use crate::store::{ObjectKey, StoreKey, Target};
 
 /// What a request is, for its claim.
 pub(crate) struct Derived {
@@ -83,24 +83,23 @@ fn plain<K: ExtractKey>(
         // One store key per item of a batch; otherwise one for the whole key (a composite key
         // is one key: its sorted, joined values).
         None if key.is_items() => {
-            let keys = key.parts().map(store_key).collect();
+            let keys = key
+                .parts()
+                .map(|part| Target::key(store_key(part)))
+                .collect();
             let items = key.parts().map(str::to_owned).collect();
-            (
-                Targets::Keys(OneOrMany::Many(keys)),
-                Some(items),
-                Vec::new(),
-            )
+            (OneOrMany::Many(keys), Some(items), Vec::new())
         }
         None => (
-            Targets::Keys(OneOrMany::One(store_key(key.as_str()))),
+            OneOrMany::One(Target::key(store_key(key.as_str()))),
             None,
             Vec::new(),
         ),
     };
     name_the_key(&targets);
     let (targets, signed) = match (&targets, signed_content(extractor, settings, parts, data)) {
-        (Targets::Keys(OneOrMany::One(one)), Some(content)) => (
-            Targets::Keys(OneOrMany::Many(vec![one.clone(), store_key(&content)])),
+        (OneOrMany::One(one), Some(content)) => (
+            OneOrMany::Many(vec![one.clone(), Target::key(store_key(&content))]),
             true,
         ),
         _ => (targets, false),
@@ -140,17 +139,23 @@ fn ordered_items(
     })
 }
 
-/// The store's view of placed events.
+/// The store's view of placed events: each its key with its order, the route's rule for equal
+/// positions included.
 fn events(settings: &Settings, parts: &Parts, placed: Vec<Placed>) -> Targets {
     let (namespace, scope) = (settings.observer.namespace(), settings.scope.of(parts));
     let scope = scope.as_deref();
-    Targets::Events(
+    let equal = settings
+        .order
+        .as_ref()
+        .map(|o| o.equal())
+        .unwrap_or_default();
+    OneOrMany::Many(
         placed
             .into_iter()
-            .map(|p| OrderedEvent {
-                key: StoreKey::new(namespace, scope, &p.key),
-                object: ObjectKey::new(namespace, scope, &p.object),
-                position: p.position,
+            .map(|p| {
+                let key = StoreKey::new(namespace, scope, &p.key);
+                let object = ObjectKey::new(namespace, scope, &p.object);
+                Target::ordered(key, object, p.position).equal_positions(equal)
             })
             .collect(),
     )
@@ -234,15 +239,15 @@ mod tests {
         ];
         for derived in covered {
             assert!(!derived.signed);
-            assert!(matches!(derived.targets, Targets::Keys(OneOrMany::One(_))));
+            assert!(matches!(derived.targets, OneOrMany::One(_)));
         }
         let uncovered = HeaderKey::new("x-delivery").unwrap();
         let content = |id, body| match derived(&uncovered, id, body) {
             Derived {
                 signed: true,
-                targets: Targets::Keys(OneOrMany::Many(keys)),
+                targets: OneOrMany::Many(keys),
                 ..
-            } if keys.len() == 2 => keys[1].clone(),
+            } if keys.len() == 2 => keys[1].key.clone(),
             _ => panic!("the signed content was not claimed"),
         };
         assert_eq!(content("msg_1", b"{}"), content("msg_1", b"{}"));

@@ -24,9 +24,11 @@ use self::scripts::{
 use crate::order::EqualPositions;
 #[cfg(doc)]
 use crate::store::StoreErrorKind;
-use crate::store::contract::IdempotencyStore;
+use crate::store::contract::{IdempotencyStore, OrderedStore};
 use crate::store::record::{OWNER_LEN, OWNER_PREFIX_LEN, Record, StoredValue, put_owner};
-use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError, StoreKey, millis};
+use crate::store::{
+    Claim, Completion, Kinds, Order, Reservation, StoreError, StoreKey, Target, merge, millis,
+};
 
 /// The Redis store, on [`fred`]: standalone, cluster and sentinel, one round trip per call,
 /// batches included.
@@ -113,12 +115,9 @@ use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError, Sto
 ///
 /// ## Batches
 ///
-/// The items of a batch request are claimed and settled with the batch methods
-/// ([`reserve_many`](IdempotencyStore::reserve_many),
-/// [`complete_many`](IdempotencyStore::complete_many),
-/// [`release_many`](IdempotencyStore::release_many),
-/// [`renew_many`](IdempotencyStore::renew_many)). Each sends the same one-key command as its
-/// single-key method, once per item, all in **one fred pipeline**: every command is written
+/// The items of a batch request are claimed and settled by one call of each operation over
+/// all their targets ([`reserve`](IdempotencyStore::reserve) and the others). Each sends the
+/// same one-key command as for a single key, once per item, all in **one fred pipeline**: every command is written
 /// before any reply is awaited, so a batch costs **one round trip** whatever its size (N
 /// commands). No multi-key command and no multi-key script is used, so the items of one batch
 /// may hash to any slots: a clustered client routes each command of the pipeline to the
@@ -253,7 +252,7 @@ use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError, Sto
 /// and on `replicas` replicas, and a duplicate arriving after a failover is still answered from
 /// it. A [`NotReplicated`] in the logs names the events that lack this guarantee.
 ///
-/// A batch ([`complete_many`](IdempotencyStore::complete_many)) is completed durably one item
+/// A batch (a [`complete`](IdempotencyStore::complete) of several targets) is completed durably one item
 /// at a time, not in one pipeline: one durable `complete` per item as above (script and
 /// `WAIT`, with the same retries), all started at once (for a [`Pool`], each on a client of
 /// its own choosing). Every item is attempted; the call fails with the first error in the
@@ -368,9 +367,8 @@ impl<C> fmt::Debug for Durability<C> {
 /// through one client: a [`Client`] is itself, a [`Pool`] picks one of its clients (a connected
 /// one when it can).
 ///
-/// Needed by the batch methods ([`reserve_many`](IdempotencyStore::reserve_many) and the
-/// others send one [`Pipeline`](fred::clients::Pipeline) per batch, and only a [`Client`] has
-/// pipelines) and by [`RedisStore::durable_completion`] (a write and the `WAIT` behind it share
+/// Needed by batches (a call over several targets sends one
+/// [`Pipeline`](fred::clients::Pipeline) per batch, and only a [`Client`] has pipelines) and by [`RedisStore::durable_completion`] (a write and the `WAIT` behind it share
 /// a connection).
 pub trait PickClient {
     /// One client, for a command sequence that must go through one client.
@@ -561,8 +559,112 @@ where
         self.command_timeout.filter(|_| self.durability.is_none())
     }
 
-    /// `SET key <in flight> NX PX lease GET`: one command.
+    /// One plain target: `SET key <in flight> NX PX lease GET`, one command. Several plain
+    /// targets: that command once per key, all in one pipeline (one round trip); an error
+    /// reply for any key fails the call with the first one (in order), the other keys were
+    /// claimed or not, and the caller releases what is ours. Ordered targets: one `EVALSHA`
+    /// per event (its key, its object's lease and watermark in one slot), all in one pipeline.
     async fn reserve(
+        &self,
+        targets: &[Target],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        if let [Target { key, order: None }] = targets {
+            return Ok(vec![self.reserve_key(key, claim, lease).await?]);
+        }
+        // Boxed: the single key's future, which every request awaits, stays small.
+        Box::pin(async move {
+            match Kinds::of(targets) {
+                Kinds::Plain => self.reserve_keys(targets, claim, lease).await,
+                Kinds::Ordered => self.reserve_events(targets, claim, lease).await,
+                Kinds::Mixed(plain_at, plain, ordered_at, ordered) => Ok(merge(
+                    (plain_at, self.reserve_keys(&plain, claim, lease).await?),
+                    (
+                        ordered_at,
+                        self.reserve_events(&ordered, claim, lease).await?,
+                    ),
+                )),
+            }
+        })
+        .await
+    }
+
+    /// One `EVALSHA` of the `complete` script per key (of `complete_ordered` per event: the
+    /// record, the watermark and the object's lease in one script), several in one pipeline:
+    /// one round trip (two after a `NOSCRIPT`). With [durable
+    /// completion](RedisStore::durable_completion), one durable completion per target instead,
+    /// all started at once: every target is attempted, and the first error (in order) is
+    /// returned.
+    async fn complete(
+        &self,
+        targets: &[Target],
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Vec<Completion>, StoreError> {
+        if let [Target { key, order: None }] = targets {
+            return Ok(vec![
+                self.complete_key(key, claim, record, retention).await?,
+            ]);
+        }
+        Box::pin(async move {
+            let args = complete_args(claim, record, retention);
+            match Kinds::of(targets) {
+                Kinds::Plain => self.complete_keys(targets, args).await,
+                Kinds::Ordered => self.complete_events(targets, args).await,
+                Kinds::Mixed(plain_at, plain, ordered_at, ordered) => Ok(merge(
+                    (plain_at, self.complete_keys(&plain, args.clone()).await?),
+                    (ordered_at, self.complete_events(&ordered, args).await?),
+                )),
+            }
+        })
+        .await
+    }
+
+    /// One `EVALSHA` of the `release` script per target (its ordered form for an event), all
+    /// in one pipeline: one round trip (two after a `NOSCRIPT`).
+    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
+        if let [Target { key, order: None }] = targets {
+            let args = || owner_args(claim);
+            let released = self.run_counted(&RELEASE, &Keys::One(key), args).await?;
+            return Ok(usize::from(released == 1));
+        }
+        let replies =
+            Box::pin(self.by_script(targets, [&RELEASE, &RELEASE_ORDERED], owner_args(claim)))
+                .await?;
+        Ok(replies.into_iter().filter(|&reply| reply == 1).count())
+    }
+
+    /// One `EVALSHA` of the `renew` script per target (its ordered form for an event), all in
+    /// one pipeline: one round trip (two after a `NOSCRIPT`). Every key is renewed that is
+    /// still ours, even when another is not.
+    async fn renew(
+        &self,
+        targets: &[Target],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        if let [Target { key, order: None }] = targets {
+            let args = || renew_args(claim, lease);
+            return Ok(self.run_counted(&RENEW, &Keys::One(key), args).await? == 1);
+        }
+        let args = renew_args(claim, lease);
+        let replies = Box::pin(self.by_script(targets, [&RENEW, &RENEW_ORDERED], args)).await?;
+        Ok(replies.into_iter().all(|reply| reply == 1))
+    }
+}
+
+/// An event, its object's lease and its object's watermark share one hash slot, and one
+/// script settles them together.
+impl<C> OrderedStore for RedisStore<C> where C: KeysInterface + LuaInterface + PickClient + 'static {}
+
+impl<C> RedisStore<C>
+where
+    C: KeysInterface + LuaInterface + PickClient + 'static,
+{
+    /// `SET key <in flight> NX PX lease GET`: one command.
+    async fn reserve_key(
         &self,
         key: &StoreKey,
         claim: &Claim,
@@ -574,7 +676,74 @@ where
         reservation(held.map_err(store_error)?, claim)
     }
 
-    async fn complete(
+    /// `SET key <in flight> NX PX lease GET` per plain target, all in one pipeline.
+    async fn reserve_keys(
+        &self,
+        targets: &[Target],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        if targets.is_empty() {
+            return Ok(Vec::new());
+        }
+        let value = StoredValue::encode_in_flight(claim.token(), &claim.fingerprint());
+        let lease = millis(lease);
+        let client = self.client.pick_client();
+        let pipeline = client.pipeline();
+        for target in targets {
+            let _: Value = set_nx_get(&pipeline, &target.key, value.clone(), lease)
+                .await
+                .map_err(store_error)?;
+        }
+        let replies = pipeline.try_all::<Value>().await;
+        pipeline_replies(replies, targets.len())
+            .map_err(store_error)?
+            .into_iter()
+            .map(|held| reservation(held.map_err(store_error)?, claim))
+            .collect()
+    }
+
+    /// One `EVALSHA` of the ordered reserve per event: alone, or all in one pipeline.
+    async fn reserve_events(
+        &self,
+        targets: &[Target],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        let value = StoredValue::encode_in_flight(claim.token(), &claim.fingerprint());
+        let args = |order: &Order| {
+            let strict = if order.equal == EqualPositions::Stale {
+                "1"
+            } else {
+                "0"
+            };
+            vec![
+                Value::Bytes(value.clone()),
+                Value::Integer(millis(lease)),
+                Value::Bytes(bytes::Bytes::copy_from_slice(&order.position.to_bytes())),
+                Value::from(strict),
+            ]
+        };
+        let events = targets.iter().filter_map(|t| {
+            t.order
+                .as_ref()
+                .map(|order| (Keys::event(&t.key, order), order))
+        });
+        let events: Vec<_> = events.map(|(keys, order)| (keys, args(order))).collect();
+        if let [(keys, args)] = &events[..] {
+            let reply = self.run(&RESERVE_ORDERED, keys, || args.clone()).await?;
+            return Ok(vec![ordered_reservation(reply, claim)?]);
+        }
+        let client = self.client.pick_client();
+        scripts_pipelined(&client, &RESERVE_ORDERED, &events)
+            .await?
+            .into_iter()
+            .map(|reply| ordered_reservation(reply, claim))
+            .collect()
+    }
+
+    /// One `EVALSHA` of the `complete` script, or a durable completion.
+    async fn complete_key(
         &self,
         key: &StoreKey,
         claim: &Claim,
@@ -598,186 +767,59 @@ where
         }
     }
 
-    async fn release(&self, key: &StoreKey, claim: &Claim) -> Result<bool, StoreError> {
-        let args = || owner_args(claim);
-        Ok(self.run_counted(&RELEASE, &Keys::One(key), args).await? == 1)
-    }
-
-    async fn renew(
+    /// The `complete` script on every plain target with the same `args`.
+    async fn complete_keys(
         &self,
-        key: &StoreKey,
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let args = || renew_args(claim, lease);
-        Ok(self.run_counted(&RENEW, &Keys::One(key), args).await? == 1)
-    }
-
-    /// One `SET key <in flight> NX PX <lease ms> GET` per key, all in one pipeline: one round
-    /// trip. An error reply for any key fails the call with the first one
-    /// (in key order); the other keys were claimed or not, and the caller releases what is
-    /// ours.
-    async fn reserve_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<Vec<Reservation>, StoreError> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let value = StoredValue::encode_in_flight(claim.token(), &claim.fingerprint());
-        let lease = millis(lease);
-        let client = self.client.pick_client();
-        let pipeline = client.pipeline();
-        for key in keys {
-            let _: Value = set_nx_get(&pipeline, key, value.clone(), lease)
-                .await
-                .map_err(store_error)?;
-        }
-        let replies = pipeline.try_all::<Value>().await;
-        pipeline_replies(replies, keys.len())
-            .map_err(store_error)?
-            .into_iter()
-            .map(|held| reservation(held.map_err(store_error)?, claim))
-            .collect()
-    }
-
-    /// One `EVALSHA` of the `complete` script per key, all in one pipeline: one round trip
-    /// (two after a `NOSCRIPT`). With [durable completion](RedisStore::durable_completion),
-    /// one durable [`complete`](IdempotencyStore::complete) per key instead, all started at
-    /// once: every key is attempted, and the first error (in key order) is returned.
-    async fn complete_many(
-        &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
+        targets: &[Target],
+        args: Vec<Value>,
     ) -> Result<Vec<Completion>, StoreError> {
-        let targets = keys.iter().map(Keys::One);
-        self.complete_each(targets, &COMPLETE, complete_args(claim, record, retention))
+        let targets = targets.iter().map(|t| (Keys::One(&t.key), args.clone()));
+        self.complete_targets(targets.collect(), &COMPLETE).await
+    }
+
+    /// The ordered `complete` script on every event: `args` and the event's position.
+    async fn complete_events(
+        &self,
+        targets: &[Target],
+        args: Vec<Value>,
+    ) -> Result<Vec<Completion>, StoreError> {
+        let events = targets.iter().filter_map(|t| {
+            let order = t.order.as_ref()?;
+            let mut args = args.clone();
+            let position = bytes::Bytes::copy_from_slice(&order.position.to_bytes());
+            args.push(Value::Bytes(position));
+            Some((Keys::event(&t.key, order), args))
+        });
+        self.complete_targets(events.collect(), &COMPLETE_ORDERED)
             .await
     }
 
-    /// One `EVALSHA` of the `release` script per key, all in one pipeline: one round trip (two
-    /// after a `NOSCRIPT`).
-    async fn release_many(&self, keys: &[StoreKey], claim: &Claim) -> Result<usize, StoreError> {
-        let replies = self
-            .pipelined(keys.iter().map(Keys::One), &RELEASE, owner_args(claim))
-            .await?;
-        Ok(replies.into_iter().filter(|&reply| reply == 1).count())
-    }
-
-    /// One `EVALSHA` of the `renew` script per key, all in one pipeline: one round trip (two
-    /// after a `NOSCRIPT`). Every key is renewed that is still ours, even when another is not.
-    async fn renew_many(
+    /// `scripts[0]` on every plain target and `scripts[1]` on every event, all with `args`;
+    /// the integer replies, in order.
+    async fn by_script(
         &self,
-        keys: &[StoreKey],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let replies = self
-            .pipelined(keys.iter().map(Keys::One), &RENEW, renew_args(claim, lease))
-            .await?;
-        Ok(replies.into_iter().all(|reply| reply == 1))
-    }
-
-    fn orders_events(&self) -> bool {
-        true
-    }
-
-    /// One `EVALSHA` per event (its key, its object's lease and watermark in one slot), all in
-    /// one pipeline: one round trip.
-    async fn reserve_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        lease: Duration,
-        equal: EqualPositions,
-    ) -> Result<Vec<Reservation>, StoreError> {
-        let value = StoredValue::encode_in_flight(claim.token(), &claim.fingerprint());
-        let strict = if equal == EqualPositions::Stale {
-            "1"
-        } else {
-            "0"
-        };
-        let args = |event: &OrderedEvent| {
-            vec![
-                Value::Bytes(value.clone()),
-                Value::Integer(millis(lease)),
-                Value::Bytes(bytes::Bytes::copy_from_slice(&event.position.to_bytes())),
-                Value::from(strict),
-            ]
-        };
-        if let [event] = events {
-            let keys = Keys::event(event);
-            let reply = self.run(&RESERVE_ORDERED, &keys, || args(event)).await?;
-            return Ok(vec![ordered_reservation(reply, claim)?]);
+        targets: &[Target],
+        [plain, ordered]: [&Script; 2],
+        args: Vec<Value>,
+    ) -> Result<Vec<i64>, StoreError> {
+        match Kinds::of(targets) {
+            Kinds::Plain => {
+                self.pipelined(targets.iter().map(|t| Keys::One(&t.key)), plain, args)
+                    .await
+            }
+            Kinds::Ordered => {
+                self.pipelined(targets.iter().filter_map(Keys::of_event), ordered, args)
+                    .await
+            }
+            Kinds::Mixed(plain_at, keys, ordered_at, events) => {
+                let keys = keys.iter().map(|t| Keys::One(&t.key));
+                let keys = self.pipelined(keys, plain, args.clone()).await?;
+                let events = events.iter().filter_map(Keys::of_event);
+                let events = self.pipelined(events, ordered, args).await?;
+                Ok(merge((plain_at, keys), (ordered_at, events)))
+            }
         }
-        let targets: Vec<_> = events.iter().map(|e| (Keys::event(e), args(e))).collect();
-        let client = self.client.pick_client();
-        scripts_pipelined(&client, &RESERVE_ORDERED, &targets)
-            .await?
-            .into_iter()
-            .map(|reply| ordered_reservation(reply, claim))
-            .collect()
     }
-
-    /// One `EVALSHA` per event, all in one pipeline: the record, the watermark and the
-    /// object's lease in one script each (durably, as
-    /// [`complete_many`](IdempotencyStore::complete_many), with durable completion on).
-    async fn complete_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> Result<Vec<Completion>, StoreError> {
-        let targets: Vec<(Keys<'_>, Vec<Value>)> = events
-            .iter()
-            .map(|event| {
-                let mut args = complete_args(claim, record, retention);
-                let position = bytes::Bytes::copy_from_slice(&event.position.to_bytes());
-                args.push(Value::Bytes(position));
-                (Keys::event(event), args)
-            })
-            .collect();
-        self.complete_targets(targets, &COMPLETE_ORDERED).await
-    }
-
-    async fn release_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-    ) -> Result<usize, StoreError> {
-        let replies = self
-            .pipelined(
-                events.iter().map(Keys::event),
-                &RELEASE_ORDERED,
-                owner_args(claim),
-            )
-            .await?;
-        Ok(replies.into_iter().filter(|&reply| reply == 1).count())
-    }
-
-    async fn renew_ordered(
-        &self,
-        events: &[OrderedEvent],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let args = renew_args(claim, lease);
-        let replies = self
-            .pipelined(events.iter().map(Keys::event), &RENEW_ORDERED, args)
-            .await?;
-        Ok(replies.into_iter().all(|reply| reply == 1))
-    }
-}
-
-impl<C> RedisStore<C>
-where
-    C: KeysInterface + LuaInterface + PickClient + 'static,
-{
     /// Runs `script` on `keys`: its reply.
     async fn run(
         &self,
@@ -825,17 +867,6 @@ where
             .into_iter()
             .map(script_reply)
             .collect()
-    }
-
-    /// A completion of every target with the same `args`.
-    async fn complete_each<'k>(
-        &self,
-        targets: impl Iterator<Item = Keys<'k>>,
-        script: &Script,
-        args: Vec<Value>,
-    ) -> Result<Vec<Completion>, StoreError> {
-        let targets = targets.map(|keys| (keys, args.clone())).collect();
-        self.complete_targets(targets, script).await
     }
 
     /// A completion of every target (keys and arguments): pipelined, or one durable completion

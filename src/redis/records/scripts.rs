@@ -14,7 +14,7 @@ use fred::types::{ClusterHash, CustomCommand, Expiration, MultipleKeys, SetOptio
 use super::errors::store_error;
 use crate::order::Position;
 use crate::store::record::StoredValue;
-use crate::store::{Claim, Completion, OrderedEvent, Reservation, StoreError};
+use crate::store::{Claim, Completion, Order, Reservation, StoreError, Target};
 use crate::store::{StoreErrorKind, StoreKey};
 
 /// `complete`: KEYS[1] = key, ARGV[1] = owner prefix (17 bytes), ARGV[2] = encoded record,
@@ -100,13 +100,19 @@ pub(crate) enum Keys<'a> {
 }
 
 impl<'a> Keys<'a> {
-    pub(super) fn event(event: &OrderedEvent) -> Keys<'a> {
-        let object = event.object.digits();
+    /// The three keys of an ordered event: its `key` under its `order`'s object.
+    pub(super) fn event(key: &StoreKey, order: &Order) -> Keys<'a> {
+        let object = order.object.digits();
         Keys::Ordered([
-            format!("ti:{{{object}}}{}", event.key.digits()),
+            format!("ti:{{{object}}}{}", key.digits()),
             format!("tl:{{{object}}}"),
             format!("tw:{{{object}}}"),
         ])
+    }
+
+    /// The keys of `target` when it is an ordered event.
+    pub(super) fn of_event(target: &Target) -> Option<Keys<'a>> {
+        Some(Keys::event(&target.key, target.order.as_ref()?))
     }
 
     /// The Redis name of the first key.
@@ -397,12 +403,12 @@ mod tests {
 
     #[test]
     fn an_ordered_events_keys_share_its_objects_slot() {
-        let event = OrderedEvent {
-            key: StoreKey::new("unit", None, "evt"),
-            object: ObjectKey::new("unit", None, "msg"),
-            position: Position::new(1),
-        };
-        let keys = Keys::event(&event);
+        let event = Target::ordered(
+            StoreKey::new("unit", None, "evt"),
+            ObjectKey::new("unit", None, "msg"),
+            Position::new(1),
+        );
+        let keys = Keys::of_event(&event).unwrap();
         let Keys::Ordered(names) = &keys else {
             unreachable!()
         };
@@ -412,7 +418,7 @@ mod tests {
             .collect();
         assert_eq!(slots, [keys.slot(); 3]);
         assert!(names[0].ends_with(event.key.digits()));
-        assert!(names[0].contains(event.object.digits()));
+        assert!(names[0].contains(event.order.as_ref().unwrap().object.digits()));
         let (_, sent) = script_command(&RESERVE_ORDERED, true, &keys, &[]);
         assert_eq!(sent[1], Value::Integer(3));
     }
