@@ -3,7 +3,7 @@
 //! exactly-once across two caching instances sharing one server, what a cache hit costs in
 //! commands (`MONITOR`), and what deleting a key by hand does.
 
-mod contract;
+use tower_idempotency::test_util::store as contract;
 mod suite;
 
 use tower_idempotency::MemoryStore;

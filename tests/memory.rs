@@ -1,6 +1,6 @@
 //! The behaviour suite and the store contract on the embedded [`MemoryStore`].
 
-mod contract;
+use tower_idempotency::test_util::store as contract;
 mod once;
 mod suite;
 

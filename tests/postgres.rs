@@ -3,7 +3,7 @@
 //! test binary; the tests that stop the server start their own.
 #![cfg(feature = "postgres")]
 
-mod contract;
+use tower_idempotency::test_util::store as contract;
 mod once;
 #[path = "support/postgres_server.rs"]
 mod postgres_server;

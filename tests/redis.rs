@@ -3,7 +3,7 @@
 //! in commands (`MONITOR`) and in round trips (through `support/redis_proxy.rs`).
 #![cfg(feature = "redis")]
 
-mod contract;
+use tower_idempotency::test_util::store as contract;
 mod once;
 #[path = "support/redis_proxy.rs"]
 mod redis_proxy;

@@ -7,7 +7,7 @@
 //! Figures (key distribution, latency, failover report) are printed: run with `--nocapture`.
 #![cfg(feature = "redis")]
 
-mod contract;
+use tower_idempotency::test_util::store as contract;
 #[path = "support/redis_cluster.rs"]
 mod redis_cluster;
 #[path = "support/scale_out.rs"]

@@ -8,7 +8,7 @@
 //! Figures (latency, failover report) are printed: run with `--nocapture`.
 #![cfg(feature = "redis")]
 
-mod contract;
+use tower_idempotency::test_util::store as contract;
 #[path = "support/redis_sentinel.rs"]
 mod redis_sentinel;
 #[path = "support/scale_out.rs"]

@@ -3,7 +3,7 @@
 //! file in its own temporary directory.
 #![cfg(feature = "sqlite")]
 
-mod contract;
+use tower_idempotency::test_util::store as contract;
 mod once;
 #[path = "support/sql_purge.rs"]
 mod sql_purge;

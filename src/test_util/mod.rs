@@ -7,6 +7,10 @@
 //! The test crate needs `tokio` with its `macros` and `rt-multi-thread` features, as any
 //! `#[tokio::test]` does.
 //!
+//! - [`store_contract!`](crate::store_contract): the record-store contract
+//!   ([`IdempotencyStore`](crate::IdempotencyStore): atomic claims, token checks, take-over of
+//!   expired claims, renewal, concurrent winners, retry-safe completion, batches, and on an
+//!   [`OrderedStore`](crate::OrderedStore) the order of events per object).
 //! - [`inbox_contract!`](crate::inbox_contract): the queue contract ([`InboxStore`]: enqueue
 //!   atomic with the claim, duplicates, retries, dead letters, re-queue, lease take-over, order
 //!   per object, wake-ups) through a real [`Worker`](crate::inbox::Worker).
@@ -14,7 +18,8 @@
 //!   ([`InboxAdmin`]: find, list, re-queue, discard, pause, the attempt history).
 //!
 //! ```ignore
-//! // tests/inbox.rs of a crate with its own inbox backend
+//! // tests/contract.rs of a crate with its own backends
+//! tower_idempotency::store_contract!(async { (MyStore::connect("...").await, ()) });
 //! tower_idempotency::inbox_contract!(async { (MyInbox::connect("...").await, ()) });
 //! tower_idempotency::inbox_admin_contract!(async { (MyInbox::connect("...").await, ()) });
 //! ```
@@ -28,3 +33,5 @@
 pub mod inbox;
 #[doc(hidden)]
 pub mod inbox_admin;
+#[doc(hidden)]
+pub mod store;

@@ -2,8 +2,9 @@
 //! state transitions, token checks, takeover of expired claims, renewal, concurrent winners,
 //! retry-safe completion and per-item (batch) claims.
 //!
-//! Each store's test file instantiates it with `store_contract!(async { (store, guard) })`,
-//! where `guard` keeps whatever the store needs (a server) alive for the test.
+//! Each store's test file instantiates it with
+//! [`store_contract!`](crate::store_contract)`(async { (store, guard) })`, where `guard` keeps
+//! whatever the store needs (a server) alive for the test.
 
 #![allow(dead_code)]
 
@@ -11,11 +12,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::order::{EqualPositions, Position};
-use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, Completion, ObjectKey, Reservation, StoreKey, Target};
-use tower_idempotency::{IdempotencyStore, OrderedStore};
+use crate::fingerprint::Fingerprint;
+use crate::order::{EqualPositions, Position};
+use crate::store::record::Record;
+use crate::store::{Claim, Completion, ObjectKey, Reservation, StoreKey, Target};
+use crate::{IdempotencyStore, OrderedStore};
 
 const RETENTION: Duration = Duration::from_secs(3600);
 const LONG: Duration = Duration::from_secs(60);
@@ -686,10 +687,19 @@ pub async fn concurrent_events_of_one_object_have_one_holder<St: IdempotencyStor
 
 /// Instantiates the contract for one store. `$make` is an async block yielding
 /// `(store, guard)`.
+/// The record-store contract as `#[tokio::test]`s, one per case, in a module of the calling
+/// file (feature `test-util`; see [`test_util`](crate::test_util)).
+///
+/// `$make` is an `async` expression whose output is `(store, guard)`: a fresh
+/// [`IdempotencyStore`](crate::IdempotencyStore) and whatever must live as long as the test
+/// (a server, a temporary directory, `()`). The ordered cases need an
+/// [`OrderedStore`](crate::OrderedStore); a store that does not order events runs the others
+/// with `store_contract!(unordered: $make)`. Every case runs on a multi-threaded runtime with
+/// two workers.
 #[macro_export]
 macro_rules! store_contract {
-    ($make:expr) => {
-        $crate::store_contract!(@tests $make;
+    (unordered: $make:expr) => {
+        $crate::store_contract!(@tests contract_tests $make;
             reserve_complete_then_duplicate,
             complete_is_safe_to_retry,
             release_and_renew_check_the_token,
@@ -699,25 +709,29 @@ macro_rules! store_contract {
             batch_items_are_claimed_one_by_one,
             overlapping_batches_race_exactly_once,
             a_told_expiry_is_within_the_retention,
+        );
+    };
+    ($make:expr) => {
+        $crate::store_contract!(unordered: $make);
+        $crate::store_contract!(@tests ordered_contract_tests $make;
             ordered_events_keep_the_highest_position,
             an_object_is_held_by_one_claim_at_a_time,
             an_objects_lease_expires_with_its_owner,
             concurrent_events_of_one_object_have_one_holder,
         );
     };
-    (@tests $make:expr; $($name:ident),* $(,)?) => {
-        mod contract_tests {
+    (@tests $module:ident $make:expr; $($name:ident),* $(,)?) => {
+        mod $module {
             use super::*;
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     let (store, _guard) = $make.await;
-                    contract::$name(store).await;
+                    $crate::test_util::store::$name(store).await;
                 }
             )*
         }
     };
 }
 
-#[allow(unused_imports)]
-pub use store_contract;
+pub use crate::store_contract;
