@@ -36,8 +36,6 @@ mod json;
 pub(crate) mod query;
 mod scan;
 pub(crate) mod value;
-#[allow(dead_code)]
-mod walk;
 
 use std::sync::OnceLock;
 

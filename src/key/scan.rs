@@ -40,7 +40,7 @@ const PATHS_PER_PASS: usize = 64;
 
 /// What [`ScanError::NotAnId`] says about a number with a fraction or an
 /// exponent.
-pub(super) const FRACTIONAL: &str = "a number with a fraction or an exponent";
+const FRACTIONAL: &str = "a number with a fraction or an exponent";
 
 /// Error class of input that ends inside a string.
 const END_IN_STRING: &str = "unexpected end of input in a string";
@@ -53,7 +53,7 @@ const BAD_UTF8: &str = "invalid UTF-8 in a string";
 
 /// One step of a [`SimplePath`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Segment {
+enum Segment {
     /// `.name`, `['name']` or `["name"]`: the member with this (decoded) name.
     Name(String),
     /// `[N]`: the element at this index; a negative index counts from the end.
@@ -69,7 +69,7 @@ pub(super) enum Segment {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SimplePath {
     /// The segments after `$`, in order.
-    pub(super) segments: Vec<Segment>,
+    segments: Vec<Segment>,
 }
 
 impl SimplePath {
