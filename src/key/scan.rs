@@ -23,6 +23,14 @@
 //!   not JSON.
 //! - A negative index needs the length of the array: the elements are counted
 //!   by a quick pre-scan before the array is walked.
+//!
+//! Why not serde: a `DeserializeSeed` over `serde_json::Deserializer` was tried
+//! in its place. serde_json's quick skip (`IgnoredAny`) checks neither UTF-8,
+//! nor escapes, nor number range, nor depth, so a walk that refuses every body
+//! a `Value` refuses must visit the skipped values one by one, must buffer an
+//! array to learn its length and needs raw values to keep an integer's digits;
+//! it executes more instructions than this scanner on webhook bodies (figures in
+//! docs/performance.md), even with the quick skip.
 
 use std::borrow::{Borrow, Cow};
 use std::cmp::Ordering;
@@ -2163,6 +2171,8 @@ mod tests {
         Array(Vec<Doc>),
         /// An object, members in order, duplicates allowed.
         Object(Vec<(String, Doc)>),
+        /// A token written as it is (a number serde_json may refuse).
+        Raw(&'static str),
     }
 
     /// A document tree with duplicate member names.
@@ -2185,6 +2195,7 @@ mod tests {
         match doc {
             Doc::Leaf(Value::String(text)) => write_string(text, style, out),
             Doc::Leaf(value) => out.push_str(&value.to_string()),
+            Doc::Raw(token) => out.push_str(token),
             Doc::Array(items) => {
                 out.push('[');
                 for (i, item) in items.iter().enumerate() {
@@ -2428,6 +2439,290 @@ mod tests {
             }
             let p = SimplePath { segments };
             check_validity(&body, &[&p])?;
+        }
+    }
+
+    // ---- differential fuzzing against a reference on `serde_json::Value` ----
+
+    /// What the reference says about a body: `None` when serde_json does not take it as a
+    /// `Value`; otherwise, per path, the ids (or what the value is when it is not an id) that
+    /// the path selects in the DOM.
+    fn reference(
+        body: &[u8],
+        paths: &[SimplePath],
+    ) -> Option<Vec<Vec<Result<String, &'static str>>>> {
+        let value: Value = serde_json::from_slice(body).ok()?;
+        Some(
+            paths
+                .iter()
+                .map(|p| select(&value, &p.segments).into_iter().map(as_id).collect())
+                .collect(),
+        )
+    }
+
+    /// Checks the scanner against [`reference`] on `body`: the same verdict on validity, no
+    /// id handed out for a body that is not JSON, the same ids per path (as multisets: the
+    /// scanner goes in document order, the DOM in its map's order), and, when a selected value
+    /// is not an id, an error that names one of them after ids the reference also selects.
+    fn check_against_reference(body: &[u8], paths: &[SimplePath]) -> Result<(), TestCaseError> {
+        let refs: Vec<&SimplePath> = paths.iter().collect();
+        let mut calls: Vec<(usize, String)> = Vec::new();
+        let result = scan(body, &refs, &mut |index, key| {
+            calls.push((index, key.into_owned()));
+            Ok(())
+        });
+        let shown = String::from_utf8_lossy(body);
+        let Some(per_path) = reference(body, paths) else {
+            prop_assert!(
+                matches!(result, Err(ScanError::NotJson(_))),
+                "{:?} for {}",
+                result,
+                shown
+            );
+            prop_assert!(
+                calls.is_empty(),
+                "ids handed out for a body that is not JSON: {}",
+                shown
+            );
+            return Ok(());
+        };
+        let bad: Vec<&str> = per_path
+            .iter()
+            .flatten()
+            .filter_map(|r| r.clone().err())
+            .collect();
+        let mut expected: Vec<(usize, String)> = per_path
+            .iter()
+            .enumerate()
+            .flat_map(|(i, ids)| {
+                ids.iter()
+                    .filter_map(move |r| r.clone().ok().map(|k| (i, k)))
+            })
+            .collect();
+        expected.sort();
+        calls.sort();
+        match result {
+            Ok(()) => {
+                prop_assert!(bad.is_empty(), "missed {:?} in {}", bad, shown);
+                prop_assert_eq!(calls, expected, "{}", shown);
+            }
+            Err(ScanError::NotAnId(what)) => {
+                prop_assert!(bad.contains(&what), "{} in {}", what, shown);
+                // Every id handed out before the error is one the reference selects.
+                let mut left = expected;
+                for call in calls {
+                    let at = left.iter().position(|e| *e == call);
+                    prop_assert!(at.is_some(), "{:?} not selected in {}", call, shown);
+                    if let Some(at) = at {
+                        left.remove(at);
+                    }
+                }
+            }
+            Err(ScanError::NotJson(why)) => prop_assert!(false, "NotJson ({}) for {}", why, shown),
+        }
+        Ok(())
+    }
+
+    /// Number tokens whose DOM value the reference reads exactly (so no `-0` and no integer
+    /// beyond 64 bits, which a `Value` holds as a float), and tokens at the edge of, or beyond,
+    /// what serde_json accepts.
+    const NUMBERS: &[&str] = &[
+        "0",
+        "7",
+        "-12",
+        "18446744073709551615",
+        "-9223372036854775808",
+        "1.5",
+        "-0.0",
+        "1e2",
+        "2E-3",
+        "1e-400",
+        "1e308",
+        "1.7976931348623157e308",
+        "1.8e308",
+        "1e400",
+        "-1e400",
+        "01",
+        "1.",
+        ".5",
+        "-",
+        "1e",
+        "+1",
+    ];
+
+    /// Invalid UTF-8 (a lone continuation byte, a truncated sequence, an overlong form, an
+    /// encoded surrogate, a code point above U+10FFFF) and escapes serde_json refuses (lone
+    /// surrogates, a low surrogate first, a bad escape letter, short hex).
+    const BAD_IN_STRINGS: &[&[u8]] = &[
+        b"\x80",
+        b"\xc3",
+        b"\xe2\x82",
+        b"\xc0\xaf",
+        b"\xed\xa0\x80",
+        b"\xf4\x90\x80\x80",
+        b"\xff",
+        br"\ud800",
+        br"\udc00",
+        br"\udc00\ud800",
+        br"\ud800x",
+        br"\x",
+        br"\u12",
+        b"\x01",
+    ];
+
+    /// A document tree like [`arb_doc`] whose leaves may also be raw number tokens.
+    fn arb_doc_with_numbers() -> impl Strategy<Value = Doc> {
+        let leaf = prop_oneof![
+            4 => arb_leaf().prop_map(Doc::Leaf),
+            1 => prop::sample::select(NUMBERS).prop_map(Doc::Raw),
+        ];
+        leaf.prop_recursive(5, 64, 6, |inner| {
+            prop_oneof![
+                vec(inner.clone(), 0..6).prop_map(Doc::Array),
+                vec((arb_name(), inner), 0..7).prop_map(Doc::Object),
+            ]
+        })
+    }
+
+    /// `doc` written as JSON (see [`write_doc`]).
+    fn write_with_numbers(doc: &Doc, style: u8) -> String {
+        let mut text = String::new();
+        write_doc(doc, style, &mut text);
+        text
+    }
+
+    /// How a generated body is damaged before it is scanned.
+    #[derive(Debug, Clone)]
+    enum Damage {
+        /// Left as it is.
+        None,
+        /// Cut after this many bytes (an index into the body).
+        Truncate(prop::sample::Index),
+        /// A bad sequence put just after the opening quote of one of its strings.
+        InString(prop::sample::Index, &'static [u8]),
+        /// A byte put anywhere. Never a digit or `-`: put in a number, they could make an
+        /// integer beyond 64 bits or `-0`, which the reference's `Value` holds as a float
+        /// while the scanner keeps the digits (the unit tests `integers` check those).
+        Byte(prop::sample::Index, u8),
+    }
+
+    fn arb_damage() -> impl Strategy<Value = Damage> {
+        prop_oneof![
+            3 => Just(Damage::None),
+            1 => any::<prop::sample::Index>().prop_map(Damage::Truncate),
+            1 => (any::<prop::sample::Index>(), prop::sample::select(BAD_IN_STRINGS))
+                .prop_map(|(at, bad)| Damage::InString(at, bad)),
+            1 => (any::<prop::sample::Index>(), prop::sample::select(b"[]{}\",:.eE\\ \x00\xff".to_vec()))
+                .prop_map(|(at, byte)| Damage::Byte(at, byte)),
+        ]
+    }
+
+    fn damage(mut body: Vec<u8>, how: &Damage) -> Vec<u8> {
+        match how {
+            Damage::None => {}
+            Damage::Truncate(at) => body.truncate(at.index(body.len() + 1)),
+            Damage::InString(at, bad) => {
+                let quotes: Vec<usize> = body
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| **b == b'"')
+                    .map(|(i, _)| i)
+                    .collect();
+                if !quotes.is_empty() {
+                    let i = quotes[at.index(quotes.len())] + 1;
+                    body.splice(i..i, bad.iter().copied());
+                }
+            }
+            Damage::Byte(at, byte) => {
+                let i = at.index(body.len() + 1);
+                body.insert(i, *byte);
+            }
+        }
+        body
+    }
+
+    /// The nesting a document is wrapped in: `levels` arrays (`[..]`) or objects
+    /// (`{"a":..}`, or `{"a":..,"a":..}` with a decoy first).
+    fn wrap(inner: &str, levels: usize, kind: u8) -> (String, Vec<Segment>) {
+        let mut text = String::new();
+        let mut prefix = Vec::new();
+        for level in 0..levels {
+            match (kind + level as u8) % 3 {
+                0 => {
+                    text.push('[');
+                    prefix.push(Segment::Index(0));
+                }
+                1 => {
+                    text.push_str(r#"{"a":"#);
+                    prefix.push(Segment::Name("a".into()));
+                }
+                _ => {
+                    text.push_str(r#"{"a":"decoy","a":"#);
+                    prefix.push(Segment::Wildcard);
+                }
+            }
+        }
+        text.push_str(inner);
+        for level in (0..levels).rev() {
+            text.push(if (kind + level as u8) % 3 == 0 {
+                ']'
+            } else {
+                '}'
+            });
+        }
+        (text, prefix)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Random documents (duplicate names, escapes, white space, number tokens at and beyond
+        /// serde_json's range), damaged or not (truncated, invalid UTF-8 and lone surrogates in
+        /// strings, stray bytes), and random paths: the scanner agrees with the reference on
+        /// validity and on the selected ids.
+        #[test]
+        fn agrees_with_the_dom(
+            doc in arb_doc_with_numbers(),
+            style in 0u8..8,
+            paths in vec(vec(prop_oneof![
+                arb_name().prop_map(Segment::Name),
+                (-4i64..4).prop_map(Segment::Index),
+                Just(Segment::Wildcard),
+            ], 0..6), 0..5),
+            how in arb_damage(),
+        ) {
+            let body = damage(write_with_numbers(&doc, style).into_bytes(), &how);
+            let paths: Vec<SimplePath> = paths.into_iter().map(|segments| SimplePath { segments }).collect();
+            check_against_reference(&body, &paths)?;
+        }
+
+        /// The same, inside 100 to 135 levels of nesting (serde_json's limit and the scanner's
+        /// are the same: 127), with paths that go down through it or stop on the way.
+        #[test]
+        fn deep_documents_agree_with_the_dom(
+            doc in arb_doc_with_numbers(),
+            levels in 100usize..136,
+            kind in 0u8..3,
+            tails in vec(vec(prop_oneof![
+                arb_name().prop_map(Segment::Name),
+                (-2i64..2).prop_map(Segment::Index),
+                Just(Segment::Wildcard),
+            ], 0..3), 1..4),
+            cut in 0usize..140,
+            how in arb_damage(),
+        ) {
+            let inner = write_with_numbers(&doc, 0);
+            let (text, prefix) = wrap(&inner, levels, kind);
+            let body = damage(text.into_bytes(), &how);
+            let paths: Vec<SimplePath> = tails
+                .into_iter()
+                .map(|tail| {
+                    let mut segments = prefix[..cut.min(prefix.len())].to_vec();
+                    segments.extend(tail);
+                    SimplePath { segments }
+                })
+                .collect();
+            check_against_reference(&body, &paths)?;
         }
     }
 }
