@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 
 use crate::IdempotencyStore;
+use crate::claim::backoff::Backoff;
 use crate::claim::observe::{Observer, Stopwatch, StoreOp};
 use crate::http::config::Settings;
 use crate::http::items::BatchItems;
@@ -65,26 +66,9 @@ where
     }
 }
 
-/// The one retry policy of the guard: 100 ms, doubling, at most 2 s apart.
-#[derive(Clone, Copy, Debug)]
-struct Backoff {
-    next: Duration,
-}
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(100);
-    const MAX: Duration = Duration::from_secs(2);
-
-    fn new() -> Self {
-        Backoff { next: Self::FIRST }
-    }
-
-    /// The pause before the next try.
-    fn pause(&mut self) -> Duration {
-        let pause = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        pause
-    }
+/// The guard's retries of a store call: 100 ms, doubling, at most 2 s apart.
+fn retries() -> Backoff {
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(2))
 }
 
 /// How many times a release is tried in the background before the lease TTL is left to
@@ -645,7 +629,7 @@ impl Drop for SettleOnDrop {
 }
 
 async fn complete_with_retries(calls: &Arc<dyn ClaimCalls>, subset: &Subset, record: &Record) {
-    let mut backoff = Backoff::new();
+    let mut backoff = retries();
     let mut retried = false;
     loop {
         match calls.clone().complete(subset.clone(), record.clone()).await {
@@ -696,7 +680,7 @@ fn release_in_background(calls: Arc<dyn ClaimCalls>, subset: Subset, tried: usiz
         );
     };
     handle.spawn(async move {
-        let mut backoff = Backoff::new();
+        let mut backoff = retries();
         for attempt in tried..RELEASE_TRIES {
             if attempt > 0 {
                 tokio::time::sleep(backoff.pause()).await;

@@ -2,6 +2,7 @@
 //! owns one claim from its reserve to its settlement, and the observer that counts and logs
 //! each outcome.
 
+pub(crate) mod backoff;
 pub(crate) mod guard;
 pub(crate) mod observe;
 pub(crate) mod outcome;

@@ -71,8 +71,7 @@ impl Backoff {
 
     /// The delay before the attempt after `attempts`, without jitter.
     fn ceiling(&self, attempts: u32) -> Duration {
-        let doubling = 2u32.saturating_pow(attempts.saturating_sub(1).min(31));
-        self.base.saturating_mul(doubling).min(self.max_delay)
+        crate::claim::backoff::nth(self.base, self.max_delay, attempts)
     }
 }
 

@@ -11,6 +11,7 @@ use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
 use fred::types::Builder;
 use futures_util::future::{Either, select};
 
+use crate::claim::backoff::Backoff;
 use crate::inbox::wake::Announcer;
 
 /// How long the relay waits before it tries to connect or subscribe again the first time;
@@ -63,18 +64,18 @@ impl Drop for Subscriber {
 impl Subscriber {
     async fn listen(&self, channels: &[String], announcer: &Announcer) {
         let client = &self.0;
-        let mut retry = RETRY;
+        let mut retry = Backoff::new(RETRY, MAX_RETRY);
         while let Err(error) = client.init().await {
             tracing::warn!(%error, "inbox: the subscriber for enqueues cannot connect; polling");
-            retry = backoff(retry).await;
+            retry.wait().await;
         }
         // Resubscribes after a reconnection (and ends with the client).
         let _resubscribing = client.manage_subscriptions();
         let (mut messages, mut reconnects) = (client.message_rx(), client.reconnect_rx());
-        let mut retry = RETRY;
+        let mut retry = Backoff::new(RETRY, MAX_RETRY);
         while let Err(error) = client.subscribe(channels.to_vec()).await {
             tracing::warn!(%error, "inbox: subscribing to enqueues failed; polling");
-            retry = backoff(retry).await;
+            retry.wait().await;
         }
         // Listening now: what was enqueued before may have gone unheard.
         announcer.announce(UNIX_EPOCH);
@@ -99,12 +100,6 @@ impl Subscriber {
             announcer.announce(at);
         }
     }
-}
-
-/// Waits `retry`; the next wait, doubled up to [`MAX_RETRY`].
-async fn backoff(retry: Duration) -> Duration {
-    tokio::time::sleep(retry).await;
-    (retry * 2).min(MAX_RETRY)
 }
 
 /// The due time a message's text gives, in microseconds since the epoch (the epoch, to take
