@@ -99,8 +99,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
+use axum::extract::FromRequestParts;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::http::request::Parts;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
@@ -125,11 +127,13 @@ const TEST_GITHUB_SECRET: &str = "It's a Secret to Everybody";
 
 /// The receiver's visible state: side effects performed, and message statuses; with
 /// `DATABASE_URL` or `REDIS_URL`, also the effects the inbox's workers store (in any process).
+/// Cloned for every request (axum's `State`): each part behind an `Arc`, so that a clone copies
+/// no connection handle of the inbox's.
 #[derive(Clone, Default)]
 struct AppState {
     effects: Arc<Mutex<Effects>>,
     messages: Arc<Mutex<HashMap<String, String>>>,
-    table: Option<email_inbox::Effects>,
+    table: Option<Arc<email_inbox::Effects>>,
 }
 
 #[derive(Default)]
@@ -164,35 +168,53 @@ impl AppState {
     }
 }
 
-/// `x-demo-delay-ms` and `x-demo-fail`, for trying retries and concurrency by hand.
-async fn demo_behaviour(headers: &HeaderMap) -> Option<Response> {
-    // Names made once: a lookup by `&str` parses and checks the name on every request.
-    const DELAY: HeaderName = HeaderName::from_static("x-demo-delay-ms");
-    const FAIL: HeaderName = HeaderName::from_static("x-demo-fail");
-    if let Some(ms) = headers
-        .get(DELAY)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-    {
-        tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
+/// `x-demo-delay-ms`, `x-demo-fail` and `x-demo-fail-item`, for trying retries and concurrency
+/// by hand: read from the request's headers where they are, not from a copy of them all.
+struct Demo {
+    delay_ms: Option<u64>,
+    fail: bool,
+    fail_item: Option<HeaderValue>,
+}
+
+impl<S: Sync> FromRequestParts<S> for Demo {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        // Names made once: a lookup by `&str` parses and checks the name on every request.
+        const DELAY: HeaderName = HeaderName::from_static("x-demo-delay-ms");
+        const FAIL: HeaderName = HeaderName::from_static("x-demo-fail");
+        const FAIL_ITEM: HeaderName = HeaderName::from_static("x-demo-fail-item");
+        let headers = &parts.headers;
+        Ok(Demo {
+            delay_ms: (headers.get(DELAY)).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()),
+            fail: (headers.get(FAIL)).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")),
+            fail_item: headers.get(FAIL_ITEM).cloned(),
+        })
     }
-    let fail = headers
-        .get(FAIL)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-    fail.then(|| {
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Json(json!({"error": "x-demo-fail was set"})),
-        )
-            .into_response()
-    })
+}
+
+impl Demo {
+    /// Sleeps `x-demo-delay-ms`, then answers 500 if `x-demo-fail` is set.
+    async fn behave(&self) -> Option<Response> {
+        if let Some(ms) = self.delay_ms {
+            tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
+        }
+        self.fail.then(|| {
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(json!({"error": "x-demo-fail was set"})),
+            )
+                .into_response()
+        })
+    }
 }
 
 async fn webhook(
     State(state): State<AppState>,
     Extension(key): Extension<IdempotencyKey>,
-    headers: HeaderMap,
+    demo: Demo,
 ) -> Response {
-    if let Some(failure) = demo_behaviour(&headers).await {
+    if let Some(failure) = demo.behave().await {
         return failure;
     }
     state.record(&key);
@@ -205,16 +227,16 @@ async fn meta(
     State(state): State<AppState>,
     Extension(key): Extension<IdempotencyKey>,
     items: Option<Extension<BatchItems>>,
-    headers: HeaderMap,
+    demo: Demo,
 ) -> Response {
-    if let Some(failure) = demo_behaviour(&headers).await {
+    if let Some(failure) = demo.behave().await {
         return failure;
     }
     let Some(Extension(items)) = items else {
         state.record(&key);
         return Json(json!({"ok": true})).into_response();
     };
-    let fail_at = headers.get("x-demo-fail-item").map(|v| v.as_bytes());
+    let fail_at = demo.fail_item.as_ref().map(HeaderValue::as_bytes);
     let mut applied = 0;
     for item in items.new_items() {
         if fail_at == Some(item.as_bytes()) {
@@ -237,10 +259,10 @@ async fn meta(
 async fn email(
     State(state): State<AppState>,
     Extension(key): Extension<IdempotencyKey>,
-    headers: HeaderMap,
+    demo: Demo,
     body: Bytes,
 ) -> Response {
-    if let Some(failure) = demo_behaviour(&headers).await {
+    if let Some(failure) = demo.behave().await {
         return failure;
     }
     // The layer already read `message_id` and `occurred_at` (a 400 without them).
@@ -280,9 +302,9 @@ async fn message(State(state): State<AppState>, Path(message_id): Path<String>) 
 async fn create_order(
     State(state): State<AppState>,
     Extension(key): Extension<IdempotencyKey>,
-    headers: HeaderMap,
+    demo: Demo,
 ) -> Response {
-    if let Some(failure) = demo_behaviour(&headers).await {
+    if let Some(failure) = demo.behave().await {
         return failure;
     }
     state.record(&key);
@@ -440,7 +462,7 @@ fn app(
         .key(JsonPathKey::new("$.event_id")?)
         .order(email_order);
     let state = AppState {
-        table: email_inbox::shared_effects(&inbox),
+        table: email_inbox::shared_effects(&inbox).map(Arc::new),
         ..AppState::default()
     };
     let inbox_routes = inbox::routes(settings, &state, inbox)?;

@@ -55,10 +55,10 @@ pub(super) fn routes(
         .order(order)
         .keep_headers([CONTENT_TYPE]);
     if env.workers > 0 {
-        let effects = state
-            .table
-            .clone()
-            .unwrap_or_else(|| in_process(state.clone()));
+        let effects = match &state.table {
+            Some(table) => (**table).clone(),
+            None => in_process(state.clone()),
+        };
         let worker = env.worker(inbox.clone(), effects);
         tokio::spawn(worker.run(std::future::pending()));
     }
