@@ -28,6 +28,7 @@ use futures_util::future::BoxFuture;
 use crate::IdempotencyStore;
 use crate::claim::backoff::Backoff;
 use crate::claim::observe::{Observer, Stopwatch, StoreOp};
+use crate::fingerprint::Fingerprint;
 use crate::http::config::Settings;
 use crate::http::items::BatchItems;
 use crate::store::record::{Record, StoredResponse};
@@ -451,6 +452,33 @@ impl ClaimGuard {
         self.calls.state().extend(started);
         self.reserved_at = ended;
         result
+    }
+
+    /// The reserve, repeated while another attempt holds one of the targets (a key held by
+    /// an attempt with the same `fingerprint`, or a busy object) and `wait` allows another try:
+    /// the one wait for an attempt in flight, of every door. Pauses start at 10 ms and double
+    /// up to 250 ms; the last answers are returned as they are, busy or not.
+    pub(crate) async fn reserve_waiting(
+        &mut self,
+        wait: Option<Duration>,
+        fingerprint: &Fingerprint,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        let deadline = wait.map(|wait| Instant::now() + wait);
+        let mut pauses = Backoff::new(Duration::from_millis(10), Duration::from_millis(250));
+        loop {
+            let answers = self.reserve().await?;
+            let busy = answers.iter().any(|answer| match answer {
+                Reservation::InFlight { fingerprint: held } => held.matches(fingerprint),
+                Reservation::ObjectBusy => true,
+                _ => false,
+            });
+            let pause = pauses.pause();
+            if !(busy && deadline.is_some_and(|d| Instant::now() + pause < d)) {
+                return Ok(answers);
+            }
+            // Boxed: the timer would otherwise sit in every caller's future, waiting or not.
+            Box::pin(tokio::time::sleep(pause)).await;
+        }
     }
 
     /// Starts timing the inner service: from the end of the reserve, when that was measured

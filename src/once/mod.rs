@@ -48,7 +48,7 @@ mod layer;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod tx;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::{Either, select};
@@ -301,25 +301,18 @@ impl Idempotent {
         guard: &mut ClaimGuard,
         fingerprint: &Fingerprint,
     ) -> Result<Reservation, OnceError<E>> {
-        let deadline = self.settings.wait_in_flight.map(|w| Instant::now() + w);
-        let mut pause = Duration::from_millis(10);
-        loop {
-            let answer = match guard.reserve().await {
-                Ok(answers) => answers.into_iter().next(),
-                Err(err) => return Err(OnceError::Store(err)),
-            };
-            let Some(answer) = answer else {
-                return Err(OnceError::Store(StoreError::new(StoreErrorKind::Corrupt)));
-            };
-            let waits = matches!(&answer, Reservation::InFlight { fingerprint: held }
-                if held.matches(fingerprint));
-            if !(waits && deadline.is_some_and(|d| Instant::now() + pause < d)) {
-                guard.keep(std::slice::from_ref(&answer));
-                return Ok(answer);
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(200));
-        }
+        let answer = match guard
+            .reserve_waiting(self.settings.wait_in_flight, fingerprint)
+            .await
+        {
+            Ok(answers) => answers.into_iter().next(),
+            Err(err) => return Err(OnceError::Store(err)),
+        };
+        let Some(answer) = answer else {
+            return Err(OnceError::Store(StoreError::new(StoreErrorKind::Corrupt)));
+        };
+        guard.keep(std::slice::from_ref(&answer));
+        Ok(answer)
     }
 }
 

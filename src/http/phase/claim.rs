@@ -1,8 +1,6 @@
 //! Phase 4: the claim. The reserve (waiting, when asked, for an attempt in flight), then what
 //! its answers mean: call the inner service, or answer now.
 
-use std::time::{Duration, Instant};
-
 use http::Request;
 use http::request::Parts;
 
@@ -42,7 +40,10 @@ pub(crate) async fn claim<B, ResBody>(
     let claim = Claim::new(fingerprint);
     let mut guard = claims.open(request.derived.targets.clone(), claim, settings);
     guard.set_grpc(grpc);
-    match reserve(&mut guard, settings, &fingerprint).await {
+    match guard
+        .reserve_waiting(settings.wait_in_flight, &fingerprint)
+        .await
+    {
         Ok(answers) => decide(guard, answers, settings, request, grpc).await,
         Err(err) => {
             let one_key = request.derived.items.is_none() && !request.derived.signed;
@@ -58,30 +59,6 @@ pub(crate) async fn claim<B, ResBody>(
             }
             store_failure(err, settings, *request, grpc)
         }
-    }
-}
-
-/// The reserve; a duplicate of an attempt in flight (or an event whose object is busy) may wait
-/// for it, as configured (a batch retries its own claims: they answer "acquired" again).
-async fn reserve(
-    guard: &mut ClaimGuard,
-    settings: &Settings,
-    fingerprint: &Fingerprint,
-) -> Result<Vec<Reservation>, StoreError> {
-    let deadline = settings.wait_in_flight.map(|wait| Instant::now() + wait);
-    let mut pause = Duration::from_millis(10);
-    loop {
-        let answers = guard.reserve().await?;
-        let waits = match busy(&answers) {
-            Some(Busy::Key(held)) => held.matches(fingerprint),
-            Some(Busy::Object) => true,
-            None => false,
-        };
-        if !(waits && deadline.is_some_and(|d| Instant::now() + pause < d)) {
-            return Ok(answers);
-        }
-        Box::pin(tokio::time::sleep(pause)).await;
-        pause = (pause * 2).min(Duration::from_millis(250));
     }
 }
 
