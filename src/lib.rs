@@ -189,13 +189,13 @@ pub mod test_util;
 mod util;
 pub mod verify;
 
+pub use self::claim::items::BatchItems;
 pub use self::claim::observe::OutcomeEvent;
 pub use self::claim::outcome::Outcome;
 pub use self::http::answer::IDEMPOTENT_REPLAYED;
 pub use self::http::body::{RequestBody, ResponseBody};
 pub use self::http::config::{AckResponse, FailureMode, MissingKey, Mode, OnMismatch, Scope};
 pub use self::http::future::ResponseFuture;
-pub use self::http::items::BatchItems;
 pub use self::http::layer::IdempotencyLayer;
 pub use self::http::rejection;
 pub use self::http::service::Idempotency;

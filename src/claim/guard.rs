@@ -27,10 +27,10 @@ use futures_util::future::BoxFuture;
 
 use crate::IdempotencyStore;
 use crate::claim::backoff::Backoff;
+use crate::claim::items::BatchItems;
 use crate::claim::observe::{Observer, Stopwatch, StoreOp};
+use crate::claim::policy::Policy;
 use crate::fingerprint::Fingerprint;
-use crate::http::config::Settings;
-use crate::http::items::BatchItems;
 use crate::store::record::{Record, StoredResponse};
 use crate::store::{
     CachedStore, Claim, Completion, LocalCache, Reservation, StoreError, StoreErrorKind, StoreKey,
@@ -316,7 +316,7 @@ type Reserved = (Result<Vec<Reservation>, StoreError>, Option<Instant>);
 pub(crate) struct ClaimOpener(Arc<dyn OpenClaims>);
 
 trait OpenClaims: Send + Sync + 'static {
-    fn open(&self, targets: Targets, claim: Claim, settings: &Settings) -> ClaimGuard;
+    fn open(&self, targets: Targets, claim: Claim, policy: &Policy) -> ClaimGuard;
     fn with_cache(&self, cache: Option<LocalCache>) -> ClaimOpener;
 }
 
@@ -326,13 +326,13 @@ struct Opener<St> {
 }
 
 impl<St: IdempotencyStore> OpenClaims for Opener<St> {
-    fn open(&self, targets: Targets, claim: Claim, settings: &Settings) -> ClaimGuard {
+    fn open(&self, targets: Targets, claim: Claim, policy: &Policy) -> ClaimGuard {
         match &self.cache {
             Some(cache) => {
                 let store = CachedStore::with_cache(self.store.clone(), cache.clone());
-                ClaimGuard::new(store, targets, claim, settings)
+                ClaimGuard::new(store, targets, claim, policy)
             }
-            None => ClaimGuard::new(self.store.clone(), targets, claim, settings),
+            None => ClaimGuard::new(self.store.clone(), targets, claim, policy),
         }
     }
 
@@ -358,8 +358,8 @@ impl ClaimOpener {
     }
 
     /// A guard for `claim` on `targets`, not yet reserved.
-    pub(crate) fn open(&self, targets: Targets, claim: Claim, settings: &Settings) -> ClaimGuard {
-        self.0.open(targets, claim, settings)
+    pub(crate) fn open(&self, targets: Targets, claim: Claim, policy: &Policy) -> ClaimGuard {
+        self.0.open(targets, claim, policy)
     }
 }
 
@@ -408,19 +408,19 @@ impl ClaimGuard {
         store: St,
         targets: Targets,
         claim: Claim,
-        settings: &Settings,
+        policy: &Policy,
     ) -> Self {
         let state = ClaimState {
-            observer: settings.observer.clone(),
+            observer: policy.observer.clone(),
             claim,
-            lease: settings.lease,
-            retention: settings.retention,
-            timeout: layer_timeout(&store, settings.store_timeout),
+            lease: policy.lease,
+            retention: policy.retention,
+            timeout: layer_timeout(&store, policy.store_timeout),
             asked: targets,
             acquired: OnceLock::new(),
             stopped: AtomicBool::new(false),
             renewing: AtomicBool::new(false),
-            quick_settle: settings.store_timeout.saturating_mul(2) < settings.lease,
+            quick_settle: policy.store_timeout.saturating_mul(2) < policy.lease,
             settling: AtomicBool::new(false),
             alive_until: AtomicU64::new(0),
         };

@@ -4,6 +4,8 @@
 
 pub(crate) mod backoff;
 pub(crate) mod guard;
+pub(crate) mod items;
 pub(crate) mod observe;
 pub(crate) mod outcome;
+pub(crate) mod policy;
 pub(crate) mod throttle;

@@ -105,7 +105,7 @@ pub(crate) fn stale<B>(
         None => at.to_string(),
     };
     tracing::info!(
-        namespace = settings.observer.namespace(),
+        namespace = settings.policy.observer.namespace(),
         position = %show(position),
         watermark = %show(watermark),
         "stale event: older than what was processed for its object; acknowledged"

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 
-use crate::claim::observe::Observer;
+use crate::claim::policy::Policy;
 use crate::defaults;
 use crate::http::classify::Classifier;
 use crate::http::rejection::{ProblemJson, RenderRejection};
@@ -175,13 +175,11 @@ pub(crate) struct Settings {
     pub(crate) verifier: Option<Arc<dyn VerifyRequest>>,
     /// Orders the events of each object.
     pub(crate) order: Option<Arc<EventOrder>>,
-    pub(crate) observer: Observer,
+    /// What the claims of this layer need: lease, retention, store timeout, wait, observer.
+    pub(crate) policy: Policy,
     pub(crate) scope: Scope,
     pub(crate) body_limit: usize,
     pub(crate) body_timeout: Option<Duration>,
-    pub(crate) lease: Duration,
-    pub(crate) retention: Duration,
-    pub(crate) store_timeout: Duration,
     pub(crate) missing_key: MissingKey,
     pub(crate) methods: Option<Vec<Method>>,
     pub(crate) mode: Mode,
@@ -191,7 +189,6 @@ pub(crate) struct Settings {
     pub(crate) failure_mode: FailureMode,
     pub(crate) in_flight_retry_after: Duration,
     pub(crate) store_retry_after: Duration,
-    pub(crate) wait_in_flight: Option<Duration>,
     pub(crate) fingerprint: bool,
     pub(crate) response_buffer_limit: usize,
     pub(crate) classifier: Classifier,
@@ -225,13 +222,10 @@ impl Default for Settings {
         Settings {
             verifier: None,
             order: None,
-            observer: Observer::new("default"),
+            policy: Policy::default(),
             scope: Scope::path(),
             body_limit: defaults::BODY_LIMIT,
             body_timeout: None,
-            lease: defaults::LEASE,
-            retention: defaults::RETENTION,
-            store_timeout: defaults::STORE_TIMEOUT,
             missing_key: MissingKey::Reject,
             methods: None,
             mode: Mode::Ack,
@@ -250,7 +244,6 @@ impl Default for Settings {
             failure_mode: FailureMode::Closed,
             in_flight_retry_after: Duration::from_secs(1),
             store_retry_after: Duration::from_secs(5),
-            wait_in_flight: None,
             fingerprint: true,
             response_buffer_limit: defaults::RESPONSE_BUFFER_LIMIT,
             classifier: Classifier::default(),

@@ -177,7 +177,10 @@ where
                 ),
                 Err(_) => (*this.outcome_on_err, None),
             };
-            settings.observer.outcome(outcome, status, *this.timer);
+            settings
+                .policy
+                .observer
+                .outcome(outcome, status, *this.timer);
         }
         Poll::Ready(output)
     }
@@ -252,7 +255,7 @@ where
             } => {
                 let result = ready!(fut.poll(cx));
                 if let Some(settings) = outer.settings {
-                    settings.observer.inner_duration(*timer);
+                    settings.policy.observer.inner_duration(*timer);
                 }
                 match after_call(result, guard.take(), *outcome, outer.settings) {
                     AfterCall::Done(output) => return Poll::Ready(output),
@@ -293,7 +296,7 @@ where
     let fut = inner.call(request);
     let timer = match (&guard, outer.settings) {
         (Some(guard), _) => guard.inner_stopwatch(),
-        (None, Some(settings)) => settings.observer.stopwatch(),
+        (None, Some(settings)) => settings.policy.observer.stopwatch(),
         (None, None) => Stopwatch::OFF,
     };
     State::Calling {

@@ -74,11 +74,11 @@ impl<St, K> fmt::Debug for IdempotencyLayer<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.config.settings;
         f.debug_struct("IdempotencyLayer")
-            .field("namespace", &s.observer.namespace())
+            .field("namespace", &s.policy.observer.namespace())
             .field("scope", &s.scope)
             .field("body_limit", &s.body_limit)
-            .field("lease", &s.lease)
-            .field("retention", &s.retention)
+            .field("lease", &s.policy.lease)
+            .field("retention", &s.policy.retention)
             .field("mode", &s.mode)
             .field("verifies", &s.verifier.is_some())
             .field("order", &s.order)
@@ -293,7 +293,7 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// as is in logs and metric labels, so prefer a short name (`kalipto`, `orders`).
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let namespace = namespace.into();
-        self.with_settings(|s| s.observer.set_namespace(&namespace))
+        self.with_settings(|s| s.policy.observer.set_namespace(&namespace))
     }
 
     /// Sets the per-request part of the scope (default: [`Scope::path`]).
@@ -318,7 +318,7 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// need not cover the slowest handler: it bounds how long a crashed worker's key stays
     /// blocked. Keep it a few times the store's worst latency, so a renewal is never late.
     pub fn lease(self, lease: Duration) -> Self {
-        self.with_settings(|s| s.lease = lease)
+        self.with_settings(|s| s.policy.lease = lease)
     }
 
     /// Sets how long completed keys are kept (default 72 h): at least the sender's retry
@@ -326,7 +326,7 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// workers mark keys done, with the retention of
     /// [`Worker::retention`](crate::inbox::Worker::retention).
     pub fn retention(self, retention: Duration) -> Self {
-        self.with_settings(|s| s.retention = retention)
+        self.with_settings(|s| s.policy.retention = retention)
     }
 
     /// Sets the timeout of each store call (default 2 s). A timeout is a store error.
@@ -336,7 +336,7 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// [`IdempotencyStore::command_timeout`](crate::IdempotencyStore::command_timeout)) is left
     /// to its client's timer: the layer arms none of its own for it.
     pub fn store_timeout(self, timeout: Duration) -> Self {
-        self.with_settings(|s| s.store_timeout = timeout)
+        self.with_settings(|s| s.policy.store_timeout = timeout)
     }
 
     /// Sets what happens to requests without a key (default [`MissingKey::Reject`]).
@@ -392,7 +392,7 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// Lets a duplicate wait up to `max` for an in-flight original to finish, then get its
     /// answer (the ack or the replay) instead of a 409. Off by default.
     pub fn wait_for_in_flight(self, max: Duration) -> Self {
-        self.with_settings(|s| s.wait_in_flight = Some(max))
+        self.with_settings(|s| s.policy.wait_in_flight = Some(max))
     }
 
     /// Turns the payload fingerprint on (default) or off. Off: a reused key is never a
@@ -414,7 +414,7 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// and duration: to count, log or alert in the application's own terms.
     pub fn on_outcome(self, hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
         let hook = Arc::new(hook);
-        self.with_settings(|s| s.observer.set_hook(hook))
+        self.with_settings(|s| s.policy.observer.set_hook(hook))
     }
 
     /// Sets the interval of the log lines of problems an outsider can cause at will (default
@@ -424,7 +424,7 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// `suppressed` field how many were left out since; metrics and the outcome hook still see
     /// every request. `Duration::ZERO` logs every one.
     pub fn log_interval(self, interval: Duration) -> Self {
-        self.with_settings(|s| s.observer.set_log_interval(interval))
+        self.with_settings(|s| s.policy.observer.set_log_interval(interval))
     }
 
     /// Sets how the layer's own answers (400, 409, 413, 422, 503, …) are rendered (default

@@ -8,7 +8,6 @@ pub(crate) mod body;
 pub(crate) mod classify;
 pub(crate) mod config;
 pub(crate) mod future;
-pub(crate) mod items;
 pub(crate) mod layer;
 pub(crate) mod phase;
 pub mod rejection;

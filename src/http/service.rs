@@ -86,7 +86,10 @@ impl<S: fmt::Debug, K> fmt::Debug for Idempotency<S, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Idempotency")
             .field("inner", &self.inner)
-            .field("namespace", &self.config.settings.observer.namespace())
+            .field(
+                "namespace",
+                &self.config.settings.policy.observer.namespace(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -119,10 +122,10 @@ where
             // Fast path: nothing to buffer, verify, key or claim.
             return ResponseFuture::pass_through(self.inner.call(req.map(RequestBody::streaming)));
         }
-        let span = settings.observer.span(req.method());
+        let span = settings.policy.observer.span(req.method());
         let timer = {
             let _entered = span.enter();
-            settings.observer.request_stopwatch()
+            settings.policy.observer.request_stopwatch()
         };
         let grpc = is_grpc(req.headers());
         if content_length(req.headers()).is_some_and(|len| len > settings.body_limit as u64) {

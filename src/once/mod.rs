@@ -61,8 +61,8 @@ pub use self::error::OnceError;
 pub use self::layer::{FingerprintRequest, NoFingerprint, Once, OnceFuture, OnceLayer};
 use crate::IdempotencyStore;
 use crate::claim::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany, Renewal};
+use crate::claim::policy::Policy;
 use crate::fingerprint::Fingerprint;
-use crate::http::config::Settings;
 use crate::store::record::{Record, StoredResponse};
 use crate::store::{Claim, Reservation, StoreError, StoreErrorKind, StoreKey, Target};
 
@@ -82,7 +82,7 @@ use crate::store::{Claim, Reservation, StoreError, StoreErrorKind, StoreKey, Tar
 #[derive(Clone)]
 pub struct Idempotent {
     claims: ClaimOpener,
-    settings: Settings,
+    policy: Policy,
     namespace: String,
 }
 
@@ -90,8 +90,8 @@ impl std::fmt::Debug for Idempotent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Idempotent")
             .field("namespace", &self.namespace)
-            .field("lease", &self.settings.lease)
-            .field("retention", &self.settings.retention)
+            .field("lease", &self.policy.lease)
+            .field("retention", &self.policy.retention)
             .finish_non_exhaustive()
     }
 }
@@ -100,13 +100,9 @@ impl Idempotent {
     /// Runs closures on `store` (behind a local cache of completed keys when the store talks
     /// to a server), in the namespace `"default"`.
     pub fn new<St: IdempotencyStore>(store: St) -> Self {
-        let settings = Settings {
-            fingerprint: false,
-            ..Settings::default()
-        };
         Idempotent {
             claims: ClaimOpener::new(store),
-            settings,
+            policy: Policy::default(),
             namespace: "default".to_owned(),
         }
     }
@@ -114,20 +110,20 @@ impl Idempotent {
     /// The namespace of the keys (keys are hashed with it: two namespaces never collide).
     pub fn namespace(mut self, namespace: &str) -> Self {
         namespace.clone_into(&mut self.namespace);
-        self.settings.observer.set_namespace(namespace);
+        self.policy.observer.set_namespace(namespace);
         self
     }
 
     /// How long a recorded output is kept and replayed.
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.settings.retention = retention;
+        self.policy.retention = retention;
         self
     }
 
     /// The lease of a claim: renewed every third of it while the closure runs, so a crashed
     /// owner's key is free again within about one lease.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.settings.lease = lease;
+        self.policy.lease = lease;
         self
     }
 
@@ -135,7 +131,7 @@ impl Idempotent {
     /// within it (its [`command_timeout`](crate::IdempotencyStore::command_timeout)) is left to
     /// its client's timer.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.store_timeout = timeout;
+        self.policy.store_timeout = timeout;
         self
     }
 
@@ -143,7 +139,7 @@ impl Idempotent {
     /// failing with [`OnceError::InFlight`] (and runs the closure itself if the first call
     /// failed and released the key meanwhile).
     pub fn wait_in_flight(mut self, wait: Duration) -> Self {
-        self.settings.wait_in_flight = Some(wait);
+        self.policy.wait_in_flight = Some(wait);
         self
     }
 
@@ -280,7 +276,7 @@ impl Idempotent {
             let targets = OneOrMany::One(Target::key(store_key));
             let mut guard = self
                 .claims
-                .open(targets, Claim::new(fingerprint), &self.settings);
+                .open(targets, Claim::new(fingerprint), &self.policy);
             match self.reserve(&mut guard, &fingerprint).await? {
                 Reservation::Acquired | Reservation::Stale { .. } => claimed(guard).await,
                 Reservation::Completed(record) => replay(&record, &fingerprint),
@@ -302,7 +298,7 @@ impl Idempotent {
         fingerprint: &Fingerprint,
     ) -> Result<Reservation, OnceError<E>> {
         let answer = match guard
-            .reserve_waiting(self.settings.wait_in_flight, fingerprint)
+            .reserve_waiting(self.policy.wait_in_flight, fingerprint)
             .await
         {
             Ok(answers) => answers.into_iter().next(),

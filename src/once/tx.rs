@@ -179,7 +179,7 @@ impl Idempotent {
         let joined = InTx {
             store,
             key: store_key.clone(),
-            retention: self.settings.retention,
+            retention: self.policy.retention,
         };
         let claimed = |guard| joined.run(guard, f);
         self.run(store_key, fingerprint, claimed).await

@@ -7,12 +7,12 @@ use http::request::Parts;
 use super::Prelude;
 use super::key::Derived;
 use crate::claim::guard::{ClaimGuard, ClaimOpener, Ending};
+use crate::claim::items::BatchItems;
 use crate::claim::outcome::Outcome;
 use crate::fingerprint::Fingerprint;
 use crate::http::answer::{duplicate, stale};
 use crate::http::body::RequestBody;
 use crate::http::config::{FailureMode, OnMismatch, Settings};
-use crate::http::items::BatchItems;
 use crate::http::rejection::Rejection;
 use crate::order::{Position, StaleEvent, StaleEvents};
 use crate::store::{Claim, Reservation, StoreError, StoreErrorKind};
@@ -38,10 +38,10 @@ pub(crate) async fn claim<B, ResBody>(
     // is dropped (the client went away) or the reserve fails, the guard undoes it.
     let fingerprint = request.derived.fingerprint;
     let claim = Claim::new(fingerprint);
-    let mut guard = claims.open(request.derived.targets.clone(), claim, settings);
+    let mut guard = claims.open(request.derived.targets.clone(), claim, &settings.policy);
     guard.set_grpc(grpc);
     match guard
-        .reserve_waiting(settings.wait_in_flight, &fingerprint)
+        .reserve_waiting(settings.policy.wait_in_flight, &fingerprint)
         .await
     {
         Ok(answers) => decide(guard, answers, settings, request, grpc).await,

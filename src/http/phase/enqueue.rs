@@ -37,7 +37,7 @@ pub(crate) async fn enqueue<B, ResBody>(
         span.record("correlation_id", correlation.as_str());
     }
     let id = derived.key.as_str();
-    let namespace = settings.observer.namespace();
+    let namespace = settings.policy.observer.namespace();
     let entry = match entry_of(route, parts, data, derived.targets, &correlation) {
         Ok(entry) => Ok(entry.with_delivery(namespace, id)),
         Err(rejection) => Err(rejection),
@@ -47,10 +47,11 @@ pub(crate) async fn enqueue<B, ResBody>(
         Err(rejection) => return Prelude::reject(settings, rejection, grpc),
     };
     let position = entry.order.as_ref().map(|order| order.position);
-    let enqueued = match tokio::time::timeout(settings.store_timeout, route.enqueue(entry)).await {
-        Ok(result) => result,
-        Err(_elapsed) => Err(crate::store::StoreError::new(StoreErrorKind::Timeout)),
-    };
+    let enqueued =
+        match tokio::time::timeout(settings.policy.store_timeout, route.enqueue(entry)).await {
+            Ok(result) => result,
+            Err(_elapsed) => Err(crate::store::StoreError::new(StoreErrorKind::Timeout)),
+        };
     let mut response = match enqueued {
         Ok(Enqueued::Queued) => answer(&route.accepted, Outcome::Queued),
         // Older than what its object's entries already applied: answered as on the synchronous

@@ -70,7 +70,10 @@ fn plain<K: ExtractKey>(
         Some(data) if settings.fingerprint && !key.is_items() => Fingerprint::of_bytes(data),
         _ => Fingerprint::NONE,
     };
-    let (namespace, scope) = (settings.observer.namespace(), settings.scope.of(parts));
+    let (namespace, scope) = (
+        settings.policy.observer.namespace(),
+        settings.scope.of(parts),
+    );
     let store_key = |text: &str| StoreKey::new(namespace, scope.as_deref(), text);
     let (targets, items, positions) = match settings.order.as_deref().filter(|_| ordered) {
         Some(order) => {
@@ -142,7 +145,10 @@ fn ordered_items(
 /// The store's view of placed events: each its key with its order, the route's rule for equal
 /// positions included.
 fn events(settings: &Settings, parts: &Parts, placed: Vec<Placed>) -> Targets {
-    let (namespace, scope) = (settings.observer.namespace(), settings.scope.of(parts));
+    let (namespace, scope) = (
+        settings.policy.observer.namespace(),
+        settings.scope.of(parts),
+    );
     let scope = scope.as_deref();
     let equal = settings
         .order
