@@ -129,6 +129,16 @@ impl BatchItems {
             .map(|h| h.id.as_str())
     }
 
+    /// Whether `item` is new in this request.
+    pub fn is_new(&self, item: &str) -> bool {
+        self.new_items().any(|i| i == item)
+    }
+
+    /// Whether `item` was applied by an earlier request.
+    pub fn is_done_before(&self, item: &str) -> bool {
+        self.inner.before.iter().any(|i| i == item)
+    }
+
     /// Reports that the new `item` has been applied, so that it is recorded even if the
     /// response ends up an error. `false` when `item` is not a new item of this request.
     pub fn mark_done(&self, item: &str) -> bool {
@@ -190,11 +200,7 @@ mod tests {
         assert_eq!(passed.new_items().collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(passed.stale_items().collect::<Vec<_>>(), ["b"]);
         assert_eq!(passed.done_mask(), [false, false]);
-        assert!(
-            !BatchItems::new([("b".to_owned(), true)], Vec::new(), false)
-                .new_items()
-                .any(|i| i == "b")
-        );
+        assert!(!BatchItems::new([("b".to_owned(), true)], Vec::new(), false).is_new("b"));
         assert!(BatchItems::new([("b".to_owned(), true)], Vec::new(), false).nothing_new());
     }
 }

@@ -69,7 +69,7 @@ pin_project! {
 
 impl<B> RequestBody<B> {
     /// The original body, streamed through untouched.
-    pub(crate) fn streaming(body: B) -> Self {
+    pub fn streaming(body: B) -> Self {
         RequestBody {
             kind: RequestKind::Streaming { body },
         }
@@ -77,7 +77,7 @@ impl<B> RequestBody<B> {
 
     /// The original body streamed through, failing with
     /// [`LengthLimitError`](http_body_util::LengthLimitError) past `limit` bytes.
-    pub(crate) fn limited(body: B, limit: usize) -> Self {
+    pub fn limited(body: B, limit: usize) -> Self {
         RequestBody {
             kind: RequestKind::Limited {
                 body: Limited::new(body, limit),
@@ -86,7 +86,7 @@ impl<B> RequestBody<B> {
     }
 
     /// A body that was read in full: its bytes, then its trailers.
-    pub(crate) fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+    pub fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         RequestBody {
             kind: RequestKind::Buffered {
                 data: (!data.is_empty()).then_some(data),
@@ -403,7 +403,7 @@ impl<B> ResponseBody<B> {
     }
 
     /// A body that is already in memory: a buffered response, a replay or a rejection.
-    pub(crate) fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+    pub fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         ResponseBody {
             kind: ResponseKind::Buffered {
                 data: (!data.is_empty()).then_some(data),

@@ -260,7 +260,7 @@ impl LocalCache {
     }
 
     /// Whether the cache can hold records (it is not [`off`](Self::off)).
-    pub(crate) fn is_on(&self) -> bool {
+    pub fn is_on(&self) -> bool {
         self.map.holds_anything()
     }
 

@@ -262,8 +262,7 @@ impl VerifyError {
     }
 
     /// Header `name` is missing: "the `name` header is missing".
-    #[cfg(any(test, feature = "verify"))]
-    pub(crate) fn missing_header(name: &str) -> Self {
+    pub fn missing_header(name: &str) -> Self {
         Self::new(
             VerifyErrorKind::MissingHeader,
             format!("the {name} header is missing"),
@@ -272,8 +271,7 @@ impl VerifyError {
 
     /// Header `name` is unusable, for reason `why` ("it appears more than once"). The header's
     /// value is not quoted: it may be a signature.
-    #[cfg(any(test, feature = "verify"))]
-    pub(crate) fn malformed_header(name: &str, why: &str) -> Self {
+    pub fn malformed_header(name: &str, why: &str) -> Self {
         Self::new(
             VerifyErrorKind::MalformedHeader,
             format!("the {name} header is malformed: {why}"),
@@ -281,9 +279,19 @@ impl VerifyError {
     }
 
     /// No signature matched any secret.
-    #[cfg(any(test, feature = "verify"))]
-    pub(crate) fn no_match() -> Self {
+    pub fn no_match() -> Self {
         Self::new(VerifyErrorKind::NoMatch, "no signature matched")
+    }
+
+    /// The signed timestamp is further from now than `tolerance`.
+    pub fn outside_tolerance(tolerance: Duration) -> Self {
+        Self::new(
+            VerifyErrorKind::OutsideTolerance,
+            format!(
+                "the signed timestamp is more than {} s away from the current time",
+                tolerance.as_secs()
+            ),
+        )
     }
 
     /// [`outside_tolerance`](Self::outside_tolerance), saying by how much: `skew` is now minus
@@ -469,6 +477,10 @@ mod tests {
         let err = VerifyError::no_match();
         assert_eq!(err.kind(), VerifyErrorKind::NoMatch);
         assert_eq!(err.to_string(), "no signature matched");
+
+        let err = VerifyError::outside_tolerance(DEFAULT_TOLERANCE);
+        assert_eq!(err.kind(), VerifyErrorKind::OutsideTolerance);
+        assert!(err.to_string().contains("300 s"), "{err}");
 
         let err = VerifyError::timestamp_skew(DEFAULT_TOLERANCE, -601);
         assert_eq!(err.kind(), VerifyErrorKind::OutsideTolerance);

@@ -139,17 +139,17 @@ impl StandardWebhooks {
     /// The header holding the message id, stable across retries: the idempotency key of a
     /// Standard Webhooks route (or [`SVIX_ID_HEADER`](Self::SVIX_ID_HEADER) when the sender
     /// uses that family).
-    pub(crate) const ID_HEADER: &'static str = "webhook-id";
+    pub const ID_HEADER: &'static str = "webhook-id";
     /// The header holding the signed unix timestamp, in seconds.
-    pub(crate) const TIMESTAMP_HEADER: &'static str = "webhook-timestamp";
+    pub const TIMESTAMP_HEADER: &'static str = "webhook-timestamp";
     /// The header holding the signatures.
-    pub(crate) const SIGNATURE_HEADER: &'static str = "webhook-signature";
+    pub const SIGNATURE_HEADER: &'static str = "webhook-signature";
     /// [`ID_HEADER`](Self::ID_HEADER) as Svix sends it by default.
-    pub(crate) const SVIX_ID_HEADER: &'static str = "svix-id";
+    pub const SVIX_ID_HEADER: &'static str = "svix-id";
     /// [`TIMESTAMP_HEADER`](Self::TIMESTAMP_HEADER) as Svix sends it by default.
-    pub(crate) const SVIX_TIMESTAMP_HEADER: &'static str = "svix-timestamp";
+    pub const SVIX_TIMESTAMP_HEADER: &'static str = "svix-timestamp";
     /// [`SIGNATURE_HEADER`](Self::SIGNATURE_HEADER) as Svix sends it by default.
-    pub(crate) const SVIX_SIGNATURE_HEADER: &'static str = "svix-signature";
+    pub const SVIX_SIGNATURE_HEADER: &'static str = "svix-signature";
 
     /// A verifier accepting any of `secrets`, in any mix: HMAC secrets (`whsec_<base64>`, or
     /// the bare base64) for `v1` signatures and Ed25519 public keys (`whpk_<base64>`) for
