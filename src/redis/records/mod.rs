@@ -131,14 +131,14 @@ use crate::store::{
 /// - `NOSCRIPT`: the items whose script reply is `NOSCRIPT` are sent again with `EVAL`, all in a
 ///   second pipeline: one more round trip for the batch, not one per item.
 /// - An error reply for any item fails the whole call with the first one (in the batch's
-///   order); the other commands of the pipeline did run. After a failed `reserve_many` some
+///   order); the other commands of the pipeline did run. After a failed batch `reserve` some
 ///   items may be claimed: the layer releases them, as after a failed `reserve`.
 /// - The pipeline goes through one [`Client`]: a [`Pool`] picks one of its clients for the
 ///   batch ([`PickClient`]), so the store's client type must implement [`PickClient`].
-/// - With [durable completion](Self#durable-completion), `complete_many` does not pipeline: see
-///   there.
+/// - With [durable completion](Self#durable-completion), a batch `complete` does not pipeline:
+///   see there.
 ///
-/// A batch request with one item goes through the single-key methods.
+/// A batch request with one item goes through the single-key path.
 ///
 /// # Ordered events
 ///
@@ -152,7 +152,7 @@ use crate::store::{
 /// - `tw:{O}`: the object's watermark, the highest position processed (16 bytes, compared byte
 ///   by byte in Lua, never with the locale's `strcoll`), with the retention's `PX`.
 ///
-/// `reserve_ordered`, `complete_ordered`, `release_ordered` and `renew_ordered` are one
+/// `reserve`, `complete`, `release` and `renew` of ordered targets are one
 /// `EVALSHA` each per event (one pipeline per request): an ordered first delivery costs **two
 /// round trips**, as an unordered one, and writes the record and the watermark and lets go of
 /// the object's lease in the same script. A cluster never answers `CROSSSLOT`: the three keys
