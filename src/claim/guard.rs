@@ -28,6 +28,7 @@ use futures_util::future::BoxFuture;
 use crate::IdempotencyStore;
 use crate::claim::backoff::Backoff;
 use crate::claim::items::BatchItems;
+use crate::claim::lease::{self, Lost, Renewed};
 use crate::claim::observe::{Observer, Stopwatch, StoreOp};
 use crate::claim::policy::Policy;
 use crate::fingerprint::Fingerprint;
@@ -758,29 +759,37 @@ impl Renewal {
 }
 
 async fn renew_while_alive(calls: Arc<dyn ClaimCalls>) {
-    let every = calls.state().lease / 3;
-    loop {
-        let state = calls.state();
-        if state.stopped.load(Ordering::Acquire) {
-            return;
-        }
-        let started = Instant::now();
-        match calls.clone().renew(started).await {
-            Ok(true) => state.extend(started),
-            Ok(false) if state.stopped.load(Ordering::Acquire) => return,
-            Ok(false) => {
-                tracing::error!(
-                    "idempotency claim lost while its owner was still running (the store lost \
-                     it, or a renewal came too late): a duplicate may run meanwhile"
-                );
-                state.observer.lease_lost();
-                return;
+    let lease = calls.state().lease;
+    // Started a third of a lease after the claim: the first renewal is due now.
+    let renew = |sent: tokio::time::Instant| {
+        let calls = calls.clone();
+        async move {
+            let state = calls.state();
+            if state.stopped.load(Ordering::Acquire) {
+                return Renewed::Stopped;
             }
-            Err(err) => {
-                tracing::warn!(error = %err, "could not renew an idempotency claim; retrying")
+            let started = sent.into_std();
+            match calls.clone().renew(started).await {
+                Ok(true) => {
+                    state.extend(started);
+                    Renewed::Held
+                }
+                Ok(false) if state.stopped.load(Ordering::Acquire) => Renewed::Stopped,
+                Ok(false) => Renewed::Gone,
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not renew an idempotency claim; retrying");
+                    Renewed::Failed
+                }
             }
         }
-        tokio::time::sleep(every).await;
+    };
+    // Unfenced: the owner, a request or a job, cannot be interrupted; a lost claim is said.
+    if lease::keep(lease, tokio::time::Instant::now(), None, renew).await == Lost::TakenOver {
+        tracing::error!(
+            "idempotency claim lost while its owner was still running (the store lost it, or a \
+             renewal came too late): a duplicate may run meanwhile"
+        );
+        calls.state().observer.lease_lost();
     }
 }
 

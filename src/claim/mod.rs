@@ -5,6 +5,7 @@
 pub(crate) mod backoff;
 pub(crate) mod guard;
 pub(crate) mod items;
+pub(crate) mod lease;
 pub(crate) mod observe;
 pub(crate) mod outcome;
 pub(crate) mod policy;

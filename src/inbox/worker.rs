@@ -5,7 +5,6 @@ use std::future::{Future, poll_fn};
 use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -21,6 +20,7 @@ use super::idle::{Idle, Tell};
 use super::metrics;
 use super::retry::{Backoff, Decision, RetryPolicy};
 use super::store::{Failure, InboxStore};
+use crate::claim::lease::{LeaseEnd, Lost, Renewed, keep};
 use crate::store::{BoxError, StoreKey, Token};
 
 /// How often the inbox's gauges are set, at most (and at least, while the worker runs).
@@ -432,49 +432,6 @@ impl<St: InboxStore, P: RetryPolicy> Run<St, P> {
     }
 }
 
-/// The end of a running entry's lease by this host's clock, shared by [`hold`], which extends
-/// it on each renewal, and [`leased`], which reads it before each poll of the handler.
-///
-/// Both are polled by one task, so an atomic (for `Send`) with relaxed ordering suffices.
-struct LeaseEnd {
-    /// When the take was asked: the end is kept as an offset from it.
-    asked: tokio::time::Instant,
-    /// Nanoseconds from `asked` to the end.
-    ends: AtomicU64,
-    /// A sixth of the lease: the handler stops this long before the end, so that it is gone
-    /// before another worker can take the entry over.
-    margin: Duration,
-}
-
-impl LeaseEnd {
-    fn new(asked: tokio::time::Instant, lease: Duration) -> Self {
-        let end = LeaseEnd {
-            asked,
-            ends: AtomicU64::new(0),
-            margin: lease / 6,
-        };
-        // `Worker::lease` keeps a lease within what an `Instant` (and a `u64` of nanoseconds)
-        // holds.
-        end.set(asked + lease);
-        end
-    }
-
-    fn get(&self) -> tokio::time::Instant {
-        self.asked + Duration::from_nanos(self.ends.load(Ordering::Relaxed))
-    }
-
-    fn set(&self, ends: tokio::time::Instant) {
-        let nanos = ends.saturating_duration_since(self.asked).as_nanos();
-        self.ends
-            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::Relaxed);
-    }
-
-    /// Whether the handler must stop: the end is within the margin, or past.
-    fn near(&self) -> bool {
-        tokio::time::Instant::now() + self.margin >= self.get()
-    }
-}
-
 /// Polls `handler` only while its lease lasts: `None`, the handler left unpolled, once the
 /// lease's end is near. A process paused past its lease (stopped, a VM paused, a long
 /// collection) may wake with the handler's own timer due: without this check the handler would
@@ -491,12 +448,12 @@ where
     })
 }
 
-/// Renews the lease of `key` every third of `lease` while the handler runs; returns why the
-/// lease is no longer this worker's: taken over (a renewal refused), or about to run out with
-/// no renewal through (the store unreachable). It returns a sixth of a lease before the lease
-/// ends by this host's clock, so that the handler is cancelled before another worker can take
-/// the entry over. The lease is counted from when the take was sent (the store began it later),
-/// and each renewal's from when it was sent; `end` holds it for [`leased`] to read too.
+/// Renews the lease of `key` every third of `lease` while the handler runs, with the one lease
+/// keeper fenced by `end`; says why the lease is no longer this worker's: taken over (a renewal
+/// refused), or about to run out with no renewal through (the store unreachable). It returns a
+/// sixth of a lease before the lease ends by this host's clock, so that the handler is
+/// cancelled before another worker can take the entry over. The lease is counted from when the
+/// take was sent (the store began it later), and each renewal's from when it was sent.
 async fn hold<St: InboxStore>(
     store: &St,
     key: &StoreKey,
@@ -504,21 +461,20 @@ async fn hold<St: InboxStore>(
     lease: Duration,
     end: &LeaseEnd,
 ) -> &'static str {
-    loop {
-        let ends = end.get();
-        let next = (tokio::time::Instant::now() + lease / 3).min(ends - end.margin);
-        tokio::time::sleep_until(next).await;
-        if end.near() {
-            return "its lease could not be renewed before it ran out";
+    let first = tokio::time::Instant::now() + lease / 3;
+    let renew = |_sent| async move {
+        match store.renew(key, token, lease).await {
+            Ok(true) => Renewed::Held,
+            Ok(false) => Renewed::Gone,
+            Err(error) => {
+                tracing::warn!(%error, "inbox: renewing a lease failed");
+                Renewed::Failed
+            }
         }
-        let sent = tokio::time::Instant::now();
-        // A renewal that hangs (a store that stopped answering) is given up at the margin.
-        match tokio::time::timeout_at(ends - end.margin, store.renew(key, token, lease)).await {
-            Ok(Ok(true)) => end.set(sent + lease),
-            Ok(Ok(false)) => return "its lease was taken over by another worker",
-            Ok(Err(error)) => tracing::warn!(%error, "inbox: renewing a lease failed"),
-            Err(_elapsed) => {}
-        }
+    };
+    match keep(lease, first, Some(end), renew).await {
+        Lost::TakenOver | Lost::Stopped => "its lease was taken over by another worker",
+        Lost::RanOut => "its lease could not be renewed before it ran out",
     }
 }
 
