@@ -4,11 +4,15 @@
 //! beside its handler, fenced by the lease's end by this host's clock, and cancels the handler
 //! when it returns.
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
+
+use crate::claim::guard::Renewal;
 
 /// What one renewal found.
 pub(crate) enum Renewed {
@@ -124,6 +128,57 @@ where
         }
         next = Instant::now() + lease / 3;
     }
+}
+
+/// Arms the renewal timer of a claim whose owner is still busy (at the owner's first pending
+/// poll, so an owner that answers at once never pays for a timer), and starts the guard's
+/// renewal task when it fires. `true` once started: the caller drops its `renewal`.
+///
+/// The one way every door starts the keeper: the HTTP layer's future polls it between the
+/// polls of the inner service and of the response body, `once` and `once_in_tx` through
+/// [`renewed`].
+pub(crate) fn poll_start(
+    mut renew_at: Pin<&mut Option<Sleep>>,
+    renewal: Option<&Renewal>,
+    cx: &mut Context<'_>,
+) -> bool {
+    if let Some(renewal) = renewal {
+        // Not armed for a quick settlement alone (the completion is bounded by the store
+        // timeout, well within the lease): a first delivery that waits only on its record
+        // costs no timer. One armed before (a slow handler or response body) runs on.
+        if renew_at.is_none() && renewal.timed_by_request() {
+            renew_at.set(Some(tokio::time::sleep(renewal.interval())));
+        }
+    }
+    let Some(sleep) = renew_at.as_mut().as_pin_mut() else {
+        return false;
+    };
+    if sleep.poll(cx).is_pending() {
+        return false;
+    }
+    renew_at.set(None);
+    if let Some(renewal) = renewal {
+        renewal.start();
+        return true;
+    }
+    false
+}
+
+/// Runs `work` with the claim's renewal started once a third of the lease has passed.
+pub(crate) async fn renewed<Fut: Future>(renewal: &Renewal, work: Fut) -> Fut::Output {
+    let mut work = pin!(work);
+    let mut renew_at = pin!(None::<Sleep>);
+    let mut pending = Some(renewal);
+    poll_fn(|cx| {
+        if let Poll::Ready(output) = work.as_mut().poll(cx) {
+            return Poll::Ready(output);
+        }
+        if poll_start(renew_at.as_mut(), pending, cx) {
+            pending = None;
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::claim::guard::{ClaimGuard, Ending, Renewal};
+use crate::claim::lease;
 use crate::claim::observe::Stopwatch;
 use crate::claim::outcome::Outcome;
 use crate::http::body::{RequestBody, ResponseBody};
@@ -161,7 +162,9 @@ where
         let Poll::Ready(output) = poll_state(this.state.as_mut(), outer, cx) else {
             // Still busy: start renewing the claim once a third of the lease has passed. The
             // timer is armed only now, so a handler that answers at once never pays for one.
-            poll_renewal(this.renew_at.as_mut(), this.renewal, cx);
+            if lease::poll_start(this.renew_at.as_mut(), this.renewal.as_ref(), cx) {
+                *this.renewal = None;
+            }
             return Poll::Pending;
         };
         this.renew_at.set(None);
@@ -183,31 +186,6 @@ where
                 .outcome(outcome, status, *this.timer);
         }
         Poll::Ready(output)
-    }
-}
-
-/// Arms the renewal timer of a claim whose owner is still busy, and starts the renewal when it
-/// fires.
-fn poll_renewal(
-    mut renew_at: Pin<&mut Option<Sleep>>,
-    renewal: &mut Option<Renewal>,
-    cx: &mut Context<'_>,
-) {
-    if let Some(renewal) = renewal.as_ref() {
-        // Not armed for a quick settlement alone (the completion is bounded by the store
-        // timeout, well within the lease): a first delivery that waits only on its record
-        // costs no timer. One armed before (a slow handler or response body) runs on.
-        if renew_at.is_none() && renewal.timed_by_request() {
-            renew_at.set(Some(tokio::time::sleep(renewal.interval())));
-        }
-    }
-    if let Some(sleep) = renew_at.as_mut().as_pin_mut() {
-        if sleep.poll(cx).is_ready() {
-            if let Some(renewal) = renewal.take() {
-                renewal.start();
-            }
-            renew_at.set(None);
-        }
     }
 }
 

@@ -51,7 +51,6 @@ mod tx;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::{Either, select};
 use http::{HeaderMap, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -60,7 +59,8 @@ use tracing::Instrument;
 pub use self::error::OnceError;
 pub use self::layer::{FingerprintRequest, NoFingerprint, Once, OnceFuture, OnceLayer};
 use crate::IdempotencyStore;
-use crate::claim::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany, Renewal};
+use crate::claim::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany};
+use crate::claim::lease::renewed;
 use crate::claim::policy::Policy;
 use crate::fingerprint::Fingerprint;
 use crate::store::record::{Record, StoredResponse};
@@ -340,20 +340,6 @@ where
         .settle(Ending::Succeeded(Some(Box::new(stored))))
         .await;
     Ok(value)
-}
-
-/// Runs `work`, starting the claim's renewal once a third of the lease has passed (a fast
-/// closure never pays for it).
-async fn renewed<Fut: Future>(renewal: &Renewal, work: Fut) -> Fut::Output {
-    let work = std::pin::pin!(work);
-    let renew_at = std::pin::pin!(tokio::time::sleep(renewal.interval()));
-    match select(work, renew_at).await {
-        Either::Left((output, _)) => output,
-        Either::Right(((), work)) => {
-            renewal.start();
-            work.await
-        }
-    }
 }
 
 /// The fingerprint of a payload (of `once_with`, of a request picked by `OnceLayer`): its

@@ -16,8 +16,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::Transaction;
 
-use super::{Idempotent, OnceError, encode, fingerprint_json, renewed};
+use super::{Idempotent, OnceError, encode, fingerprint_json};
 use crate::claim::guard::ClaimGuard;
+use crate::claim::lease::renewed;
 use crate::fingerprint::Fingerprint;
 use crate::sql::{Dialect, SqlStore};
 use crate::store::record::Record;
