@@ -60,7 +60,7 @@ use tracing::Instrument;
 pub use self::error::OnceError;
 pub use self::layer::{FingerprintRequest, NoFingerprint, Once, OnceFuture, OnceLayer};
 use crate::IdempotencyStore;
-use crate::claim::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany, Renewal};
+use crate::claim::guard::{ClaimGuard, ClaimStore, Ending, OneOrMany, Renewal};
 use crate::fingerprint::Fingerprint;
 use crate::http::config::Settings;
 use crate::store::record::{Record, StoredResponse};
@@ -81,7 +81,7 @@ use crate::store::{Claim, Reservation, StoreError, StoreErrorKind, StoreKey, Tar
 /// ```
 #[derive(Clone)]
 pub struct Idempotent {
-    claims: ClaimOpener,
+    claims: ClaimStore,
     settings: Settings,
     namespace: String,
 }
@@ -105,7 +105,7 @@ impl Idempotent {
             ..Settings::default()
         };
         Idempotent {
-            claims: ClaimOpener::new(store),
+            claims: ClaimStore::new(store),
             settings,
             namespace: "default".to_owned(),
         }
