@@ -1,7 +1,7 @@
 //! [`ClaimGuard`]: the one owner of a request's claim (one key, the items of a batch, or
 //! ordered events), from the reserve to its settlement, whatever happens in between
 //! (non-success, `Err`, panic, a dropped future, a response body that fails or is dropped);
-//! and [`ClaimOpener`], where a layer's store type ends.
+//! and [`ClaimStore`], where a layer's store type ends.
 //!
 //! - It **renews** the lease while its owner is alive: the inner service still running, or its
 //!   streamed response still being produced. Renewal starts after a third of the lease (fast
@@ -131,8 +131,11 @@ impl Targets {
     }
 }
 
-/// The state of one claim, shared by the guard, its store calls and its renewal task.
+/// The state of one claim, shared by the guard, its settlement and its background tasks
+/// (renewal, release): the one allocation of a claim.
 struct ClaimState {
+    /// The layer's store, shared by every claim the layer opens.
+    store: Arc<dyn ErasedStore>,
     observer: Observer,
     claim: Claim,
     lease: Duration,
@@ -189,6 +192,35 @@ impl ClaimState {
         self.alive_until
             .store(nanos_since_epoch(from + self.lease), Ordering::Release);
     }
+
+    /// Claims every held target; `started`: when the caller read the clock for this call.
+    fn reserve(&self, started: Instant) -> BoxFuture<'_, Reserved> {
+        self.store.reserve(self, self.held(), started)
+    }
+
+    /// Records `record` for the targets of `subset`.
+    fn complete<'a>(
+        &'a self,
+        subset: &'a Subset,
+        record: &'a Record,
+    ) -> BoxFuture<'a, Result<Vec<Completion>, StoreError>> {
+        self.store.complete(self, self.targets(subset), record)
+    }
+
+    /// Releases the targets of `subset`.
+    fn release<'a>(&'a self, subset: &'a Subset) -> BoxFuture<'a, Result<usize, StoreError>> {
+        self.store.release(self, self.targets(subset))
+    }
+
+    /// Extends the lease of every held target; `started`: when the caller read the clock.
+    fn renew(&self, started: Instant) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.store.renew(self, self.held(), started)
+    }
+
+    /// Stops the renewal task (at its next tick).
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+    }
 }
 
 /// Which targets of a claim a store call is about.
@@ -200,30 +232,63 @@ enum Subset {
     These(Targets),
 }
 
-/// The store calls of one claim, with the store type erased so that futures and bodies do
-/// not carry it. One box per store call.
-trait ClaimCalls: Send + Sync + 'static {
-    fn state(&self) -> &ClaimState;
-    fn reserve(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Reserved>;
-    fn complete(
-        self: Arc<Self>,
-        subset: Subset,
-        record: Record,
-    ) -> BoxFuture<'static, Result<Vec<Completion>, StoreError>>;
-    fn release(self: Arc<Self>, subset: Subset) -> BoxFuture<'static, Result<usize, StoreError>>;
-    fn renew(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Result<bool, StoreError>>;
+/// What a reserve answers, and when it ended if that was measured.
+type Reserved = (Result<Vec<Reservation>, StoreError>, Option<Instant>);
+
+/// The crate's one erasure of a record store's type, so that services, futures, bodies and
+/// background tasks do not carry it: the four operations of the record contract over a claim's
+/// targets, each under the claim's store timeout and observed, one box per store call. Built
+/// once per layer (or `Idempotent`), shared by every claim it opens.
+trait ErasedStore: Send + Sync + 'static {
+    /// The store timeout the layer arms itself for a configured `timeout` (see
+    /// [`layer_timeout`]).
+    fn timeout(&self, timeout: Duration) -> Option<Duration>;
+
+    /// The same record store behind `cache` instead (`None`, or a cache that is off: none).
+    fn with_cache(&self, cache: Option<LocalCache>) -> ClaimStore;
+
+    fn reserve<'a>(
+        &'a self,
+        state: &'a ClaimState,
+        targets: &'a [Target],
+        started: Instant,
+    ) -> BoxFuture<'a, Reserved>;
+
+    fn complete<'a>(
+        &'a self,
+        state: &'a ClaimState,
+        targets: &'a [Target],
+        record: &'a Record,
+    ) -> BoxFuture<'a, Result<Vec<Completion>, StoreError>>;
+
+    fn release<'a>(
+        &'a self,
+        state: &'a ClaimState,
+        targets: &'a [Target],
+    ) -> BoxFuture<'a, Result<usize, StoreError>>;
+
+    fn renew<'a>(
+        &'a self,
+        state: &'a ClaimState,
+        targets: &'a [Target],
+        started: Instant,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
-struct StoreClaim<St> {
-    state: ClaimState,
+/// A record store `St` as the layer calls it: `front`, the store itself or the store behind
+/// the layer's local cache; `store`, the store as given, which [`ErasedStore::with_cache`]
+/// puts behind another cache.
+struct Erased<St, Front> {
     store: St,
+    front: Front,
 }
 
-impl<St: IdempotencyStore> StoreClaim<St> {
+impl<St: IdempotencyStore, Front: IdempotencyStore> Erased<St, Front> {
     /// Runs one store call under the timeout, and observes it. `started`: when the caller
     /// already read the clock for this call (one read instead of two).
     async fn call<F, T>(
         &self,
+        state: &ClaimState,
         op: StoreOp,
         started: Option<Instant>,
         fut: Pin<&mut F>,
@@ -231,12 +296,13 @@ impl<St: IdempotencyStore> StoreClaim<St> {
     where
         F: Future<Output = Result<T, StoreError>>,
     {
-        self.call_timed(op, started, fut).await.0
+        self.call_timed(state, op, started, fut).await.0
     }
 
     /// [`call`](Self::call), and when the call ended if that was measured.
     async fn call_timed<F, T>(
         &self,
+        state: &ClaimState,
         op: StoreOp,
         started: Option<Instant>,
         fut: Pin<&mut F>,
@@ -244,12 +310,12 @@ impl<St: IdempotencyStore> StoreClaim<St> {
     where
         F: Future<Output = Result<T, StoreError>>,
     {
-        let observer = &self.state.observer;
-        if self.store.in_process() {
+        let observer = &state.observer;
+        if self.front.in_process() {
             // Not timed (see `IdempotencyStore::in_process`). Its end is still read for the
             // step timed after it (the inner service after a reserve), when there is one: a
             // full memory store making room takes long enough to show otherwise.
-            let result = timed(self.state.timeout, fut).await;
+            let result = timed(state.timeout, fut).await;
             observer.store_call(op, Stopwatch::OFF, result.is_ok());
             let ended = started.and_then(|_| observer.stopwatch().started());
             return (result, ended);
@@ -258,99 +324,99 @@ impl<St: IdempotencyStore> StoreClaim<St> {
             Some(at) => observer.stopwatch_from(at),
             None => observer.stopwatch(),
         };
-        let result = timed(self.state.timeout, fut).await;
+        let result = timed(state.timeout, fut).await;
         let ended = observer.store_call(op, timer, result.is_ok());
         (result, ended)
     }
 }
 
-impl<St: IdempotencyStore> ClaimCalls for StoreClaim<St> {
-    fn state(&self) -> &ClaimState {
-        &self.state
+impl<St: IdempotencyStore, Front: IdempotencyStore> ErasedStore for Erased<St, Front> {
+    fn timeout(&self, timeout: Duration) -> Option<Duration> {
+        layer_timeout(&self.front, timeout)
     }
 
-    fn reserve(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Reserved> {
+    fn with_cache(&self, cache: Option<LocalCache>) -> ClaimStore {
+        ClaimStore::on(self.store.clone(), cache)
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        state: &'a ClaimState,
+        targets: &'a [Target],
+        started: Instant,
+    ) -> BoxFuture<'a, Reserved> {
         Box::pin(async move {
-            let s = &self.state;
-            let call = pin!(self.store.reserve(s.held(), &s.claim, s.lease));
-            self.call_timed(StoreOp::Reserve, Some(started), call).await
+            let call = pin!(self.front.reserve(targets, &state.claim, state.lease));
+            self.call_timed(state, StoreOp::Reserve, Some(started), call)
+                .await
         })
     }
 
-    fn complete(
-        self: Arc<Self>,
-        subset: Subset,
-        record: Record,
-    ) -> BoxFuture<'static, Result<Vec<Completion>, StoreError>> {
+    fn complete<'a>(
+        &'a self,
+        state: &'a ClaimState,
+        targets: &'a [Target],
+        record: &'a Record,
+    ) -> BoxFuture<'a, Result<Vec<Completion>, StoreError>> {
         Box::pin(async move {
-            let s = &self.state;
-            let targets = s.targets(&subset);
-            let call = pin!(self.store.complete(targets, &s.claim, &record, s.retention));
-            self.call(StoreOp::Complete, None, call).await
+            let call = pin!(
+                self.front
+                    .complete(targets, &state.claim, record, state.retention)
+            );
+            self.call(state, StoreOp::Complete, None, call).await
         })
     }
 
-    fn release(self: Arc<Self>, subset: Subset) -> BoxFuture<'static, Result<usize, StoreError>> {
+    fn release<'a>(
+        &'a self,
+        state: &'a ClaimState,
+        targets: &'a [Target],
+    ) -> BoxFuture<'a, Result<usize, StoreError>> {
         Box::pin(async move {
-            let s = &self.state;
-            let call = pin!(self.store.release(s.targets(&subset), &s.claim));
-            self.call(StoreOp::Release, None, call).await
+            let call = pin!(self.front.release(targets, &state.claim));
+            self.call(state, StoreOp::Release, None, call).await
         })
     }
 
-    fn renew(self: Arc<Self>, started: Instant) -> BoxFuture<'static, Result<bool, StoreError>> {
+    fn renew<'a>(
+        &'a self,
+        state: &'a ClaimState,
+        targets: &'a [Target],
+        started: Instant,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let s = &self.state;
-            let call = pin!(self.store.renew(s.held(), &s.claim, s.lease));
-            self.call(StoreOp::Renew, Some(started), call).await
+            let call = pin!(self.front.renew(targets, &state.claim, state.lease));
+            self.call(state, StoreOp::Renew, Some(started), call).await
         })
     }
 }
 
-/// What a reserve answers, and when it ended if that was measured.
-type Reserved = (Result<Vec<Reservation>, StoreError>, Option<Instant>);
-
-/// Where a layer's store type ends: opens a [`ClaimGuard`] per request on the store (behind
-/// its local cache, when it has one), so that services and futures do not carry the store's
-/// type. Cheap to clone (an `Arc`).
+/// Where a layer's store type ends: the record store (behind its local cache, when it has
+/// one) with its type erased, built once per layer, on which each request opens a
+/// [`ClaimGuard`]. Cheap to clone (an `Arc`).
 #[derive(Clone)]
-pub(crate) struct ClaimOpener(Arc<dyn OpenClaims>);
+pub(crate) struct ClaimStore(Arc<dyn ErasedStore>);
 
-trait OpenClaims: Send + Sync + 'static {
-    fn open(&self, targets: Targets, claim: Claim, policy: &Policy) -> ClaimGuard;
-    fn with_cache(&self, cache: Option<LocalCache>) -> ClaimOpener;
-}
-
-struct Opener<St> {
-    store: St,
-    cache: Option<LocalCache>,
-}
-
-impl<St: IdempotencyStore> OpenClaims for Opener<St> {
-    fn open(&self, targets: Targets, claim: Claim, policy: &Policy) -> ClaimGuard {
-        match &self.cache {
-            Some(cache) => {
-                let store = CachedStore::with_cache(self.store.clone(), cache.clone());
-                ClaimGuard::new(store, targets, claim, policy)
-            }
-            None => ClaimGuard::new(self.store.clone(), targets, claim, policy),
-        }
-    }
-
-    fn with_cache(&self, cache: Option<LocalCache>) -> ClaimOpener {
-        ClaimOpener(Arc::new(Opener {
-            store: self.store.clone(),
-            cache: cache.filter(LocalCache::is_on),
-        }))
-    }
-}
-
-impl ClaimOpener {
+impl ClaimStore {
     /// Claims on `store`, behind a [`LocalCache::new`] when the store talks to a server (it is
     /// not [`in_process`](IdempotencyStore::in_process)).
     pub(crate) fn new<St: IdempotencyStore>(store: St) -> Self {
         let cache = (!store.in_process()).then(LocalCache::new);
-        ClaimOpener(Arc::new(Opener { store, cache }))
+        Self::on(store, cache)
+    }
+
+    /// Claims on `store`, behind `cache` when there is one and it is on.
+    fn on<St: IdempotencyStore>(store: St, cache: Option<LocalCache>) -> Self {
+        match cache.filter(LocalCache::is_on) {
+            Some(cache) => ClaimStore(Arc::new(Erased {
+                front: CachedStore::with_cache(store.clone(), cache),
+                store,
+            })),
+            None => ClaimStore(Arc::new(Erased {
+                front: store.clone(),
+                store,
+            })),
+        }
     }
 
     /// The same store behind `cache` instead (`None`, or a cache that is off: none).
@@ -360,7 +426,28 @@ impl ClaimOpener {
 
     /// A guard for `claim` on `targets`, not yet reserved.
     pub(crate) fn open(&self, targets: Targets, claim: Claim, policy: &Policy) -> ClaimGuard {
-        self.0.open(targets, claim, policy)
+        let state = ClaimState {
+            store: self.0.clone(),
+            observer: policy.observer.clone(),
+            claim,
+            lease: policy.lease,
+            retention: policy.retention,
+            timeout: self.0.timeout(policy.store_timeout),
+            asked: targets,
+            acquired: OnceLock::new(),
+            stopped: AtomicBool::new(false),
+            renewing: AtomicBool::new(false),
+            quick_settle: policy.store_timeout.saturating_mul(2) < policy.lease,
+            settling: AtomicBool::new(false),
+            alive_until: AtomicU64::new(0),
+        };
+        ClaimGuard {
+            state: Arc::new(state),
+            items: None,
+            grpc: false,
+            settled: false,
+            reserved_at: None,
+        }
     }
 }
 
@@ -385,7 +472,7 @@ pub(crate) enum Ending {
 
 /// The owner of one request's claim. See the [module docs](self).
 pub(crate) struct ClaimGuard {
-    calls: Arc<dyn ClaimCalls>,
+    state: Arc<ClaimState>,
     /// The batch items handed to the inner service, for partial failures.
     items: Option<BatchItems>,
     /// The request was a gRPC call (success is its final `grpc-status`).
@@ -404,36 +491,6 @@ impl std::fmt::Debug for ClaimGuard {
 }
 
 impl ClaimGuard {
-    /// A guard for `claim` on `targets`, not yet reserved.
-    fn new<St: IdempotencyStore>(
-        store: St,
-        targets: Targets,
-        claim: Claim,
-        policy: &Policy,
-    ) -> Self {
-        let state = ClaimState {
-            observer: policy.observer.clone(),
-            claim,
-            lease: policy.lease,
-            retention: policy.retention,
-            timeout: layer_timeout(&store, policy.store_timeout),
-            asked: targets,
-            acquired: OnceLock::new(),
-            stopped: AtomicBool::new(false),
-            renewing: AtomicBool::new(false),
-            quick_settle: policy.store_timeout.saturating_mul(2) < policy.lease,
-            settling: AtomicBool::new(false),
-            alive_until: AtomicU64::new(0),
-        };
-        ClaimGuard {
-            calls: Arc::new(StoreClaim { state, store }),
-            items: None,
-            grpc: false,
-            settled: false,
-            reserved_at: None,
-        }
-    }
-
     /// Marks the request as a gRPC call.
     pub(crate) fn set_grpc(&mut self, grpc: bool) {
         self.grpc = grpc;
@@ -449,8 +506,8 @@ impl ClaimGuard {
     /// reserve that failed or was cut off may still have landed.
     pub(crate) async fn reserve(&mut self) -> Result<Vec<Reservation>, StoreError> {
         let started = Instant::now();
-        let (result, ended) = self.calls.clone().reserve(started).await;
-        self.calls.state().extend(started);
+        let (result, ended) = self.state.reserve(started).await;
+        self.state.extend(started);
         self.reserved_at = ended;
         result
     }
@@ -495,7 +552,7 @@ impl ClaimGuard {
             // Every target asked for is held: nothing to copy.
             return;
         }
-        let state = self.calls.state();
+        let state = &self.state;
         let mask: Vec<bool> = reservations.iter().map(Reservation::is_ours).collect();
         // Set once: a guard keeps its targets once, after its reserve.
         let _ = state.acquired.set(state.asked.select(&mask));
@@ -510,7 +567,7 @@ impl ClaimGuard {
     /// The claim (its token and fingerprint).
     #[cfg(any(feature = "postgres", feature = "sqlite"))] // For `once_in_tx` only.
     pub(crate) fn claim(&self) -> &Claim {
-        &self.calls.state().claim
+        &self.state.claim
     }
 
     /// The claim was settled by a statement the guard did not run (a completion in the
@@ -518,7 +575,7 @@ impl ClaimGuard {
     #[cfg(any(feature = "postgres", feature = "sqlite"))] // For `once_in_tx` only.
     pub(crate) fn settled_outside(mut self) {
         self.settled = true;
-        stop(&*self.calls);
+        self.state.stop();
     }
 
     /// Hands the batch items to the guard, for [`Ending::Failed`].
@@ -528,19 +585,19 @@ impl ClaimGuard {
 
     /// A handle that starts the renewal of this claim when its owner turns out slow.
     pub(crate) fn renewal(&self) -> Renewal {
-        Renewal(self.calls.clone())
+        Renewal(self.state.clone())
     }
 
     /// Releases every held target now (one try; the background path retries).
     pub(crate) async fn release(mut self) {
         self.settled = true;
-        stop(&*self.calls);
-        if self.calls.state().held().is_empty() {
+        self.state.stop();
+        if self.state.held().is_empty() {
             return;
         }
-        if let Err(err) = self.calls.clone().release(Subset::Held).await {
+        if let Err(err) = self.state.release(&Subset::Held).await {
             tracing::warn!(error = %err, "could not release an idempotency claim; retrying in the background");
-            release_in_background(self.calls.clone(), Subset::Held, 1);
+            release_in_background(self.state.clone(), Subset::Held, 1);
         }
     }
 
@@ -549,8 +606,8 @@ impl ClaimGuard {
     /// even if the returned future is dropped.
     pub(crate) fn settle(mut self, ending: Ending) -> impl Future<Output = ()> + use<> {
         self.settled = true;
-        let calls = self.calls.clone();
-        let state = calls.state();
+        let claim = self.state.clone();
+        let state = &*claim;
         if state.quick_settle {
             state.settling.store(true, Ordering::Relaxed);
         }
@@ -583,7 +640,7 @@ impl ClaimGuard {
         // same claim changes nothing, so a new run from the start finishes what this one began.
         // What was decided is prepared here, outside the future, which then holds only that.
         let pending = SettleOnDrop(Some(Settle {
-            calls,
+            claim,
             record,
             release,
         }));
@@ -601,21 +658,16 @@ impl Drop for ClaimGuard {
         if self.settled {
             return;
         }
-        stop(&*self.calls);
-        if !self.calls.state().held().is_empty() {
-            release_in_background(self.calls.clone(), Subset::Held, 0);
+        self.state.stop();
+        if !self.state.held().is_empty() {
+            release_in_background(self.state.clone(), Subset::Held, 0);
         }
     }
 }
 
-/// Stops the renewal task (at its next tick).
-fn stop(calls: &dyn ClaimCalls) {
-    calls.state().stopped.store(true, Ordering::Release);
-}
-
 /// What a settlement does: write `record` for its targets, then release `release`.
 struct Settle {
-    calls: Arc<dyn ClaimCalls>,
+    claim: Arc<ClaimState>,
     record: Option<(Subset, Record)>,
     release: Option<Subset>,
 }
@@ -624,15 +676,15 @@ impl Settle {
     /// Writes the record, retrying store errors while the claim is alive, then releases;
     /// stops the renewal at the end.
     async fn run(&self) {
-        let calls = &self.calls;
+        let claim = &self.claim;
         if let Some((subset, record)) = &self.record {
-            complete_with_retries(calls, subset, record).await;
+            complete_with_retries(claim, subset, record).await;
         }
-        stop(&**calls);
+        claim.stop();
         if let Some(subset) = &self.release {
-            if let Err(err) = calls.clone().release(subset.clone()).await {
+            if let Err(err) = claim.release(subset).await {
                 tracing::warn!(error = %err, "could not release an idempotency claim; retrying in the background");
-                release_in_background(calls.clone(), subset.clone(), 1);
+                release_in_background(claim.clone(), subset.clone(), 1);
             }
         }
     }
@@ -657,18 +709,18 @@ impl Drop for SettleOnDrop {
     }
 }
 
-async fn complete_with_retries(calls: &Arc<dyn ClaimCalls>, subset: &Subset, record: &Record) {
+async fn complete_with_retries(claim: &Arc<ClaimState>, subset: &Subset, record: &Record) {
     let mut backoff = retries();
     let mut retried = false;
     loop {
-        match calls.clone().complete(subset.clone(), record.clone()).await {
+        match claim.complete(subset, record).await {
             Ok(answers) => {
                 if answers.contains(&Completion::Lost) {
                     tracing::warn!(
                         "idempotency claim lost before completion (its lease expired without \
                          renewal, or the store lost it); the key was not recorded"
                     );
-                    calls.state().observer.lease_lost();
+                    claim.observer.lease_lost();
                 } else if retried {
                     tracing::info!("idempotency key recorded on a retry");
                 }
@@ -680,7 +732,7 @@ async fn complete_with_retries(calls: &Arc<dyn ClaimCalls>, subset: &Subset, rec
             }
             Err(err) => {
                 let pause = backoff.pause();
-                if Instant::now() + pause >= calls.state().alive_until() {
+                if Instant::now() + pause >= claim.alive_until() {
                     return tracing::error!(
                         error = %err,
                         "gave up recording a completed idempotency key: its lease ran out; a \
@@ -690,7 +742,7 @@ async fn complete_with_retries(calls: &Arc<dyn ClaimCalls>, subset: &Subset, rec
                 tracing::warn!(error = %err, "could not record a completed idempotency key; retrying");
                 // The claim is kept while the record is retried (a quick settlement had no
                 // renewal timer of the request's to start it).
-                Renewal(calls.clone()).start();
+                Renewal(claim.clone()).start();
                 retried = true;
                 // Boxed: a timer is large, and this future lives inline in every request's.
                 Box::pin(tokio::time::sleep(pause)).await;
@@ -702,7 +754,7 @@ async fn complete_with_retries(calls: &Arc<dyn ClaimCalls>, subset: &Subset, rec
 /// Releases `subset` from a spawned task, trying up to [`RELEASE_TRIES`] times (`tried`
 /// already done). A release of a claim that never landed, or was already released, changes
 /// nothing; a reserve still queued in a reconnecting client lands before the later tries.
-fn release_in_background(calls: Arc<dyn ClaimCalls>, subset: Subset, tried: usize) {
+fn release_in_background(claim: Arc<ClaimState>, subset: Subset, tried: usize) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return tracing::warn!(
             "idempotency claim dropped outside a Tokio runtime; it expires with its lease"
@@ -714,7 +766,7 @@ fn release_in_background(calls: Arc<dyn ClaimCalls>, subset: Subset, tried: usiz
             if attempt > 0 {
                 tokio::time::sleep(backoff.pause()).await;
             }
-            if calls.clone().release(subset.clone()).await.is_ok() {
+            if claim.release(&subset).await.is_ok() {
                 return;
             }
         }
@@ -724,30 +776,30 @@ fn release_in_background(calls: Arc<dyn ClaimCalls>, subset: Subset, tried: usiz
 
 /// Starts the renewal of a claim whose owner is still busy after a third of the lease.
 #[derive(Clone)]
-pub(crate) struct Renewal(Arc<dyn ClaimCalls>);
+pub(crate) struct Renewal(Arc<ClaimState>);
 
 impl Renewal {
     /// The first renewal is due this long after the claim.
     pub(crate) fn interval(&self) -> Duration {
-        self.0.state().lease / 3
+        self.0.lease / 3
     }
 
     /// Whether the request should still time its renewal: not once a quick settlement began
     /// (see `ClaimState::quick_settle`).
     pub(crate) fn timed_by_request(&self) -> bool {
-        !self.0.state().settling.load(Ordering::Relaxed)
+        !self.0.settling.load(Ordering::Relaxed)
     }
 
     /// Stops the renewal (at its next tick), before a settlement the guard does not run:
     /// a renewal that meets the claim already completed then ends quietly.
     #[cfg(any(feature = "postgres", feature = "sqlite"))] // For `once_in_tx` only.
     pub(crate) fn stop(&self) {
-        stop(&*self.0);
+        self.0.stop();
     }
 
     /// Spawns the renewal task, once.
     pub(crate) fn start(&self) {
-        let state = self.0.state();
+        let state = &self.0;
         if state.stopped.load(Ordering::Acquire) || state.renewing.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -758,18 +810,17 @@ impl Renewal {
     }
 }
 
-async fn renew_while_alive(calls: Arc<dyn ClaimCalls>) {
-    let lease = calls.state().lease;
+async fn renew_while_alive(state: Arc<ClaimState>) {
+    let lease = state.lease;
     // Started a third of a lease after the claim: the first renewal is due now.
     let renew = |sent: tokio::time::Instant| {
-        let calls = calls.clone();
+        let state = &state;
         async move {
-            let state = calls.state();
             if state.stopped.load(Ordering::Acquire) {
                 return Renewed::Stopped;
             }
             let started = sent.into_std();
-            match calls.clone().renew(started).await {
+            match state.renew(started).await {
                 Ok(true) => {
                     state.extend(started);
                     Renewed::Held
@@ -789,7 +840,7 @@ async fn renew_while_alive(calls: Arc<dyn ClaimCalls>) {
             "idempotency claim lost while its owner was still running (the store lost it, or a \
              renewal came too late): a duplicate may run meanwhile"
         );
-        calls.state().observer.lease_lost();
+        state.observer.lease_lost();
     }
 }
 

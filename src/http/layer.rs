@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 use tower_layer::Layer;
 
-use crate::claim::guard::ClaimOpener;
+use crate::claim::guard::ClaimStore;
 use crate::claim::observe::OutcomeEvent;
 use crate::http::classify::Classifier;
 use crate::http::config::{
@@ -96,7 +96,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
     pub fn new(store: St) -> Self {
         IdempotencyLayer {
             config: Arc::new(Config {
-                claims: ClaimOpener::new(store),
+                claims: ClaimStore::new(store),
                 extractor: HeaderKey::idempotency_key(),
                 settings: Arc::new(Settings::default()),
                 inbox: None,

@@ -59,7 +59,7 @@ use tracing::Instrument;
 pub use self::error::OnceError;
 pub use self::layer::{FingerprintRequest, NoFingerprint, Once, OnceFuture, OnceLayer};
 use crate::IdempotencyStore;
-use crate::claim::guard::{ClaimGuard, ClaimOpener, Ending, OneOrMany};
+use crate::claim::guard::{ClaimGuard, ClaimStore, Ending, OneOrMany};
 use crate::claim::lease::renewed;
 use crate::claim::policy::Policy;
 use crate::fingerprint::Fingerprint;
@@ -81,7 +81,7 @@ use crate::store::{Claim, Reservation, StoreError, StoreErrorKind, StoreKey, Tar
 /// ```
 #[derive(Clone)]
 pub struct Idempotent {
-    claims: ClaimOpener,
+    claims: ClaimStore,
     policy: Policy,
     namespace: String,
 }
@@ -101,7 +101,7 @@ impl Idempotent {
     /// to a server), in the namespace `"default"`.
     pub fn new<St: IdempotencyStore>(store: St) -> Self {
         Idempotent {
-            claims: ClaimOpener::new(store),
+            claims: ClaimStore::new(store),
             policy: Policy::default(),
             namespace: "default".to_owned(),
         }

@@ -6,7 +6,7 @@ use http::request::Parts;
 
 use super::Prelude;
 use super::key::Derived;
-use crate::claim::guard::{ClaimGuard, ClaimOpener, Ending};
+use crate::claim::guard::{ClaimGuard, ClaimStore, Ending};
 use crate::claim::items::BatchItems;
 use crate::claim::outcome::Outcome;
 use crate::fingerprint::Fingerprint;
@@ -29,7 +29,7 @@ pub(crate) struct Claiming<B> {
 
 /// Claims what the request's `derived` names, then calls the inner service or answers.
 pub(crate) async fn claim<B, ResBody>(
-    claims: &ClaimOpener,
+    claims: &ClaimStore,
     settings: &Settings,
     request: Box<Claiming<B>>,
     grpc: bool,

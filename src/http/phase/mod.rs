@@ -34,7 +34,7 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 
-use crate::claim::guard::{ClaimGuard, ClaimOpener};
+use crate::claim::guard::{ClaimGuard, ClaimStore};
 use crate::claim::outcome::Outcome;
 use crate::http::answer::reject;
 use crate::http::body::{RequestBody, ResponseBody, read_request};
@@ -47,7 +47,7 @@ use crate::store::BoxError;
 /// What the phases of a request read from its layer: the claims (on the layer's store), the
 /// key extractor and the settings. The layer builds it; the service hands it to every request.
 pub(crate) struct Config<K> {
-    pub(crate) claims: ClaimOpener,
+    pub(crate) claims: ClaimStore,
     pub(crate) extractor: K,
     pub(crate) settings: Arc<Settings>,
     /// Inbox mode: enqueue in place of claim and call.
