@@ -333,3 +333,58 @@ mod bounded {
         assert!(store.len() <= bound);
     }
 }
+
+/// A store of another crate that does not order events: only `IdempotencyStore`, forwarded to
+/// a memory store. It runs the contract's unordered form (`store_contract!(unordered: ..)`),
+/// as a third-party store with the `test-util` feature would.
+mod third_party_unordered {
+    use std::future::Future;
+    use std::time::Duration;
+
+    use tower_idempotency::store::record::Record;
+    use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, Target};
+    use tower_idempotency::{IdempotencyStore, MemoryStore};
+
+    #[derive(Clone)]
+    pub struct Unordered(MemoryStore);
+
+    impl IdempotencyStore for Unordered {
+        fn reserve(
+            &self,
+            targets: &[Target],
+            claim: &Claim,
+            lease: Duration,
+        ) -> impl Future<Output = Result<Vec<Reservation>, StoreError>> + Send {
+            self.0.reserve(targets, claim, lease)
+        }
+
+        fn complete(
+            &self,
+            targets: &[Target],
+            claim: &Claim,
+            record: &Record,
+            retention: Duration,
+        ) -> impl Future<Output = Result<Vec<Completion>, StoreError>> + Send {
+            self.0.complete(targets, claim, record, retention)
+        }
+
+        fn release(
+            &self,
+            targets: &[Target],
+            claim: &Claim,
+        ) -> impl Future<Output = Result<usize, StoreError>> + Send {
+            self.0.release(targets, claim)
+        }
+
+        fn renew(
+            &self,
+            targets: &[Target],
+            claim: &Claim,
+            lease: Duration,
+        ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+            self.0.renew(targets, claim, lease)
+        }
+    }
+
+    tower_idempotency::store_contract!(unordered: async { (Unordered(MemoryStore::new()), ()) });
+}
