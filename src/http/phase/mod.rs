@@ -141,7 +141,7 @@ where
         return Ok((RequestBody::limited(body, settings.body_limit), None));
     }
     let collected = read_request(body, settings.body_limit, settings.body_timeout).await?;
-    let (data, trailers) = collected.into_parts();
+    let (data, trailers) = collected.into_boxed_parts();
     Ok((RequestBody::buffered(data.clone(), trailers), Some(data)))
 }
 
