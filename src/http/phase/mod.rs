@@ -116,7 +116,12 @@ where
             Err(rejection) => return Prelude::reject(settings, rejection, grpc),
         };
         if let (Some(route), Some(data)) = (&config.inbox, data) {
-            return enqueue::enqueue(route, settings, &parts, data, derived, grpc).await;
+            // Boxed: awaited inline, the enqueue's future (its entry, its timer) would size
+            // the prelude of every route, inbox or not, past the allocator's per-thread cache.
+            return Box::pin(enqueue::enqueue(
+                route, settings, &parts, data, derived, grpc,
+            ))
+            .await;
         }
         let request = Box::new(claim::Claiming {
             parts,
