@@ -224,7 +224,7 @@ pub(crate) struct Collected {
     first: Option<Bytes>,
     rest: VecDeque<Bytes>,
     len: usize,
-    /// Boxed (rare, and a `HeaderMap` is 96 bytes): a `Collected`, and the trailers taken from
+    /// Boxed (rare, and a `HeaderMap` is large): a `Collected`, and the trailers taken from
     /// it, sit in the futures of the read and of the settlement, boxed on every request.
     trailers: Option<Box<HeaderMap>>,
 }
