@@ -87,10 +87,16 @@ impl<B> RequestBody<B> {
 
     /// A body that was read in full: its bytes, then its trailers.
     pub fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        Self::buffered_boxed(data, trailers.map(Box::new))
+    }
+
+    /// As [`buffered`](Self::buffered), with trailers already boxed (as [`Collected`] keeps
+    /// them).
+    pub(crate) fn buffered_boxed(data: Bytes, trailers: Option<Box<HeaderMap>>) -> Self {
         RequestBody {
             kind: RequestKind::Buffered {
                 data: (!data.is_empty()).then_some(data),
-                trailers: trailers.map(Box::new),
+                trailers,
             },
         }
     }
@@ -223,7 +229,9 @@ pub(crate) struct Collected {
     first: Option<Bytes>,
     rest: VecDeque<Bytes>,
     len: usize,
-    trailers: Option<HeaderMap>,
+    /// Boxed (rare, and a `HeaderMap` is large): a `Collected`, and the trailers taken from
+    /// it, sit in the futures of the read and of the settlement, boxed on every request.
+    trailers: Option<Box<HeaderMap>>,
 }
 
 impl Collected {
@@ -243,7 +251,7 @@ impl Collected {
                 if let Ok(trailers) = frame.into_trailers() {
                     match &mut self.trailers {
                         Some(existing) => existing.extend(trailers),
-                        None => self.trailers = Some(trailers),
+                        None => self.trailers = Some(Box::new(trailers)),
                     }
                 }
             }
@@ -252,7 +260,7 @@ impl Collected {
     }
 
     pub(crate) fn trailers(&self) -> Option<&HeaderMap> {
-        self.trailers.as_ref()
+        self.trailers.as_deref()
     }
 
     /// The data chunks as they arrived, and the trailers.
@@ -261,11 +269,17 @@ impl Collected {
         if let Some(first) = self.first {
             chunks.push_front(first);
         }
-        (chunks, self.trailers)
+        (chunks, self.trailers.map(|trailers| *trailers))
     }
 
     /// The data as one `Bytes`: the single chunk itself when there is one.
     pub(crate) fn into_parts(self) -> (Bytes, Option<HeaderMap>) {
+        let (data, trailers) = self.into_boxed_parts();
+        (data, trailers.map(|trailers| *trailers))
+    }
+
+    /// As [`into_parts`](Self::into_parts), the trailers left in their box.
+    pub(crate) fn into_boxed_parts(self) -> (Bytes, Option<Box<HeaderMap>>) {
         let data = match self.first {
             None => Bytes::new(),
             Some(first) if self.rest.is_empty() => first,
@@ -404,10 +418,16 @@ impl<B> ResponseBody<B> {
 
     /// A body that is already in memory: a buffered response, a replay or a rejection.
     pub fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        Self::buffered_boxed(data, trailers.map(Box::new))
+    }
+
+    /// As [`buffered`](Self::buffered), with trailers already boxed (as [`Collected`] keeps
+    /// them).
+    pub(crate) fn buffered_boxed(data: Bytes, trailers: Option<Box<HeaderMap>>) -> Self {
         ResponseBody {
             kind: ResponseKind::Buffered {
                 data: (!data.is_empty()).then_some(data),
-                trailers: trailers.map(Box::new),
+                trailers,
             },
         }
     }

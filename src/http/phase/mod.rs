@@ -116,7 +116,12 @@ where
             Err(rejection) => return Prelude::reject(settings, rejection, grpc),
         };
         if let (Some(route), Some(data)) = (&config.inbox, data) {
-            return enqueue::enqueue(route, settings, &parts, data, derived, grpc).await;
+            // Boxed: awaited inline, the enqueue's future (its entry, its timer) would size
+            // the prelude of every route, inbox or not, past the allocator's per-thread cache.
+            return Box::pin(enqueue::enqueue(
+                route, settings, &parts, data, derived, grpc,
+            ))
+            .await;
         }
         let request = Box::new(claim::Claiming {
             parts,
@@ -141,8 +146,11 @@ where
         return Ok((RequestBody::limited(body, settings.body_limit), None));
     }
     let collected = read_request(body, settings.body_limit, settings.body_timeout).await?;
-    let (data, trailers) = collected.into_parts();
-    Ok((RequestBody::buffered(data.clone(), trailers), Some(data)))
+    let (data, trailers) = collected.into_boxed_parts();
+    Ok((
+        RequestBody::buffered_boxed(data.clone(), trailers),
+        Some(data),
+    ))
 }
 
 /// Phase 2: the signature, over the exact bytes that arrived. Why it failed is logged at

@@ -64,9 +64,11 @@ where
             }
         };
         let verdict = classifier.end(grpc, Some(&parts.headers), collected.trailers());
-        let (data, trailers) = collected.into_parts();
+        let (data, trailers) = collected.into_boxed_parts();
         let ending = match verdict {
-            Verdict::Success => Ending::Succeeded(kept(&settings, &parts, grpc, &data, &trailers)),
+            Verdict::Success => {
+                Ending::Succeeded(kept(&settings, &parts, grpc, &data, trailers.as_deref()))
+            }
             Verdict::Failure => Ending::Failed,
         };
         let succeeded = matches!(ending, Ending::Succeeded(_));
@@ -76,7 +78,7 @@ where
         } else {
             Outcome::Released
         });
-        Response::from_parts(parts, ResponseBody::buffered(data, trailers))
+        Response::from_parts(parts, ResponseBody::buffered_boxed(data, trailers))
     }
 }
 
@@ -127,13 +129,13 @@ fn kept(
     parts: &Parts,
     grpc: bool,
     data: &Bytes,
-    trailers: &Option<HeaderMap>,
+    trailers: Option<&HeaderMap>,
 ) -> Option<Box<StoredResponse>> {
     if settings.mode != Mode::Replay && !grpc {
         return None;
     }
     let headers = replay_headers(&parts.headers, &settings.replay_headers, grpc);
-    let response = StoredResponse::new(parts.status, headers, data.clone(), trailers.clone());
+    let response = StoredResponse::new(parts.status, headers, data.clone(), trailers.cloned());
     Some(Box::new(response))
 }
 
