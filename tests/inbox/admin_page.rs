@@ -1,6 +1,7 @@
 //! The inbox's admin page (`AdminService` at its root, feature `admin`) over a real
 //! `MemoryInbox` behind an axum app: the hooks a browser test relies on, the filter and the
 //! paging, an entry's page with its attempts, the forms' anti-forgery rule, read-only mode.
+#![cfg(feature = "admin")]
 
 use std::time::Duration;
 

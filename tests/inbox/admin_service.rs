@@ -1,6 +1,7 @@
 //! The inbox's admin service (`inbox::AdminService`) over a real `MemoryInbox`, mounted in an
 //! axum app under `/admin/inbox` and served alone at the root: every endpoint, every refusal,
 //! read-only by default, bodies hidden unless shown.
+#![cfg(feature = "admin")]
 
 use std::time::Duration;
 
