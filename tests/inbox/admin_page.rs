@@ -388,7 +388,7 @@ async fn read_only_shows_everything_and_no_form_that_acts() {
 }
 
 /// The index's size and the time to answer it with 5 routes and 50 entries (a measure, not a
-/// check: `cargo test --release --features admin --test inbox_admin_page -- --ignored
+/// check: `cargo test --release --features admin --test inbox admin_page:: -- --ignored
 /// --nocapture`).
 #[tokio::test]
 #[ignore]
