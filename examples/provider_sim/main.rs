@@ -22,7 +22,7 @@
 //!
 //! Exits with status 1 when an invariant is broken. The core lives in
 //! `examples/provider_sim/sim.rs` (with the `redis-server` it starts in `redis_server.rs`), which
-//! `tests/faults.rs` and the Redis tests include too.
+//! `tests/processes/faults.rs` and the Redis tests include too.
 
 #[cfg(feature = "redis")]
 #[path = "sim.rs"]

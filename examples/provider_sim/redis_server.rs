@@ -1,17 +1,17 @@
 //! A real `redis-server`, one throw-away process per [`RedisServer`]: the provider simulator's
 //! (`sim.rs`), and the integration tests' too.
 //!
-//! The example owns it (an example depends on the crate only); a test includes it with:
+//! The example owns it (an example depends on the crate only); a test binary declares it once,
+//! in its `main.rs`, and its files `use crate::redis_server`:
 //!
 //! ```ignore
-//! #[path = "../examples/provider_sim/redis_server.rs"]
+//! #[cfg(feature = "redis")]
+//! #[path = "../../examples/provider_sim/redis_server.rs"]
 //! mod redis_server;
-//!
-//! use redis_server::RedisServer;
 //! ```
 //!
-//! The harness uses `fred`, an optional dependency: gate the including test
-//! file with `#![cfg(feature = "redis")]`.
+//! The harness uses `fred`, an optional dependency: gate the declaration and the files that
+//! use it with `feature = "redis"`.
 //!
 //! [`RedisServer::start`] runs `redis-server` (or `$REDIS_SERVER_BIN`) on `127.0.0.1` and a free
 //! port, without persistence (`--save "" --appendonly no`), in its own temporary directory, and

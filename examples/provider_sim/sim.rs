@@ -3,10 +3,10 @@
 //! exactly-once.
 //!
 //! Used by the `provider_sim` example (`cargo run --all-features --example provider_sim --
-//! --events 10000`) and by `tests/faults.rs` (a smaller run), which includes it with
+//! --events 10000`) and by `tests/processes/faults.rs` (a smaller run), which includes it with
 //!
 //! ```ignore
-//! #[path = "../examples/provider_sim/sim.rs"]
+//! #[path = "../../examples/provider_sim/sim.rs"]
 //! mod provider_sim;
 //! ```
 //!

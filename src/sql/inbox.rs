@@ -1570,7 +1570,7 @@ mod tests {
 
     /// SQLite reads the take through `<table>_take_idx` in due order: no temporary b-tree for
     /// the order, whose cost would grow with the backlog (PostgreSQL's plan is checked against
-    /// a real server in tests/inbox_sql.rs); and the counts through the partial indexes.
+    /// a real server in tests/inbox/sql.rs); and the counts through the partial indexes.
     #[cfg(feature = "sqlite")]
     #[test]
     fn sqlite_takes_and_counts_through_the_indexes() {

@@ -11,6 +11,7 @@ use tower_idempotency::store::{Claim, StoreKey, Target};
 use tower_idempotency::{IdempotencyStore, Idempotent, OnceError};
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[macro_use]
 pub mod tx;
 
 /// Instantiates the `once` suite for one backend: `$make` yields `(store, guard)`.

@@ -77,7 +77,7 @@ use crate::store::{
 ///   stored status, allow-listed headers, body and trailers in replay mode, written with
 ///   `PX <retention>`: Redis drops the record when the retention period ends. An ack-mode key
 ///   costs 88 bytes of Redis memory (`MEMORY USAGE`, Redis 7.0, 64-bit: see
-///   `tests/redis_store.rs`).
+///   `tests/stores/redis_store.rs`).
 ///
 /// Nothing else is written: no index, no second key, no background task.
 ///
@@ -125,7 +125,7 @@ use crate::store::{
 /// no `CROSSSLOT`); a standalone or sentinel client writes them all on one connection.
 ///
 /// - A first delivery of N new items costs 2 round trips and 2N commands (N `SET`, then N
-///   `EVALSHA`); a duplicate batch costs 1 round trip (N `SET`). `tests/redis.rs`
+///   `EVALSHA`); a duplicate batch costs 1 round trip (N `SET`). `tests/stores/redis.rs`
 ///   counts both, commands with `MONITOR` and round trips through a proxy that holds replies
 ///   back.
 /// - `NOSCRIPT`: the items whose script reply is `NOSCRIPT` are sent again with `EVAL`, all in a

@@ -31,11 +31,10 @@ use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Status};
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
-#[path = "support/harness.rs"]
-mod harness;
+use crate::harness;
 
 #[allow(dead_code)]
-#[path = "../examples/grpc_receiver.rs"]
+#[path = "../../examples/grpc_receiver.rs"]
 mod receiver;
 
 use receiver::PaymentsService;

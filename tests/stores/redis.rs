@@ -3,13 +3,11 @@
 //! in commands (`MONITOR`) and in round trips (through `support/redis_proxy.rs`).
 #![cfg(feature = "redis")]
 
+use crate::once;
+use crate::redis_proxy;
+use crate::redis_server;
+use crate::suite;
 use tower_idempotency::test_util::store as contract;
-mod once;
-#[path = "support/redis_proxy.rs"]
-mod redis_proxy;
-#[path = "../examples/provider_sim/redis_server.rs"]
-mod redis_server;
-mod suite;
 
 use std::time::Duration;
 

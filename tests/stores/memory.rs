@@ -1,8 +1,8 @@
 //! The behaviour suite and the store contract on the embedded [`MemoryStore`].
 
+use crate::once;
+use crate::suite;
 use tower_idempotency::test_util::store as contract;
-mod once;
-mod suite;
 
 use tower_idempotency::MemoryStore;
 

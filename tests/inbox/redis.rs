@@ -5,18 +5,11 @@
 //! slot, and through Sentinel (a primary, a replica, three sentinels).
 #![cfg(feature = "redis")]
 
+use crate::redis_cluster;
+use crate::redis_sentinel;
+use crate::redis_server;
 use tower_idempotency::test_util::inbox as inbox_contract;
 use tower_idempotency::test_util::inbox_admin as inbox_admin_contract;
-// The harness re-exports helpers for the tests that kill nodes; this file needs only the start.
-#[allow(unused_imports)]
-#[path = "support/redis_cluster.rs"]
-mod redis_cluster;
-// The cluster and sentinel harnesses each include the node helpers: two copies, on purpose.
-#[allow(unused_imports, clippy::duplicate_mod)]
-#[path = "support/redis_sentinel.rs"]
-mod redis_sentinel;
-#[path = "../examples/provider_sim/redis_server.rs"]
-mod redis_server;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};

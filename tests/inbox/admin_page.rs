@@ -1,6 +1,7 @@
 //! The inbox's admin page (`AdminService` at its root, feature `admin`) over a real
 //! `MemoryInbox` behind an axum app: the hooks a browser test relies on, the filter and the
 //! paging, an entry's page with its attempts, the forms' anti-forgery rule, read-only mode.
+#![cfg(feature = "admin")]
 
 use std::time::Duration;
 
@@ -387,7 +388,7 @@ async fn read_only_shows_everything_and_no_form_that_acts() {
 }
 
 /// The index's size and the time to answer it with 5 routes and 50 entries (a measure, not a
-/// check: `cargo test --release --features admin --test inbox_admin_page -- --ignored
+/// check: `cargo test --release --features admin --test inbox admin_page:: -- --ignored
 /// --nocapture`).
 #[tokio::test]
 #[ignore]

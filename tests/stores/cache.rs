@@ -3,8 +3,8 @@
 //! exactly-once across two caching instances sharing one server, what a cache hit costs in
 //! commands (`MONITOR`), and what deleting a key by hand does.
 
+use crate::suite;
 use tower_idempotency::test_util::store as contract;
-mod suite;
 
 use tower_idempotency::MemoryStore;
 use tower_idempotency::store::CachedStore;
@@ -18,8 +18,7 @@ mod on_memory {
 }
 
 #[cfg(feature = "redis")]
-#[path = "../examples/provider_sim/redis_server.rs"]
-mod redis_server;
+use crate::redis_server;
 
 #[cfg(feature = "redis")]
 mod on_redis {
@@ -32,7 +31,7 @@ mod on_redis {
     use tower_idempotency::store::record::Record;
     use tower_idempotency::store::{Claim, Completion, LocalCache, Reservation, StoreKey, Target};
 
-    use crate::contract::keys_of;
+    use super::contract::keys_of;
 
     const LEASE: Duration = Duration::from_secs(30);
     const RETENTION: Duration = Duration::from_secs(3600);

@@ -1,19 +1,17 @@
 //! The demo receiver (`examples/webhook_receiver.rs`) driven over real HTTP on loopback.
 //!
 //! `cargo test` builds the examples; this test starts the built binary with `BIND=127.0.0.1:0`.
+#![cfg(all(feature = "metrics", feature = "verify", feature = "admin"))]
 
 use std::time::Duration;
 
 use http::StatusCode;
 use serde_json::{Value, json};
 
-#[path = "support/harness.rs"]
-mod harness;
+use crate::harness;
 #[cfg(feature = "redis")]
-#[path = "../examples/provider_sim/redis_server.rs"]
-mod redis_server;
-#[path = "support/signing.rs"]
-mod signing;
+use crate::redis_server;
+use crate::signing;
 
 use harness::{Http, start_demo};
 
@@ -91,7 +89,7 @@ async fn concurrent_duplicates_get_409_then_ack() {
 async fn meta_batches_sangho_fallback_and_orders() {
     let demo = start_demo(&[]);
     let http = Http::new(&demo);
-    let fixtures: Value = serde_json::from_str(include_str!("fixtures/webhooks.json")).unwrap();
+    let fixtures: Value = serde_json::from_str(include_str!("../fixtures/webhooks.json")).unwrap();
     let case = |name: &str| {
         fixtures["cases"]
             .as_array()
@@ -949,7 +947,7 @@ const README_SANGHO_SECRET: &str = "sangho_test_secret";
 /// The README's signed-request block (the `sh` block after its `readme-signed-requests`
 /// marker), aimed at `base` instead of `localhost:3000`.
 fn readme_signed_requests(base: &str) -> String {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     let (_, after) = readme
         .split_once("<!-- readme-signed-requests")
         .expect("README.md has lost its readme-signed-requests marker");

@@ -7,12 +7,10 @@
 //! Figures (key distribution, latency, failover report) are printed: run with `--nocapture`.
 #![cfg(feature = "redis")]
 
+use crate::redis_cluster;
+use crate::scale_out;
+use crate::suite;
 use tower_idempotency::test_util::store as contract;
-#[path = "support/redis_cluster.rs"]
-mod redis_cluster;
-#[path = "support/scale_out.rs"]
-mod scale_out;
-mod suite;
 
 use std::collections::BTreeMap;
 use std::error::Error as _;

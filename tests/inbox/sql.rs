@@ -2,11 +2,11 @@
 //! real server, a table per test: `take` hands out every due entry of its table), and what
 //! only the SQL inboxes show: several pools taking at once, the completion in the handler's
 //! own transaction.
+#![cfg(all(feature = "sqlite", feature = "postgres"))]
 
+use crate::postgres_server;
 use tower_idempotency::test_util::inbox as inbox_contract;
 use tower_idempotency::test_util::inbox_admin as inbox_admin_contract;
-#[path = "support/postgres_server.rs"]
-mod postgres_server;
 
 use std::collections::HashSet;
 use std::path::PathBuf;

@@ -3,11 +3,10 @@
 //! file in its own temporary directory.
 #![cfg(feature = "sqlite")]
 
+use crate::once;
+use crate::sql_purge;
+use crate::suite;
 use tower_idempotency::test_util::store as contract;
-mod once;
-#[path = "support/sql_purge.rs"]
-mod sql_purge;
-mod suite;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -152,7 +152,7 @@ mod standard_webhooks {
     use serde_json::Value;
     use tower_idempotency::verify::{StandardWebhooks, VerifyRequest};
 
-    const CASES: &str = include_str!("fixtures/standard_webhooks/cases.json");
+    const CASES: &str = include_str!("../fixtures/standard_webhooks/cases.json");
 
     #[test]
     fn every_case_verifies_as_its_signer_says() {

@@ -99,8 +99,7 @@ fn every_key_succeeds_exactly_once() {
 }
 
 #[cfg(feature = "redis")]
-#[path = "../examples/provider_sim/redis_server.rs"]
-mod redis_server;
+use crate::redis_server;
 
 /// The same property on one real `redis-server` for all cases (a namespace per case), with
 /// two clients: what two processes sharing a Redis see.
@@ -162,8 +161,7 @@ fn every_key_succeeds_exactly_once_on_sqlite() {
 }
 
 #[cfg(feature = "postgres")]
-#[path = "support/postgres_server.rs"]
-mod postgres_server;
+use crate::postgres_server;
 
 /// The same property on one real PostgreSQL server, with two pools (two processes), in a
 /// table of this test's own.

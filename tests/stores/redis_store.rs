@@ -2,8 +2,7 @@
 //! thing). Every test starts its own server, so killing one never disturbs another.
 #![cfg(feature = "redis")]
 
-#[path = "../examples/provider_sim/redis_server.rs"]
-mod redis_server;
+use crate::redis_server;
 
 use std::time::{Duration, Instant};
 

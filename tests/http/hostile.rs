@@ -647,8 +647,7 @@ async fn thousand_concurrent_one_mib_bodies_are_all_answered_with_bounded_memory
 
 /// The demo's bounds on connections, over real sockets against the built demo.
 #[cfg(all(feature = "metrics", feature = "verify", feature = "admin"))]
-#[path = "support/harness.rs"]
-mod harness;
+use crate::harness;
 
 #[cfg(all(feature = "metrics", feature = "verify", feature = "admin"))]
 mod demo_connections {

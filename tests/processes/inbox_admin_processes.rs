@@ -6,11 +6,17 @@
 //!
 //! `cargo test --test NAME` does not build the examples: `cargo build --all-features --example
 //! webhook_receiver --example inbox_worker` first.
+#![cfg(all(
+    feature = "redis",
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "metrics",
+    feature = "verify",
+    feature = "admin"
+))]
 
-#[path = "support/harness.rs"]
-mod harness;
-#[path = "support/postgres_server.rs"]
-mod postgres_server;
+use crate::harness;
+use crate::postgres_server;
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};

@@ -317,8 +317,7 @@ mod on_memory {
 }
 
 #[cfg(feature = "redis")]
-#[path = "../examples/provider_sim/redis_server.rs"]
-mod redis_server;
+use crate::redis_server;
 
 #[cfg(feature = "redis")]
 mod on_redis {
@@ -366,8 +365,7 @@ mod on_sqlite {
 }
 
 #[cfg(feature = "postgres")]
-#[path = "support/postgres_server.rs"]
-mod postgres_server;
+use crate::postgres_server;
 
 #[cfg(feature = "postgres")]
 mod on_postgres {

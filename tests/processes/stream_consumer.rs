@@ -3,10 +3,8 @@
 //! without `once`, the duplicates its check catches.
 #![cfg(feature = "redis")]
 
-#[path = "support/harness.rs"]
-mod harness;
-#[path = "../examples/provider_sim/redis_server.rs"]
-mod redis_server;
+use crate::harness;
+use crate::redis_server;
 
 use std::process::{Command, Output};
 

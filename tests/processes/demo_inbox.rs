@@ -1,14 +1,14 @@
 //! The demo's inbox routes (`POST /inbox/email`, `GET /inbox`, `GET /inbox/dead`,
 //! `POST /inbox/dead/{event_id}/retry`) and its admin service (`/admin/inbox`) driven over real
 //! HTTP on loopback, on the memory store.
+#![cfg(all(feature = "metrics", feature = "verify", feature = "admin"))]
 
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use serde_json::{Value, json};
 
-#[path = "support/harness.rs"]
-mod harness;
+use crate::harness;
 
 use harness::{Http, start_demo};
 

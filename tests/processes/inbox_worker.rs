@@ -11,13 +11,18 @@
 //! `cargo test --test NAME` does not build the examples: `cargo build --all-features --example
 //! webhook_receiver --example inbox_worker` first (a plain `cargo test --all-features` builds
 //! them).
+#![cfg(all(
+    feature = "redis",
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "metrics",
+    feature = "verify",
+    feature = "admin"
+))]
 
-#[path = "support/harness.rs"]
-mod harness;
-#[path = "support/postgres_server.rs"]
-mod postgres_server;
-#[path = "../examples/provider_sim/redis_server.rs"]
-mod redis_server;
+use crate::harness;
+use crate::postgres_server;
+use crate::redis_server;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

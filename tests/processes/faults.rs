@@ -6,7 +6,7 @@
 //! The full run is `cargo run --release --all-features --example provider_sim -- --events 10000`.
 #![cfg(feature = "redis")]
 
-#[path = "../examples/provider_sim/sim.rs"]
+#[path = "../../examples/provider_sim/sim.rs"]
 mod provider_sim;
 
 use provider_sim::{SimConfig, run};

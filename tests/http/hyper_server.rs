@@ -17,11 +17,10 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tower_idempotency::MemoryStore;
 
-#[path = "support/harness.rs"]
-mod harness;
+use crate::harness;
 
 #[allow(dead_code)]
-#[path = "../examples/hyper_server.rs"]
+#[path = "../../examples/hyper_server.rs"]
 mod example;
 
 use example::Ledger;

@@ -3,13 +3,11 @@
 //! test binary; the tests that stop the server start their own.
 #![cfg(feature = "postgres")]
 
+use crate::once;
+use crate::postgres_server;
+use crate::sql_purge;
+use crate::suite;
 use tower_idempotency::test_util::store as contract;
-mod once;
-#[path = "support/postgres_server.rs"]
-mod postgres_server;
-#[path = "support/sql_purge.rs"]
-mod sql_purge;
-mod suite;
 
 use std::sync::OnceLock;
 use std::time::Duration;

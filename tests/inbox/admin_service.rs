@@ -1,6 +1,7 @@
 //! The inbox's admin service (`inbox::AdminService`) over a real `MemoryInbox`, mounted in an
 //! axum app under `/admin/inbox` and served alone at the root: every endpoint, every refusal,
 //! read-only by default, bodies hidden unless shown.
+#![cfg(feature = "admin")]
 
 use std::time::Duration;
 
@@ -385,7 +386,7 @@ async fn answers_at_the_root_of_a_server() {
     assert_eq!(counts["pending"], 1);
     let request = Request::get("/").body(Full::new(Bytes::new())).unwrap();
     let response = service.oneshot(request).await.unwrap();
-    // `/` is the page (tests/inbox_admin_page.rs).
+    // `/` is the page (tests/inbox/admin_page.rs).
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(
         response.headers()["content-type"],

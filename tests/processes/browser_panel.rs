@@ -7,6 +7,7 @@
 //! The `harness_*` tests prove the browser harness itself on a page of their own and on the
 //! demo's JSON. On failure, `<target>/browser/<test>-failure.png` and `.html` hold what the
 //! browser showed. `PANEL_SCREENSHOT=1` also writes the README's `docs/images/panel.png`.
+#![cfg(all(feature = "metrics", feature = "verify", feature = "admin"))]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,10 +20,8 @@ use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-#[path = "support/browser.rs"]
-mod browser;
-#[path = "support/harness.rs"]
-mod harness;
+use crate::browser;
+use crate::harness;
 
 use browser::{Browser, Options, artifacts_dir};
 use harness::{Example, Http, start_demo};

@@ -8,12 +8,10 @@
 //! Figures (latency, failover report) are printed: run with `--nocapture`.
 #![cfg(feature = "redis")]
 
+use crate::redis_sentinel;
+use crate::scale_out;
+use crate::suite;
 use tower_idempotency::test_util::store as contract;
-#[path = "support/redis_sentinel.rs"]
-mod redis_sentinel;
-#[path = "support/scale_out.rs"]
-mod scale_out;
-mod suite;
 
 use std::error::Error as _;
 use std::time::{Duration, Instant};
