@@ -34,8 +34,8 @@ use crate::claim::policy::Policy;
 use crate::fingerprint::Fingerprint;
 use crate::store::record::{Record, StoredResponse};
 use crate::store::{
-    CachedStore, Claim, Completion, LocalCache, Reservation, StoreError, StoreErrorKind, StoreKey,
-    Target,
+    AnyStore, CachedStore, Claim, Completion, LocalCache, Reservation, StoreError, StoreErrorKind,
+    StoreKey, Target,
 };
 
 /// Runs `fut` under the store timeout, or as it is when `timeout` is `None` (the store's client
@@ -406,7 +406,13 @@ impl ClaimStore {
     }
 
     /// Claims on `store`, behind `cache` when there is one and it is on.
-    fn on<St: IdempotencyStore>(store: St, cache: Option<LocalCache>) -> Self {
+    ///
+    /// An [`AnyStore`] hides its backend's type already: its backend's store is the one erased
+    /// here, so that each call goes through one indirection (and one boxed future), not two.
+    pub(crate) fn on<St: IdempotencyStore>(store: St, cache: Option<LocalCache>) -> Self {
+        if let Some(any) = (&store as &dyn std::any::Any).downcast_ref::<AnyStore>() {
+            return any.claims(cache);
+        }
         match cache.filter(LocalCache::is_on) {
             Some(cache) => ClaimStore(Arc::new(Erased {
                 front: CachedStore::with_cache(store.clone(), cache),

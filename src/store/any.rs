@@ -6,7 +6,8 @@ use std::fmt;
 use std::time::Duration;
 
 use super::record::Record;
-use super::{Claim, Completion, Reservation, StoreError, Target};
+use super::{Claim, Completion, LocalCache, Reservation, StoreError, Target};
+use crate::claim::guard::ClaimStore;
 use crate::store::contract::{IdempotencyStore, OrderedStore};
 use crate::store::memory::MemoryStore;
 
@@ -380,6 +381,13 @@ macro_rules! dispatch_async {
             Backend::Sqlite($store) => Box::pin(async move { $call }).await,
         }
     };
+}
+
+impl AnyStore {
+    /// Claims on the backend's store itself (see [`ClaimStore::on`]).
+    pub(crate) fn claims(&self, cache: Option<LocalCache>) -> ClaimStore {
+        dispatch!(self, s => ClaimStore::on(s.clone(), cache))
+    }
 }
 
 /// Every call goes to the backend's store.
