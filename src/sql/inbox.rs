@@ -19,7 +19,7 @@ use crate::inbox::store::{
 use crate::inbox::wake::{Announcer, Wakeups};
 use crate::order::Position;
 use crate::sql::query::Param;
-use crate::sql::statements::Sql;
+use crate::sql::statements::{self, Sql};
 use crate::sql::{
     DEFAULT_PURGE_BATCH, Dialect, InvalidTable, bare_name, millis, purge_in_batches,
     spawn_purge_every, store_error, validate_table,
@@ -1024,7 +1024,7 @@ impl Statements {
         let told = |statement: String| DB::notify(&statement, &channel).unwrap_or(statement);
         Statements {
             table: table.to_owned(),
-            migrate: DB::migrate(table, &schema).into(),
+            migrate: statements::migrate::<DB>(table, &schema).into(),
             schema,
             enqueue: told(enqueue(table)).into(),
             read_state: format!("SELECT state FROM {table} WHERE key = $1").into(),

@@ -110,8 +110,24 @@ pub(crate) mod dialect {
         fn now(clock: usize) -> String;
         /// `time` plus the milliseconds in the expression `millis`.
         fn plus_millis(time: &str, millis: &str) -> String;
+        /// The function of the greater of two values (`greatest`, `max`).
+        const GREATEST: &'static str;
+        /// The template of the reserve statement, from the `claim` (which returns one row
+        /// when it wrote) and the `read_live` of the row holding the key (see
+        /// `statements::render`); `None`: the claim alone, followed by the read when it
+        /// returned no row.
+        const RESERVE: Option<&'static str>;
+        /// The template of the statement claiming a batch of keys at once (see
+        /// `Statements::reserve_many`); `None`: one reserve per key.
+        const RESERVE_MANY: Option<&'static str>;
+        /// The template of the script `migrate` runs: the `{schema}` of the `{table}`, made
+        /// safe to run from several processes at once.
+        const MIGRATE: &'static str;
+
         /// The greater of two times.
-        fn greatest(a: &str, b: &str) -> String;
+        fn greatest(a: &str, b: &str) -> String {
+            format!("{}({a}, {b})", Self::GREATEST)
+        }
         /// Where the text `needle` first starts in the text `haystack`, from 1; 0 if nowhere.
         fn find_text(haystack: &str, needle: &str) -> String;
         /// The whole milliseconds from `now` to `time` (rounded down), as a 64-bit integer.
@@ -119,18 +135,8 @@ pub(crate) mod dialect {
         /// The value of the bound clock, bound after every statement's own parameters; `None`
         /// when the statements read the database's clock.
         fn clock() -> Option<i64>;
-        /// The reserve statement, from the `claim` (which returns one row when it wrote) and the
-        /// `read` of the live row holding the key; and the read to run after a claim that
-        /// returned no row, if the statement does not include it.
-        fn reserve(claim: &str, read: &str) -> (String, Option<String>);
-        /// The statement claiming a batch of keys at once (see `Statements::reserve_many`),
-        /// from the claim's `insert` and `on_conflict` clauses; `None`: one reserve per key.
-        fn reserve_many(table: &str, insert: &str, on_conflict: &str) -> Option<String>;
         /// The `CREATE TABLE` and `CREATE INDEX` statements of `table`.
         fn schema(table: &str) -> String;
-        /// The script `migrate` runs: `schema` (the schema of `table`), made safe to run
-        /// from several processes at once.
-        fn migrate(table: &str, schema: &str) -> String;
         /// How many rows a statement wrote.
         fn rows_affected(done: &Self::QueryResult) -> u64;
         /// The kind of a database error, by its code.

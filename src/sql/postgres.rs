@@ -116,6 +116,11 @@ impl dialect::Sealed for Postgres {
     const ONE_WRITER: bool = false;
     const NOTIFIES: bool = true;
     const ADD_COLUMN_IF_NOT_EXISTS: bool = true;
+    const GREATEST: &'static str = "greatest";
+    const RESERVE: Option<&'static str> = Some(include_str!("queries/postgres/reserve.sql"));
+    const RESERVE_MANY: Option<&'static str> =
+        Some(include_str!("queries/postgres/reserve_many.sql"));
+    const MIGRATE: &'static str = include_str!("queries/postgres/migrate.sql");
 
     fn now(_clock: usize) -> String {
         "now()".to_owned()
@@ -123,10 +128,6 @@ impl dialect::Sealed for Postgres {
 
     fn plus_millis(time: &str, millis: &str) -> String {
         format!("{time} + {millis}::bigint * interval '1 millisecond'")
-    }
-
-    fn greatest(a: &str, b: &str) -> String {
-        format!("greatest({a}, {b})")
     }
 
     fn find_text(haystack: &str, needle: &str) -> String {
@@ -141,63 +142,8 @@ impl dialect::Sealed for Postgres {
         None
     }
 
-    /// The claim in a data-modifying CTE; when it wrote nothing, the live row is read back in
-    /// the same statement.
-    fn reserve(claim: &str, read: &str) -> (String, Option<String>) {
-        let reserve = format!(
-            "WITH claimed AS (
-{claim}
-)
-SELECT true AS acquired, NULL::text AS state, NULL::bytea AS fingerprint, NULL::bytea AS record,
-    NULL::bigint AS left_ms
-FROM claimed
-UNION ALL
-{read} AND NOT EXISTS (SELECT 1 FROM claimed)"
-        );
-        (reserve, None)
-    }
-
-    /// One statement for the whole batch. The keys are inserted in sorted order, so that two
-    /// overlapping batches lock their rows in the same order and never deadlock; each key is
-    /// claimed atomically on its own, as by `reserve`. A key whose live row the statement's
-    /// snapshot cannot see (claimed by a batch that committed while this one waited for it)
-    /// comes back with a `NULL` state, to be claimed again.
-    fn reserve_many(table: &str, insert: &str, on_conflict: &str) -> Option<String> {
-        Some(format!(
-            "WITH batch AS (
-    SELECT key, ord FROM unnest(string_to_array($1, ',')) WITH ORDINALITY AS batch (key, ord)
-), claimed AS (
-{insert}
-SELECT key, 'in_flight', $2, $3, NULL, {lease_end}, now()
-FROM (SELECT DISTINCT key FROM batch) AS keys ORDER BY key
-{on_conflict}
-RETURNING key
-)
-SELECT claimed.key IS NOT NULL AS acquired, live.state, live.fingerprint, live.record,
-    {left} AS left_ms
-FROM batch
-LEFT JOIN claimed ON claimed.key = batch.key
-LEFT JOIN {table} AS live
-    ON claimed.key IS NULL AND live.key = batch.key AND live.expires_at > now()
-ORDER BY batch.ord",
-            lease_end = Self::plus_millis("now()", "$4"),
-            left = Self::millis_until("live.expires_at", "now()"),
-        ))
-    }
-
     fn schema(table: &str) -> String {
         schema!(table, columns!(), object_columns!())
-    }
-
-    /// One simple-protocol query: PostgreSQL runs its statements as one transaction, under
-    /// the advisory lock of the table; without the notices of what exists already ("relation
-    /// ... already exists, skipping"), which sqlx logs at info, one per statement.
-    fn migrate(table: &str, schema: &str) -> String {
-        format!(
-            "SELECT pg_advisory_xact_lock(hashtext('tower_idempotency:{table}'));
-SET LOCAL client_min_messages = warning;
-{schema}"
-        )
     }
 
     fn rows_affected(done: &PgQueryResult) -> u64 {

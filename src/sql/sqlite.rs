@@ -135,6 +135,13 @@ impl dialect::Sealed for Sqlite {
     const ONE_WRITER: bool = true;
     const NOTIFIES: bool = false;
     const ADD_COLUMN_IF_NOT_EXISTS: bool = false;
+    const GREATEST: &'static str = "max";
+    // The claim returns a row only when it is ours; otherwise a following `SELECT` reads the
+    // live row.
+    const RESERVE: Option<&'static str> = None;
+    // Claims run one after the other anyway (writers are serialized), in this process.
+    const RESERVE_MANY: Option<&'static str> = None;
+    const MIGRATE: &'static str = "{schema}";
 
     fn now(clock: usize) -> String {
         format!("${clock}")
@@ -142,10 +149,6 @@ impl dialect::Sealed for Sqlite {
 
     fn plus_millis(time: &str, millis: &str) -> String {
         format!("{time} + {millis}")
-    }
-
-    fn greatest(a: &str, b: &str) -> String {
-        format!("max({a}, {b})")
     }
 
     fn find_text(haystack: &str, needle: &str) -> String {
@@ -165,23 +168,8 @@ impl dialect::Sealed for Sqlite {
         )
     }
 
-    /// The claim returns a row only when it is ours; otherwise a following `SELECT` reads the
-    /// live row.
-    fn reserve(claim: &str, read: &str) -> (String, Option<String>) {
-        (claim.to_owned(), Some(read.to_owned()))
-    }
-
-    /// Claims run one after the other anyway (writers are serialized), in this process.
-    fn reserve_many(_table: &str, _insert: &str, _on_conflict: &str) -> Option<String> {
-        None
-    }
-
     fn schema(table: &str) -> String {
         schema!(table, columns!(), object_columns!())
-    }
-
-    fn migrate(_table: &str, schema: &str) -> String {
-        schema.to_owned()
     }
 
     fn rows_affected(done: &SqliteQueryResult) -> u64 {

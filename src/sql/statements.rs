@@ -103,158 +103,196 @@ pub(super) struct Statements {
 
 impl Statements {
     pub(super) fn new<DB: Dialect>(table: &str) -> Self {
-        // `now(n)`: the current time in a statement of n - 1 parameters (SQLite binds its
-        // clock as parameter n); `live_claim(n)`: the row is the live claim of the token in $2.
-        let now = DB::now;
-        let live_claim = |clock| {
-            format!(
-                "key = $1 AND state = 'in_flight' AND token = $2 AND expires_at > {}",
-                now(clock)
-            )
-        };
-        // Inserts the row, or takes over in place a row that expired (or is our own claim,
-        // sent again); returns a row only when the claim is ours.
-        let insert = format!(
-            "INSERT INTO {table} AS cur (key, state, token, fingerprint, record, expires_at, created_at)"
-        );
-        let on_conflict = format!(
-            "ON CONFLICT (key) DO UPDATE
-    SET state = 'in_flight', token = EXCLUDED.token, fingerprint = EXCLUDED.fingerprint,
-        record = NULL, expires_at = EXCLUDED.expires_at, created_at = EXCLUDED.created_at
-    WHERE cur.expires_at <= {now}
-       OR (cur.state = 'in_flight' AND cur.token = EXCLUDED.token)",
-            now = now(5),
-        );
-        let claim = format!(
-            "{insert}
-VALUES ($1, 'in_flight', $2, $3, NULL, {lease_end}, {now})
-{on_conflict}
-RETURNING true AS acquired",
-            now = now(5),
-            lease_end = DB::plus_millis(&now(5), "$4"),
-        );
-        let read_live = format!(
-            "SELECT false AS acquired, state, fingerprint, record, {left} AS left_ms FROM {table}
-WHERE key = $1 AND expires_at > {now}",
-            left = DB::millis_until("expires_at", &now(2)),
-            now = now(2)
-        );
-        let (reserve, read_live) = DB::reserve(&claim, &read_live);
-        let reserve_many = DB::reserve_many(table, &insert, &on_conflict);
-        let schema = DB::schema(table);
         let objects = format!("{table}_objects");
-        let objects_sql = ObjectStatements::new::<DB>(&objects);
-        let migrate = DB::migrate(table, &schema).into();
+        let fragments = [
+            (
+                "claim_into",
+                file(include_str!("queries/records/claim_into.sql")),
+            ),
+            (
+                "claim_conflict",
+                file(include_str!("queries/records/claim_conflict.sql")),
+            ),
+            (
+                "live_claim",
+                file(include_str!("queries/records/live_claim.sql")),
+            ),
+            (
+                "object_into",
+                file(include_str!("queries/records/object_into.sql")),
+            ),
+            ("claim", file(include_str!("queries/records/claim.sql"))),
+            (
+                "read_live",
+                file(include_str!("queries/records/read_live.sql")),
+            ),
+        ];
+        let mut names = vec![("table", table), ("objects", objects.as_str())];
+        names.extend(fragments.iter().map(|(name, text)| (*name, text.as_str())));
+        let sql = |text: &str| render::<DB>(text, &names);
+        let (reserve, read_live) = match DB::RESERVE {
+            Some(reserve) => (sql(reserve), None),
+            None => (sql("{claim}"), Some(sql("{read_live}"))),
+        };
+        let schema = DB::schema(table);
         Statements {
             table: table.to_owned(),
+            migrate: migrate::<DB>(table, &schema).into(),
             schema,
-            migrate,
             reserve: reserve.into(),
             read_live: read_live.map(Sql::from),
-            reserve_many: reserve_many.map(Sql::from),
-            complete: format!(
-                "UPDATE {table}
-SET state = 'completed', token = NULL, fingerprint = $3, record = $4, expires_at = {}
-WHERE {}",
-                DB::plus_millis(&now(6), "$5"),
-                live_claim(6)
-            )
-            .into(),
-            release: format!("DELETE FROM {table}\nWHERE {}", live_claim(3)).into(),
-            renew: format!(
-                "UPDATE {table} SET expires_at = {}\nWHERE {}",
-                DB::plus_millis(&now(4), "$3"),
-                live_claim(4)
-            )
-            .into(),
-            read_record: format!(
-                "SELECT record FROM {table}
-WHERE key = $1 AND state = 'completed' AND expires_at > {}",
-                now(2)
-            )
-            .into(),
-            // Deletes in batches (short transactions); the condition is checked again on the
-            // rows selected.
-            purge: format!(
-                "DELETE FROM {table}
-WHERE key IN (
-    SELECT key FROM {table} WHERE expires_at <= {now}
-    ORDER BY expires_at LIMIT $1{locks}
-) AND expires_at <= {now}",
-                now = now(2),
-                locks = DB::PURGE_LOCKS,
-            )
-            .into(),
-            lease_object: objects_sql.lease.into(),
-            raise_watermark: objects_sql.raise.into(),
-            unlock_object: objects_sql.unlock.into(),
-            renew_object: objects_sql.renew.into(),
-            purge_objects: objects_sql.purge.into(),
+            reserve_many: DB::RESERVE_MANY.map(|text| sql(text).into()),
+            complete: sql(include_str!("queries/records/complete.sql")).into(),
+            release: sql(include_str!("queries/records/release.sql")).into(),
+            renew: sql(include_str!("queries/records/renew.sql")).into(),
+            read_record: sql(include_str!("queries/records/read_record.sql")).into(),
+            purge: sql(include_str!("queries/records/purge.sql")).into(),
+            lease_object: sql(include_str!("queries/records/object_lease.sql")).into(),
+            raise_watermark: sql(include_str!("queries/records/object_raise.sql")).into(),
+            unlock_object: sql(include_str!("queries/records/object_unlock.sql")).into(),
+            renew_object: sql(include_str!("queries/records/object_renew.sql")).into(),
+            purge_objects: sql(include_str!("queries/records/object_purge.sql")).into(),
         }
     }
 }
 
-/// The statements on the table of objects.
-struct ObjectStatements {
-    lease: String,
-    raise: String,
-    unlock: String,
-    renew: String,
-    purge: String,
+/// The script `migrate` runs for `table`, whose `CREATE` statements are `schema`: the dialect's
+/// [`MIGRATE`](super::dialect::Sealed::MIGRATE) around it.
+pub(super) fn migrate<DB: Dialect>(table: &str, schema: &str) -> String {
+    render::<DB>(DB::MIGRATE, &[("table", table), ("schema", schema)])
 }
 
-impl ObjectStatements {
-    fn new<DB: Dialect>(objects: &str) -> Self {
-        let now = DB::now;
-        let insert = format!(
-            "INSERT INTO {objects} AS cur (object, token, lease_until, watermark, watermark_until, expires_at)"
-        );
-        let until = |millis: &str, clock: usize| DB::plus_millis(&now(clock), millis);
-        ObjectStatements {
-            lease: format!(
-                "{insert}
-VALUES ($1, $2, {lease_end}, NULL, NULL, {lease_end})
-ON CONFLICT (object) DO UPDATE
-    SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until,
-        expires_at = {greatest}
-    WHERE cur.token IS NULL OR cur.lease_until <= {now} OR cur.token = EXCLUDED.token
-RETURNING CASE WHEN watermark_until > {now} THEN watermark END AS watermark",
-                lease_end = until("$3", 4),
-                greatest = DB::greatest("cur.expires_at", "EXCLUDED.lease_until"),
-                now = now(4),
-            ),
-            raise: format!(
-                "{insert}
-VALUES ($1, NULL, NULL, $2, {end}, {end})
-ON CONFLICT (object) DO UPDATE
-    SET watermark = EXCLUDED.watermark, watermark_until = EXCLUDED.watermark_until,
-        expires_at = {greatest}
-    WHERE cur.watermark IS NULL OR cur.watermark_until <= {now}
-       OR cur.watermark < EXCLUDED.watermark",
-                end = until("$3", 4),
-                greatest = DB::greatest("cur.expires_at", "EXCLUDED.watermark_until"),
-                now = now(4),
-            ),
-            unlock: format!(
-                "UPDATE {objects} SET token = NULL, lease_until = NULL
-WHERE object = $1 AND token = $2"
-            ),
-            renew: format!(
-                "UPDATE {objects} SET lease_until = {end}, expires_at = {greatest}
-WHERE object = $1 AND token = $2 AND lease_until > {now}",
-                end = until("$3", 4),
-                greatest = DB::greatest("expires_at", &until("$3", 4)),
-                now = now(4),
-            ),
-            purge: format!(
-                "DELETE FROM {objects}
-WHERE object IN (
-    SELECT object FROM {objects} WHERE expires_at <= {now}
-    ORDER BY expires_at LIMIT $1{locks}
-) AND expires_at <= {now}",
-                now = now(2),
-                locks = DB::PURGE_LOCKS,
-            ),
+/// The statement written by `template` (a file of `queries/`, or a text naming one) for `DB`.
+///
+/// A template is SQL with placeholders in braces. First every `{name}` of `names` is replaced
+/// by its text, which may hold placeholders of its own (a table name, or a fragment of a
+/// statement in a file of its own). Then the dialect writes the rest:
+/// - `{now}`: the current time; `{now + $N ms}`: that time plus the milliseconds of
+///   parameter `$N`; `{ms until COLUMN}`: the whole milliseconds from now to the time in
+///   `COLUMN`. Where the dialect binds its clock (SQLite), the clock is the parameter after
+///   the highest `$N` of the statement: every time in it is the same instant.
+/// - `{greatest}`: the function of the greater of two values; `{row_locks}`: what follows the
+///   `SELECT` of rows a statement deletes or takes (PostgreSQL: `FOR UPDATE SKIP LOCKED`).
+///
+/// The template's lines that start with `--` (a file's comments) are left out, and its last
+/// line break; the texts of `names` are written as they are (see [`file`]).
+///
+/// # Panics
+///
+/// On a placeholder it does not know or an unclosed brace: the templates are this crate's
+/// own, and a unit test renders every one of them for every dialect.
+pub(super) fn render<DB: Dialect>(template: &str, names: &[(&str, &str)]) -> String {
+    let mut text = file(template);
+    // First the names, again and again until none is left (a fragment may name another).
+    let mut from = 0;
+    while let Some((start, end)) = placeholder(&text, from) {
+        match names
+            .iter()
+            .find(|(name, _)| *name == &text[start + 1..end])
+        {
+            Some((_, value)) => text.replace_range(start..=end, value),
+            None => from = end + 1,
         }
+    }
+    let clock = highest_parameter(&text) + 1;
+    let now = DB::now(clock);
+    let mut out = String::with_capacity(text.len() + 64);
+    let mut rest = text.as_str();
+    while let Some((start, end)) = placeholder(rest, 0) {
+        out.push_str(&rest[..start]);
+        let token = &rest[start + 1..end];
+        match token {
+            "now" => out.push_str(&now),
+            "greatest" => out.push_str(DB::GREATEST),
+            "row_locks" => out.push_str(DB::PURGE_LOCKS),
+            _ => {
+                if let Some(millis) = token
+                    .strip_prefix("now + ")
+                    .and_then(|t| t.strip_suffix(" ms"))
+                {
+                    out.push_str(&DB::plus_millis(&now, millis));
+                } else if let Some(column) = token.strip_prefix("ms until ") {
+                    out.push_str(&DB::millis_until(column, &now));
+                } else {
+                    panic!("unknown placeholder {{{token}}} in an SQL template");
+                }
+            }
+        }
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The text of a file of `queries/` as a template or a fragment: without its lines that start
+/// with `--` (its comments) and without its last line break.
+pub(super) fn file(text: &str) -> String {
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|line| !line.starts_with("--"))
+        .collect();
+    kept.join("\n")
+}
+
+/// The next `{...}` of `text` at or after `from`: the positions of its braces.
+fn placeholder(text: &str, from: usize) -> Option<(usize, usize)> {
+    let start = from + text[from..].find('{')?;
+    let end = start
+        + text[start..]
+            .find('}')
+            .expect("an SQL template's brace is closed");
+    Some((start, end))
+}
+
+/// The highest `$N` in `text` (0 when none).
+fn highest_parameter(text: &str) -> usize {
+    text.split('$')
+        .skip(1)
+        .filter_map(|after| {
+            let digits = after.len() - after.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            after[..digits].parse().ok()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[cfg(all(test, feature = "sqlite", feature = "postgres"))]
+mod tests {
+    use sqlx::{Postgres, Sqlite};
+
+    use super::*;
+
+    #[test]
+    fn the_bound_clock_follows_the_statements_parameters() {
+        let template =
+            "-- a comment\nUPDATE {table} SET at = {now + $2 ms}\nWHERE key = $1 AND at > {now}\n";
+        let names = [("table", "t")];
+        assert_eq!(
+            render::<Sqlite>(template, &names),
+            "UPDATE t SET at = $3 + $2\nWHERE key = $1 AND at > $3"
+        );
+        assert_eq!(
+            render::<Postgres>(template, &names),
+            "UPDATE t SET at = now() + $2::bigint * interval '1 millisecond'\nWHERE key = $1 AND at > now()"
+        );
+    }
+
+    #[test]
+    fn names_are_written_before_the_dialect_and_may_name_others() {
+        let names = [
+            ("outer", "{inner} = {now}"),
+            ("inner", "{table}.x"),
+            ("table", "t"),
+        ];
+        assert_eq!(
+            render::<Sqlite>("SELECT $1 WHERE {outer}", &names),
+            "SELECT $1 WHERE t.x = $2"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "unknown placeholder {later}")]
+    fn an_unknown_placeholder_is_a_bug() {
+        render::<Sqlite>("SELECT {later}", &[]);
     }
 }
