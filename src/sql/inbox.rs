@@ -19,7 +19,7 @@ use crate::inbox::store::{
 use crate::inbox::wake::{Announcer, Wakeups};
 use crate::order::Position;
 use crate::sql::query::Param;
-use crate::sql::statements::{self, Sql};
+use crate::sql::statements::{self, Sql, file, fill, render};
 use crate::sql::{
     DEFAULT_PURGE_BATCH, Dialect, InvalidTable, bare_name, millis, purge_in_batches,
     spawn_purge_every, store_error, validate_table,
@@ -1013,96 +1013,85 @@ struct Statements {
 impl Statements {
     fn new<DB: Dialect>(table: &str) -> Self {
         let schema = schema(table, DB::BYTES, DB::ADD_COLUMN_IF_NOT_EXISTS);
-        let held = "key = $1 AND state = 'running' AND lease_token = $2";
-        // The attempt held ends at $5 as failed, with the error $6.
-        let failed = format!(
-            "history = CASE WHEN started_us IS NOT NULL THEN {} ELSE history END",
-            appended::<DB>(&ended_line::<DB>('f', "$5", "$6"))
-        );
+        let appended = |line: &str| {
+            let kept = KEPT_ATTEMPTS.to_string();
+            fill(QUERY_APPENDED, &[("line", line), ("kept_attempts", &kept)])
+        };
+        let ended = |outcome, at, error| {
+            fill(
+                QUERY_ENDED_LINE,
+                &[("outcome", outcome), ("at", at), ("error", error)],
+            )
+        };
+        let fragments = [
+            ("held", file(include_str!("queries/inbox/held.sql"))),
+            ("due_at", file(include_str!("queries/inbox/due_at.sql"))),
+            ("matching", file(include_str!("queries/inbox/matching.sql"))),
+            (
+                "history_failed",
+                file(include_str!("queries/inbox/history_failed.sql")),
+            ),
+            // The attempt held ends at $5 as failed, with the error $6 (a retry, a burial);
+            // at $4 as succeeded (a completion); its lease lost (a take over it).
+            ("appended_failed", appended(&ended("f", "$5", "$6"))),
+            ("appended_succeeded", appended(&ended("s", "$4", "''"))),
+            (
+                "appended_lost",
+                appended(&file(include_str!("queries/inbox/lost_line.sql"))),
+            ),
+        ];
+        let mut names = vec![
+            ("table", table),
+            ("entry_columns", ENTRY_COLUMNS),
+            ("info_columns", INFO_COLUMNS),
+        ];
+        names.extend(fragments.iter().map(|(name, text)| (*name, text.as_str())));
+        let sql = |text: &str| Sql::from(render::<DB>(text, &names));
         let channel = wake_channel(table);
-        // What arrives is told to the other processes by the database where it can.
-        let told = |statement: String| DB::notify(&statement, &channel).unwrap_or(statement);
+        // What arrives is told to the other processes by the database where it can: an
+        // enqueue, a retry at its time, a dead letter now (its object's next entry may go), a
+        // re-queue, a resume (like an enqueue due now: every idle worker takes again).
+        let told = |text: &str| {
+            let statement = render::<DB>(text, &names);
+            Sql::from(DB::notify(&statement, &channel).unwrap_or(statement))
+        };
         Statements {
             table: table.to_owned(),
             migrate: statements::migrate::<DB>(table, &schema).into(),
             schema,
-            enqueue: told(enqueue(table)).into(),
-            read_state: format!("SELECT state FROM {table} WHERE key = $1").into(),
-            stale_at: format!(
-                "SELECT watermark FROM {table}_objects
-WHERE object = $1 AND watermark >= $2 AND expires_at > $3"
-            )
-            .into(),
-            take: take::<DB>(table, DB::PURGE_LOCKS).into(),
-            renew: format!("UPDATE {table} SET lease_until = $3 WHERE {held}").into(),
-            complete: complete::<DB>(table).into(),
-            raise_watermark: raise_watermark(table).into(),
-            // A retry is told at its time; a dead letter now, since its object's next entry
-            // may go.
-            retry: told(format!(
-                "UPDATE {table}
-SET state = 'queued', next_at = $3, lease_token = NULL, lease_until = NULL, last_error = $4,
-    {failed}
-WHERE {held}
-RETURNING key, next_at AS at"
-            ))
-            .into(),
-            bury: told(format!(
-                "UPDATE {table}
-SET state = 'dead', lease_token = NULL, lease_until = NULL, last_error = $3,
-    {failed}
-WHERE {held}
-RETURNING key, $4 AS at"
-            ))
-            .into(),
-            dead_letters: format!(
-                "SELECT {ENTRY_COLUMNS}, last_error FROM {table}
-WHERE state = 'dead' ORDER BY enqueued_at, key LIMIT $1"
-            )
-            .into(),
-            requeue: told(format!(
-                "UPDATE {table} SET state = 'queued', attempts = 0, next_at = $2, last_error = NULL
-WHERE key = $1 AND state = 'dead'
-RETURNING key, next_at AS at"
-            ))
-            .into(),
-            counts: counts(table).into(),
-            purge: purge(table, DB::PURGE_LOCKS).into(),
-            purge_watermarks: purge_watermarks(table, DB::PURGE_LOCKS).into(),
-            find: format!("SELECT {INFO_COLUMNS} FROM {table} WHERE key = $1").into(),
-            list: format!(
-                "SELECT {INFO_COLUMNS} FROM {table}
-WHERE key > $1 AND (state <> 'done' OR expires_at > $2) AND {matching}
-ORDER BY key LIMIT $3",
-                matching = matching::<DB>()
-            )
-            .into(),
-            requeue_matching: told(requeue_matching::<DB>(table, DB::PURGE_LOCKS)).into(),
-            // The watermark stays: the dead letter was not applied.
-            discard: format!(
-                "UPDATE {table}
-SET state = 'done', body = NULL, headers = NULL, last_error = NULL, expires_at = $2
-WHERE key = $1 AND state = 'dead'
-RETURNING key"
-            )
-            .into(),
-            pause: format!(
-                "INSERT INTO {table}_paused (one, paused_at) VALUES (1, $1)
-ON CONFLICT (one) DO NOTHING"
-            )
-            .into(),
-            // Told like an enqueue due now: every idle worker takes again.
-            resume: told(format!(
-                "DELETE FROM {table}_paused RETURNING 'resumed' AS key, $1 AS at"
-            ))
-            .into(),
-            is_paused: format!("SELECT COUNT(*) FROM {table}_paused").into(),
-            columns: format!("SELECT name FROM pragma_table_info('{table}')").into(),
+            enqueue: told(include_str!("queries/inbox/enqueue.sql")),
+            read_state: sql(include_str!("queries/inbox/read_state.sql")),
+            stale_at: sql(include_str!("queries/inbox/stale_at.sql")),
+            take: sql(include_str!("queries/inbox/take.sql")),
+            renew: sql(include_str!("queries/inbox/renew.sql")),
+            complete: sql(include_str!("queries/inbox/complete.sql")),
+            raise_watermark: sql(include_str!("queries/inbox/raise_watermark.sql")),
+            retry: told(include_str!("queries/inbox/retry.sql")),
+            bury: told(include_str!("queries/inbox/bury.sql")),
+            dead_letters: sql(include_str!("queries/inbox/dead_letters.sql")),
+            requeue: told(include_str!("queries/inbox/requeue.sql")),
+            counts: sql(include_str!("queries/inbox/counts.sql")),
+            purge: sql(include_str!("queries/inbox/purge.sql")),
+            purge_watermarks: sql(include_str!("queries/inbox/purge_watermarks.sql")),
+            find: sql(include_str!("queries/inbox/find.sql")),
+            list: sql(include_str!("queries/inbox/list.sql")),
+            requeue_matching: told(include_str!("queries/inbox/requeue_matching.sql")),
+            discard: sql(include_str!("queries/inbox/discard.sql")),
+            pause: sql(include_str!("queries/inbox/pause.sql")),
+            resume: told(include_str!("queries/inbox/resume.sql")),
+            is_paused: sql(include_str!("queries/inbox/is_paused.sql")),
+            columns: sql(include_str!("queries/inbox/columns.sql")),
             told_by_database: DB::NOTIFIES,
             channel,
         }
     }
 }
+
+/// The stored history with the SQL text `{line}` appended (see the file).
+const QUERY_APPENDED: &str = include_str!("queries/inbox/appended.sql");
+
+/// The line of an attempt that ended (see the file).
+const QUERY_ENDED_LINE: &str = include_str!("queries/inbox/ended_line.sql");
 
 /// The channel of `table`'s wake-ups: `<table>_wake`, or, past PostgreSQL's 63 bytes for a
 /// name (a schema-qualified table may have 81), its first 40 characters, a hash of the whole
@@ -1120,206 +1109,13 @@ fn wake_channel(table: &str) -> String {
     format!("{}_{hash:016x}_wake", &table[..40])
 }
 
-/// The enqueue: the claim of the key (a done key past its retention is taken over) with its
-/// entry, unless its object's watermark is at or past its position (stale at the door); one
-/// row (the key and its due time) when it stored the entry.
-fn enqueue(table: &str) -> String {
-    format!(
-        "INSERT INTO {table} AS cur (key, state, body, headers, object, position,
-    correlation_id, attempts, next_at, enqueued_at, id, route)
-SELECT $1, 'queued', $2, $3, NULLIF($4, ''), $5, $6, $7, $8, $9, $11, $12
-WHERE NOT EXISTS (
-    SELECT 1 FROM {table}_objects AS w
-    WHERE w.object = $4 AND w.watermark >= $5 AND w.expires_at > $10
-)
-ON CONFLICT (key) DO UPDATE
-    SET state = 'queued', body = EXCLUDED.body, headers = EXCLUDED.headers,
-        object = EXCLUDED.object, position = EXCLUDED.position,
-        correlation_id = EXCLUDED.correlation_id, attempts = EXCLUDED.attempts,
-        next_at = EXCLUDED.next_at, enqueued_at = EXCLUDED.enqueued_at, lease_token = NULL,
-        lease_until = NULL, last_error = NULL, expires_at = NULL, id = EXCLUDED.id,
-        route = EXCLUDED.route, history = '', started_us = NULL, worker = NULL
-    WHERE cur.state = 'done' AND cur.expires_at <= $10
-RETURNING key, next_at AS at"
-    )
-}
-
-/// The completion: the key done (a done key keeps its first retention, and its history), its
-/// attempt ended at `$4` as succeeded, its object and position returned for the watermark.
-fn complete<DB: Dialect>(table: &str) -> String {
-    let succeeded = appended::<DB>(&ended_line::<DB>('s', "$4", "''"));
-    format!(
-        "UPDATE {table}
-SET state = 'done', body = NULL, headers = NULL, lease_until = NULL, last_error = NULL,
-    expires_at = CASE WHEN state = 'done' THEN expires_at ELSE $3 END,
-    history = CASE WHEN state = 'running' AND started_us IS NOT NULL
-        THEN {succeeded} ELSE history END
-WHERE key = $1 AND state IN ('running', 'done') AND lease_token = $2
-RETURNING object, position"
-    )
-}
-
-/// The stored history with the SQL text `line` appended as its last line, its first dropped
-/// when it keeps [`KEPT_ATTEMPTS`] already ([`history::push`]'s bound, in the statement).
-fn appended<DB: Dialect>(line: &str) -> String {
-    let lines = "length(history) - length(replace(history, '\n', '')) + 1";
-    let first_break = DB::find_text("history", "'\n'");
-    format!(
-        "CASE WHEN history = '' THEN {line}
-            WHEN {lines} >= {KEPT_ATTEMPTS}
-            THEN substr(history, {first_break} + 1) || '\n' || {line}
-            ELSE history || '\n' || {line} END"
-    )
-}
-
-/// The line of the attempt the row runs (`attempts`, `started_us`, `worker`), ended at the
-/// microseconds `now` as `outcome` (`s` or `f`) with the SQL text `error`: the stored form of
-/// [`history`].
-fn ended_line<DB: Dialect>(outcome: char, now: &str, error: &str) -> String {
-    let duration = DB::greatest("0", &format!("{now} - started_us"));
-    format!(
-        "CAST(attempts AS text) || '\t' || CAST(started_us AS text) || '\t'
-                || CAST({duration} AS text) || '\t{outcome}\t' || COALESCE(worker, '')
-                || '\t' || {error}"
-    )
-}
-
-/// The line of the attempt the row runs, its lease lost: another take took it over.
-const LOST_LINE: &str = "CAST(attempts AS text) || '\t' || CAST(started_us AS text)
-                || '\t\tl\t' || COALESCE(worker, '') || '\t'";
-
-/// The watermark raised to a position (an expired one counts as none), for the retention.
-fn raise_watermark(table: &str) -> String {
-    format!(
-        "INSERT INTO {table}_objects AS cur (object, watermark, expires_at)
-VALUES ($1, $2, $3)
-ON CONFLICT (object) DO UPDATE
-    SET watermark = CASE WHEN cur.expires_at > $4 AND cur.watermark >= EXCLUDED.watermark
-            THEN cur.watermark ELSE EXCLUDED.watermark END,
-        expires_at = EXCLUDED.expires_at"
-    )
-}
-
-/// Pending (a lease that ran out counts), in flight, dead, the oldest enqueue time: read
-/// through the partial indexes of the live rows (`<table>_take_idx`) and of the dead ones
-/// (`<table>_dead_idx`), never the done keys, which outnumber them (a worker counts every
-/// second).
-fn counts(table: &str) -> String {
-    format!(
-        "SELECT
-    COALESCE(SUM(CASE WHEN state = 'queued' OR lease_until <= $1 THEN 1 ELSE 0 END), 0),
-    COALESCE(SUM(CASE WHEN state = 'running' AND lease_until > $1 THEN 1 ELSE 0 END), 0),
-    (SELECT COUNT(*) FROM {table} WHERE state = 'dead'),
-    MIN(enqueued_at)
-FROM {table} WHERE state IN ('queued', 'running')"
-    )
-}
-
-/// Done keys past their retention, a batch at a time.
-fn purge(table: &str, locks: &str) -> String {
-    format!(
-        "DELETE FROM {table}
-WHERE key IN (
-    SELECT key FROM {table} WHERE state = 'done' AND expires_at <= $2
-    ORDER BY expires_at LIMIT $1{locks}
-) AND state = 'done' AND expires_at <= $2"
-    )
-}
-
-/// Watermarks past their retention, a batch at a time.
-fn purge_watermarks(table: &str, locks: &str) -> String {
-    format!(
-        "DELETE FROM {table}_objects
-WHERE object IN (
-    SELECT object FROM {table}_objects WHERE expires_at <= $2
-    ORDER BY expires_at LIMIT $1{locks}
-) AND expires_at <= $2"
-    )
-}
-
-/// When an entry is due: a queued one at its next attempt, a running one when its lease runs
-/// out. The take orders by it, and `<table>_take_idx` indexes it (the same expression, which the
-/// planners match), so that a take reads the due entries in order and stops at its limit.
-const DUE_AT: &str = "CASE WHEN state = 'queued' THEN next_at ELSE lease_until END";
-
-/// The take: the due entries (queued and due, or running with a lease that ran out), locked
-/// with `locks` and skipped when another take holds them. An ordered one only when it is its
-/// object's next: a queued one when none of its object is running and no queued one stands
-/// before it (by position, then key); a running one (taken over) whatever is queued before
-/// it, since an object's entry in flight is the only one of it that runs until it settles.
-///
-/// Read through `<table>_take_idx`, in due order, until `$1` entries are found: its cost
-/// follows the entries it passes over (locked by another take, or waiting behind their
-/// object's), not the backlog; never a sort of the table.
-fn take<DB: Dialect>(table: &str, locks: &str) -> String {
-    let lost = appended::<DB>(LOST_LINE);
-    format!(
-        "UPDATE {table}
-SET state = 'running', attempts = attempts + 1, lease_token = $3, lease_until = $2,
-    history = CASE WHEN state = 'running' AND started_us IS NOT NULL
-        THEN {lost} ELSE history END,
-    started_us = $5, worker = $6
-WHERE key IN (
-    SELECT e.key FROM {table} AS e
-    WHERE e.state IN ('queued', 'running') AND {DUE_AT} <= $4
-      AND NOT EXISTS (SELECT 1 FROM {table}_paused)
-      AND (e.object IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {table} AS o
-        WHERE o.object = e.object AND o.key <> e.key AND o.state IN ('queued', 'running')
-          AND ((o.state = 'running' AND e.state = 'queued')
-            OR (o.state = e.state AND (o.position < e.position
-                OR (o.position = e.position AND o.key < e.key))))))
-    ORDER BY {DUE_AT}, e.key
-    LIMIT $1{locks}
-)
-RETURNING {ENTRY_COLUMNS}, EXISTS (
-    SELECT 1 FROM {table}_objects AS w
-    WHERE w.object = {table}.object AND w.watermark >= {table}.position AND w.expires_at > $4
-) AS stale"
-    )
-}
-
-/// The conditions of a [`Filter`], each on when its parameter is not `NULL`: $4 state, $5 id
-/// prefix, $6 route, $7 object, $8 correlation id, $9 error text. Exact on every row but the
-/// error of an entry that is not dead, whose history (every attempt's error) is searched
-/// where the filter reads only the last failed attempt's: what is read is checked again.
-fn matching<DB: Dialect>() -> String {
-    let in_error = DB::find_text("last_error", "$9");
-    let in_history = DB::find_text("history", "$9");
-    format!(
-        "($4 IS NULL OR state = $4)
-    AND ($5 IS NULL OR substr(id, 1, length($5)) = $5)
-    AND ($6 IS NULL OR route = $6)
-    AND ($7 IS NULL OR object = $7)
-    AND ($8 IS NULL OR correlation_id = $8)
-    AND ($9 IS NULL OR (state = 'dead' AND {in_error} > 0)
-        OR (state <> 'dead' AND {in_history} > 0))"
-    )
-}
-
-/// The bulk re-queue: the first `$3` dead letters matching the filter after the key `$1`, by
-/// key, queued again now (`$2`) as [`InboxStore::requeue`] does; the keys re-queued. On a dead
-/// letter every condition of [`matching`] is exact. The choice is materialized: a semi-join
-/// may run a `LIMIT` subquery again for each row it joins, and re-queue more than `$3`.
-fn requeue_matching<DB: Dialect>(table: &str, locks: &str) -> String {
-    format!(
-        "WITH chosen AS MATERIALIZED (
-    SELECT key FROM {table}
-    WHERE key > $1 AND state = 'dead' AND {matching}
-    ORDER BY key LIMIT $3{locks}
-)
-UPDATE {table} SET state = 'queued', attempts = 0, next_at = $2, last_error = NULL
-WHERE key IN (SELECT key FROM chosen) AND state = 'dead'
-RETURNING key, next_at AS at",
-        matching = matching::<DB>()
-    )
-}
-
 /// The tables, with `bytes` the dialect's column type of bytes, and the `ALTER TABLE`s of
 /// the [`ADDED_COLUMNS`] where the dialect takes `ADD COLUMN IF NOT EXISTS` (`alter`). Times
 /// are `bigint` milliseconds (an integer column on SQLite too), but an attempt's start
 /// (microseconds, as its history keeps it).
 fn schema(table: &str, bytes: &str, alter: bool) -> String {
+    // The take's order, as the take writes it: the planners match the expression.
+    let due_at = file(include_str!("queries/inbox/due_at.sql"));
     let index = bare_name(table);
     // An index lives in its table's schema: a dropped one is named there.
     let schema_prefix = &table[..table.len() - index.len()];
@@ -1361,7 +1157,7 @@ fn schema(table: &str, bytes: &str, alter: bool) -> String {
     CHECK ((state = 'done') = (expires_at IS NOT NULL))
 );
 {added}-- The take's order, over what it may take: a take is an index scan that stops at its limit.
-CREATE INDEX IF NOT EXISTS {index}_take_idx ON {table} (({DUE_AT}), key)
+CREATE INDEX IF NOT EXISTS {index}_take_idx ON {table} (({due_at}), key)
     WHERE state IN ('queued', 'running');
 -- Replaced by the take's index (SQLite's planner preferred it and sorted the backlog).
 DROP INDEX IF EXISTS {schema_prefix}{index}_due_idx;
@@ -1556,6 +1352,22 @@ mod tests {
             "tables that share their first 40 characters"
         );
         assert_eq!(wake_a, wake_channel(&a));
+    }
+
+    /// The take of `table` on `DB`, with `locks` for the dialect's row locks.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    fn take<DB: Dialect>(table: &str, locks: &str) -> String {
+        let take = Statements::new::<DB>(table).take.to_string();
+        match DB::PURGE_LOCKS {
+            "" => take,
+            own => take.replace(own, locks),
+        }
+    }
+
+    /// The counts of `table`, the same in every dialect.
+    #[cfg(feature = "sqlite")]
+    fn counts(table: &str) -> String {
+        Statements::new::<sqlx::Sqlite>(table).counts.to_string()
     }
 
     #[cfg(feature = "postgres")]

@@ -112,6 +112,9 @@ pub(crate) mod dialect {
         fn plus_millis(time: &str, millis: &str) -> String;
         /// The function of the greater of two values (`greatest`, `max`).
         const GREATEST: &'static str;
+        /// The function of where a text first starts in another, from 1, 0 if nowhere
+        /// (`strpos`, `instr`): `FIND_TEXT(haystack, needle)`.
+        const FIND_TEXT: &'static str;
         /// The template of the reserve statement, from the `claim` (which returns one row
         /// when it wrote) and the `read_live` of the row holding the key (see
         /// `statements::render`); `None`: the claim alone, followed by the read when it
@@ -123,13 +126,6 @@ pub(crate) mod dialect {
         /// The template of the script `migrate` runs: the `{schema}` of the `{table}`, made
         /// safe to run from several processes at once.
         const MIGRATE: &'static str;
-
-        /// The greater of two times.
-        fn greatest(a: &str, b: &str) -> String {
-            format!("{}({a}, {b})", Self::GREATEST)
-        }
-        /// Where the text `needle` first starts in the text `haystack`, from 1; 0 if nowhere.
-        fn find_text(haystack: &str, needle: &str) -> String;
         /// The whole milliseconds from `now` to `time` (rounded down), as a 64-bit integer.
         fn millis_until(time: &str, now: &str) -> String;
         /// The value of the bound clock, bound after every statement's own parameters; `None`

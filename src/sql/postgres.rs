@@ -116,6 +116,7 @@ impl dialect::Sealed for Postgres {
     const ONE_WRITER: bool = false;
     const NOTIFIES: bool = true;
     const ADD_COLUMN_IF_NOT_EXISTS: bool = true;
+    const FIND_TEXT: &'static str = "strpos";
     const GREATEST: &'static str = "greatest";
     const RESERVE: Option<&'static str> = Some(include_str!("queries/postgres/reserve.sql"));
     const RESERVE_MANY: Option<&'static str> =
@@ -128,10 +129,6 @@ impl dialect::Sealed for Postgres {
 
     fn plus_millis(time: &str, millis: &str) -> String {
         format!("{time} + {millis}::bigint * interval '1 millisecond'")
-    }
-
-    fn find_text(haystack: &str, needle: &str) -> String {
-        format!("strpos({haystack}, {needle})")
     }
 
     fn millis_until(time: &str, now: &str) -> String {

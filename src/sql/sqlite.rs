@@ -135,6 +135,7 @@ impl dialect::Sealed for Sqlite {
     const ONE_WRITER: bool = true;
     const NOTIFIES: bool = false;
     const ADD_COLUMN_IF_NOT_EXISTS: bool = false;
+    const FIND_TEXT: &'static str = "instr";
     const GREATEST: &'static str = "max";
     // The claim returns a row only when it is ours; otherwise a following `SELECT` reads the
     // live row.
@@ -149,10 +150,6 @@ impl dialect::Sealed for Sqlite {
 
     fn plus_millis(time: &str, millis: &str) -> String {
         format!("{time} + {millis}")
-    }
-
-    fn find_text(haystack: &str, needle: &str) -> String {
-        format!("instr({haystack}, {needle})")
     }
 
     fn millis_until(time: &str, now: &str) -> String {

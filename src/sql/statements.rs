@@ -171,8 +171,10 @@ pub(super) fn migrate<DB: Dialect>(table: &str, schema: &str) -> String {
 ///   parameter `$N`; `{ms until COLUMN}`: the whole milliseconds from now to the time in
 ///   `COLUMN`. Where the dialect binds its clock (SQLite), the clock is the parameter after
 ///   the highest `$N` of the statement: every time in it is the same instant.
-/// - `{greatest}`: the function of the greater of two values; `{row_locks}`: what follows the
-///   `SELECT` of rows a statement deletes or takes (PostgreSQL: `FOR UPDATE SKIP LOCKED`).
+/// - `{greatest}`: the function of the greater of two values; `{find_text}`: the function of
+///   where a text starts in another (from 1, 0 if nowhere: `strpos`, `instr`); `{row_locks}`:
+///   what follows the `SELECT` of rows a statement deletes or takes (PostgreSQL: `FOR UPDATE
+///   SKIP LOCKED`).
 ///
 /// The template's lines that start with `--` (a file's comments) are left out, and its last
 /// line break; the texts of `names` are written as they are (see [`file`]).
@@ -182,18 +184,7 @@ pub(super) fn migrate<DB: Dialect>(table: &str, schema: &str) -> String {
 /// On a placeholder it does not know or an unclosed brace: the templates are this crate's
 /// own, and a unit test renders every one of them for every dialect.
 pub(super) fn render<DB: Dialect>(template: &str, names: &[(&str, &str)]) -> String {
-    let mut text = file(template);
-    // First the names, again and again until none is left (a fragment may name another).
-    let mut from = 0;
-    while let Some((start, end)) = placeholder(&text, from) {
-        match names
-            .iter()
-            .find(|(name, _)| *name == &text[start + 1..end])
-        {
-            Some((_, value)) => text.replace_range(start..=end, value),
-            None => from = end + 1,
-        }
-    }
+    let text = fill(template, names);
     let clock = highest_parameter(&text) + 1;
     let now = DB::now(clock);
     let mut out = String::with_capacity(text.len() + 64);
@@ -205,6 +196,7 @@ pub(super) fn render<DB: Dialect>(template: &str, names: &[(&str, &str)]) -> Str
             "now" => out.push_str(&now),
             "greatest" => out.push_str(DB::GREATEST),
             "row_locks" => out.push_str(DB::PURGE_LOCKS),
+            "find_text" => out.push_str(DB::FIND_TEXT),
             _ => {
                 if let Some(millis) = token
                     .strip_prefix("now + ")
@@ -222,6 +214,24 @@ pub(super) fn render<DB: Dialect>(template: &str, names: &[(&str, &str)]) -> Str
     }
     out.push_str(rest);
     out
+}
+
+/// The first step of [`render`] alone: `template` without its comments, with every `{name}` of
+/// `names` replaced by its text, again and again until none is left (a fragment may name
+/// another); the dialect's placeholders stay. For a fragment used with several values.
+pub(super) fn fill(template: &str, names: &[(&str, &str)]) -> String {
+    let mut text = file(template);
+    let mut from = 0;
+    while let Some((start, end)) = placeholder(&text, from) {
+        match names
+            .iter()
+            .find(|(name, _)| *name == &text[start + 1..end])
+        {
+            Some((_, value)) => text.replace_range(start..=end, value),
+            None => from = end + 1,
+        }
+    }
+    text
 }
 
 /// The text of a file of `queries/` as a template or a fragment: without its lines that start

@@ -1,0 +1,2 @@
+-- Whether paused (a count).
+SELECT COUNT(*) FROM {table}_paused
