@@ -41,6 +41,7 @@ pub(crate) fn reject<B>(
         other => Outcome::Rejected(other.code()),
     };
     let mut response = settings
+        .reply
         .render_rejection
         .render(&rejection, grpc)
         .map(|body| ResponseBody::buffered(body, None));
@@ -75,7 +76,7 @@ pub(crate) fn duplicate<B>(
         )
         .map(|body| ResponseBody::buffered(body, None)),
         None => {
-            let (status, content_type, body) = settings.ack.parts();
+            let (status, content_type, body) = settings.reply.ack.parts();
             let mut response = Response::new(ResponseBody::buffered(body.clone(), None));
             *response.status_mut() = status;
             response
@@ -105,7 +106,7 @@ pub(crate) fn stale<B>(
         None => at.to_string(),
     };
     tracing::info!(
-        namespace = settings.policy.observer.namespace(),
+        namespace = settings.claim.policy.observer.namespace(),
         position = %show(position),
         watermark = %show(watermark),
         "stale event: older than what was processed for its object; acknowledged"

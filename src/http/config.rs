@@ -168,43 +168,37 @@ impl Default for AckResponse {
 }
 
 /// Everything but the store and the key extractor; shared by every service and future of a
-/// layer.
-#[derive(Clone)]
+/// layer. Grouped by who reads it: the door, the claim, the reply (and the order, which all
+/// three read).
+#[derive(Clone, Default)]
 pub(crate) struct Settings {
-    /// Checks each request's signature before its key is extracted.
-    pub(crate) verifier: Option<Arc<dyn VerifyRequest>>,
+    /// What the phases before the claim read: which requests, how they are read, verified
+    /// and keyed (`phase::mod`, `phase::key`).
+    pub(crate) door: Door,
     /// Orders the events of each object.
     pub(crate) order: Option<Arc<EventOrder>>,
-    /// What the claims of this layer need: lease, retention, store timeout, wait, observer.
-    pub(crate) policy: Policy,
+    /// What the claim phase reads: the claims' policy, and how it answers what it meets
+    /// (`phase::claim`, and the inbox's enqueue).
+    pub(crate) claim: ClaimRules,
+    /// What the settlement and the answers read (`phase::settle`, `answer`).
+    pub(crate) reply: Replies,
+}
+
+/// How a request is met before its claim.
+#[derive(Clone)]
+pub(crate) struct Door {
+    /// Checks each request's signature before its key is extracted.
+    pub(crate) verifier: Option<Arc<dyn VerifyRequest>>,
     pub(crate) scope: Scope,
     pub(crate) body_limit: usize,
     pub(crate) body_timeout: Option<Duration>,
     pub(crate) missing_key: MissingKey,
     pub(crate) methods: Option<Vec<Method>>,
-    pub(crate) mode: Mode,
-    pub(crate) ack: AckResponse,
-    pub(crate) replay_headers: Vec<HeaderName>,
-    pub(crate) on_mismatch: OnMismatch,
-    pub(crate) failure_mode: FailureMode,
-    pub(crate) in_flight_retry_after: Duration,
-    pub(crate) store_retry_after: Duration,
+    /// Whether a payload is fingerprinted (a mismatch under a known key is then detected).
     pub(crate) fingerprint: bool,
-    pub(crate) response_buffer_limit: usize,
-    pub(crate) classifier: Classifier,
-    pub(crate) render_rejection: Arc<dyn RenderRejection>,
 }
 
-impl Settings {
-    /// Whether covered requests are read whole before their key is extracted: to fingerprint
-    /// them, to verify them, or because the key or the order is in the body.
-    pub(crate) fn buffers(&self, key_needs_body: bool) -> bool {
-        self.fingerprint
-            || key_needs_body
-            || self.verifier.is_some()
-            || self.order.as_ref().is_some_and(|order| order.needs_body())
-    }
-
+impl Door {
     /// Whether requests with `method` are protected.
     pub(crate) fn covers(&self, method: &Method) -> bool {
         match &self.methods {
@@ -217,17 +211,57 @@ impl Settings {
     }
 }
 
-impl Default for Settings {
+impl Default for Door {
     fn default() -> Self {
-        Settings {
+        Door {
             verifier: None,
-            order: None,
-            policy: Policy::default(),
             scope: Scope::path(),
             body_limit: defaults::BODY_LIMIT,
             body_timeout: None,
             missing_key: MissingKey::Reject,
             methods: None,
+            fingerprint: true,
+        }
+    }
+}
+
+/// What a claim needs, and how the claim phase answers what it meets.
+#[derive(Clone)]
+pub(crate) struct ClaimRules {
+    /// Lease, retention, store timeout, wait, observer.
+    pub(crate) policy: Policy,
+    pub(crate) on_mismatch: OnMismatch,
+    pub(crate) failure_mode: FailureMode,
+    pub(crate) in_flight_retry_after: Duration,
+    pub(crate) store_retry_after: Duration,
+}
+
+impl Default for ClaimRules {
+    fn default() -> Self {
+        ClaimRules {
+            policy: Policy::default(),
+            on_mismatch: OnMismatch::Reject,
+            failure_mode: FailureMode::Closed,
+            in_flight_retry_after: Duration::from_secs(1),
+            store_retry_after: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the answers are made of.
+#[derive(Clone)]
+pub(crate) struct Replies {
+    pub(crate) mode: Mode,
+    pub(crate) ack: AckResponse,
+    pub(crate) replay_headers: Vec<HeaderName>,
+    pub(crate) response_buffer_limit: usize,
+    pub(crate) classifier: Classifier,
+    pub(crate) render_rejection: Arc<dyn RenderRejection>,
+}
+
+impl Default for Replies {
+    fn default() -> Self {
+        Replies {
             mode: Mode::Ack,
             ack: AckResponse::default(),
             replay_headers: [
@@ -240,14 +274,20 @@ impl Default for Settings {
             .into_iter()
             .map(HeaderName::from_static)
             .collect(),
-            on_mismatch: OnMismatch::Reject,
-            failure_mode: FailureMode::Closed,
-            in_flight_retry_after: Duration::from_secs(1),
-            store_retry_after: Duration::from_secs(5),
-            fingerprint: true,
             response_buffer_limit: defaults::RESPONSE_BUFFER_LIMIT,
             classifier: Classifier::default(),
             render_rejection: Arc::new(ProblemJson::default()),
         }
+    }
+}
+
+impl Settings {
+    /// Whether covered requests are read whole before their key is extracted: to fingerprint
+    /// them, to verify them, or because the key or the order is in the body.
+    pub(crate) fn buffers(&self, key_needs_body: bool) -> bool {
+        self.door.fingerprint
+            || key_needs_body
+            || self.door.verifier.is_some()
+            || self.order.as_ref().is_some_and(|order| order.needs_body())
     }
 }

@@ -181,6 +181,7 @@ where
                 Err(_) => (*this.outcome_on_err, None),
             };
             settings
+                .claim
                 .policy
                 .observer
                 .outcome(outcome, status, *this.timer);
@@ -233,7 +234,7 @@ where
             } => {
                 let result = ready!(fut.poll(cx));
                 if let Some(settings) = outer.settings {
-                    settings.policy.observer.inner_duration(*timer);
+                    settings.claim.policy.observer.inner_duration(*timer);
                 }
                 match after_call(result, guard.take(), *outcome, outer.settings) {
                     AfterCall::Done(output) => return Poll::Ready(output),
@@ -274,7 +275,7 @@ where
     let fut = inner.call(request);
     let timer = match (&guard, outer.settings) {
         (Some(guard), _) => guard.inner_stopwatch(),
-        (None, Some(settings)) => settings.policy.observer.stopwatch(),
+        (None, Some(settings)) => settings.claim.policy.observer.stopwatch(),
         (None, None) => Stopwatch::OFF,
     };
     State::Calling {

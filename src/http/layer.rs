@@ -74,13 +74,13 @@ impl<St, K> fmt::Debug for IdempotencyLayer<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.config.settings;
         f.debug_struct("IdempotencyLayer")
-            .field("namespace", &s.policy.observer.namespace())
-            .field("scope", &s.scope)
-            .field("body_limit", &s.body_limit)
-            .field("lease", &s.policy.lease)
-            .field("retention", &s.policy.retention)
-            .field("mode", &s.mode)
-            .field("verifies", &s.verifier.is_some())
+            .field("namespace", &s.claim.policy.observer.namespace())
+            .field("scope", &s.door.scope)
+            .field("body_limit", &s.door.body_limit)
+            .field("lease", &s.claim.policy.lease)
+            .field("retention", &s.claim.policy.retention)
+            .field("mode", &s.reply.mode)
+            .field("verifies", &s.door.verifier.is_some())
             .field("order", &s.order)
             .finish_non_exhaustive()
     }
@@ -200,24 +200,14 @@ impl<St, K> IdempotencyLayer<St, K> {
         }
     }
 
-    /// The same layer with its configuration changed by `f`.
-    fn with(self, f: impl FnOnce(&mut Config<K>, &mut Settings)) -> Self
+    /// The same layer with its configuration changed by `f`: in place while the layer is
+    /// being built (nothing else shares its configuration), else on a copy of it.
+    fn with(mut self, f: impl FnOnce(&mut Config<K>)) -> Self
     where
         K: Clone,
     {
-        let mut config = Arc::try_unwrap(self.config).unwrap_or_else(|shared| Config {
-            claims: shared.claims.clone(),
-            extractor: shared.extractor.clone(),
-            settings: shared.settings.clone(),
-            inbox: shared.inbox.clone(),
-        });
-        let mut settings = Arc::unwrap_or_clone(config.settings.clone());
-        f(&mut config, &mut settings);
-        config.settings = Arc::new(settings);
-        IdempotencyLayer {
-            config: Arc::new(config),
-            store: PhantomData,
-        }
+        f(Arc::make_mut(&mut self.config));
+        self
     }
 
     /// The same layer with its settings changed by `f`.
@@ -225,19 +215,19 @@ impl<St, K> IdempotencyLayer<St, K> {
     where
         K: Clone,
     {
-        self.with(|_, settings| f(settings))
+        self.with(|config| f(Arc::make_mut(&mut config.settings)))
     }
 }
 
 impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// Inbox mode on `route` (what [`InboxLayer`](crate::inbox::InboxLayer) is built on).
     pub(crate) fn with_inbox(self, route: InboxRoute) -> Self {
-        self.with(|config, _| config.inbox = Some(route))
+        self.with(|config| config.inbox = Some(route))
     }
 
     /// The inbox route changed by `f` (no-op outside inbox mode).
     pub(crate) fn with_inbox_route(self, f: impl FnOnce(&mut InboxRoute)) -> Self {
-        self.with(|config, _| {
+        self.with(|config| {
             if let Some(route) = config.inbox.as_mut() {
                 f(route);
             }
@@ -264,7 +254,7 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// ```
     pub fn verify(self, verifier: impl VerifyRequest) -> Self {
         let verifier: Arc<dyn VerifyRequest> = Arc::new(verifier);
-        self.with_settings(|s| s.verifier = Some(verifier))
+        self.with_settings(|s| s.door.verifier = Some(verifier))
     }
 
     /// Sets the local cache of completed records in front of the store, which answers the
@@ -285,7 +275,7 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// # let _ = (orders, refunds);
     /// ```
     pub fn local_cache(self, cache: LocalCache) -> Self {
-        self.with(|config, _| config.claims = config.claims.with_cache(Some(cache)))
+        self.with(|config| config.claims = config.claims.with_cache(Some(cache)))
     }
 
     /// Sets the namespace that keeps this layer's keys apart from other layers' (and other
@@ -293,23 +283,23 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// as is in logs and metric labels, so prefer a short name (`kalipto`, `orders`).
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let namespace = namespace.into();
-        self.with_settings(|s| s.policy.observer.set_namespace(&namespace))
+        self.with_settings(|s| s.claim.policy.observer.set_namespace(&namespace))
     }
 
     /// Sets the per-request part of the scope (default: [`Scope::path`]).
     pub fn scope(self, scope: Scope) -> Self {
-        self.with_settings(|s| s.scope = scope)
+        self.with_settings(|s| s.door.scope = scope)
     }
 
     /// Sets the request body limit (default 1 MiB). Larger bodies get 413.
     pub fn body_limit(self, bytes: usize) -> Self {
-        self.with_settings(|s| s.body_limit = bytes)
+        self.with_settings(|s| s.door.body_limit = bytes)
     }
 
     /// Sets a timeout for reading the request body (default: none). A body that trickles in
     /// slower gets 408, and no claim is taken.
     pub fn body_timeout(self, timeout: Duration) -> Self {
-        self.with_settings(|s| s.body_timeout = Some(timeout))
+        self.with_settings(|s| s.door.body_timeout = Some(timeout))
     }
 
     /// Sets the lease: how long a claim blocks duplicates if its holder dies without finishing
@@ -318,7 +308,7 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// need not cover the slowest handler: it bounds how long a crashed worker's key stays
     /// blocked. Keep it a few times the store's worst latency, so a renewal is never late.
     pub fn lease(self, lease: Duration) -> Self {
-        self.with_settings(|s| s.policy.lease = lease)
+        self.with_settings(|s| s.claim.policy.lease = lease)
     }
 
     /// Sets how long completed keys are kept (default 72 h): at least the sender's retry
@@ -326,7 +316,7 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// workers mark keys done, with the retention of
     /// [`Worker::retention`](crate::inbox::Worker::retention).
     pub fn retention(self, retention: Duration) -> Self {
-        self.with_settings(|s| s.policy.retention = retention)
+        self.with_settings(|s| s.claim.policy.retention = retention)
     }
 
     /// Sets the timeout of each store call (default 2 s). A timeout is a store error.
@@ -336,29 +326,29 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// [`IdempotencyStore::command_timeout`](crate::IdempotencyStore::command_timeout)) is left
     /// to its client's timer: the layer arms none of its own for it.
     pub fn store_timeout(self, timeout: Duration) -> Self {
-        self.with_settings(|s| s.policy.store_timeout = timeout)
+        self.with_settings(|s| s.claim.policy.store_timeout = timeout)
     }
 
     /// Sets what happens to requests without a key (default [`MissingKey::Reject`]).
     pub fn missing_key(self, policy: MissingKey) -> Self {
-        self.with_settings(|s| s.missing_key = policy)
+        self.with_settings(|s| s.door.missing_key = policy)
     }
 
     /// Protects only requests with these methods (default: every method but GET, HEAD,
     /// OPTIONS and TRACE).
     pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
         let methods = methods.into_iter().collect();
-        self.with_settings(|s| s.methods = Some(methods))
+        self.with_settings(|s| s.door.methods = Some(methods))
     }
 
     /// Sets how duplicates of completed keys are answered (default [`Mode::Ack`]).
     pub fn mode(self, mode: Mode) -> Self {
-        self.with_settings(|s| s.mode = mode)
+        self.with_settings(|s| s.reply.mode = mode)
     }
 
     /// Sets the acknowledgement of [`Mode::Ack`].
     pub fn ack_response(self, ack: AckResponse) -> Self {
-        self.with_settings(|s| s.ack = ack)
+        self.with_settings(|s| s.reply.ack = ack)
     }
 
     /// Sets the response headers kept for replay (default: `content-type`,
@@ -366,39 +356,39 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// `set-cookie`, are never stored.
     pub fn replay_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         let names = names.into_iter().collect();
-        self.with_settings(|s| s.replay_headers = names)
+        self.with_settings(|s| s.reply.replay_headers = names)
     }
 
     /// Sets what a key reused with a different payload gets (default [`OnMismatch::Reject`]).
     pub fn on_mismatch(self, on_mismatch: OnMismatch) -> Self {
-        self.with_settings(|s| s.on_mismatch = on_mismatch)
+        self.with_settings(|s| s.claim.on_mismatch = on_mismatch)
     }
 
     /// Sets what happens when the store is down (default [`FailureMode::Closed`]).
     pub fn failure_mode(self, mode: FailureMode) -> Self {
-        self.with_settings(|s| s.failure_mode = mode)
+        self.with_settings(|s| s.claim.failure_mode = mode)
     }
 
     /// Sets the `Retry-After` of 409 in-flight answers (default 1 s).
     pub fn in_flight_retry_after(self, after: Duration) -> Self {
-        self.with_settings(|s| s.in_flight_retry_after = after)
+        self.with_settings(|s| s.claim.in_flight_retry_after = after)
     }
 
     /// Sets the `Retry-After` of 503 store-unavailable answers (default 5 s).
     pub fn store_retry_after(self, after: Duration) -> Self {
-        self.with_settings(|s| s.store_retry_after = after)
+        self.with_settings(|s| s.claim.store_retry_after = after)
     }
 
     /// Lets a duplicate wait up to `max` for an in-flight original to finish, then get its
     /// answer (the ack or the replay) instead of a 409. Off by default.
     pub fn wait_for_in_flight(self, max: Duration) -> Self {
-        self.with_settings(|s| s.policy.wait_in_flight = Some(max))
+        self.with_settings(|s| s.claim.policy.wait_in_flight = Some(max))
     }
 
     /// Turns the payload fingerprint on (default) or off. Off: a reused key is never a
     /// mismatch, and header-keyed requests are streamed to the inner service unbuffered.
     pub fn fingerprint(self, on: bool) -> Self {
-        self.with_settings(|s| s.fingerprint = on)
+        self.with_settings(|s| s.door.fingerprint = on)
     }
 
     /// Sets how much of a response is held in memory before it is sent (default 64 KiB).
@@ -407,14 +397,14 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// duplicate of a gRPC call whose reply was larger gets `ALREADY_EXISTS`, since there is no
     /// reply to replay.
     pub fn response_buffer_limit(self, bytes: usize) -> Self {
-        self.with_settings(|s| s.response_buffer_limit = bytes)
+        self.with_settings(|s| s.reply.response_buffer_limit = bytes)
     }
 
     /// Calls `hook` once per covered request with its [`Outcome`](crate::Outcome), status
     /// and duration: to count, log or alert in the application's own terms.
     pub fn on_outcome(self, hook: impl Fn(&OutcomeEvent<'_>) + Send + Sync + 'static) -> Self {
         let hook = Arc::new(hook);
-        self.with_settings(|s| s.policy.observer.set_hook(hook))
+        self.with_settings(|s| s.claim.policy.observer.set_hook(hook))
     }
 
     /// Sets the interval of the log lines of problems an outsider can cause at will (default
@@ -424,14 +414,14 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     /// `suppressed` field how many were left out since; metrics and the outcome hook still see
     /// every request. `Duration::ZERO` logs every one.
     pub fn log_interval(self, interval: Duration) -> Self {
-        self.with_settings(|s| s.policy.observer.set_log_interval(interval))
+        self.with_settings(|s| s.claim.policy.observer.set_log_interval(interval))
     }
 
     /// Sets how the layer's own answers (400, 409, 413, 422, 503, …) are rendered (default
     /// [`ProblemJson`](crate::http::rejection::ProblemJson)): see [`rejection`](crate::http::rejection).
     pub fn render_rejection(self, render: impl RenderRejection) -> Self {
         let render: Arc<dyn RenderRejection> = Arc::new(render);
-        self.with_settings(|s| s.render_rejection = render)
+        self.with_settings(|s| s.reply.render_rejection = render)
     }
 
     /// Sets which responses count as success (default: 2xx). gRPC responses are always judged
@@ -441,7 +431,7 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
         classify: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
     ) -> Self {
         let classifier = Classifier::new(classify);
-        self.with_settings(|s| s.classifier = classifier)
+        self.with_settings(|s| s.reply.classifier = classifier)
     }
 }
 

@@ -88,7 +88,7 @@ impl<S: fmt::Debug, K> fmt::Debug for Idempotency<S, K> {
             .field("inner", &self.inner)
             .field(
                 "namespace",
-                &self.config.settings.policy.observer.namespace(),
+                &self.config.settings.claim.policy.observer.namespace(),
             )
             .finish_non_exhaustive()
     }
@@ -118,19 +118,19 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let settings = &self.config.settings;
-        if !settings.covers(req.method()) {
+        if !settings.door.covers(req.method()) {
             // Fast path: nothing to buffer, verify, key or claim.
             return ResponseFuture::pass_through(self.inner.call(req.map(RequestBody::streaming)));
         }
-        let span = settings.policy.observer.span(req.method());
+        let span = settings.claim.policy.observer.span(req.method());
         let timer = {
             let _entered = span.enter();
-            settings.policy.observer.request_stopwatch()
+            settings.claim.policy.observer.request_stopwatch()
         };
         let grpc = is_grpc(req.headers());
-        if content_length(req.headers()).is_some_and(|len| len > settings.body_limit as u64) {
+        if content_length(req.headers()).is_some_and(|len| len > settings.door.body_limit as u64) {
             let rejection = Rejection::PayloadTooLarge {
-                limit: settings.body_limit,
+                limit: settings.door.body_limit,
             };
             let response = reject(settings, rejection, grpc);
             return ResponseFuture::ready(response, settings.clone(), span, timer);

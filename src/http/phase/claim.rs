@@ -12,7 +12,7 @@ use crate::claim::outcome::Outcome;
 use crate::fingerprint::Fingerprint;
 use crate::http::answer::{duplicate, stale};
 use crate::http::body::RequestBody;
-use crate::http::config::{FailureMode, OnMismatch, Settings};
+use crate::http::config::{ClaimRules, FailureMode, OnMismatch, Settings};
 use crate::http::rejection::Rejection;
 use crate::order::{Position, StaleEvent, StaleEvents};
 use crate::store::{Claim, Reservation, StoreError, StoreErrorKind};
@@ -38,10 +38,14 @@ pub(crate) async fn claim<B, ResBody>(
     // is dropped (the client went away) or the reserve fails, the guard undoes it.
     let fingerprint = request.derived.fingerprint;
     let claim = Claim::new(fingerprint);
-    let mut guard = claims.open(request.derived.targets.clone(), claim, &settings.policy);
+    let mut guard = claims.open(
+        request.derived.targets.clone(),
+        claim,
+        &settings.claim.policy,
+    );
     guard.set_grpc(grpc);
     match guard
-        .reserve_waiting(settings.policy.wait_in_flight, &fingerprint)
+        .reserve_waiting(settings.claim.policy.wait_in_flight, &fingerprint)
         .await
     {
         Ok(answers) => decide(guard, answers, settings, request, grpc).await,
@@ -79,11 +83,11 @@ fn busy(answers: &[Reservation]) -> Option<Busy> {
 
 /// The answer to a request whose key (or object) another request holds: 422 when the held
 /// key's payload differs and mismatches are rejected, else 409.
-fn busy_rejection(busy: Busy, fingerprint: &Fingerprint, settings: &Settings) -> Rejection {
-    let retry_after = settings.in_flight_retry_after;
+fn busy_rejection(busy: Busy, fingerprint: &Fingerprint, rules: &ClaimRules) -> Rejection {
+    let retry_after = rules.in_flight_retry_after;
     match busy {
         Busy::Key(held)
-            if !held.matches(fingerprint) && settings.on_mismatch == OnMismatch::Reject =>
+            if !held.matches(fingerprint) && rules.on_mismatch == OnMismatch::Reject =>
         {
             Rejection::Mismatch
         }
@@ -107,7 +111,11 @@ async fn decide<B, ResBody>(
         // The rare paths' store calls are boxed: awaited inline, their futures would make the
         // prelude's (boxed on every request) several times larger.
         Box::pin(guard.release()).await;
-        return Prelude::reject(settings, busy_rejection(busy, &fingerprint, settings), grpc);
+        return Prelude::reject(
+            settings,
+            busy_rejection(busy, &fingerprint, &settings.claim),
+            grpc,
+        );
     }
     guard.keep(&answers);
     if !answers.iter().any(Reservation::is_ours) {
@@ -222,7 +230,7 @@ fn completed<B, ResBody>(
     };
     let mut outcome = Outcome::Replayed;
     if !record.fingerprint().matches(fingerprint) {
-        if settings.on_mismatch == OnMismatch::Reject {
+        if settings.claim.on_mismatch == OnMismatch::Reject {
             return Prelude::reject(settings, Rejection::Mismatch, grpc);
         }
         outcome = Outcome::MismatchAcked;
@@ -268,10 +276,10 @@ fn store_failure<B, ResBody>(
         body,
         derived,
     } = request;
-    match settings.failure_mode {
+    match settings.claim.failure_mode {
         FailureMode::Closed => {
             tracing::debug!(error = %err, "idempotency store error; failing closed");
-            let retry_after = settings.store_retry_after;
+            let retry_after = settings.claim.store_retry_after;
             Prelude::reject(settings, Rejection::StoreUnavailable { retry_after }, grpc)
         }
         FailureMode::Open => {

@@ -37,7 +37,7 @@ pub(crate) async fn enqueue<B, ResBody>(
         span.record("correlation_id", correlation.as_str());
     }
     let id = derived.key.as_str();
-    let namespace = settings.policy.observer.namespace();
+    let namespace = settings.claim.policy.observer.namespace();
     let entry = match entry_of(route, parts, data, derived.targets, &correlation) {
         Ok(entry) => Ok(entry.with_delivery(namespace, id)),
         Err(rejection) => Err(rejection),
@@ -48,7 +48,8 @@ pub(crate) async fn enqueue<B, ResBody>(
     };
     let position = entry.order.as_ref().map(|order| order.position);
     let enqueued =
-        match tokio::time::timeout(settings.policy.store_timeout, route.enqueue(entry)).await {
+        match tokio::time::timeout(settings.claim.policy.store_timeout, route.enqueue(entry)).await
+        {
             Ok(result) => result,
             Err(_elapsed) => Err(crate::store::StoreError::new(StoreErrorKind::Timeout)),
         };
@@ -61,14 +62,14 @@ pub(crate) async fn enqueue<B, ResBody>(
             crate::http::answer::stale(settings, grpc, position, watermark)
         }
         Ok(Enqueued::Duplicate(_)) => {
-            let mut response = answer(&settings.ack, Outcome::Replayed);
+            let mut response = answer(&settings.reply.ack, Outcome::Replayed);
             let replayed = HeaderValue::from_static("true");
             response.headers_mut().insert(IDEMPOTENT_REPLAYED, replayed);
             response
         }
         Err(error) => {
             tracing::warn!(%error, "inbox: the entry could not be stored");
-            let retry_after = settings.store_retry_after;
+            let retry_after = settings.claim.store_retry_after;
             reject(settings, Rejection::StoreUnavailable { retry_after }, grpc)
         }
     };

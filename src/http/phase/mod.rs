@@ -38,7 +38,7 @@ use crate::claim::guard::{ClaimGuard, ClaimStore};
 use crate::claim::outcome::Outcome;
 use crate::http::answer::reject;
 use crate::http::body::{RequestBody, ResponseBody, read_request};
-use crate::http::config::{MissingKey, Settings};
+use crate::http::config::{Door, MissingKey, Settings};
 use crate::http::rejection::Rejection;
 use crate::inbox::route::InboxRoute;
 use crate::key::ExtractKey;
@@ -46,6 +46,7 @@ use crate::store::BoxError;
 
 /// What the phases of a request read from its layer: the claims (on the layer's store), the
 /// key extractor and the settings. The layer builds it; the service hands it to every request.
+#[derive(Clone)]
 pub(crate) struct Config<K> {
     pub(crate) claims: ClaimStore,
     pub(crate) extractor: K,
@@ -107,7 +108,7 @@ where
             Ok(read) => read,
             Err(rejection) => return Prelude::reject(settings, rejection, grpc),
         };
-        if let Err(rejection) = verify(settings, &parts, data.as_ref()) {
+        if let Err(rejection) = verify(&settings.door, &parts, data.as_ref()) {
             return Prelude::reject(settings, rejection, grpc);
         }
         let derived = match key::derive(&config.extractor, settings, &parts, data.as_ref()) {
@@ -143,9 +144,10 @@ where
     B::Error: Into<BoxError>,
 {
     if !settings.buffers(key_needs_body) {
-        return Ok((RequestBody::limited(body, settings.body_limit), None));
+        return Ok((RequestBody::limited(body, settings.door.body_limit), None));
     }
-    let collected = read_request(body, settings.body_limit, settings.body_timeout).await?;
+    let collected =
+        read_request(body, settings.door.body_limit, settings.door.body_timeout).await?;
     let (data, trailers) = collected.into_boxed_parts();
     Ok((
         RequestBody::buffered_boxed(data.clone(), trailers),
@@ -156,8 +158,8 @@ where
 /// Phase 2: the signature, over the exact bytes that arrived. Why it failed is logged at
 /// debug, without the signature, the secret or the body (the outcome's line, at warn, is
 /// throttled: anyone can send forgeries).
-fn verify(settings: &Settings, parts: &Parts, data: Option<&Bytes>) -> Result<(), Rejection> {
-    let Some(verifier) = &settings.verifier else {
+fn verify(door: &Door, parts: &Parts, data: Option<&Bytes>) -> Result<(), Rejection> {
+    let Some(verifier) = &door.verifier else {
         return Ok(());
     };
     let body = data.map_or(&[][..], |data| &data[..]);
@@ -175,7 +177,7 @@ fn missing_key<K: ExtractKey, B, ResBody>(
     body: RequestBody<B>,
     grpc: bool,
 ) -> Prelude<B, ResBody> {
-    match settings.missing_key {
+    match settings.door.missing_key {
         MissingKey::Reject => {
             let expected = extractor.expected();
             Prelude::reject(settings, Rejection::MissingKey { expected }, grpc)

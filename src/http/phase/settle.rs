@@ -15,7 +15,7 @@ use crate::claim::guard::{ClaimGuard, Ending};
 use crate::claim::outcome::Outcome;
 use crate::http::body::{Collected, Read, ResponseBody, read_within};
 use crate::http::classify::{Head, Verdict};
-use crate::http::config::{Mode, Settings};
+use crate::http::config::{Mode, Replies, Settings};
 use crate::store::BoxError;
 use crate::store::record::StoredResponse;
 
@@ -35,7 +35,7 @@ where
     // where an async fn would keep its arguments and their moved copies side by side.
     let (mut parts, body) = response.into_parts();
     async move {
-        let classifier = &settings.classifier;
+        let classifier = &settings.reply.classifier;
         let grpc = match classifier.head(guard.is_grpc(), parts.status, &parts.headers) {
             Head::Final(_) => {
                 guard.settle(Ending::Failed).await;
@@ -44,7 +44,7 @@ where
             }
             Head::Pending { grpc } => grpc,
         };
-        let collected = match read_response(body, settings.response_buffer_limit).await {
+        let collected = match read_response(body, settings.reply.response_buffer_limit).await {
             Held::Whole(collected) => collected,
             Held::Streaming(prefix, body) => {
                 // Too large to hold: streamed, and the claim settled at its end.
@@ -66,9 +66,13 @@ where
         let verdict = classifier.end(grpc, Some(&parts.headers), collected.trailers());
         let (data, trailers) = collected.into_boxed_parts();
         let ending = match verdict {
-            Verdict::Success => {
-                Ending::Succeeded(kept(&settings, &parts, grpc, &data, trailers.as_deref()))
-            }
+            Verdict::Success => Ending::Succeeded(kept(
+                &settings.reply,
+                &parts,
+                grpc,
+                &data,
+                trailers.as_deref(),
+            )),
             Verdict::Failure => Ending::Failed,
         };
         let succeeded = matches!(ending, Ending::Succeeded(_));
@@ -125,16 +129,16 @@ where
 /// The response kept for replay: in replay mode, and always for gRPC (a gRPC client cannot
 /// decode an acknowledgement); `None` otherwise (an acknowledgement will answer duplicates).
 fn kept(
-    settings: &Settings,
+    reply: &Replies,
     parts: &Parts,
     grpc: bool,
     data: &Bytes,
     trailers: Option<&HeaderMap>,
 ) -> Option<Box<StoredResponse>> {
-    if settings.mode != Mode::Replay && !grpc {
+    if reply.mode != Mode::Replay && !grpc {
         return None;
     }
-    let headers = replay_headers(&parts.headers, &settings.replay_headers, grpc);
+    let headers = replay_headers(&parts.headers, &reply.replay_headers, grpc);
     let response = StoredResponse::new(parts.status, headers, data.clone(), trailers.cloned());
     Some(Box::new(response))
 }
