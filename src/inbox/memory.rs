@@ -12,7 +12,7 @@ use crate::order::Position;
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
 
 /// The default bound on entries (dead letters included) and on done keys, each.
-pub const DEFAULT_CAPACITY: usize = 100_000;
+const DEFAULT_CAPACITY: usize = 100_000;
 
 /// An inbox held in memory: for one process, tests and the demo.
 ///
@@ -114,7 +114,8 @@ impl Object {
 }
 
 impl MemoryInbox {
-    /// An inbox of at most `capacity` entries and `capacity` done keys.
+    /// An inbox of at most `capacity` entries and `capacity` done keys
+    /// ([`MemoryInbox::default`]: 100,000 of each).
     pub fn new(capacity: usize) -> Self {
         MemoryInbox {
             state: Arc::default(),
@@ -132,6 +133,7 @@ impl MemoryInbox {
     }
 }
 
+/// An inbox of at most 100,000 entries and 100,000 done keys.
 impl Default for MemoryInbox {
     fn default() -> Self {
         MemoryInbox::new(DEFAULT_CAPACITY)

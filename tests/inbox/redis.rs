@@ -102,7 +102,7 @@ async fn a_partitioned_inbox_spreads_objects_over_slots_and_keeps_their_order() 
     const OBJECTS: u32 = 16;
     for n in 0..3 * OBJECTS {
         let object = ObjectKey::new("inbox-redis", None, &format!("obj-{}", n % OBJECTS));
-        let ordered = entry(n).ordered(object, Position::new(i128::from(n)));
+        let ordered = ordered(entry(n), object, Position::new(i128::from(n)));
         assert_eq!(inbox.enqueue(ordered).await.unwrap(), Enqueued::Queued);
     }
     let client = cluster.connect().await;
@@ -413,9 +413,12 @@ async fn an_entry_comes_back_as_it_was_stored() {
     headers.append("x-event", HeaderValue::from_static("two"));
     let object = ObjectKey::new("inbox-redis", Some("tenant"), "obj");
     let position = Position::from_integer_text("-170141183460469231731687303715884105728").unwrap();
-    let stored = entry(1)
-        .with_headers(headers.clone())
-        .ordered(object.clone(), position);
+    let mut stored = entry(1);
+    stored.headers = headers.clone();
+    stored.order = Some(tower_idempotency::inbox::EntryOrder {
+        object: object.clone(),
+        position,
+    });
     inbox.enqueue(stored.clone()).await.unwrap();
     let lease = take_one(&inbox).await;
     let taken = lease.entry;
@@ -731,7 +734,7 @@ async fn a_fenced_completion_writes_once_and_never_after_its_lease() {
     let client = server.connect().await;
     let inbox = RedisInbox::new(client.clone(), &fresh_name());
     let message = ObjectKey::new("inbox-redis", None, "m_1");
-    let ev = |n: u32| entry(n).ordered(message.clone(), Position::new(i128::from(n)));
+    let ev = |n: u32| ordered(entry(n), message.clone(), Position::new(i128::from(n)));
     inbox.enqueue(ev(1)).await.unwrap();
     inbox.enqueue(ev(2)).await.unwrap();
     let retention = Duration::from_secs(60);
@@ -908,11 +911,13 @@ async fn a_listing_misses_nothing_when_a_listed_key_expires() {
     for n in 0..20 {
         let id = format!("evt_{n}");
         let key = StoreKey::new(&route, None, &id);
-        let entry = InboxEntry::new(key.clone(), Bytes::new(), "c").with_delivery(&route, id);
+        let mut entry = InboxEntry::new(key.clone(), Bytes::new(), "c");
+        (entry.route, entry.id) = (route.clone(), id);
         inbox.enqueue(entry).await.unwrap();
         all.insert(key);
     }
-    let filter = Filter::default().route(&route);
+    let mut filter = Filter::default();
+    filter.route = Some(route.clone());
     // One server of its own: its 20 keys come in one batch of the scan, longer than a page.
     let first = inbox.list(&filter, None, 3).await.unwrap();
     assert_eq!(first.entries.len(), 3);
@@ -957,4 +962,10 @@ async fn a_listing_misses_nothing_when_a_listed_key_expires() {
     }
     let missed: Vec<_> = all.difference(&seen).collect();
     assert!(missed.is_empty(), "never listed: {missed:?}");
+}
+
+/// `entry` ordered among the events of `object` at `position`.
+fn ordered(mut entry: InboxEntry, object: ObjectKey, position: Position) -> InboxEntry {
+    entry.order = Some(tower_idempotency::inbox::EntryOrder { object, position });
+    entry
 }

@@ -24,6 +24,7 @@ use tower_idempotency::inbox::{
     KeyState, PostgresInbox, SqlInbox, SqliteInbox, Worker,
 };
 use tower_idempotency::order::Position;
+use tower_idempotency::store::sql::DEFAULT_PURGE_BATCH;
 use tower_idempotency::store::{ObjectKey, StoreKey};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -383,7 +384,8 @@ async fn migrate_upgrades_an_older_sqlite_table() {
 async fn a_history_keeps_the_last_attempts_and_marks_lost_leases<St: InboxAdmin>(inbox: St) {
     let lost = entry(0);
     inbox.enqueue(lost.clone()).await.unwrap();
-    let kept = tower_idempotency::inbox::KEPT_ATTEMPTS as u32;
+    // The attempts an entry keeps (`EntryInfo::history`).
+    let kept: u32 = 10;
     for n in 0..kept + 2 {
         tokio::time::sleep(Duration::from_millis(2)).await;
         let taken = inbox.take(1, Duration::ZERO).await.unwrap();
@@ -451,7 +453,11 @@ async fn expired_done_keys_are_free_again_and_purged() {
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(inbox.enqueue(again).await.unwrap(), Enqueued::Queued);
-    assert_eq!(inbox.purge().await.unwrap(), 1, "only the expired done key");
+    assert_eq!(
+        inbox.purge_expired(DEFAULT_PURGE_BATCH).await.unwrap(),
+        1,
+        "only the expired done key"
+    );
     assert_eq!(inbox.enqueue(purged).await.unwrap(), Enqueued::Queued);
     assert_eq!(inbox.counts().await.unwrap().pending, 3);
 }
@@ -483,7 +489,7 @@ where
     for (n, retention) in [(1, short), (2, long)] {
         let object = ObjectKey::new("inbox-sql", None, &unique(&format!("object{n}")));
         inbox
-            .enqueue(entry(n).ordered(object, Position::new(7)))
+            .enqueue(ordered(entry(n), object, Position::new(7)))
             .await
             .unwrap();
         let lease = inbox.take(1, LONG).await.unwrap().pop().unwrap();
@@ -495,7 +501,7 @@ where
         );
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let purged = inbox.purge().await.unwrap();
+    let purged = inbox.purge_expired(DEFAULT_PURGE_BATCH).await.unwrap();
     let count = format!("SELECT COUNT(*) FROM {}_objects", inbox.table());
     let left: i64 = sqlx::query_scalar(AssertSqlSafe(count))
         .fetch_one(inbox.pool())
@@ -682,7 +688,7 @@ async fn a_take_racing_an_uncommitted_take_of_the_object_leaves_its_older_entry_
     let inbox = pg_inbox().await;
     let object = ObjectKey::new("inbox-sql", None, &unique("raced"));
     let position = |n: i64| Position::from_integer_text(&n.to_string()).unwrap();
-    let newer = entry(2).ordered(object.clone(), position(2));
+    let newer = ordered(entry(2), object.clone(), position(2));
     inbox.enqueue(newer).await.unwrap();
     // The first take, as the inbox's own would write it, held open.
     let mut first = inbox.pool().begin().await.unwrap();
@@ -704,7 +710,7 @@ async fn a_take_racing_an_uncommitted_take_of_the_object_leaves_its_older_entry_
     .await
     .unwrap();
     assert_eq!(taken.rows_affected(), 1);
-    let older = entry(1).ordered(object.clone(), position(1));
+    let older = ordered(entry(1), object.clone(), position(1));
     inbox.enqueue(older).await.unwrap();
     let second = tokio::spawn({
         let inbox = inbox.clone();
@@ -867,4 +873,10 @@ async fn a_second_migrate_logs_no_notices() {
         String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
     };
     assert!(!logged.contains("already exists"), "{logged}");
+}
+
+/// `entry` ordered among the events of `object` at `position`.
+fn ordered(mut entry: InboxEntry, object: ObjectKey, position: Position) -> InboxEntry {
+    entry.order = Some(tower_idempotency::inbox::EntryOrder { object, position });
+    entry
 }
