@@ -553,9 +553,9 @@ async fn a_worker_exports_the_inbox_counters_and_gauges() {
     let (key, token) = (&taken[0].entry.key, &taken[0].token);
     assert!(
         inbox
-            .complete(key, token, Duration::from_secs(60))
+            .complete(&[(key.clone(), *token)], Duration::from_secs(60))
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     inbox.enqueue(entry("ok", "ok")).await.unwrap();
     inbox.enqueue(entry("fails", "fail")).await.unwrap();

@@ -161,7 +161,7 @@ pub struct Page {
 
 impl Page {
     /// A page of `entries`, followed by the page at `next`, if any.
-    pub fn new(entries: Vec<EntryInfo>, next: Option<String>) -> Self {
+    pub(crate) fn new(entries: Vec<EntryInfo>, next: Option<String>) -> Self {
         Page { entries, next }
     }
 }

@@ -391,26 +391,32 @@ impl InboxStore for MemoryInbox {
         Ok(true)
     }
 
+    /// Every lease under one lock.
     async fn complete(
         &self,
-        key: &StoreKey,
-        token: &Token,
+        leases: &[(StoreKey, Token)],
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Vec<bool>, StoreError> {
         let now = SystemTime::now();
         let mut state = self.lock();
-        let Some(slot) = state.settle(key, token) else {
-            return Ok(false);
-        };
-        if let Some(order) = &slot.entry.order {
-            let object = state.objects.entry(order.object.clone()).or_default();
-            object.raise(order.position, now + retention, now);
-        }
-        // Past the bound the key is still marked: an applied entry must never run again
-        // within its retention, and the entry it replaces is gone.
-        let history = history::end(&slot.history, now, AttemptOutcome::Succeeded);
-        state.done_with(slot.entry, history, now + retention);
-        Ok(true)
+        let done = leases
+            .iter()
+            .map(|(key, token)| {
+                let Some(slot) = state.settle(key, token) else {
+                    return false;
+                };
+                if let Some(order) = &slot.entry.order {
+                    let object = state.objects.entry(order.object.clone()).or_default();
+                    object.raise(order.position, now + retention, now);
+                }
+                // Past the bound the key is still marked: an applied entry must never run
+                // again within its retention, and the entry it replaces is gone.
+                let history = history::end(&slot.history, now, AttemptOutcome::Succeeded);
+                state.done_with(slot.entry, history, now + retention);
+                true
+            })
+            .collect();
+        Ok(done)
     }
 
     async fn fail(

@@ -175,7 +175,7 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// as [`RedisStore`](crate::RedisStore) does), so each is atomic on the server: `enqueue` checks
 /// the key and stores the entry in one step, `take` hands an entry to one worker only (then
 /// reads the bodies of what it took with one `MGET`), and `renew`, `complete` and `fail`
-/// compare the lease's token before they write. `complete_many`, which a [`Worker`] sends its
+/// compare the lease's token before they write; `complete`, which a [`Worker`] sends its
 /// gathered completions through, is one script per partition for all of them.
 ///
 /// [`Worker`]: crate::inbox::Worker
@@ -922,19 +922,9 @@ where
         self.run_flag(&RENEW, keys, args).await
     }
 
-    async fn complete(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        retention: Duration,
-    ) -> Result<bool, StoreError> {
-        let lease = [(key.clone(), *token)];
-        Ok(self.complete_many(&lease, retention).await?[0])
-    }
-
     /// One script per partition the leases came from (per 1000 of them: a script holds
     /// the server while it runs), all at once.
-    async fn complete_many(
+    async fn complete(
         &self,
         leases: &[(StoreKey, Token)],
         retention: Duration,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures_util::future::join_all;
 use sqlx::{Pool, Transaction};
 
 use crate::inbox::admin::{
@@ -13,9 +14,7 @@ use crate::inbox::admin::{
 };
 use crate::inbox::codec::{decode_headers, encode_headers};
 use crate::inbox::entry::{EntryOrder, InboxEntry, Lease};
-use crate::inbox::store::{
-    DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState, complete_each,
-};
+use crate::inbox::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 use crate::inbox::wake::{Announcer, Wakeups};
 use crate::order::Position;
 use crate::sql::query::Param;
@@ -608,29 +607,22 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
         Ok(execute::<DB>(&mut conn, &self.sql.renew, &params).await? == 1)
     }
 
-    async fn complete(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        retention: Duration,
-    ) -> Result<bool, StoreError> {
-        let mut tx = self.begin().await?;
-        let done = self.complete_on(&mut tx, key, token, retention).await?;
-        tx.commit().await.map_err(error::<DB>)?;
-        Ok(done)
-    }
-
     /// On SQLite, which writes one transaction at a time, one transaction for all of them (one
-    /// commit, where each `complete` is its own). On PostgreSQL
-    /// each on its own, all at once over the pool: one transaction of many statements would
-    /// make them wait for each other's round trips.
-    async fn complete_many(
+    /// commit). On PostgreSQL each in a transaction of its own, all at once over the pool: one
+    /// transaction of many statements would make them wait for each other's round trips.
+    async fn complete(
         &self,
         leases: &[(StoreKey, Token)],
         retention: Duration,
     ) -> Result<Vec<bool>, StoreError> {
         if !DB::ONE_WRITER {
-            return complete_each(self, leases, retention).await;
+            let each = leases.iter().map(|(key, token)| async move {
+                let mut tx = self.begin().await?;
+                let done = self.complete_on(&mut tx, key, token, retention).await?;
+                tx.commit().await.map_err(error::<DB>)?;
+                Ok(done)
+            });
+            return join_all(each).await.into_iter().collect();
         }
         if leases.is_empty() {
             return Ok(Vec::new());

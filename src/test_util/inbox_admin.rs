@@ -166,7 +166,12 @@ pub async fn find_tells_each_state_and_its_attempts<St: InboxAdmin>(store: St) {
 
     assert!(store.requeue(&key).await.unwrap());
     let lease = take_key(&store, &key).await;
-    assert!(store.complete(&key, &lease.token, RETENTION).await.unwrap());
+    assert!(
+        store
+            .complete(&[(key.clone(), lease.token)], RETENTION)
+            .await
+            .unwrap()[0]
+    );
     let done = find(&store, &key).await;
     assert_eq!(done.state, KeyState::Done);
     assert_eq!(done.entry.id, "evt_1");

@@ -193,7 +193,12 @@ async fn two_pools_on_postgres_never_take_an_entry_twice() {
                     for lease in taken {
                         assert!(!lease.stale);
                         let key = lease.entry.key.clone();
-                        assert!(inbox.complete(&key, &lease.token, RETENTION).await.unwrap());
+                        assert!(
+                            inbox
+                                .complete(&[(key.clone(), lease.token)], RETENTION)
+                                .await
+                                .unwrap()[0]
+                        );
                         mine.push(key);
                     }
                 }
@@ -283,10 +288,18 @@ where
     );
     tx.commit().await.unwrap();
     assert!(
-        inbox.complete(key, &again.token, RETENTION).await.unwrap(),
+        inbox
+            .complete(&[(key.clone(), again.token)], RETENTION)
+            .await
+            .unwrap()[0],
         "the worker's completion after the handler's is not a lost lease"
     );
-    assert!(!inbox.complete(key, &taken.token, RETENTION).await.unwrap());
+    assert!(
+        !inbox
+            .complete(&[(key.clone(), taken.token)], RETENTION)
+            .await
+            .unwrap()[0]
+    );
     assert_eq!(
         inbox.enqueue(first.clone()).await.unwrap(),
         Enqueued::Duplicate(KeyState::Done)
@@ -351,9 +364,9 @@ VALUES ('{}', 'queued', 'corr-old', 0, 0, 0);",
     assert_eq!(running.history.len(), 1);
     assert!(
         inbox
-            .complete(&old.key, &lease.token, RETENTION)
+            .complete(&[(old.key.clone(), lease.token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     let done = inbox.find(&old.key).await.unwrap().unwrap();
     assert_eq!(done.state, KeyState::Done);
@@ -440,9 +453,9 @@ async fn expired_done_keys_are_free_again_and_purged() {
     for lease in inbox.take(10, LONG).await.unwrap() {
         assert!(
             inbox
-                .complete(&lease.entry.key, &lease.token, short)
+                .complete(&[(lease.entry.key.clone(), lease.token)], short)
                 .await
-                .unwrap()
+                .unwrap()[0]
         );
     }
     inbox.enqueue(waiting.clone()).await.unwrap();
@@ -495,9 +508,9 @@ where
         let lease = inbox.take(1, LONG).await.unwrap().pop().unwrap();
         assert!(
             inbox
-                .complete(&lease.entry.key, &lease.token, retention)
+                .complete(&[(lease.entry.key.clone(), lease.token)], retention)
                 .await
-                .unwrap()
+                .unwrap()[0]
         );
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -523,9 +536,9 @@ async fn a_spawned_purge_deletes_expired_done_keys() {
         let short = Duration::from_millis(1);
         assert!(
             inbox
-                .complete(&lease.entry.key, &lease.token, short)
+                .complete(&[(lease.entry.key.clone(), lease.token)], short)
                 .await
-                .unwrap()
+                .unwrap()[0]
         );
     }
     inbox.enqueue(entry(2)).await.unwrap();
