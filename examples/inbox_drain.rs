@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tower_idempotency::inbox::{
-    AnyInbox, InboxEntry, InboxRequest, InboxStore, MemoryInbox, Worker,
+    AnyInbox, EntryOrder, InboxEntry, InboxRequest, InboxStore, MemoryInbox, Worker,
 };
 use tower_idempotency::order::Position;
 use tower_idempotency::store::{ObjectKey, StoreKey, connect};
@@ -110,7 +110,7 @@ async fn enqueue(inbox: &AnyInbox, entries: usize, ordered: bool) -> Result<(), 
                     let object = ObjectKey::new(NAMESPACE, None, &format!("obj-{}", i % OBJECTS));
                     let position = Position::from_integer_text(&(i / OBJECTS).to_string())
                         .ok_or("position")?;
-                    entry = entry.ordered(object, position);
+                    entry.order = Some(EntryOrder { object, position });
                 }
                 inbox.enqueue(entry).await?;
             }

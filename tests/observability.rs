@@ -541,17 +541,21 @@ async fn a_worker_exports_the_inbox_counters_and_gauges() {
     // older is settled as stale.
     let object = tower_idempotency::store::ObjectKey::new("obs-inbox", None, "m_1");
     let position = tower_idempotency::order::Position::new;
-    let newer = entry("newer", "ok").ordered(object.clone(), position(2));
+    let ordered = |mut entry: InboxEntry, object, position| {
+        entry.order = Some(tower_idempotency::inbox::EntryOrder { object, position });
+        entry
+    };
+    let newer = ordered(entry("newer", "ok"), object.clone(), position(2));
     inbox.enqueue(newer).await.unwrap();
     let taken = inbox.take(1, Duration::from_secs(60)).await.unwrap();
-    let older = entry("older", "ok").ordered(object, position(1));
+    let older = ordered(entry("older", "ok"), object, position(1));
     inbox.enqueue(older).await.unwrap();
     let (key, token) = (&taken[0].entry.key, &taken[0].token);
     assert!(
         inbox
-            .complete(key, token, Duration::from_secs(60))
+            .complete(&[(key.clone(), *token)], Duration::from_secs(60))
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     inbox.enqueue(entry("ok", "ok")).await.unwrap();
     inbox.enqueue(entry("fails", "fail")).await.unwrap();

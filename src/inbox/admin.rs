@@ -10,10 +10,10 @@ use super::store::{InboxStore, KeyState};
 use crate::store::{ObjectKey, StoreError, StoreKey};
 
 /// How many attempts an entry keeps in its [`history`](EntryInfo::history): the last ones.
-pub const KEPT_ATTEMPTS: usize = 10;
+pub(crate) const KEPT_ATTEMPTS: usize = 10;
 
 /// The most bytes of an attempt's error text an entry keeps (cut at a character boundary).
-pub const KEPT_ERROR_BYTES: usize = 512;
+pub(crate) const KEPT_ERROR_BYTES: usize = 512;
 
 /// One attempt at an entry: when it started, how long it took, how it ended, and which worker
 /// process ran it.
@@ -28,7 +28,8 @@ pub struct Attempt {
     pub duration: Option<Duration>,
     /// How it ended.
     pub outcome: AttemptOutcome,
-    /// The process that took it: `host/pid` (see [`worker_id`]).
+    /// The process that took it: `host/pid`, the host from `HOSTNAME` or `/etc/hostname`
+    /// (`localhost` when neither names one).
     pub worker: String,
 }
 
@@ -40,7 +41,8 @@ pub enum AttemptOutcome {
     Running,
     /// The handler succeeded and the entry was completed (or it was settled as stale).
     Succeeded,
-    /// The handler failed, with this error (at most [`KEPT_ERROR_BYTES`]).
+    /// The handler failed, with this error (its first 512 bytes at most, cut at a character
+    /// boundary).
     Failed(String),
     /// Its lease ran out unsettled and another attempt took the entry over.
     LeaseLost,
@@ -61,7 +63,7 @@ pub struct EntryInfo {
     pub until: Option<SystemTime>,
     /// The last failed attempt's error (a dead letter's reason), if any.
     pub last_error: Option<String>,
-    /// Its last [`KEPT_ATTEMPTS`] attempts, oldest first.
+    /// Its last 10 attempts, oldest first.
     pub history: Vec<Attempt>,
 }
 
@@ -95,12 +97,15 @@ impl EntryInfo {
     }
 }
 
-/// Which entries a [`list`](InboxAdmin::list) returns: all that match every condition set.
+/// Which entries a [`list`](InboxAdmin::list) returns: all that match every condition set
+/// (`Filter::default()` matches every entry; set the conditions wanted).
 ///
 /// ```
 /// use tower_idempotency::inbox::{Filter, KeyState};
 ///
-/// let poison = Filter::default().state(KeyState::Dead).error_contains("timeout");
+/// let mut poison = Filter::default();
+/// poison.state = Some(KeyState::Dead);
+/// poison.error_contains = Some("timeout".into());
 /// # let _ = poison;
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -121,45 +126,9 @@ pub struct Filter {
 }
 
 impl Filter {
-    /// Only entries in `state`.
-    pub fn state(mut self, state: KeyState) -> Self {
-        self.state = Some(state);
-        self
-    }
-
-    /// Only entries whose delivery id starts with `prefix`.
-    pub fn id_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.id_prefix = Some(prefix.into());
-        self
-    }
-
-    /// Only entries of the route (namespace) `route`.
-    pub fn route(mut self, route: impl Into<String>) -> Self {
-        self.route = Some(route.into());
-        self
-    }
-
-    /// Only entries of `object`.
-    pub fn object(mut self, object: ObjectKey) -> Self {
-        self.object = Some(object);
-        self
-    }
-
-    /// Only the entries of `correlation_id`.
-    pub fn correlation_id(mut self, correlation_id: impl Into<String>) -> Self {
-        self.correlation_id = Some(correlation_id.into());
-        self
-    }
-
-    /// Only entries whose last error contains `text`.
-    pub fn error_contains(mut self, text: impl Into<String>) -> Self {
-        self.error_contains = Some(text.into());
-        self
-    }
-
     /// Whether `info` matches every condition set (what a backend that cannot filter in the
     /// store checks on what it read).
-    pub fn matches(&self, info: &EntryInfo) -> bool {
+    pub(crate) fn matches(&self, info: &EntryInfo) -> bool {
         self.matches_entry(&info.entry, info.state)
             && (self.error_contains.as_deref()).is_none_or(|text| {
                 info.last_error
@@ -192,7 +161,7 @@ pub struct Page {
 
 impl Page {
     /// A page of `entries`, followed by the page at `next`, if any.
-    pub fn new(entries: Vec<EntryInfo>, next: Option<String>) -> Self {
+    pub(crate) fn new(entries: Vec<EntryInfo>, next: Option<String>) -> Self {
         Page { entries, next }
     }
 }
@@ -243,7 +212,10 @@ pub trait InboxAdmin: InboxStore {
         limit: usize,
     ) -> impl Future<Output = Result<Requeued, StoreError>> + Send {
         async move {
-            let dead = filter.clone().state(KeyState::Dead);
+            let dead = Filter {
+                state: Some(KeyState::Dead),
+                ..filter.clone()
+            };
             let page = self.list(&dead, cursor, limit).await?;
             let mut requeued = 0;
             for info in &page.entries {
@@ -278,7 +250,7 @@ pub trait InboxAdmin: InboxStore {
 
 /// This process as the attempts it runs name it: `host/pid` (the host from `HOSTNAME` or
 /// `/etc/hostname`).
-pub fn worker_id() -> &'static str {
+pub(crate) fn worker_id() -> &'static str {
     static ID: LazyLock<String> = LazyLock::new(|| {
         let host = std::env::var("HOSTNAME")
             .ok()

@@ -192,19 +192,10 @@ impl InboxStore for AnyInbox {
 
     async fn complete(
         &self,
-        key: &StoreKey,
-        token: &Token,
-        retention: Duration,
-    ) -> Result<bool, StoreError> {
-        dispatch!(self, inbox => inbox.complete(key, token, retention).await)
-    }
-
-    async fn complete_many(
-        &self,
         leases: &[(StoreKey, Token)],
         retention: Duration,
     ) -> Result<Vec<bool>, StoreError> {
-        dispatch!(self, inbox => inbox.complete_many(leases, retention).await)
+        dispatch!(self, inbox => inbox.complete(leases, retention).await)
     }
 
     async fn fail(

@@ -19,7 +19,7 @@ const MAX_BATCH: usize = 128;
 type Request = (StoreKey, Token, oneshot::Sender<Result<bool, StoreError>>);
 
 /// Hands a worker's completions to one task that sends them to the store with
-/// [`complete_many`](InboxStore::complete_many): the first one alone, then those that gathered
+/// [`complete`](InboxStore::complete): the first one alone, then those that gathered
 /// while the previous batch was in flight. An idle worker's completion waits for nothing, a
 /// busy one's for the batch in flight and its own, and a store that completes a batch in one
 /// round trip (Redis) makes one for many entries.
@@ -76,10 +76,10 @@ async fn complete_batch<St: InboxStore>(
     leases: &[(StoreKey, Token)],
     retention: Duration,
 ) -> Vec<Result<bool, StoreError>> {
-    let whole = guarded(store.complete_many(leases, retention)).await;
+    let whole = guarded(store.complete(leases, retention)).await;
     match whole {
         Ok(flags) if flags.len() == leases.len() => return flags.into_iter().map(Ok).collect(),
-        Ok(_) => tracing::warn!("inbox: complete_many answered another number of flags"),
+        Ok(_) => tracing::warn!("inbox: complete answered another number of flags"),
         Err(error) if leases.len() == 1 => return vec![Err(error)],
         Err(error) => tracing::warn!(
             %error,
@@ -88,9 +88,16 @@ async fn complete_batch<St: InboxStore>(
              complete is then reported lost)"
         ),
     }
-    let each = leases
-        .iter()
-        .map(|(key, token)| guarded(store.complete(key, token, retention)));
+    let each = leases.iter().map(|lease| async move {
+        let flags = guarded(store.complete(std::slice::from_ref(lease), retention)).await?;
+        match flags[..] {
+            [done] => Ok(done),
+            _ => Err(StoreError::with_source(
+                StoreErrorKind::Other,
+                "the store answered another number of flags than one completion",
+            )),
+        }
+    });
     join_all(each).await
 }
 
@@ -123,7 +130,7 @@ mod tests {
 
     const RETENTION: Duration = Duration::from_secs(60);
 
-    /// A memory inbox whose `complete_many` of more than one lease fails, or panics.
+    /// A memory inbox whose `complete` of more than one lease fails, or panics.
     struct Brittle {
         inner: MemoryInbox,
         panics: bool,
@@ -139,16 +146,13 @@ mod tests {
         async fn renew(&self, k: &StoreKey, t: &Token, d: Duration) -> Result<bool, StoreError> {
             self.inner.renew(k, t, d).await
         }
-        async fn complete(&self, k: &StoreKey, t: &Token, d: Duration) -> Result<bool, StoreError> {
-            self.inner.complete(k, t, d).await
-        }
-        async fn complete_many(
+        async fn complete(
             &self,
             leases: &[(StoreKey, Token)],
             retention: Duration,
         ) -> Result<Vec<bool>, StoreError> {
             match leases.len() {
-                0 | 1 => self.inner.complete_many(leases, retention).await,
+                0 | 1 => self.inner.complete(leases, retention).await,
                 _ if self.panics => panic!("a store's bug"),
                 _ => Err(StoreError::new(StoreErrorKind::Unavailable)),
             }

@@ -36,7 +36,23 @@ pub struct InboxEntry {
 }
 
 impl InboxEntry {
-    /// A new entry of `key` carrying `body`, due now, with no named headers and no order.
+    /// A new entry of `key` carrying `body`, due now, with no named headers and no order (set
+    /// the public fields for more: [`id`](Self::id) and [`route`](Self::route) as the route
+    /// derived them, the kept [`headers`](Self::headers), the [`order`](Self::order)).
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tower_idempotency::inbox::{EntryOrder, InboxEntry};
+    /// use tower_idempotency::order::Position;
+    /// use tower_idempotency::store::{ObjectKey, StoreKey};
+    ///
+    /// let key = StoreKey::new("email", None, "evt_1");
+    /// let mut entry = InboxEntry::new(key, Bytes::from_static(b"{}"), "req-1");
+    /// (entry.route, entry.id) = ("email".into(), "evt_1".into());
+    /// let object = ObjectKey::new("email", None, "msg_1");
+    /// let position = Position::from_integer_text("7").unwrap();
+    /// entry.order = Some(EntryOrder { object, position });
+    /// ```
     pub fn new(key: StoreKey, body: Bytes, correlation_id: impl Into<String>) -> Self {
         let now = SystemTime::now();
         InboxEntry {
@@ -55,20 +71,20 @@ impl InboxEntry {
 
     /// The entry with the delivery's key as derived (`id`) by the route of namespace `route`:
     /// what operators find it by (the store key is their hash).
-    pub fn with_delivery(mut self, route: impl Into<String>, id: impl Into<String>) -> Self {
+    pub(crate) fn with_delivery(mut self, route: impl Into<String>, id: impl Into<String>) -> Self {
         self.route = route.into();
         self.id = id.into();
         self
     }
 
     /// The entry with the headers the route keeps.
-    pub fn with_headers(mut self, headers: HeaderMap) -> Self {
+    pub(crate) fn with_headers(mut self, headers: HeaderMap) -> Self {
         self.headers = headers;
         self
     }
 
     /// The entry ordered among the events of `object` at `position`.
-    pub fn ordered(mut self, object: ObjectKey, position: Position) -> Self {
+    pub(crate) fn ordered(mut self, object: ObjectKey, position: Position) -> Self {
         self.order = Some(EntryOrder { object, position });
         self
     }
@@ -152,10 +168,5 @@ impl InboxRequest {
     /// The lease's token: a handler writing its effect where the record lives can check it.
     pub fn token(&self) -> &Token {
         &self.token
-    }
-
-    /// The whole entry.
-    pub fn entry(&self) -> &InboxEntry {
-        &self.entry
     }
 }

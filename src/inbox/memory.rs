@@ -12,7 +12,7 @@ use crate::order::Position;
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
 
 /// The default bound on entries (dead letters included) and on done keys, each.
-pub const DEFAULT_CAPACITY: usize = 100_000;
+const DEFAULT_CAPACITY: usize = 100_000;
 
 /// An inbox held in memory: for one process, tests and the demo.
 ///
@@ -114,7 +114,8 @@ impl Object {
 }
 
 impl MemoryInbox {
-    /// An inbox of at most `capacity` entries and `capacity` done keys.
+    /// An inbox of at most `capacity` entries and `capacity` done keys
+    /// ([`MemoryInbox::default`]: 100,000 of each).
     pub fn new(capacity: usize) -> Self {
         MemoryInbox {
             state: Arc::default(),
@@ -132,6 +133,7 @@ impl MemoryInbox {
     }
 }
 
+/// An inbox of at most 100,000 entries and 100,000 done keys.
 impl Default for MemoryInbox {
     fn default() -> Self {
         MemoryInbox::new(DEFAULT_CAPACITY)
@@ -389,26 +391,32 @@ impl InboxStore for MemoryInbox {
         Ok(true)
     }
 
+    /// Every lease under one lock.
     async fn complete(
         &self,
-        key: &StoreKey,
-        token: &Token,
+        leases: &[(StoreKey, Token)],
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Vec<bool>, StoreError> {
         let now = SystemTime::now();
         let mut state = self.lock();
-        let Some(slot) = state.settle(key, token) else {
-            return Ok(false);
-        };
-        if let Some(order) = &slot.entry.order {
-            let object = state.objects.entry(order.object.clone()).or_default();
-            object.raise(order.position, now + retention, now);
-        }
-        // Past the bound the key is still marked: an applied entry must never run again
-        // within its retention, and the entry it replaces is gone.
-        let history = history::end(&slot.history, now, AttemptOutcome::Succeeded);
-        state.done_with(slot.entry, history, now + retention);
-        Ok(true)
+        let done = leases
+            .iter()
+            .map(|(key, token)| {
+                let Some(slot) = state.settle(key, token) else {
+                    return false;
+                };
+                if let Some(order) = &slot.entry.order {
+                    let object = state.objects.entry(order.object.clone()).or_default();
+                    object.raise(order.position, now + retention, now);
+                }
+                // Past the bound the key is still marked: an applied entry must never run
+                // again within its retention, and the entry it replaces is gone.
+                let history = history::end(&slot.history, now, AttemptOutcome::Succeeded);
+                state.done_with(slot.entry, history, now + retention);
+                true
+            })
+            .collect();
+        Ok(done)
     }
 
     async fn fail(

@@ -65,17 +65,14 @@ pub(crate) mod store;
 pub(crate) mod wake;
 pub(crate) mod worker;
 
-pub use self::admin::{
-    Attempt, AttemptOutcome, EntryInfo, Filter, InboxAdmin, KEPT_ATTEMPTS, KEPT_ERROR_BYTES, Page,
-    Requeued, worker_id,
-};
+pub use self::admin::{Attempt, AttemptOutcome, EntryInfo, Filter, InboxAdmin, Page, Requeued};
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
-pub use self::admin_service::{AdminFuture, AdminService};
+pub use self::admin_service::AdminService;
 pub use self::any::AnyInbox;
 pub use self::entry::{EntryOrder, InboxEntry, InboxRequest, Lease};
 pub use self::layer::InboxLayer;
-pub use self::memory::{DEFAULT_CAPACITY, MemoryInbox};
+pub use self::memory::MemoryInbox;
 pub use self::retry::{Backoff, Decision, RetryPolicy};
 pub use self::route::IDEMPOTENCY_CORRELATION_ID;
 pub use self::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
@@ -86,7 +83,7 @@ pub use self::worker::Worker;
 pub use crate::redis::inbox::{RedisInbox, RedisWrites};
 #[cfg(feature = "postgres")]
 pub use crate::sql::inbox::PostgresInbox;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use crate::sql::inbox::SqlInbox;
 #[cfg(feature = "sqlite")]
 pub use crate::sql::inbox::SqliteInbox;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use crate::sql::inbox::{DEFAULT_INBOX_TABLE, SqlInbox};

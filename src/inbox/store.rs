@@ -5,8 +5,6 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use futures_util::future::join_all;
-
 use super::entry::{InboxEntry, Lease};
 use super::wake::Wakeups;
 use crate::order::Position;
@@ -110,31 +108,21 @@ pub trait InboxStore: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Marks `key` done for `retention`, removes its entry and moves its object's watermark;
-    /// `false` (and nothing changed) if the lease is not `token`'s.
-    fn complete(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        retention: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Completes several leases, as [`complete`](Self::complete) each: one flag per lease, in
-    /// order. An error leaves unknown which were completed; each of them is then done or runs
-    /// again after its lease, as after a failed `complete`.
+    /// Completes each lease of `leases`: marks its key done for `retention`, removes its entry
+    /// and moves its object's watermark; one flag per lease, in order, `false` (and nothing
+    /// changed for it) where the lease is not its token's. One lease is one completion
+    /// (`&[(key, token)]`). An error leaves unknown which were completed; each of them is then
+    /// done or runs again after its lease.
     ///
-    /// The [`Worker`](super::Worker) sends the completions that gathered while the previous
-    /// ones were in flight through this (at most 128 at a time), so a store that completes many
-    /// in one round trip (Redis: one script per partition) overrides it; the default completes
-    /// them all at once, each on its own. A worker whose batch fails as a whole completes its
-    /// leases again one by one.
-    fn complete_many(
+    /// The [`Worker`](super::Worker) sends through this, at most 128 at a time, the completions
+    /// that gathered while the previous ones were in flight, so a store completes several in one
+    /// round trip where it can (Redis: one script per partition; SQLite: one transaction). A
+    /// worker whose batch fails as a whole completes its leases again one by one.
+    fn complete(
         &self,
         leases: &[(StoreKey, Token)],
         retention: Duration,
-    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
-        complete_each(self, leases, retention)
-    }
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
 
     /// Schedules a retry or keeps the entry as a dead letter; `false` (and nothing changed)
     /// if the lease is not `token`'s.
@@ -169,16 +157,4 @@ pub trait InboxStore: Send + Sync + 'static {
     fn wakeups(&self) -> Wakeups {
         Wakeups::none()
     }
-}
-
-/// [`InboxStore::complete_many`]'s default: each lease completed on its own, all at once.
-pub(crate) async fn complete_each<St: InboxStore + ?Sized>(
-    store: &St,
-    leases: &[(StoreKey, Token)],
-    retention: Duration,
-) -> Result<Vec<bool>, StoreError> {
-    let each = leases
-        .iter()
-        .map(|(key, token)| store.complete(key, token, retention));
-    join_all(each).await.into_iter().collect()
 }

@@ -11,17 +11,18 @@
 //! rest: a lease that ran out in a crashed process, an announcement lost while a connection was
 //! down, an entry enqueued by another process on SQLite.
 //!
-//! ```
-//! use std::time::{Duration, SystemTime};
-//! use tower_idempotency::inbox::Announcer;
+//! A store of its own announces through an [`Announcer`] and hands out its subscriptions:
 //!
-//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! ```
+//! use std::time::SystemTime;
+//! use tower_idempotency::inbox::{Announcer, Wakeups};
+//!
 //! let announcer = Announcer::new();
-//! let mut wakeups = announcer.subscribe();
-//! let at = SystemTime::now();
-//! announcer.announce(at);
-//! assert_eq!(wakeups.next().await, Some(at));
-//! # });
+//! // What `InboxStore::wakeups` returns:
+//! let wakeups: Wakeups = announcer.subscribe();
+//! // What an enqueue does once its entry is stored:
+//! announcer.announce(SystemTime::now());
+//! # drop(wakeups);
 //! ```
 
 use std::collections::HashMap;
@@ -157,9 +158,10 @@ impl Drop for Relay {
     }
 }
 
-/// A subscription to an inbox's announcements: what a [`Worker`](super::Worker) waits on
-/// when it is idle. [`none`](Self::none) for a store that announces nothing (the worker then
-/// polls).
+/// A subscription to an inbox's announcements ([`Announcer::subscribe`]): what a
+/// [`Worker`](super::Worker) waits on when it is idle. A store that announces nothing keeps
+/// [`InboxStore::wakeups`](super::InboxStore::wakeups)' default, and the worker polls; a store
+/// that wraps another returns the inner store's.
 pub struct Wakeups {
     receiver: Option<broadcast::Receiver<SystemTime>>,
     _relay: Option<Arc<Relay>>,
@@ -175,7 +177,7 @@ impl fmt::Debug for Wakeups {
 
 impl Wakeups {
     /// No announcements: a worker on such a store polls at its poll interval.
-    pub fn none() -> Self {
+    pub(crate) fn none() -> Self {
         Wakeups {
             receiver: None,
             _relay: None,
@@ -183,14 +185,14 @@ impl Wakeups {
     }
 
     /// Whether the store announces (else the worker polls).
-    pub fn is_announced(&self) -> bool {
+    pub(crate) fn is_announced(&self) -> bool {
         self.receiver.is_some()
     }
 
     /// The next announcement's due time. Announcements dropped because this subscription fell
     /// behind come back as one due at the epoch (take now). Never resolves without a store that
     /// announces, or once every announcer is gone.
-    pub async fn next(&mut self) -> Option<SystemTime> {
+    pub(crate) async fn next(&mut self) -> Option<SystemTime> {
         let Some(receiver) = &mut self.receiver else {
             return std::future::pending().await;
         };
@@ -205,7 +207,7 @@ impl Wakeups {
     }
 
     /// The announcement already there, if any (as [`next`](Self::next), without waiting).
-    pub fn try_next(&mut self) -> Option<SystemTime> {
+    pub(crate) fn try_next(&mut self) -> Option<SystemTime> {
         match self.receiver.as_mut()?.try_recv() {
             Ok(at) => Some(at),
             Err(TryRecvError::Lagged(_)) => Some(SystemTime::UNIX_EPOCH),
@@ -227,6 +229,15 @@ mod tests {
         assert_eq!(wakeups.try_next(), None, "not what came before it");
         let at = SystemTime::now();
         announcer.clone().announce(at);
+        assert_eq!(wakeups.next().await, Some(at));
+    }
+
+    #[tokio::test]
+    async fn a_subscription_hears_an_announcement() {
+        let announcer = Announcer::new();
+        let mut wakeups = announcer.subscribe();
+        let at = SystemTime::now();
+        announcer.announce(at);
         assert_eq!(wakeups.next().await, Some(at));
     }
 

@@ -43,7 +43,7 @@ const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 ///
 /// Completions go to the store through one task of the worker's: the first alone, then those
 /// that finished while the previous batch was in flight, as one
-/// [`complete_many`](InboxStore::complete_many) (one script per partition on Redis, one
+/// [`complete`](InboxStore::complete) (one script per partition on Redis, one
 /// transaction on SQLite). An idle worker's completion waits for nothing.
 ///
 /// An idle worker does not poll: it waits for the store's [`wakeups`](InboxStore::wakeups)

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures_util::future::join_all;
 use sqlx::{Pool, Transaction};
 
 use crate::inbox::admin::{
@@ -13,9 +14,7 @@ use crate::inbox::admin::{
 };
 use crate::inbox::codec::{decode_headers, encode_headers};
 use crate::inbox::entry::{EntryOrder, InboxEntry, Lease};
-use crate::inbox::store::{
-    DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState, complete_each,
-};
+use crate::inbox::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 use crate::inbox::wake::{Announcer, Wakeups};
 use crate::order::Position;
 use crate::sql::query::Param;
@@ -27,11 +26,7 @@ use crate::sql::{
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
 
 /// The default name of the inbox's table (and `inbox_entries_objects` for watermarks).
-///
-/// ```
-/// assert_eq!(tower_idempotency::inbox::DEFAULT_INBOX_TABLE, "inbox_entries");
-/// ```
-pub const DEFAULT_INBOX_TABLE: &str = "inbox_entries";
+const DEFAULT_INBOX_TABLE: &str = "inbox_entries";
 
 /// How often an enqueue is tried again when the key it conflicted with vanished before its
 /// state could be read (a done key purged in between).
@@ -71,14 +66,14 @@ const ADDED_COLUMNS: [(&str, &str); 5] = [
 ///
 /// # The tables
 ///
-/// One row per key in `<table>` ([`DEFAULT_INBOX_TABLE`] unless configured otherwise), its
+/// One row per key in `<table>` (`inbox_entries` unless configured otherwise), its
 /// `state` one of `queued`, `running`, `dead` and `done`: the key is the `PRIMARY KEY`, so the
 /// database itself guarantees one entry per key, and a done key keeps its row (without its
 /// body and headers: with its correlation id, delivery `id`, `route`, order and attempts, for
 /// [`find`](InboxAdmin::find)) until `expires_at`. `history` holds the attempts that ended, a
-/// line each (the last [`KEPT_ATTEMPTS`](crate::inbox::KEPT_ATTEMPTS)); the one that runs is
+/// line each (the last 10); the one that runs is
 /// `attempts`, `started_us` (microseconds since the epoch) and `worker`
-/// ([`worker_id`](crate::inbox::worker_id)). Times are milliseconds since the Unix epoch from this
+/// (`host/pid`, as [`Attempt::worker`](crate::inbox::Attempt::worker)). Times are milliseconds since the Unix epoch from this
 /// host's clock (a retry time comes from it anyway). `<table>_objects` holds each ordered object's
 /// watermark: the highest position completed (16 bytes, byte order is position order), until
 /// the retention of the last completion of one of its entries runs out, as on Redis, where it
@@ -187,7 +182,8 @@ impl<DB: Dialect> Clone for SqlInbox<DB> {
 }
 
 impl<DB: Dialect> SqlInbox<DB> {
-    /// An inbox over `pool`, in the table [`DEFAULT_INBOX_TABLE`].
+    /// An inbox over `pool`, in the table `inbox_entries` (and `inbox_entries_objects`,
+    /// `inbox_entries_paused`).
     ///
     /// ```no_run
     /// # #[cfg(feature = "postgres")]
@@ -232,7 +228,7 @@ impl<DB: Dialect> SqlInbox<DB> {
     /// # #[cfg(feature = "sqlite")]
     /// # async fn run(pool: sqlx::SqlitePool) {
     /// let inbox = tower_idempotency::inbox::SqliteInbox::new(pool);
-    /// assert_eq!(inbox.table(), tower_idempotency::inbox::DEFAULT_INBOX_TABLE);
+    /// assert_eq!(inbox.table(), "inbox_entries");
     /// # }
     /// ```
     pub fn table(&self) -> &str {
@@ -348,19 +344,8 @@ impl<DB: Dialect> SqlInbox<DB> {
         Ok(deleted)
     }
 
-    /// [`purge_expired`](Self::purge_expired) with [`DEFAULT_PURGE_BATCH`].
-    ///
-    /// ```no_run
-    /// # #[cfg(feature = "sqlite")]
-    /// # async fn run(inbox: tower_idempotency::inbox::SqliteInbox) {
-    /// inbox.purge().await.unwrap();
-    /// # }
-    /// ```
-    pub async fn purge(&self) -> Result<u64, StoreError> {
-        self.purge_expired(DEFAULT_PURGE_BATCH).await
-    }
-
-    /// Spawns a Tokio task that runs [`purge`](Self::purge) every `every`, the first time
+    /// Spawns a Tokio task that runs [`purge_expired`](Self::purge_expired) (in batches of
+    /// [`DEFAULT_PURGE_BATCH`]) every `every`, the first time
     /// right away, logging its outcome with `tracing`: the same schedule as
     /// [`SqlStore::spawn_purge`](crate::sql::SqlStore::spawn_purge). Abort the returned
     /// handle to stop it; it also ends with the runtime.
@@ -380,7 +365,7 @@ impl<DB: Dialect> SqlInbox<DB> {
         let inbox = self.clone();
         spawn_purge_every(every, DB::BACKEND, "inbox keys", move || {
             let inbox = inbox.clone();
-            async move { inbox.purge().await }
+            async move { inbox.purge_expired(DEFAULT_PURGE_BATCH).await }
         })
     }
 
@@ -622,29 +607,22 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
         Ok(execute::<DB>(&mut conn, &self.sql.renew, &params).await? == 1)
     }
 
-    async fn complete(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        retention: Duration,
-    ) -> Result<bool, StoreError> {
-        let mut tx = self.begin().await?;
-        let done = self.complete_on(&mut tx, key, token, retention).await?;
-        tx.commit().await.map_err(error::<DB>)?;
-        Ok(done)
-    }
-
     /// On SQLite, which writes one transaction at a time, one transaction for all of them (one
-    /// commit, where each `complete` is its own). On PostgreSQL
-    /// each on its own, all at once over the pool: one transaction of many statements would
-    /// make them wait for each other's round trips.
-    async fn complete_many(
+    /// commit). On PostgreSQL each in a transaction of its own, all at once over the pool: one
+    /// transaction of many statements would make them wait for each other's round trips.
+    async fn complete(
         &self,
         leases: &[(StoreKey, Token)],
         retention: Duration,
     ) -> Result<Vec<bool>, StoreError> {
         if !DB::ONE_WRITER {
-            return complete_each(self, leases, retention).await;
+            let each = leases.iter().map(|(key, token)| async move {
+                let mut tx = self.begin().await?;
+                let done = self.complete_on(&mut tx, key, token, retention).await?;
+                tx.commit().await.map_err(error::<DB>)?;
+                Ok(done)
+            });
+            return join_all(each).await.into_iter().collect();
         }
         if leases.is_empty() {
             return Ok(Vec::new());
@@ -1326,6 +1304,11 @@ async fn fetch<DB: Dialect>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_table_is_inbox_entries() {
+        assert_eq!(DEFAULT_INBOX_TABLE, "inbox_entries");
+    }
 
     #[test]
     fn times_round_trip_in_milliseconds() {

@@ -218,9 +218,9 @@ pub async fn duplicates_never_enqueue<St: InboxStore>(store: St) {
     );
     assert!(
         store
-            .complete(&first.key, &lease.token, RETENTION)
+            .complete(&[(first.key.clone(), lease.token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     assert_eq!(
         store.enqueue(first.clone()).await.unwrap(),
@@ -317,9 +317,9 @@ pub async fn dead_letters_and_requeue<St: InboxStore>(store: St) {
     assert_eq!(again.entry.attempts, 1);
     assert!(
         store
-            .complete(&first.key, &again.token, RETENTION)
+            .complete(&[(first.key.clone(), again.token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     assert!(store.dead_letters(10).await.unwrap().is_empty());
 }
@@ -367,9 +367,9 @@ pub async fn a_dead_workers_lease_is_taken_over<St: InboxStore>(store: St) {
     assert!(!store.renew(&first.key, &dead.token, LONG).await.unwrap());
     assert!(
         !store
-            .complete(&first.key, &dead.token, RETENTION)
+            .complete(&[(first.key.clone(), dead.token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     assert!(
         !store
@@ -379,9 +379,9 @@ pub async fn a_dead_workers_lease_is_taken_over<St: InboxStore>(store: St) {
     );
     assert!(
         store
-            .complete(&first.key, &next.token, RETENTION)
+            .complete(&[(first.key.clone(), next.token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
 }
 
@@ -417,9 +417,9 @@ pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(stor
     );
     assert!(
         store
-            .complete(&y1.key, &taken[1].token, RETENTION)
+            .complete(&[(y1.key.clone(), taken[1].token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     assert!(
         store.take(10, LONG).await.unwrap().is_empty(),
@@ -430,9 +430,9 @@ pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(stor
     assert_eq!(retried[0].entry.key, x1.key, "x1 again, before x2");
     assert!(
         store
-            .complete(&x1.key, &retried[0].token, RETENTION)
+            .complete(&[(x1.key.clone(), retried[0].token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     let next = take_one(&store, "x2 after x1").await;
     assert_eq!(
@@ -441,9 +441,9 @@ pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(stor
     );
     assert!(
         store
-            .complete(&x2.key, &next.token, RETENTION)
+            .complete(&[(x2.key.clone(), next.token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     let two = Position::from_integer_text("2").unwrap();
     assert_eq!(
@@ -467,9 +467,9 @@ pub async fn a_watermark_lasts_for_the_retention<St: InboxStore>(store: St) {
             assert_eq!(lease.entry.key, entry.key);
             assert!(
                 store
-                    .complete(&entry.key, &lease.token, retention)
+                    .complete(&[(entry.key.clone(), lease.token)], retention)
                     .await
-                    .unwrap()
+                    .unwrap()[0]
             );
             lease.stale
         }
@@ -507,13 +507,13 @@ pub async fn a_take_looks_past_the_entries_that_wait<St: InboxStore>(store: St) 
     assert_eq!(keys, [free.key], "the thirty wait behind the running one");
     assert!(
         store
-            .complete(&first.entry.key, &first.token, RETENTION)
+            .complete(&[(first.entry.key.clone(), first.token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
 }
 
-/// `complete_many` settles each lease as `complete` would: one flag per lease, in order; a
+/// `complete` of several leases settles each on its own: one flag per lease, in order; a
 /// token that does not hold its entry changes nothing (its entry stays in flight and its
 /// object's watermark does not move); each ordered entry raises its own object's watermark.
 pub async fn complete_many_settles_each_lease_on_its_own<St: InboxStore>(store: St) {
@@ -546,15 +546,9 @@ pub async fn complete_many_settles_each_lease_on_its_own<St: InboxStore>(store: 
     forged[0] ^= 0xff;
     let wrong = (b.key.clone(), Token::from_bytes(forged));
     let batch = [lease(a), wrong, lease(c), lease(x5), lease(y7)];
-    let flags = store.complete_many(&batch, RETENTION).await.unwrap();
+    let flags = store.complete(&batch, RETENTION).await.unwrap();
     assert_eq!(flags, [true, false, true, true, true]);
-    assert!(
-        store
-            .complete_many(&[], RETENTION)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(store.complete(&[], RETENTION).await.unwrap().is_empty());
     let counts = store.counts().await.unwrap();
     assert_eq!(
         (counts.pending, counts.in_flight),
@@ -576,9 +570,9 @@ pub async fn complete_many_settles_each_lease_on_its_own<St: InboxStore>(store: 
     assert!(!retried.stale, "z's watermark did not move");
     assert!(
         store
-            .complete(&b_key, &retried.token, RETENTION)
+            .complete(&[(b_key.clone(), retried.token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     // Each object's watermark moved: an older entry of x is stale (at the door), a newer one
     // of y is not.
@@ -594,9 +588,9 @@ pub async fn complete_many_settles_each_lease_on_its_own<St: InboxStore>(store: 
     assert!(!lease.stale);
     assert!(
         store
-            .complete(&next.key, &lease.token, RETENTION)
+            .complete(&[(next.key.clone(), lease.token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
 }
 
@@ -738,9 +732,9 @@ pub async fn an_entry_behind_the_watermark_is_stale_at_the_door<St: InboxStore>(
     let lease = take_one(&store, "the newer entry").await;
     assert!(
         store
-            .complete(&newer.key, &lease.token, RETENTION)
+            .complete(&[(newer.key.clone(), lease.token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     let two = Position::from_integer_text("2").unwrap();
     for position in [1, 2] {
@@ -792,9 +786,9 @@ pub async fn a_newer_entry_in_flight_holds_back_an_older_one<St: InboxStore + Cl
     );
     assert!(
         store
-            .complete(&newer.key, &again[0].token, RETENTION)
+            .complete(&[(newer.key.clone(), again[0].token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     let next = take_one(&store, "the older entry after the newer one").await;
     assert_eq!(
@@ -803,9 +797,9 @@ pub async fn a_newer_entry_in_flight_holds_back_an_older_one<St: InboxStore + Cl
     );
     assert!(
         store
-            .complete(&older.key, &next.token, RETENTION)
+            .complete(&[(older.key.clone(), next.token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
 
     // The same through two workers racing for the older entry.
@@ -862,11 +856,10 @@ impl<St: InboxStore> InboxStore for Unrenewable<St> {
     }
     async fn complete(
         &self,
-        key: &StoreKey,
-        token: &Token,
+        leases: &[(StoreKey, Token)],
         retention: Duration,
-    ) -> Result<bool, StoreError> {
-        self.0.complete(key, token, retention).await
+    ) -> Result<Vec<bool>, StoreError> {
+        self.0.complete(leases, retention).await
     }
     async fn fail(
         &self,

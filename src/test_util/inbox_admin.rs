@@ -14,9 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::inbox::admin::{KEPT_ERROR_BYTES, worker_id};
 use crate::inbox::{
     AttemptOutcome, Backoff, Enqueued, EntryInfo, Failure, Filter, InboxAdmin, InboxEntry,
-    InboxRequest, KeyState, Worker, worker_id,
+    InboxRequest, KeyState, Worker,
 };
 use crate::order::Position;
 use crate::store::{ObjectKey, StoreKey};
@@ -158,14 +159,19 @@ pub async fn find_tells_each_state_and_its_attempts<St: InboxAdmin>(store: St) {
         panic!("the second attempt failed: {:?}", dead.history);
     };
     assert!(
-        kept.len() <= crate::inbox::KEPT_ERROR_BYTES,
+        kept.len() <= KEPT_ERROR_BYTES,
         "an attempt's error is cut: {} bytes",
         kept.len()
     );
 
     assert!(store.requeue(&key).await.unwrap());
     let lease = take_key(&store, &key).await;
-    assert!(store.complete(&key, &lease.token, RETENTION).await.unwrap());
+    assert!(
+        store
+            .complete(&[(key.clone(), lease.token)], RETENTION)
+            .await
+            .unwrap()[0]
+    );
     let done = find(&store, &key).await;
     assert_eq!(done.state, KeyState::Done);
     assert_eq!(done.entry.id, "evt_1");
@@ -193,23 +199,41 @@ pub async fn list_pages_through_every_match<St: InboxAdmin>(store: St) {
     let other = delivery(&fresh("other-route"), "evt_00");
     store.enqueue(other.clone()).await.unwrap();
 
-    let by_route = Filter::default().route(&route);
+    let by_route = Filter {
+        route: Some(route.clone()),
+        ..Filter::default()
+    };
     for limit in [1, 5, 23, 100] {
         let listed = list_all(&store, &by_route, limit).await;
         assert_eq!(listed.len(), 23, "page size {limit}");
     }
-    let prefixed = list_all(&store, &by_route.clone().id_prefix("evt_1"), 4).await;
+    let prefixed = list_all(
+        &store,
+        &Filter {
+            id_prefix: Some("evt_1".into()),
+            ..by_route.clone()
+        },
+        4,
+    )
+    .await;
     let mut ids: Vec<_> = prefixed.iter().map(|info| info.entry.id.clone()).collect();
     ids.sort();
     let expected: Vec<_> = (10..20).map(|n| format!("evt_{n}")).collect();
     assert_eq!(ids, expected);
 
-    let correlated = Filter::default().correlation_id(&entries[7].correlation_id);
+    let correlated = Filter {
+        correlation_id: Some(entries[7].correlation_id.clone()),
+        ..Filter::default()
+    };
     let found = list_all(&store, &correlated, 10).await;
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].entry.key, entries[7].key);
 
-    let of_object = list_all(&store, &Filter::default().object(object.clone()), 2).await;
+    let of_object = Filter {
+        object: Some(object.clone()),
+        ..Filter::default()
+    };
+    let of_object = list_all(&store, &of_object, 2).await;
     assert_eq!(of_object.len(), 3);
 
     // Two fail for good with different errors; only the one named is found by its error.
@@ -223,13 +247,32 @@ pub async fn list_pages_through_every_match<St: InboxAdmin>(store: St) {
                 .unwrap()
         );
     }
-    let declined = by_route.clone().error_contains("declined");
+    let declined = Filter {
+        error_contains: Some("declined".into()),
+        ..by_route.clone()
+    };
     let found = list_all(&store, &declined, 10).await;
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].entry.id, "evt_20");
-    let dead = list_all(&store, &by_route.clone().state(KeyState::Dead), 10).await;
+    let dead = list_all(
+        &store,
+        &Filter {
+            state: Some(KeyState::Dead),
+            ..by_route.clone()
+        },
+        10,
+    )
+    .await;
     assert_eq!(dead.len(), 2);
-    let queued = list_all(&store, &by_route.clone().state(KeyState::Queued), 10).await;
+    let queued = list_all(
+        &store,
+        &Filter {
+            state: Some(KeyState::Queued),
+            ..by_route.clone()
+        },
+        10,
+    )
+    .await;
     assert_eq!(queued.len(), 21);
 }
 
@@ -251,7 +294,11 @@ pub async fn requeue_matching_redrives_in_bounded_calls<St: InboxAdmin>(store: S
         assert!(store.fail(&entry.key, &lease.token, failure).await.unwrap());
         poisoned.push((entry.key, n < 26));
     }
-    let filter = Filter::default().route(&route).error_contains("503");
+    let filter = Filter {
+        route: Some(route.clone()),
+        error_contains: Some("503".into()),
+        ..Filter::default()
+    };
     let mut total = 0;
     let mut cursor: Option<String> = None;
     let mut calls = 0;
@@ -307,7 +354,11 @@ pub async fn discard_drops_a_dead_letter_and_keeps_its_key<St: InboxAdmin>(store
         store.enqueue(entry.clone()).await.unwrap(),
         Enqueued::Duplicate(KeyState::Done)
     );
-    let dead = Filter::default().route(&route).state(KeyState::Dead);
+    let dead = Filter {
+        route: Some(route.clone()),
+        state: Some(KeyState::Dead),
+        ..Filter::default()
+    };
     assert!(list_all(&store, &dead, 10).await.is_empty());
 }
 
@@ -380,7 +431,10 @@ pub async fn a_worker_records_every_attempt<St: InboxAdmin + Clone>(store: St) {
     let run = tokio::spawn(worker.run(async {
         stopped.await.ok();
     }));
-    let by_correlation = Filter::default().correlation_id(&entry.correlation_id);
+    let by_correlation = Filter {
+        correlation_id: Some(entry.correlation_id.clone()),
+        ..Filter::default()
+    };
     let start = Instant::now();
     let found = loop {
         let found = list_all(&store, &by_correlation, 50).await;

@@ -27,7 +27,8 @@ fn key(id: &str) -> StoreKey {
 
 async fn enqueue(inbox: &MemoryInbox, id: &str) {
     let body = Bytes::from(format!("{{\"event_id\":\"{id}\",\"x\":\"<b>&\"}}"));
-    let entry = InboxEntry::new(key(id), body, format!("corr-{id}")).with_delivery(ROUTE, id);
+    let mut entry = InboxEntry::new(key(id), body, format!("corr-{id}"));
+    (entry.route, entry.id) = (ROUTE.to_owned(), id.to_owned());
     inbox.enqueue(entry).await.unwrap();
 }
 

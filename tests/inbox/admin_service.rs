@@ -27,7 +27,8 @@ fn key(id: &str) -> StoreKey {
 /// Enqueues the delivery `id` with correlation id `corr-{id}`.
 async fn enqueue(inbox: &MemoryInbox, id: &str) {
     let body = Bytes::from(format!("{{\"event_id\":\"{id}\"}}"));
-    let entry = InboxEntry::new(key(id), body, format!("corr-{id}")).with_delivery(ROUTE, id);
+    let mut entry = InboxEntry::new(key(id), body, format!("corr-{id}"));
+    (entry.route, entry.id) = (ROUTE.to_owned(), id.to_owned());
     inbox.enqueue(entry).await.unwrap();
 }
 

@@ -160,9 +160,9 @@ mod route {
         let retention = std::time::Duration::from_secs(60);
         assert!(
             inbox
-                .complete(&lease.entry.key, &lease.token, retention)
+                .complete(&[(lease.entry.key.clone(), lease.token)], retention)
                 .await
-                .unwrap()
+                .unwrap()[0]
         );
         let older = app.oneshot(send("evt_1", 1)).await.unwrap();
         assert_eq!(older.status(), StatusCode::OK);

@@ -102,7 +102,7 @@ async fn a_partitioned_inbox_spreads_objects_over_slots_and_keeps_their_order() 
     const OBJECTS: u32 = 16;
     for n in 0..3 * OBJECTS {
         let object = ObjectKey::new("inbox-redis", None, &format!("obj-{}", n % OBJECTS));
-        let ordered = entry(n).ordered(object, Position::new(i128::from(n)));
+        let ordered = ordered(entry(n), object, Position::new(i128::from(n)));
         assert_eq!(inbox.enqueue(ordered).await.unwrap(), Enqueued::Queued);
     }
     let client = cluster.connect().await;
@@ -143,8 +143,9 @@ async fn a_partitioned_inbox_spreads_objects_over_slots_and_keeps_their_order() 
             if let Some(previous) = last.insert(order.object.clone(), order.position) {
                 assert!(previous < order.position, "in position order");
             }
-            let done = inbox.complete(&lease.entry.key, &lease.token, Duration::from_secs(60));
-            assert!(done.await.unwrap());
+            let lease = [(lease.entry.key.clone(), lease.token)];
+            let done = inbox.complete(&lease, Duration::from_secs(60));
+            assert!(done.await.unwrap()[0]);
             applied += 1;
         }
     }
@@ -269,8 +270,9 @@ mod sentinel {
         for _ in 0..3 {
             completes.push(
                 inbox
-                    .complete(&plain.entry.key, &plain.token, retention)
-                    .await,
+                    .complete(&[(plain.entry.key.clone(), plain.token)], retention)
+                    .await
+                    .map(|flags| flags[0]),
             );
         }
         let nothing = inbox.requeue(&entry(9).key).await;
@@ -284,8 +286,9 @@ mod sentinel {
         loop {
             let again = inbox.complete_with(key, token, writes(), retention).await;
             let plain_again = inbox
-                .complete(&plain.entry.key, &plain.token, retention)
-                .await;
+                .complete(&[(plain.entry.key.clone(), plain.token)], retention)
+                .await
+                .map(|flags| flags[0]);
             match (again, plain_again) {
                 (Ok(fenced), Ok(plain)) => {
                     assert!(fenced && plain, "completed by these leases");
@@ -298,7 +301,7 @@ mod sentinel {
     }
 }
 
-/// One `complete_many` of leases from several partitions completes each in its own partition
+/// One `complete` of leases from several partitions completes each in its own partition
 /// (one script per partition), and leaves nothing pending or in flight.
 #[tokio::test]
 async fn complete_many_spans_the_partitions() {
@@ -319,7 +322,7 @@ async fn complete_many_spans_the_partitions() {
         .map(|lease| (lease.entry.key.clone(), lease.token))
         .collect();
     let flags = inbox
-        .complete_many(&leases, Duration::from_secs(3600))
+        .complete(&leases, Duration::from_secs(3600))
         .await
         .unwrap();
     assert_eq!(flags, vec![true; 16]);
@@ -413,9 +416,12 @@ async fn an_entry_comes_back_as_it_was_stored() {
     headers.append("x-event", HeaderValue::from_static("two"));
     let object = ObjectKey::new("inbox-redis", Some("tenant"), "obj");
     let position = Position::from_integer_text("-170141183460469231731687303715884105728").unwrap();
-    let stored = entry(1)
-        .with_headers(headers.clone())
-        .ordered(object.clone(), position);
+    let mut stored = entry(1);
+    stored.headers = headers.clone();
+    stored.order = Some(tower_idempotency::inbox::EntryOrder {
+        object: object.clone(),
+        position,
+    });
     inbox.enqueue(stored.clone()).await.unwrap();
     let lease = take_one(&inbox).await;
     let taken = lease.entry;
@@ -463,9 +469,12 @@ async fn scripts_are_reloaded_after_a_flush() {
     redis_server::script_flush(&client).await;
     assert!(
         inbox
-            .complete(&lease.entry.key, &lease.token, Duration::from_secs(60))
+            .complete(
+                &[(lease.entry.key.clone(), lease.token)],
+                Duration::from_secs(60)
+            )
             .await
-            .unwrap()
+            .unwrap()[0]
     );
 }
 
@@ -527,9 +536,9 @@ async fn an_entry_stored_with_every_field_is_read() {
     assert!(lease.entry.headers.is_empty());
     assert!(
         inbox
-            .complete(&key, &lease.token, Duration::from_secs(60))
+            .complete(&[(key.clone(), lease.token)], Duration::from_secs(60))
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     assert_eq!(
         inbox.enqueue(entry(7)).await.unwrap(),
@@ -731,7 +740,7 @@ async fn a_fenced_completion_writes_once_and_never_after_its_lease() {
     let client = server.connect().await;
     let inbox = RedisInbox::new(client.clone(), &fresh_name());
     let message = ObjectKey::new("inbox-redis", None, "m_1");
-    let ev = |n: u32| entry(n).ordered(message.clone(), Position::new(i128::from(n)));
+    let ev = |n: u32| ordered(entry(n), message.clone(), Position::new(i128::from(n)));
     inbox.enqueue(ev(1)).await.unwrap();
     inbox.enqueue(ev(2)).await.unwrap();
     let retention = Duration::from_secs(60);
@@ -765,7 +774,12 @@ async fn a_fenced_completion_writes_once_and_never_after_its_lease() {
     // Its handler may still run: a renewal finds the lease its own, not taken over.
     assert!(inbox.renew(key, token, retention).await.unwrap());
     // The worker's own completion after the handler's finds the key done by its lease.
-    assert!(inbox.complete(key, token, retention).await.unwrap());
+    assert!(
+        inbox
+            .complete(&[(key.clone(), *token)], retention)
+            .await
+            .unwrap()[0]
+    );
 
     let newer = take_one(&inbox).await;
     assert_eq!(newer.entry.key, ev(2).key);
@@ -786,7 +800,12 @@ async fn a_fenced_completion_writes_once_and_never_after_its_lease() {
             .await
             .unwrap()
     );
-    assert!(!inbox.complete(key, token, retention).await.unwrap());
+    assert!(
+        !inbox
+            .complete(&[(key.clone(), *token)], retention)
+            .await
+            .unwrap()[0]
+    );
     assert_eq!(
         read(&client, &format!("app:applied:{tag}:ev_1"))
             .await
@@ -908,11 +927,13 @@ async fn a_listing_misses_nothing_when_a_listed_key_expires() {
     for n in 0..20 {
         let id = format!("evt_{n}");
         let key = StoreKey::new(&route, None, &id);
-        let entry = InboxEntry::new(key.clone(), Bytes::new(), "c").with_delivery(&route, id);
+        let mut entry = InboxEntry::new(key.clone(), Bytes::new(), "c");
+        (entry.route, entry.id) = (route.clone(), id);
         inbox.enqueue(entry).await.unwrap();
         all.insert(key);
     }
-    let filter = Filter::default().route(&route);
+    let mut filter = Filter::default();
+    filter.route = Some(route.clone());
     // One server of its own: its 20 keys come in one batch of the scan, longer than a page.
     let first = inbox.list(&filter, None, 3).await.unwrap();
     assert_eq!(first.entries.len(), 3);
@@ -943,9 +964,9 @@ async fn a_listing_misses_nothing_when_a_listed_key_expires() {
     let retention = Duration::from_millis(1);
     assert!(
         inbox
-            .complete(&gone, &lease.token, retention)
+            .complete(&[(gone.clone(), lease.token)], retention)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(inbox.find(&gone).await.unwrap().is_none(), "expired");
@@ -957,4 +978,10 @@ async fn a_listing_misses_nothing_when_a_listed_key_expires() {
     }
     let missed: Vec<_> = all.difference(&seen).collect();
     assert!(missed.is_empty(), "never listed: {missed:?}");
+}
+
+/// `entry` ordered among the events of `object` at `position`.
+fn ordered(mut entry: InboxEntry, object: ObjectKey, position: Position) -> InboxEntry {
+    entry.order = Some(tower_idempotency::inbox::EntryOrder { object, position });
+    entry
 }

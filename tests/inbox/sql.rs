@@ -24,6 +24,7 @@ use tower_idempotency::inbox::{
     KeyState, PostgresInbox, SqlInbox, SqliteInbox, Worker,
 };
 use tower_idempotency::order::Position;
+use tower_idempotency::store::sql::DEFAULT_PURGE_BATCH;
 use tower_idempotency::store::{ObjectKey, StoreKey};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -192,7 +193,12 @@ async fn two_pools_on_postgres_never_take_an_entry_twice() {
                     for lease in taken {
                         assert!(!lease.stale);
                         let key = lease.entry.key.clone();
-                        assert!(inbox.complete(&key, &lease.token, RETENTION).await.unwrap());
+                        assert!(
+                            inbox
+                                .complete(&[(key.clone(), lease.token)], RETENTION)
+                                .await
+                                .unwrap()[0]
+                        );
                         mine.push(key);
                     }
                 }
@@ -282,10 +288,18 @@ where
     );
     tx.commit().await.unwrap();
     assert!(
-        inbox.complete(key, &again.token, RETENTION).await.unwrap(),
+        inbox
+            .complete(&[(key.clone(), again.token)], RETENTION)
+            .await
+            .unwrap()[0],
         "the worker's completion after the handler's is not a lost lease"
     );
-    assert!(!inbox.complete(key, &taken.token, RETENTION).await.unwrap());
+    assert!(
+        !inbox
+            .complete(&[(key.clone(), taken.token)], RETENTION)
+            .await
+            .unwrap()[0]
+    );
     assert_eq!(
         inbox.enqueue(first.clone()).await.unwrap(),
         Enqueued::Duplicate(KeyState::Done)
@@ -350,9 +364,9 @@ VALUES ('{}', 'queued', 'corr-old', 0, 0, 0);",
     assert_eq!(running.history.len(), 1);
     assert!(
         inbox
-            .complete(&old.key, &lease.token, RETENTION)
+            .complete(&[(old.key.clone(), lease.token)], RETENTION)
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     let done = inbox.find(&old.key).await.unwrap().unwrap();
     assert_eq!(done.state, KeyState::Done);
@@ -383,7 +397,8 @@ async fn migrate_upgrades_an_older_sqlite_table() {
 async fn a_history_keeps_the_last_attempts_and_marks_lost_leases<St: InboxAdmin>(inbox: St) {
     let lost = entry(0);
     inbox.enqueue(lost.clone()).await.unwrap();
-    let kept = tower_idempotency::inbox::KEPT_ATTEMPTS as u32;
+    // The attempts an entry keeps (`EntryInfo::history`).
+    let kept: u32 = 10;
     for n in 0..kept + 2 {
         tokio::time::sleep(Duration::from_millis(2)).await;
         let taken = inbox.take(1, Duration::ZERO).await.unwrap();
@@ -438,9 +453,9 @@ async fn expired_done_keys_are_free_again_and_purged() {
     for lease in inbox.take(10, LONG).await.unwrap() {
         assert!(
             inbox
-                .complete(&lease.entry.key, &lease.token, short)
+                .complete(&[(lease.entry.key.clone(), lease.token)], short)
                 .await
-                .unwrap()
+                .unwrap()[0]
         );
     }
     inbox.enqueue(waiting.clone()).await.unwrap();
@@ -451,7 +466,11 @@ async fn expired_done_keys_are_free_again_and_purged() {
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(inbox.enqueue(again).await.unwrap(), Enqueued::Queued);
-    assert_eq!(inbox.purge().await.unwrap(), 1, "only the expired done key");
+    assert_eq!(
+        inbox.purge_expired(DEFAULT_PURGE_BATCH).await.unwrap(),
+        1,
+        "only the expired done key"
+    );
     assert_eq!(inbox.enqueue(purged).await.unwrap(), Enqueued::Queued);
     assert_eq!(inbox.counts().await.unwrap().pending, 3);
 }
@@ -483,19 +502,19 @@ where
     for (n, retention) in [(1, short), (2, long)] {
         let object = ObjectKey::new("inbox-sql", None, &unique(&format!("object{n}")));
         inbox
-            .enqueue(entry(n).ordered(object, Position::new(7)))
+            .enqueue(ordered(entry(n), object, Position::new(7)))
             .await
             .unwrap();
         let lease = inbox.take(1, LONG).await.unwrap().pop().unwrap();
         assert!(
             inbox
-                .complete(&lease.entry.key, &lease.token, retention)
+                .complete(&[(lease.entry.key.clone(), lease.token)], retention)
                 .await
-                .unwrap()
+                .unwrap()[0]
         );
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let purged = inbox.purge().await.unwrap();
+    let purged = inbox.purge_expired(DEFAULT_PURGE_BATCH).await.unwrap();
     let count = format!("SELECT COUNT(*) FROM {}_objects", inbox.table());
     let left: i64 = sqlx::query_scalar(AssertSqlSafe(count))
         .fetch_one(inbox.pool())
@@ -517,9 +536,9 @@ async fn a_spawned_purge_deletes_expired_done_keys() {
         let short = Duration::from_millis(1);
         assert!(
             inbox
-                .complete(&lease.entry.key, &lease.token, short)
+                .complete(&[(lease.entry.key.clone(), lease.token)], short)
                 .await
-                .unwrap()
+                .unwrap()[0]
         );
     }
     inbox.enqueue(entry(2)).await.unwrap();
@@ -682,7 +701,7 @@ async fn a_take_racing_an_uncommitted_take_of_the_object_leaves_its_older_entry_
     let inbox = pg_inbox().await;
     let object = ObjectKey::new("inbox-sql", None, &unique("raced"));
     let position = |n: i64| Position::from_integer_text(&n.to_string()).unwrap();
-    let newer = entry(2).ordered(object.clone(), position(2));
+    let newer = ordered(entry(2), object.clone(), position(2));
     inbox.enqueue(newer).await.unwrap();
     // The first take, as the inbox's own would write it, held open.
     let mut first = inbox.pool().begin().await.unwrap();
@@ -704,7 +723,7 @@ async fn a_take_racing_an_uncommitted_take_of_the_object_leaves_its_older_entry_
     .await
     .unwrap();
     assert_eq!(taken.rows_affected(), 1);
-    let older = entry(1).ordered(object.clone(), position(1));
+    let older = ordered(entry(1), object.clone(), position(1));
     inbox.enqueue(older).await.unwrap();
     let second = tokio::spawn({
         let inbox = inbox.clone();
@@ -867,4 +886,10 @@ async fn a_second_migrate_logs_no_notices() {
         String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
     };
     assert!(!logged.contains("already exists"), "{logged}");
+}
+
+/// `entry` ordered among the events of `object` at `position`.
+fn ordered(mut entry: InboxEntry, object: ObjectKey, position: Position) -> InboxEntry {
+    entry.order = Some(tower_idempotency::inbox::EntryOrder { object, position });
+    entry
 }

@@ -605,8 +605,7 @@ pub async fn inbox_enqueue_across_a_lagging_failover<T: Topology>(
     let warmed = inbox.take(1, Duration::from_secs(60)).await.unwrap();
     inbox
         .complete(
-            &warmed[0].entry.key,
-            &warmed[0].token,
+            &[(warmed[0].entry.key.clone(), warmed[0].token)],
             Duration::from_secs(60),
         )
         .await

@@ -11,7 +11,6 @@ mod route;
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -221,11 +220,6 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
     pub fn csrf_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.settings_mut().csrf = csrf::Csrf::shared(secret.as_ref());
         self
-    }
-
-    /// The inbox.
-    pub fn get_ref(&self) -> &I {
-        &self.inbox
     }
 
     fn settings_mut(&mut self) -> &mut Settings {
@@ -532,7 +526,8 @@ where
 {
     type Response = Response<Full<Bytes>>;
     type Error = Infallible;
-    type Future = AdminFuture;
+    // Boxed: the answer awaits the inbox's calls, whose futures have no names.
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // Always ready: every call works on a handle of the inbox of its own.
@@ -541,28 +536,6 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let this = self.clone();
-        AdminFuture {
-            inner: Box::pin(async move { Ok(this.answer(request).await) }),
-        }
-    }
-}
-
-/// The future of an [`AdminService`]'s answer (never an `Err`).
-pub struct AdminFuture {
-    // Boxed: the answer awaits the inbox's calls, whose futures have no names.
-    inner: BoxFuture<'static, Result<Response<Full<Bytes>>, Infallible>>,
-}
-
-impl Future for AdminFuture {
-    type Output = Result<Response<Full<Bytes>>, Infallible>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
-    }
-}
-
-impl fmt::Debug for AdminFuture {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdminFuture").finish_non_exhaustive()
+        Box::pin(async move { Ok(this.answer(request).await) })
     }
 }

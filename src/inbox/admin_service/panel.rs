@@ -83,7 +83,10 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
     /// The queued entries that failed before, in one page of the queue; whether there are
     /// more queued entries than that page.
     async fn retries(&self) -> Result<(u64, bool), Refusal> {
-        let queued = Filter::default().state(KeyState::Queued);
+        let queued = Filter {
+            state: Some(KeyState::Queued),
+            ..Filter::default()
+        };
         let page = (self.inbox).list(&queued, None, params::REQUEUE.0).await?;
         let failed = (page.entries.iter()).filter(|info| info.last_error.is_some());
         Ok((failed.count() as u64, page.next.is_some()))
@@ -92,7 +95,10 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
     /// How many dead letters match `filter` (whatever state it names); whether there were
     /// more than [`MOST_COUNTED`].
     async fn count_dead(&self, filter: &Filter) -> Result<(u64, bool), Refusal> {
-        let dead = filter.clone().state(KeyState::Dead);
+        let dead = Filter {
+            state: Some(KeyState::Dead),
+            ..filter.clone()
+        };
         let (mut count, mut cursor) = (0, None);
         loop {
             let page = (self.inbox)

@@ -130,12 +130,12 @@ pub(super) fn listing(
     let (mut cursor, mut limit) = (None, default);
     for (name, value) in pairs(query)? {
         match name.as_str() {
-            "state" => filter = filter.state(state(&value)?),
-            "id_prefix" => filter = filter.id_prefix(value),
-            "route" => filter = filter.route(value),
-            "object" => filter = filter.object(object(&value)?),
-            "correlation_id" => filter = filter.correlation_id(value),
-            "error" => filter = filter.error_contains(value),
+            "state" => filter.state = Some(state(&value)?),
+            "id_prefix" => filter.id_prefix = Some(value),
+            "route" => filter.route = Some(value),
+            "object" => filter.object = Some(object(&value)?),
+            "correlation_id" => filter.correlation_id = Some(value),
+            "error" => filter.error_contains = Some(value),
             "cursor" => cursor = Some(open_cursor(&value)?),
             "limit" => {
                 limit = value
@@ -233,13 +233,14 @@ mod tests {
             object.as_str()
         );
         let (filter, cursor, limit) = listing(&query, LIST).unwrap();
-        let wanted = Filter::default()
-            .state(KeyState::Dead)
-            .id_prefix("evt_")
-            .route("inbox-email")
-            .object(object)
-            .correlation_id("a b")
-            .error_contains("time");
+        let wanted = Filter {
+            state: Some(KeyState::Dead),
+            id_prefix: Some("evt_".into()),
+            route: Some("inbox-email".into()),
+            object: Some(object),
+            correlation_id: Some("a b".into()),
+            error_contains: Some("time".into()),
+        };
         assert_eq!((filter, cursor, limit), (wanted, None, 7));
         assert_eq!(listing("", REQUEUE).unwrap().2, 500);
         for wrong in [
@@ -273,7 +274,11 @@ mod tests {
     #[test]
     fn a_filter_is_described_for_the_log() {
         assert_eq!(describe(&Filter::default()), "all");
-        let filter = Filter::default().state(KeyState::Dead).error_contains("x");
+        let filter = Filter {
+            state: Some(KeyState::Dead),
+            error_contains: Some("x".into()),
+            ..Filter::default()
+        };
         assert_eq!(describe(&filter), "state=\"dead\" error=\"x\"");
     }
 }
