@@ -18,10 +18,10 @@ use crate::inbox::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore
 use crate::inbox::wake::{Announcer, Wakeups};
 use crate::order::Position;
 use crate::sql::query::Param;
+use crate::sql::run::{acquire, begin, error, execute, fetch, migrate, purge, statements_for};
 use crate::sql::statements::{self, Sql, file, fill, render};
 use crate::sql::{
-    DEFAULT_PURGE_BATCH, Dialect, InvalidTable, bare_name, millis, purge_in_batches,
-    spawn_purge_every, store_error, validate_table,
+    DEFAULT_PURGE_BATCH, Dialect, InvalidTable, bare_name, millis, spawn_purge_every,
 };
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
 
@@ -215,8 +215,7 @@ impl<DB: Dialect> SqlInbox<DB> {
     /// # }
     /// ```
     pub fn with_table(mut self, table: &str) -> Result<Self, InvalidTable> {
-        validate_table(table, DB::QUALIFIED_TABLES)?;
-        self.sql = Arc::new(Statements::new::<DB>(table));
+        self.sql = statements_for::<DB, _>(table, Statements::new::<DB>)?;
         // Another table's wake-ups are not this one's.
         self.announcer = announcer(&self.pool, table);
         Ok(self)
@@ -278,9 +277,7 @@ impl<DB: Dialect> SqlInbox<DB> {
     /// # }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        DB::execute_script(&self.pool, &self.sql.migrate)
-            .await
-            .map_err(error::<DB>)?;
+        migrate(&self.pool, &self.sql.migrate).await?;
         if !DB::ADD_COLUMN_IF_NOT_EXISTS {
             self.add_missing_columns().await?;
         }
@@ -291,7 +288,7 @@ impl<DB: Dialect> SqlInbox<DB> {
     /// no `ADD COLUMN IF NOT EXISTS`, which the schema then holds). Another process adding one
     /// at the same time is not an error: the column is there.
     async fn add_missing_columns(&self) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let mut conn = acquire(&self.pool).await?;
         let present = |rows: Vec<DB::Row>| -> Result<Vec<String>, StoreError> {
             rows.iter()
                 .map(|row| {
@@ -302,15 +299,15 @@ impl<DB: Dialect> SqlInbox<DB> {
                 })
                 .collect()
         };
-        let columns = present(fetch::<DB>(&mut conn, &self.sql.columns, &[]).await?)?;
+        let columns = present(fetch::<DB>(&mut conn, &self.sql.columns, &[], None).await?)?;
         for (column, definition) in ADDED_COLUMNS {
             if columns.iter().any(|name| name == column) {
                 continue;
             }
             let table = &self.sql.table;
             let add = format!("ALTER TABLE {table} ADD COLUMN {column} {definition}").into();
-            if let Err(failed) = execute::<DB>(&mut conn, &add, &[]).await {
-                let columns = present(fetch::<DB>(&mut conn, &self.sql.columns, &[]).await?)?;
+            if let Err(failed) = execute::<DB>(&mut conn, &add, &[], None).await {
+                let columns = present(fetch::<DB>(&mut conn, &self.sql.columns, &[], None).await?)?;
                 if !columns.iter().any(|name| name == column) {
                     return Err(failed);
                 }
@@ -332,16 +329,10 @@ impl<DB: Dialect> SqlInbox<DB> {
     /// # }
     /// ```
     pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, StoreError> {
-        let mut deleted = 0;
-        for statement in [&self.sql.purge, &self.sql.purge_watermarks] {
-            deleted += purge_in_batches(batch_size, |limit| async move {
-                let params = [Param::Int(limit), Param::Int(epoch_ms(SystemTime::now()))];
-                let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-                execute::<DB>(&mut conn, statement, &params).await
-            })
-            .await?;
-        }
-        Ok(deleted)
+        let statements = [&self.sql.purge, &self.sql.purge_watermarks];
+        let params = |limit| vec![Param::Int(limit), Param::Int(epoch_ms(SystemTime::now()))];
+        // The inbox's statements read no bound clock: `now` is their own parameter.
+        purge(&self.pool, statements, batch_size, params, || None).await
     }
 
     /// Spawns a Tokio task that runs [`purge_expired`](Self::purge_expired) (in batches of
@@ -420,7 +411,7 @@ impl<DB: Dialect> SqlInbox<DB> {
     }
 
     async fn begin(&self) -> Result<Transaction<'static, DB>, StoreError> {
-        self.pool.begin().await.map_err(error::<DB>)
+        begin(&self.pool).await
     }
 
     /// Marks the key done and raises the watermark, on a connection in a transaction.
@@ -440,7 +431,7 @@ impl<DB: Dialect> SqlInbox<DB> {
             Param::Int(until),
             Param::Int(epoch_us(at)),
         ];
-        let rows = fetch::<DB>(conn, &self.sql.complete, &params).await?;
+        let rows = fetch::<DB>(conn, &self.sql.complete, &params, None).await?;
         let Some(row) = rows.first() else {
             return Ok(false);
         };
@@ -453,7 +444,7 @@ impl<DB: Dialect> SqlInbox<DB> {
                 Param::Int(until),
                 Param::Int(now),
             ];
-            execute::<DB>(conn, &self.sql.raise_watermark, &params).await?;
+            execute::<DB>(conn, &self.sql.raise_watermark, &params, None).await?;
         }
         Ok(true)
     }
@@ -476,7 +467,7 @@ impl<DB: Dialect> SqlInbox<DB> {
             Param::Bytes(&position),
             *now,
         ];
-        let rows = fetch::<DB>(conn, &self.sql.stale_at, &params).await?;
+        let rows = fetch::<DB>(conn, &self.sql.stale_at, &params, None).await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
@@ -491,7 +482,13 @@ impl<DB: Dialect> SqlInbox<DB> {
         conn: &mut DB::Connection,
         key: &StoreKey,
     ) -> Result<Option<KeyState>, StoreError> {
-        let rows = fetch::<DB>(conn, &self.sql.read_state, &[Param::Text(key.as_str())]).await?;
+        let rows = fetch::<DB>(
+            conn,
+            &self.sql.read_state,
+            &[Param::Text(key.as_str())],
+            None,
+        )
+        .await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
@@ -523,7 +520,7 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
                 Param::Text(&entry.route),
             ];
             let mut tx = self.begin().await?;
-            let stored = !fetch::<DB>(&mut tx, &self.sql.enqueue, &params)
+            let stored = !fetch::<DB>(&mut tx, &self.sql.enqueue, &params, None)
                 .await?
                 .is_empty();
             let known = match stored {
@@ -566,7 +563,7 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
             Param::Int(epoch_us(at)),
             Param::Text(worker),
         ];
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let mut conn = acquire(&self.pool).await?;
         let mut attempt = 1;
         let rows = loop {
             // Two takes that read before either committed can each find a different entry of
@@ -603,8 +600,8 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
             Param::Bytes(token.as_bytes()),
             Param::Int(until),
         ];
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-        Ok(execute::<DB>(&mut conn, &self.sql.renew, &params).await? == 1)
+        let mut conn = acquire(&self.pool).await?;
+        Ok(execute::<DB>(&mut conn, &self.sql.renew, &params, None).await? == 1)
     }
 
     /// On SQLite, which writes one transaction at a time, one transaction for all of them (one
@@ -648,13 +645,16 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
         let (Failure::RetryAt(_, why) | Failure::Dead(why)) = &failure;
         let kept = history::error_field(why);
         let kept = Param::Text(&kept);
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let mut conn = acquire(&self.pool).await?;
         // Told like an enqueue: a retry at its time, a dead letter now (its object's next).
         let (rows, at) = match &failure {
             Failure::RetryAt(at, error) => {
                 let next = Param::Int(epoch_ms(*at));
                 let params = [key, token, next, Param::Text(error), ended, kept];
-                (fetch::<DB>(&mut conn, &self.sql.retry, &params).await?, *at)
+                (
+                    fetch::<DB>(&mut conn, &self.sql.retry, &params, None).await?,
+                    *at,
+                )
             }
             Failure::Dead(error) => {
                 let params = [
@@ -665,7 +665,10 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
                     ended,
                     kept,
                 ];
-                (fetch::<DB>(&mut conn, &self.sql.bury, &params).await?, now)
+                (
+                    fetch::<DB>(&mut conn, &self.sql.bury, &params, None).await?,
+                    now,
+                )
             }
         };
         let settled = !rows.is_empty();
@@ -677,8 +680,8 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
         let limit = Param::Int(i64::try_from(limit).unwrap_or(i64::MAX));
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-        let rows = fetch::<DB>(&mut conn, &self.sql.dead_letters, &[limit]).await?;
+        let mut conn = acquire(&self.pool).await?;
+        let rows = fetch::<DB>(&mut conn, &self.sql.dead_letters, &[limit], None).await?;
         rows.iter()
             .map(|row| {
                 let last_error = DB::text(row, 11).map_err(error::<DB>)?;
@@ -695,8 +698,8 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
             Param::Text(key.as_str()),
             Param::Int(epoch_ms(SystemTime::now())),
         ];
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-        let requeued = !fetch::<DB>(&mut conn, &self.sql.requeue, &params)
+        let mut conn = acquire(&self.pool).await?;
+        let requeued = !fetch::<DB>(&mut conn, &self.sql.requeue, &params, None)
             .await?
             .is_empty();
         if requeued {
@@ -707,9 +710,9 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
 
     async fn counts(&self) -> Result<InboxCounts, StoreError> {
         let now = SystemTime::now();
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
+        let mut conn = acquire(&self.pool).await?;
         let params = [Param::Int(epoch_ms(now))];
-        let rows = fetch::<DB>(&mut conn, &self.sql.counts, &params).await?;
+        let rows = fetch::<DB>(&mut conn, &self.sql.counts, &params, None).await?;
         let row = rows
             .first()
             .ok_or_else(|| corrupt("counts returned no row"))?;
@@ -753,8 +756,14 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
 /// reads in its statement; the resume is told like an enqueue.
 impl<DB: Dialect> InboxAdmin for SqlInbox<DB> {
     async fn find(&self, key: &StoreKey) -> Result<Option<EntryInfo>, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-        let rows = fetch::<DB>(&mut conn, &self.sql.find, &[Param::Text(key.as_str())]).await?;
+        let mut conn = acquire(&self.pool).await?;
+        let rows = fetch::<DB>(
+            &mut conn,
+            &self.sql.find,
+            &[Param::Text(key.as_str())],
+            None,
+        )
+        .await?;
         let now = epoch_ms(SystemTime::now());
         rows.first().map_or(Ok(None), |row| info::<DB>(row, now))
     }
@@ -776,8 +785,8 @@ impl<DB: Dialect> InboxAdmin for SqlInbox<DB> {
             state,
             object,
         );
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-        let rows = fetch::<DB>(&mut conn, &self.sql.list, &params).await?;
+        let mut conn = acquire(&self.pool).await?;
+        let rows = fetch::<DB>(&mut conn, &self.sql.list, &params, None).await?;
         let now = epoch_ms(SystemTime::now());
         let mut entries = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -804,8 +813,8 @@ impl<DB: Dialect> InboxAdmin for SqlInbox<DB> {
         let now = SystemTime::now();
         let dead = Some(state_name(KeyState::Dead));
         let params = filter_params(filter, after, epoch_ms(now), limit, dead, object);
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-        let rows = fetch::<DB>(&mut conn, &self.sql.requeue_matching, &params).await?;
+        let mut conn = acquire(&self.pool).await?;
+        let rows = fetch::<DB>(&mut conn, &self.sql.requeue_matching, &params, None).await?;
         drop(conn);
         let keys = rows
             .iter()
@@ -829,25 +838,30 @@ impl<DB: Dialect> InboxAdmin for SqlInbox<DB> {
     async fn discard(&self, key: &StoreKey, retention: Duration) -> Result<bool, StoreError> {
         let until = epoch_ms(SystemTime::now()).saturating_add(millis(retention));
         let params = [Param::Text(key.as_str()), Param::Int(until)];
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-        Ok(!fetch::<DB>(&mut conn, &self.sql.discard, &params)
+        let mut conn = acquire(&self.pool).await?;
+        Ok(!fetch::<DB>(&mut conn, &self.sql.discard, &params, None)
             .await?
             .is_empty())
     }
 
     async fn pause(&self) -> Result<(), StoreError> {
         let now = Param::Int(epoch_ms(SystemTime::now()));
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-        execute::<DB>(&mut conn, &self.sql.pause, &[now]).await?;
+        let mut conn = acquire(&self.pool).await?;
+        execute::<DB>(&mut conn, &self.sql.pause, &[now], None).await?;
         Ok(())
     }
 
     async fn resume(&self) -> Result<(), StoreError> {
         let now = SystemTime::now();
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-        let resumed = !fetch::<DB>(&mut conn, &self.sql.resume, &[Param::Int(epoch_ms(now))])
-            .await?
-            .is_empty();
+        let mut conn = acquire(&self.pool).await?;
+        let resumed = !fetch::<DB>(
+            &mut conn,
+            &self.sql.resume,
+            &[Param::Int(epoch_ms(now))],
+            None,
+        )
+        .await?
+        .is_empty();
         if resumed {
             self.tell(now);
         }
@@ -855,8 +869,8 @@ impl<DB: Dialect> InboxAdmin for SqlInbox<DB> {
     }
 
     async fn is_paused(&self) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(error::<DB>)?;
-        let rows = fetch::<DB>(&mut conn, &self.sql.is_paused, &[]).await?;
+        let mut conn = acquire(&self.pool).await?;
+        let rows = fetch::<DB>(&mut conn, &self.sql.is_paused, &[], None).await?;
         let paused = rows.first().map(|row| DB::int(row, 0)).transpose();
         Ok(paused.map_err(error::<DB>)?.flatten().unwrap_or(0) > 0)
     }
@@ -1274,31 +1288,6 @@ fn from_epoch_ms(ms: i64) -> SystemTime {
 
 fn corrupt(why: &'static str) -> StoreError {
     StoreError::with_source(StoreErrorKind::Corrupt, why)
-}
-
-fn error<DB: Dialect>(error: sqlx::Error) -> StoreError {
-    store_error(error, DB::classify)
-}
-
-async fn execute<DB: Dialect>(
-    conn: &mut DB::Connection,
-    sql: &Sql,
-    params: &[Param<'_>],
-) -> Result<u64, StoreError> {
-    let done = DB::execute(conn, sql, params, None)
-        .await
-        .map_err(error::<DB>)?;
-    Ok(DB::rows_affected(&done))
-}
-
-async fn fetch<DB: Dialect>(
-    conn: &mut DB::Connection,
-    sql: &Sql,
-    params: &[Param<'_>],
-) -> Result<Vec<DB::Row>, StoreError> {
-    DB::fetch_all(conn, sql, params, None)
-        .await
-        .map_err(error::<DB>)
 }
 
 #[cfg(test)]

@@ -49,6 +49,7 @@ pub(crate) mod inbox;
 pub(crate) mod postgres;
 pub(crate) mod query;
 mod records;
+pub(crate) mod run;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 pub(crate) mod statements;

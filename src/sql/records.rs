@@ -7,11 +7,11 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Transaction};
 
 use super::query::Param;
+use super::run::{self, error};
 use super::statements::{Sql, Statements};
 use super::{
     DEFAULT_PURGE_BATCH, DEFAULT_TABLE, Dialect, InvalidTable, RESERVE_ATTEMPTS,
-    completion_after_miss, held, millis, purge_in_batches, spawn_purge_every, store_error,
-    unsettled, validate_table,
+    completion_after_miss, held, millis, spawn_purge_every, unsettled,
 };
 use crate::order::Position;
 use crate::store::contract::{IdempotencyStore, OrderedStore};
@@ -69,8 +69,7 @@ impl<DB: Dialect> SqlStore<DB> {
     /// (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 characters, or on PostgreSQL `schema.table` of two
     /// such): it is written into the statements as it is.
     pub fn with_table(mut self, table: &str) -> Result<Self, InvalidTable> {
-        validate_table(table, DB::QUALIFIED_TABLES)?;
-        self.sql = Arc::new(Statements::new::<DB>(table));
+        self.sql = run::statements_for::<DB, _>(table, Statements::new::<DB>)?;
         Ok(self)
     }
 
@@ -101,10 +100,7 @@ impl<DB: Dialect> SqlStore<DB> {
     /// statements run as one transaction under an advisory lock (`pg_advisory_xact_lock`), so
     /// instances starting together do not trip over each other.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        DB::execute_script(&self.pool, &self.sql.migrate)
-            .await
-            .map_err(error::<DB>)?;
-        Ok(())
+        run::migrate(&self.pool, &self.sql.migrate).await
     }
 
     /// Deletes the rows whose lease or retention has expired, of both tables, at most
@@ -114,15 +110,9 @@ impl<DB: Dialect> SqlStore<DB> {
     /// On PostgreSQL, rows locked by a concurrent claim are skipped (`FOR UPDATE SKIP
     /// LOCKED`), so several instances may purge at once.
     pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, StoreError> {
-        let mut deleted = 0;
-        for purge in [&self.sql.purge, &self.sql.purge_objects] {
-            deleted += purge_in_batches(batch_size, |limit| async move {
-                let mut conn = self.connection().await?;
-                self.execute(&mut conn, purge, &[Param::Int(limit)]).await
-            })
-            .await?;
-        }
-        Ok(deleted)
+        let statements = [&self.sql.purge, &self.sql.purge_objects];
+        let params = |limit| vec![Param::Int(limit)];
+        run::purge(&self.pool, statements, batch_size, params, DB::clock).await
     }
 
     /// Spawns a Tokio task that runs [`purge_expired`](Self::purge_expired) with
@@ -142,12 +132,12 @@ impl<DB: Dialect> SqlStore<DB> {
 
     /// A connection from the pool.
     async fn connection(&self) -> Result<PoolConnection<DB>, StoreError> {
-        self.pool.acquire().await.map_err(error::<DB>)
+        run::acquire(&self.pool).await
     }
 
     /// A transaction on a connection from the pool.
     pub(crate) async fn begin(&self) -> Result<Transaction<'static, DB>, StoreError> {
-        self.pool.begin().await.map_err(error::<DB>)
+        run::begin(&self.pool).await
     }
 
     /// Runs `sql` on `conn`; returns how many rows it wrote.
@@ -157,10 +147,7 @@ impl<DB: Dialect> SqlStore<DB> {
         sql: &Sql,
         params: &[Param<'_>],
     ) -> Result<u64, StoreError> {
-        let done = DB::execute(conn, sql, params, DB::clock())
-            .await
-            .map_err(error::<DB>)?;
-        Ok(DB::rows_affected(&done))
+        run::execute::<DB>(conn, sql, params, DB::clock()).await
     }
 
     /// Runs `sql` on `conn`; returns its rows.
@@ -170,9 +157,7 @@ impl<DB: Dialect> SqlStore<DB> {
         sql: &Sql,
         params: &[Param<'_>],
     ) -> Result<Vec<DB::Row>, StoreError> {
-        DB::fetch_all(conn, sql, params, DB::clock())
-            .await
-            .map_err(error::<DB>)
+        run::fetch::<DB>(conn, sql, params, DB::clock()).await
     }
 
     /// Runs `sql` on `conn`; returns its first row, if any (the statements read at most one).
@@ -659,9 +644,4 @@ fn reservation<DB: Dialect>(row: &DB::Row) -> Result<Option<Reservation>, StoreE
             (found, _) => found,
         },
     ))
-}
-
-/// Maps an sqlx error to a [`StoreError`], classified by the dialect.
-pub(super) fn error<DB: Dialect>(error: sqlx::Error) -> StoreError {
-    store_error(error, DB::classify)
 }

@@ -32,7 +32,7 @@ use sqlx::sqlite::{
     SqliteQueryResult, SqliteSynchronous,
 };
 
-use super::records::error;
+use super::run::error;
 use super::{Dialect, SqlStore, dialect};
 use crate::store::{StoreError, StoreErrorKind};
 
