@@ -138,7 +138,7 @@ async fn decide<B, ResBody>(
     // A plain function decides, and the one await stays here: an async helper would add a
     // future of its own to the prelude's.
     match admit(&mut guard, &answers, settings, &mut request) {
-        Admit::Call(outcome) => call(guard, *request, outcome),
+        Admit::Call(outcome) => request.into_call(Some(guard), outcome),
         Admit::Stale((position, watermark)) => {
             // Acknowledged, and recorded, without the handler.
             Box::pin(guard.settle(Ending::Succeeded(None))).await;
@@ -193,23 +193,26 @@ fn admit<B>(
     }
 }
 
-/// Hands the request to the inner service, under its claim.
-fn call<B, ResBody>(
-    guard: ClaimGuard,
-    request: Claiming<B>,
-    outcome: Outcome,
-) -> Prelude<B, ResBody> {
-    // The key goes to the inner service only: a duplicate or a rejection never reads it.
-    let Claiming {
-        mut parts,
-        body,
-        derived,
-    } = request;
-    parts.extensions.insert(derived.key);
-    Prelude::Call {
-        request: Request::from_parts(parts, body),
-        guard: Some(guard),
-        outcome,
+impl<B> Claiming<B> {
+    /// Hands the request to the inner service with its key, under `guard` (`None`: it runs
+    /// unprotected), for `outcome` when the inner service succeeds.
+    fn into_call<ResBody>(
+        self,
+        guard: Option<ClaimGuard>,
+        outcome: Outcome,
+    ) -> Prelude<B, ResBody> {
+        // The key goes to the inner service only: a duplicate or a rejection never reads it.
+        let Claiming {
+            mut parts,
+            body,
+            derived,
+        } = self;
+        parts.extensions.insert(derived.key);
+        Prelude::Call {
+            request: Request::from_parts(parts, body),
+            guard,
+            outcome,
+        }
     }
 }
 
@@ -271,11 +274,6 @@ fn store_failure<B, ResBody>(
     request: Claiming<B>,
     grpc: bool,
 ) -> Prelude<B, ResBody> {
-    let Claiming {
-        mut parts,
-        body,
-        derived,
-    } = request;
     match settings.claim.failure_mode {
         FailureMode::Closed => {
             tracing::debug!(error = %err, "idempotency store error; failing closed");
@@ -284,8 +282,7 @@ fn store_failure<B, ResBody>(
         }
         FailureMode::Open => {
             tracing::debug!(error = %err, "idempotency store error; failing open");
-            parts.extensions.insert(derived.key);
-            Prelude::unprotected(parts, body, Outcome::FailOpen)
+            request.into_call(None, Outcome::FailOpen)
         }
     }
 }
