@@ -99,13 +99,8 @@ const RENEW_LUA: &str = include_str!("inbox/lua/renew.lua");
 /// A script has a fixed cost before it does anything, and every string handed to it one more:
 /// a worker sends the completions that gathered while the last ones were in flight as one
 /// script, each one key and one token.
-static COMPLETE_LUA: LazyLock<String> = LazyLock::new(|| {
-    LESS_LUA.to_owned()
-        + RELEASE_LUA
-        + HISTORY_LUA
-        + FINISH_ONE_LUA
-        + include_str!("inbox/lua/complete.lua")
-});
+static COMPLETE_LUA: LazyLock<String> =
+    LazyLock::new(|| completing(include_str!("inbox/lua/complete.lua")));
 
 /// `drop_payload` deletes what a done entry no longer keeps (its body, headers and next attempt
 /// time): the first writes of a completion, since Redis refuses a script whose first write may
@@ -117,6 +112,12 @@ static COMPLETE_LUA: LazyLock<String> = LazyLock::new(|| {
 /// the watermark raised. The caller removes it from the sets.
 const FINISH_ONE_LUA: &str = include_str!("inbox/lua/finish_one.lua");
 
+/// A script that completes entries (`complete`, `complete_with`): `script` after the functions
+/// it calls (`less`, `release`, `history`, `finish_one`).
+fn completing(script: &str) -> String {
+    LESS_LUA.to_owned() + RELEASE_LUA + HISTORY_LUA + FINISH_ONE_LUA + script
+}
+
 /// `complete_with`: KEYS = due, leased, live, entry; ARGV[1] = prefix, [2] = retention (ms),
 /// [3] = key, [4] = token, [5] = `w` when durable (else empty), [6] = now (µs), then the writes,
 /// each its number of strings and those strings (a command and its arguments). When the lease
@@ -124,13 +125,8 @@ const FINISH_ONE_LUA: &str = include_str!("inbox/lua/finish_one.lua");
 /// `FINISH_ONE_LUA`), runs the writes, then completes as `complete` does. Returns 1 (written), 2
 /// (done by this token already: a repeat, nothing written again but the fence when durable) or
 /// 0 (not held).
-static COMPLETE_WITH_LUA: LazyLock<String> = LazyLock::new(|| {
-    LESS_LUA.to_owned()
-        + RELEASE_LUA
-        + HISTORY_LUA
-        + FINISH_ONE_LUA
-        + include_str!("inbox/lua/complete_with.lua")
-});
+static COMPLETE_WITH_LUA: LazyLock<String> =
+    LazyLock::new(|| completing(include_str!("inbox/lua/complete_with.lua")));
 
 /// Lets go of an object's entry in flight (`c:<object>`, which `take` sets) when it is `key`.
 const RELEASE_LUA: &str = include_str!("inbox/lua/release.lua");
@@ -437,6 +433,14 @@ where
         concat(&[&self.prefixes[p], name])
     }
 
+    /// The keys of a script on one entry: the entry's, then the sets `sets` of its partition.
+    fn entry_keys(&self, p: usize, key: &StoreKey, sets: &[&str]) -> Vec<String> {
+        let mut keys = Vec::with_capacity(1 + sets.len());
+        keys.push(self.entry_key(p, key));
+        keys.extend(sets.iter().map(|name| self.set(p, name)));
+        keys
+    }
+
     /// The partition of an entry: its object's when ordered, else its key's.
     fn partition_of(&self, entry: &InboxEntry) -> usize {
         let n = self.prefixes.len();
@@ -714,12 +718,7 @@ where
     }
 
     async fn requeue_in(&self, p: usize, key: &StoreKey) -> Result<bool, StoreError> {
-        let keys = vec![
-            self.entry_key(p, key),
-            self.set(p, "due"),
-            self.set(p, "live"),
-            self.set(p, "dead"),
-        ];
+        let keys = self.entry_keys(p, key, &["due", "live", "dead"]);
         let now = micros(SystemTime::now());
         let args = || {
             vec![
@@ -906,11 +905,7 @@ where
         let Some(p) = self.partition_of_token(token) else {
             return Ok(false);
         };
-        let keys = vec![
-            self.entry_key(p, key),
-            self.set(p, "due"),
-            self.set(p, "leased"),
-        ];
+        let keys = self.entry_keys(p, key, &["due", "leased"]);
         let until = micros(SystemTime::now() + lease);
         let args = || {
             vec![
@@ -963,13 +958,7 @@ where
         let Some(p) = self.partition_of_token(token) else {
             return Ok(false);
         };
-        let keys = vec![
-            self.entry_key(p, key),
-            self.set(p, "due"),
-            self.set(p, "leased"),
-            self.set(p, "live"),
-            self.set(p, "dead"),
-        ];
+        let keys = self.entry_keys(p, key, &["due", "leased", "live", "dead"]);
         // The attempt keeps its error cut and cleaned; a dead letter keeps it whole.
         let (mode, at, error) = match &failure {
             Failure::RetryAt(at, error) => ("r", micros(*at), error),

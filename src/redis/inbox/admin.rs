@@ -208,7 +208,7 @@ where
         key: &StoreKey,
         retention: Duration,
     ) -> Result<bool, StoreError> {
-        let keys = vec![self.entry_key(p, key), self.set(p, "dead")];
+        let keys = self.entry_keys(p, key, &["dead"]);
         let args = || {
             vec![
                 Value::from(&*self.prefixes[p]),
