@@ -353,11 +353,8 @@ impl<DB: Dialect> SqlInbox<DB> {
     ///
     /// When called outside a Tokio runtime.
     pub fn spawn_purge(&self, every: Duration) -> tokio::task::JoinHandle<()> {
-        let inbox = self.clone();
-        spawn_purge_every(every, DB::BACKEND, "inbox keys", move || {
-            let inbox = inbox.clone();
-            async move { inbox.purge_expired(DEFAULT_PURGE_BATCH).await }
-        })
+        let purge = |inbox: Self| async move { inbox.purge_expired(DEFAULT_PURGE_BATCH).await };
+        spawn_purge_every(every, DB::BACKEND, "inbox keys", self.clone(), purge)
     }
 
     /// [`complete`](InboxStore::complete) inside the caller's transaction: the key is marked
@@ -775,16 +772,8 @@ impl<DB: Dialect> InboxAdmin for SqlInbox<DB> {
         limit: usize,
     ) -> Result<Page, StoreError> {
         let after = after(cursor)?;
-        let object = filter.object.as_ref().map(ObjectKey::as_str);
         let state = filter.state.map(state_name);
-        let params = filter_params(
-            filter,
-            after,
-            epoch_ms(SystemTime::now()),
-            limit,
-            state,
-            object,
-        );
+        let params = filter_params(filter, after, epoch_ms(SystemTime::now()), limit, state);
         let mut conn = acquire(&self.pool).await?;
         let rows = fetch::<DB>(&mut conn, &self.sql.list, &params, None).await?;
         let now = epoch_ms(SystemTime::now());
@@ -809,10 +798,9 @@ impl<DB: Dialect> InboxAdmin for SqlInbox<DB> {
         limit: usize,
     ) -> Result<Requeued, StoreError> {
         let after = after(cursor)?;
-        let object = filter.object.as_ref().map(ObjectKey::as_str);
         let now = SystemTime::now();
         let dead = Some(state_name(KeyState::Dead));
-        let params = filter_params(filter, after, epoch_ms(now), limit, dead, object);
+        let params = filter_params(filter, after, epoch_ms(now), limit, dead);
         let mut conn = acquire(&self.pool).await?;
         let rows = fetch::<DB>(&mut conn, &self.sql.requeue_matching, &params, None).await?;
         drop(conn);
@@ -897,7 +885,6 @@ fn filter_params<'a>(
     now: i64,
     limit: usize,
     state: Option<&'a str>,
-    object: Option<&'a str>,
 ) -> [Param<'a>; 9] {
     [
         Param::Text(after),
@@ -906,7 +893,7 @@ fn filter_params<'a>(
         Param::MaybeText(state),
         Param::MaybeText(filter.id_prefix.as_deref()),
         Param::MaybeText(filter.route.as_deref()),
-        Param::MaybeText(object),
+        Param::MaybeText(filter.object.as_ref().map(ObjectKey::as_str)),
         Param::MaybeText(filter.correlation_id.as_deref()),
         Param::MaybeText(filter.error_contains.as_deref()),
     ]

@@ -306,16 +306,19 @@ where
     }
 }
 
-/// Spawns a Tokio task that runs `purge()` every `every` (the first time right away) and logs
-/// what it deleted (`debug`) or why it could not (`warn`), for `what` on `backend`.
-pub(crate) fn spawn_purge_every<F, Fut>(
+/// Spawns a Tokio task that runs `purge` on a clone of `owner` every `every` (the first time
+/// right away) and logs what it deleted (`debug`) or why it could not (`warn`), for `what` on
+/// `backend`.
+pub(crate) fn spawn_purge_every<T, F, Fut>(
     every: Duration,
     backend: &'static str,
     what: &'static str,
-    mut purge: F,
+    owner: T,
+    purge: F,
 ) -> tokio::task::JoinHandle<()>
 where
-    F: FnMut() -> Fut + Send + 'static,
+    T: Clone + Send + 'static,
+    F: Fn(T) -> Fut + Send + 'static,
     Fut: Future<Output = Result<u64, StoreError>> + Send,
 {
     let every = every.max(Duration::from_millis(1));
@@ -324,7 +327,7 @@ where
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            match purge().await {
+            match purge(owner.clone()).await {
                 Ok(deleted) => tracing::debug!(backend, deleted, "purged expired {what}"),
                 Err(error) => tracing::warn!(backend, %error, "purging expired {what} failed"),
             }

@@ -123,11 +123,8 @@ impl<DB: Dialect> SqlStore<DB> {
     ///
     /// When called outside a Tokio runtime.
     pub fn spawn_purge(&self, every: Duration) -> tokio::task::JoinHandle<()> {
-        let store = self.clone();
-        spawn_purge_every(every, DB::BACKEND, "idempotency keys", move || {
-            let store = store.clone();
-            async move { store.purge_expired(DEFAULT_PURGE_BATCH).await }
-        })
+        let purge = |store: Self| async move { store.purge_expired(DEFAULT_PURGE_BATCH).await };
+        spawn_purge_every(every, DB::BACKEND, "idempotency keys", self.clone(), purge)
     }
 
     /// A connection from the pool.
