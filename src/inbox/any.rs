@@ -64,18 +64,13 @@ impl AnyInbox {
         }
         #[cfg(feature = "postgres")]
         if let Some(postgres) = store.as_postgres() {
-            let inbox = crate::sql::inbox::PostgresInbox::new(postgres.pool().clone())
-                .with_table(name)
-                .map_err(invalid_table)?;
-            inbox.migrate().await?;
+            let inbox =
+                crate::sql::inbox::PostgresInbox::migrated_on(postgres.pool(), name).await?;
             return Ok(inbox.into());
         }
         #[cfg(feature = "sqlite")]
         if let Some(sqlite) = store.as_sqlite() {
-            let inbox = crate::sql::inbox::SqliteInbox::new(sqlite.pool().clone())
-                .with_table(name)
-                .map_err(invalid_table)?;
-            inbox.migrate().await?;
+            let inbox = crate::sql::inbox::SqliteInbox::migrated_on(sqlite.pool(), name).await?;
             return Ok(inbox.into());
         }
         Ok(MemoryInbox::default().into())
@@ -122,11 +117,6 @@ impl AnyInbox {
             _ => None,
         }
     }
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-fn invalid_table(err: crate::sql::InvalidTable) -> StoreError {
-    StoreError::with_source(crate::store::StoreErrorKind::Other, err)
 }
 
 impl From<MemoryInbox> for AnyInbox {

@@ -284,6 +284,17 @@ impl<DB: Dialect> SqlInbox<DB> {
         Ok(())
     }
 
+    /// An inbox on `pool` in the table `table`, its tables created ([`migrate`](Self::migrate)):
+    /// what [`AnyInbox::on`](crate::inbox::AnyInbox::on) builds on an SQL store's pool. A table
+    /// name that is not an SQL identifier is an error of kind `Other`.
+    pub(crate) async fn migrated_on(pool: &Pool<DB>, table: &str) -> Result<Self, StoreError> {
+        let inbox = Self::new(pool.clone())
+            .with_table(table)
+            .map_err(|err| StoreError::with_source(StoreErrorKind::Other, err))?;
+        inbox.migrate().await?;
+        Ok(inbox)
+    }
+
     /// Adds the [`ADDED_COLUMNS`] a table created before them lacks (where the database has
     /// no `ADD COLUMN IF NOT EXISTS`, which the schema then holds). Another process adding one
     /// at the same time is not an error: the column is there.

@@ -45,16 +45,21 @@ pub(super) struct FilterForm {
 }
 
 impl FilterForm {
-    /// The filter as a query string.
-    pub(super) fn query(&self) -> String {
-        html::query([
+    /// The filter's fields, each by its name in the query string and the form.
+    fn fields(&self) -> [(&'static str, &str); 6] {
+        [
             ("state", self.state.as_str()),
             ("correlation_id", &self.correlation_id),
             ("id_prefix", &self.id_prefix),
             ("route", &self.route),
             ("error", &self.error),
             ("object", &self.object),
-        ])
+        ]
+    }
+
+    /// The filter as a query string.
+    pub(super) fn query(&self) -> String {
+        html::query(self.fields())
     }
 }
 
@@ -363,14 +368,7 @@ value=\"{}\" size=\"14\"> ",
     let redrive = index.actions && matches!(filter.state.as_str(), "" | "any" | "dead");
     if redrive {
         let mut fields = String::new();
-        for (name, value) in [
-            ("state", filter.state.as_str()),
-            ("correlation_id", &filter.correlation_id),
-            ("id_prefix", &filter.id_prefix),
-            ("route", &filter.route),
-            ("error", &filter.error),
-            ("object", &filter.object),
-        ] {
+        for (name, value) in filter.fields() {
             if !value.is_empty() && value != "any" {
                 let _ = write!(
                     fields,
