@@ -106,10 +106,15 @@ impl BatchItems {
 
     /// The items this request must apply.
     pub fn new_items(&self) -> impl Iterator<Item = &str> {
+        self.held_but(Role::Stale)
+    }
+
+    /// The held items whose role is not `role`.
+    fn held_but(&self, role: Role) -> impl Iterator<Item = &str> {
         self.inner
             .held
             .iter()
-            .filter(|h| h.role != Role::Stale)
+            .filter(move |h| h.role != role)
             .map(|h| h.id.as_str())
     }
 
@@ -122,11 +127,7 @@ impl BatchItems {
     /// by the layer and not among [`new_items`](Self::new_items), unless the route passes
     /// stale events on (then they are among them too, for the handler to log or keep).
     pub fn stale_items(&self) -> impl Iterator<Item = &str> {
-        self.inner
-            .held
-            .iter()
-            .filter(|h| h.role != Role::New)
-            .map(|h| h.id.as_str())
+        self.held_but(Role::New)
     }
 
     /// Whether `item` is new in this request.
