@@ -44,8 +44,9 @@ use fred::types::config::ServerConfig;
 use self::nodes::{Process, TempDir, wait_until};
 pub use self::nodes::{Resp, command, info_field, must, wait_replicated};
 
-/// How long a fred client made by [`RedisCluster::connect`] lets a command wait.
-pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(1500);
+// What the tests that read it name through this deployment.
+#[allow(unused_imports)]
+pub use self::nodes::COMMAND_TIMEOUT;
 
 /// Replicas per primary.
 const REPLICAS: usize = 1;
@@ -403,30 +404,17 @@ impl RedisCluster {
     /// A fred builder for the cluster that reconnects forever, 50 ms apart, and fails commands
     /// after [`COMMAND_TIMEOUT`] (change it with `with_performance_config`).
     pub fn builder(&self) -> Builder {
-        let mut builder = Builder::from_config(self.config());
-        builder
-            .set_policy(ReconnectPolicy::new_constant(0, 50))
-            .with_performance_config(|perf| perf.default_command_timeout = COMMAND_TIMEOUT)
-            .with_connection_config(|conn| {
-                conn.connection_timeout = Duration::from_secs(1);
-                conn.internal_command_timeout = Duration::from_secs(1);
-                conn.max_command_attempts = 3;
-            });
-        builder
+        nodes::failover_builder(self.config())
     }
 
     /// A connected clustered client (see [`RedisCluster::builder`]).
     pub async fn connect(&self) -> Client {
-        let client = self.builder().build().expect("valid fred config");
-        client.init().await.expect("connect to the cluster");
-        client
+        nodes::connect(self.builder(), "to the cluster").await
     }
 
     /// A connected pool of `size` clustered clients.
     pub async fn connect_pool(&self, size: usize) -> Pool {
-        let pool = self.builder().build_pool(size).expect("valid fred config");
-        pool.init().await.expect("connect to the cluster");
-        pool
+        nodes::connect_pool(self.builder(), size, "to the cluster").await
     }
 }
 

@@ -427,3 +427,48 @@ fn read_reply(reader: &mut impl BufRead) -> std::io::Result<Resp> {
         }
     })
 }
+
+/// How long a fred client of a test deployment (a cluster, a sentinel set-up) lets a command
+/// wait.
+pub const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// A fred builder for `config` that reconnects forever, 50 ms apart, and fails commands after
+/// [`COMMAND_TIMEOUT`] (change it with `with_performance_config`): what a test of a failover
+/// needs from its clients.
+pub fn failover_builder(config: fred::prelude::Config) -> fred::prelude::Builder {
+    let mut builder = fred::prelude::Builder::from_config(config);
+    builder
+        .set_policy(fred::prelude::ReconnectPolicy::new_constant(0, 50))
+        .with_performance_config(|perf| perf.default_command_timeout = COMMAND_TIMEOUT)
+        .with_connection_config(|conn| {
+            conn.connection_timeout = std::time::Duration::from_secs(1);
+            conn.internal_command_timeout = std::time::Duration::from_secs(1);
+            conn.max_command_attempts = 3;
+        });
+    builder
+}
+
+/// A connected client of `builder`; `to` says what it connects to, should it fail.
+pub async fn connect(builder: fred::prelude::Builder, to: &str) -> fred::prelude::Client {
+    use fred::prelude::ClientLike;
+    let client = builder.build().expect("valid fred config");
+    client
+        .init()
+        .await
+        .unwrap_or_else(|err| panic!("connect {to}: {err}"));
+    client
+}
+
+/// A connected pool of `size` clients of `builder`.
+pub async fn connect_pool(
+    builder: fred::prelude::Builder,
+    size: usize,
+    to: &str,
+) -> fred::prelude::Pool {
+    use fred::prelude::ClientLike;
+    let pool = builder.build_pool(size).expect("valid fred config");
+    pool.init()
+        .await
+        .unwrap_or_else(|err| panic!("connect {to}: {err}"));
+    pool
+}

@@ -45,8 +45,9 @@ pub use self::nodes::{Resp, command, info_field, must, wait_replicated};
 /// The name of the monitored service (`sentinelServiceName`).
 pub const SERVICE: &str = "mymaster";
 
-/// How long a fred client made by [`RedisSentinel::connect`] lets a command wait.
-pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(1500);
+// What the tests that read it name through this deployment.
+#[allow(unused_imports)]
+pub use self::nodes::COMMAND_TIMEOUT;
 
 /// Sentinel's `down-after-milliseconds`: how long the primary may be silent before it is
 /// considered down.
@@ -344,29 +345,16 @@ impl RedisSentinel {
     /// sentinels for the primary each time), and fails commands after [`COMMAND_TIMEOUT`]
     /// (change it with `with_performance_config`).
     pub fn builder(&self) -> Builder {
-        let mut builder = Builder::from_config(self.config());
-        builder
-            .set_policy(ReconnectPolicy::new_constant(0, 50))
-            .with_performance_config(|perf| perf.default_command_timeout = COMMAND_TIMEOUT)
-            .with_connection_config(|conn| {
-                conn.connection_timeout = Duration::from_secs(1);
-                conn.internal_command_timeout = Duration::from_secs(1);
-                conn.max_command_attempts = 3;
-            });
-        builder
+        nodes::failover_builder(self.config())
     }
 
     /// A connected client (see [`RedisSentinel::builder`]).
     pub async fn connect(&self) -> Client {
-        let client = self.builder().build().expect("valid fred config");
-        client.init().await.expect("connect through the sentinels");
-        client
+        nodes::connect(self.builder(), "through the sentinels").await
     }
 
     /// A connected pool of `size` clients.
     pub async fn connect_pool(&self, size: usize) -> Pool {
-        let pool = self.builder().build_pool(size).expect("valid fred config");
-        pool.init().await.expect("connect through the sentinels");
-        pool
+        nodes::connect_pool(self.builder(), size, "through the sentinels").await
     }
 }
