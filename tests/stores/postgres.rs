@@ -21,7 +21,7 @@ use sqlx::{AssertSqlSafe, Row};
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::PostgresStore;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::store::CachedStore;
+use tower_idempotency::store::{CachedStore, LocalCache};
 use tower_idempotency::store::record::{Record, StoredResponse};
 use tower_idempotency::store::sql::DEFAULT_TABLE;
 use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey, Target};
@@ -489,7 +489,10 @@ async fn completed_keys_survive_a_database_crash_and_the_store_reconnects() {
     let store = PostgresStore::new(pool(&server.url(), 4).await);
     store.migrate().await.unwrap();
     // An instance with a local cache (a layer's default), which completed the key itself.
-    let cached = CachedStore::new(PostgresStore::new(pool(&server.url(), 4).await));
+    let cached = CachedStore::with_cache(
+        PostgresStore::new(pool(&server.url(), 4).await),
+        LocalCache::new(),
+    );
     let key = StoreKey::new("restart", None, "evt_1");
     let first = claim(b"body");
     let record = replay_record(&first);

@@ -606,7 +606,10 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
 
     // A store behind a local cache (a layer's default) answers the duplicates of records it
     // read once from its cache.
-    let store = tower_idempotency::store::CachedStore::new(store);
+    let store = tower_idempotency::store::CachedStore::with_cache(
+        store,
+        tower_idempotency::store::LocalCache::new(),
+    );
     for i in 0..N {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
         let answer = store
