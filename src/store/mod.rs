@@ -121,7 +121,7 @@ pub mod sql {
     //!
     //! # The table
     //!
-    //! One row per key, in a table named [`DEFAULT_TABLE`] unless configured otherwise
+    //! One row per key, in a table named `idempotency_keys` unless configured otherwise
     //! (`with_table`). The key is the row's `PRIMARY KEY`, so the database itself guarantees that
     //! a key has at most one row:
     //!
@@ -189,7 +189,7 @@ pub mod sql {
     //! harmless to correctness (they count as absent), they only take space.
 
     pub use crate::sql::{
-        DEFAULT_PURGE_BATCH, DEFAULT_TABLE, Dialect, InvalidTable, MAX_TTL, SqlStore, sqlx,
+        DEFAULT_PURGE_BATCH, Dialect, InvalidTable, SqlStore, sqlx,
     };
 }
 mod token;
