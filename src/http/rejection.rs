@@ -66,7 +66,7 @@ use crate::key::KeyError;
 use crate::verify::VerifyError;
 
 /// Where the problem types are explained by default: one anchor per rejection code.
-pub const DEFAULT_TYPE_BASE: &str =
+pub(crate) const DEFAULT_TYPE_BASE: &str =
     "https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/problems.md#";
 
 /// Renders the layer's own answers. Implemented by [`ProblemJson`] (the default) and by every
@@ -93,6 +93,10 @@ where
 /// `Retry-After` for 409 and 503), a trailers-only response with `grpc-status` and
 /// `grpc-message` for gRPC.
 ///
+/// By default a problem's `type` is
+/// `https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/problems.md#`
+/// followed by the rejection's code; [`with_type_base`](Self::with_type_base) changes the base.
+///
 /// ```
 /// use tower_idempotency::rejection::{ProblemJson, Rejection, RenderRejection};
 ///
@@ -103,7 +107,7 @@ where
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct ProblemJson {
-    /// `None`: [`DEFAULT_TYPE_BASE`].
+    /// `None`: `DEFAULT_TYPE_BASE`.
     type_base: Option<std::sync::Arc<str>>,
 }
 

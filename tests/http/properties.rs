@@ -8,10 +8,13 @@ use serde_json::Value;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::key::{
     ExtractKey, FieldsFingerprintKey, HeaderKey, IdempotencyKey, JsonPathKey, KeyErrorKind,
-    KeyInput, MAX_KEY_LEN,
+    KeyInput,
 };
 use tower_idempotency::store::Token;
 use tower_idempotency::store::record::{Record, StoredResponse, StoredValue};
+
+/// The longest key part the extractors accept, in bytes (documented on `IdempotencyKey::new`).
+const MAX_KEY_LEN: usize = 255;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
