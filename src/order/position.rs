@@ -22,7 +22,11 @@ pub struct Position(i128);
 
 impl Position {
     /// The length of [`to_bytes`](Self::to_bytes).
-    pub const LEN: usize = 16;
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
+        allow(dead_code)
+    )]
+    pub(crate) const LEN: usize = 16;
 
     /// A position from its integer value.
     pub const fn new(value: i128) -> Self {
@@ -36,12 +40,20 @@ impl Position {
 
     /// Sixteen bytes whose byte-wise order is the positions' order (big-endian, sign bit
     /// flipped): what the stores write and compare (`memcmp` in SQL, byte by byte in Lua).
-    pub fn to_bytes(self) -> [u8; Self::LEN] {
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
+        allow(dead_code)
+    )]
+    pub(crate) fn to_bytes(self) -> [u8; Self::LEN] {
         ((self.0 as u128) ^ (1 << 127)).to_be_bytes()
     }
 
     /// The position of [`to_bytes`](Self::to_bytes).
-    pub fn from_bytes(bytes: [u8; Self::LEN]) -> Self {
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
+        allow(dead_code)
+    )]
+    pub(crate) fn from_bytes(bytes: [u8; Self::LEN]) -> Self {
         Position((u128::from_be_bytes(bytes) ^ (1 << 127)) as i128)
     }
 

@@ -77,7 +77,7 @@ fn cost(record: &Record) -> usize {
 /// - **Records read from the store** (a reserve that found the key completed) and retried
 ///   completions ([`Completion::AlreadyWritten`]): for [`read_ttl`](Self::read_ttl) (default
 ///   5 seconds), and no longer than the store said it keeps the
-///   record when it said so with the record it read ([`Record::expires_in`]: the memory and
+///   record when it said so with the record it read (the memory and
 ///   SQL stores do, at no cost; the Redis store does not, so that a reserve stays one plain
 ///   `SET`). The cache never asks the store how long a record has left: a duplicate that
 ///   misses the cache costs the one reserve call, nothing more.

@@ -146,7 +146,7 @@ pub mod sql {
     //! | `object` | `text PRIMARY KEY` | `TEXT PRIMARY KEY` | the [`ObjectKey`](crate::store::ObjectKey) (hashed) |
     //! | `token` | `bytea` | `BLOB` | the owner token of the claim whose event of the object is in flight, or `NULL` |
     //! | `lease_until` | `timestamptz` | `INTEGER` | the end of that claim's object lease |
-    //! | `watermark` | `bytea` | `BLOB` | the highest position processed ([`Position::to_bytes`](crate::order::Position::to_bytes): byte order is position order) |
+    //! | `watermark` | `bytea` | `BLOB` | the highest position processed (16 bytes, big-endian with the sign bit flipped: byte order is position order) |
     //! | `watermark_until` | `timestamptz` | `INTEGER` | the end of the watermark's retention |
     //! | `expires_at` | `timestamptz` | `INTEGER` | the later of the two: when the row may be purged |
     //!
