@@ -289,13 +289,14 @@ impl Rejection {
     }
 
     /// The problem document (RFC 9457) of the rejection, its `type` under `type_base`.
-    pub fn problem_json(&self, type_base: &str) -> String {
+    #[cfg(test)]
+    pub(crate) fn problem_json(&self, type_base: &str) -> String {
         problem_document(self.problem(), type_base)
     }
 
     /// The HTTP response: problem+json (its `type` under `type_base`), with `Retry-After`
     /// where retrying helps.
-    pub fn http_response(&self, type_base: &str) -> Response<Bytes> {
+    pub(crate) fn http_response(&self, type_base: &str) -> Response<Bytes> {
         let mut response = problem_response(self.problem(), type_base);
         if let Some(after) = self.retry_after() {
             response
@@ -316,7 +317,7 @@ impl Rejection {
 
     /// The gRPC response: a trailers-only response (HTTP 200, `grpc-status` and `grpc-message`
     /// in the headers), which every gRPC client decodes as a status.
-    pub fn grpc_response(&self) -> Response<Bytes> {
+    pub(crate) fn grpc_response(&self) -> Response<Bytes> {
         let mut message = self.detail();
         let after = self.retry_after();
         if let Some(after) = after {
