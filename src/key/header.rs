@@ -44,11 +44,6 @@ impl HeaderKey {
             name: HeaderName::from_static("idempotency-key"),
         }
     }
-
-    /// The header this extractor reads.
-    pub fn name(&self) -> &HeaderName {
-        &self.name
-    }
 }
 
 impl ExtractKey for HeaderKey {
