@@ -599,7 +599,7 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
     /// A live cached record answers [`Reservation::Completed`] without calling the inner
     /// store; otherwise the inner store answers, and a completed record it returns is cached
     /// for [`read_ttl`](LocalCache::read_ttl), no longer than the inner store said it keeps
-    /// it ([`Record::expires_in`]), when it said. Of several targets, only those not cached
+    /// it, when it said. Of several targets, only those not cached
     /// are sent to the inner store, in one call (none when every key is cached); the answers
     /// come back in the order of `targets`.
     async fn reserve(

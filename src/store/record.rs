@@ -553,7 +553,6 @@ mod properties {
     use crate::fingerprint::Fingerprint;
     use crate::store::Token;
 
-
     fn header_name() -> impl Strategy<Value = HeaderName> {
         "[a-z0-9][a-z0-9!#$%&'*+.^_`|~-]{0,20}"
             .prop_map(|name| HeaderName::from_bytes(name.as_bytes()).unwrap())

@@ -21,8 +21,8 @@ use sqlx::{AssertSqlSafe, Row};
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::PostgresStore;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::store::{CachedStore, LocalCache};
 use tower_idempotency::store::record::{Record, StoredResponse};
+use tower_idempotency::store::{CachedStore, LocalCache};
 use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey, Target};
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -628,9 +628,9 @@ async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
     sqlx::raw_sql(AssertSqlSafe(
         PostgresStore::new(pool.clone()).schema().to_owned(),
     ))
-        .execute(&pool)
-        .await
-        .unwrap();
+    .execute(&pool)
+    .await
+    .unwrap();
 }
 
 /// A claim that waits on another transaction's uncommitted insert of the same key: when that

@@ -351,10 +351,7 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
             .map(|n| n == 1)
             .unwrap()
     );
-    assert_eq!(
-        get_raw(&client, &key).await.unwrap(),
-        in_flight_value(&new)
-    );
+    assert_eq!(get_raw(&client, &key).await.unwrap(), in_flight_value(&new));
     assert!(
         store
             .complete(&[Target::key(key.clone())], &new, &record, RETENTION)

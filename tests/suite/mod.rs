@@ -723,9 +723,7 @@ pub async fn too_many_items_is_400<St: IdempotencyStore>(store: St) {
     let effects = Effects::default();
     let app = router(items_layer(store, "items-max"), &effects);
     // One more than the most ids a key may hold (1000, documented on `IdempotencyKey::items`).
-    let ids: Vec<String> = (0..=1000)
-        .map(|i| format!("m{i}"))
-        .collect();
+    let ids: Vec<String> = (0..=1000).map(|i| format!("m{i}")).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     let (status, headers, body) = send(&app, post_batch(&ids, &[])).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
