@@ -82,7 +82,7 @@ impl Position {
     /// date-time in UTC (`2024-05-01T14:02:03.5Z`; the fraction without trailing zeros, none
     /// for a whole second): `None` outside the years 0000 to 9999. How logs show the positions
     /// of an extractor whose positions are instants.
-    pub(crate) fn to_rfc3339(&self) -> Option<String> {
+    pub(crate) fn to_rfc3339(self) -> Option<String> {
         let seconds = i64::try_from(self.0.div_euclid(1_000_000_000)).ok()?;
         let nanos = self.0.rem_euclid(1_000_000_000);
         let (days, second_of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
