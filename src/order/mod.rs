@@ -253,7 +253,7 @@ impl EventOrder {
     }
 
     /// What happens to a stale event.
-    pub fn stale(&self) -> StaleEvents {
+    pub(crate) fn stale(&self) -> StaleEvents {
         self.stale
     }
 
