@@ -99,7 +99,7 @@ impl StoredResponse {
     }
 
     /// Splits the stored response into its parts.
-    pub fn into_parts(self) -> (StatusCode, HeaderMap, Bytes, Option<HeaderMap>) {
+    pub(crate) fn into_parts(self) -> (StatusCode, HeaderMap, Bytes, Option<HeaderMap>) {
         (self.status, self.headers, self.body, self.trailers)
     }
 }
@@ -189,7 +189,7 @@ impl Record {
     }
 
     /// Takes the stored response out of the record.
-    pub fn into_response(self) -> Option<StoredResponse> {
+    pub(crate) fn into_response(self) -> Option<StoredResponse> {
         self.response.map(|r| *r)
     }
 
