@@ -553,6 +553,15 @@ mod tests {
     use super::*;
     use crate::{IdempotencyLayer, MemoryStore};
 
+    /// Was the module's doctest while `RequestBody::buffered` was public.
+    #[tokio::test]
+    async fn a_buffered_body_yields_its_bytes() {
+        let body: RequestBody<http_body_util::Empty<Bytes>> =
+            RequestBody::buffered_boxed(Bytes::from_static(b"{\"id\":1}"), None);
+        let collected = body.collect().await.unwrap();
+        assert_eq!(collected.to_bytes(), Bytes::from_static(b"{\"id\":1}"));
+    }
+
     #[test]
     fn a_single_chunk_is_kept_without_copying() {
         let data = Bytes::from(vec![7u8; 4096]);

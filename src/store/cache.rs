@@ -1462,6 +1462,13 @@ mod tests {
         assert_eq!(store.bytes(), LocalCache::ENTRY_BYTES);
     }
 
+    /// Was a check of `LocalCache`'s doctest while `is_on` was public.
+    #[test]
+    fn off_is_off_and_new_is_on() {
+        assert!(!LocalCache::off().is_on());
+        assert!(LocalCache::new().is_on());
+    }
+
     #[test]
     fn entry_bytes_covers_an_entry_with_the_tables_slack() {
         // A table slot and a queue item: at the fullest (no slack) and at the emptiest the
