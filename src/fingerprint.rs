@@ -32,7 +32,7 @@ impl Fingerprint {
     pub const NONE: Fingerprint = Fingerprint([0; Fingerprint::LEN]);
 
     /// The length of a fingerprint in bytes.
-    pub const LEN: usize = 8;
+    pub(crate) const LEN: usize = 8;
 
     /// The fingerprint of raw bytes (the default: the exact request body).
     pub fn of_bytes(bytes: &[u8]) -> Self {
@@ -40,12 +40,12 @@ impl Fingerprint {
     }
 
     /// A fingerprint from its raw bytes (for store implementations decoding their encoding).
-    pub fn from_bytes(bytes: [u8; Fingerprint::LEN]) -> Self {
+    pub fn from_bytes(bytes: [u8; 8]) -> Self {
         Fingerprint(bytes)
     }
 
     /// The raw bytes.
-    pub fn as_bytes(&self) -> &[u8; Fingerprint::LEN] {
+    pub fn as_bytes(&self) -> &[u8; 8] {
         &self.0
     }
 

@@ -136,7 +136,7 @@
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `idempotency_requests_total` | counter | `namespace`, `outcome`, `reason` | one per covered request, by [`Outcome`] (`reason`: [`Outcome::reason`], the rejection's code or the verification failure's, else `none`) |
+//! | `idempotency_requests_total` | counter | `namespace`, `outcome`, `reason` | one per covered request, by [`Outcome`] (`reason`: the rejection's code or the verification failure's, else `none`) |
 //! | `idempotency_store_duration_seconds` | histogram | `namespace`, `operation` | latency of `reserve`, `complete`, `release`, `renew` (not for a store that answers in process, see [`IdempotencyStore::in_process`]) |
 //! | `idempotency_store_errors_total` | counter | `namespace`, `operation` | failed store calls (timeouts included) |
 //! | `idempotency_inner_duration_seconds` | histogram | `namespace` | time the inner service took to answer (from the end of the reserve to the response head) |
@@ -192,7 +192,6 @@ pub mod verify;
 pub use self::claim::items::BatchItems;
 pub use self::claim::observe::OutcomeEvent;
 pub use self::claim::outcome::Outcome;
-pub use self::http::answer::IDEMPOTENT_REPLAYED;
 pub use self::http::body::{RequestBody, ResponseBody};
 pub use self::http::config::{AckResponse, FailureMode, MissingKey, Mode, OnMismatch, Scope};
 pub use self::http::future::ResponseFuture;

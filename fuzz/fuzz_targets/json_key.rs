@@ -9,8 +9,11 @@ use bytes::Bytes;
 use http::Request;
 use libfuzzer_sys::fuzz_target;
 use tower_idempotency::key::{
-    ExtractKey, FieldsFingerprintKey, IdempotencyKey, JsonPathKey, KeyInput, MAX_KEY_LEN,
+    ExtractKey, FieldsFingerprintKey, IdempotencyKey, JsonPathKey, KeyInput,
 };
+
+/// The longest key part the extractors accept, in bytes (documented on `IdempotencyKey::new`).
+const MAX_KEY_LEN: usize = 255;
 
 static PATHS: LazyLock<Vec<JsonPathKey>> = LazyLock::new(|| {
     [

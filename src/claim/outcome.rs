@@ -54,7 +54,7 @@ pub enum Outcome {
 impl Outcome {
     /// The reason behind a rejection (the rejection's code, or the verification failure's),
     /// `none` for other outcomes: the `reason` label of metrics.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Outcome::Rejected(reason) | Outcome::Unverified(reason) => reason,
             _ => "none",

@@ -16,7 +16,7 @@ use crate::store::record::Record;
 
 /// `Idempotent-Replayed`: the header set (to `true`) on every answer the layer gives in place
 /// of the inner service to a duplicate.
-pub const IDEMPOTENT_REPLAYED: http::HeaderName =
+pub(crate) const IDEMPOTENT_REPLAYED: http::HeaderName =
     http::HeaderName::from_static("idempotent-replayed");
 
 /// The `grpc-status` of a duplicate whose reply could not be kept: `ALREADY_EXISTS`.

@@ -7,16 +7,30 @@
 //! the layer's body limit.
 //!
 //! ```
+//! use std::convert::Infallible;
 //! use bytes::Bytes;
-//! use http_body_util::BodyExt;
-//! use tower_idempotency::RequestBody;
+//! use http::{Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_idempotency::{IdempotencyLayer, MemoryStore, RequestBody};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! let body: RequestBody<http_body_util::Empty<Bytes>> =
-//!     RequestBody::buffered(Bytes::from_static(b"{\"id\":1}"), None);
-//! let collected = body.collect().await.unwrap();
-//! assert_eq!(collected.to_bytes(), Bytes::from_static(b"{\"id\":1}"));
+//! let svc = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .service_fn(|req: Request<RequestBody<Full<Bytes>>>| async move {
+//!         // The inner service reads the bytes that arrived, though the layer read them first.
+//!         let body = req.into_body().collect().await.unwrap().to_bytes();
+//!         assert_eq!(body, Bytes::from_static(b"{\"id\":1}"));
+//!         Ok::<_, Infallible>(Response::new(Full::new(body)))
+//!     });
+//! let request = Request::post("/orders")
+//!     .header("idempotency-key", "k1")
+//!     .body(Full::new(Bytes::from_static(b"{\"id\":1}")))
+//!     .unwrap();
+//! let response = svc.oneshot(request).await.unwrap();
+//! let echoed = response.into_body().collect().await.unwrap().to_bytes();
+//! assert_eq!(echoed, Bytes::from_static(b"{\"id\":1}"));
 //! # }
 //! ```
 
@@ -69,7 +83,7 @@ pin_project! {
 
 impl<B> RequestBody<B> {
     /// The original body, streamed through untouched.
-    pub fn streaming(body: B) -> Self {
+    pub(crate) fn streaming(body: B) -> Self {
         RequestBody {
             kind: RequestKind::Streaming { body },
         }
@@ -77,7 +91,7 @@ impl<B> RequestBody<B> {
 
     /// The original body streamed through, failing with
     /// [`LengthLimitError`](http_body_util::LengthLimitError) past `limit` bytes.
-    pub fn limited(body: B, limit: usize) -> Self {
+    pub(crate) fn limited(body: B, limit: usize) -> Self {
         RequestBody {
             kind: RequestKind::Limited {
                 body: Limited::new(body, limit),
@@ -85,13 +99,8 @@ impl<B> RequestBody<B> {
         }
     }
 
-    /// A body that was read in full: its bytes, then its trailers.
-    pub fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
-        Self::buffered_boxed(data, trailers.map(Box::new))
-    }
-
-    /// As [`buffered`](Self::buffered), with trailers already boxed (as [`Collected`] keeps
-    /// them).
+    /// A body that was read in full: its bytes, then its trailers (boxed, as [`Collected`]
+    /// keeps them).
     pub(crate) fn buffered_boxed(data: Bytes, trailers: Option<Box<HeaderMap>>) -> Self {
         RequestBody {
             kind: RequestKind::Buffered {
@@ -417,7 +426,7 @@ impl<B> ResponseBody<B> {
     }
 
     /// A body that is already in memory: a buffered response, a replay or a rejection.
-    pub fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+    pub(crate) fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         Self::buffered_boxed(data, trailers.map(Box::new))
     }
 
@@ -543,6 +552,15 @@ mod tests {
 
     use super::*;
     use crate::{IdempotencyLayer, MemoryStore};
+
+    /// Was the module's doctest while `RequestBody::buffered` was public.
+    #[tokio::test]
+    async fn a_buffered_body_yields_its_bytes() {
+        let body: RequestBody<http_body_util::Empty<Bytes>> =
+            RequestBody::buffered_boxed(Bytes::from_static(b"{\"id\":1}"), None);
+        let collected = body.collect().await.unwrap();
+        assert_eq!(collected.to_bytes(), Bytes::from_static(b"{\"id\":1}"));
+    }
 
     #[test]
     fn a_single_chunk_is_kept_without_copying() {

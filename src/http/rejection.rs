@@ -66,7 +66,7 @@ use crate::key::KeyError;
 use crate::verify::VerifyError;
 
 /// Where the problem types are explained by default: one anchor per rejection code.
-pub const DEFAULT_TYPE_BASE: &str =
+pub(crate) const DEFAULT_TYPE_BASE: &str =
     "https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/problems.md#";
 
 /// Renders the layer's own answers. Implemented by [`ProblemJson`] (the default) and by every
@@ -93,6 +93,10 @@ where
 /// `Retry-After` for 409 and 503), a trailers-only response with `grpc-status` and
 /// `grpc-message` for gRPC.
 ///
+/// By default a problem's `type` is
+/// `https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/problems.md#`
+/// followed by the rejection's code; [`with_type_base`](Self::with_type_base) changes the base.
+///
 /// ```
 /// use tower_idempotency::rejection::{ProblemJson, Rejection, RenderRejection};
 ///
@@ -103,7 +107,7 @@ where
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct ProblemJson {
-    /// `None`: [`DEFAULT_TYPE_BASE`].
+    /// `None`: `DEFAULT_TYPE_BASE`.
     type_base: Option<std::sync::Arc<str>>,
 }
 
@@ -285,13 +289,14 @@ impl Rejection {
     }
 
     /// The problem document (RFC 9457) of the rejection, its `type` under `type_base`.
-    pub fn problem_json(&self, type_base: &str) -> String {
+    #[cfg(test)]
+    pub(crate) fn problem_json(&self, type_base: &str) -> String {
         problem_document(self.problem(), type_base)
     }
 
     /// The HTTP response: problem+json (its `type` under `type_base`), with `Retry-After`
     /// where retrying helps.
-    pub fn http_response(&self, type_base: &str) -> Response<Bytes> {
+    pub(crate) fn http_response(&self, type_base: &str) -> Response<Bytes> {
         let mut response = problem_response(self.problem(), type_base);
         if let Some(after) = self.retry_after() {
             response
@@ -312,7 +317,7 @@ impl Rejection {
 
     /// The gRPC response: a trailers-only response (HTTP 200, `grpc-status` and `grpc-message`
     /// in the headers), which every gRPC client decodes as a status.
-    pub fn grpc_response(&self) -> Response<Bytes> {
+    pub(crate) fn grpc_response(&self) -> Response<Bytes> {
         let mut message = self.detail();
         let after = self.retry_after();
         if let Some(after) = after {

@@ -15,7 +15,7 @@ pub struct Fallback<A, B> {
 
 impl<A, B> Fallback<A, B> {
     /// `first`, else `second`.
-    pub fn new(first: A, second: B) -> Self {
+    pub(crate) fn new(first: A, second: B) -> Self {
         Fallback { first, second }
     }
 }

@@ -146,7 +146,7 @@ impl JsonPathKey {
     }
 
     /// The first path, as written.
-    pub fn path(&self) -> &str {
+    pub(crate) fn path(&self) -> &str {
         self.paths.first().map_or("", |p| &p.source)
     }
 

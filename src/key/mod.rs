@@ -53,11 +53,11 @@ pub use self::json::JsonPathKey;
 pub use self::value::IdempotencyKey;
 
 /// The longest accepted key part, in bytes (Stripe's limit).
-pub const MAX_KEY_LEN: usize = 255;
+pub(crate) const MAX_KEY_LEN: usize = 255;
 
 /// The most values one composite or per-item key may hold (a batch with more ids is rejected
 /// with 400).
-pub const MAX_KEY_PARTS: usize = 1000;
+pub(crate) const MAX_KEY_PARTS: usize = 1000;
 
 /// The separator between the parts of a composite key. A control character, so it can never
 /// occur inside a valid part.

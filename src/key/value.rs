@@ -68,7 +68,7 @@ impl std::hash::Hash for IdempotencyKey {
 }
 
 impl IdempotencyKey {
-    /// Validates one key value: 1 to [`MAX_KEY_LEN`] bytes, no control characters.
+    /// Validates one key value: 1 to 255 bytes (Stripe's limit), no control characters.
     pub fn new(value: impl Into<String>) -> Result<Self, KeyError> {
         let value = value.into();
         validate_part(&value)?;
@@ -90,7 +90,8 @@ impl IdempotencyKey {
 
     /// A per-item key: every value is the key of one item of the batch (a WhatsApp message id,
     /// an Instagram mid), claimed, recorded and released on its own. De-duplicated, each value
-    /// validated, at most [`MAX_KEY_PARTS`]. An empty iterator yields `Ok(None)` (no key).
+    /// validated, at most 1000 (a batch with more ids is rejected with 400). An empty iterator
+    /// yields `Ok(None)` (no key).
     pub fn items<I, S>(values: I) -> Result<Option<Self>, KeyError>
     where
         I: IntoIterator<Item = S>,

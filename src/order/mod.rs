@@ -63,7 +63,7 @@ pub use self::value::{RankAt, SequenceAt, TimestampAt, UnixSecondsAt};
 use crate::key::{ExtractKey, IdempotencyKey, KeyError, KeyInput};
 
 /// `Idempotent-Stale`: the header set (to `true`) on the layer's answer to a stale event.
-pub const IDEMPOTENT_STALE: HeaderName = HeaderName::from_static("idempotent-stale");
+pub(crate) const IDEMPOTENT_STALE: HeaderName = HeaderName::from_static("idempotent-stale");
 
 /// Whether an event at the same position as its object's watermark is processed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -253,7 +253,7 @@ impl EventOrder {
     }
 
     /// What happens to a stale event.
-    pub fn stale(&self) -> StaleEvents {
+    pub(crate) fn stale(&self) -> StaleEvents {
         self.stale
     }
 

@@ -22,7 +22,11 @@ pub struct Position(i128);
 
 impl Position {
     /// The length of [`to_bytes`](Self::to_bytes).
-    pub const LEN: usize = 16;
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
+        allow(dead_code)
+    )]
+    pub(crate) const LEN: usize = 16;
 
     /// A position from its integer value.
     pub const fn new(value: i128) -> Self {
@@ -36,12 +40,20 @@ impl Position {
 
     /// Sixteen bytes whose byte-wise order is the positions' order (big-endian, sign bit
     /// flipped): what the stores write and compare (`memcmp` in SQL, byte by byte in Lua).
-    pub fn to_bytes(self) -> [u8; Self::LEN] {
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
+        allow(dead_code)
+    )]
+    pub(crate) fn to_bytes(self) -> [u8; Self::LEN] {
         ((self.0 as u128) ^ (1 << 127)).to_be_bytes()
     }
 
     /// The position of [`to_bytes`](Self::to_bytes).
-    pub fn from_bytes(bytes: [u8; Self::LEN]) -> Self {
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "sqlite")),
+        allow(dead_code)
+    )]
+    pub(crate) fn from_bytes(bytes: [u8; Self::LEN]) -> Self {
         Position((u128::from_be_bytes(bytes) ^ (1 << 127)) as i128)
     }
 
@@ -68,15 +80,9 @@ impl Position {
 
     /// The instant this position is as nanoseconds since the Unix epoch, as an RFC 3339
     /// date-time in UTC (`2024-05-01T14:02:03.5Z`; the fraction without trailing zeros, none
-    /// for a whole second): `None` outside the years 0000 to 9999.
-    ///
-    /// ```
-    /// use tower_idempotency::order::Position;
-    ///
-    /// let at = Position::from_rfc3339("2024-05-01T16:02:03.500+02:00").unwrap();
-    /// assert_eq!(at.to_rfc3339().as_deref(), Some("2024-05-01T14:02:03.5Z"));
-    /// ```
-    pub fn to_rfc3339(&self) -> Option<String> {
+    /// for a whole second): `None` outside the years 0000 to 9999. How logs show the positions
+    /// of an extractor whose positions are instants.
+    pub(crate) fn to_rfc3339(self) -> Option<String> {
         let seconds = i64::try_from(self.0.div_euclid(1_000_000_000)).ok()?;
         let nanos = self.0.rem_euclid(1_000_000_000);
         let (days, second_of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
@@ -211,6 +217,13 @@ fn rfc3339_nanos(s: &[u8]) -> Option<i128> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Was the doctest of `to_rfc3339` while it was public.
+    #[test]
+    fn to_rfc3339_writes_utc_without_trailing_zeros() {
+        let at = Position::from_rfc3339("2024-05-01T16:02:03.500+02:00").unwrap();
+        assert_eq!(at.to_rfc3339().as_deref(), Some("2024-05-01T14:02:03.5Z"));
+    }
 
     fn at(text: &str) -> i128 {
         Position::from_rfc3339(text)

@@ -61,14 +61,14 @@ use crate::store::record::StoredValue;
 use crate::store::{Claim, Completion, Reservation, StoreError, StoreErrorKind};
 
 /// The default name of the table holding claims and records.
-pub const DEFAULT_TABLE: &str = "idempotency_keys";
+pub(crate) const DEFAULT_TABLE: &str = "idempotency_keys";
 
 /// The default number of rows one purge statement deletes (see `purge_expired`).
 pub const DEFAULT_PURGE_BATCH: u32 = 1000;
 
 /// The longest lease or retention written: longer durations are cut to this (100 years), so
 /// that timestamps never overflow.
-pub const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A database an [`SqlStore`] runs on: [`sqlx::Postgres`] (feature `postgres`) or
 /// [`sqlx::Sqlite`] (feature `sqlite`).

@@ -15,7 +15,7 @@
 //!     .connect("postgres://app@127.0.0.1/app")
 //!     .await?;
 //! let store = PostgresStore::new(pool);
-//! // CREATE TABLE IF NOT EXISTS: or run `PostgresStore::SCHEMA` with your own migrations.
+//! // CREATE TABLE IF NOT EXISTS: or run `store.schema()` with your own migrations.
 //! store.migrate().await?;
 //! // Deletes expired claims and records every ten minutes.
 //! let _purge = store.spawn_purge(Duration::from_secs(600));
@@ -40,7 +40,7 @@ use crate::store::StoreErrorKind;
 /// [`PgPool`]: [`SqlStore`] on PostgreSQL.
 ///
 /// Build it with [`PostgresStore::new`], create the table with
-/// [`migrate`](SqlStore::migrate) (or run [`PostgresStore::SCHEMA`] yourself), and purge
+/// [`migrate`](SqlStore::migrate) (or run its [`schema`](SqlStore::schema) yourself), and purge
 /// expired rows with [`purge_expired`](SqlStore::purge_expired) or
 /// [`spawn_purge`](SqlStore::spawn_purge).
 ///
@@ -79,10 +79,10 @@ macro_rules! object_columns {
 }
 
 impl PostgresStore {
-    /// The schema of the default table ([`DEFAULT_TABLE`](super::DEFAULT_TABLE)), for your own
-    /// migration tool. Idempotent: `CREATE ... IF NOT EXISTS`. [`SqlStore::schema`] gives it
-    /// for another table name.
-    pub const SCHEMA: &'static str = schema!(const columns!(), object_columns!());
+    /// The schema of the default table, as a constant: what the unit tests compare
+    /// [`SqlStore::schema`] with.
+    #[cfg(test)]
+    pub(crate) const SCHEMA: &'static str = schema!(const columns!(), object_columns!());
 }
 
 impl Dialect for Postgres {}
@@ -202,6 +202,17 @@ mod tests {
     use super::super::statements::Statements;
     use super::*;
     use crate::sql::dialect::Sealed;
+
+    /// Moved from the integration test of a schema-qualified table (`tests/stores/postgres.rs`):
+    /// a lazy pool never connects.
+    #[tokio::test]
+    async fn a_stores_schema_is_the_constant() {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://127.0.0.1:1/none")
+            .unwrap();
+        assert!(PostgresStore::SCHEMA.contains(DEFAULT_TABLE));
+        assert_eq!(PostgresStore::new(pool).schema(), PostgresStore::SCHEMA);
+    }
 
     #[test]
     fn schema_constant_is_the_default_tables() {

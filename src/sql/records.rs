@@ -25,9 +25,12 @@ use crate::store::{
 /// statements).
 ///
 /// Cheap to clone (the pool and the statements are shared). Build it over a pool with
-/// [`new`](Self::new), create the tables with [`migrate`](Self::migrate) (or run the dialect's
-/// `SCHEMA` with your own migrations), and purge expired rows with
+/// [`new`](Self::new), create the tables with [`migrate`](Self::migrate) (or run
+/// [`schema`](Self::schema) with your own migrations), and purge expired rows with
 /// [`purge_expired`](Self::purge_expired) or [`spawn_purge`](Self::spawn_purge).
+///
+/// Leases and retentions longer than 100 years are written as 100 years, so that timestamps
+/// never overflow.
 ///
 /// When the database cannot be reached, calls fail with
 /// [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind::Unavailable) and the layer
@@ -50,7 +53,8 @@ impl<DB: Dialect> Clone for SqlStore<DB> {
 }
 
 impl<DB: Dialect> SqlStore<DB> {
-    /// A store over `pool`, in the table [`DEFAULT_TABLE`] (and its table of objects).
+    /// A store over `pool`, in the table `idempotency_keys` (and its table of objects,
+    /// `idempotency_keys_objects`).
     ///
     /// On SQLite, configure the pool's connections for concurrent use: a busy timeout (sqlx's
     /// default is 5 s) and preferably the WAL journal, as
@@ -62,7 +66,7 @@ impl<DB: Dialect> SqlStore<DB> {
         }
     }
 
-    /// Uses the table `table` instead of [`DEFAULT_TABLE`] (and `<table>_objects` for ordered
+    /// Uses the table `table` instead of `idempotency_keys` (and `<table>_objects` for ordered
     /// events); on PostgreSQL it may be schema-qualified (`app.idempotency_keys`).
     ///
     /// An [`InvalidTable`] error when `table` is not an SQL identifier
@@ -79,7 +83,8 @@ impl<DB: Dialect> SqlStore<DB> {
     }
 
     /// The `CREATE TABLE IF NOT EXISTS` and `CREATE INDEX IF NOT EXISTS` statements of this
-    /// store's tables (the same as the dialect's `SCHEMA` for the default table).
+    /// store's tables, for your own migration tool (what [`migrate`](Self::migrate) runs).
+    /// Idempotent.
     pub fn schema(&self) -> &str {
         &self.sql.schema
     }

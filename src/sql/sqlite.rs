@@ -15,7 +15,7 @@
 //! ```
 //!
 //! Or bring your own pool with [`SqliteStore::new`] and call [`SqliteStore::migrate`] (or run
-//! [`SqliteStore::SCHEMA`]). Every process using the same file shares the claims; an
+//! its [`schema`](SqliteStore::schema) with your own migrations). Every process using the same file shares the claims; an
 //! in-memory database (`sqlite::memory:`) is per connection, so use a file.
 //!
 //! Times are milliseconds since the Unix epoch from this host's clock. See the [parent
@@ -74,10 +74,10 @@ macro_rules! object_columns {
 }
 
 impl SqliteStore {
-    /// The schema of the default table ([`DEFAULT_TABLE`](super::DEFAULT_TABLE)), for your own
-    /// migration tool. Idempotent: `CREATE ... IF NOT EXISTS`. [`SqlStore::schema`] gives it
-    /// for another table name.
-    pub const SCHEMA: &'static str = schema!(const columns!(), object_columns!());
+    /// The schema of the default table, as a constant: what the unit tests compare
+    /// [`SqlStore::schema`] with.
+    #[cfg(test)]
+    pub(crate) const SCHEMA: &'static str = schema!(const columns!(), object_columns!());
 
     /// Opens the database file at `path` (creating it if missing) with the WAL journal,
     /// `synchronous = FULL` (a completed record survives a power loss) and a 5 s busy timeout,
@@ -230,6 +230,17 @@ mod tests {
     use super::super::statements::Statements;
     use super::*;
     use crate::sql::dialect::Sealed;
+
+    /// Moved from the integration test of a custom table (`tests/stores/sqlite.rs`): a lazy
+    /// pool never connects.
+    #[tokio::test]
+    async fn a_stores_schema_is_the_constant() {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect_lazy("sqlite::memory:")
+            .unwrap();
+        let default = SqliteStore::new(pool);
+        assert_eq!(default.schema(), SqliteStore::SCHEMA);
+    }
 
     #[test]
     fn schema_constant_is_the_default_tables() {

@@ -77,7 +77,7 @@ fn cost(record: &Record) -> usize {
 /// - **Records read from the store** (a reserve that found the key completed) and retried
 ///   completions ([`Completion::AlreadyWritten`]): for [`read_ttl`](Self::read_ttl) (default
 ///   5 seconds), and no longer than the store said it keeps the
-///   record when it said so with the record it read ([`Record::expires_in`]: the memory and
+///   record when it said so with the record it read (the memory and
 ///   SQL stores do, at no cost; the Redis store does not, so that a reserve stays one plain
 ///   `SET`). The cache never asks the store how long a record has left: a duplicate that
 ///   misses the cache costs the one reserve call, nothing more.
@@ -137,7 +137,8 @@ fn cost(record: &Record) -> usize {
 ///     .max_bytes(32 * 1024 * 1024)
 ///     .max_ttl(Duration::from_secs(300))
 ///     .read_ttl(Duration::from_secs(2));
-/// let store = CachedStore::with_cache(MemoryStore::new(), cache);
+/// // Keep a clone of the cache: clones share its records.
+/// let store = CachedStore::with_cache(MemoryStore::new(), cache.clone());
 ///
 /// let key = [Target::key(StoreKey::new("docs", None, "evt_1"))];
 /// let lease = Duration::from_secs(30);
@@ -147,19 +148,19 @@ fn cost(record: &Record) -> usize {
 /// let second = Claim::new(Fingerprint::of_bytes(b"{}"));
 /// let answer = store.reserve(&key, &second, lease).await.unwrap().remove(0);
 /// assert!(matches!(answer, Reservation::InFlight { .. }));
-/// assert_eq!(store.len(), 0);
+/// assert_eq!(cache.len(), 0);
 ///
 /// let record = Record::ack(first.fingerprint());
 /// let retention = Duration::from_secs(72 * 3600);
 /// let done = store.complete(&key, &first, &record, retention).await.unwrap();
 /// assert_eq!(done, [Completion::Written]);
 /// // Completed: duplicates are answered from the cache, without asking the inner store.
-/// assert_eq!(store.len(), 1);
+/// assert_eq!(cache.len(), 1);
 /// let answer = store.reserve(&key, &second, lease).await.unwrap().remove(0);
 /// assert!(matches!(answer, Reservation::Completed(_)));
 ///
-/// store.cache().clear();
-/// assert!(store.is_empty());
+/// cache.clear();
+/// assert!(cache.is_empty());
 /// # }
 /// ```
 ///
@@ -174,7 +175,7 @@ fn cost(record: &Record) -> usize {
 ///     .max_ttl(Duration::from_secs(300))
 ///     .read_ttl(Duration::from_secs(2));
 /// assert!(cache.is_empty());
-/// assert!(!LocalCache::off().is_on());
+/// let _off = LocalCache::off();
 /// ```
 #[derive(Clone)]
 pub struct LocalCache {
@@ -260,7 +261,7 @@ impl LocalCache {
     }
 
     /// Whether the cache can hold records (it is not [`off`](Self::off)).
-    pub fn is_on(&self) -> bool {
+    pub(crate) fn is_on(&self) -> bool {
         self.map.holds_anything()
     }
 
@@ -319,7 +320,8 @@ impl LocalCache {
 
     /// The bytes accounted for the records held (192 bytes each, plus
     /// stored responses).
-    pub fn bytes(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
         self.map.bytes()
     }
 
@@ -427,8 +429,10 @@ impl LocalCache {
 /// and answers duplicates of them without calling `St`: the one forwarding store of the crate.
 /// See [`LocalCache`] for what is cached and until when.
 ///
-/// A layer composes this by itself in front of a store that talks to a server; use it directly
-/// to call a store outside a layer, or to wrap a store of your own.
+/// A layer composes this by itself in front of a store that talks to a server (see
+/// [`IdempotencyLayer::local_cache`](crate::IdempotencyLayer::local_cache)); use it directly
+/// to call a store outside a layer, or to wrap a store of your own. The [`LocalCache`] is the
+/// one place its bounds and lives are set, and its length read or its records cleared.
 ///
 /// Cheap to clone: clones share the cache.
 ///
@@ -438,11 +442,10 @@ impl LocalCache {
 /// use tower_idempotency::store::{CachedStore, LocalCache};
 ///
 /// // `MemoryStore` stands in for a shared store (`RedisStore`, `PostgresStore`).
-/// let store = CachedStore::new(MemoryStore::new()).read_ttl(Duration::from_secs(2));
-/// assert_eq!(store.len(), 0);
-/// let shared = LocalCache::new().max_entries(10_000);
-/// let other = CachedStore::with_cache(MemoryStore::new(), shared.clone());
-/// # let _ = other;
+/// let cache = LocalCache::new().read_ttl(Duration::from_secs(2));
+/// let store = CachedStore::with_cache(MemoryStore::new(), cache.clone());
+/// assert_eq!(cache.len(), 0);
+/// # let _ = store;
 /// ```
 #[derive(Clone)]
 pub struct CachedStore<St> {
@@ -451,73 +454,66 @@ pub struct CachedStore<St> {
 }
 
 impl<St> CachedStore<St> {
-    /// Wraps `inner` with a new [`LocalCache::new`].
-    pub fn new(inner: St) -> Self {
-        Self::with_cache(inner, LocalCache::new())
-    }
-
-    /// Wraps `inner` with `cache` (which other stores or layers may share).
+    /// Wraps `inner` with `cache` (which other stores or layers may share): configure the
+    /// cache's bounds and lives on the [`LocalCache`], and keep a clone of it to read its
+    /// [`len`](LocalCache::len) or to [`clear`](LocalCache::clear) it.
     pub fn with_cache(inner: St, cache: LocalCache) -> Self {
         CachedStore { inner, cache }
     }
+}
 
-    /// Sets the bound on the number of cached records; see [`LocalCache::max_entries`].
-    pub fn max_entries(mut self, max_entries: usize) -> Self {
+/// What the unit tests below configure and read through the store itself.
+#[cfg(test)]
+impl<St> CachedStore<St> {
+    pub(crate) fn new(inner: St) -> Self {
+        Self::with_cache(inner, LocalCache::new())
+    }
+
+    pub(crate) fn max_entries(mut self, max_entries: usize) -> Self {
         self.cache = self.cache.max_entries(max_entries);
         self
     }
 
-    /// Sets the bound on the accounted bytes; see [`LocalCache::max_bytes`].
-    pub fn max_bytes(mut self, max_bytes: usize) -> Self {
+    pub(crate) fn max_bytes(mut self, max_bytes: usize) -> Self {
         self.cache = self.cache.max_bytes(max_bytes);
         self
     }
 
-    /// Sets the longest time a record is cached; see [`LocalCache::max_ttl`].
-    pub fn max_ttl(mut self, max_ttl: Duration) -> Self {
+    pub(crate) fn max_ttl(mut self, max_ttl: Duration) -> Self {
         self.cache = self.cache.max_ttl(max_ttl);
         self
     }
 
-    /// Sets how long a record read from the inner store is cached at most; see
-    /// [`LocalCache::read_ttl`].
-    pub fn read_ttl(mut self, read_ttl: Duration) -> Self {
+    pub(crate) fn read_ttl(mut self, read_ttl: Duration) -> Self {
         self.cache = self.cache.read_ttl(read_ttl);
         self
     }
 
-    /// The wrapped store.
-    pub fn inner(&self) -> &St {
+    pub(crate) fn inner(&self) -> &St {
         &self.inner
     }
 
-    /// The cache.
-    pub fn cache(&self) -> &LocalCache {
-        &self.cache
-    }
-
-    /// Unwraps the store, dropping this handle on the cache.
-    pub fn into_inner(self) -> St {
+    pub(crate) fn into_inner(self) -> St {
         self.inner
     }
 
-    /// The number of records cached ([`LocalCache::len`]).
-    pub fn len(&self) -> usize {
+    pub(crate) fn cache(&self) -> &LocalCache {
+        &self.cache
+    }
+
+    pub(crate) fn len(&self) -> usize {
         self.cache.len()
     }
 
-    /// Whether the cache holds no record.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.cache.is_empty()
     }
 
-    /// The bytes accounted for the records cached ([`LocalCache::bytes`]).
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.cache.bytes()
     }
 
-    /// Forgets every cached record ([`LocalCache::clear`]).
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.cache.clear()
     }
 }
@@ -603,7 +599,7 @@ impl<St: IdempotencyStore> IdempotencyStore for CachedStore<St> {
     /// A live cached record answers [`Reservation::Completed`] without calling the inner
     /// store; otherwise the inner store answers, and a completed record it returns is cached
     /// for [`read_ttl`](LocalCache::read_ttl), no longer than the inner store said it keeps
-    /// it ([`Record::expires_in`]), when it said. Of several targets, only those not cached
+    /// it, when it said. Of several targets, only those not cached
     /// are sent to the inner store, in one call (none when every key is cached); the answers
     /// come back in the order of `targets`.
     async fn reserve(
@@ -1464,6 +1460,13 @@ mod tests {
         cache.remember(&key(9), &record, Instant::now(), RETENTION);
         assert_eq!(store.len(), 1);
         assert_eq!(store.bytes(), LocalCache::ENTRY_BYTES);
+    }
+
+    /// Was a check of `LocalCache`'s doctest while `is_on` was public.
+    #[test]
+    fn off_is_off_and_new_is_on() {
+        assert!(!LocalCache::off().is_on());
+        assert!(LocalCache::new().is_on());
     }
 
     #[test]

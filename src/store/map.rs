@@ -207,6 +207,7 @@ impl<V: Weigh> ExpiringMap<V> {
     }
 
     /// The bytes accounted for the entries held.
+    #[cfg(test)]
     pub(super) fn bytes(&self) -> usize {
         self.shards.iter().map(|s| lock(s).bytes).sum()
     }

@@ -222,7 +222,8 @@ impl MemoryStore {
     }
 
     /// The bytes accounted for the live keys.
-    pub fn bytes(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
         self.shared.map.for_each_shard(|_, _| {});
         self.shared.map.bytes()
     }

@@ -121,7 +121,7 @@ pub mod sql {
     //!
     //! # The table
     //!
-    //! One row per key, in a table named [`DEFAULT_TABLE`] unless configured otherwise
+    //! One row per key, in a table named `idempotency_keys` unless configured otherwise
     //! (`with_table`). The key is the row's `PRIMARY KEY`, so the database itself guarantees that
     //! a key has at most one row:
     //!
@@ -146,7 +146,7 @@ pub mod sql {
     //! | `object` | `text PRIMARY KEY` | `TEXT PRIMARY KEY` | the [`ObjectKey`](crate::store::ObjectKey) (hashed) |
     //! | `token` | `bytea` | `BLOB` | the owner token of the claim whose event of the object is in flight, or `NULL` |
     //! | `lease_until` | `timestamptz` | `INTEGER` | the end of that claim's object lease |
-    //! | `watermark` | `bytea` | `BLOB` | the highest position processed ([`Position::to_bytes`](crate::order::Position::to_bytes): byte order is position order) |
+    //! | `watermark` | `bytea` | `BLOB` | the highest position processed (16 bytes, big-endian with the sign bit flipped: byte order is position order) |
     //! | `watermark_until` | `timestamptz` | `INTEGER` | the end of the watermark's retention |
     //! | `expires_at` | `timestamptz` | `INTEGER` | the later of the two: when the row may be purged |
     //!
@@ -188,9 +188,7 @@ pub mod sql {
     //! let `spawn_purge` run it periodically in the background. Expired rows left behind are
     //! harmless to correctness (they count as absent), they only take space.
 
-    pub use crate::sql::{
-        DEFAULT_PURGE_BATCH, DEFAULT_TABLE, Dialect, InvalidTable, MAX_TTL, SqlStore, sqlx,
-    };
+    pub use crate::sql::{DEFAULT_PURGE_BATCH, Dialect, InvalidTable, SqlStore, sqlx};
 }
 mod token;
 

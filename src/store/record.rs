@@ -8,7 +8,7 @@
 //! use bytes::Bytes;
 //! use http::{HeaderMap, StatusCode};
 //! use tower_idempotency::fingerprint::Fingerprint;
-//! use tower_idempotency::store::record::{Record, StoredResponse, StoredValue};
+//! use tower_idempotency::store::record::{Record, StoredResponse};
 //!
 //! let fp = Fingerprint::of_bytes(b"{}");
 //! let ack = Record::ack(fp);
@@ -18,8 +18,8 @@
 //!     fp,
 //!     StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), Bytes::from_static(b"{\"id\":1}"), None),
 //! );
-//! let decoded = StoredValue::decode(&replay.encode()).unwrap();
-//! assert_eq!(decoded, StoredValue::Completed(replay));
+//! let decoded = Record::decode(&replay.encode()).unwrap();
+//! assert_eq!(decoded, replay);
 //! ```
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -46,9 +46,11 @@ const TAG_REPLAY: u8 = 0x05;
 pub(crate) const OWNER_LEN: usize = 3;
 
 /// The length of an encoded in-flight value: tag, token, fingerprint.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) const IN_FLIGHT_LEN: usize = 1 + 16 + Fingerprint::LEN;
 
 /// The length of [`StoredValue::owner_prefix`]: the tag and the token.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) const OWNER_PREFIX_LEN: usize = 1 + 16;
 
 /// A response kept for replay: status, allow-listed headers, body and trailers.
@@ -97,14 +99,14 @@ impl StoredResponse {
     }
 
     /// Splits the stored response into its parts.
-    pub fn into_parts(self) -> (StatusCode, HeaderMap, Bytes, Option<HeaderMap>) {
+    pub(crate) fn into_parts(self) -> (StatusCode, HeaderMap, Bytes, Option<HeaderMap>) {
         (self.status, self.headers, self.body, self.trailers)
     }
 }
 
 /// The record of a completed key.
 ///
-/// Two records are equal when their encodings are ([`expires_in`](Self::expires_in), which
+/// Two records are equal when their encodings are (`expires_in`, which
 /// says when one was read, is not part of it).
 #[derive(Clone, Debug)]
 pub struct Record {
@@ -160,7 +162,7 @@ impl Record {
 
     /// How long the store that returned this record said it keeps it (from a moment during the
     /// read), when it said.
-    pub fn expires_in(&self) -> Option<std::time::Duration> {
+    pub(crate) fn expires_in(&self) -> Option<std::time::Duration> {
         self.expires_in
             .map(|millis| std::time::Duration::from_millis(millis.get()))
     }
@@ -187,13 +189,27 @@ impl Record {
     }
 
     /// Takes the stored response out of the record.
-    pub fn into_response(self) -> Option<StoredResponse> {
+    pub(crate) fn into_response(self) -> Option<StoredResponse> {
         self.response.map(|r| *r)
     }
 
-    /// The encoded record, as written by shared stores.
+    /// The encoded record, as written by shared stores: compact, versioned bytes that
+    /// [`decode`](Self::decode) reads back (with the owner the record holds). For a store of
+    /// your own that keeps records as bytes.
     pub fn encode(&self) -> Bytes {
         self.encode_with_owner(&self.owner)
+    }
+
+    /// The record of bytes written by [`encode`](Self::encode), by this version of the crate or
+    /// an earlier one.
+    ///
+    /// Never panics: truncated or unknown data, or anything else than a record, is a
+    /// [`StoreErrorKind::Corrupt`] error.
+    pub fn decode(bytes: &[u8]) -> Result<Record, StoreError> {
+        match StoredValue::decode(bytes)? {
+            StoredValue::Completed(record) => Ok(record),
+            StoredValue::InFlight { .. } => Err(StoreError::new(StoreErrorKind::Corrupt)),
+        }
     }
 
     /// The encoded record as completed by the claim of `token` (its owner tag set to the
@@ -290,7 +306,7 @@ fn put_headers(out: &mut BytesMut, headers: &HeaderMap) {
 
 /// A decoded store value: an in-flight claim or a completed record.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StoredValue {
+pub(crate) enum StoredValue {
     /// A claim whose owner has not finished.
     InFlight {
         /// The owner's token.
@@ -307,7 +323,8 @@ impl StoredValue {
     ///
     /// Shared stores compare the first 17 bytes ([`StoredValue::owner_prefix`]) to check the
     /// token in complete and release.
-    pub fn encode_in_flight(token: &Token, fingerprint: &Fingerprint) -> Bytes {
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn encode_in_flight(token: &Token, fingerprint: &Fingerprint) -> Bytes {
         let mut out = BytesMut::with_capacity(IN_FLIGHT_LEN);
         out.put_u8(TAG_IN_FLIGHT);
         out.put_slice(token.as_bytes());
@@ -316,13 +333,15 @@ impl StoredValue {
     }
 
     /// The first 17 bytes of the in-flight value of `token`: what a token check compares.
-    pub fn owner_prefix(token: &Token) -> Bytes {
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn owner_prefix(token: &Token) -> Bytes {
         let mut out = BytesMut::with_capacity(OWNER_PREFIX_LEN);
         Self::put_owner_prefix(token, &mut out);
         out.freeze()
     }
 
     /// Appends [`owner_prefix`](Self::owner_prefix)'s bytes to `out`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn put_owner_prefix(token: &Token, out: &mut BytesMut) {
         out.put_u8(TAG_IN_FLIGHT);
         out.put_slice(token.as_bytes());
@@ -331,7 +350,7 @@ impl StoredValue {
     /// Decodes a value written by [`Record::encode`] or [`StoredValue::encode_in_flight`].
     ///
     /// Never panics: truncated or unknown data is a [`StoreErrorKind::Corrupt`] error.
-    pub fn decode(bytes: &[u8]) -> Result<StoredValue, StoreError> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<StoredValue, StoreError> {
         let mut r = Reader(bytes);
         let value = match r.u8()? {
             TAG_IN_FLIGHT => StoredValue::InFlight {
@@ -519,5 +538,114 @@ mod tests {
         let mut extra = encoded.to_vec();
         extra.push(0);
         assert!(StoredValue::decode(&extra).is_err());
+    }
+}
+
+/// The encoding's properties, moved from `tests/http/properties.rs` when the encoding became
+/// internal.
+#[cfg(test)]
+mod properties {
+    use bytes::Bytes;
+    use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+    use proptest::prelude::*;
+
+    use super::{Record, StoredResponse, StoredValue};
+    use crate::fingerprint::Fingerprint;
+    use crate::store::Token;
+
+    fn header_name() -> impl Strategy<Value = HeaderName> {
+        "[a-z0-9][a-z0-9!#$%&'*+.^_`|~-]{0,20}"
+            .prop_map(|name| HeaderName::from_bytes(name.as_bytes()).unwrap())
+    }
+
+    fn header_value() -> impl Strategy<Value = HeaderValue> {
+        prop::collection::vec(prop_oneof![0x20u8..0x7f, Just(b'\t'), 0x80u8..=0xff], 0..48)
+            .prop_map(|bytes| HeaderValue::from_bytes(&bytes).unwrap())
+    }
+
+    fn header_map() -> impl Strategy<Value = HeaderMap> {
+        prop::collection::vec((header_name(), header_value()), 0..12).prop_map(|pairs| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.append(name, value);
+            }
+            map
+        })
+    }
+
+    fn record() -> impl Strategy<Value = Record> {
+        let fingerprint = any::<[u8; Fingerprint::LEN]>().prop_map(Fingerprint::from_bytes);
+        let response = (
+            100u16..=999,
+            header_map(),
+            prop::collection::vec(any::<u8>(), 0..2048),
+            prop::option::of(header_map()),
+        )
+            .prop_map(|(status, headers, body, trailers)| {
+                StoredResponse::new(
+                    StatusCode::from_u16(status).unwrap(),
+                    headers,
+                    Bytes::from(body),
+                    trailers,
+                )
+            });
+        (fingerprint, prop::option::of(response)).prop_map(|(fp, response)| match response {
+            Some(response) => Record::replay(fp, response),
+            None => Record::ack(fp),
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn records_round_trip(record in record()) {
+            let encoded = record.encode();
+            let decoded = StoredValue::decode(&encoded).unwrap();
+            prop_assert_eq!(decoded, StoredValue::Completed(record));
+        }
+
+        #[test]
+        fn in_flight_values_round_trip(token in any::<[u8; 16]>(), fp in any::<[u8; Fingerprint::LEN]>()) {
+            let (token, fingerprint) = (Token::from_bytes(token), Fingerprint::from_bytes(fp));
+            let encoded = StoredValue::encode_in_flight(&token, &fingerprint);
+            prop_assert!(encoded.starts_with(&StoredValue::owner_prefix(&token)));
+            prop_assert_eq!(
+                StoredValue::decode(&encoded).unwrap(),
+                StoredValue::InFlight { token, fingerprint }
+            );
+        }
+
+        #[test]
+        fn decode_never_panics_on_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..1024)) {
+            let _ = StoredValue::decode(&bytes);
+        }
+
+        #[test]
+        fn decode_never_panics_on_damaged_records(
+            record in record(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..8),
+        ) {
+            let mut bytes = record.encode().to_vec();
+            for (at, byte, op) in edits {
+                match op {
+                    0 if !bytes.is_empty() => {
+                        let i = at.index(bytes.len());
+                        bytes[i] = byte;
+                    }
+                    1 => {
+                        let i = at.index(bytes.len() + 1);
+                        bytes.insert(i, byte);
+                    }
+                    _ => {
+                        let i = at.index(bytes.len() + 1);
+                        bytes.truncate(i);
+                    }
+                }
+            }
+            // Whatever decodes is a well-formed value: it encodes and decodes again.
+            if let Ok(StoredValue::Completed(record)) = StoredValue::decode(&bytes) {
+                let again = StoredValue::decode(&record.encode()).unwrap();
+                prop_assert_eq!(again, StoredValue::Completed(record));
+            }
+        }
     }
 }

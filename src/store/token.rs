@@ -16,7 +16,7 @@ impl Token {
     /// The bytes come from the operating system's generator, read 64 tokens at a time into a
     /// per-thread buffer: one `getrandom` system call per 64 claims instead of one per claim (it was the costliest single step of a first delivery on the memory store).
     /// Each buffered token is handed out once and erased from the buffer.
-    pub fn random() -> Self {
+    pub(crate) fn random() -> Self {
         TOKEN_POOL_BUFFER
             .try_with(|pool| pool.borrow_mut().take())
             .ok()

@@ -452,10 +452,10 @@ pub async fn overlapping_batches_race_exactly_once<St: IdempotencyStore>(store: 
     assert_eq!(*completed_by.lock().unwrap(), vec![1; 6]);
 }
 
-/// A completed record read back by a reserve may say how long the store keeps it
-/// ([`Record::expires_in`], what a local cache bounds its entry by): when it does, that is
-/// within the retention it was written with. (Redis does not say: its reserve is one plain
-/// `SET`.)
+/// A completed record read back by a reserve may say how long the store keeps it (what a
+/// local cache bounds its entry by; the built-in stores that know tell it): when it does,
+/// that is within the retention it was written with. (Redis does not say: its reserve is one
+/// plain `SET`.)
 pub async fn a_told_expiry_is_within_the_retention<St: IdempotencyStore>(store: St) {
     let key = fresh_key("told-expiry");
     let owner = claim();

@@ -45,7 +45,7 @@ const SIGNATURE: HeaderName = HeaderName::from_static(HubSignature256::HEADER);
 
 impl HubSignature256 {
     /// The header that holds the signature.
-    pub const HEADER: &'static str = "x-hub-signature-256";
+    pub(crate) const HEADER: &'static str = "x-hub-signature-256";
 
     /// A verifier accepting any of `secrets`, each used as given. An error when there is none,
     /// or one is empty or padded with whitespace.

@@ -19,7 +19,7 @@
 //! Every scheme takes several secrets (any one verifies, for rotation), decodes each candidate
 //! signature and checks its length (32 bytes for HMAC-SHA256, compared in constant time; 64 for
 //! Ed25519), and refuses a signature header that appears twice or is not visible ASCII. A timestamp must be a plain
-//! decimal number of seconds within the tolerance ([`DEFAULT_TOLERANCE`], past and future).
+//! decimal number of seconds within the tolerance (5 minutes unless configured, past and future).
 //! Errors never quote a signature, a secret or the body.
 //!
 //! Any other scheme is a closure or a type implementing [`VerifyRequest`]:
@@ -31,8 +31,8 @@
 //! // A sender that authenticates with a shared token (no signature over the body).
 //! let token = |parts: &http::request::Parts, _body: &[u8]| match parts.headers.get("x-token") {
 //!     Some(value) if value == "s3cr3t" => Ok(()),
-//!     Some(_) => Err(VerifyError::no_match()),
-//!     None => Err(VerifyError::missing_header("x-token")),
+//!     Some(_) => Err(VerifyError::new(VerifyErrorKind::NoMatch, "the token does not match")),
+//!     None => Err(VerifyError::new(VerifyErrorKind::MissingHeader, "the x-token header is missing")),
 //! };
 //!
 //! let (parts, ()) = Request::post("/hook").header("x-token", "s3cr3t").body(()).unwrap().into_parts();
@@ -59,7 +59,7 @@ macro_rules! timestamp_builders {
     ($($ty:ident),+ $(,)?) => {$(
         impl $ty {
             /// How far the signed timestamp may be from now, in the past or the future
-            /// (default [`DEFAULT_TOLERANCE`](crate::verify::DEFAULT_TOLERANCE), 5 minutes).
+            /// (default 5 minutes, what Standard Webhooks, Stripe and Slack use).
             /// Further is [`OutsideTolerance`](crate::verify::VerifyErrorKind::OutsideTolerance).
             pub fn tolerance(mut self, tolerance: std::time::Duration) -> Self {
                 self.freshness = self.freshness.with_tolerance(tolerance);
@@ -121,7 +121,8 @@ pub use self::stripe::StripeSignature;
 
 /// How far a signed timestamp may be from the current time, in the past or in the future, by
 /// default: 5 minutes, what Standard Webhooks, Stripe and Slack use.
-pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
+#[cfg_attr(not(feature = "verify"), allow(dead_code))]
+pub(crate) const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 
 /// Checks that a request is authentic, from its head and its exact body bytes.
 ///
@@ -262,7 +263,8 @@ impl VerifyError {
     }
 
     /// Header `name` is missing: "the `name` header is missing".
-    pub fn missing_header(name: &str) -> Self {
+    #[cfg_attr(not(feature = "verify"), allow(dead_code))]
+    pub(crate) fn missing_header(name: &str) -> Self {
         Self::new(
             VerifyErrorKind::MissingHeader,
             format!("the {name} header is missing"),
@@ -271,7 +273,8 @@ impl VerifyError {
 
     /// Header `name` is unusable, for reason `why` ("it appears more than once"). The header's
     /// value is not quoted: it may be a signature.
-    pub fn malformed_header(name: &str, why: &str) -> Self {
+    #[cfg_attr(not(feature = "verify"), allow(dead_code))]
+    pub(crate) fn malformed_header(name: &str, why: &str) -> Self {
         Self::new(
             VerifyErrorKind::MalformedHeader,
             format!("the {name} header is malformed: {why}"),
@@ -279,12 +282,14 @@ impl VerifyError {
     }
 
     /// No signature matched any secret.
-    pub fn no_match() -> Self {
+    #[cfg_attr(not(feature = "verify"), allow(dead_code))]
+    pub(crate) fn no_match() -> Self {
         Self::new(VerifyErrorKind::NoMatch, "no signature matched")
     }
 
     /// The signed timestamp is further from now than `tolerance`.
-    pub fn outside_tolerance(tolerance: Duration) -> Self {
+    #[cfg(test)]
+    pub(crate) fn outside_tolerance(tolerance: Duration) -> Self {
         Self::new(
             VerifyErrorKind::OutsideTolerance,
             format!(
@@ -294,7 +299,7 @@ impl VerifyError {
         )
     }
 
-    /// [`outside_tolerance`](Self::outside_tolerance), saying by how much: `skew` is now minus
+    /// An [`OutsideTolerance`](VerifyErrorKind::OutsideTolerance) error, saying by how much: `skew` is now minus
     /// the signed time, in seconds (positive: signed in the past). The timestamp is the
     /// request's own and not secret; the skew tells a clock problem from a replay.
     #[cfg_attr(not(feature = "verify"), allow(dead_code))]

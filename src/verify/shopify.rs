@@ -41,7 +41,7 @@ const SIGNATURE: HeaderName = HeaderName::from_static(ShopifyHmac::HEADER);
 
 impl ShopifyHmac {
     /// The header that holds the signature.
-    pub const HEADER: &'static str = "x-shopify-hmac-sha256";
+    pub(crate) const HEADER: &'static str = "x-shopify-hmac-sha256";
 
     /// A verifier accepting any of `secrets`, each used as given. An error when there is none,
     /// or one is empty or padded with whitespace.

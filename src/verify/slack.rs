@@ -60,9 +60,9 @@ const TIMESTAMP: HeaderName = HeaderName::from_static(SlackSignature::TIMESTAMP_
 
 impl SlackSignature {
     /// The header that holds the signature.
-    pub const SIGNATURE_HEADER: &'static str = "x-slack-signature";
+    pub(crate) const SIGNATURE_HEADER: &'static str = "x-slack-signature";
     /// The header that holds the signed unix timestamp, in seconds.
-    pub const TIMESTAMP_HEADER: &'static str = "x-slack-request-timestamp";
+    pub(crate) const TIMESTAMP_HEADER: &'static str = "x-slack-request-timestamp";
 
     /// A verifier accepting any of `secrets`, each used as given. An error when there is none,
     /// or one is empty or padded with whitespace.

@@ -65,9 +65,9 @@ use super::{InvalidSecret, VerifyError, VerifyRequest, header, secret};
 /// let verifier = StandardWebhooks::new(["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"])?
 ///     .clock(|| UNIX_EPOCH + Duration::from_secs(1614265330));
 /// let (parts, ()) = Request::post("/webhooks")
-///     .header(StandardWebhooks::ID_HEADER, "msg_p5jXN8AQM9LWM0D4loKWxJek")
-///     .header(StandardWebhooks::TIMESTAMP_HEADER, "1614265330")
-///     .header(StandardWebhooks::SIGNATURE_HEADER, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
+///     .header("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek")
+///     .header("webhook-timestamp", "1614265330")
+///     .header("webhook-signature", "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
 ///     .body(())?
 ///     .into_parts();
 /// assert!(verifier.verify(&parts, br#"{"test": 2432232314}"#).is_ok());
@@ -75,9 +75,9 @@ use super::{InvalidSecret, VerifyError, VerifyRequest, header, secret};
 ///
 /// // The same delivery as Svix sends it by default.
 /// let (parts, ()) = Request::post("/webhooks")
-///     .header(StandardWebhooks::SVIX_ID_HEADER, "msg_p5jXN8AQM9LWM0D4loKWxJek")
-///     .header(StandardWebhooks::SVIX_TIMESTAMP_HEADER, "1614265330")
-///     .header(StandardWebhooks::SVIX_SIGNATURE_HEADER, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
+///     .header("svix-id", "msg_p5jXN8AQM9LWM0D4loKWxJek")
+///     .header("svix-timestamp", "1614265330")
+///     .header("svix-signature", "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
 ///     .body(())?
 ///     .into_parts();
 /// assert!(verifier.verify(&parts, br#"{"test": 2432232314}"#).is_ok());
@@ -137,19 +137,19 @@ impl Family {
 
 impl StandardWebhooks {
     /// The header holding the message id, stable across retries: the idempotency key of a
-    /// Standard Webhooks route (or [`SVIX_ID_HEADER`](Self::SVIX_ID_HEADER) when the sender
+    /// Standard Webhooks route (or `svix-id` when the sender
     /// uses that family).
-    pub const ID_HEADER: &'static str = "webhook-id";
+    pub(crate) const ID_HEADER: &'static str = "webhook-id";
     /// The header holding the signed unix timestamp, in seconds.
-    pub const TIMESTAMP_HEADER: &'static str = "webhook-timestamp";
+    pub(crate) const TIMESTAMP_HEADER: &'static str = "webhook-timestamp";
     /// The header holding the signatures.
-    pub const SIGNATURE_HEADER: &'static str = "webhook-signature";
-    /// [`ID_HEADER`](Self::ID_HEADER) as Svix sends it by default.
-    pub const SVIX_ID_HEADER: &'static str = "svix-id";
-    /// [`TIMESTAMP_HEADER`](Self::TIMESTAMP_HEADER) as Svix sends it by default.
-    pub const SVIX_TIMESTAMP_HEADER: &'static str = "svix-timestamp";
-    /// [`SIGNATURE_HEADER`](Self::SIGNATURE_HEADER) as Svix sends it by default.
-    pub const SVIX_SIGNATURE_HEADER: &'static str = "svix-signature";
+    pub(crate) const SIGNATURE_HEADER: &'static str = "webhook-signature";
+    /// `webhook-id` as Svix sends it by default.
+    pub(crate) const SVIX_ID_HEADER: &'static str = "svix-id";
+    /// `webhook-timestamp` as Svix sends it by default.
+    pub(crate) const SVIX_TIMESTAMP_HEADER: &'static str = "svix-timestamp";
+    /// `webhook-signature` as Svix sends it by default.
+    pub(crate) const SVIX_SIGNATURE_HEADER: &'static str = "svix-signature";
 
     /// A verifier accepting any of `secrets`, in any mix: HMAC secrets (`whsec_<base64>`, or
     /// the bare base64) for `v1` signatures and Ed25519 public keys (`whpk_<base64>`) for

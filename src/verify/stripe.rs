@@ -54,7 +54,7 @@ pub struct StripeSignature {
 
 impl StripeSignature {
     /// The header Stripe sends.
-    pub const STRIPE_HEADER: &'static str = "stripe-signature";
+    pub(crate) const STRIPE_HEADER: &'static str = "stripe-signature";
 
     /// A verifier of header `header` (case-insensitive) accepting any of `secrets`, each used
     /// as given. An error when `header` is not a valid header name, or there is no secret, or

@@ -2,16 +2,16 @@
 //! the record encoding, and decoding of arbitrary bytes.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
+use http::{HeaderValue, Request};
 use proptest::prelude::*;
 use serde_json::Value;
-use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::key::{
     ExtractKey, FieldsFingerprintKey, HeaderKey, IdempotencyKey, JsonPathKey, KeyErrorKind,
-    KeyInput, MAX_KEY_LEN,
+    KeyInput,
 };
-use tower_idempotency::store::Token;
-use tower_idempotency::store::record::{Record, StoredResponse, StoredValue};
+
+/// The longest key part the extractors accept, in bytes (documented on `IdempotencyKey::new`).
+const MAX_KEY_LEN: usize = 255;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -293,101 +293,5 @@ proptest! {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Records
-
-fn header_name() -> impl Strategy<Value = HeaderName> {
-    "[a-z0-9][a-z0-9!#$%&'*+.^_`|~-]{0,20}"
-        .prop_map(|name| HeaderName::from_bytes(name.as_bytes()).unwrap())
-}
-
-fn header_value() -> impl Strategy<Value = HeaderValue> {
-    prop::collection::vec(prop_oneof![0x20u8..0x7f, Just(b'\t'), 0x80u8..=0xff], 0..48)
-        .prop_map(|bytes| HeaderValue::from_bytes(&bytes).unwrap())
-}
-
-fn header_map() -> impl Strategy<Value = HeaderMap> {
-    prop::collection::vec((header_name(), header_value()), 0..12).prop_map(|pairs| {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.append(name, value);
-        }
-        map
-    })
-}
-
-fn record() -> impl Strategy<Value = Record> {
-    let fingerprint = any::<[u8; Fingerprint::LEN]>().prop_map(Fingerprint::from_bytes);
-    let response = (
-        100u16..=999,
-        header_map(),
-        prop::collection::vec(any::<u8>(), 0..2048),
-        prop::option::of(header_map()),
-    )
-        .prop_map(|(status, headers, body, trailers)| {
-            StoredResponse::new(
-                StatusCode::from_u16(status).unwrap(),
-                headers,
-                Bytes::from(body),
-                trailers,
-            )
-        });
-    (fingerprint, prop::option::of(response)).prop_map(|(fp, response)| match response {
-        Some(response) => Record::replay(fp, response),
-        None => Record::ack(fp),
-    })
-}
-
-proptest! {
-    #[test]
-    fn records_round_trip(record in record()) {
-        let encoded = record.encode();
-        let decoded = StoredValue::decode(&encoded).unwrap();
-        prop_assert_eq!(decoded, StoredValue::Completed(record));
-    }
-
-    #[test]
-    fn in_flight_values_round_trip(token in any::<[u8; 16]>(), fp in any::<[u8; Fingerprint::LEN]>()) {
-        let (token, fingerprint) = (Token::from_bytes(token), Fingerprint::from_bytes(fp));
-        let encoded = StoredValue::encode_in_flight(&token, &fingerprint);
-        prop_assert!(encoded.starts_with(&StoredValue::owner_prefix(&token)));
-        prop_assert_eq!(
-            StoredValue::decode(&encoded).unwrap(),
-            StoredValue::InFlight { token, fingerprint }
-        );
-    }
-
-    #[test]
-    fn decode_never_panics_on_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..1024)) {
-        let _ = StoredValue::decode(&bytes);
-    }
-
-    #[test]
-    fn decode_never_panics_on_damaged_records(
-        record in record(),
-        edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..8),
-    ) {
-        let mut bytes = record.encode().to_vec();
-        for (at, byte, op) in edits {
-            match op {
-                0 if !bytes.is_empty() => {
-                    let i = at.index(bytes.len());
-                    bytes[i] = byte;
-                }
-                1 => {
-                    let i = at.index(bytes.len() + 1);
-                    bytes.insert(i, byte);
-                }
-                _ => {
-                    let i = at.index(bytes.len() + 1);
-                    bytes.truncate(i);
-                }
-            }
-        }
-        // Whatever decodes is a well-formed value: it encodes and decodes again.
-        if let Ok(StoredValue::Completed(record)) = StoredValue::decode(&bytes) {
-            let again = StoredValue::decode(&record.encode()).unwrap();
-            prop_assert_eq!(again, StoredValue::Completed(record));
-        }
-    }
-}
+// The record encoding's properties (round trips, decoding damaged bytes) are unit tests of
+// `store::record` (`src/store/record.rs`), the encoding being internal.

@@ -7,14 +7,19 @@ use crate::suite;
 use tower_idempotency::test_util::store as contract;
 
 use tower_idempotency::MemoryStore;
-use tower_idempotency::store::CachedStore;
+use tower_idempotency::store::{CachedStore, LocalCache};
+
+/// A new cache in front of `store`.
+fn cached_store<St>(store: St) -> CachedStore<St> {
+    CachedStore::with_cache(store, LocalCache::new())
+}
 
 /// The store contract and the behaviour suite, through a cache in front of the memory store.
 mod on_memory {
-    use super::{CachedStore, MemoryStore, contract, suite};
+    use super::{MemoryStore, cached_store, contract, suite};
 
-    suite::store_smoke!(async { (CachedStore::new(MemoryStore::new()), ()) });
-    contract::store_contract!(async { (CachedStore::new(MemoryStore::new()), ()) });
+    suite::store_smoke!(async { (cached_store(MemoryStore::new()), ()) });
+    contract::store_contract!(async { (cached_store(MemoryStore::new()), ()) });
 }
 
 #[cfg(feature = "redis")]
@@ -29,7 +34,7 @@ mod on_redis {
     use tower_idempotency::IdempotencyStore;
     use tower_idempotency::fingerprint::Fingerprint;
     use tower_idempotency::store::record::Record;
-    use tower_idempotency::store::{Claim, Completion, LocalCache, Reservation, StoreKey, Target};
+    use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey, Target};
 
     use super::contract::keys_of;
 
@@ -61,22 +66,29 @@ mod on_redis {
         }
     }
 
+    type Instance = CachedStore<RedisStore<fred::prelude::Client>>;
+
     /// One caching instance on `server`: its own client, its own cache.
-    async fn instance(server: &RedisServer) -> CachedStore<RedisStore<fred::prelude::Client>> {
+    async fn instance(server: &RedisServer) -> Instance {
+        instance_with(server, LocalCache::new()).await
+    }
+
+    /// One caching instance on `server` with `cache`: its own client.
+    async fn instance_with(server: &RedisServer, cache: LocalCache) -> Instance {
         let store = RedisStore::new(server.connect().await);
         store.load_scripts().await.unwrap();
-        CachedStore::new(store)
+        CachedStore::with_cache(store, cache)
     }
 
     suite::store_smoke!(async {
         let server = RedisServer::start();
-        let store = CachedStore::new(RedisStore::new(server.connect().await));
+        let store = cached_store(RedisStore::new(server.connect().await));
         (store, server)
     });
 
     contract::store_contract!(async {
         let server = RedisServer::start();
-        let store = CachedStore::new(RedisStore::new(server.connect().await));
+        let store = cached_store(RedisStore::new(server.connect().await));
         (store, server)
     });
 
@@ -215,7 +227,11 @@ mod on_redis {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_cache_hit_sends_no_command() {
         let server = RedisServer::start();
-        let (a, b) = (instance(&server).await, instance(&server).await);
+        let b_cache = LocalCache::new();
+        let (a, b) = (
+            instance(&server).await,
+            instance_with(&server, b_cache.clone()).await,
+        );
         let key = StoreKey::new("cost", None, "evt_1");
 
         let monitor = server.monitor();
@@ -261,7 +277,7 @@ mod on_redis {
             Reservation::Completed(held) => assert!(held.is_owned_by(owner.token())),
             other => panic!("expected a completed record, got {other:?}"),
         }
-        assert_eq!(b.len(), 1, "cached from the reserve's answer");
+        assert_eq!(b_cache.len(), 1, "cached from the reserve's answer");
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(monitor.finish(), ["SET"]);
         let monitor = server.monitor();
@@ -356,7 +372,8 @@ mod on_redis {
     async fn a_record_read_is_cached_for_read_ttl() {
         let server = RedisServer::start();
         let a = instance(&server).await;
-        let b = instance(&server).await.read_ttl(Duration::from_secs(3));
+        let b_cache = LocalCache::new().read_ttl(Duration::from_secs(3));
+        let b = instance_with(&server, b_cache.clone()).await;
         let key = StoreKey::new("expiry", None, "evt_1");
         let owner = claim();
         a.reserve(&[Target::key(key.clone())], &owner, LEASE)
@@ -380,7 +397,7 @@ mod on_redis {
                 .remove(0),
             Reservation::Completed(_)
         ));
-        cached(b.cache(), 1).await;
+        cached(&b_cache, 1).await;
 
         // Past the retention; 1.8 s before B's read_ttl runs out.
         tokio::time::sleep(retention + Duration::from_millis(200)).await;
@@ -423,11 +440,11 @@ mod on_redis {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_key_deleted_by_hand_is_seen_after_read_ttl_or_clear() {
         let server = RedisServer::start();
-        let writer = instance(&server).await;
+        let writer_cache = LocalCache::new();
+        let writer = instance_with(&server, writer_cache.clone()).await;
         // Long enough that the reader still holds it after the `DEL` on a loaded machine.
-        let reader = instance(&server)
-            .await
-            .read_ttl(Duration::from_millis(1500));
+        let reader_cache = LocalCache::new().read_ttl(Duration::from_millis(1500));
+        let reader = instance_with(&server, reader_cache.clone()).await;
         let key = StoreKey::new("by-hand", None, "evt_1");
         let owner = claim();
         writer
@@ -453,7 +470,7 @@ mod on_redis {
                 .remove(0),
             Reservation::Completed(_)
         ));
-        cached(reader.cache(), 1).await;
+        cached(&reader_cache, 1).await;
 
         let reply = server.raw_command(&["DEL", key.as_str()]).unwrap();
         assert!(reply.starts_with(":1"), "{reply}");
@@ -488,7 +505,7 @@ mod on_redis {
                 .remove(0),
             Reservation::Completed(_)
         ));
-        writer.clear();
+        writer_cache.clear();
         assert!(matches!(
             writer
                 .reserve(&[Target::key(key.clone())], &claim(), LEASE)

@@ -421,7 +421,7 @@ async fn a_batch_of_five_costs_two_round_trips() {
 
     // With a local cache (what a layer puts in front of the store by default), an instance
     // that completed the batch answers its duplicate with no round trip.
-    let cached = CachedStore::new(RedisStore::new(proxy.connect().await));
+    let cached = CachedStore::with_cache(RedisStore::new(proxy.connect().await), LocalCache::new());
     let fresh = batch_keys("cached", N);
     let claim_c = Claim::new(Fingerprint::of_bytes(b"{}"));
     let record_c = Record::ack(claim_c.fingerprint()).owned_by(claim_c.token());

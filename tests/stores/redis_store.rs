@@ -14,7 +14,7 @@ use tower_idempotency::IdempotencyStore;
 use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::fred;
-use tower_idempotency::store::record::{Record, StoredResponse, StoredValue};
+use tower_idempotency::store::record::{Record, StoredResponse};
 use tower_idempotency::store::{
     Claim, Completion, Reservation, StoreErrorKind, StoreKey, Target, Token,
 };
@@ -24,6 +24,15 @@ const RETENTION: Duration = Duration::from_secs(72 * 3600);
 
 fn claim(body: &[u8]) -> Claim {
     Claim::new(Fingerprint::of_bytes(body))
+}
+
+/// What the store keeps for an in-flight `claim` (the internal encoding, pinned here): tag
+/// `0x01`, the owner's 16-byte token, the request's 8-byte fingerprint.
+fn in_flight_value(claim: &Claim) -> Bytes {
+    let mut value = vec![0x01];
+    value.extend_from_slice(claim.token().as_bytes());
+    value.extend_from_slice(claim.fingerprint().as_bytes());
+    Bytes::from(value)
 }
 
 async fn get_raw(client: &Client, key: &StoreKey) -> Option<Bytes> {
@@ -69,7 +78,7 @@ async fn absent_in_flight_completed_transitions() {
     // Stored: the 25-byte in-flight value, with the lease as its TTL.
     assert_eq!(
         get_raw(&client, &key).await.unwrap(),
-        StoredValue::encode_in_flight(first.token(), &first.fingerprint())
+        in_flight_value(&first)
     );
     let ttl = pttl(&client, &key).await;
     assert!(ttl > 25_000 && ttl <= 30_000, "lease PTTL {ttl}");
@@ -233,10 +242,8 @@ async fn wrong_token_changes_nothing() {
     let store = RedisStore::new(client.clone());
     let key = StoreKey::new("tokens", None, "evt_1");
     let owner = claim(b"body");
-    let intruder = Claim::with_token(
-        tower_idempotency::store::Token::random(),
-        owner.fingerprint(),
-    );
+    // Another claim of the same request: a token of its own (random).
+    let intruder = Claim::new(owner.fingerprint());
 
     store
         .reserve(&[Target::key(key.clone())], &owner, LEASE)
@@ -344,10 +351,7 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
             .map(|n| n == 1)
             .unwrap()
     );
-    assert_eq!(
-        get_raw(&client, &key).await.unwrap(),
-        StoredValue::encode_in_flight(new.token(), &new.fingerprint())
-    );
+    assert_eq!(get_raw(&client, &key).await.unwrap(), in_flight_value(&new));
     assert!(
         store
             .complete(&[Target::key(key.clone())], &new, &record, RETENTION)
@@ -606,7 +610,10 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
 
     // A store behind a local cache (a layer's default) answers the duplicates of records it
     // read once from its cache.
-    let store = tower_idempotency::store::CachedStore::new(store);
+    let store = tower_idempotency::store::CachedStore::with_cache(
+        store,
+        tower_idempotency::store::LocalCache::new(),
+    );
     for i in 0..N {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
         let answer = store

@@ -69,7 +69,7 @@ use crate::store::{
 /// BLAKE3, so no raw user bytes reach Redis). Its value is binary, in the versioned encoding of
 /// [`record`](crate::store::record):
 ///
-/// - **in flight**: [`StoredValue::encode_in_flight`](crate::store::record::StoredValue::encode_in_flight), 25 bytes (tag, owner token, request
+/// - **in flight**: 25 bytes (tag `0x01`, owner token, request
 ///   fingerprint), written with `PX <lease>`: if the worker dies, Redis drops the claim when the
 ///   lease runs out and the sender's next retry is processed again;
 /// - **completed**: `Record::encode_for` the claim's token, 12 bytes in ack mode (tag, the
@@ -101,7 +101,7 @@ use crate::store::{
 ///   `GET` needs **Redis 7.0 or later** (or a compatible server).
 /// - [`complete`](IdempotencyStore::complete), [`release`](IdempotencyStore::release) and
 ///   [`renew`](IdempotencyStore::renew) are one `EVALSHA` each, of a Lua script that compares
-///   the owner token (the first 17 bytes of the in-flight value, [`StoredValue::owner_prefix`](crate::store::record::StoredValue::owner_prefix))
+///   the owner token (the first 17 bytes of the in-flight value: its tag and the token)
 ///   before it overwrites the claim with the record, deletes it or extends its lease, so a slow
 ///   original whose lease expired never touches a newer claim. (`complete` also recognises the
 ///   record its own claim wrote, by the owner tag in it, and answers
