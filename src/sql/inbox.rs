@@ -1340,6 +1340,21 @@ mod tests {
         Statements::new::<sqlx::Sqlite>(table).counts.to_string()
     }
 
+    /// The line breaks inside the history's string literals survive the templates' comments.
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn the_history_keeps_its_line_breaks() {
+        let complete = Statements::new::<sqlx::Sqlite>("t").complete.to_string();
+        assert!(
+            complete.contains("length(replace(history, '\n', ''))"),
+            "{complete}"
+        );
+        assert!(
+            complete.contains("ELSE history || '\n' || CAST(attempts AS text)"),
+            "{complete}"
+        );
+    }
+
     #[cfg(feature = "postgres")]
     #[test]
     fn the_take_locks_only_where_asked() {

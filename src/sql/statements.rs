@@ -15,9 +15,10 @@ use super::Dialect;
 /// the text.
 ///
 /// sqlx (0.9) runs only SQL it is told is safe: a `&'static str`, or a string wrapped in
-/// [`AssertSqlSafe`]. Ours are built at start-up by `format!` from this crate's own literals
-/// and the table name, which `validate_table` restricts to an SQL identifier (optionally
-/// schema-qualified) before it is written into them; every value is a bound parameter. That is
+/// [`AssertSqlSafe`]. Ours are rendered at start-up (see [`render`]) from this crate's own
+/// templates (`queries/`) and the table name, which `validate_table` restricts to an SQL
+/// identifier (optionally schema-qualified) before it is written into them; every value is a
+/// bound parameter. That is
 /// what [`sql_str`](Self::sql_str), the one place that asserts it, relies on.
 pub struct Sql(Arc<str>);
 
@@ -177,7 +178,9 @@ pub(super) fn migrate<DB: Dialect>(table: &str, schema: &str) -> String {
 ///   SKIP LOCKED`).
 ///
 /// The template's lines that start with `--` (a file's comments) are left out, and its last
-/// line break; the texts of `names` are written as they are (see [`file`]).
+/// line break; the texts of `names` are written as they are (see [`file`]), and read as
+/// templates in their turn: a `{` in them opens a placeholder, and a `$N` in them counts for
+/// the clock (a table name, which `validate_table` allows neither in, is safe).
 ///
 /// # Panics
 ///
@@ -235,7 +238,9 @@ pub(super) fn fill(template: &str, names: &[(&str, &str)]) -> String {
 }
 
 /// The text of a file of `queries/` as a template or a fragment: without its lines that start
-/// with `--` (its comments) and without its last line break.
+/// with `--` (its comments) and without its last line break. A line inside a string literal
+/// that spans lines (`appended.sql` writes its line breaks so) must not start with `--`: it
+/// would be taken for a comment.
 pub(super) fn file(text: &str) -> String {
     let kept: Vec<&str> = text
         .lines()

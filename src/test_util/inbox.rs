@@ -516,7 +516,7 @@ pub async fn a_take_looks_past_the_entries_that_wait<St: InboxStore>(store: St) 
 /// `complete` of several leases settles each on its own: one flag per lease, in order; a
 /// token that does not hold its entry changes nothing (its entry stays in flight and its
 /// object's watermark does not move); each ordered entry raises its own object's watermark.
-pub async fn complete_many_settles_each_lease_on_its_own<St: InboxStore>(store: St) {
+pub async fn complete_settles_each_lease_on_its_own<St: InboxStore>(store: St) {
     let (x, y, z) = (
         ObjectKey::new("inbox-contract", None, &fresh("many-x")),
         ObjectKey::new("inbox-contract", None, &fresh("many-y")),
@@ -1301,7 +1301,7 @@ macro_rules! inbox_contract {
             an_entry_behind_the_watermark_is_stale_at_the_door,
             a_watermark_lasts_for_the_retention,
             a_take_looks_past_the_entries_that_wait,
-            complete_many_settles_each_lease_on_its_own,
+            complete_settles_each_lease_on_its_own,
             a_busy_worker_completes_every_entry_once,
             a_newer_entry_in_flight_holds_back_an_older_one,
             random_arrivals_end_at_the_highest_position,

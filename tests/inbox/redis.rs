@@ -304,7 +304,7 @@ mod sentinel {
 /// One `complete` of leases from several partitions completes each in its own partition
 /// (one script per partition), and leaves nothing pending or in flight.
 #[tokio::test]
-async fn complete_many_spans_the_partitions() {
+async fn complete_spans_the_partitions() {
     let server = RedisServer::start();
     let inbox = RedisInbox::new(server.connect().await, &fresh_name()).partitions(4);
     for n in 0..16 {
