@@ -44,3 +44,66 @@ pub(crate) async fn ready_now<F: std::future::Future>(
     })
     .await
 }
+
+/// The backend enum of a type holding one backend chosen at run time (`AnyStore`, `AnyInbox`):
+/// `enum Backend` with a variant per backend (each but memory behind its feature), a `From`
+/// of each backend's type into `$any` (a tuple struct around the enum), and the backend's
+/// name (`Backend::name`).
+macro_rules! run_time_backends {
+    ($any:ident { memory: $memory:ty, redis: $redis:ty, postgres: $postgres:ty, sqlite: $sqlite:ty $(,)? }) => {
+        #[derive(Clone, Debug)]
+        enum Backend {
+            Memory($memory),
+            #[cfg(feature = "redis")]
+            Redis($redis),
+            #[cfg(feature = "postgres")]
+            Postgres($postgres),
+            #[cfg(feature = "sqlite")]
+            Sqlite($sqlite),
+        }
+
+        impl Backend {
+            /// The backend's name: `memory`, `redis`, `postgres` or `sqlite`.
+            fn name(&self) -> &'static str {
+                match self {
+                    Backend::Memory(_) => "memory",
+                    #[cfg(feature = "redis")]
+                    Backend::Redis(_) => "redis",
+                    #[cfg(feature = "postgres")]
+                    Backend::Postgres(_) => "postgres",
+                    #[cfg(feature = "sqlite")]
+                    Backend::Sqlite(_) => "sqlite",
+                }
+            }
+        }
+
+        impl From<$memory> for $any {
+            fn from(backend: $memory) -> Self {
+                $any(Backend::Memory(backend))
+            }
+        }
+
+        #[cfg(feature = "redis")]
+        impl From<$redis> for $any {
+            fn from(backend: $redis) -> Self {
+                $any(Backend::Redis(backend))
+            }
+        }
+
+        #[cfg(feature = "postgres")]
+        impl From<$postgres> for $any {
+            fn from(backend: $postgres) -> Self {
+                $any(Backend::Postgres(backend))
+            }
+        }
+
+        #[cfg(feature = "sqlite")]
+        impl From<$sqlite> for $any {
+            fn from(backend: $sqlite) -> Self {
+                $any(Backend::Sqlite(backend))
+            }
+        }
+    };
+}
+
+pub(crate) use run_time_backends;

@@ -31,16 +31,12 @@ use crate::store::{AnyStore, StoreError, StoreKey, Token};
 #[derive(Clone, Debug)]
 pub struct AnyInbox(Backend);
 
-#[derive(Clone, Debug)]
-enum Backend {
-    Memory(MemoryInbox),
-    #[cfg(feature = "redis")]
-    Redis(crate::redis::inbox::RedisInbox),
-    #[cfg(feature = "postgres")]
-    Postgres(crate::sql::inbox::PostgresInbox),
-    #[cfg(feature = "sqlite")]
-    Sqlite(crate::sql::inbox::SqliteInbox),
-}
+crate::util::run_time_backends!(AnyInbox {
+    memory: MemoryInbox,
+    redis: crate::redis::inbox::RedisInbox,
+    postgres: crate::sql::inbox::PostgresInbox,
+    sqlite: crate::sql::inbox::SqliteInbox,
+});
 
 impl AnyInbox {
     /// The inbox on `store`'s backend and connections: a `RedisInbox` named `name` on its
@@ -78,15 +74,7 @@ impl AnyInbox {
 
     /// The backend's name: `memory`, `redis`, `postgres` or `sqlite`.
     pub fn backend(&self) -> &'static str {
-        match &self.0 {
-            Backend::Memory(_) => "memory",
-            #[cfg(feature = "redis")]
-            Backend::Redis(_) => "redis",
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => "postgres",
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => "sqlite",
-        }
+        self.0.name()
     }
 
     /// The `RedisInbox` inside, if the backend is Redis.
@@ -116,33 +104,6 @@ impl AnyInbox {
             Backend::Sqlite(inbox) => Some(inbox),
             _ => None,
         }
-    }
-}
-
-impl From<MemoryInbox> for AnyInbox {
-    fn from(inbox: MemoryInbox) -> Self {
-        AnyInbox(Backend::Memory(inbox))
-    }
-}
-
-#[cfg(feature = "redis")]
-impl From<crate::redis::inbox::RedisInbox> for AnyInbox {
-    fn from(inbox: crate::redis::inbox::RedisInbox) -> Self {
-        AnyInbox(Backend::Redis(inbox))
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl From<crate::sql::inbox::PostgresInbox> for AnyInbox {
-    fn from(inbox: crate::sql::inbox::PostgresInbox) -> Self {
-        AnyInbox(Backend::Postgres(inbox))
-    }
-}
-
-#[cfg(feature = "sqlite")]
-impl From<crate::sql::inbox::SqliteInbox> for AnyInbox {
-    fn from(inbox: crate::sql::inbox::SqliteInbox) -> Self {
-        AnyInbox(Backend::Sqlite(inbox))
     }
 }
 

@@ -34,29 +34,17 @@ use crate::store::memory::MemoryStore;
 #[derive(Clone, Debug)]
 pub struct AnyStore(Backend);
 
-#[derive(Clone, Debug)]
-enum Backend {
-    Memory(MemoryStore),
-    #[cfg(feature = "redis")]
-    Redis(crate::redis::records::RedisStore),
-    #[cfg(feature = "postgres")]
-    Postgres(crate::sql::postgres::PostgresStore),
-    #[cfg(feature = "sqlite")]
-    Sqlite(crate::sql::sqlite::SqliteStore),
-}
+crate::util::run_time_backends!(AnyStore {
+    memory: MemoryStore,
+    redis: crate::redis::records::RedisStore,
+    postgres: crate::sql::postgres::PostgresStore,
+    sqlite: crate::sql::sqlite::SqliteStore,
+});
 
 impl AnyStore {
     /// The backend's name: `memory`, `redis`, `postgres` or `sqlite`.
     pub fn backend(&self) -> &'static str {
-        match &self.0 {
-            Backend::Memory(_) => "memory",
-            #[cfg(feature = "redis")]
-            Backend::Redis(_) => "redis",
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => "postgres",
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => "sqlite",
-        }
+        self.0.name()
     }
 }
 
@@ -143,33 +131,6 @@ impl AnyStore {
             Backend::Sqlite(store) => Some(store),
             _ => None,
         }
-    }
-}
-
-impl From<MemoryStore> for AnyStore {
-    fn from(store: MemoryStore) -> Self {
-        AnyStore(Backend::Memory(store))
-    }
-}
-
-#[cfg(feature = "redis")]
-impl From<crate::redis::records::RedisStore> for AnyStore {
-    fn from(store: crate::redis::records::RedisStore) -> Self {
-        AnyStore(Backend::Redis(store))
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl From<crate::sql::postgres::PostgresStore> for AnyStore {
-    fn from(store: crate::sql::postgres::PostgresStore) -> Self {
-        AnyStore(Backend::Postgres(store))
-    }
-}
-
-#[cfg(feature = "sqlite")]
-impl From<crate::sql::sqlite::SqliteStore> for AnyStore {
-    fn from(store: crate::sql::sqlite::SqliteStore) -> Self {
-        AnyStore(Backend::Sqlite(store))
     }
 }
 
