@@ -44,6 +44,22 @@ pub async fn send(app: &Router, req: Request<Body>) -> (StatusCode, http::Header
     (parts.status, parts.headers, body)
 }
 
+/// `POST /effect` with `key` and the demo header `name: value` (`x-demo-delay-ms`,
+/// `x-demo-hold`), sent in a task of its own: a request still running while the test goes on.
+pub fn spawn_effect(
+    app: &Router,
+    key: &'static str,
+    name: &'static str,
+    value: &'static str,
+) -> tokio::task::JoinHandle<(StatusCode, http::HeaderMap, Bytes)> {
+    let app = app.clone();
+    tokio::spawn(async move {
+        let mut req = post("/effect", Some(key), "{}");
+        req.headers_mut().insert(name, value.parse().unwrap());
+        send(&app, req).await
+    })
+}
+
 fn problem(body: &Bytes) -> serde_json::Value {
     serde_json::from_slice(body).expect("problem+json body")
 }
@@ -226,15 +242,7 @@ pub async fn malformed_keys_are_400_saying_why<St: IdempotencyStore>(store: St) 
 pub async fn duplicate_in_flight_is_409_with_retry_after<St: IdempotencyStore>(store: St) {
     let effects = Effects::default();
     let app = router(layer(store, "inflight"), &effects);
-    let slow = {
-        let app = app.clone();
-        tokio::spawn(async move {
-            let mut req = post("/effect", Some("k1"), "{}");
-            req.headers_mut()
-                .insert("x-demo-hold", "1".parse().unwrap());
-            send(&app, req).await
-        })
-    };
+    let slow = spawn_effect(&app, "k1", "x-demo-hold", "1");
     effects.wait_started(1).await;
     let (status, headers, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::CONFLICT);
@@ -255,15 +263,7 @@ pub async fn wait_for_in_flight_then_answer<St: IdempotencyStore>(store: St) {
         layer(store, "wait").wait_for_in_flight(Duration::from_secs(3)),
         &effects,
     );
-    let slow = {
-        let app = app.clone();
-        tokio::spawn(async move {
-            let mut req = post("/effect", Some("k1"), "{}");
-            req.headers_mut()
-                .insert("x-demo-delay-ms", "200".parse().unwrap());
-            send(&app, req).await
-        })
-    };
+    let slow = spawn_effect(&app, "k1", "x-demo-delay-ms", "200");
     effects.wait_started(1).await;
     let (status, headers, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::OK);
@@ -306,13 +306,7 @@ pub async fn hundred_concurrent_duplicates_run_once<St: IdempotencyStore>(store:
     let app = router(layer(store, "hundred"), &effects);
     let mut tasks = Vec::new();
     for _ in 0..100 {
-        let app = app.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut req = post("/effect", Some("same"), "{}");
-            req.headers_mut()
-                .insert("x-demo-delay-ms", "100".parse().unwrap());
-            send(&app, req).await
-        }));
+        tasks.push(spawn_effect(&app, "same", "x-demo-delay-ms", "100"));
     }
     let (mut created, mut conflict, mut acked) = (0, 0, 0);
     for task in tasks {
@@ -354,15 +348,7 @@ pub async fn failed_attempt_is_processed_again<St: IdempotencyStore>(store: St) 
 pub async fn dropped_future_releases_the_claim<St: IdempotencyStore>(store: St) {
     let effects = Effects::default();
     let app = router(layer(store, "dropped"), &effects);
-    let task = {
-        let app = app.clone();
-        tokio::spawn(async move {
-            let mut req = post("/effect", Some("k1"), "{}");
-            req.headers_mut()
-                .insert("x-demo-delay-ms", "10000".parse().unwrap());
-            send(&app, req).await
-        })
-    };
+    let task = spawn_effect(&app, "k1", "x-demo-delay-ms", "10000");
     effects.wait_started(1).await;
     task.abort(); // the client disconnected
     let _ = task.await;
@@ -408,17 +394,9 @@ pub async fn slow_handler_keeps_its_claim_by_renewal<St: IdempotencyStore>(store
             .mode(Mode::Replay),
         &effects,
     );
-    let slow = {
-        let app = app.clone();
-        tokio::spawn(async move {
-            let mut req = post("/effect", Some("k1"), "{}");
-            // Four leases long: only renewal keeps the claim. (A lease of a second: a renewal
-            // that a loaded machine delays by a few hundred ms still comes in time.)
-            req.headers_mut()
-                .insert("x-demo-delay-ms", "4000".parse().unwrap());
-            send(&app, req).await
-        })
-    };
+    // Four leases long: only renewal keeps the claim. (A lease of a second: a renewal that a
+    // loaded machine delays by a few hundred ms still comes in time.)
+    let slow = spawn_effect(&app, "k1", "x-demo-delay-ms", "4000");
     effects.wait_started(1).await;
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_secs(1)).await;
