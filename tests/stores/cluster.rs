@@ -9,6 +9,7 @@
 
 use crate::redis_cluster;
 use crate::scale_out;
+use crate::store_steps::claim_and_record;
 use crate::suite;
 use tower_idempotency::test_util::store::{self as contract, OneTarget};
 
@@ -335,14 +336,8 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     // The script is cached there now: the next call is a plain EVALSHA.
     let other = key_on(&cluster, promoted, "noscript-after");
     let c = claim();
-    plain.reserve_one(&other, &c, LEASE).await.unwrap();
-    assert!(
-        plain
-            .complete_one(&other, &c, &Record::ack(c.fingerprint()), RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    let record = Record::ack(c.fingerprint());
+    claim_and_record(&plain, &other, &c, LEASE, &record, RETENTION).await;
     assert_eq!(calls(promoted, "eval"), 1);
 
     // The durable path sends its script as a custom EVALSHA in a pipeline: same fallback. The
@@ -378,14 +373,8 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     let durable = RedisStore::new(client.clone()).durable_completion(1, Duration::from_secs(2));
     let last = key_on(&cluster, promoted, "noscript-rejoined");
     let d = claim();
-    durable.reserve_one(&last, &d, LEASE).await.unwrap();
-    assert!(
-        durable
-            .complete_one(&last, &d, &Record::ack(d.fingerprint()), RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    let record = Record::ack(d.fingerprint());
+    claim_and_record(&durable, &last, &d, LEASE, &record, RETENTION).await;
 }
 
 /// Completes through `store`, retrying while the client is still finding the new primary.

@@ -6,6 +6,9 @@
 use crate::once;
 use crate::postgres_server;
 use crate::sql_purge;
+use crate::store_steps::{
+    claim_and_record, fifty_claims_one_winner, held_by, neither_completes_nor_releases,
+};
 use crate::suite;
 use tower_idempotency::test_util::store::{self as contract, OneTarget};
 
@@ -152,29 +155,13 @@ async fn absent_in_flight_completed_transitions() {
     let ttl: f64 = row.get("ttl");
     assert!(ttl > 25.0 && ttl <= 30.0, "lease {ttl}");
 
-    // The same claim again (a retry of a statement whose reply was lost) is still ours.
-    assert_eq!(
-        store.reserve_one(&key, &first, LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
-    // A duplicate while in flight sees the first fingerprint.
+    // The same claim again (a retry of a statement whose reply was lost) is still ours; a
+    // duplicate while in flight sees the first fingerprint.
     let dup = claim(b"{\"a\":1}");
-    assert_eq!(
-        store.reserve_one(&key, &dup, LEASE).await.unwrap(),
-        Reservation::InFlight {
-            fingerprint: first.fingerprint()
-        }
-    );
+    held_by(&store, &key, &first, &dup, LEASE).await;
     // Neither complete nor release with another token touches the claim.
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
-    assert!(
-        !store
-            .complete_one(&key, &dup, &record, RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
-    assert!(!store.release_one(&key, &dup).await.unwrap());
+    neither_completes_nor_releases(&store, &key, &dup, &record, RETENTION).await;
 
     assert!(
         store
@@ -265,14 +252,7 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
         Reservation::Acquired
     );
     let record = Record::ack(old.fingerprint());
-    assert!(
-        !store
-            .complete_one(&key, &old, &record, LEASE)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
-    assert!(!store.release_one(&key, &old).await.unwrap());
+    neither_completes_nor_releases(&store, &key, &old, &record, LEASE).await;
     assert_eq!(
         store.reserve_one(&key, &claim(b"z"), LEASE).await.unwrap(),
         Reservation::InFlight {
@@ -319,29 +299,7 @@ async fn fifty_concurrent_claims_have_exactly_one_winner() {
                 .unwrap();
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(50));
-        let tasks: Vec<_> = (0..50)
-            .map(|_| {
-                let store = store.clone();
-                let key = key.clone();
-                let barrier = barrier.clone();
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    store.reserve_one(&key, &claim(b"same"), LEASE).await
-                })
-            })
-            .collect();
-        let mut acquired = 0;
-        for task in tasks {
-            match task.await.unwrap().unwrap() {
-                Reservation::Acquired => acquired += 1,
-                Reservation::InFlight { fingerprint } => {
-                    assert_eq!(fingerprint, Fingerprint::of_bytes(b"same"))
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-        assert_eq!(acquired, 1, "round {round}");
+        fifty_claims_one_winner(std::slice::from_ref(&store), &key, LEASE, round).await;
     }
 }
 
@@ -370,14 +328,7 @@ async fn completed_keys_survive_an_app_restart() {
     let record = replay_record(&first);
     {
         let store = shared_store().await;
-        store.reserve_one(&key, &first, LEASE).await.unwrap();
-        assert!(
-            store
-                .complete_one(&key, &first, &record, RETENTION)
-                .await
-                .unwrap()
-                .is_recorded()
-        );
+        claim_and_record(&store, &key, &first, LEASE, &record, RETENTION).await;
         store.into_inner().close().await;
     }
     // A new process: a new pool, a new store, the same database.
@@ -405,14 +356,7 @@ async fn completed_keys_survive_a_database_crash_and_the_store_reconnects() {
     let key = StoreKey::new("restart", None, "evt_1");
     let first = claim(b"body");
     let record = replay_record(&first);
-    cached.reserve_one(&key, &first, LEASE).await.unwrap();
-    assert!(
-        cached
-            .complete_one(&key, &first, &record, RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    claim_and_record(&cached, &key, &first, LEASE, &record, RETENTION).await;
 
     tokio::task::block_in_place(|| server.stop());
     let err = store

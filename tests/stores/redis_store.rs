@@ -3,6 +3,7 @@
 #![cfg(feature = "redis")]
 
 use crate::redis_server;
+use crate::store_steps::{claim_and_record, held_by, neither_completes_nor_releases};
 
 use std::time::{Duration, Instant};
 
@@ -78,20 +79,10 @@ async fn absent_in_flight_completed_transitions() {
     let ttl = pttl(&client, &key).await;
     assert!(ttl > 25_000 && ttl <= 30_000, "lease PTTL {ttl}");
     assert!(key.as_str().starts_with("ti:"));
-    // The same claim again (a client retrying a SET whose reply was lost) is still ours.
-    assert_eq!(
-        store.reserve_one(&key, &first, LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
-
-    // A duplicate while in flight sees the first fingerprint.
+    // The same claim again (a client retrying a SET whose reply was lost) is still ours; a
+    // duplicate while in flight sees the first fingerprint.
     let dup = claim(b"{\"a\":1}");
-    assert_eq!(
-        store.reserve_one(&key, &dup, LEASE).await.unwrap(),
-        Reservation::InFlight {
-            fingerprint: first.fingerprint()
-        }
-    );
+    held_by(&store, &key, &first, &dup, LEASE).await;
 
     // What the store writes: the record with the owner tag of the claim that completed it.
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
@@ -200,28 +191,14 @@ async fn wrong_token_changes_nothing() {
     let ttl_before = pttl(&client, &key).await;
 
     let record = Record::ack(owner.fingerprint());
-    assert!(
-        !store
-            .complete_one(&key, &intruder, &record, RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
-    assert!(!store.release_one(&key, &intruder).await.unwrap());
+    neither_completes_nor_releases(&store, &key, &intruder, &record, RETENTION).await;
     assert_eq!(get_raw(&client, &key).await.unwrap(), before);
     let ttl_after = pttl(&client, &key).await;
     assert!(ttl_after <= ttl_before && ttl_after > ttl_before - 5_000);
 
     // Absent key: complete and release report false and create nothing.
     let absent = StoreKey::new("tokens", None, "never");
-    assert!(
-        !store
-            .complete_one(&absent, &owner, &record, RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
-    assert!(!store.release_one(&absent, &owner).await.unwrap());
+    neither_completes_nor_releases(&store, &absent, &owner, &record, RETENTION).await;
     assert_eq!(get_raw(&client, &absent).await, None);
 
     // The owner still completes.
@@ -258,14 +235,7 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
         Reservation::Acquired
     );
     let record = Record::ack(old.fingerprint());
-    assert!(
-        !store
-            .complete_one(&key, &old, &record, RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
-    assert!(!store.release_one(&key, &old).await.unwrap());
+    neither_completes_nor_releases(&store, &key, &old, &record, RETENTION).await;
     assert_eq!(get_raw(&client, &key).await.unwrap(), in_flight_value(&new));
     assert!(
         store
@@ -278,19 +248,8 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
     // Completed records expire with their retention too.
     let short = StoreKey::new("lease", None, "evt_2");
     let c = claim(b"body");
-    store.reserve_one(&short, &c, LEASE).await.unwrap();
-    assert!(
-        store
-            .complete_one(
-                &short,
-                &c,
-                &Record::ack(c.fingerprint()),
-                Duration::from_millis(100)
-            )
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    let (record, retention) = (Record::ack(c.fingerprint()), Duration::from_millis(100));
+    claim_and_record(&store, &short, &c, LEASE, &record, retention).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(
         store
@@ -358,14 +317,7 @@ async fn replay_records_round_trip() {
     let key = StoreKey::new("replay", None, "ack");
     let fp = Fingerprint::from_bytes(*b"01234567");
     let c = Claim::with_token(Token::from_bytes(*b"0123456789abcdef"), fp);
-    store.reserve_one(&key, &c, LEASE).await.unwrap();
-    assert!(
-        store
-            .complete_one(&key, &c, &Record::ack(fp), RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    claim_and_record(&store, &key, &c, LEASE, &Record::ack(fp), RETENTION).await;
     let stored = get_raw(&client, &key).await.unwrap();
     assert!(std::str::from_utf8(&stored).is_ok(), "{stored:?}");
     assert_eq!(
@@ -409,14 +361,8 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
     // Warm the script cache once, as any running process has.
     let warm = StoreKey::new("cost", None, "warm-up");
     let c = claim(b"w");
-    store.reserve_one(&warm, &c, LEASE).await.unwrap();
-    assert!(
-        store
-            .complete_one(&warm, &c, &Record::ack(c.fingerprint()), RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    let record = Record::ack(c.fingerprint());
+    claim_and_record(&store, &warm, &c, LEASE, &record, RETENTION).await;
     let r = claim(b"w2");
     let warm2 = StoreKey::new("cost", None, "warm-up-2");
     store.reserve_one(&warm2, &r, LEASE).await.unwrap();
@@ -603,14 +549,8 @@ async fn scripts_are_reloaded_after_noscript() {
     redis_server::reset_stats(&client).await;
     let key = StoreKey::new("noscript", None, "evt_2");
     let c = claim(b"x");
-    store.reserve_one(&key, &c, LEASE).await.unwrap();
-    assert!(
-        store
-            .complete_one(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    let record = Record::ack(c.fingerprint());
+    claim_and_record(&store, &key, &c, LEASE, &record, RETENTION).await;
     assert_eq!(redis_server::command_calls(&client, "evalsha").await, 1);
     assert_eq!(redis_server::command_calls(&client, "eval").await, 0);
 

@@ -5,6 +5,9 @@
 
 use crate::once;
 use crate::sql_purge;
+use crate::store_steps::{
+    claim_and_record, fifty_claims_one_winner, held_by, neither_completes_nor_releases,
+};
 use crate::suite;
 use tower_idempotency::test_util::store::{self as contract, OneTarget};
 
@@ -117,26 +120,10 @@ async fn absent_in_flight_completed_transitions() {
     assert_eq!(row.get::<i64, _>("lease"), 30_000);
 
     // The same claim again is still ours; a duplicate sees the first fingerprint.
-    assert_eq!(
-        store.reserve_one(&key, &first, LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
     let dup = claim(b"{\"a\":1}");
-    assert_eq!(
-        store.reserve_one(&key, &dup, LEASE).await.unwrap(),
-        Reservation::InFlight {
-            fingerprint: first.fingerprint()
-        }
-    );
+    held_by(&store, &key, &first, &dup, LEASE).await;
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
-    assert!(
-        !store
-            .complete_one(&key, &dup, &record, RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
-    assert!(!store.release_one(&key, &dup).await.unwrap());
+    neither_completes_nor_releases(&store, &key, &dup, &record, RETENTION).await;
 
     assert!(
         store
@@ -209,14 +196,8 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
         store.reserve_one(&key, &new, LEASE).await.unwrap(),
         Reservation::Acquired
     );
-    assert!(
-        !store
-            .complete_one(&key, &old, &Record::ack(old.fingerprint()), LEASE)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
-    assert!(!store.release_one(&key, &old).await.unwrap());
+    neither_completes_nor_releases(&store, &key, &old, &Record::ack(old.fingerprint()), LEASE)
+        .await;
     assert_eq!(
         store.reserve_one(&key, &claim(b"z"), LEASE).await.unwrap(),
         Reservation::InFlight {
@@ -258,29 +239,7 @@ async fn fifty_concurrent_claims_have_exactly_one_winner() {
                 .unwrap();
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(50));
-        let tasks: Vec<_> = (0..50)
-            .map(|i| {
-                let store = if i % 2 == 0 { a.clone() } else { b.clone() };
-                let key = key.clone();
-                let barrier = barrier.clone();
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    store.reserve_one(&key, &claim(b"same"), LEASE).await
-                })
-            })
-            .collect();
-        let mut acquired = 0;
-        for task in tasks {
-            match task.await.unwrap().unwrap() {
-                Reservation::Acquired => acquired += 1,
-                Reservation::InFlight { fingerprint } => {
-                    assert_eq!(fingerprint, Fingerprint::of_bytes(b"same"))
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-        assert_eq!(acquired, 1, "round {round}");
+        fifty_claims_one_winner(&[a.clone(), b.clone()], &key, LEASE, round).await;
     }
 }
 
@@ -303,14 +262,7 @@ async fn completed_keys_survive_an_app_restart() {
     .owned_by(first.token());
     {
         let store = open(&dir.db()).await;
-        store.reserve_one(&key, &first, LEASE).await.unwrap();
-        assert!(
-            store
-                .complete_one(&key, &first, &record, RETENTION)
-                .await
-                .unwrap()
-                .is_recorded()
-        );
+        claim_and_record(&store, &key, &first, LEASE, &record, RETENTION).await;
         store.into_inner().close().await;
     }
     // A new process: a new pool on the same file; opening migrates again, harmlessly.
