@@ -762,6 +762,11 @@ mod tests {
     }
 
     /// Claims and completes `key` through `store`, with an ack record.
+    /// What a new claim of `key` is told.
+    async fn told<St: IdempotencyStore>(store: &St, key: &StoreKey) -> Reservation {
+        store.reserve_one(key, &claim(), LEASE).await.unwrap()
+    }
+
     async fn complete<St: IdempotencyStore>(store: &St, key: &StoreKey, retention: Duration) {
         let owner = claim();
         assert_eq!(
@@ -806,7 +811,7 @@ mod tests {
             .unwrap();
         assert_eq!(inner.calls(), 2);
         for _ in 0..3 {
-            match store.reserve_one(&k, &claim(), LEASE).await.unwrap() {
+            match told(&store, &k).await {
                 // The record as the inner store holds it: owned by the claim that wrote it.
                 Reservation::Completed(held) => {
                     assert!(held.is_owned_by(owner.token()));
@@ -838,7 +843,7 @@ mod tests {
         );
         for _ in 0..3 {
             assert!(matches!(
-                store.reserve_one(&k, &claim(), LEASE).await.unwrap(),
+                told(&store, &k).await,
                 Reservation::InFlight { .. }
             ));
         }
@@ -861,7 +866,7 @@ mod tests {
         assert!(store.is_empty());
         assert!(store.renew_one(&k, &owner, LEASE).await.unwrap());
         assert!(matches!(
-            store.reserve_one(&k, &claim(), LEASE).await.unwrap(),
+            told(&store, &k).await,
             Reservation::InFlight { .. }
         ));
     }
@@ -895,10 +900,7 @@ mod tests {
         // Read at once, well within the retention.
         let retention = Duration::from_secs(1);
         complete(&inner, &k, retention).await;
-        assert!(matches!(
-            store.reserve_one(&k, &claim(), LEASE).await.unwrap(),
-            Reservation::Completed(_)
-        ));
+        assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
         assert_eq!(store.len(), 1, "cached with the expiry the store told");
         tokio::time::sleep(retention + Duration::from_millis(200)).await;
         // The record expired in the store: so did the entry, long before `read_ttl`.
@@ -958,8 +960,7 @@ mod tests {
         let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_secs(2));
         let k = key(1);
         complete(&inner.0, &k, Duration::from_millis(500)).await;
-        let Reservation::Completed(read) = store.reserve_one(&k, &claim(), LEASE).await.unwrap()
-        else {
+        let Reservation::Completed(read) = told(&store, &k).await else {
             panic!("completed");
         };
         assert_eq!(read.expires_in(), None, "the store did not tell");
@@ -967,10 +968,7 @@ mod tests {
         // 600 ms at least after the completion, past the retention; 1.4 s before read_ttl.
         tokio::time::sleep(Duration::from_millis(600)).await;
         // Gone from the store, still answered from the cache: the event was processed.
-        assert!(matches!(
-            store.reserve_one(&k, &claim(), LEASE).await.unwrap(),
-            Reservation::Completed(_)
-        ));
+        assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
         // 2.1 s at least after the read: past read_ttl.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_claimed_anew(&store, &k).await;
@@ -1000,14 +998,11 @@ mod tests {
             inner.reserve_one(&k, &other, LEASE).await.unwrap(),
             Reservation::Acquired
         );
-        assert!(matches!(
-            store.reserve_one(&k, &claim(), LEASE).await.unwrap(),
-            Reservation::Completed(_)
-        ));
+        assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
         assert!(store.renew_one(&k, &other, LEASE).await.unwrap());
         assert!(store.is_empty());
         assert!(matches!(
-            store.reserve_one(&k, &claim(), LEASE).await.unwrap(),
+            told(&store, &k).await,
             Reservation::InFlight { .. }
         ));
     }
@@ -1018,20 +1013,11 @@ mod tests {
         let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_secs(1));
         let k = key(1);
         complete(&inner.store, &k, RETENTION).await;
-        assert!(matches!(
-            store.reserve_one(&k, &claim(), LEASE).await.unwrap(),
-            Reservation::Completed(_)
-        ));
-        assert!(matches!(
-            store.reserve_one(&k, &claim(), LEASE).await.unwrap(),
-            Reservation::Completed(_)
-        ));
+        assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
+        assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
         assert_eq!(inner.calls(), 1, "the second duplicate is a cache hit");
         tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert!(matches!(
-            store.reserve_one(&k, &claim(), LEASE).await.unwrap(),
-            Reservation::Completed(_)
-        ));
+        assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
         assert_eq!(inner.calls(), 2, "expired: asked the store again");
 
         // A zero read TTL caches only what this instance wrote.
@@ -1055,29 +1041,26 @@ mod tests {
         assert_eq!(store.len(), 2);
         let calls = inner.calls();
         for k in [&short, &long] {
-            assert!(matches!(
-                store.reserve_one(k, &claim(), LEASE).await.unwrap(),
-                Reservation::Completed(_)
-            ));
+            assert!(matches!(told(&store, k).await, Reservation::Completed(_)));
         }
         assert_eq!(inner.calls(), calls);
 
         // Past the short retention (500 ms), 1.3 s before max_ttl (2 s).
         tokio::time::sleep(Duration::from_millis(700)).await;
         assert_eq!(
-            store.reserve_one(&short, &claim(), LEASE).await.unwrap(),
+            told(&store, &short).await,
             Reservation::Acquired,
             "expired with its retention: the key is free again"
         );
         assert!(matches!(
-            store.reserve_one(&long, &claim(), LEASE).await.unwrap(),
+            told(&store, &long).await,
             Reservation::Completed(_)
         ));
         assert_eq!(inner.calls(), calls + 1);
         // 2.1 s at least after the completion: past max_ttl.
         tokio::time::sleep(Duration::from_millis(1400)).await;
         assert!(matches!(
-            store.reserve_one(&long, &claim(), LEASE).await.unwrap(),
+            told(&store, &long).await,
             Reservation::Completed(_)
         ));
         assert_eq!(inner.calls(), calls + 2, "past max_ttl: asked the store");
@@ -1100,7 +1083,7 @@ mod tests {
         assert_eq!(inner.calls(), calls, "the newest four are cached");
         for i in 0..6 {
             assert!(matches!(
-                store.reserve_one(&key(i), &claim(), LEASE).await.unwrap(),
+                told(&store, &key(i)).await,
                 Reservation::Completed(_)
             ));
         }
@@ -1132,7 +1115,7 @@ mod tests {
         assert_eq!(store.len(), 10_000 / one);
         assert_eq!(store.bytes(), store.len() * one);
         // The newest are kept.
-        match store.reserve_one(&key(9), &claim(), LEASE).await.unwrap() {
+        match told(&store, &key(9)).await {
             Reservation::Completed(record) => {
                 assert_eq!(record.response().unwrap().body().len(), 2_000)
             }
@@ -1260,7 +1243,7 @@ mod tests {
         assert_eq!(store.inner().len(), 1);
         let inner = store.into_inner();
         assert!(matches!(
-            inner.reserve_one(&key(1), &claim(), LEASE).await.unwrap(),
+            told(&inner, &key(1)).await,
             Reservation::Completed(_)
         ));
     }
