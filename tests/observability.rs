@@ -16,6 +16,7 @@ use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey, Target};
+use tower_idempotency::test_util::store::OneTarget;
 use tower_idempotency::{FailureMode, IdempotencyLayer, MemoryStore, Outcome, OutcomeEvent};
 
 const SECRET_KEY: &str = "whsec-delivery-7Hq2";
@@ -156,14 +157,13 @@ async fn every_outcome_is_traced_and_counted_without_secrets() {
     // in flight: a claim held elsewhere
     let held = StoreKey::new("obs", Some("/effect"), "held");
     store
-        .reserve(
-            &[Target::key(held.clone())],
+        .reserve_one(
+            &held,
             &Claim::new(Fingerprint::of_bytes(b"{}")),
             Duration::from_secs(30),
         )
         .await
-        .unwrap()
-        .remove(0);
+        .unwrap();
     assert_eq!(
         send(&app, post("/effect", Some("held"), "{}")).await.0,
         StatusCode::CONFLICT
@@ -171,14 +171,13 @@ async fn every_outcome_is_traced_and_counted_without_secrets() {
 
     // store_error and fail_open: a full store
     let full = MemoryStore::new().with_max_entries(1);
-    full.reserve(
-        &[Target::key(StoreKey::new("x", None, "x"))],
+    full.reserve_one(
+        &StoreKey::new("x", None, "x"),
         &Claim::new(Fingerprint::NONE),
         Duration::from_secs(30),
     )
     .await
-    .unwrap()
-    .remove(0);
+    .unwrap();
     let closed = router(
         IdempotencyLayer::new(full.clone()).namespace("obs"),
         &effects,
@@ -396,14 +395,9 @@ async fn a_flood_of_refusals_is_logged_throttled_and_counted_whole() {
     let filler = StoreKey::new("flood", None, "filler");
     let claim = Claim::new(Fingerprint::NONE);
     store
-        .reserve(
-            &[Target::key(filler.clone())],
-            &claim,
-            Duration::from_secs(600),
-        )
+        .reserve_one(&filler, &claim, Duration::from_secs(600))
         .await
-        .unwrap()
-        .remove(0);
+        .unwrap();
     let interval = Duration::from_millis(500);
     let layer = IdempotencyLayer::new(store)
         .namespace("flood")

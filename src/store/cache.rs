@@ -686,6 +686,7 @@ mod tests {
     use crate::store::memory::MemoryStore;
     use crate::store::record::{StoredResponse, StoredValue};
     use crate::store::slot::Slot;
+    use crate::test_util::store::OneTarget;
 
     const LEASE: Duration = Duration::from_secs(30);
     const RETENTION: Duration = Duration::from_secs(3600);
@@ -761,23 +762,23 @@ mod tests {
     }
 
     /// Claims and completes `key` through `store`, with an ack record.
+    /// What a new claim of `key` is told.
+    async fn told<St: IdempotencyStore>(store: &St, key: &StoreKey) -> Reservation {
+        store.reserve_one(key, &claim(), LEASE).await.unwrap()
+    }
+
     async fn complete<St: IdempotencyStore>(store: &St, key: &StoreKey, retention: Duration) {
         let owner = claim();
         assert_eq!(
-            store
-                .reserve(&[Target::key(key.clone())], &owner, LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            store.reserve_one(key, &owner, LEASE).await.unwrap(),
             Reservation::Acquired
         );
         let record = Record::ack(owner.fingerprint());
         assert_eq!(
             store
-                .complete(&[Target::key(key.clone())], &owner, &record, retention)
+                .complete_one(key, &owner, &record, retention)
                 .await
-                .unwrap()
-                .remove(0),
+                .unwrap(),
             Completion::Written
         );
     }
@@ -802,25 +803,15 @@ mod tests {
         let store = CachedStore::new(inner.clone());
         let k = key(1);
         let owner = claim();
-        store
-            .reserve(&[Target::key(k.clone())], &owner, LEASE)
-            .await
-            .unwrap()
-            .remove(0);
+        store.reserve_one(&k, &owner, LEASE).await.unwrap();
         let record = Record::ack(owner.fingerprint());
         store
-            .complete(&[Target::key(k.clone())], &owner, &record, RETENTION)
+            .complete_one(&k, &owner, &record, RETENTION)
             .await
-            .unwrap()
-            .remove(0);
+            .unwrap();
         assert_eq!(inner.calls(), 2);
         for _ in 0..3 {
-            match store
-                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0)
-            {
+            match told(&store, &k).await {
                 // The record as the inner store holds it: owned by the claim that wrote it.
                 Reservation::Completed(held) => {
                     assert!(held.is_owned_by(owner.token()));
@@ -833,10 +824,9 @@ mod tests {
         // Completing and releasing still go to the inner store.
         assert_eq!(
             store
-                .complete(&[Target::key(k.clone())], &owner, &record, RETENTION)
+                .complete_one(&k, &owner, &record, RETENTION)
                 .await
-                .unwrap()
-                .remove(0),
+                .unwrap(),
             Completion::AlreadyWritten
         );
         assert_eq!(inner.calls(), 3);
@@ -848,20 +838,12 @@ mod tests {
         let store = CachedStore::new(inner.clone());
         let (k, owner) = (key(1), claim());
         assert_eq!(
-            store
-                .reserve(&[Target::key(k.clone())], &owner, LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            store.reserve_one(&k, &owner, LEASE).await.unwrap(),
             Reservation::Acquired
         );
         for _ in 0..3 {
             assert!(matches!(
-                store
-                    .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-                    .await
-                    .unwrap()
-                    .remove(0),
+                told(&store, &k).await,
                 Reservation::InFlight { .. }
             ));
         }
@@ -876,25 +858,15 @@ mod tests {
         let record = Record::ack(stranger.fingerprint());
         assert_eq!(
             store
-                .complete(&[Target::key(k.clone())], &stranger, &record, RETENTION)
+                .complete_one(&k, &stranger, &record, RETENTION)
                 .await
-                .unwrap()
-                .remove(0),
+                .unwrap(),
             Completion::Lost
         );
         assert!(store.is_empty());
-        assert!(
-            store
-                .renew(&[Target::key(k.clone())], &owner, LEASE)
-                .await
-                .unwrap()
-        );
+        assert!(store.renew_one(&k, &owner, LEASE).await.unwrap());
         assert!(matches!(
-            store
-                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            told(&store, &k).await,
             Reservation::InFlight { .. }
         ));
     }
@@ -904,18 +876,8 @@ mod tests {
         let inner = Counting::default();
         let store = CachedStore::new(inner.clone());
         let (k, owner) = (key(1), claim());
-        store
-            .reserve(&[Target::key(k.clone())], &owner, LEASE)
-            .await
-            .unwrap()
-            .remove(0);
-        assert!(
-            store
-                .release(&[Target::key(k.clone())], &owner)
-                .await
-                .map(|n| n == 1)
-                .unwrap()
-        );
+        store.reserve_one(&k, &owner, LEASE).await.unwrap();
+        assert!(store.release_one(&k, &owner).await.unwrap());
         assert!(store.is_empty());
         assert_claimed_anew(&store, &k).await;
     }
@@ -924,20 +886,10 @@ mod tests {
     async fn assert_claimed_anew<St: IdempotencyStore>(store: &CachedStore<St>, k: &StoreKey) {
         let next = claim();
         assert_eq!(
-            store
-                .reserve(&[Target::key(k.clone())], &next, LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            store.reserve_one(k, &next, LEASE).await.unwrap(),
             Reservation::Acquired
         );
-        assert!(
-            store
-                .release(&[Target::key(k.clone())], &next)
-                .await
-                .map(|n| n == 1)
-                .unwrap()
-        );
+        assert!(store.release_one(k, &next).await.unwrap());
     }
 
     #[tokio::test]
@@ -948,14 +900,7 @@ mod tests {
         // Read at once, well within the retention.
         let retention = Duration::from_secs(1);
         complete(&inner, &k, retention).await;
-        assert!(matches!(
-            store
-                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
-            Reservation::Completed(_)
-        ));
+        assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
         assert_eq!(store.len(), 1, "cached with the expiry the store told");
         tokio::time::sleep(retention + Duration::from_millis(200)).await;
         // The record expired in the store: so did the entry, long before `read_ttl`.
@@ -1015,12 +960,7 @@ mod tests {
         let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_secs(2));
         let k = key(1);
         complete(&inner.0, &k, Duration::from_millis(500)).await;
-        let Reservation::Completed(read) = store
-            .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-            .await
-            .unwrap()
-            .remove(0)
-        else {
+        let Reservation::Completed(read) = told(&store, &k).await else {
             panic!("completed");
         };
         assert_eq!(read.expires_in(), None, "the store did not tell");
@@ -1028,14 +968,7 @@ mod tests {
         // 600 ms at least after the completion, past the retention; 1.4 s before read_ttl.
         tokio::time::sleep(Duration::from_millis(600)).await;
         // Gone from the store, still answered from the cache: the event was processed.
-        assert!(matches!(
-            store
-                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
-            Reservation::Completed(_)
-        ));
+        assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
         // 2.1 s at least after the read: past read_ttl.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_claimed_anew(&store, &k).await;
@@ -1052,54 +985,24 @@ mod tests {
         assert_eq!(store.len(), 1);
         let filler = claim();
         assert_eq!(
-            inner
-                .reserve(&[Target::key(key(2))], &filler, LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            inner.reserve_one(&key(2), &filler, LEASE).await.unwrap(),
             Reservation::Acquired,
             "the record of `k` was evicted"
         );
-        assert!(
-            inner
-                .release(&[Target::key(key(2))], &filler)
-                .await
-                .map(|n| n == 1)
-                .unwrap()
-        );
+        assert!(inner.release_one(&key(2), &filler).await.unwrap());
         // Another instance claims the key again; this one renews it for that claim (as a
         // guard on this instance would): the entry is dropped, and the answer shows the key
         // in flight.
         let other = claim();
         assert_eq!(
-            inner
-                .reserve(&[Target::key(k.clone())], &other, LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            inner.reserve_one(&k, &other, LEASE).await.unwrap(),
             Reservation::Acquired
         );
-        assert!(matches!(
-            store
-                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
-            Reservation::Completed(_)
-        ));
-        assert!(
-            store
-                .renew(&[Target::key(k.clone())], &other, LEASE)
-                .await
-                .unwrap()
-        );
+        assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
+        assert!(store.renew_one(&k, &other, LEASE).await.unwrap());
         assert!(store.is_empty());
         assert!(matches!(
-            store
-                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            told(&store, &k).await,
             Reservation::InFlight { .. }
         ));
     }
@@ -1110,41 +1013,16 @@ mod tests {
         let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_secs(1));
         let k = key(1);
         complete(&inner.store, &k, RETENTION).await;
-        assert!(matches!(
-            store
-                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
-            Reservation::Completed(_)
-        ));
-        assert!(matches!(
-            store
-                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
-            Reservation::Completed(_)
-        ));
+        assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
+        assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
         assert_eq!(inner.calls(), 1, "the second duplicate is a cache hit");
         tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert!(matches!(
-            store
-                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
-            Reservation::Completed(_)
-        ));
+        assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
         assert_eq!(inner.calls(), 2, "expired: asked the store again");
 
         // A zero read TTL caches only what this instance wrote.
         let store = CachedStore::new(inner.clone()).read_ttl(Duration::ZERO);
-        store
-            .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-            .await
-            .unwrap()
-            .remove(0);
+        store.reserve_one(&k, &claim(), LEASE).await.unwrap();
         assert!(store.is_empty());
         complete(&store, &key(2), RETENTION).await;
         assert_eq!(store.len(), 1);
@@ -1163,45 +1041,26 @@ mod tests {
         assert_eq!(store.len(), 2);
         let calls = inner.calls();
         for k in [&short, &long] {
-            assert!(matches!(
-                store
-                    .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-                    .await
-                    .unwrap()
-                    .remove(0),
-                Reservation::Completed(_)
-            ));
+            assert!(matches!(told(&store, k).await, Reservation::Completed(_)));
         }
         assert_eq!(inner.calls(), calls);
 
         // Past the short retention (500 ms), 1.3 s before max_ttl (2 s).
         tokio::time::sleep(Duration::from_millis(700)).await;
         assert_eq!(
-            store
-                .reserve(&[Target::key(short.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            told(&store, &short).await,
             Reservation::Acquired,
             "expired with its retention: the key is free again"
         );
         assert!(matches!(
-            store
-                .reserve(&[Target::key(long.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            told(&store, &long).await,
             Reservation::Completed(_)
         ));
         assert_eq!(inner.calls(), calls + 1);
         // 2.1 s at least after the completion: past max_ttl.
         tokio::time::sleep(Duration::from_millis(1400)).await;
         assert!(matches!(
-            store
-                .reserve(&[Target::key(long.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            told(&store, &long).await,
             Reservation::Completed(_)
         ));
         assert_eq!(inner.calls(), calls + 2, "past max_ttl: asked the store");
@@ -1219,20 +1078,12 @@ mod tests {
         assert_eq!(store.bytes(), 4 * LocalCache::ENTRY_BYTES);
         let calls = inner.calls();
         for i in 6..10 {
-            store
-                .reserve(&[Target::key(key(i))], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0);
+            store.reserve_one(&key(i), &claim(), LEASE).await.unwrap();
         }
         assert_eq!(inner.calls(), calls, "the newest four are cached");
         for i in 0..6 {
             assert!(matches!(
-                store
-                    .reserve(&[Target::key(key(i))], &claim(), LEASE)
-                    .await
-                    .unwrap()
-                    .remove(0),
+                told(&store, &key(i)).await,
                 Reservation::Completed(_)
             ));
         }
@@ -1254,27 +1105,17 @@ mod tests {
         assert!(one > 2_000 + LocalCache::ENTRY_BYTES);
         for i in 0..10 {
             let (k, owner) = (key(i), claim());
+            store.reserve_one(&k, &owner, LEASE).await.unwrap();
             store
-                .reserve(&[Target::key(k.clone())], &owner, LEASE)
+                .complete_one(&k, &owner, &replay(2_000), RETENTION)
                 .await
-                .unwrap()
-                .remove(0);
-            store
-                .complete(&[Target::key(k.clone())], &owner, &replay(2_000), RETENTION)
-                .await
-                .unwrap()
-                .remove(0);
+                .unwrap();
             assert!(store.bytes() <= 10_000);
         }
         assert_eq!(store.len(), 10_000 / one);
         assert_eq!(store.bytes(), store.len() * one);
         // The newest are kept.
-        match store
-            .reserve(&[Target::key(key(9))], &claim(), LEASE)
-            .await
-            .unwrap()
-            .remove(0)
-        {
+        match told(&store, &key(9)).await {
             Reservation::Completed(record) => {
                 assert_eq!(record.response().unwrap().body().len(), 2_000)
             }
@@ -1282,21 +1123,11 @@ mod tests {
         }
         // A record larger than the bound is not cached, and evicts nothing.
         let (k, owner) = (key(100), claim());
+        store.reserve_one(&k, &owner, LEASE).await.unwrap();
         store
-            .reserve(&[Target::key(k.clone())], &owner, LEASE)
+            .complete_one(&k, &owner, &replay(20_000), RETENTION)
             .await
-            .unwrap()
-            .remove(0);
-        store
-            .complete(
-                &[Target::key(k.clone())],
-                &owner,
-                &replay(20_000),
-                RETENTION,
-            )
-            .await
-            .unwrap()
-            .remove(0);
+            .unwrap();
         assert_eq!(store.len(), 10_000 / one);
     }
 
@@ -1306,11 +1137,7 @@ mod tests {
         let store = CachedStore::new(inner.clone()).max_entries(0);
         complete(&store, &key(1), RETENTION).await;
         assert!(store.is_empty());
-        store
-            .reserve(&[Target::key(key(1))], &claim(), LEASE)
-            .await
-            .unwrap()
-            .remove(0);
+        store.reserve_one(&key(1), &claim(), LEASE).await.unwrap();
         assert_eq!(inner.calls(), 3);
     }
 
@@ -1322,11 +1149,7 @@ mod tests {
         complete(&store, &done_a, RETENTION).await;
         complete(&store, &done_c, RETENTION).await;
         let holder = claim();
-        store
-            .reserve(&[Target::key(busy_d.clone())], &holder, LEASE)
-            .await
-            .unwrap()
-            .remove(0);
+        store.reserve_one(&busy_d, &holder, LEASE).await.unwrap();
         let calls = inner.calls();
 
         let batch = [
@@ -1420,11 +1243,7 @@ mod tests {
         assert_eq!(store.inner().len(), 1);
         let inner = store.into_inner();
         assert!(matches!(
-            inner
-                .reserve(&[Target::key(key(1))], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            told(&inner, &key(1)).await,
             Reservation::Completed(_)
         ));
     }

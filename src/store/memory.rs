@@ -575,6 +575,7 @@ mod tests {
     use super::*;
     use crate::order::Position;
     use crate::store::ObjectKey;
+    use crate::test_util::store::OneTarget;
 
     fn claim() -> Claim {
         Claim::new(Fingerprint::of_bytes(b"body"))
@@ -591,11 +592,7 @@ mod tests {
         // expires (`len` drops expired entries).
         let lease = Duration::from_millis(500);
         for i in 0..100 {
-            store
-                .reserve(&[Target::key(key(i))], &claim(), lease)
-                .await
-                .unwrap()
-                .remove(0);
+            store.reserve_one(&key(i), &claim(), lease).await.unwrap();
         }
         assert_eq!(store.len(), 100);
         tokio::time::sleep(lease + Duration::from_millis(100)).await;
@@ -608,18 +605,13 @@ mod tests {
         let store = MemoryStore::new();
         let (k, first) = (key(1), claim());
         let (lease, retention) = (Duration::from_millis(100), Duration::from_secs(1));
-        store
-            .reserve(&[Target::key(k.clone())], &first, lease)
-            .await
-            .unwrap()
-            .remove(0);
+        store.reserve_one(&k, &first, lease).await.unwrap();
         let record = Record::ack(first.fingerprint());
         assert_eq!(
             store
-                .complete(&[Target::key(k.clone())], &first, &record, retention)
+                .complete_one(&k, &first, &record, retention)
                 .await
-                .unwrap()
-                .remove(0),
+                .unwrap(),
             Completion::Written
         );
         // Past the lease (by 200 ms at least), well within the retention (700 ms to spare).
@@ -628,9 +620,8 @@ mod tests {
         assert_eq!(store.len(), 1);
         assert!(matches!(
             store
-                .reserve(&[Target::key(k.clone())], &claim(), Duration::from_secs(1))
-                .await
-                .map(|mut a| a.remove(0)),
+                .reserve_one(&k, &claim(), Duration::from_secs(1))
+                .await,
             Ok(Reservation::Completed(_))
         ));
         // 1.1 s at least after the completion: past the retention.
@@ -645,38 +636,19 @@ mod tests {
             .when_full(WhenFull::Refuse);
         let lease = Duration::from_secs(30);
         let first = claim();
+        store.reserve_one(&key(0), &first, lease).await.unwrap();
         store
-            .reserve(&[Target::key(key(0))], &first, lease)
+            .complete_one(&key(0), &first, &Record::ack(first.fingerprint()), lease)
             .await
-            .unwrap()
-            .remove(0);
-        store
-            .complete(
-                &[Target::key(key(0))],
-                &first,
-                &Record::ack(first.fingerprint()),
-                lease,
-            )
-            .await
-            .unwrap()
-            .remove(0);
-        store
-            .reserve(&[Target::key(key(1))], &claim(), lease)
-            .await
-            .unwrap()
-            .remove(0);
+            .unwrap();
+        store.reserve_one(&key(1), &claim(), lease).await.unwrap();
         let err = store
-            .reserve(&[Target::key(key(2))], &claim(), lease)
+            .reserve_one(&key(2), &claim(), lease)
             .await
-            .map(|mut a| a.remove(0))
             .unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Capacity);
         assert!(matches!(
-            store
-                .reserve(&[Target::key(key(0))], &claim(), lease)
-                .await
-                .unwrap()
-                .remove(0),
+            store.reserve_one(&key(0), &claim(), lease).await.unwrap(),
             Reservation::Completed(_)
         ));
     }
@@ -688,48 +660,26 @@ mod tests {
         // Two in-flight claims and two records, the older first.
         let held: Vec<Claim> = (0..2).map(|_| claim()).collect();
         for (i, c) in held.iter().enumerate() {
-            store
-                .reserve(&[Target::key(key(100 + i))], c, lease)
-                .await
-                .unwrap()
-                .remove(0);
+            store.reserve_one(&key(100 + i), c, lease).await.unwrap();
         }
         for i in 0..2 {
             let c = claim();
+            store.reserve_one(&key(i), &c, lease).await.unwrap();
             store
-                .reserve(&[Target::key(key(i))], &c, lease)
+                .complete_one(&key(i), &c, &Record::ack(c.fingerprint()), retention)
                 .await
-                .unwrap()
-                .remove(0);
-            store
-                .complete(
-                    &[Target::key(key(i))],
-                    &c,
-                    &Record::ack(c.fingerprint()),
-                    retention,
-                )
-                .await
-                .unwrap()
-                .remove(0);
+                .unwrap();
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert!(store.effective_retention().unwrap() >= Duration::from_millis(5));
         // Full: a new key evicts the oldest record (key 0), then the next one (key 1).
         assert_eq!(
-            store
-                .reserve(&[Target::key(key(2))], &claim(), lease)
-                .await
-                .unwrap()
-                .remove(0),
+            store.reserve_one(&key(2), &claim(), lease).await.unwrap(),
             Reservation::Acquired
         );
         assert_eq!(store.evictions(), 1);
         assert_eq!(
-            store
-                .reserve(&[Target::key(key(0))], &claim(), lease)
-                .await
-                .unwrap()
-                .remove(0),
+            store.reserve_one(&key(0), &claim(), lease).await.unwrap(),
             Reservation::Acquired,
             "the evicted record is forgotten"
         );
@@ -737,18 +687,12 @@ mod tests {
         assert_eq!(store.len(), 4);
         // Only in-flight claims are left: the next key is refused, the claims stay.
         let err = store
-            .reserve(&[Target::key(key(3))], &claim(), lease)
+            .reserve_one(&key(3), &claim(), lease)
             .await
-            .map(|mut a| a.remove(0))
             .unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Capacity);
         for (i, c) in held.iter().enumerate() {
-            assert!(
-                store
-                    .renew(&[Target::key(key(100 + i))], c, lease)
-                    .await
-                    .unwrap()
-            );
+            assert!(store.renew_one(&key(100 + i), c, lease).await.unwrap());
         }
         assert_eq!(store.effective_retention(), None);
     }
@@ -760,11 +704,7 @@ mod tests {
         let store = MemoryStore::new().with_max_bytes(3 * entry + 800);
         let (lease, retention) = (Duration::from_secs(30), Duration::from_secs(3600));
         let big = claim();
-        store
-            .reserve(&[Target::key(key(0))], &big, lease)
-            .await
-            .unwrap()
-            .remove(0);
+        store.reserve_one(&key(0), &big, lease).await.unwrap();
         let response = StoredResponse::new(
             http::StatusCode::OK,
             http::HeaderMap::new(),
@@ -773,22 +713,13 @@ mod tests {
         );
         let record = Record::replay(big.fingerprint(), response);
         store
-            .complete(&[Target::key(key(0))], &big, &record, retention)
+            .complete_one(&key(0), &big, &record, retention)
             .await
-            .unwrap()
-            .remove(0);
+            .unwrap();
         assert_eq!(store.bytes(), entry + 900);
-        store
-            .reserve(&[Target::key(key(1))], &claim(), lease)
-            .await
-            .unwrap()
-            .remove(0);
+        store.reserve_one(&key(1), &claim(), lease).await.unwrap();
         // A third key does not fit the bytes (3 * 128 + 900 > 3 * 128 + 800): the big record goes.
-        store
-            .reserve(&[Target::key(key(2))], &claim(), lease)
-            .await
-            .unwrap()
-            .remove(0);
+        store.reserve_one(&key(2), &claim(), lease).await.unwrap();
         assert_eq!(store.evictions(), 1);
         assert_eq!(store.bytes(), 2 * entry);
         assert_eq!(store.len(), 2);
@@ -799,18 +730,16 @@ mod tests {
         let store = MemoryStore::new().with_max_entries(50);
         for i in 0..50 {
             store
-                .reserve(&[Target::key(key(i))], &claim(), Duration::from_millis(10))
+                .reserve_one(&key(i), &claim(), Duration::from_millis(10))
                 .await
-                .unwrap()
-                .remove(0);
+                .unwrap();
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
         for i in 50..100 {
             store
-                .reserve(&[Target::key(key(i))], &claim(), Duration::from_secs(60))
+                .reserve_one(&key(i), &claim(), Duration::from_secs(60))
                 .await
-                .unwrap()
-                .remove(0);
+                .unwrap();
         }
         assert_eq!(store.len(), 50);
     }
@@ -830,61 +759,43 @@ mod tests {
         );
         let (k, lease) = (key(1), Duration::from_secs(60));
         assert_eq!(
-            store
-                .reserve(&[Target::key(k.clone())], &first, lease)
-                .await
-                .unwrap()
-                .remove(0),
+            store.reserve_one(&k, &first, lease).await.unwrap(),
             Reservation::Acquired
         );
         assert!(matches!(
-            store
-                .reserve(&[Target::key(k.clone())], &second, lease)
-                .await
-                .unwrap()
-                .remove(0),
+            store.reserve_one(&k, &second, lease).await.unwrap(),
             Reservation::InFlight { .. }
         ));
-        assert!(
-            !store
-                .release(&[Target::key(k.clone())], &second)
-                .await
-                .map(|n| n == 1)
-                .unwrap()
-        );
+        assert!(!store.release_one(&k, &second).await.unwrap());
         let record = Record::ack(Fingerprint::NONE);
         assert_eq!(
             store
-                .complete(&[Target::key(k.clone())], &second, &record, lease)
+                .complete_one(&k, &second, &record, lease)
                 .await
-                .unwrap()
-                .remove(0),
+                .unwrap(),
             Completion::Lost
         );
         assert_eq!(
             store
-                .complete(&[Target::key(k.clone())], &first, &record, lease)
+                .complete_one(&k, &first, &record, lease)
                 .await
-                .unwrap()
-                .remove(0),
+                .unwrap(),
             Completion::Written
         );
         // A retried completion recognises its own record (by the first 3 bytes of its random
         // token); another claim's is still lost.
         assert_eq!(
             store
-                .complete(&[Target::key(k.clone())], &first, &record, lease)
+                .complete_one(&k, &first, &record, lease)
                 .await
-                .unwrap()
-                .remove(0),
+                .unwrap(),
             Completion::AlreadyWritten
         );
         assert_eq!(
             store
-                .complete(&[Target::key(k.clone())], &claim(), &record, lease)
+                .complete_one(&k, &claim(), &record, lease)
                 .await
-                .unwrap()
-                .remove(0),
+                .unwrap(),
             Completion::Lost
         );
     }
@@ -896,50 +807,23 @@ mod tests {
         let owner = Claim::new(Fingerprint::NONE);
         // Renewed every 100 ms: each renewal comes 400 ms before the lease would run out.
         let lease = Duration::from_millis(500);
-        store
-            .reserve(&[Target::key(k.clone())], &owner, lease)
-            .await
-            .unwrap()
-            .remove(0);
+        store.reserve_one(&k, &owner, lease).await.unwrap();
         for _ in 0..10 {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            assert!(
-                store
-                    .renew(&[Target::key(k.clone())], &owner, lease)
-                    .await
-                    .unwrap()
-            );
+            assert!(store.renew_one(&k, &owner, lease).await.unwrap());
         }
         // 1 s at least after the claim, two leases: still held.
         let other = Claim::new(Fingerprint::NONE);
         assert!(matches!(
-            store
-                .reserve(&[Target::key(k.clone())], &other, lease)
-                .await
-                .unwrap()
-                .remove(0),
+            store.reserve_one(&k, &other, lease).await.unwrap(),
             Reservation::InFlight { .. }
         ));
-        assert!(
-            !store
-                .renew(&[Target::key(k.clone())], &other, lease)
-                .await
-                .unwrap()
-        );
+        assert!(!store.renew_one(&k, &other, lease).await.unwrap());
         // Without renewal it expires within one lease.
         tokio::time::sleep(lease + Duration::from_millis(200)).await;
-        assert!(
-            !store
-                .renew(&[Target::key(k.clone())], &owner, lease)
-                .await
-                .unwrap()
-        );
+        assert!(!store.renew_one(&k, &owner, lease).await.unwrap());
         assert_eq!(
-            store
-                .reserve(&[Target::key(k.clone())], &other, lease)
-                .await
-                .unwrap()
-                .remove(0),
+            store.reserve_one(&k, &other, lease).await.unwrap(),
             Reservation::Acquired
         );
     }

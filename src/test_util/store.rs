@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::fingerprint::Fingerprint;
 use crate::order::{EqualPositions, Position};
 use crate::store::record::Record;
-use crate::store::{Claim, Completion, ObjectKey, Reservation, StoreKey, Target};
+use crate::store::{Claim, Completion, ObjectKey, Reservation, StoreError, StoreKey, Target};
 use crate::{IdempotencyStore, OrderedStore};
 
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -57,33 +57,76 @@ pub fn with_equal(events: &[Target], equal: EqualPositions) -> Vec<Target> {
         .collect()
 }
 
+/// The one-target forms of the contract, for tests: each calls the slice method with
+/// `[Target::key(key.clone())]` and answers what it answers for that one target.
+pub trait OneTarget: IdempotencyStore {
+    /// [`reserve`](IdempotencyStore::reserve) of `key` alone: its one reservation.
+    fn reserve_one(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Reservation, StoreError>> + Send {
+        let targets = [Target::key(key.clone())];
+        async move { Ok(self.reserve(&targets, claim, lease).await?.remove(0)) }
+    }
+
+    /// [`complete`](IdempotencyStore::complete) of `key` alone: its one completion.
+    fn complete_one(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> impl Future<Output = Result<Completion, StoreError>> + Send {
+        let targets = [Target::key(key.clone())];
+        async move {
+            Ok(self
+                .complete(&targets, claim, record, retention)
+                .await?
+                .remove(0))
+        }
+    }
+
+    /// [`release`](IdempotencyStore::release) of `key` alone: whether it was released.
+    fn release_one(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let targets = [Target::key(key.clone())];
+        async move { Ok(self.release(&targets, claim).await? == 1) }
+    }
+
+    /// [`renew`](IdempotencyStore::renew) of `key` alone: whether it was still ours.
+    fn renew_one(
+        &self,
+        key: &StoreKey,
+        claim: &Claim,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let targets = [Target::key(key.clone())];
+        async move { self.renew(&targets, claim, lease).await }
+    }
+}
+
+impl<St: IdempotencyStore> OneTarget for St {}
+
 /// absent → in flight → completed; a second claim sees each state.
 pub async fn reserve_complete_then_duplicate<St: IdempotencyStore>(store: St) {
     let key = fresh_key("transitions");
     let (first, second) = (claim(), claim());
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &first, LONG)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &first, LONG).await.unwrap(),
         Reservation::Acquired
     );
     // The same claim again (a retried reserve): still ours.
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &first, LONG)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &first, LONG).await.unwrap(),
         Reservation::Acquired
     );
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &second, LONG)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &second, LONG).await.unwrap(),
         Reservation::InFlight {
             fingerprint: first.fingerprint()
         }
@@ -91,18 +134,12 @@ pub async fn reserve_complete_then_duplicate<St: IdempotencyStore>(store: St) {
     let record = ack(&first);
     assert_eq!(
         store
-            .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
+            .complete_one(&key, &first, &record, RETENTION)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Completion::Written
     );
-    match store
-        .reserve(&[Target::key(key.clone())], &second, LONG)
-        .await
-        .unwrap()
-        .remove(0)
-    {
+    match store.reserve_one(&key, &second, LONG).await.unwrap() {
         Reservation::Completed(held) => assert_eq!(held.fingerprint(), first.fingerprint()),
         other => panic!("expected a completed record, got {other:?}"),
     }
@@ -112,58 +149,41 @@ pub async fn reserve_complete_then_duplicate<St: IdempotencyStore>(store: St) {
 pub async fn complete_is_safe_to_retry<St: IdempotencyStore>(store: St) {
     let key = fresh_key("retry-complete");
     let owner = claim();
-    store
-        .reserve(&[Target::key(key.clone())], &owner, LONG)
-        .await
-        .unwrap()
-        .remove(0);
+    store.reserve_one(&key, &owner, LONG).await.unwrap();
     let record = ack(&owner);
     assert_eq!(
         store
-            .complete(&[Target::key(key.clone())], &owner, &record, RETENTION)
+            .complete_one(&key, &owner, &record, RETENTION)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Completion::Written
     );
     assert_eq!(
         store
-            .complete(&[Target::key(key.clone())], &owner, &record, RETENTION)
+            .complete_one(&key, &owner, &record, RETENTION)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Completion::AlreadyWritten
     );
     let stranger = claim();
     assert_eq!(
         store
-            .complete(
-                &[Target::key(key.clone())],
-                &stranger,
-                &ack(&stranger),
-                RETENTION
-            )
+            .complete_one(&key, &stranger, &ack(&stranger), RETENTION)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Completion::Lost
     );
     // Completing a key nobody holds writes nothing.
     let absent = fresh_key("retry-complete-absent");
     assert_eq!(
         store
-            .complete(&[Target::key(absent.clone())], &owner, &record, RETENTION)
+            .complete_one(&absent, &owner, &record, RETENTION)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Completion::Lost
     );
     assert_eq!(
-        store
-            .reserve(&[Target::key(absent.clone())], &stranger, LONG)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&absent, &stranger, LONG).await.unwrap(),
         Reservation::Acquired
     );
 }
@@ -172,56 +192,15 @@ pub async fn complete_is_safe_to_retry<St: IdempotencyStore>(store: St) {
 pub async fn release_and_renew_check_the_token<St: IdempotencyStore>(store: St) {
     let key = fresh_key("tokens");
     let (owner, stranger) = (claim(), claim());
-    store
-        .reserve(&[Target::key(key.clone())], &owner, LONG)
-        .await
-        .unwrap()
-        .remove(0);
-    assert!(
-        !store
-            .release(&[Target::key(key.clone())], &stranger)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
-    assert!(
-        !store
-            .renew(&[Target::key(key.clone())], &stranger, LONG)
-            .await
-            .unwrap()
-    );
-    assert!(
-        store
-            .renew(&[Target::key(key.clone())], &owner, LONG)
-            .await
-            .unwrap()
-    );
-    assert!(
-        store
-            .release(&[Target::key(key.clone())], &owner)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
-    assert!(
-        !store
-            .release(&[Target::key(key.clone())], &owner)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
-    assert!(
-        !store
-            .renew(&[Target::key(key.clone())], &owner, LONG)
-            .await
-            .unwrap()
-    );
+    store.reserve_one(&key, &owner, LONG).await.unwrap();
+    assert!(!store.release_one(&key, &stranger).await.unwrap());
+    assert!(!store.renew_one(&key, &stranger, LONG).await.unwrap());
+    assert!(store.renew_one(&key, &owner, LONG).await.unwrap());
+    assert!(store.release_one(&key, &owner).await.unwrap());
+    assert!(!store.release_one(&key, &owner).await.unwrap());
+    assert!(!store.renew_one(&key, &owner, LONG).await.unwrap());
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &stranger, LONG)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &stranger, LONG).await.unwrap(),
         Reservation::Acquired
     );
 }
@@ -231,50 +210,28 @@ pub async fn expired_claim_is_taken_over<St: IdempotencyStore>(store: St) {
     let key = fresh_key("takeover");
     let (dead, next) = (claim(), claim());
     store
-        .reserve(
-            &[Target::key(key.clone())],
-            &dead,
-            Duration::from_millis(200),
-        )
+        .reserve_one(&key, &dead, Duration::from_millis(200))
         .await
-        .unwrap()
-        .remove(0);
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &next, LONG)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &next, LONG).await.unwrap(),
         Reservation::Acquired
     );
     assert_eq!(
         store
-            .complete(&[Target::key(key.clone())], &dead, &ack(&dead), RETENTION)
+            .complete_one(&key, &dead, &ack(&dead), RETENTION)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Completion::Lost
     );
-    assert!(
-        !store
-            .release(&[Target::key(key.clone())], &dead)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
-    assert!(
-        !store
-            .renew(&[Target::key(key.clone())], &dead, LONG)
-            .await
-            .unwrap()
-    );
+    assert!(!store.release_one(&key, &dead).await.unwrap());
+    assert!(!store.renew_one(&key, &dead, LONG).await.unwrap());
     assert_eq!(
         store
-            .complete(&[Target::key(key.clone())], &next, &ack(&next), RETENTION)
+            .complete_one(&key, &next, &ack(&next), RETENTION)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Completion::Written
     );
 }
@@ -284,36 +241,19 @@ pub async fn renewal_keeps_the_claim<St: IdempotencyStore>(store: St) {
     let key = fresh_key("renewal");
     let owner = claim();
     let lease = Duration::from_millis(1500);
-    store
-        .reserve(&[Target::key(key.clone())], &owner, lease)
-        .await
-        .unwrap()
-        .remove(0);
+    store.reserve_one(&key, &owner, lease).await.unwrap();
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(
-            store
-                .renew(&[Target::key(key.clone())], &owner, lease)
-                .await
-                .unwrap()
-        );
+        assert!(store.renew_one(&key, &owner, lease).await.unwrap());
     }
     // Two seconds in, more than a lease after the claim: still held.
     assert!(matches!(
-        store
-            .reserve(&[Target::key(key.clone())], &claim(), lease)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &claim(), lease).await.unwrap(),
         Reservation::InFlight { .. }
     ));
     tokio::time::sleep(Duration::from_millis(2600)).await;
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &claim(), lease)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &claim(), lease).await.unwrap(),
         Reservation::Acquired
     );
 }
@@ -326,13 +266,7 @@ pub async fn one_winner_among_concurrent_claims<St: IdempotencyStore>(store: St)
     for _ in 0..32 {
         let (store, key, winners) = (store.clone(), key.clone(), winners.clone());
         tasks.push(tokio::spawn(async move {
-            if store
-                .reserve(&[Target::key(key.clone())], &claim(), LONG)
-                .await
-                .unwrap()
-                .remove(0)
-                == Reservation::Acquired
-            {
+            if store.reserve_one(&key, &claim(), LONG).await.unwrap() == Reservation::Acquired {
                 winners.fetch_add(1, Ordering::SeqCst);
             }
         }));
@@ -460,27 +394,18 @@ pub async fn a_told_expiry_is_within_the_retention<St: IdempotencyStore>(store: 
     let key = fresh_key("told-expiry");
     let owner = claim();
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &owner, LONG)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &owner, LONG).await.unwrap(),
         Reservation::Acquired
     );
     let record = ack(&owner);
     assert_eq!(
         store
-            .complete(&[Target::key(key.clone())], &owner, &record, RETENTION)
+            .complete_one(&key, &owner, &record, RETENTION)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Completion::Written
     );
-    let Reservation::Completed(read) = store
-        .reserve(&[Target::key(key.clone())], &claim(), LONG)
-        .await
-        .unwrap()
-        .remove(0)
+    let Reservation::Completed(read) = store.reserve_one(&key, &claim(), LONG).await.unwrap()
     else {
         panic!("the record is held");
     };

@@ -26,6 +26,7 @@ use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::key::{ExtractKey, FieldsFingerprintKey, JsonPathKey, from_body_fn};
 use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey, Target};
+use tower_idempotency::test_util::store::OneTarget;
 use tower_idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore};
 
 /// One app on `127.0.0.1:0`: `POST /hook` counts its calls, and holds the request for
@@ -527,10 +528,9 @@ async fn client_disconnect_while_recording_still_records_the_key() {
     let probe = Claim::new(Fingerprint::of_bytes(b"{}"));
     let found = store
         .0
-        .reserve(&[Target::key(key.clone())], &probe, Duration::from_secs(1))
+        .reserve_one(&key, &probe, Duration::from_secs(1))
         .await
-        .unwrap()
-        .remove(0);
+        .unwrap();
     assert!(matches!(found, Reservation::Completed(_)), "{found:?}");
 
     let raw = raw_exchange(app.addr, request).await;

@@ -34,9 +34,9 @@ mod on_redis {
     use tower_idempotency::IdempotencyStore;
     use tower_idempotency::fingerprint::Fingerprint;
     use tower_idempotency::store::record::Record;
-    use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey, Target};
+    use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey};
 
-    use super::contract::keys_of;
+    use super::contract::{OneTarget, keys_of};
 
     const LEASE: Duration = Duration::from_secs(30);
     const RETENTION: Duration = Duration::from_secs(3600);
@@ -126,12 +126,7 @@ mod on_redis {
                     let key = StoreKey::new("exactly-once", None, &id);
                     loop {
                         let mine = claim();
-                        match store
-                            .reserve(&[Target::key(key.clone())], &mine, LEASE)
-                            .await
-                            .unwrap()
-                            .remove(0)
-                        {
+                        match store.reserve_one(&key, &mine, LEASE).await.unwrap() {
                             Reservation::Acquired => {
                                 let first = {
                                     let mut l = ledger.lock().unwrap();
@@ -145,13 +140,7 @@ mod on_redis {
                                 tokio::time::sleep(Duration::from_millis(3)).await;
                                 if fail_first && first {
                                     *ledger.lock().unwrap().holding.get_mut(&id).unwrap() -= 1;
-                                    assert!(
-                                        store
-                                            .release(&[Target::key(key.clone())], &mine)
-                                            .await
-                                            .map(|n| n == 1)
-                                            .unwrap()
-                                    );
+                                    assert!(store.release_one(&key, &mine).await.unwrap());
                                     continue;
                                 }
                                 {
@@ -161,15 +150,9 @@ mod on_redis {
                                 }
                                 let record = Record::ack(mine.fingerprint());
                                 let done = store
-                                    .complete(
-                                        &[Target::key(key.clone())],
-                                        &mine,
-                                        &record,
-                                        RETENTION,
-                                    )
+                                    .complete_one(&key, &mine, &record, RETENTION)
                                     .await
-                                    .unwrap()
-                                    .remove(0);
+                                    .unwrap();
                                 assert_eq!(done, Completion::Written);
                                 *ledger.lock().unwrap().written.entry(id).or_default() += 1;
                                 return;
@@ -210,11 +193,7 @@ mod on_redis {
             for id in &keys {
                 let key = StoreKey::new("exactly-once", None, id);
                 assert!(matches!(
-                    store
-                        .reserve(&[Target::key(key.clone())], &claim(), LEASE)
-                        .await
-                        .unwrap()
-                        .remove(0),
+                    store.reserve_one(&key, &claim(), LEASE).await.unwrap(),
                     Reservation::Completed(_)
                 ));
             }
@@ -237,18 +216,14 @@ mod on_redis {
         let monitor = server.monitor();
         let owner = claim();
         assert_eq!(
-            a.reserve(&[Target::key(key.clone())], &owner, LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            a.reserve_one(&key, &owner, LEASE).await.unwrap(),
             Reservation::Acquired
         );
         let record = Record::ack(owner.fingerprint());
         assert_eq!(
-            a.complete(&[Target::key(key.clone())], &owner, &record, RETENTION)
+            a.complete_one(&key, &owner, &record, RETENTION)
                 .await
-                .unwrap()
-                .remove(0),
+                .unwrap(),
             Completion::Written
         );
         assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
@@ -257,10 +232,7 @@ mod on_redis {
         let monitor = server.monitor();
         for _ in 0..3 {
             assert!(matches!(
-                a.reserve(&[Target::key(key.clone())], &claim(), LEASE)
-                    .await
-                    .unwrap()
-                    .remove(0),
+                a.reserve_one(&key, &claim(), LEASE).await.unwrap(),
                 Reservation::Completed(_)
             ));
         }
@@ -268,12 +240,7 @@ mod on_redis {
 
         // B: from Redis once (one command, nothing in the background), then from its cache.
         let monitor = server.monitor();
-        match b
-            .reserve(&[Target::key(key.clone())], &claim(), LEASE)
-            .await
-            .unwrap()
-            .remove(0)
-        {
+        match b.reserve_one(&key, &claim(), LEASE).await.unwrap() {
             Reservation::Completed(held) => assert!(held.is_owned_by(owner.token())),
             other => panic!("expected a completed record, got {other:?}"),
         }
@@ -283,10 +250,7 @@ mod on_redis {
         let monitor = server.monitor();
         for _ in 0..3 {
             assert!(matches!(
-                b.reserve(&[Target::key(key.clone())], &claim(), LEASE)
-                    .await
-                    .unwrap()
-                    .remove(0),
+                b.reserve_one(&key, &claim(), LEASE).await.unwrap(),
                 Reservation::Completed(_)
             ));
         }
@@ -308,17 +272,8 @@ mod on_redis {
         assert_eq!(answers[1], Reservation::Acquired);
         // Renewing and releasing always go to Redis.
         let monitor = server.monitor();
-        assert!(
-            b.renew(&[Target::key(other.clone())], &mine, LEASE)
-                .await
-                .unwrap()
-        );
-        assert!(
-            b.release(&[Target::key(other.clone())], &mine)
-                .await
-                .map(|n| n == 1)
-                .unwrap()
-        );
+        assert!(b.renew_one(&other, &mine, LEASE).await.unwrap());
+        assert!(b.release_one(&other, &mine).await.unwrap());
         assert_eq!(monitor.finish(), ["EVALSHA", "EVALSHA"]);
     }
 
@@ -376,25 +331,18 @@ mod on_redis {
         let b = instance_with(&server, b_cache.clone()).await;
         let key = StoreKey::new("expiry", None, "evt_1");
         let owner = claim();
-        a.reserve(&[Target::key(key.clone())], &owner, LEASE)
-            .await
-            .unwrap()
-            .remove(0);
+        a.reserve_one(&key, &owner, LEASE).await.unwrap();
         let record = Record::ack(owner.fingerprint());
         // B reads the record at once, well within its retention.
         let retention = Duration::from_secs(1);
         assert_eq!(
-            a.complete(&[Target::key(key.clone())], &owner, &record, retention)
+            a.complete_one(&key, &owner, &record, retention)
                 .await
-                .unwrap()
-                .remove(0),
+                .unwrap(),
             Completion::Written
         );
         assert!(matches!(
-            b.reserve(&[Target::key(key.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            b.reserve_one(&key, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
         cached(&b_cache, 1).await;
@@ -403,10 +351,7 @@ mod on_redis {
         tokio::time::sleep(retention + Duration::from_millis(200)).await;
         let monitor = server.monitor();
         assert!(matches!(
-            b.reserve(&[Target::key(key.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            b.reserve_one(&key, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
         assert_eq!(
@@ -419,19 +364,11 @@ mod on_redis {
         tokio::time::sleep(Duration::from_millis(2000)).await;
         let next = claim();
         assert_eq!(
-            b.reserve(&[Target::key(key.clone())], &next, LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            b.reserve_one(&key, &next, LEASE).await.unwrap(),
             Reservation::Acquired,
             "past read_ttl: asked Redis, which no longer holds the key"
         );
-        assert!(
-            b.release(&[Target::key(key.clone())], &next)
-                .await
-                .map(|n| n == 1)
-                .unwrap()
-        );
+        assert!(b.release_one(&key, &next).await.unwrap());
     }
 
     /// A key deleted from Redis by hand is still answered as completed by an instance that
@@ -447,27 +384,13 @@ mod on_redis {
         let reader = instance_with(&server, reader_cache.clone()).await;
         let key = StoreKey::new("by-hand", None, "evt_1");
         let owner = claim();
+        writer.reserve_one(&key, &owner, LEASE).await.unwrap();
         writer
-            .reserve(&[Target::key(key.clone())], &owner, LEASE)
+            .complete_one(&key, &owner, &Record::ack(owner.fingerprint()), RETENTION)
             .await
-            .unwrap()
-            .remove(0);
-        writer
-            .complete(
-                &[Target::key(key.clone())],
-                &owner,
-                &Record::ack(owner.fingerprint()),
-                RETENTION,
-            )
-            .await
-            .unwrap()
-            .remove(0);
+            .unwrap();
         assert!(matches!(
-            reader
-                .reserve(&[Target::key(key.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            reader.reserve_one(&key, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
         cached(&reader_cache, 1).await;
@@ -476,11 +399,7 @@ mod on_redis {
         assert!(reply.starts_with(":1"), "{reply}");
         for store in [&writer, &reader] {
             assert!(matches!(
-                store
-                    .reserve(&[Target::key(key.clone())], &claim(), LEASE)
-                    .await
-                    .unwrap()
-                    .remove(0),
+                store.reserve_one(&key, &claim(), LEASE).await.unwrap(),
                 Reservation::Completed(_)
             ));
         }
@@ -489,29 +408,17 @@ mod on_redis {
         tokio::time::sleep(Duration::from_millis(1700)).await;
         let again = claim();
         assert_eq!(
-            reader
-                .reserve(&[Target::key(key.clone())], &again, LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            reader.reserve_one(&key, &again, LEASE).await.unwrap(),
             Reservation::Acquired,
             "the reader forgot it after read_ttl"
         );
         assert!(matches!(
-            writer
-                .reserve(&[Target::key(key.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            writer.reserve_one(&key, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
         writer_cache.clear();
         assert!(matches!(
-            writer
-                .reserve(&[Target::key(key.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            writer.reserve_one(&key, &claim(), LEASE).await.unwrap(),
             Reservation::InFlight { .. }
         ));
     }

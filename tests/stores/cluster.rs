@@ -9,8 +9,9 @@
 
 use crate::redis_cluster;
 use crate::scale_out;
+use crate::store_steps::claim_and_record;
 use crate::suite;
-use tower_idempotency::test_util::store as contract;
+use tower_idempotency::test_util::store::{self as contract, OneTarget};
 
 use std::collections::BTreeMap;
 use std::error::Error as _;
@@ -24,7 +25,7 @@ use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::NotReplicated;
 use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey, Target};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -147,11 +148,7 @@ async fn batch_over_every_primary<St: IdempotencyStore>(
     // A key outside the batch, on the first primary, held by someone else.
     let foreign = key_on(cluster, primaries[0], &format!("spread-{run}-foreign"));
     let stranger = claim();
-    store
-        .reserve(&[Target::key(foreign.clone())], &stranger, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    store.reserve_one(&foreign, &stranger, LEASE).await.unwrap();
 
     let mine = claim();
     let reserved = store.reserve(&keys_of(&keys), &mine, LEASE).await.unwrap();
@@ -259,13 +256,8 @@ async fn ten_thousand_keys_spread_over_every_primary() {
         tasks.push(tokio::spawn(async move {
             for key in chunk {
                 let reserved = store
-                    .reserve(
-                        &[Target::key(key.clone())],
-                        &claim(),
-                        Duration::from_secs(60),
-                    )
-                    .await
-                    .map(|mut a| a.remove(0));
+                    .reserve_one(&key, &claim(), Duration::from_secs(60))
+                    .await;
                 assert_eq!(reserved.unwrap(), Reservation::Acquired);
             }
         }));
@@ -316,19 +308,11 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     let durable_key = key_on(&cluster, primary, "noscript-durable");
     let (a, b) = (claim(), claim());
     assert_eq!(
-        plain
-            .reserve(&[Target::key(key.clone())], &a, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        plain.reserve_one(&key, &a, LEASE).await.unwrap(),
         Reservation::Acquired
     );
     assert_eq!(
-        plain
-            .reserve(&[Target::key(durable_key.clone())], &b, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        plain.reserve_one(&durable_key, &b, LEASE).await.unwrap(),
         Reservation::Acquired
     );
     // Both claims reached the replica before the kill.
@@ -352,24 +336,8 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     // The script is cached there now: the next call is a plain EVALSHA.
     let other = key_on(&cluster, promoted, "noscript-after");
     let c = claim();
-    plain
-        .reserve(&[Target::key(other.clone())], &c, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    assert!(
-        plain
-            .complete(
-                &[Target::key(other.clone())],
-                &c,
-                &Record::ack(c.fingerprint()),
-                RETENTION
-            )
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
+    let record = Record::ack(c.fingerprint());
+    claim_and_record(&plain, &other, &c, LEASE, &record, RETENTION).await;
     assert_eq!(calls(promoted, "eval"), 1);
 
     // The durable path sends its script as a custom EVALSHA in a pipeline: same fallback. The
@@ -377,14 +345,8 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     must(promoted, &["SCRIPT", "FLUSH", "SYNC"]);
     let durable = RedisStore::new(client.clone()).durable_completion(1, Duration::from_millis(100));
     let error = durable
-        .complete(
-            &[Target::key(durable_key.clone())],
-            &b,
-            &Record::ack(b.fingerprint()),
-            RETENTION,
-        )
+        .complete_one(&durable_key, &b, &Record::ack(b.fingerprint()), RETENTION)
         .await
-        .map(|mut a| a.remove(0))
         .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::NotReplicated);
     let shortfall = error
@@ -396,10 +358,9 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     assert_eq!(calls(promoted, "eval"), 2);
     assert!(matches!(
         durable
-            .reserve(&[Target::key(durable_key.clone())], &claim(), LEASE)
+            .reserve_one(&durable_key, &claim(), LEASE)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Reservation::Completed(_)
     ));
 
@@ -412,24 +373,8 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     let durable = RedisStore::new(client.clone()).durable_completion(1, Duration::from_secs(2));
     let last = key_on(&cluster, promoted, "noscript-rejoined");
     let d = claim();
-    durable
-        .reserve(&[Target::key(last.clone())], &d, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    assert!(
-        durable
-            .complete(
-                &[Target::key(last.clone())],
-                &d,
-                &Record::ack(d.fingerprint()),
-                RETENTION
-            )
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
+    let record = Record::ack(d.fingerprint());
+    claim_and_record(&durable, &last, &d, LEASE, &record, RETENTION).await;
 }
 
 /// Completes through `store`, retrying while the client is still finding the new primary.
@@ -441,9 +386,8 @@ async fn complete_eventually<St: IdempotencyStore>(
 ) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let targets = [Target::key(key.clone())];
-        match store.complete(&targets, claim, record, RETENTION).await {
-            Ok(done) => return done[0].is_recorded(),
+        match store.complete_one(key, claim, record, RETENTION).await {
+            Ok(done) => return done.is_recorded(),
             Err(e) if Instant::now() < deadline => {
                 eprintln!("complete failed, retrying: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -473,16 +417,9 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
     for &primary in &primaries {
         let key = key_on(&cluster, primary, "healthy");
         let c = claim();
-        store
-            .reserve(&[Target::key(key.clone())], &c, LEASE)
-            .await
-            .unwrap()
-            .remove(0);
+        store.reserve_one(&key, &c, LEASE).await.unwrap();
         let record = Record::ack(c.fingerprint());
-        let done = store
-            .complete(&[Target::key(key.clone())], &c, &record, RETENTION)
-            .await
-            .map(|mut a| a.remove(0));
+        let done = store.complete_one(&key, &c, &record, RETENTION).await;
         assert!(done.unwrap().is_recorded(), "primary {primary}");
     }
 
@@ -491,11 +428,7 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
         for i in 0..6 {
             let key = key_on(&cluster, primary, &format!("frozen-{i}"));
             let c = claim();
-            store
-                .reserve(&[Target::key(key.clone())], &c, LEASE)
-                .await
-                .unwrap()
-                .remove(0);
+            store.reserve_one(&key, &c, LEASE).await.unwrap();
             keys.push((primary, key, c));
         }
     }
@@ -504,14 +437,8 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
     for (primary, key, c) in &keys {
         let started = Instant::now();
         let result = store
-            .complete(
-                &[Target::key(key.clone())],
-                c,
-                &Record::ack(c.fingerprint()),
-                RETENTION,
-            )
-            .await
-            .map(|mut done| done.remove(0));
+            .complete_one(key, c, &Record::ack(c.fingerprint()), RETENTION)
+            .await;
         results.push((*primary, key.clone(), result, started.elapsed()));
     }
     cluster.thaw(frozen_replica);
@@ -527,11 +454,7 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
         }
         // Written on the primary either way.
         assert!(matches!(
-            store
-                .reserve(&[Target::key(key.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            store.reserve_one(&key, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
     }

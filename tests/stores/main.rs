@@ -34,6 +34,9 @@ mod redis_server;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[path = "../support/sql_purge.rs"]
 mod sql_purge;
+#[cfg(any(feature = "redis", feature = "sqlite", feature = "postgres"))]
+#[path = "../support/store_steps.rs"]
+mod store_steps;
 
 mod cache;
 mod cluster;

@@ -2,7 +2,7 @@
 
 use crate::once;
 use crate::suite;
-use tower_idempotency::test_util::store as contract;
+use tower_idempotency::test_util::store::{self as contract, OneTarget};
 
 use tower_idempotency::MemoryStore;
 
@@ -16,18 +16,16 @@ async fn full_store_fails_closed_or_open() {
     let store = MemoryStore::new().with_max_entries(1);
     let filler = store.clone();
     suite::fail_open_processes_without_protection(store, async move || {
-        use tower_idempotency::IdempotencyStore;
         use tower_idempotency::fingerprint::Fingerprint;
-        use tower_idempotency::store::{Claim, StoreKey, Target};
+        use tower_idempotency::store::{Claim, StoreKey};
         filler
-            .reserve(
-                &[Target::key(StoreKey::new("filler", None, "x"))],
+            .reserve_one(
+                &StoreKey::new("filler", None, "x"),
                 &Claim::new(Fingerprint::NONE),
                 std::time::Duration::from_secs(60),
             )
             .await
-            .unwrap()
-            .remove(0);
+            .unwrap();
     })
     .await;
 }
@@ -38,10 +36,9 @@ async fn full_store_fails_closed_or_open() {
 #[test]
 fn a_full_store_evicts_and_warns_without_waiting_for_itself() {
     use std::time::Duration;
-    use tower_idempotency::IdempotencyStore;
     use tower_idempotency::fingerprint::Fingerprint;
     use tower_idempotency::store::record::Record;
-    use tower_idempotency::store::{Claim, Reservation, StoreKey, Target};
+    use tower_idempotency::store::{Claim, Reservation, StoreKey};
 
     let store = MemoryStore::new().with_max_entries(2);
     let (done, finished) = std::sync::mpsc::channel();
@@ -62,24 +59,14 @@ fn a_full_store_evicts_and_warns_without_waiting_for_itself() {
                 let claim = Claim::new(Fingerprint::NONE);
                 let lease = Duration::from_secs(60);
                 assert_eq!(
-                    worker
-                        .reserve(&[Target::key(key.clone())], &claim, lease)
-                        .await
-                        .unwrap()
-                        .remove(0),
+                    worker.reserve_one(&key, &claim, lease).await.unwrap(),
                     Reservation::Acquired
                 );
                 let record = Record::ack(claim.fingerprint()).owned_by(claim.token());
                 worker
-                    .complete(
-                        &[Target::key(key.clone())],
-                        &claim,
-                        &record,
-                        Duration::from_secs(3600),
-                    )
+                    .complete_one(&key, &claim, &record, Duration::from_secs(3600))
                     .await
-                    .unwrap()
-                    .remove(0);
+                    .unwrap();
             }
         });
         let _ = done.send(());
@@ -98,14 +85,14 @@ mod bounded {
 
     use std::time::{Duration, Instant};
 
-    use tower_idempotency::IdempotencyStore;
-    use tower_idempotency::MemoryStore;
     use tower_idempotency::fingerprint::Fingerprint;
     use tower_idempotency::order::Position;
     use tower_idempotency::store::record::Record;
     use tower_idempotency::store::{
         Claim, Completion, ObjectKey, Reservation, StoreError, StoreErrorKind, StoreKey, Target,
     };
+    use tower_idempotency::test_util::store::OneTarget;
+    use tower_idempotency::{IdempotencyStore, MemoryStore};
 
     const LEASE: Duration = Duration::from_secs(60);
     const RETENTION: Duration = Duration::from_secs(3600);
@@ -117,29 +104,20 @@ mod bounded {
     /// Reserves the key `i` under a new claim.
     async fn reserve_new(store: &MemoryStore, i: usize) -> Result<Reservation, StoreError> {
         store
-            .reserve(
-                &[Target::key(key(i))],
-                &Claim::new(Fingerprint::NONE),
-                LEASE,
-            )
+            .reserve_one(&key(i), &Claim::new(Fingerprint::NONE), LEASE)
             .await
-            .map(|mut a| a.remove(0))
     }
 
     /// Completes the keys `from..from + count`; every one must be taken as new.
     async fn complete_new_keys(store: &MemoryStore, from: usize, count: usize) {
         for i in from..from + count {
             let claim = Claim::new(Fingerprint::NONE);
-            let answer = store
-                .reserve(&[Target::key(key(i))], &claim, LEASE)
-                .await
-                .map(|mut a| a.remove(0));
+            let answer = store.reserve_one(&key(i), &claim, LEASE).await;
             assert_eq!(answer.unwrap(), Reservation::Acquired, "key {i} refused");
             let record = Record::ack(claim.fingerprint());
             let done = store
-                .complete(&[Target::key(key(i))], &claim, &record, RETENTION)
-                .await
-                .map(|mut a| a.remove(0));
+                .complete_one(&key(i), &claim, &record, RETENTION)
+                .await;
             assert_eq!(done.unwrap(), Completion::Written, "key {i}");
         }
     }
@@ -208,11 +186,7 @@ mod bounded {
         let store = MemoryStore::new().with_max_entries(bound);
         let claims: Vec<Claim> = (0..bound).map(|_| Claim::new(Fingerprint::NONE)).collect();
         for (i, claim) in claims.iter().enumerate() {
-            let answer = store
-                .reserve(&[Target::key(key(i))], claim, LEASE)
-                .await
-                .unwrap()
-                .remove(0);
+            let answer = store.reserve_one(&key(i), claim, LEASE).await.unwrap();
             assert_eq!(answer, Reservation::Acquired);
         }
         let refused = reserve_new(&store, bound).await;
@@ -220,9 +194,8 @@ mod bounded {
         // One claim completes: its record may go, so the new key is taken.
         let record = Record::ack(claims[0].fingerprint());
         let done = store
-            .complete(&[Target::key(key(0))], &claims[0], &record, RETENTION)
-            .await
-            .map(|mut a| a.remove(0));
+            .complete_one(&key(0), &claims[0], &record, RETENTION)
+            .await;
         assert_eq!(done.unwrap(), Completion::Written);
         assert_eq!(
             reserve_new(&store, bound).await.unwrap(),
@@ -232,23 +205,16 @@ mod bounded {
         // Full of claims again; one is released: room for one more.
         let refused = reserve_new(&store, bound + 1).await;
         assert_eq!(refused.unwrap_err().kind(), StoreErrorKind::Capacity);
-        assert!(
-            store
-                .release(&[Target::key(key(1))], &claims[1])
-                .await
-                .map(|n| n == 1)
-                .unwrap()
-        );
+        assert!(store.release_one(&key(1), &claims[1]).await.unwrap());
         let taken = reserve_new(&store, bound + 1).await;
         assert_eq!(taken.unwrap(), Reservation::Acquired);
         // Every claim settles: the store takes 10 times its bound again.
         for (i, claim) in claims.iter().enumerate().skip(2) {
             let record = Record::ack(claim.fingerprint());
             store
-                .complete(&[Target::key(key(i))], claim, &record, RETENTION)
+                .complete_one(&key(i), claim, &record, RETENTION)
                 .await
-                .unwrap()
-                .remove(0);
+                .unwrap();
         }
         complete_new_keys(&store, 10 * bound, 10 * bound).await;
         assert!(store.len() <= bound);

@@ -6,8 +6,11 @@
 use crate::once;
 use crate::postgres_server;
 use crate::sql_purge;
+use crate::store_steps::{
+    claim_and_record, fifty_claims_one_winner, held_by, neither_completes_nor_releases,
+};
 use crate::suite;
-use tower_idempotency::test_util::store as contract;
+use tower_idempotency::test_util::store::{self as contract, OneTarget};
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -23,7 +26,7 @@ use tower_idempotency::PostgresStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::record::{Record, StoredResponse};
 use tower_idempotency::store::{CachedStore, LocalCache};
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey, Target};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -130,11 +133,7 @@ async fn absent_in_flight_completed_transitions() {
     let first = claim(b"{\"a\":1}");
 
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &first, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &first, LEASE).await.unwrap(),
         Reservation::Acquired
     );
     let row = sqlx::query(
@@ -156,51 +155,19 @@ async fn absent_in_flight_completed_transitions() {
     let ttl: f64 = row.get("ttl");
     assert!(ttl > 25.0 && ttl <= 30.0, "lease {ttl}");
 
-    // The same claim again (a retry of a statement whose reply was lost) is still ours.
-    assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &first, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
-        Reservation::Acquired
-    );
-    // A duplicate while in flight sees the first fingerprint.
+    // The same claim again (a retry of a statement whose reply was lost) is still ours; a
+    // duplicate while in flight sees the first fingerprint.
     let dup = claim(b"{\"a\":1}");
-    assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &dup, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
-        Reservation::InFlight {
-            fingerprint: first.fingerprint()
-        }
-    );
+    held_by(&store, &key, &first, &dup, LEASE).await;
     // Neither complete nor release with another token touches the claim.
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
-    assert!(
-        !store
-            .complete(&[Target::key(key.clone())], &dup, &record, RETENTION)
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
-    assert!(
-        !store
-            .release(&[Target::key(key.clone())], &dup)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    neither_completes_nor_releases(&store, &key, &dup, &record, RETENTION).await;
 
     assert!(
         store
-            .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
+            .complete_one(&key, &first, &record, RETENTION)
             .await
             .unwrap()
-            .remove(0)
             .is_recorded()
     );
     let row = sqlx::query(
@@ -223,37 +190,22 @@ async fn absent_in_flight_completed_transitions() {
 
     // A duplicate after completion gets the record; the key is not claimed again.
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &dup, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &dup, LEASE).await.unwrap(),
         Reservation::Completed(record.clone())
     );
     // Release does not apply to a completed key, not even with its old token.
-    assert!(
-        !store
-            .release(&[Target::key(key.clone())], &first)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    assert!(!store.release_one(&key, &first).await.unwrap());
     // Completing again (a retry whose first attempt landed) is reported as done, and the
     // record stays as it was.
     assert_eq!(
         store
-            .complete(&[Target::key(key.clone())], &first, &record, LEASE)
+            .complete_one(&key, &first, &record, LEASE)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Completion::AlreadyWritten
     );
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &dup, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &dup, LEASE).await.unwrap(),
         Reservation::Completed(record.clone())
     );
 
@@ -261,20 +213,10 @@ async fn absent_in_flight_completed_transitions() {
     let other = StoreKey::new(&suite::ns("pg-transitions"), None, "evt_2");
     let a = claim(b"x");
     assert_eq!(
-        store
-            .reserve(&[Target::key(other.clone())], &a, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&other, &a, LEASE).await.unwrap(),
         Reservation::Acquired
     );
-    assert!(
-        store
-            .release(&[Target::key(other.clone())], &a)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    assert!(store.release_one(&other, &a).await.unwrap());
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE key = $1")
         .bind(other.as_str())
         .fetch_one(store.pool())
@@ -283,10 +225,9 @@ async fn absent_in_flight_completed_transitions() {
     assert_eq!(left, 0);
     assert_eq!(
         store
-            .reserve(&[Target::key(other.clone())], &claim(b"x"), LEASE)
+            .reserve_one(&other, &claim(b"x"), LEASE)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Reservation::Acquired
     );
 }
@@ -301,42 +242,19 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     let key = StoreKey::new(&ns, None, "lease");
     let old = claim(b"x");
     store
-        .reserve(&[Target::key(key.clone())], &old, Duration::from_millis(50))
+        .reserve_one(&key, &old, Duration::from_millis(50))
         .await
-        .unwrap()
-        .remove(0);
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let new = claim(b"y");
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &new, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &new, LEASE).await.unwrap(),
         Reservation::Acquired
     );
     let record = Record::ack(old.fingerprint());
-    assert!(
-        !store
-            .complete(&[Target::key(key.clone())], &old, &record, LEASE)
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
-    assert!(
-        !store
-            .release(&[Target::key(key.clone())], &old)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    neither_completes_nor_releases(&store, &key, &old, &record, LEASE).await;
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &claim(b"z"), LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &claim(b"z"), LEASE).await.unwrap(),
         Reservation::InFlight {
             fingerprint: new.fingerprint()
         }
@@ -344,40 +262,22 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     // An expired record.
     let key = StoreKey::new(&ns, None, "record");
     let first = claim(b"x");
-    store
-        .reserve(&[Target::key(key.clone())], &first, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    store.reserve_one(&key, &first, LEASE).await.unwrap();
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
     assert!(
         store
-            .complete(
-                &[Target::key(key.clone())],
-                &first,
-                &record,
-                RECORD_RETENTION
-            )
+            .complete_one(&key, &first, &record, RECORD_RETENTION)
             .await
             .unwrap()
-            .remove(0)
             .is_recorded()
     );
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
         Reservation::Completed(record)
     );
     tokio::time::sleep(RECORD_RETENTION + Duration::from_millis(200)).await;
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
         Reservation::Acquired
     );
 }
@@ -394,38 +294,12 @@ async fn fifty_concurrent_claims_have_exactly_one_winner() {
             // Odd rounds race for an expired row instead of an absent one.
             let dead = claim(b"same");
             store
-                .reserve(&[Target::key(key.clone())], &dead, Duration::from_millis(1))
+                .reserve_one(&key, &dead, Duration::from_millis(1))
                 .await
-                .unwrap()
-                .remove(0);
+                .unwrap();
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(50));
-        let tasks: Vec<_> = (0..50)
-            .map(|_| {
-                let store = store.clone();
-                let key = key.clone();
-                let barrier = barrier.clone();
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    store
-                        .reserve(&[Target::key(key.clone())], &claim(b"same"), LEASE)
-                        .await
-                        .map(|mut a| a.remove(0))
-                })
-            })
-            .collect();
-        let mut acquired = 0;
-        for task in tasks {
-            match task.await.unwrap().unwrap() {
-                Reservation::Acquired => acquired += 1,
-                Reservation::InFlight { fingerprint } => {
-                    assert_eq!(fingerprint, Fingerprint::of_bytes(b"same"))
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-        assert_eq!(acquired, 1, "round {round}");
+        fifty_claims_one_winner(std::slice::from_ref(&store), &key, LEASE, round).await;
     }
 }
 
@@ -454,29 +328,16 @@ async fn completed_keys_survive_an_app_restart() {
     let record = replay_record(&first);
     {
         let store = shared_store().await;
-        store
-            .reserve(&[Target::key(key.clone())], &first, LEASE)
-            .await
-            .unwrap()
-            .remove(0);
-        assert!(
-            store
-                .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
-                .await
-                .unwrap()
-                .remove(0)
-                .is_recorded()
-        );
+        claim_and_record(&store, &key, &first, LEASE, &record, RETENTION).await;
         store.into_inner().close().await;
     }
     // A new process: a new pool, a new store, the same database.
     let store = shared_store().await;
     assert_eq!(
         store
-            .reserve(&[Target::key(key.clone())], &claim(b"body"), LEASE)
+            .reserve_one(&key, &claim(b"body"), LEASE)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Reservation::Completed(record)
     );
 }
@@ -495,42 +356,27 @@ async fn completed_keys_survive_a_database_crash_and_the_store_reconnects() {
     let key = StoreKey::new("restart", None, "evt_1");
     let first = claim(b"body");
     let record = replay_record(&first);
-    cached
-        .reserve(&[Target::key(key.clone())], &first, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    assert!(
-        cached
-            .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
+    claim_and_record(&cached, &key, &first, LEASE, &record, RETENTION).await;
 
     tokio::task::block_in_place(|| server.stop());
     let err = store
-        .reserve(&[Target::key(key.clone())], &claim(b"body"), LEASE)
+        .reserve_one(&key, &claim(b"body"), LEASE)
         .await
-        .map(|mut a| a.remove(0))
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
     // The caching instance still answers the duplicate of the key it completed.
     assert_eq!(
         cached
-            .reserve(&[Target::key(key.clone())], &claim(b"body"), LEASE)
+            .reserve_one(&key, &claim(b"body"), LEASE)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Reservation::Completed(record.clone())
     );
     // A new key needs the database.
     let other = StoreKey::new("restart", None, "evt_2");
     let err = cached
-        .reserve(&[Target::key(other.clone())], &claim(b"x"), LEASE)
+        .reserve_one(&other, &claim(b"x"), LEASE)
         .await
-        .map(|mut a| a.remove(0))
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
     tokio::task::block_in_place(|| server.start());
@@ -538,10 +384,9 @@ async fn completed_keys_survive_a_database_crash_and_the_store_reconnects() {
     // The same store (the same pool) recovers by itself, and the record is still there.
     assert_eq!(
         store
-            .reserve(&[Target::key(key.clone())], &claim(b"body"), LEASE)
+            .reserve_one(&key, &claim(b"body"), LEASE)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Reservation::Completed(record)
     );
 }
@@ -603,11 +448,7 @@ async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
     store.migrate().await.unwrap();
     let key = StoreKey::new("app", None, "k");
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
         Reservation::Acquired
     );
     let indexes: Vec<String> = sqlx::query_scalar(
@@ -658,12 +499,7 @@ async fn claim_racing_an_uncommitted_insert_reports_the_winner() {
         let waiting = {
             let store = store.clone();
             let key = key.clone();
-            tokio::spawn(async move {
-                store
-                    .reserve(&[Target::key(key.clone())], &claim(b"loser"), LEASE)
-                    .await
-                    .map(|mut a| a.remove(0))
-            })
+            tokio::spawn(async move { store.reserve_one(&key, &claim(b"loser"), LEASE).await })
         };
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!waiting.is_finished(), "the claim waits for the insert");
@@ -693,40 +529,17 @@ async fn a_batch_is_claimed_in_one_statement_key_by_key() {
         ["absent", "expired", "held", "completed", "own"].map(|k| StoreKey::new(&ns, None, k));
     let (batch, other) = (claim(b"batch"), claim(b"other"));
     store
-        .reserve(
-            &[Target::key(expired.clone())],
-            &other,
-            Duration::from_millis(1),
-        )
+        .reserve_one(&expired, &other, Duration::from_millis(1))
         .await
-        .unwrap()
-        .remove(0);
-    store
-        .reserve(&[Target::key(held.clone())], &other, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    store
-        .reserve(&[Target::key(completed.clone())], &other, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+        .unwrap();
+    store.reserve_one(&held, &other, LEASE).await.unwrap();
+    store.reserve_one(&completed, &other, LEASE).await.unwrap();
     let record = Record::ack(other.fingerprint()).owned_by(other.token());
     store
-        .complete(
-            &[Target::key(completed.clone())],
-            &other,
-            &record,
-            RETENTION,
-        )
+        .complete_one(&completed, &other, &record, RETENTION)
         .await
-        .unwrap()
-        .remove(0);
-    store
-        .reserve(&[Target::key(own.clone())], &batch, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+        .unwrap();
+    store.reserve_one(&own, &batch, LEASE).await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
 
     let keys = [

@@ -7,7 +7,7 @@ use crate::once;
 use crate::redis_proxy;
 use crate::redis_server;
 use crate::suite;
-use tower_idempotency::test_util::store as contract;
+use tower_idempotency::test_util::store::{self as contract, OneTarget};
 
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{CachedStore, LocalCache};
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey, Target};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey};
 use tower_idempotency::{IdempotencyLayer, RedisStore};
 
 use suite::app::{Effects, router};
@@ -306,14 +306,9 @@ async fn lease_of_a_dead_instance_expires_then_processed_once() {
     let lease = Duration::from_millis(1500);
     let claimed = tokio::time::Instant::now();
     store
-        .reserve(
-            &[Target::key(key.clone())],
-            &Claim::new(Fingerprint::NONE),
-            lease,
-        )
+        .reserve_one(&key, &Claim::new(Fingerprint::NONE), lease)
         .await
-        .unwrap()
-        .remove(0);
+        .unwrap();
     let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
     assert_eq!(status, StatusCode::CONFLICT);
     // The sender retries while it gets 409; once the lease has run out, the event is processed.
@@ -451,10 +446,9 @@ async fn a_batch_of_five_costs_two_round_trips() {
     // sees it (one round per command).
     for key in batch_keys("one-by-one", 3) {
         store
-            .reserve(&[Target::key(key.clone())], &claim, Duration::from_secs(30))
+            .reserve_one(&key, &claim, Duration::from_secs(30))
             .await
-            .unwrap()
-            .remove(0);
+            .unwrap();
     }
     let rounds = proxy.take_rounds();
     println!("3 single-key reserves: {} round trips", rounds.len());

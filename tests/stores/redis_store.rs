@@ -3,6 +3,7 @@
 #![cfg(feature = "redis")]
 
 use crate::redis_server;
+use crate::store_steps::{claim_and_record, held_by, neither_completes_nor_releases};
 
 use std::time::{Duration, Instant};
 
@@ -15,9 +16,8 @@ use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::fred;
 use tower_idempotency::store::record::{Record, StoredResponse};
-use tower_idempotency::store::{
-    Claim, Completion, Reservation, StoreErrorKind, StoreKey, Target, Token,
-};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey, Token};
+use tower_idempotency::test_util::store::OneTarget;
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -68,11 +68,7 @@ async fn absent_in_flight_completed_transitions() {
     let first = claim(b"{\"a\":1}");
 
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &first, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &first, LEASE).await.unwrap(),
         Reservation::Acquired
     );
     // Stored: the 25-byte in-flight value, with the lease as its TTL.
@@ -83,37 +79,18 @@ async fn absent_in_flight_completed_transitions() {
     let ttl = pttl(&client, &key).await;
     assert!(ttl > 25_000 && ttl <= 30_000, "lease PTTL {ttl}");
     assert!(key.as_str().starts_with("ti:"));
-    // The same claim again (a client retrying a SET whose reply was lost) is still ours.
-    assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &first, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
-        Reservation::Acquired
-    );
-
-    // A duplicate while in flight sees the first fingerprint.
+    // The same claim again (a client retrying a SET whose reply was lost) is still ours; a
+    // duplicate while in flight sees the first fingerprint.
     let dup = claim(b"{\"a\":1}");
-    assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &dup, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
-        Reservation::InFlight {
-            fingerprint: first.fingerprint()
-        }
-    );
+    held_by(&store, &key, &first, &dup, LEASE).await;
 
     // What the store writes: the record with the owner tag of the claim that completed it.
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
     assert!(
         store
-            .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
+            .complete_one(&key, &first, &record, RETENTION)
             .await
             .unwrap()
-            .remove(0)
             .is_recorded()
     );
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
@@ -125,31 +102,20 @@ async fn absent_in_flight_completed_transitions() {
 
     // A duplicate after completion gets the record; the key is not re-claimed.
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &dup, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &dup, LEASE).await.unwrap(),
         Reservation::Completed(record.clone())
     );
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
 
     // Release after completion is refused: the key is no longer in flight.
-    assert!(
-        !store
-            .release(&[Target::key(key.clone())], &first)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    assert!(!store.release_one(&key, &first).await.unwrap());
     // A second completion by the same claim (a retry whose first attempt landed) is told so,
     // and changes nothing: neither the record nor its retention.
     assert_eq!(
         store
-            .complete(&[Target::key(key.clone())], &first, &record, LEASE)
+            .complete_one(&key, &first, &record, LEASE)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Completion::AlreadyWritten
     );
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
@@ -157,15 +123,9 @@ async fn absent_in_flight_completed_transitions() {
     // Another claim's completion is lost: a late finisher learns that it lost its lease.
     assert_eq!(
         store
-            .complete(
-                &[Target::key(key.clone())],
-                &dup,
-                &Record::ack(dup.fingerprint()),
-                RETENTION
-            )
+            .complete_one(&key, &dup, &Record::ack(dup.fingerprint()), RETENTION)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Completion::Lost
     );
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
@@ -174,28 +134,14 @@ async fn absent_in_flight_completed_transitions() {
     let other = StoreKey::new("orders", None, "evt_2");
     let a = claim(b"x");
     assert_eq!(
-        store
-            .reserve(&[Target::key(other.clone())], &a, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&other, &a, LEASE).await.unwrap(),
         Reservation::Acquired
     );
-    assert!(
-        store
-            .release(&[Target::key(other.clone())], &a)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    assert!(store.release_one(&other, &a).await.unwrap());
     assert_eq!(get_raw(&client, &other).await, None);
     let b = claim(b"x");
     assert_eq!(
-        store
-            .reserve(&[Target::key(other.clone())], &b, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&other, &b, LEASE).await.unwrap(),
         Reservation::Acquired
     );
 }
@@ -211,12 +157,7 @@ async fn fifty_concurrent_reserves_have_exactly_one_winner() {
             .map(|_| {
                 let store = store.clone();
                 let key = key.clone();
-                tokio::spawn(async move {
-                    store
-                        .reserve(&[Target::key(key.clone())], &claim(b"same"), LEASE)
-                        .await
-                        .map(|mut a| a.remove(0))
-                })
+                tokio::spawn(async move { store.reserve_one(&key, &claim(b"same"), LEASE).await })
             })
             .collect();
         let mut acquired = 0;
@@ -245,60 +186,27 @@ async fn wrong_token_changes_nothing() {
     // Another claim of the same request: a token of its own (random).
     let intruder = Claim::new(owner.fingerprint());
 
-    store
-        .reserve(&[Target::key(key.clone())], &owner, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    store.reserve_one(&key, &owner, LEASE).await.unwrap();
     let before = get_raw(&client, &key).await.unwrap();
     let ttl_before = pttl(&client, &key).await;
 
     let record = Record::ack(owner.fingerprint());
-    assert!(
-        !store
-            .complete(&[Target::key(key.clone())], &intruder, &record, RETENTION)
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
-    assert!(
-        !store
-            .release(&[Target::key(key.clone())], &intruder)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    neither_completes_nor_releases(&store, &key, &intruder, &record, RETENTION).await;
     assert_eq!(get_raw(&client, &key).await.unwrap(), before);
     let ttl_after = pttl(&client, &key).await;
     assert!(ttl_after <= ttl_before && ttl_after > ttl_before - 5_000);
 
     // Absent key: complete and release report false and create nothing.
     let absent = StoreKey::new("tokens", None, "never");
-    assert!(
-        !store
-            .complete(&[Target::key(absent.clone())], &owner, &record, RETENTION)
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
-    assert!(
-        !store
-            .release(&[Target::key(absent.clone())], &owner)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    neither_completes_nor_releases(&store, &absent, &owner, &record, RETENTION).await;
     assert_eq!(get_raw(&client, &absent).await, None);
 
     // The owner still completes.
     assert!(
         store
-            .complete(&[Target::key(key.clone())], &owner, &record, RETENTION)
+            .complete_one(&key, &owner, &record, RETENTION)
             .await
             .unwrap()
-            .remove(0)
             .is_recorded()
     );
 }
@@ -313,14 +221,9 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
 
     assert_eq!(
         store
-            .reserve(
-                &[Target::key(key.clone())],
-                &old,
-                Duration::from_millis(100)
-            )
+            .reserve_one(&key, &old, Duration::from_millis(100))
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Reservation::Acquired
     );
     tokio::time::sleep(Duration::from_millis(250)).await;
@@ -328,67 +231,31 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
 
     let new = claim(b"body");
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &new, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &new, LEASE).await.unwrap(),
         Reservation::Acquired
     );
     let record = Record::ack(old.fingerprint());
-    assert!(
-        !store
-            .complete(&[Target::key(key.clone())], &old, &record, RETENTION)
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
-    assert!(
-        !store
-            .release(&[Target::key(key.clone())], &old)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    neither_completes_nor_releases(&store, &key, &old, &record, RETENTION).await;
     assert_eq!(get_raw(&client, &key).await.unwrap(), in_flight_value(&new));
     assert!(
         store
-            .complete(&[Target::key(key.clone())], &new, &record, RETENTION)
+            .complete_one(&key, &new, &record, RETENTION)
             .await
             .unwrap()
-            .remove(0)
             .is_recorded()
     );
 
     // Completed records expire with their retention too.
     let short = StoreKey::new("lease", None, "evt_2");
     let c = claim(b"body");
-    store
-        .reserve(&[Target::key(short.clone())], &c, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    assert!(
-        store
-            .complete(
-                &[Target::key(short.clone())],
-                &c,
-                &Record::ack(c.fingerprint()),
-                Duration::from_millis(100)
-            )
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
+    let (record, retention) = (Record::ack(c.fingerprint()), Duration::from_millis(100));
+    claim_and_record(&store, &short, &c, LEASE, &record, retention).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(
         store
-            .reserve(&[Target::key(short.clone())], &claim(b"body"), LEASE)
+            .reserve_one(&short, &claim(b"body"), LEASE)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Reservation::Acquired
     );
 }
@@ -416,11 +283,7 @@ async fn replay_records_round_trip() {
         let key = StoreKey::new("replay", Some("tenant-a"), &format!("evt_{i}"));
         let first = claim(&body);
         assert_eq!(
-            store
-                .reserve(&[Target::key(key.clone())], &first, LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            store.reserve_one(&key, &first, LEASE).await.unwrap(),
             Reservation::Acquired
         );
         let record = Record::replay(
@@ -435,18 +298,16 @@ async fn replay_records_round_trip() {
         .owned_by(first.token());
         assert!(
             store
-                .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
+                .complete_one(&key, &first, &record, RETENTION)
                 .await
                 .unwrap()
-                .remove(0)
                 .is_recorded()
         );
         assert_eq!(
             store
-                .reserve(&[Target::key(key.clone())], &claim(b"dup"), LEASE)
+                .reserve_one(&key, &claim(b"dup"), LEASE)
                 .await
-                .unwrap()
-                .remove(0),
+                .unwrap(),
             Reservation::Completed(record)
         );
     }
@@ -456,27 +317,14 @@ async fn replay_records_round_trip() {
     let key = StoreKey::new("replay", None, "ack");
     let fp = Fingerprint::from_bytes(*b"01234567");
     let c = Claim::with_token(Token::from_bytes(*b"0123456789abcdef"), fp);
-    store
-        .reserve(&[Target::key(key.clone())], &c, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    assert!(
-        store
-            .complete(&[Target::key(key.clone())], &c, &Record::ack(fp), RETENTION)
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
+    claim_and_record(&store, &key, &c, LEASE, &Record::ack(fp), RETENTION).await;
     let stored = get_raw(&client, &key).await.unwrap();
     assert!(std::str::from_utf8(&stored).is_ok(), "{stored:?}");
     assert_eq!(
         store
-            .reserve(&[Target::key(key.clone())], &claim(b"dup"), LEASE)
+            .reserve_one(&key, &claim(b"dup"), LEASE)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Reservation::Completed(Record::ack(fp).owned_by(c.token()))
     );
 }
@@ -492,19 +340,12 @@ async fn undecodable_values_are_corrupt_errors() {
         .await
         .unwrap();
     let err = store
-        .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
+        .reserve_one(&key, &claim(b"x"), LEASE)
         .await
-        .map(|mut a| a.remove(0))
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt);
     // Token-checked scripts leave foreign values alone.
-    assert!(
-        !store
-            .release(&[Target::key(key.clone())], &claim(b"x"))
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    assert!(!store.release_one(&key, &claim(b"x")).await.unwrap());
     assert_eq!(
         get_raw(&client, &key).await.unwrap(),
         Bytes::from_static(b"not ours")
@@ -520,38 +361,12 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
     // Warm the script cache once, as any running process has.
     let warm = StoreKey::new("cost", None, "warm-up");
     let c = claim(b"w");
-    store
-        .reserve(&[Target::key(warm.clone())], &c, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    assert!(
-        store
-            .complete(
-                &[Target::key(warm.clone())],
-                &c,
-                &Record::ack(c.fingerprint()),
-                RETENTION
-            )
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
+    let record = Record::ack(c.fingerprint());
+    claim_and_record(&store, &warm, &c, LEASE, &record, RETENTION).await;
     let r = claim(b"w2");
     let warm2 = StoreKey::new("cost", None, "warm-up-2");
-    store
-        .reserve(&[Target::key(warm2.clone())], &r, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    assert!(
-        store
-            .release(&[Target::key(warm2.clone())], &r)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    store.reserve_one(&warm2, &r, LEASE).await.unwrap();
+    assert!(store.release_one(&warm2, &r).await.unwrap());
 
     const N: u64 = 20;
     redis_server::reset_stats(&client).await;
@@ -560,24 +375,14 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
         let c = claim(b"payload");
         assert_eq!(
-            store
-                .reserve(&[Target::key(key.clone())], &c, LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            store.reserve_one(&key, &c, LEASE).await.unwrap(),
             Reservation::Acquired
         );
         assert!(
             store
-                .complete(
-                    &[Target::key(key.clone())],
-                    &c,
-                    &Record::ack(c.fingerprint()),
-                    RETENTION
-                )
+                .complete_one(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
                 .await
                 .unwrap()
-                .remove(0)
                 .is_recorded()
         );
     }
@@ -616,19 +421,13 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
     );
     for i in 0..N {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
-        let answer = store
-            .reserve(&[Target::key(key.clone())], &claim(b"payload"), LEASE)
-            .await
-            .map(|mut a| a.remove(0));
+        let answer = store.reserve_one(&key, &claim(b"payload"), LEASE).await;
         assert!(matches!(answer.unwrap(), Reservation::Completed(_)));
     }
     let monitor = server.monitor();
     for i in 0..N {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
-        let answer = store
-            .reserve(&[Target::key(key.clone())], &claim(b"payload"), LEASE)
-            .await
-            .map(|mut a| a.remove(0));
+        let answer = store.reserve_one(&key, &claim(b"payload"), LEASE).await;
         assert!(matches!(answer.unwrap(), Reservation::Completed(_)));
     }
     assert_eq!(monitor.finish(), Vec::<String>::new());
@@ -641,10 +440,9 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
         assert!(matches!(
             other
-                .reserve(&[Target::key(key.clone())], &claim(b"payload"), LEASE)
+                .reserve_one(&key, &claim(b"payload"), LEASE)
                 .await
-                .unwrap()
-                .remove(0),
+                .unwrap(),
             Reservation::Completed(_)
         ));
     }
@@ -663,18 +461,8 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
     let monitor = server.monitor();
     let key = StoreKey::new("cost", None, "failed");
     let c = claim(b"payload");
-    store
-        .reserve(&[Target::key(key.clone())], &c, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    assert!(
-        store
-            .release(&[Target::key(key.clone())], &c)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    store.reserve_one(&key, &c, LEASE).await.unwrap();
+    assert!(store.release_one(&key, &c).await.unwrap());
     assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
 }
 
@@ -693,25 +481,15 @@ async fn an_ack_record_is_one_small_string() {
     let store = RedisStore::new(client.clone());
     let key = StoreKey::new("kalipto", None, "pd_01J9Z6V4Q8K3N2M5T7R1W0XYZA");
     let c = claim(b"{\"id\":\"pd_01J9Z6V4Q8K3N2M5T7R1W0XYZA\"}");
-    store
-        .reserve(&[Target::key(key.clone())], &c, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    store.reserve_one(&key, &c, LEASE).await.unwrap();
     let in_flight = redis_server::memory_usage(&client, key.as_str())
         .await
         .unwrap();
     assert!(
         store
-            .complete(
-                &[Target::key(key.clone())],
-                &c,
-                &Record::ack(c.fingerprint()),
-                RETENTION
-            )
+            .complete_one(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
             .await
             .unwrap()
-            .remove(0)
             .is_recorded()
     );
     let completed = redis_server::memory_usage(&client, key.as_str())
@@ -755,18 +533,13 @@ async fn scripts_are_reloaded_after_noscript() {
     redis_server::reset_stats(&client).await;
     let key = StoreKey::new("noscript", None, "evt_1");
     let c = claim(b"x");
-    store
-        .reserve(&[Target::key(key.clone())], &c, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    store.reserve_one(&key, &c, LEASE).await.unwrap();
     let record = Record::ack(c.fingerprint()).owned_by(c.token());
     assert!(
         store
-            .complete(&[Target::key(key.clone())], &c, &record, RETENTION)
+            .complete_one(&key, &c, &record, RETENTION)
             .await
             .unwrap()
-            .remove(0)
             .is_recorded()
     );
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
@@ -776,24 +549,8 @@ async fn scripts_are_reloaded_after_noscript() {
     redis_server::reset_stats(&client).await;
     let key = StoreKey::new("noscript", None, "evt_2");
     let c = claim(b"x");
-    store
-        .reserve(&[Target::key(key.clone())], &c, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    assert!(
-        store
-            .complete(
-                &[Target::key(key.clone())],
-                &c,
-                &Record::ack(c.fingerprint()),
-                RETENTION
-            )
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
+    let record = Record::ack(c.fingerprint());
+    claim_and_record(&store, &key, &c, LEASE, &record, RETENTION).await;
     assert_eq!(redis_server::command_calls(&client, "evalsha").await, 1);
     assert_eq!(redis_server::command_calls(&client, "eval").await, 0);
 
@@ -801,18 +558,8 @@ async fn scripts_are_reloaded_after_noscript() {
     redis_server::script_flush(&client).await;
     let key = StoreKey::new("noscript", None, "evt_3");
     let c = claim(b"x");
-    store
-        .reserve(&[Target::key(key.clone())], &c, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    assert!(
-        store
-            .release(&[Target::key(key.clone())], &c)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    store.reserve_one(&key, &c, LEASE).await.unwrap();
+    assert!(store.release_one(&key, &c).await.unwrap());
     assert_eq!(get_raw(&client, &key).await, None);
 }
 
@@ -823,17 +570,13 @@ async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
     let store = RedisStore::new(client.clone());
     let key = StoreKey::new("down", None, "evt_1");
     let c = claim(b"x");
-    store
-        .reserve(&[Target::key(key.clone())], &c, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    store.reserve_one(&key, &c, LEASE).await.unwrap();
 
     server.kill();
     let started = Instant::now();
     let err = tokio::time::timeout(
         Duration::from_secs(5),
-        store.reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE),
+        store.reserve_one(&key, &claim(b"x"), LEASE),
     )
     .await
     .expect("the store answers within 5 s while Redis is down")
@@ -853,12 +596,7 @@ async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
     let started = Instant::now();
     let err = tokio::time::timeout(
         Duration::from_secs(5),
-        store.complete(
-            &[Target::key(key.clone())],
-            &c,
-            &Record::ack(c.fingerprint()),
-            RETENTION,
-        ),
+        store.complete_one(&key, &c, &Record::ack(c.fingerprint()), RETENTION),
     )
     .await
     .expect("the store answers within 5 s while Redis is down")
@@ -878,11 +616,7 @@ async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let c = claim(b"x");
     loop {
-        match store
-            .reserve(&[Target::key(key.clone())], &c, LEASE)
-            .await
-            .map(|mut a| a.remove(0))
-        {
+        match store.reserve_one(&key, &c, LEASE).await {
             Ok(reservation) => {
                 assert_eq!(reservation, Reservation::Acquired);
                 break;
@@ -897,15 +631,9 @@ async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
     // The script cache of the new process is empty: complete reloads it.
     assert!(
         store
-            .complete(
-                &[Target::key(key.clone())],
-                &c,
-                &Record::ack(c.fingerprint()),
-                RETENTION
-            )
+            .complete_one(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
             .await
             .unwrap()
-            .remove(0)
             .is_recorded()
     );
 }
@@ -945,9 +673,8 @@ async fn a_busy_server_is_unavailable() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let err = store
-        .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
+        .reserve_one(&key, &claim(b"x"), LEASE)
         .await
-        .map(|mut a| a.remove(0))
         .expect_err("the server is busy");
     println!("busy server: {:?}: {err}", err.kind());
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
@@ -956,11 +683,7 @@ async fn a_busy_server_is_unavailable() {
     busy.join().unwrap();
     // Nothing was claimed; once the script ends, the key is free.
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
         Reservation::Acquired
     );
 }
@@ -977,30 +700,18 @@ async fn a_pool_and_a_client_are_both_stores() {
     let key = StoreKey::new("both", None, "evt_1");
     let c = claim(b"x");
     assert_eq!(
-        pool.reserve(&[Target::key(key.clone())], &c, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        pool.reserve_one(&key, &c, LEASE).await.unwrap(),
         Reservation::Acquired
     );
     assert!(
         client
-            .complete(
-                &[Target::key(key.clone())],
-                &c,
-                &Record::ack(c.fingerprint()),
-                RETENTION
-            )
+            .complete_one(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
             .await
             .unwrap()
-            .remove(0)
             .is_recorded()
     );
     assert_eq!(
-        pool.reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        pool.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
         Reservation::Completed(Record::ack(c.fingerprint()).owned_by(c.token()))
     );
     assert!(client.client().is_connected());

@@ -11,19 +11,18 @@
 use crate::redis_sentinel;
 use crate::scale_out;
 use crate::suite;
-use tower_idempotency::test_util::store as contract;
+use tower_idempotency::test_util::store::{self as contract, OneTarget};
 
 use std::error::Error as _;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use redis_sentinel::{RedisSentinel, must};
-use tower_idempotency::IdempotencyStore;
 use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::NotReplicated;
 use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, Reservation, StoreErrorKind, StoreKey, Target};
+use tower_idempotency::store::{Claim, Reservation, StoreErrorKind, StoreKey};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -138,18 +137,13 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
 
     let healthy = key("healthy");
     let c = claim();
-    store
-        .reserve(&[Target::key(healthy.clone())], &c, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    store.reserve_one(&healthy, &c, LEASE).await.unwrap();
     let record = Record::ack(c.fingerprint());
     assert!(
         store
-            .complete(&[Target::key(healthy.clone())], &c, &record, RETENTION)
+            .complete_one(&healthy, &c, &record, RETENTION)
             .await
             .unwrap()
-            .remove(0)
             .is_recorded()
     );
 
@@ -157,11 +151,7 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
         .map(|i| (key(&format!("frozen-{i}")), claim()))
         .collect();
     for (k, c) in &claims {
-        store
-            .reserve(&[Target::key(k.clone())], c, LEASE)
-            .await
-            .unwrap()
-            .remove(0);
+        store.reserve_one(k, c, LEASE).await.unwrap();
     }
     let replica = deployment.replica_port();
     deployment.freeze(replica);
@@ -169,22 +159,13 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
     for (k, c) in &claims {
         let started = Instant::now();
         let record = Record::ack(c.fingerprint());
-        let result = store
-            .complete(&[Target::key(k.clone())], c, &record, RETENTION)
-            .await
-            .map(|mut a| a.remove(0));
+        let result = store.complete_one(k, c, &record, RETENTION).await;
         results.push((result, started.elapsed()));
     }
     // A lease lost meanwhile is still `Ok(false)`, as without the option.
     let lost = store
-        .complete(
-            &[Target::key(key("never-claimed"))],
-            &claim(),
-            &record,
-            RETENTION,
-        )
-        .await
-        .map(|mut a| a.remove(0));
+        .complete_one(&key("never-claimed"), &claim(), &record, RETENTION)
+        .await;
     deployment.thaw(replica);
     // The thawed replica catches up before the next checks count on its acknowledgement.
     redis_sentinel::wait_replicated(deployment.master_port(), replica, Duration::from_secs(10));
@@ -200,11 +181,7 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
     for (k, _) in &claims {
         assert!(
             matches!(
-                store
-                    .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-                    .await
-                    .unwrap()
-                    .remove(0),
+                store.reserve_one(k, &claim(), LEASE).await.unwrap(),
                 Reservation::Completed(_)
             ),
             "written on the primary"
@@ -214,16 +191,11 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
     // More replicas than exist: never enough (the one there acknowledges within the timeout).
     let greedy = RedisStore::new(pool).durable_completion(2, timeout);
     let (k, c) = (key("greedy"), claim());
-    greedy
-        .reserve(&[Target::key(k.clone())], &c, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    greedy.reserve_one(&k, &c, LEASE).await.unwrap();
     let record = Record::ack(c.fingerprint());
     let error = greedy
-        .complete(&[Target::key(k.clone())], &c, &record, RETENTION)
+        .complete_one(&k, &c, &record, RETENTION)
         .await
-        .map(|mut a| a.remove(0))
         .unwrap_err();
     let shortfall = not_replicated(&error);
     assert_eq!((shortfall.acknowledged(), shortfall.required()), (1, 2));
@@ -244,16 +216,8 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     let durable = RedisStore::new(client).durable_completion(1, Duration::from_millis(100));
     plain.load_scripts().await.unwrap();
     let (a, b) = (claim(), claim());
-    plain
-        .reserve(&[Target::key(key("a"))], &a, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    plain
-        .reserve(&[Target::key(key("b"))], &b, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    plain.reserve_one(&key("a"), &a, LEASE).await.unwrap();
+    plain.reserve_one(&key("b"), &b, LEASE).await.unwrap();
     let primary = deployment.master_port();
     let replica = deployment.replica_port();
     // Both claims reached the replica before the kill.
@@ -267,11 +231,7 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     let record = Record::ack(a.fingerprint());
     let deadline = Instant::now() + Duration::from_secs(10);
     let done = loop {
-        match plain
-            .complete(&[Target::key(key("a"))], &a, &record, RETENTION)
-            .await
-            .map(|mut a| a.remove(0))
-        {
+        match plain.complete_one(&key("a"), &a, &record, RETENTION).await {
             Ok(done) => break done,
             Err(e) if Instant::now() < deadline => {
                 eprintln!("complete failed, retrying: {e}");
@@ -287,19 +247,14 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     must(promoted, &["SCRIPT", "FLUSH", "SYNC"]);
     let record = Record::ack(b.fingerprint());
     let error = durable
-        .complete(&[Target::key(key("b"))], &b, &record, RETENTION)
+        .complete_one(&key("b"), &b, &record, RETENTION)
         .await
-        .map(|mut a| a.remove(0))
         .unwrap_err();
     assert_eq!(not_replicated(&error).acknowledged(), 0);
     assert_eq!(calls(promoted, "eval"), 2);
     for k in [key("a"), key("b")] {
         assert!(matches!(
-            plain
-                .reserve(&[Target::key(k.clone())], &claim(), LEASE)
-                .await
-                .unwrap()
-                .remove(0),
+            plain.reserve_one(&k, &claim(), LEASE).await.unwrap(),
             Reservation::Completed(_)
         ));
     }

@@ -5,19 +5,21 @@
 
 use crate::once;
 use crate::sql_purge;
+use crate::store_steps::{
+    claim_and_record, fifty_claims_one_winner, held_by, neither_completes_nor_releases,
+};
 use crate::suite;
-use tower_idempotency::test_util::store as contract;
+use tower_idempotency::test_util::store::{self as contract, OneTarget};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Row};
-use tower_idempotency::IdempotencyStore;
 use tower_idempotency::SqliteStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::record::{Record, StoredResponse};
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey, Target};
+use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -97,11 +99,7 @@ async fn absent_in_flight_completed_transitions() {
     let first = claim(b"{\"a\":1}");
 
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &first, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &first, LEASE).await.unwrap(),
         Reservation::Acquired
     );
     let row = sqlx::query(
@@ -122,48 +120,16 @@ async fn absent_in_flight_completed_transitions() {
     assert_eq!(row.get::<i64, _>("lease"), 30_000);
 
     // The same claim again is still ours; a duplicate sees the first fingerprint.
-    assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &first, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
-        Reservation::Acquired
-    );
     let dup = claim(b"{\"a\":1}");
-    assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &dup, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
-        Reservation::InFlight {
-            fingerprint: first.fingerprint()
-        }
-    );
+    held_by(&store, &key, &first, &dup, LEASE).await;
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
-    assert!(
-        !store
-            .complete(&[Target::key(key.clone())], &dup, &record, RETENTION)
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
-    assert!(
-        !store
-            .release(&[Target::key(key.clone())], &dup)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    neither_completes_nor_releases(&store, &key, &dup, &record, RETENTION).await;
 
     assert!(
         store
-            .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
+            .complete_one(&key, &first, &record, RETENTION)
             .await
             .unwrap()
-            .remove(0)
             .is_recorded()
     );
     let row =
@@ -180,60 +146,34 @@ async fn absent_in_flight_completed_transitions() {
     assert!(left > retention - 10_000 && left <= retention, "{left}");
 
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &dup, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &dup, LEASE).await.unwrap(),
         Reservation::Completed(record.clone())
     );
-    assert!(
-        !store
-            .release(&[Target::key(key.clone())], &first)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    assert!(!store.release_one(&key, &first).await.unwrap());
     // Completing again (a retry whose first attempt landed) is reported as done, and the
     // record stays as it was.
     assert_eq!(
         store
-            .complete(&[Target::key(key.clone())], &first, &record, LEASE)
+            .complete_one(&key, &first, &record, LEASE)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Completion::AlreadyWritten
     );
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &dup, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &dup, LEASE).await.unwrap(),
         Reservation::Completed(record.clone())
     );
 
     let other = StoreKey::new("orders", None, "evt_2");
     let a = claim(b"x");
-    store
-        .reserve(&[Target::key(other.clone())], &a, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    assert!(
-        store
-            .release(&[Target::key(other.clone())], &a)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    store.reserve_one(&other, &a, LEASE).await.unwrap();
+    assert!(store.release_one(&other, &a).await.unwrap());
     assert_eq!(count(&store).await, 1);
     assert_eq!(
         store
-            .reserve(&[Target::key(other.clone())], &claim(b"x"), LEASE)
+            .reserve_one(&other, &claim(b"x"), LEASE)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Reservation::Acquired
     );
 }
@@ -247,46 +187,19 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     let key = StoreKey::new("t", None, "lease");
     let old = claim(b"x");
     store
-        .reserve(&[Target::key(key.clone())], &old, Duration::from_millis(30))
+        .reserve_one(&key, &old, Duration::from_millis(30))
         .await
-        .unwrap()
-        .remove(0);
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
     let new = claim(b"y");
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &new, LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &new, LEASE).await.unwrap(),
         Reservation::Acquired
     );
-    assert!(
-        !store
-            .complete(
-                &[Target::key(key.clone())],
-                &old,
-                &Record::ack(old.fingerprint()),
-                LEASE
-            )
-            .await
-            .unwrap()
-            .remove(0)
-            .is_recorded()
-    );
-    assert!(
-        !store
-            .release(&[Target::key(key.clone())], &old)
-            .await
-            .map(|n| n == 1)
-            .unwrap()
-    );
+    neither_completes_nor_releases(&store, &key, &old, &Record::ack(old.fingerprint()), LEASE)
+        .await;
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &claim(b"z"), LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &claim(b"z"), LEASE).await.unwrap(),
         Reservation::InFlight {
             fingerprint: new.fingerprint()
         }
@@ -294,37 +207,19 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
 
     let key = StoreKey::new("t", None, "record");
     let first = claim(b"x");
-    store
-        .reserve(&[Target::key(key.clone())], &first, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    store.reserve_one(&key, &first, LEASE).await.unwrap();
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
     store
-        .complete(
-            &[Target::key(key.clone())],
-            &first,
-            &record,
-            RECORD_RETENTION,
-        )
+        .complete_one(&key, &first, &record, RECORD_RETENTION)
         .await
-        .unwrap()
-        .remove(0);
+        .unwrap();
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
         Reservation::Completed(record)
     );
     tokio::time::sleep(RECORD_RETENTION + Duration::from_millis(200)).await;
     assert_eq!(
-        store
-            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        store.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
         Reservation::Acquired
     );
     assert_eq!(count(&store).await, 2, "taken over in place");
@@ -339,42 +234,12 @@ async fn fifty_concurrent_claims_have_exactly_one_winner() {
         let key = StoreKey::new("race", None, &format!("evt_{round}"));
         if round % 2 == 1 {
             // Odd rounds race for an expired row instead of an absent one.
-            a.reserve(
-                &[Target::key(key.clone())],
-                &claim(b"same"),
-                Duration::from_millis(1),
-            )
-            .await
-            .unwrap()
-            .remove(0);
+            a.reserve_one(&key, &claim(b"same"), Duration::from_millis(1))
+                .await
+                .unwrap();
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(50));
-        let tasks: Vec<_> = (0..50)
-            .map(|i| {
-                let store = if i % 2 == 0 { a.clone() } else { b.clone() };
-                let key = key.clone();
-                let barrier = barrier.clone();
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    store
-                        .reserve(&[Target::key(key.clone())], &claim(b"same"), LEASE)
-                        .await
-                        .map(|mut a| a.remove(0))
-                })
-            })
-            .collect();
-        let mut acquired = 0;
-        for task in tasks {
-            match task.await.unwrap().unwrap() {
-                Reservation::Acquired => acquired += 1,
-                Reservation::InFlight { fingerprint } => {
-                    assert_eq!(fingerprint, Fingerprint::of_bytes(b"same"))
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-        assert_eq!(acquired, 1, "round {round}");
+        fifty_claims_one_winner(&[a.clone(), b.clone()], &key, LEASE, round).await;
     }
 }
 
@@ -397,29 +262,16 @@ async fn completed_keys_survive_an_app_restart() {
     .owned_by(first.token());
     {
         let store = open(&dir.db()).await;
-        store
-            .reserve(&[Target::key(key.clone())], &first, LEASE)
-            .await
-            .unwrap()
-            .remove(0);
-        assert!(
-            store
-                .complete(&[Target::key(key.clone())], &first, &record, RETENTION)
-                .await
-                .unwrap()
-                .remove(0)
-                .is_recorded()
-        );
+        claim_and_record(&store, &key, &first, LEASE, &record, RETENTION).await;
         store.into_inner().close().await;
     }
     // A new process: a new pool on the same file; opening migrates again, harmlessly.
     let store = open(&dir.db()).await;
     assert_eq!(
         store
-            .reserve(&[Target::key(key.clone())], &claim(b"body"), LEASE)
+            .reserve_one(&key, &claim(b"body"), LEASE)
             .await
-            .unwrap()
-            .remove(0),
+            .unwrap(),
         Reservation::Completed(record)
     );
 }
@@ -459,11 +311,7 @@ async fn custom_table_and_published_schema() {
     custom.migrate().await.unwrap();
     let key = StoreKey::new("t", None, "k");
     assert_eq!(
-        custom
-            .reserve(&[Target::key(key.clone())], &claim(b"x"), LEASE)
-            .await
-            .unwrap()
-            .remove(0),
+        custom.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
         Reservation::Acquired
     );
     let index: String = sqlx::query_scalar(
@@ -493,13 +341,8 @@ async fn closed_pool_is_unavailable_and_fails_closed() {
     let pool = store.pool().clone();
     pool.close().await;
     let err = store
-        .reserve(
-            &[Target::key(StoreKey::new("t", None, "k"))],
-            &claim(b"x"),
-            LEASE,
-        )
+        .reserve_one(&StoreKey::new("t", None, "k"), &claim(b"x"), LEASE)
         .await
-        .map(|mut a| a.remove(0))
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
     let (store, _dir) = fresh().await;

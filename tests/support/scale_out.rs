@@ -30,7 +30,8 @@ use tower::ServiceExt;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::LocalCache;
 use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, StoreErrorKind, StoreKey, Target};
+use tower_idempotency::store::{Claim, StoreErrorKind, StoreKey};
+use tower_idempotency::test_util::store::OneTarget;
 use tower_idempotency::{IdempotencyLayer, IdempotencyStore, RedisStore, Scope};
 
 /// The shape of the load.
@@ -276,20 +277,14 @@ pub async fn complete_latencies<St: IdempotencyStore>(
         let key = StoreKey::new(label, None, &format!("{}-{i}", std::process::id()));
         let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
         store
-            .reserve(&[Target::key(key.clone())], &claim, Duration::from_secs(30))
+            .reserve_one(&key, &claim, Duration::from_secs(30))
             .await
             .unwrap();
         let record = Record::ack(claim.fingerprint());
         let started = Instant::now();
         let done = store
-            .complete(
-                &[Target::key(key)],
-                &claim,
-                &record,
-                Duration::from_secs(3600),
-            )
-            .await
-            .map(|mut done| done.remove(0));
+            .complete_one(&key, &claim, &record, Duration::from_secs(3600))
+            .await;
         times.push(started.elapsed());
         match done {
             Ok(done) => assert!(done.is_recorded()),

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::record::Record;
 use tower_idempotency::store::sql::{Dialect, SqlStore};
-use tower_idempotency::store::{Claim, Reservation, StoreKey, Target};
+use tower_idempotency::store::{Claim, Reservation, StoreKey};
+use tower_idempotency::test_util::store::OneTarget;
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -26,22 +26,12 @@ pub async fn removes_only_expired_rows<DB: Dialect>(
     for i in 0..30 {
         let key = StoreKey::new("purge", None, &i.to_string());
         let c = claim(b"live");
-        store
-            .reserve(&[Target::key(key.clone())], &c, LEASE)
-            .await
-            .unwrap()
-            .remove(0);
+        store.reserve_one(&key, &c, LEASE).await.unwrap();
         if i % 2 == 1 {
             store
-                .complete(
-                    &[Target::key(key.clone())],
-                    &c,
-                    &Record::ack(c.fingerprint()),
-                    RETENTION,
-                )
+                .complete_one(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
                 .await
-                .unwrap()
-                .remove(0);
+                .unwrap();
         }
         live.push(key);
     }
@@ -52,10 +42,9 @@ pub async fn removes_only_expired_rows<DB: Dialect>(
     assert_eq!(store.purge_expired(1000).await.unwrap(), 0);
     for (i, key) in live.iter().enumerate() {
         let found = store
-            .reserve(&[Target::key(key.clone())], &claim(b"live"), LEASE)
+            .reserve_one(key, &claim(b"live"), LEASE)
             .await
-            .unwrap()
-            .remove(0);
+            .unwrap();
         if i % 2 == 1 {
             assert!(matches!(found, Reservation::Completed(_)), "{found:?}");
         } else {
@@ -67,14 +56,9 @@ pub async fn removes_only_expired_rows<DB: Dialect>(
     for i in 0..20 {
         let key = StoreKey::new("purge-bg", None, &i.to_string());
         store
-            .reserve(
-                &[Target::key(key.clone())],
-                &claim(b"x"),
-                Duration::from_millis(1),
-            )
+            .reserve_one(&key, &claim(b"x"), Duration::from_millis(1))
             .await
-            .unwrap()
-            .remove(0);
+            .unwrap();
     }
     let purge = store.spawn_purge(Duration::from_millis(50));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
