@@ -195,7 +195,7 @@ pub use self::claim::outcome::Outcome;
 pub use self::http::body::{RequestBody, ResponseBody};
 pub use self::http::config::{AckResponse, FailureMode, MissingKey, Mode, OnMismatch, Scope};
 pub use self::http::future::ResponseFuture;
-pub use self::http::layer::IdempotencyLayer;
+pub use self::http::layer::{Door, IdempotencyLayer};
 pub use self::http::rejection;
 pub use self::http::service::Idempotency;
 pub use self::key::value::IdempotencyKey;

@@ -30,9 +30,12 @@ use crate::{IdempotencyStore, OrderedStore};
 ///
 /// `St` is the store's type, `K` the key extractor (default: the `Idempotency-Key` header).
 /// The layer keeps the store's type only as a mark, for what a store must be able to do
-/// ([`order`](Self::order) asks for an [`OrderedStore`]); the services it makes do not carry
-/// it. Start from a profile, [`webhook`](Self::webhook) or [`api`](Self::api), or from
-/// [`new`](Self::new), then set what differs. Cheap to clone: one `Arc`.
+/// ([`order`](Door::order) asks for an [`OrderedStore`]); the services it makes do not carry
+/// it. Start from a profile, [`webhook`](Door::webhook) or [`api`](Door::api), or from
+/// [`new`](Door::new), then set what differs. Cheap to clone: one `Arc`.
+///
+/// The methods are those of [`Door`], the builder this layer shares with the
+/// [`InboxLayer`](crate::inbox::InboxLayer).
 ///
 /// ```
 /// use std::time::Duration;
@@ -55,25 +58,81 @@ use crate::{IdempotencyStore, OrderedStore};
 ///     .route("/orders", post(|| async { "created" }).route_layer(orders));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct IdempotencyLayer<St, K = HeaderKey> {
+pub type IdempotencyLayer<St, K = HeaderKey> = Door<Records<St>, K>;
+
+/// The one builder of both layers of the crate: [`IdempotencyLayer`] (`Door<Records<St>, K>`,
+/// the synchronous route on a record store) and [`InboxLayer`](crate::inbox::InboxLayer)
+/// (`Door<Inbox, K>`, the inbox's door). Write one of those two names; this type exists so that
+/// what both routes share (the read, verify and key phases, the answers, the observer) is
+/// set the same way on both, while what only one of them has (a lease, a retention, a replay
+/// mode; the inbox's first answer and kept headers) is set on that one only, checked by the
+/// compiler:
+///
+/// ```compile_fail,E0599
+/// use std::time::Duration;
+/// use tower_idempotency::inbox::{InboxLayer, MemoryInbox};
+///
+/// // An inbox route holds no record: the inbox keeps its keys, so there is no lease to set.
+/// let door = InboxLayer::new(MemoryInbox::default()).lease(Duration::from_secs(5));
+/// ```
+///
+/// `M` is the route's kind, `K` the key extractor. The kind is only a mark: the services a
+/// door makes do not carry it. Cheap to clone: one `Arc`.
+pub struct Door<M, K = HeaderKey> {
     config: Arc<Config<K>>,
-    /// The store's type: a mark, neither owned nor borrowed (the layer stays `Send + Sync`).
-    store: PhantomData<fn() -> St>,
+    /// The route's kind: a mark, neither owned nor borrowed (the layer stays `Send + Sync`).
+    kind: PhantomData<fn() -> M>,
 }
 
-impl<St, K> Clone for IdempotencyLayer<St, K> {
-    fn clone(&self) -> Self {
-        IdempotencyLayer {
-            config: self.config.clone(),
-            store: PhantomData,
+/// The kind of [`IdempotencyLayer`]'s door: a synchronous route whose claims are records in a
+/// store of type `St` (a mark: the store itself is in the door's configuration).
+pub struct Records<St>(PhantomData<fn() -> St>);
+
+/// The kind of [`InboxLayer`](crate::inbox::InboxLayer)'s door: deliveries are stored in an
+/// inbox and answered at once.
+pub struct Inbox(());
+
+/// The kinds of door that can order events: a record store that keeps each event's object
+/// ([`OrderedStore`]), and every inbox.
+pub trait Orders: sealed::Sealed {}
+
+impl<St: OrderedStore> Orders for Records<St> {}
+impl Orders for Inbox {}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<St: crate::OrderedStore> Sealed for super::Records<St> {}
+    impl Sealed for super::Inbox {}
+}
+
+impl<M, K> Door<M, K> {
+    /// A door on `config` (the layers' constructors).
+    pub(crate) fn from_config(config: Config<K>) -> Self {
+        Door {
+            config: Arc::new(config),
+            kind: PhantomData,
         }
     }
 }
 
-impl<St, K> fmt::Debug for IdempotencyLayer<St, K> {
+impl<M, K> Clone for Door<M, K> {
+    fn clone(&self) -> Self {
+        Door {
+            config: self.config.clone(),
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<M, K> fmt::Debug for Door<M, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.config.settings;
-        f.debug_struct("IdempotencyLayer")
+        let name = if self.config.inbox.is_some() {
+            "InboxLayer"
+        } else {
+            "IdempotencyLayer"
+        };
+        f.debug_struct(name)
             .field("namespace", &s.claim.policy.observer.namespace())
             .field("scope", &s.door.scope)
             .field("body_limit", &s.door.body_limit)
@@ -86,7 +145,7 @@ impl<St, K> fmt::Debug for IdempotencyLayer<St, K> {
     }
 }
 
-impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
+impl<St: IdempotencyStore> Door<Records<St>, HeaderKey> {
     /// A layer on `store`, keyed by the `Idempotency-Key` header, with the defaults: 1 MiB body
     /// limit, 10 s lease (renewed while the handler runs), 72 h retention, 2 s store timeout,
     /// missing key → 400, ack mode, mismatch → 422, fail closed, POST/PUT/PATCH/DELETE (every
@@ -94,15 +153,12 @@ impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
     /// [`LocalCache`] of completed records in front of a store that talks to a server (see
     /// [`local_cache`](Self::local_cache)).
     pub fn new(store: St) -> Self {
-        IdempotencyLayer {
-            config: Arc::new(Config {
-                claims: ClaimStore::new(store),
-                extractor: HeaderKey::idempotency_key(),
-                settings: Arc::new(Settings::default()),
-                inbox: None,
-            }),
-            store: PhantomData,
-        }
+        Door::from_config(Config {
+            claims: ClaimStore::new(store),
+            extractor: HeaderKey::idempotency_key(),
+            settings: Arc::new(Settings::default()),
+            inbox: None,
+        })
     }
 
     /// A layer for a **webhook route**: a provider never sends another event under the same id
@@ -177,10 +233,10 @@ impl<St: IdempotencyStore> IdempotencyLayer<St, HeaderKey> {
     }
 }
 
-impl<St, K> IdempotencyLayer<St, K> {
+impl<M, K> Door<M, K> {
     /// Sets where the key comes from: a [`HeaderKey`], a [`JsonPathKey`](crate::key::JsonPathKey),
     /// a fallback chain, a closure, …
-    pub fn key<K2: ExtractKey>(self, extractor: K2) -> IdempotencyLayer<St, K2> {
+    pub fn key<K2: ExtractKey>(self, extractor: K2) -> Door<M, K2> {
         let (claims, settings, inbox) = match Arc::try_unwrap(self.config) {
             Ok(config) => (config.claims, config.settings, config.inbox),
             Err(shared) => (
@@ -189,15 +245,12 @@ impl<St, K> IdempotencyLayer<St, K> {
                 shared.inbox.clone(),
             ),
         };
-        IdempotencyLayer {
-            config: Arc::new(Config {
-                claims,
-                extractor,
-                settings,
-                inbox,
-            }),
-            store: PhantomData,
-        }
+        Door::from_config(Config {
+            claims,
+            extractor,
+            settings,
+            inbox,
+        })
     }
 
     /// The same layer with its configuration changed by `f`: in place while the layer is
@@ -219,7 +272,16 @@ impl<St, K> IdempotencyLayer<St, K> {
     }
 }
 
-impl<St, K: Clone> IdempotencyLayer<St, K> {
+impl<M, K: Clone> Door<M, K> {
+    /// The same configuration as a door of another kind (an inbox's door is built from a
+    /// record door's settings).
+    pub(crate) fn into_kind<M2>(self) -> Door<M2, K> {
+        Door {
+            config: self.config,
+            kind: PhantomData,
+        }
+    }
+
     /// Inbox mode on `route` (what [`InboxLayer`](crate::inbox::InboxLayer) is built on).
     pub(crate) fn with_inbox(self, route: InboxRoute) -> Self {
         self.with(|config| config.inbox = Some(route))
@@ -257,30 +319,11 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
         self.with_settings(|s| s.door.verifier = Some(verifier))
     }
 
-    /// Sets the local cache of completed records in front of the store, which answers the
-    /// duplicates of records this instance completed (or read) without a round trip. On by
-    /// default for a store that talks to a server (a [`LocalCache::new`], one per layer), off
-    /// for the memory store. Give several layers clones of one [`LocalCache`] to share its
-    /// bounds; [`LocalCache::off`] turns it off. See [`LocalCache`] for what is cached, for how
-    /// long, and what an operator who deletes keys by hand must know.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
-    /// use tower_idempotency::store::LocalCache;
-    ///
-    /// let cache = LocalCache::new().max_entries(10_000).read_ttl(Duration::from_secs(1));
-    /// let orders = IdempotencyLayer::api(MemoryStore::new()).local_cache(cache.clone());
-    /// let refunds = IdempotencyLayer::api(MemoryStore::new()).local_cache(cache);
-    /// # let _ = (orders, refunds);
-    /// ```
-    pub fn local_cache(self, cache: LocalCache) -> Self {
-        self.with(|config| config.claims = config.claims.with_cache(Some(cache)))
-    }
-
     /// Sets the namespace that keeps this layer's keys apart from other layers' (and other
     /// applications') on a shared store. Any text: it is hashed into store keys, and appears
-    /// as is in logs and metric labels, so prefer a short name (`kalipto`, `orders`).
+    /// as is in logs and metric labels, so prefer a short name (`kalipto`, `orders`). Behind an
+    /// [`InboxLayer`](crate::inbox::InboxLayer), workers see it as
+    /// [`InboxRequest::route`](crate::inbox::InboxRequest::route).
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let namespace = namespace.into();
         self.with_settings(|s| s.claim.policy.observer.set_namespace(&namespace))
@@ -302,24 +345,8 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
         self.with_settings(|s| s.door.body_timeout = Some(timeout))
     }
 
-    /// Sets the lease: how long a claim blocks duplicates if its holder dies without finishing
-    /// (default 10 s). A live holder's claim is renewed every third of the
-    /// lease for as long as the inner service runs and its response streams, so the lease
-    /// need not cover the slowest handler: it bounds how long a crashed worker's key stays
-    /// blocked. Keep it a few times the store's worst latency, so a renewal is never late.
-    pub fn lease(self, lease: Duration) -> Self {
-        self.with_settings(|s| s.claim.policy.lease = lease)
-    }
-
-    /// Sets how long completed keys are kept (default 72 h): at least the sender's retry
-    /// window. An inbox's door ([`InboxLayer`](crate::inbox::InboxLayer)) has none: the
-    /// workers mark keys done, with the retention of
-    /// [`Worker::retention`](crate::inbox::Worker::retention).
-    pub fn retention(self, retention: Duration) -> Self {
-        self.with_settings(|s| s.claim.policy.retention = retention)
-    }
-
-    /// Sets the timeout of each store call (default 2 s). A timeout is a store error.
+    /// Sets the timeout of each store call (default 2 s). A timeout is a store error: behind an
+    /// [`InboxLayer`](crate::inbox::InboxLayer), an enqueue that takes longer is answered 503.
     ///
     /// A store whose client already times out each command within it (a Redis client's
     /// `default_command_timeout`, see
@@ -329,75 +356,25 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
         self.with_settings(|s| s.claim.policy.store_timeout = timeout)
     }
 
-    /// Sets what happens to requests without a key (default [`MissingKey::Reject`]).
-    pub fn missing_key(self, policy: MissingKey) -> Self {
-        self.with_settings(|s| s.door.missing_key = policy)
+    /// Sets the `Retry-After` of 503 store-unavailable answers (default 5 s), the store being
+    /// the record store or the inbox.
+    pub fn store_retry_after(self, after: Duration) -> Self {
+        self.with_settings(|s| s.claim.store_retry_after = after)
     }
 
-    /// Protects only requests with these methods (default: every method but GET, HEAD,
-    /// OPTIONS and TRACE).
+    /// Protects (or, behind an [`InboxLayer`](crate::inbox::InboxLayer), enqueues) only
+    /// requests with these methods (default: every method but GET, HEAD, OPTIONS and TRACE);
+    /// others pass through.
     pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
         let methods = methods.into_iter().collect();
         self.with_settings(|s| s.door.methods = Some(methods))
     }
 
-    /// Sets how duplicates of completed keys are answered (default [`Mode::Ack`]).
-    pub fn mode(self, mode: Mode) -> Self {
-        self.with_settings(|s| s.reply.mode = mode)
-    }
-
-    /// Sets the acknowledgement of [`Mode::Ack`].
+    /// Sets the acknowledgement of [`Mode::Ack`], and behind an
+    /// [`InboxLayer`](crate::inbox::InboxLayer) the answer to a duplicate (default
+    /// `200 {"ok":true,"duplicate":true}`).
     pub fn ack_response(self, ack: AckResponse) -> Self {
         self.with_settings(|s| s.reply.ack = ack)
-    }
-
-    /// Sets the response headers kept for replay (default: `content-type`,
-    /// `content-language`, `location`, `etag`, `last-modified`). Other headers, such as
-    /// `set-cookie`, are never stored.
-    pub fn replay_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        let names = names.into_iter().collect();
-        self.with_settings(|s| s.reply.replay_headers = names)
-    }
-
-    /// Sets what a key reused with a different payload gets (default [`OnMismatch::Reject`]).
-    pub fn on_mismatch(self, on_mismatch: OnMismatch) -> Self {
-        self.with_settings(|s| s.claim.on_mismatch = on_mismatch)
-    }
-
-    /// Sets what happens when the store is down (default [`FailureMode::Closed`]).
-    pub fn failure_mode(self, mode: FailureMode) -> Self {
-        self.with_settings(|s| s.claim.failure_mode = mode)
-    }
-
-    /// Sets the `Retry-After` of 409 in-flight answers (default 1 s).
-    pub fn in_flight_retry_after(self, after: Duration) -> Self {
-        self.with_settings(|s| s.claim.in_flight_retry_after = after)
-    }
-
-    /// Sets the `Retry-After` of 503 store-unavailable answers (default 5 s).
-    pub fn store_retry_after(self, after: Duration) -> Self {
-        self.with_settings(|s| s.claim.store_retry_after = after)
-    }
-
-    /// Lets a duplicate wait up to `max` for an in-flight original to finish, then get its
-    /// answer (the ack or the replay) instead of a 409. Off by default.
-    pub fn wait_for_in_flight(self, max: Duration) -> Self {
-        self.with_settings(|s| s.claim.policy.wait_in_flight = Some(max))
-    }
-
-    /// Turns the payload fingerprint on (default) or off. Off: a reused key is never a
-    /// mismatch, and header-keyed requests are streamed to the inner service unbuffered.
-    pub fn fingerprint(self, on: bool) -> Self {
-        self.with_settings(|s| s.door.fingerprint = on)
-    }
-
-    /// Sets how much of a response is held in memory before it is sent (default 64 KiB).
-    /// Responses up to this size are recorded before the client sees them, and can be
-    /// replayed; larger ones are streamed and recorded (ack only) when their stream ends. A
-    /// duplicate of a gRPC call whose reply was larger gets `ALREADY_EXISTS`, since there is no
-    /// reply to replay.
-    pub fn response_buffer_limit(self, bytes: usize) -> Self {
-        self.with_settings(|s| s.reply.response_buffer_limit = bytes)
     }
 
     /// Calls `hook` once per covered request with its [`Outcome`](crate::Outcome), status
@@ -423,6 +400,100 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
         let render: Arc<dyn RenderRejection> = Arc::new(render);
         self.with_settings(|s| s.reply.render_rejection = render)
     }
+}
+
+impl<St, K: Clone> Door<Records<St>, K> {
+    /// Sets the local cache of completed records in front of the store, which answers the
+    /// duplicates of records this instance completed (or read) without a round trip. On by
+    /// default for a store that talks to a server (a [`LocalCache::new`], one per layer), off
+    /// for the memory store. Give several layers clones of one [`LocalCache`] to share its
+    /// bounds; [`LocalCache::off`] turns it off. See [`LocalCache`] for what is cached, for how
+    /// long, and what an operator who deletes keys by hand must know.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::store::LocalCache;
+    ///
+    /// let cache = LocalCache::new().max_entries(10_000).read_ttl(Duration::from_secs(1));
+    /// let orders = IdempotencyLayer::api(MemoryStore::new()).local_cache(cache.clone());
+    /// let refunds = IdempotencyLayer::api(MemoryStore::new()).local_cache(cache);
+    /// # let _ = (orders, refunds);
+    /// ```
+    pub fn local_cache(self, cache: LocalCache) -> Self {
+        self.with(|config| config.claims = config.claims.with_cache(Some(cache)))
+    }
+
+    /// Sets the lease: how long a claim blocks duplicates if its holder dies without finishing
+    /// (default 10 s). A live holder's claim is renewed every third of the
+    /// lease for as long as the inner service runs and its response streams, so the lease
+    /// need not cover the slowest handler: it bounds how long a crashed worker's key stays
+    /// blocked. Keep it a few times the store's worst latency, so a renewal is never late.
+    pub fn lease(self, lease: Duration) -> Self {
+        self.with_settings(|s| s.claim.policy.lease = lease)
+    }
+
+    /// Sets how long completed keys are kept (default 72 h): at least the sender's retry
+    /// window. An inbox's door ([`InboxLayer`](crate::inbox::InboxLayer)) has none: the
+    /// workers mark keys done, with the retention of
+    /// [`Worker::retention`](crate::inbox::Worker::retention).
+    pub fn retention(self, retention: Duration) -> Self {
+        self.with_settings(|s| s.claim.policy.retention = retention)
+    }
+
+    /// Sets what happens to requests without a key (default [`MissingKey::Reject`]).
+    pub fn missing_key(self, policy: MissingKey) -> Self {
+        self.with_settings(|s| s.door.missing_key = policy)
+    }
+
+    /// Sets how duplicates of completed keys are answered (default [`Mode::Ack`]).
+    pub fn mode(self, mode: Mode) -> Self {
+        self.with_settings(|s| s.reply.mode = mode)
+    }
+
+    /// Sets the response headers kept for replay (default: `content-type`,
+    /// `content-language`, `location`, `etag`, `last-modified`). Other headers, such as
+    /// `set-cookie`, are never stored.
+    pub fn replay_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names = names.into_iter().collect();
+        self.with_settings(|s| s.reply.replay_headers = names)
+    }
+
+    /// Sets what a key reused with a different payload gets (default [`OnMismatch::Reject`]).
+    pub fn on_mismatch(self, on_mismatch: OnMismatch) -> Self {
+        self.with_settings(|s| s.claim.on_mismatch = on_mismatch)
+    }
+
+    /// Sets what happens when the store is down (default [`FailureMode::Closed`]).
+    pub fn failure_mode(self, mode: FailureMode) -> Self {
+        self.with_settings(|s| s.claim.failure_mode = mode)
+    }
+
+    /// Sets the `Retry-After` of 409 in-flight answers (default 1 s).
+    pub fn in_flight_retry_after(self, after: Duration) -> Self {
+        self.with_settings(|s| s.claim.in_flight_retry_after = after)
+    }
+
+    /// Lets a duplicate wait up to `max` for an in-flight original to finish, then get its
+    /// answer (the ack or the replay) instead of a 409. Off by default.
+    pub fn wait_for_in_flight(self, max: Duration) -> Self {
+        self.with_settings(|s| s.claim.policy.wait_in_flight = Some(max))
+    }
+
+    /// Turns the payload fingerprint on (default) or off. Off: a reused key is never a
+    /// mismatch, and header-keyed requests are streamed to the inner service unbuffered.
+    pub fn fingerprint(self, on: bool) -> Self {
+        self.with_settings(|s| s.door.fingerprint = on)
+    }
+
+    /// Sets how much of a response is held in memory before it is sent (default 64 KiB).
+    /// Responses up to this size are recorded before the client sees them, and can be
+    /// replayed; larger ones are streamed and recorded (ack only) when their stream ends. A
+    /// duplicate of a gRPC call whose reply was larger gets `ALREADY_EXISTS`, since there is no
+    /// reply to replay.
+    pub fn response_buffer_limit(self, bytes: usize) -> Self {
+        self.with_settings(|s| s.reply.response_buffer_limit = bytes)
+    }
 
     /// Sets which responses count as success (default: 2xx). gRPC responses are always judged
     /// by their final `grpc-status`.
@@ -435,15 +506,19 @@ impl<St, K: Clone> IdempotencyLayer<St, K> {
     }
 }
 
-impl<St: OrderedStore, K: Clone> IdempotencyLayer<St, K> {
+impl<M: Orders, K: Clone> Door<M, K> {
     /// Orders the events of each object (see [`order`](crate::order)): a stale event (older
     /// than what was processed for its object) is acknowledged without the inner service, and
-    /// events of one object are handled one at a time.
+    /// events of one object are handled one at a time. Behind an
+    /// [`InboxLayer`](crate::inbox::InboxLayer), the inbox hands an object's entries to workers
+    /// one at a time, in position order, and an event older than what its object applied is
+    /// answered stale at the door.
     ///
-    /// The store must keep each event's object with its key: it must be an [`OrderedStore`]
-    /// (every store of this crate is). A layer on a store that is not does not compile:
+    /// A record store must keep each event's object with its key: it must be an
+    /// [`OrderedStore`] (every store of this crate is). A layer on a store that is not does not
+    /// compile:
     ///
-    /// ```compile_fail
+    /// ```compile_fail,E0599
     /// use std::time::Duration;
     /// use tower_idempotency::key::JsonPathKey;
     /// use tower_idempotency::order::{EventOrder, SequenceAt};
@@ -480,7 +555,7 @@ impl<St: OrderedStore, K: Clone> IdempotencyLayer<St, K> {
     }
 }
 
-impl<St, S, K> Layer<S> for IdempotencyLayer<St, K> {
+impl<M, S, K> Layer<S> for Door<M, K> {
     type Service = Idempotency<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
