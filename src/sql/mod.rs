@@ -6,44 +6,6 @@ use std::time::Duration;
 
 pub use sqlx;
 
-/// The schema of a store (`CREATE TABLE IF NOT EXISTS` of the keys table with a dialect's
-/// `$columns` and of its objects table with `$objects`, both string literals, and the indexes
-/// the purge uses): `schema!(const $columns, $objects)` is the `SCHEMA` constant of the default
-/// table, `schema!($table, $columns, $objects)` the schema of the table `$table`.
-macro_rules! schema {
-    (@text $table:literal, $index:literal, $columns:expr, $objects:expr) => {
-        concat!(
-            "CREATE TABLE IF NOT EXISTS ",
-            $table,
-            " (\n",
-            $columns,
-            ");\nCREATE INDEX IF NOT EXISTS ",
-            $index,
-            "_expires_at_idx ON ",
-            $table,
-            " (expires_at);\nCREATE TABLE IF NOT EXISTS ",
-            $table,
-            "_objects (\n",
-            $objects,
-            ");\nCREATE INDEX IF NOT EXISTS ",
-            $index,
-            "_objects_expires_at_idx ON ",
-            $table,
-            "_objects (expires_at);\n",
-        )
-    };
-    (const $columns:expr, $objects:expr) => {
-        schema!(@text "idempotency_keys", "idempotency_keys", $columns, $objects)
-    };
-    ($table:expr, $columns:expr, $objects:expr) => {
-        format!(
-            schema!(@text "{table}", "{index}", $columns, $objects),
-            table = $table,
-            index = $crate::sql::bare_name($table),
-        )
-    };
-}
-
 pub(crate) mod inbox;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
@@ -216,6 +178,21 @@ pub(crate) fn validate_table(table: &str, allow_schema: bool) -> Result<(), Inva
             allow_schema,
         })
     }
+}
+
+/// The schema of a record store on `table` (`queries/records/schema.sql`), with a dialect's
+/// columns of the keys table and of the objects table (fragments of `queries/`).
+fn schema(table: &str, columns: &str, objects: &str) -> String {
+    let names = [
+        ("table", table),
+        ("index", bare_name(table)),
+        ("columns", &statements::file(columns)),
+        ("objects", &statements::file(objects)),
+    ];
+    statements::substitute(
+        statements::ddl(include_str!("queries/records/schema.sql")),
+        &names,
+    )
 }
 
 /// The unqualified name of `table`, for the names of its index.

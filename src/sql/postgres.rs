@@ -49,10 +49,12 @@ use crate::store::StoreErrorKind;
 /// first.
 pub type PostgresStore = SqlStore<Postgres>;
 
-/// The columns of the table (see the [parent module](super)).
-macro_rules! columns {
-    () => {
-        "    key         text        PRIMARY KEY,
+impl PostgresStore {
+    /// The schema of the default table, written out: what the unit tests compare
+    /// [`SqlStore::schema`] with.
+    #[cfg(test)]
+    pub(crate) const SCHEMA: &'static str = "CREATE TABLE IF NOT EXISTS idempotency_keys (
+    key         text        PRIMARY KEY,
     state       text        NOT NULL CHECK (state IN ('in_flight', 'completed')),
     token       bytea,
     fingerprint bytea       NOT NULL,
@@ -61,28 +63,18 @@ macro_rules! columns {
     created_at  timestamptz NOT NULL DEFAULT now(),
     CHECK ((state = 'in_flight') = (token IS NOT NULL)),
     CHECK ((state = 'completed') = (record IS NOT NULL))
-"
-    };
-}
-
-/// The columns of the table of objects (see the [parent module](super)).
-macro_rules! object_columns {
-    () => {
-        "    object          text        PRIMARY KEY,
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
+CREATE TABLE IF NOT EXISTS idempotency_keys_objects (
+    object          text        PRIMARY KEY,
     token           bytea,
     lease_until     timestamptz,
     watermark       bytea,
     watermark_until timestamptz,
     expires_at      timestamptz NOT NULL
-"
-    };
-}
-
-impl PostgresStore {
-    /// The schema of the default table, as a constant: what the unit tests compare
-    /// [`SqlStore::schema`] with.
-    #[cfg(test)]
-    pub(crate) const SCHEMA: &'static str = schema!(const columns!(), object_columns!());
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_objects_expires_at_idx ON idempotency_keys_objects (expires_at);
+";
 }
 
 impl Dialect for Postgres {}
@@ -140,7 +132,11 @@ impl dialect::Sealed for Postgres {
     }
 
     fn schema(table: &str) -> String {
-        schema!(table, columns!(), object_columns!())
+        super::schema(
+            table,
+            include_str!("queries/postgres/columns.sql"),
+            include_str!("queries/postgres/objects.sql"),
+        )
     }
 
     fn rows_affected(done: &PgQueryResult) -> u64 {

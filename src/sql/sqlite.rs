@@ -44,10 +44,12 @@ use crate::store::{StoreError, StoreErrorKind};
 /// [`purge_expired`](SqlStore::purge_expired) or [`spawn_purge`](SqlStore::spawn_purge).
 pub type SqliteStore = SqlStore<Sqlite>;
 
-/// The columns of the table (see the [parent module](super)).
-macro_rules! columns {
-    () => {
-        "    key         TEXT    NOT NULL PRIMARY KEY,
+impl SqliteStore {
+    /// The schema of the default table, written out: what the unit tests compare
+    /// [`SqlStore::schema`] with.
+    #[cfg(test)]
+    pub(crate) const SCHEMA: &'static str = "CREATE TABLE IF NOT EXISTS idempotency_keys (
+    key         TEXT    NOT NULL PRIMARY KEY,
     state       TEXT    NOT NULL CHECK (state IN ('in_flight', 'completed')),
     token       BLOB,
     fingerprint BLOB    NOT NULL,
@@ -56,28 +58,18 @@ macro_rules! columns {
     created_at  INTEGER NOT NULL,
     CHECK ((state = 'in_flight') = (token IS NOT NULL)),
     CHECK ((state = 'completed') = (record IS NOT NULL))
-"
-    };
-}
-
-/// The columns of the table of objects (see the [parent module](super)).
-macro_rules! object_columns {
-    () => {
-        "    object          TEXT    NOT NULL PRIMARY KEY,
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
+CREATE TABLE IF NOT EXISTS idempotency_keys_objects (
+    object          TEXT    NOT NULL PRIMARY KEY,
     token           BLOB,
     lease_until     INTEGER,
     watermark       BLOB,
     watermark_until INTEGER,
     expires_at      INTEGER NOT NULL
-"
-    };
-}
-
-impl SqliteStore {
-    /// The schema of the default table, as a constant: what the unit tests compare
-    /// [`SqlStore::schema`] with.
-    #[cfg(test)]
-    pub(crate) const SCHEMA: &'static str = schema!(const columns!(), object_columns!());
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_objects_expires_at_idx ON idempotency_keys_objects (expires_at);
+";
 
     /// Opens the database file at `path` (creating it if missing) with the WAL journal,
     /// `synchronous = FULL` (a completed record survives a power loss) and a 5 s busy timeout,
@@ -166,7 +158,11 @@ impl dialect::Sealed for Sqlite {
     }
 
     fn schema(table: &str) -> String {
-        schema!(table, columns!(), object_columns!())
+        super::schema(
+            table,
+            include_str!("queries/sqlite/columns.sql"),
+            include_str!("queries/sqlite/objects.sql"),
+        )
     }
 
     fn rows_affected(done: &SqliteQueryResult) -> u64 {

@@ -223,7 +223,11 @@ pub(super) fn render<DB: Dialect>(template: &str, names: &[(&str, &str)]) -> Str
 /// `names` replaced by its text, again and again until none is left (a fragment may name
 /// another); the dialect's placeholders stay. For a fragment used with several values.
 pub(super) fn fill(template: &str, names: &[(&str, &str)]) -> String {
-    let mut text = file(template);
+    substitute(file(template), names)
+}
+
+/// `text` with each `{name}` of `names` replaced by its value; other placeholders are left.
+pub(super) fn substitute(mut text: String, names: &[(&str, &str)]) -> String {
     let mut from = 0;
     while let Some((start, end)) = placeholder(&text, from) {
         match names
@@ -235,6 +239,18 @@ pub(super) fn fill(template: &str, names: &[(&str, &str)]) -> String {
         }
     }
     text
+}
+
+/// The text of a schema file of `queries/`: without its header (the `--` lines it starts with,
+/// and the blank line after them), the rest as it is. Unlike a statement's, a schema's own
+/// comments are kept: an operator who runs [`schema`](crate::sql::SqlStore::schema) with their
+/// own migrations reads them.
+pub(super) fn ddl(text: &str) -> String {
+    let mut rest = text;
+    while rest.starts_with("--") {
+        rest = rest.split_once('\n').map_or("", |(_, after)| after);
+    }
+    rest.strip_prefix('\n').unwrap_or(rest).to_owned()
 }
 
 /// The text of a file of `queries/` as a template or a fragment: without its lines that start
@@ -309,5 +325,15 @@ mod tests {
     #[should_panic(expected = "unknown placeholder {later}")]
     fn an_unknown_placeholder_is_a_bug() {
         render::<Sqlite>("SELECT {later}", &[]);
+    }
+
+    #[test]
+    fn a_schema_keeps_its_own_comments_but_not_its_header() {
+        let text = "-- the header, {table}\n-- over two lines\n\nCREATE TABLE {table} (\n    -- why this column\n    a text\n);\n";
+        let schema = substitute(ddl(text), &[("table", "t")]);
+        assert_eq!(
+            schema,
+            "CREATE TABLE t (\n    -- why this column\n    a text\n);\n"
+        );
     }
 }
