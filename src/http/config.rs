@@ -168,13 +168,13 @@ impl Default for AckResponse {
 }
 
 /// Everything but the store and the key extractor; shared by every service and future of a
-/// layer. Grouped by who reads it: the door, the claim, the reply (and the order, which all
+/// layer. Grouped by who reads it: the intake, the claim, the reply (and the order, which all
 /// three read).
 #[derive(Clone, Default)]
 pub(crate) struct Settings {
     /// What the phases before the claim read: which requests, how they are read, verified
     /// and keyed (`phase::mod`, `phase::key`).
-    pub(crate) door: Door,
+    pub(crate) intake: Intake,
     /// Orders the events of each object.
     pub(crate) order: Option<Arc<EventOrder>>,
     /// What the claim phase reads: the claims' policy, and how it answers what it meets
@@ -186,7 +186,7 @@ pub(crate) struct Settings {
 
 /// How a request is met before its claim.
 #[derive(Clone)]
-pub(crate) struct Door {
+pub(crate) struct Intake {
     /// Checks each request's signature before its key is extracted.
     pub(crate) verifier: Option<Arc<dyn VerifyRequest>>,
     pub(crate) scope: Scope,
@@ -198,7 +198,7 @@ pub(crate) struct Door {
     pub(crate) fingerprint: bool,
 }
 
-impl Door {
+impl Intake {
     /// Whether requests with `method` are protected.
     pub(crate) fn covers(&self, method: &Method) -> bool {
         match &self.methods {
@@ -211,9 +211,9 @@ impl Door {
     }
 }
 
-impl Default for Door {
+impl Default for Intake {
     fn default() -> Self {
-        Door {
+        Intake {
             verifier: None,
             scope: Scope::path(),
             body_limit: defaults::BODY_LIMIT,
@@ -285,9 +285,9 @@ impl Settings {
     /// Whether covered requests are read whole before their key is extracted: to fingerprint
     /// them, to verify them, or because the key or the order is in the body.
     pub(crate) fn buffers(&self, key_needs_body: bool) -> bool {
-        self.door.fingerprint
+        self.intake.fingerprint
             || key_needs_body
-            || self.door.verifier.is_some()
+            || self.intake.verifier.is_some()
             || self.order.as_ref().is_some_and(|order| order.needs_body())
     }
 }

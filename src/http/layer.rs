@@ -1,5 +1,6 @@
-//! [`IdempotencyLayer`]: the configuration of the middleware. Cheap to clone (one `Arc`),
-//! configured with by-value builder methods.
+//! [`Door`], the builder of [`IdempotencyLayer`] and [`InboxLayer`](crate::inbox::InboxLayer):
+//! plain data, configured with by-value builder methods, shared by the services it makes
+//! through one `Arc` made when it is applied.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -32,7 +33,8 @@ use crate::{IdempotencyStore, OrderedStore};
 /// The layer keeps the store's type only as a mark, for what a store must be able to do
 /// ([`order`](Door::order) asks for an [`OrderedStore`]); the services it makes do not carry
 /// it. Start from a profile, [`webhook`](Door::webhook) or [`api`](Door::api), or from
-/// [`new`](Door::new), then set what differs. Cheap to clone: one `Arc`.
+/// [`new`](Door::new), then set what differs. The services it makes share one `Arc` of its
+/// configuration.
 ///
 /// The methods are those of [`Door`], the builder this layer shares with the
 /// [`InboxLayer`](crate::inbox::InboxLayer).
@@ -77,9 +79,10 @@ pub type IdempotencyLayer<St, K = HeaderKey> = Door<Records<St>, K>;
 /// ```
 ///
 /// `M` is the route's kind, `K` the key extractor. The kind is only a mark: the services a
-/// door makes do not carry it. Cheap to clone: one `Arc`.
+/// door makes do not carry it. Plain data while it is built; the services it makes share one
+/// `Arc` of it.
 pub struct Door<M, K = HeaderKey> {
-    config: Arc<Config<K>>,
+    config: Config<K>,
     /// The route's kind: a mark, neither owned nor borrowed (the layer stays `Send + Sync`).
     kind: PhantomData<fn() -> M>,
 }
@@ -109,13 +112,13 @@ impl<M, K> Door<M, K> {
     /// A door on `config` (the layers' constructors).
     pub(crate) fn from_config(config: Config<K>) -> Self {
         Door {
-            config: Arc::new(config),
+            config,
             kind: PhantomData,
         }
     }
 }
 
-impl<M, K> Clone for Door<M, K> {
+impl<M, K: Clone> Clone for Door<M, K> {
     fn clone(&self) -> Self {
         Door {
             config: self.config.clone(),
@@ -134,12 +137,12 @@ impl<M, K> fmt::Debug for Door<M, K> {
         };
         f.debug_struct(name)
             .field("namespace", &s.claim.policy.observer.namespace())
-            .field("scope", &s.door.scope)
-            .field("body_limit", &s.door.body_limit)
+            .field("scope", &s.intake.scope)
+            .field("body_limit", &s.intake.body_limit)
             .field("lease", &s.claim.policy.lease)
             .field("retention", &s.claim.policy.retention)
             .field("mode", &s.reply.mode)
-            .field("verifies", &s.door.verifier.is_some())
+            .field("verifies", &s.intake.verifier.is_some())
             .field("order", &s.order)
             .finish_non_exhaustive()
     }
@@ -237,14 +240,12 @@ impl<M, K> Door<M, K> {
     /// Sets where the key comes from: a [`HeaderKey`], a [`JsonPathKey`](crate::key::JsonPathKey),
     /// a fallback chain, a closure, …
     pub fn key<K2: ExtractKey>(self, extractor: K2) -> Door<M, K2> {
-        let (claims, settings, inbox) = match Arc::try_unwrap(self.config) {
-            Ok(config) => (config.claims, config.settings, config.inbox),
-            Err(shared) => (
-                shared.claims.clone(),
-                shared.settings.clone(),
-                shared.inbox.clone(),
-            ),
-        };
+        let Config {
+            claims,
+            settings,
+            inbox,
+            ..
+        } = self.config;
         Door::from_config(Config {
             claims,
             extractor,
@@ -253,17 +254,14 @@ impl<M, K> Door<M, K> {
         })
     }
 
-    /// The same layer with its configuration changed by `f`: in place while the layer is
-    /// being built (nothing else shares its configuration), else on a copy of it.
-    fn with(mut self, f: impl FnOnce(&mut Config<K>)) -> Self
-    where
-        K: Clone,
-    {
-        f(Arc::make_mut(&mut self.config));
+    /// The same layer with its configuration changed by `f`.
+    fn with(mut self, f: impl FnOnce(&mut Config<K>)) -> Self {
+        f(&mut self.config);
         self
     }
 
-    /// The same layer with its settings changed by `f`.
+    /// The same layer with its settings changed by `f`: in place while the layer is being
+    /// built, on a copy once a service shares them.
     fn with_settings(self, f: impl FnOnce(&mut Settings)) -> Self
     where
         K: Clone,
@@ -316,7 +314,7 @@ impl<M, K: Clone> Door<M, K> {
     /// ```
     pub fn verify(self, verifier: impl VerifyRequest) -> Self {
         let verifier: Arc<dyn VerifyRequest> = Arc::new(verifier);
-        self.with_settings(|s| s.door.verifier = Some(verifier))
+        self.with_settings(|s| s.intake.verifier = Some(verifier))
     }
 
     /// Sets the namespace that keeps this layer's keys apart from other layers' (and other
@@ -331,18 +329,18 @@ impl<M, K: Clone> Door<M, K> {
 
     /// Sets the per-request part of the scope (default: [`Scope::path`]).
     pub fn scope(self, scope: Scope) -> Self {
-        self.with_settings(|s| s.door.scope = scope)
+        self.with_settings(|s| s.intake.scope = scope)
     }
 
     /// Sets the request body limit (default 1 MiB). Larger bodies get 413.
     pub fn body_limit(self, bytes: usize) -> Self {
-        self.with_settings(|s| s.door.body_limit = bytes)
+        self.with_settings(|s| s.intake.body_limit = bytes)
     }
 
     /// Sets a timeout for reading the request body (default: none). A body that trickles in
     /// slower gets 408, and no claim is taken.
     pub fn body_timeout(self, timeout: Duration) -> Self {
-        self.with_settings(|s| s.door.body_timeout = Some(timeout))
+        self.with_settings(|s| s.intake.body_timeout = Some(timeout))
     }
 
     /// Sets the timeout of each store call (default 2 s). A timeout is a store error: behind an
@@ -367,7 +365,7 @@ impl<M, K: Clone> Door<M, K> {
     /// others pass through.
     pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
         let methods = methods.into_iter().collect();
-        self.with_settings(|s| s.door.methods = Some(methods))
+        self.with_settings(|s| s.intake.methods = Some(methods))
     }
 
     /// Sets the acknowledgement of [`Mode::Ack`], and behind an
@@ -443,7 +441,7 @@ impl<St, K: Clone> Door<Records<St>, K> {
 
     /// Sets what happens to requests without a key (default [`MissingKey::Reject`]).
     pub fn missing_key(self, policy: MissingKey) -> Self {
-        self.with_settings(|s| s.door.missing_key = policy)
+        self.with_settings(|s| s.intake.missing_key = policy)
     }
 
     /// Sets how duplicates of completed keys are answered (default [`Mode::Ack`]).
@@ -483,7 +481,7 @@ impl<St, K: Clone> Door<Records<St>, K> {
     /// Turns the payload fingerprint on (default) or off. Off: a reused key is never a
     /// mismatch, and header-keyed requests are streamed to the inner service unbuffered.
     pub fn fingerprint(self, on: bool) -> Self {
-        self.with_settings(|s| s.door.fingerprint = on)
+        self.with_settings(|s| s.intake.fingerprint = on)
     }
 
     /// Sets how much of a response is held in memory before it is sent (default 64 KiB).
@@ -555,10 +553,10 @@ impl<M: Orders, K: Clone> Door<M, K> {
     }
 }
 
-impl<M, S, K> Layer<S> for Door<M, K> {
+impl<M, S, K: Clone> Layer<S> for Door<M, K> {
     type Service = Idempotency<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Idempotency::from_config(inner, self.config.clone())
+        Idempotency::from_config(inner, Arc::new(self.config.clone()))
     }
 }

@@ -118,7 +118,7 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let settings = &self.config.settings;
-        if !settings.door.covers(req.method()) {
+        if !settings.intake.covers(req.method()) {
             // Fast path: nothing to buffer, verify, key or claim.
             return ResponseFuture::pass_through(self.inner.call(req.map(RequestBody::streaming)));
         }
@@ -128,9 +128,10 @@ where
             settings.claim.policy.observer.request_stopwatch()
         };
         let grpc = is_grpc(req.headers());
-        if content_length(req.headers()).is_some_and(|len| len > settings.door.body_limit as u64) {
+        if content_length(req.headers()).is_some_and(|len| len > settings.intake.body_limit as u64)
+        {
             let rejection = Rejection::PayloadTooLarge {
-                limit: settings.door.body_limit,
+                limit: settings.intake.body_limit,
             };
             let response = reject(settings, rejection, grpc);
             return ResponseFuture::ready(response, settings.clone(), span, timer);

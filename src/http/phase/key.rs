@@ -67,12 +67,12 @@ fn plain<K: ExtractKey>(
     // Items of a batch are keyed one by one: an item may come again in another batch, so a
     // payload fingerprint means nothing for them.
     let fingerprint = match data {
-        Some(data) if settings.door.fingerprint && !key.is_items() => Fingerprint::of_bytes(data),
+        Some(data) if settings.intake.fingerprint && !key.is_items() => Fingerprint::of_bytes(data),
         _ => Fingerprint::NONE,
     };
     let (namespace, scope) = (
         settings.claim.policy.observer.namespace(),
-        settings.door.scope.of(parts),
+        settings.intake.scope.of(parts),
     );
     let store_key = |text: &str| StoreKey::new(namespace, scope.as_deref(), text);
     let (targets, items, positions) = match settings.order.as_deref().filter(|_| ordered) {
@@ -147,7 +147,7 @@ fn ordered_items(
 fn events(settings: &Settings, parts: &Parts, placed: Vec<Placed>) -> Targets {
     let (namespace, scope) = (
         settings.claim.policy.observer.namespace(),
-        settings.door.scope.of(parts),
+        settings.intake.scope.of(parts),
     );
     let scope = scope.as_deref();
     let equal = settings
@@ -179,7 +179,7 @@ fn signed_content<K: ExtractKey>(
     parts: &Parts,
     data: Option<&Bytes>,
 ) -> Option<String> {
-    let verifier = settings.door.verifier.as_deref()?;
+    let verifier = settings.intake.verifier.as_deref()?;
     if extractor.covered_by(verifier) {
         return None;
     }
@@ -215,7 +215,7 @@ mod tests {
     fn derived<K: ExtractKey>(key: &K, id: &str, body: &'static [u8]) -> Derived {
         let verifier = StandardWebhooks::new(["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]).unwrap();
         let mut settings = Settings::default();
-        settings.door.verifier = Some(Arc::new(verifier));
+        settings.intake.verifier = Some(Arc::new(verifier));
         let (parts, ()) = http::Request::post("/hook")
             .header("webhook-id", id)
             .header("webhook-timestamp", "1614265330")

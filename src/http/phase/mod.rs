@@ -38,7 +38,7 @@ use crate::claim::guard::{ClaimGuard, ClaimStore};
 use crate::claim::outcome::Outcome;
 use crate::http::answer::reject;
 use crate::http::body::{RequestBody, ResponseBody, read_request};
-use crate::http::config::{Door, MissingKey, Settings};
+use crate::http::config::{Intake, MissingKey, Settings};
 use crate::http::rejection::Rejection;
 use crate::inbox::route::InboxRoute;
 use crate::key::ExtractKey;
@@ -108,7 +108,7 @@ where
             Ok(read) => read,
             Err(rejection) => return Prelude::reject(settings, rejection, grpc),
         };
-        if let Err(rejection) = verify(&settings.door, &parts, data.as_ref()) {
+        if let Err(rejection) = verify(&settings.intake, &parts, data.as_ref()) {
             return Prelude::reject(settings, rejection, grpc);
         }
         let derived = match key::derive(&config.extractor, settings, &parts, data.as_ref()) {
@@ -144,10 +144,14 @@ where
     B::Error: Into<BoxError>,
 {
     if !settings.buffers(key_needs_body) {
-        return Ok((RequestBody::limited(body, settings.door.body_limit), None));
+        return Ok((RequestBody::limited(body, settings.intake.body_limit), None));
     }
-    let collected =
-        read_request(body, settings.door.body_limit, settings.door.body_timeout).await?;
+    let collected = read_request(
+        body,
+        settings.intake.body_limit,
+        settings.intake.body_timeout,
+    )
+    .await?;
     let (data, trailers) = collected.into_boxed_parts();
     Ok((
         RequestBody::buffered_boxed(data.clone(), trailers),
@@ -158,8 +162,8 @@ where
 /// Phase 2: the signature, over the exact bytes that arrived. Why it failed is logged at
 /// debug, without the signature, the secret or the body (the outcome's line, at warn, is
 /// throttled: anyone can send forgeries).
-fn verify(door: &Door, parts: &Parts, data: Option<&Bytes>) -> Result<(), Rejection> {
-    let Some(verifier) = &door.verifier else {
+fn verify(intake: &Intake, parts: &Parts, data: Option<&Bytes>) -> Result<(), Rejection> {
+    let Some(verifier) = &intake.verifier else {
         return Ok(());
     };
     let body = data.map_or(&[][..], |data| &data[..]);
@@ -177,7 +181,7 @@ fn missing_key<K: ExtractKey, B, ResBody>(
     body: RequestBody<B>,
     grpc: bool,
 ) -> Prelude<B, ResBody> {
-    match settings.door.missing_key {
+    match settings.intake.missing_key {
         MissingKey::Reject => {
             let expected = extractor.expected();
             Prelude::reject(settings, Rejection::MissingKey { expected }, grpc)
