@@ -45,62 +45,71 @@ pub(crate) async fn ready_now<F: std::future::Future>(
     .await
 }
 
-/// The backend enum of a type holding one backend chosen at run time (`AnyStore`, `AnyInbox`):
-/// `enum Backend` with a variant per backend (each but memory behind its feature), a `From`
-/// of each backend's type into `$any` (a tuple struct around the enum), and the backend's
-/// name (`Backend::name`).
+/// A type holding one backend chosen at run time (`AnyStore`, `AnyInbox`): a public,
+/// non-exhaustive enum `$any` with a variant per backend (each but memory behind its feature),
+/// a `From` of each backend's type into it, and the backend's name (`$any::name`). The
+/// attributes given before the name (its docs) go on the enum.
 macro_rules! run_time_backends {
-    ($any:ident { memory: $memory:ty, redis: $redis:ty, postgres: $postgres:ty, sqlite: $sqlite:ty $(,)? }) => {
+    ($(#[$meta:meta])* $any:ident { memory: $memory:ty, redis: $redis:ty, postgres: $postgres:ty, sqlite: $sqlite:ty $(,)? }) => {
+        $(#[$meta])*
         #[derive(Clone, Debug)]
-        enum Backend {
+        #[non_exhaustive]
+        pub enum $any {
+            /// In this process.
             Memory($memory),
+            /// On Redis.
             #[cfg(feature = "redis")]
+            #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
             Redis($redis),
+            /// On PostgreSQL.
             #[cfg(feature = "postgres")]
+            #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
             Postgres($postgres),
+            /// On SQLite.
             #[cfg(feature = "sqlite")]
+            #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
             Sqlite($sqlite),
         }
 
-        impl Backend {
+        impl $any {
             /// The backend's name: `memory`, `redis`, `postgres` or `sqlite`.
             fn name(&self) -> &'static str {
                 match self {
-                    Backend::Memory(_) => "memory",
+                    $any::Memory(_) => "memory",
                     #[cfg(feature = "redis")]
-                    Backend::Redis(_) => "redis",
+                    $any::Redis(_) => "redis",
                     #[cfg(feature = "postgres")]
-                    Backend::Postgres(_) => "postgres",
+                    $any::Postgres(_) => "postgres",
                     #[cfg(feature = "sqlite")]
-                    Backend::Sqlite(_) => "sqlite",
+                    $any::Sqlite(_) => "sqlite",
                 }
             }
         }
 
         impl From<$memory> for $any {
             fn from(backend: $memory) -> Self {
-                $any(Backend::Memory(backend))
+                $any::Memory(backend)
             }
         }
 
         #[cfg(feature = "redis")]
         impl From<$redis> for $any {
             fn from(backend: $redis) -> Self {
-                $any(Backend::Redis(backend))
+                $any::Redis(backend)
             }
         }
 
         #[cfg(feature = "postgres")]
         impl From<$postgres> for $any {
             fn from(backend: $postgres) -> Self {
-                $any(Backend::Postgres(backend))
+                $any::Postgres(backend)
             }
         }
 
         #[cfg(feature = "sqlite")]
         impl From<$sqlite> for $any {
             fn from(backend: $sqlite) -> Self {
-                $any(Backend::Sqlite(backend))
+                $any::Sqlite(backend)
             }
         }
     };

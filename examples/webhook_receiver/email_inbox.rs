@@ -61,14 +61,14 @@ const TABLES: [&str; 2] = [
 pub(crate) async fn inbox_on(store: &AnyStore) -> Result<AnyInbox, BoxError> {
     let inbox = AnyInbox::on(store, INBOX_NAME).await?;
     #[cfg(feature = "postgres")]
-    if let Some(postgres) = inbox.as_postgres() {
+    if let AnyInbox::Postgres(postgres) = &inbox {
         for table in TABLES {
             sqlx::query(table).execute(postgres.pool()).await?;
         }
         drop(postgres.spawn_purge(PURGE_EVERY));
     }
     #[cfg(feature = "sqlite")]
-    if let Some(sqlite) = inbox.as_sqlite() {
+    if let AnyInbox::Sqlite(sqlite) = &inbox {
         for table in TABLES {
             sqlx::query(table).execute(sqlite.pool()).await?;
         }
@@ -101,15 +101,15 @@ pub(crate) fn durable_from_env(store: AnyStore) -> Result<AnyStore, BoxError> {
 )]
 pub(crate) fn shared_effects(inbox: &AnyInbox) -> Option<Effects> {
     #[cfg(feature = "redis")]
-    if let Some(redis) = inbox.as_redis() {
+    if let AnyInbox::Redis(redis) = inbox {
         return Some(Effects::Redis(redis.clone()));
     }
     #[cfg(feature = "sqlite")]
-    if let Some(sqlite) = inbox.as_sqlite() {
+    if let AnyInbox::Sqlite(sqlite) = inbox {
         return Some(Effects::Sqlite(sqlite.clone()));
     }
     #[cfg(feature = "postgres")]
-    if let Some(postgres) = inbox.as_postgres() {
+    if let AnyInbox::Postgres(postgres) = inbox {
         return Some(Effects::Postgres(postgres.clone()));
     }
     None

@@ -9,34 +9,36 @@ use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore};
 use super::wake::Wakeups;
 use crate::store::{AnyStore, StoreError, StoreKey, Token};
 
-/// An inbox chosen at run time, as [`AnyStore`] is a store chosen at run time: a
-/// [`MemoryInbox`], a `RedisInbox`, a `PostgresInbox` or a `SqliteInbox` behind one type, so that
-/// a service configured by a URL names one inbox type whatever the backend.
-///
-/// [`AnyInbox::on`] builds it on a store's own connections (the Redis client, the SQL pool):
-/// the records and the entries live in one place, and an exclusively locked SQLite file works
-/// with both.
-///
-/// ```
-/// use tower_idempotency::inbox::{AnyInbox, InboxStore};
-/// use tower_idempotency::store::connect;
-///
-/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// let store = connect("memory:").await.unwrap();
-/// let inbox = AnyInbox::on(&store, "email").await.unwrap();
-/// assert_eq!(inbox.backend(), "memory");
-/// assert_eq!(inbox.counts().await.unwrap().pending, 0);
-/// # });
-/// ```
-#[derive(Clone, Debug)]
-pub struct AnyInbox(Backend);
-
-crate::util::run_time_backends!(AnyInbox {
-    memory: MemoryInbox,
-    redis: crate::redis::inbox::RedisInbox,
-    postgres: crate::sql::inbox::PostgresInbox,
-    sqlite: crate::sql::inbox::SqliteInbox,
-});
+crate::util::run_time_backends!(
+    /// An inbox chosen at run time, as [`AnyStore`] is a store chosen at run time: a
+    /// [`MemoryInbox`], a `RedisInbox`, a `PostgresInbox` or a `SqliteInbox` behind one type,
+    /// so that a service configured by a URL names one inbox type whatever the backend.
+    ///
+    /// [`AnyInbox::on`] builds it on a store's own connections (the Redis client, the SQL
+    /// pool): the records and the entries live in one place, and an exclusively locked SQLite
+    /// file works with both.
+    ///
+    /// ```
+    /// use tower_idempotency::inbox::{AnyInbox, InboxStore};
+    /// use tower_idempotency::store::connect;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = connect("memory:").await.unwrap();
+    /// let inbox = AnyInbox::on(&store, "email").await.unwrap();
+    /// assert_eq!(inbox.backend(), "memory");
+    /// assert_eq!(inbox.counts().await.unwrap().pending, 0);
+    /// # });
+    /// ```
+    ///
+    /// Match it to reach the backend's own inbox: a `PostgresInbox` or `SqliteInbox` for
+    /// [`complete_in_tx`](super::SqlInbox::complete_in_tx) in a handler's transaction.
+    AnyInbox {
+        memory: MemoryInbox,
+        redis: crate::redis::inbox::RedisInbox,
+        postgres: crate::sql::inbox::PostgresInbox,
+        sqlite: crate::sql::inbox::SqliteInbox,
+    }
+);
 
 impl AnyInbox {
     /// The inbox on `store`'s backend and connections: a `RedisInbox` named `name` on its
@@ -50,7 +52,7 @@ impl AnyInbox {
     )]
     pub async fn on(store: &AnyStore, name: &str) -> Result<Self, StoreError> {
         #[cfg(feature = "redis")]
-        if let Some(redis) = store.as_redis() {
+        if let AnyStore::Redis(redis) = store {
             let mut inbox = crate::redis::inbox::RedisInbox::new(redis.client().clone(), name);
             // The store's durable completion covers the inbox's writes as well.
             if let Some((replicas, timeout)) = redis.durability() {
@@ -59,13 +61,13 @@ impl AnyInbox {
             return Ok(inbox.into());
         }
         #[cfg(feature = "postgres")]
-        if let Some(postgres) = store.as_postgres() {
+        if let AnyStore::Postgres(postgres) = store {
             let inbox =
                 crate::sql::inbox::PostgresInbox::migrated_on(postgres.pool(), name).await?;
             return Ok(inbox.into());
         }
         #[cfg(feature = "sqlite")]
-        if let Some(sqlite) = store.as_sqlite() {
+        if let AnyStore::Sqlite(sqlite) = store {
             let inbox = crate::sql::inbox::SqliteInbox::migrated_on(sqlite.pool(), name).await?;
             return Ok(inbox.into());
         }
@@ -74,50 +76,21 @@ impl AnyInbox {
 
     /// The backend's name: `memory`, `redis`, `postgres` or `sqlite`.
     pub fn backend(&self) -> &'static str {
-        self.0.name()
-    }
-
-    /// The `RedisInbox` inside, if the backend is Redis.
-    #[cfg(feature = "redis")]
-    pub fn as_redis(&self) -> Option<&crate::redis::inbox::RedisInbox> {
-        match &self.0 {
-            Backend::Redis(inbox) => Some(inbox),
-            _ => None,
-        }
-    }
-
-    /// The `PostgresInbox` inside, if the backend is PostgreSQL: for
-    /// [`complete_in_tx`](super::SqlInbox::complete_in_tx) in a handler's transaction.
-    #[cfg(feature = "postgres")]
-    pub fn as_postgres(&self) -> Option<&crate::sql::inbox::PostgresInbox> {
-        match &self.0 {
-            Backend::Postgres(inbox) => Some(inbox),
-            _ => None,
-        }
-    }
-
-    /// The `SqliteInbox` inside, if the backend is SQLite: for
-    /// [`complete_in_tx`](super::SqlInbox::complete_in_tx) in a handler's transaction.
-    #[cfg(feature = "sqlite")]
-    pub fn as_sqlite(&self) -> Option<&crate::sql::inbox::SqliteInbox> {
-        match &self.0 {
-            Backend::Sqlite(inbox) => Some(inbox),
-            _ => None,
-        }
+        self.name()
     }
 }
 
 /// Forwards a call to the backend's inbox.
 macro_rules! dispatch {
     ($self:expr, $inbox:ident => $call:expr) => {
-        match &$self.0 {
-            Backend::Memory($inbox) => $call,
+        match $self {
+            AnyInbox::Memory($inbox) => $call,
             #[cfg(feature = "redis")]
-            Backend::Redis($inbox) => $call,
+            AnyInbox::Redis($inbox) => $call,
             #[cfg(feature = "postgres")]
-            Backend::Postgres($inbox) => $call,
+            AnyInbox::Postgres($inbox) => $call,
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite($inbox) => $call,
+            AnyInbox::Sqlite($inbox) => $call,
         }
     };
 }

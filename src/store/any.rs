@@ -11,40 +11,54 @@ use crate::claim::guard::ClaimStore;
 use crate::store::contract::{IdempotencyStore, OrderedStore};
 use crate::store::memory::MemoryStore;
 
-/// A store chosen at run time: one type for every backend, so that an application picks its
-/// store from configuration without being generic over it. Built by [`connect`] (or from a
-/// store with `From`).
-///
-/// ```
-/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
-/// use tower_idempotency::store::AnyStore;
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let url = std::env::var("IDEMPOTENCY_STORE").unwrap_or_else(|_| "memory:".to_owned());
-/// let store: AnyStore = tower_idempotency::store::connect(&url).await?;
-/// assert_eq!(store.backend(), "memory");
-/// let layer = IdempotencyLayer::webhook(store).namespace("github");
-/// # let _ = layer;
-/// // Or from a store built by hand:
-/// let store = AnyStore::from(MemoryStore::new());
-/// # let _ = store;
-/// # Ok(()) }
-/// ```
-#[derive(Clone, Debug)]
-pub struct AnyStore(Backend);
-
-crate::util::run_time_backends!(AnyStore {
-    memory: MemoryStore,
-    redis: crate::redis::records::RedisStore,
-    postgres: crate::sql::postgres::PostgresStore,
-    sqlite: crate::sql::sqlite::SqliteStore,
-});
+crate::util::run_time_backends!(
+    /// A store chosen at run time: one type for every backend, so that an application picks its
+    /// store from configuration without being generic over it. Built by [`connect`] (or from a
+    /// store with `From`).
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency::store::AnyStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let url = std::env::var("IDEMPOTENCY_STORE").unwrap_or_else(|_| "memory:".to_owned());
+    /// let store: AnyStore = tower_idempotency::store::connect(&url).await?;
+    /// assert_eq!(store.backend(), "memory");
+    /// let layer = IdempotencyLayer::webhook(store).namespace("github");
+    /// # let _ = layer;
+    /// // Or from a store built by hand:
+    /// let store = AnyStore::from(MemoryStore::new());
+    /// # let _ = store;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Match it to reach the backend's own store, to build on the same connections (an inbox,
+    /// the application's own transactions):
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::AnyStore;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = tower_idempotency::store::connect("postgres://app@localhost/app").await?;
+    /// if let AnyStore::Postgres(postgres) = &store {
+    ///     let pool = postgres.pool().clone();
+    ///     # let _ = pool;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    AnyStore {
+        memory: MemoryStore,
+        redis: crate::redis::records::RedisStore,
+        postgres: crate::sql::postgres::PostgresStore,
+        sqlite: crate::sql::sqlite::SqliteStore,
+    }
+);
 
 impl AnyStore {
     /// The backend's name: `memory`, `redis`, `postgres` or `sqlite`.
     pub fn backend(&self) -> &'static str {
-        self.0.name()
+        self.name()
     }
 }
 
@@ -58,9 +72,9 @@ impl AnyStore {
         replicas: u32,
         timeout: Duration,
     ) -> Result<Self, ConnectError> {
-        match self.0 {
+        match self {
             #[cfg(feature = "redis")]
-            Backend::Redis(store) => Ok(store.durable_completion(replicas, timeout).into()),
+            AnyStore::Redis(store) => Ok(store.durable_completion(replicas, timeout).into()),
             _ if cfg!(feature = "redis") => Err(ConnectError::Backend(
                 "durable completion is a Redis store's setting; this store is not one".into(),
             )),
@@ -71,65 +85,6 @@ impl AnyStore {
                     feature: "redis",
                 })
             }
-        }
-    }
-}
-
-/// The backend's own store, to build on the same connections (an inbox, a transaction).
-impl AnyStore {
-    /// The [`RedisStore`](crate::RedisStore) inside, if the backend is Redis: its
-    /// [`client`](crate::RedisStore::client) can carry a `RedisInbox` too.
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let store = tower_idempotency::store::connect("redis://127.0.0.1:6379").await?;
-    /// let client = store.as_redis().map(|redis| redis.client().clone());
-    /// # let _ = client;
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "redis")]
-    pub fn as_redis(&self) -> Option<&crate::redis::records::RedisStore> {
-        match &self.0 {
-            Backend::Redis(store) => Some(store),
-            _ => None,
-        }
-    }
-
-    /// The [`PostgresStore`](crate::PostgresStore) inside, if the backend is PostgreSQL: its
-    /// [`pool`](crate::sql::SqlStore::pool) can carry a `PostgresInbox` or the
-    /// application's own transactions.
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let store = tower_idempotency::store::connect("postgres://app@localhost/app").await?;
-    /// let pool = store.as_postgres().map(|pg| pg.pool().clone());
-    /// # let _ = pool;
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "postgres")]
-    pub fn as_postgres(&self) -> Option<&crate::sql::postgres::PostgresStore> {
-        match &self.0 {
-            Backend::Postgres(store) => Some(store),
-            _ => None,
-        }
-    }
-
-    /// The [`SqliteStore`](crate::SqliteStore) inside, if the backend is SQLite: its
-    /// [`pool`](crate::sql::SqlStore::pool) can carry a `SqliteInbox` (one pool for
-    /// both, which an exclusively locked file needs).
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let store = tower_idempotency::store::connect("sqlite://receiver.db").await?;
-    /// let pool = store.as_sqlite().map(|sqlite| sqlite.pool().clone());
-    /// # let _ = pool;
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "sqlite")]
-    pub fn as_sqlite(&self) -> Option<&crate::sql::sqlite::SqliteStore> {
-        match &self.0 {
-            Backend::Sqlite(store) => Some(store),
-            _ => None,
         }
     }
 }
@@ -314,14 +269,14 @@ async fn sqlite(_url: &str) -> Result<AnyStore, ConnectError> {
 /// Forwards a call to the backend's store.
 macro_rules! dispatch {
     ($self:expr, $store:ident => $call:expr) => {
-        match &$self.0 {
-            Backend::Memory($store) => $call,
+        match $self {
+            AnyStore::Memory($store) => $call,
             #[cfg(feature = "redis")]
-            Backend::Redis($store) => $call,
+            AnyStore::Redis($store) => $call,
             #[cfg(feature = "postgres")]
-            Backend::Postgres($store) => $call,
+            AnyStore::Postgres($store) => $call,
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite($store) => $call,
+            AnyStore::Sqlite($store) => $call,
         }
     };
 }
@@ -332,14 +287,14 @@ macro_rules! dispatch {
 /// that much on every request; a server store's call pays one allocation beside its round trip.
 macro_rules! dispatch_async {
     ($self:expr, $store:ident => $call:expr) => {
-        match &$self.0 {
-            Backend::Memory($store) => $call,
+        match $self {
+            AnyStore::Memory($store) => $call,
             #[cfg(feature = "redis")]
-            Backend::Redis($store) => Box::pin(async move { $call }).await,
+            AnyStore::Redis($store) => Box::pin(async move { $call }).await,
             #[cfg(feature = "postgres")]
-            Backend::Postgres($store) => Box::pin(async move { $call }).await,
+            AnyStore::Postgres($store) => Box::pin(async move { $call }).await,
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite($store) => Box::pin(async move { $call }).await,
+            AnyStore::Sqlite($store) => Box::pin(async move { $call }).await,
         }
     };
 }

@@ -7,6 +7,7 @@ use crate::once;
 use crate::redis_proxy;
 use crate::redis_server;
 use crate::suite;
+use tower_idempotency::store::AnyStore;
 use tower_idempotency::test_util::store::{self as contract, OneTarget};
 
 use std::time::Duration;
@@ -271,7 +272,10 @@ async fn connect_reports_the_clients_command_timeout_and_durable_completion_none
         .unwrap();
     let two_seconds = Some(Duration::from_secs(2));
     assert_eq!(store.command_timeout(), two_seconds);
-    assert_eq!(store.as_redis().unwrap().command_timeout(), two_seconds);
+    let AnyStore::Redis(redis) = &store else {
+        panic!("{} is not a Redis store", store.backend())
+    };
+    assert_eq!(redis.command_timeout(), two_seconds);
     let durable = store
         .durable_completion(1, Duration::from_millis(50))
         .unwrap();
