@@ -1319,6 +1319,16 @@ mod tests {
         assert!(take("t", "").contains("LIMIT $1\n)"));
     }
 
+    /// The take's choice is made once: a semi-join on a `LIMIT ... SKIP LOCKED` subquery may
+    /// run it again per row and lease more than asked.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn the_take_chooses_once() {
+        let take = take::<sqlx::Postgres>("t", " FOR UPDATE SKIP LOCKED");
+        assert!(take.starts_with("WITH chosen AS MATERIALIZED (\n"), "{take}");
+        assert!(take.contains("WHERE key IN (SELECT key FROM chosen)\n"), "{take}");
+    }
+
     /// SQLite reads the take through `<table>_take_idx` in due order: no temporary b-tree for
     /// the order, whose cost would grow with the backlog (PostgreSQL's plan is checked against
     /// a real server in tests/inbox/sql.rs); and the counts through the partial indexes.

@@ -833,7 +833,7 @@ async fn a_postgres_take_reads_its_index_and_never_sorts_the_backlog() {
     let log = tokio::task::block_in_place(|| server.log());
     let start = log
         .rfind(&format!(
-            "Query Text: UPDATE {table}\n\tSET state = 'running'"
+            "Query Text: WITH chosen AS MATERIALIZED (\n\t    SELECT e.key FROM {table} AS e"
         ))
         .unwrap_or_else(|| {
             panic!(

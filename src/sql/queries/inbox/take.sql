@@ -9,13 +9,10 @@
 --
 -- Read through `<table>_take_idx`, in due order, until $1 entries are found: its cost follows
 -- the entries it passes over (locked by another take, or waiting behind their object's), not
--- the backlog; never a sort of the table.
-UPDATE {table}
-SET state = 'running', attempts = attempts + 1, lease_token = $3, lease_until = $2,
-    history = CASE WHEN state = 'running' AND started_us IS NOT NULL
-        THEN {appended_lost} ELSE history END,
-    started_us = $5, worker = $6
-WHERE key IN (
+-- the backlog; never a sort of the table. The choice is materialized: a semi-join may run a
+-- LIMIT subquery again for each row it joins, and under SKIP LOCKED a second run can choose
+-- other rows, so a take could lease more than $1 entries.
+WITH chosen AS MATERIALIZED (
     SELECT e.key FROM {table} AS e
     WHERE e.state IN ('queued', 'running') AND {due_at} <= $4
       AND NOT EXISTS (SELECT 1 FROM {table}_paused)
@@ -28,6 +25,12 @@ WHERE key IN (
     ORDER BY {due_at}, e.key
     LIMIT $1{row_locks}
 )
+UPDATE {table}
+SET state = 'running', attempts = attempts + 1, lease_token = $3, lease_until = $2,
+    history = CASE WHEN state = 'running' AND started_us IS NOT NULL
+        THEN {appended_lost} ELSE history END,
+    started_us = $5, worker = $6
+WHERE key IN (SELECT key FROM chosen)
 RETURNING {entry_columns}, EXISTS (
     SELECT 1 FROM {table}_objects AS w
     WHERE w.object = {table}.object AND w.watermark >= {table}.position AND w.expires_at > $4
