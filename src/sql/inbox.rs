@@ -613,21 +613,28 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
     }
 
     /// On SQLite, which writes one transaction at a time, one transaction for all of them (one
-    /// commit). On PostgreSQL each in a transaction of its own, all at once over the pool: one
-    /// transaction of many statements would make them wait for each other's round trips.
+    /// commit). On PostgreSQL each in a transaction of its own, as many at once as the pool has
+    /// connections (a chunk at a time): one transaction of many statements would make them wait for each other's
+    /// round trips, and more at once than the pool holds would only wait for a connection, up
+    /// to the pool's acquire timeout. Every lease is attempted; the first error is returned.
     async fn complete(
         &self,
         leases: &[(StoreKey, Token)],
         retention: Duration,
     ) -> Result<Vec<bool>, StoreError> {
         if !DB::ONE_WRITER {
-            let each = leases.iter().map(|(key, token)| async move {
-                let mut tx = self.begin().await?;
-                let done = self.complete_on(&mut tx, key, token, retention).await?;
-                tx.commit().await.map_err(error::<DB>)?;
-                Ok(done)
-            });
-            return join_all(each).await.into_iter().collect();
+            let at_once = (self.pool.options().get_max_connections() as usize).max(1);
+            let mut flags = Vec::with_capacity(leases.len());
+            for some in leases.chunks(at_once) {
+                let each = some.iter().map(|(key, token)| async move {
+                    let mut tx = self.begin().await?;
+                    let done = self.complete_on(&mut tx, key, token, retention).await?;
+                    tx.commit().await.map_err(error::<DB>)?;
+                    Ok(done)
+                });
+                flags.extend(join_all(each).await);
+            }
+            return flags.into_iter().collect();
         }
         if leases.is_empty() {
             return Ok(Vec::new());
@@ -1325,8 +1332,14 @@ mod tests {
     #[test]
     fn the_take_chooses_once() {
         let take = take::<sqlx::Postgres>("t", " FOR UPDATE SKIP LOCKED");
-        assert!(take.starts_with("WITH chosen AS MATERIALIZED (\n"), "{take}");
-        assert!(take.contains("WHERE key IN (SELECT key FROM chosen)\n"), "{take}");
+        assert!(
+            take.starts_with("WITH chosen AS MATERIALIZED (\n"),
+            "{take}"
+        );
+        assert!(
+            take.contains("WHERE key IN (SELECT key FROM chosen)\n"),
+            "{take}"
+        );
     }
 
     /// SQLite reads the take through `<table>_take_idx` in due order: no temporary b-tree for

@@ -679,6 +679,41 @@ async fn a_worker_on_one_connection_drains_its_inbox() {
     run.await.unwrap();
 }
 
+/// A batch of completions much larger than the pool (a worker sends up to 128 at once; a
+/// caller of `complete` may send more): no more transactions at once than the pool has
+/// connections, so that none waits for a connection past the pool's acquire timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_completions_larger_than_the_pool_completes_on_postgres() {
+    let first = pg_inbox().await;
+    let url = tokio::task::block_in_place(|| shared_server().url());
+    let one_connection = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(100))
+        .connect(&url)
+        .await
+        .unwrap();
+    let narrow = PostgresInbox::new(one_connection)
+        .with_table(first.table())
+        .unwrap();
+    const ENTRIES: usize = 512;
+    for n in 0..ENTRIES {
+        assert_eq!(first.enqueue(entry(n)).await.unwrap(), Enqueued::Queued);
+    }
+    let mut leases = Vec::new();
+    while leases.len() < ENTRIES {
+        let taken = first.take(ENTRIES - leases.len(), LONG).await.unwrap();
+        assert!(!taken.is_empty(), "{} of {ENTRIES} taken", leases.len());
+        leases.extend(
+            taken
+                .into_iter()
+                .map(|lease| (lease.entry.key, lease.token)),
+        );
+    }
+    let done = narrow.complete(&leases, RETENTION).await.unwrap();
+    assert_eq!(done, vec![true; ENTRIES]);
+    assert_eq!(first.counts().await.unwrap().pending, 0);
+}
+
 /// An entry enqueued, or a retry scheduled, through one pool wakes a worker idle on another
 /// (`NOTIFY` at the commit, heard by the other pool's `LISTEN`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
