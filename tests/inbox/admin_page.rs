@@ -388,6 +388,37 @@ async fn read_only_shows_everything_and_no_form_that_acts() {
     assert!(!inbox.is_paused().await.unwrap());
 }
 
+/// A link cannot put text of its own on the operator's page: an action's message is named in
+/// the redirect (`done`), and the server writes it.
+#[tokio::test]
+async fn a_message_on_the_page_is_one_the_server_wrote() {
+    let inbox = MemoryInbox::default();
+    kill(&inbox, &["evt_dead"]).await;
+    let app = app(&inbox, AdminService::new(inbox.clone()));
+    let dead = key("evt_dead");
+    let named = page(&app, &format!("/admin/inbox?done=requeued&done_key={dead}")).await;
+    assert_eq!(
+        text_of(&named, "id=\"flash\""),
+        format!("{dead}: re-queued.")
+    );
+    let counted = page(&app, "/admin/inbox?done=requeued_matching&done_n=3").await;
+    assert_eq!(
+        text_of(&counted, "id=\"flash\""),
+        "3 dead letters re-queued."
+    );
+    for forged in [
+        "flash=Your%20session%20expired%3A%20sign%20in%20at%20evil.example",
+        "done=Sign%20in%20at%20evil.example",
+        "done=requeued&done_key=Sign%20in%20at%20evil.example",
+        "done=requeued_matching&done_n=all%20of%20them",
+    ] {
+        let answer = send(&app, "GET", &format!("/admin/inbox?{forged}"), &[], "").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{forged}");
+        assert!(!answer.text.contains("evil.example"), "{}", answer.text);
+        assert!(!answer.text.contains("all of them"), "{}", answer.text);
+    }
+}
+
 /// The index's size and the time to answer it with 5 routes and 50 entries (a measure, not a
 /// check: `cargo test --release --features admin --test inbox admin_page:: -- --ignored
 /// --nocapture`).

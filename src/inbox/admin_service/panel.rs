@@ -10,6 +10,7 @@ use http_body_util::Full;
 
 use super::json::Refusal;
 use super::page::{self, Index};
+use super::params::Flash;
 use super::{AdminService, Fate, html, params};
 use crate::inbox::admin::InboxAdmin;
 use crate::inbox::{Filter, KeyState};
@@ -26,7 +27,8 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
         let (filter, cursor, limit) = params::listing(&asked.listing, params::LIST)?;
         let settings = &self.settings;
         let csrf = settings.csrf.token();
-        let flash = asked.flash.as_deref();
+        let flash = asked.flash.as_ref().map(Flash::text);
+        let flash = flash.as_deref();
         if let Some(key) = &asked.entry {
             let key = StoreKey::parse(key)
                 .ok_or_else(|| Refusal::BadParameter("`entry` is not a store key".to_owned()))?;
@@ -131,7 +133,7 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
             (field("key").and_then(StoreKey::parse))
                 .ok_or_else(|| Refusal::BadParameter("`key` is not a store key".to_owned()))
         };
-        let on_dead = async |fate: Fate, done: &str| {
+        let on_dead = async |fate: Fate, done: fn(StoreKey) -> Flash| {
             let key = key()?;
             let action = match fate {
                 Fate::Requeue => "requeue",
@@ -139,28 +141,28 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
             };
             let answer = self.on_dead_letter(key.clone(), fate, "", actor);
             match self.logged(action, actor, answer).await {
-                Ok(_) => Ok(format!("{key}: {done}.")),
-                Err(Refusal::NotDead) => Ok(format!("{key} is not a dead letter (any more).")),
+                Ok(_) => Ok(done(key)),
+                Err(Refusal::NotDead) => Ok(Flash::NotDead(key)),
                 Err(refusal) => Err(refusal),
             }
         };
         let flash = match field("do").unwrap_or_default() {
-            "requeue" => on_dead(Fate::Requeue, "re-queued").await?,
-            "discard" => on_dead(Fate::Discard, "discarded, its key kept as done").await?,
+            "requeue" => on_dead(Fate::Requeue, Flash::Requeued).await?,
+            "discard" => on_dead(Fate::Discard, Flash::Discarded).await?,
             "pause" => {
                 let answer = self.set_paused(true, "", actor);
                 self.logged("pause", actor, answer).await?;
-                "Taking paused in every worker process.".to_owned()
+                Flash::Paused
             }
             "resume" => {
                 let answer = self.set_paused(false, "", actor);
                 self.logged("resume", actor, answer).await?;
-                "Taking resumed.".to_owned()
+                Flash::Resumed
             }
             "requeue_matching" => {
                 let answer = self.requeue_all(query, actor);
                 let requeued = self.logged("requeue_matching", actor, answer).await?;
-                format!("{requeued} dead letters re-queued.")
+                Flash::RequeuedMatching(requeued)
             }
             _ => return Err(Refusal::BadParameter("`do` names no action".to_owned())),
         };
@@ -212,12 +214,12 @@ fn html_ok(page: String) -> Response<Full<Bytes>> {
 }
 
 /// 303 to the page of query `back` (kept only if it is a plain query string) with `flash`.
-fn see_other(back: &str, flash: &str) -> Response<Full<Bytes>> {
+fn see_other(back: &str, flash: &Flash) -> Response<Full<Bytes>> {
     let plain = back
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b"%=&._~+-:".contains(&b));
     let back = if plain { back } else { "" };
-    let flash = html::query([("flash", flash)]);
+    let flash = flash.query();
     let location = match back {
         "" => format!("?{flash}"),
         back => format!("?{back}&{flash}"),

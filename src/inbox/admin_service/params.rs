@@ -2,10 +2,11 @@
 
 use std::fmt::Write;
 
+use super::html;
 use super::json::Refusal;
 use super::page::FilterForm;
 use crate::inbox::{Filter, KeyState};
-use crate::store::ObjectKey;
+use crate::store::{ObjectKey, StoreKey};
 
 /// The page sizes of a listing: (default, most).
 pub(super) const LIST: (usize, usize) = (50, 500);
@@ -60,11 +61,76 @@ pub(super) fn form(body: &[u8]) -> Result<Vec<(String, String)>, Refusal> {
     pairs(body.trim_end())
 }
 
+/// What an action did, for the page it redirects to: one of a fixed set of messages, named in
+/// the redirect's query (`done`, with `done_key` or `done_n`) and written by the server, so
+/// that a link cannot put text of its own on the operator's page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Flash {
+    Requeued(StoreKey),
+    Discarded(StoreKey),
+    NotDead(StoreKey),
+    Paused,
+    Resumed,
+    RequeuedMatching(u64),
+}
+
+impl Flash {
+    /// The redirect's query parameters that name this message.
+    pub(super) fn query(&self) -> String {
+        let (done, key, n) = match self {
+            Flash::Requeued(key) => ("requeued", Some(key), None),
+            Flash::Discarded(key) => ("discarded", Some(key), None),
+            Flash::NotDead(key) => ("not_dead", Some(key), None),
+            Flash::Paused => ("paused", None, None),
+            Flash::Resumed => ("resumed", None, None),
+            Flash::RequeuedMatching(n) => ("requeued_matching", None, Some(n.to_string())),
+        };
+        let key = key.map(StoreKey::as_str).unwrap_or_default();
+        html::query([
+            ("done", done),
+            ("done_key", key),
+            ("done_n", n.as_deref().unwrap_or_default()),
+        ])
+    }
+
+    /// The message named by `done` with its `done_key` or `done_n`; 400 for any other.
+    fn parse(done: &str, key: Option<&str>, n: Option<&str>) -> Result<Flash, Refusal> {
+        let key = || {
+            key.and_then(StoreKey::parse)
+                .ok_or_else(|| bad("`done_key` is not a store key"))
+        };
+        Ok(match done {
+            "requeued" => Flash::Requeued(key()?),
+            "discarded" => Flash::Discarded(key()?),
+            "not_dead" => Flash::NotDead(key()?),
+            "paused" => Flash::Paused,
+            "resumed" => Flash::Resumed,
+            "requeued_matching" => Flash::RequeuedMatching(
+                n.and_then(|n| n.parse().ok())
+                    .ok_or_else(|| bad("`done_n` is not a count"))?,
+            ),
+            _ => return Err(bad("`done` names no message")),
+        })
+    }
+
+    /// The message.
+    pub(super) fn text(&self) -> String {
+        match self {
+            Flash::Requeued(key) => format!("{key}: re-queued."),
+            Flash::Discarded(key) => format!("{key}: discarded, its key kept as done."),
+            Flash::NotDead(key) => format!("{key} is not a dead letter (any more)."),
+            Flash::Paused => "Taking paused in every worker process.".to_owned(),
+            Flash::Resumed => "Taking resumed.".to_owned(),
+            Flash::RequeuedMatching(n) => format!("{n} dead letters re-queued."),
+        }
+    }
+}
+
 /// What the page's query asks: a message to show, an entry's page, the confirmation of a
 /// bulk re-queue, or the index with a filter (`state=any` meaning none).
 #[derive(Debug, Default)]
 pub(super) struct PageQuery {
-    pub(super) flash: Option<String>,
+    pub(super) flash: Option<Flash>,
     pub(super) entry: Option<String>,
     pub(super) confirm: bool,
     /// The listing's parameters, as given (for [`listing`]).
@@ -77,6 +143,7 @@ pub(super) struct PageQuery {
 pub(super) fn page(query: &str) -> Result<PageQuery, Refusal> {
     let mut page = PageQuery::default();
     let mut listing = Vec::new();
+    let (mut done, mut done_key, mut done_n) = (None, None, None);
     for raw in query.split('&').filter(|pair| !pair.is_empty()) {
         let (name, value) = raw.split_once('=').unwrap_or((raw, ""));
         let value = percent_decode(value, true)
@@ -85,7 +152,9 @@ pub(super) fn page(query: &str) -> Result<PageQuery, Refusal> {
             .ok_or_else(|| bad("a query parameter is not valid percent-encoded UTF-8"))?;
         let form = &mut page.filter;
         match name.as_str() {
-            "flash" => page.flash = Some(value),
+            "done" => done = Some(value),
+            "done_key" => done_key = Some(value),
+            "done_n" => done_n = Some(value),
             "entry" => page.entry = Some(value),
             "confirm" => page.confirm = value == "requeue",
             "state" if value == "any" => form.state = value,
@@ -105,6 +174,9 @@ pub(super) fn page(query: &str) -> Result<PageQuery, Refusal> {
         }
     }
     page.listing = listing.join("&");
+    if let Some(done) = done {
+        page.flash = Some(Flash::parse(&done, done_key.as_deref(), done_n.as_deref())?);
+    }
     Ok(page)
 }
 
