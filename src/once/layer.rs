@@ -221,27 +221,6 @@ impl<S, K, P> Layer<S> for OnceLayer<K, P> {
     }
 }
 
-impl Idempotent {
-    /// A [`OnceLayer`] on these settings, keyed by `key_of`.
-    ///
-    /// ```
-    /// use tower::{Service, ServiceExt, service_fn};
-    /// use tower_idempotency::{Idempotent, MemoryStore};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = Idempotent::new(MemoryStore::new()).layer(|id: &u32| Some(id.to_string()));
-    /// let mut service = tower::ServiceBuilder::new()
-    ///     .layer(layer)
-    ///     .service(service_fn(|id: u32| async move { Ok::<_, std::io::Error>(id + 1) }));
-    /// assert_eq!(service.ready().await.unwrap().call(41).await.unwrap(), 42);
-    /// # }
-    /// ```
-    pub fn layer<K>(&self, key_of: K) -> OnceLayer<K> {
-        OnceLayer::new(self.clone(), key_of)
-    }
-}
-
 /// A service whose calls run at most once per key: built by [`OnceLayer`].
 ///
 /// Success is the inner `Result`: an `Ok` response is recorded (as JSON) and replayed to every
