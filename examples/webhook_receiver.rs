@@ -109,7 +109,7 @@ use axum::{Extension, Json, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{Value, json};
 use tower_idempotency::key::{HeaderKey, JsonPathKey};
-use tower_idempotency::order::{EventOrder, TimestampAt};
+use tower_idempotency::order::{EventOrder, PositionAt};
 use tower_idempotency::store::{AnyStore, connect};
 use tower_idempotency::verify::{HubSignature256, StandardWebhooks, StripeSignature};
 use tower_idempotency::{BatchItems, IdempotencyKey, IdempotencyLayer, MemoryStore};
@@ -456,7 +456,7 @@ fn app(
     // Email events, in order per message, by when they occurred.
     let email_order = EventOrder::new(
         JsonPathKey::new("$.message_id")?,
-        TimestampAt::new("$.occurred_at")?,
+        PositionAt::timestamp("$.occurred_at")?,
     );
     let email_layer = webhook_layer(&store, settings, "email", 72)
         .key(JsonPathKey::new("$.event_id")?)

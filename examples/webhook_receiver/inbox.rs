@@ -26,7 +26,7 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 use tower_idempotency::inbox::{AdminService, AnyInbox, InboxLayer, InboxStore};
 use tower_idempotency::key::JsonPathKey;
-use tower_idempotency::order::{EventOrder, TimestampAt};
+use tower_idempotency::order::{EventOrder, PositionAt};
 use tower_idempotency::store::StoreKey;
 
 /// The inbox route's path, and so the scope of its keys.
@@ -44,7 +44,7 @@ pub(super) fn routes(
     let env = InboxSettings::from_env().map_err(|err| -> Error { err })?;
     let order = EventOrder::new(
         JsonPathKey::new("$.message_id")?,
-        TimestampAt::new("$.occurred_at")?,
+        PositionAt::timestamp("$.occurred_at")?,
     );
     // The door of the inbox: no record store; the inbox's retention is the workers'
     // (`email_inbox::RETENTION`).

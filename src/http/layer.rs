@@ -519,7 +519,7 @@ impl<M: Orders, K: Clone> Door<M, K> {
     /// ```compile_fail,E0599
     /// use std::time::Duration;
     /// use tower_idempotency::key::JsonPathKey;
-    /// use tower_idempotency::order::{EventOrder, SequenceAt};
+    /// use tower_idempotency::order::{EventOrder, PositionAt};
     /// use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, Target};
     /// use tower_idempotency::store::record::Record;
     /// use tower_idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore};
@@ -543,7 +543,7 @@ impl<M: Orders, K: Clone> Door<M, K> {
     ///     }
     /// }
     ///
-    /// let order = EventOrder::new(JsonPathKey::new("$.object_id")?, SequenceAt::new("$.sequence")?);
+    /// let order = EventOrder::new(JsonPathKey::new("$.object_id")?, PositionAt::sequence("$.sequence")?);
     /// let layer = IdempotencyLayer::webhook(KeysOnly(MemoryStore::new())).order(order);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

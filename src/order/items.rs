@@ -6,8 +6,8 @@ use std::fmt;
 
 use serde_json::Value;
 
-use super::value::{RankAt, SequenceAt, TimestampAt, UnixSecondsAt};
-use super::{Placed, Position};
+use super::Placed;
+use super::value::PositionAt;
 use crate::key::query::ValuePath;
 use crate::key::{JsonPathKey, KeyError, KeyErrorKind, KeyInput, MAX_KEY_PARTS, PathError};
 
@@ -25,13 +25,13 @@ use crate::key::{JsonPathKey, KeyError, KeyErrorKind, KeyInput, MAX_KEY_PARTS, P
 /// ```
 /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
 /// use tower_idempotency::key::HeaderKey;
-/// use tower_idempotency::order::{EventOrder, OrderedItems, RankAt};
+/// use tower_idempotency::order::{EventOrder, OrderedItems, PositionAt};
 ///
 /// let statuses = OrderedItems::new(
 ///     "$.entry[*].changes[*].value.statuses[*]",
 ///     ["$.id", "$.status"],
 ///     "$.id",
-///     RankAt::new("$.status", [("sent", 1), ("delivered", 2), ("read", 3), ("failed", 3)])?,
+///     PositionAt::rank("$.status", [("sent", 1), ("delivered", 2), ("read", 3), ("failed", 3)])?,
 /// )?;
 /// // Callbacks without statuses (new messages) fall back to the delivery id, unordered.
 /// let layer = IdempotencyLayer::webhook(MemoryStore::new())
@@ -46,7 +46,7 @@ pub struct OrderedItems {
     items: Vec<(ValuePath, String)>,
     key: Vec<JsonPathKey>,
     object: JsonPathKey,
-    position: ItemPosition,
+    position: PositionAt,
 }
 
 impl fmt::Debug for OrderedItems {
@@ -59,60 +59,6 @@ impl fmt::Debug for OrderedItems {
     }
 }
 
-/// Where an item's position is, relative to the item: one of the built-in positions
-/// ([`TimestampAt`], [`UnixSecondsAt`], [`SequenceAt`], [`RankAt`]) with a path on the item.
-#[derive(Clone, Debug)]
-pub struct ItemPosition(Kind);
-
-#[derive(Clone, Debug)]
-enum Kind {
-    Timestamp(TimestampAt),
-    UnixSeconds(UnixSecondsAt),
-    Sequence(SequenceAt),
-    Rank(RankAt),
-}
-
-impl From<TimestampAt> for ItemPosition {
-    fn from(p: TimestampAt) -> Self {
-        ItemPosition(Kind::Timestamp(p))
-    }
-}
-
-impl From<UnixSecondsAt> for ItemPosition {
-    fn from(p: UnixSecondsAt) -> Self {
-        ItemPosition(Kind::UnixSeconds(p))
-    }
-}
-
-impl From<SequenceAt> for ItemPosition {
-    fn from(p: SequenceAt) -> Self {
-        ItemPosition(Kind::Sequence(p))
-    }
-}
-
-impl From<RankAt> for ItemPosition {
-    fn from(p: RankAt) -> Self {
-        ItemPosition(Kind::Rank(p))
-    }
-}
-
-impl ItemPosition {
-    /// Whether the positions are instants (see [`ExtractPosition::instant`]).
-    fn instant(&self) -> bool {
-        matches!(self.0, Kind::Timestamp(_) | Kind::UnixSeconds(_))
-    }
-
-    /// The position of `item`, `None` when it has none.
-    fn of(&self, item: &Value) -> Result<Option<Position>, KeyError> {
-        match &self.0 {
-            Kind::Timestamp(p) => p.in_value(item),
-            Kind::UnixSeconds(p) => p.in_value(item),
-            Kind::Sequence(p) => p.in_value(item),
-            Kind::Rank(p) => p.in_value(item),
-        }
-    }
-}
-
 impl OrderedItems {
     /// The items `items` selects (an RFC 9535 JSONPath selecting objects), each keyed by the
     /// values at `key` (paths on the item), about the object at `object`, placed by
@@ -121,7 +67,7 @@ impl OrderedItems {
         items: &str,
         key: I,
         object: &str,
-        position: impl Into<ItemPosition>,
+        position: PositionAt,
     ) -> Result<Self, PathError>
     where
         I: IntoIterator<Item = S>,
@@ -135,7 +81,7 @@ impl OrderedItems {
                 .map(|p| JsonPathKey::new(p.as_ref()))
                 .collect::<Result<_, _>>()?,
             object: JsonPathKey::new(object)?,
-            position: position.into(),
+            position,
         })
     }
 
@@ -181,7 +127,10 @@ impl OrderedItems {
             .object
             .one_in(item)?
             .ok_or_else(|| missing(&format!("object at {}", self.object.path())))?;
-        let position = self.position.of(item)?.ok_or_else(|| missing("position"))?;
+        let position = self
+            .position
+            .in_value(item)?
+            .ok_or_else(|| missing("position"))?;
         Ok(Placed {
             key,
             object,
@@ -191,7 +140,7 @@ impl OrderedItems {
 
     /// Whether the items' positions are instants (see [`ExtractPosition::instant`]).
     pub(crate) fn instant(&self) -> bool {
-        self.position.instant()
+        self.position.is_instant()
     }
 }
 
@@ -200,13 +149,14 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
+    use crate::order::Position;
 
     fn statuses() -> OrderedItems {
         OrderedItems::new(
             "$.entry[*].changes[*].value.statuses[*]",
             ["$.id", "$.status"],
             "$.id",
-            RankAt::new("$.status", [("sent", 1), ("delivered", 2), ("read", 3)]).unwrap(),
+            PositionAt::rank("$.status", [("sent", 1), ("delivered", 2), ("read", 3)]).unwrap(),
         )
         .unwrap()
     }

@@ -28,10 +28,10 @@
 //! use axum::{Router, routing::post};
 //! use tower_idempotency::{IdempotencyLayer, MemoryStore};
 //! use tower_idempotency::key::JsonPathKey;
-//! use tower_idempotency::order::{EventOrder, TimestampAt};
+//! use tower_idempotency::order::{EventOrder, PositionAt};
 //!
 //! // Email status callbacks: `{"event_id": .., "message_id": .., "type": .., "occurred_at": ..}`.
-//! let order = EventOrder::new(JsonPathKey::new("$.message_id")?, TimestampAt::new("$.occurred_at")?);
+//! let order = EventOrder::new(JsonPathKey::new("$.message_id")?, PositionAt::timestamp("$.occurred_at")?);
 //! let layer = IdempotencyLayer::webhook(MemoryStore::new())
 //!     .namespace("email")
 //!     .key(JsonPathKey::new("$.event_id")?)
@@ -59,7 +59,7 @@ use http::HeaderName;
 
 pub use self::items::OrderedItems;
 pub use self::position::Position;
-pub use self::value::{RankAt, SequenceAt, TimestampAt, UnixSecondsAt};
+pub use self::value::PositionAt;
 use crate::key::{ExtractKey, IdempotencyKey, KeyError, KeyInput};
 
 /// `Idempotent-Stale`: the header set (to `true`) on the layer's answer to a stale event.
@@ -109,9 +109,9 @@ pub struct StaleEvent {
     pub watermark: Position,
 }
 
-/// Where an event stands among its object's events: an RFC 3339 timestamp
-/// ([`TimestampAt`]), a Unix time ([`UnixSecondsAt`]), a sequence number ([`SequenceAt`]), a
-/// rank ([`RankAt`]), or any closure of the request.
+/// Where an event stands among its object's events: an RFC 3339 timestamp, a Unix time, a
+/// sequence number or a rank at a path of the body ([`PositionAt`]), or any closure of the
+/// request.
 ///
 /// `Ok(None)` when the request carries none, `Err` when it is malformed: both are a `400`
 /// saying why (an ordered route does not process an event it cannot place).
@@ -146,7 +146,8 @@ pub trait ExtractPosition: Send + Sync + 'static {
     }
 
     /// Whether the positions are instants, nanoseconds since the Unix epoch (as
-    /// [`TimestampAt`] and [`UnixSecondsAt`] give): logs then show them as RFC 3339 date-times.
+    /// [`PositionAt::timestamp`] and [`PositionAt::unix_seconds`] give): logs then show them as
+    /// RFC 3339 date-times.
     fn instant(&self) -> bool {
         false
     }
@@ -342,7 +343,7 @@ mod tests {
     fn one_event_per_request_from_the_body() {
         let order = EventOrder::new(
             JsonPathKey::new("$.message_id").unwrap(),
-            TimestampAt::new("$.occurred_at").unwrap(),
+            PositionAt::timestamp("$.occurred_at").unwrap(),
         );
         let (parts, ()) = http::Request::post("/").body(()).unwrap().into_parts();
         let body = Bytes::from_static(
@@ -378,7 +379,7 @@ mod tests {
     fn the_object_may_come_from_a_header() {
         let order = EventOrder::new(
             HeaderKey::new("x-object").unwrap(),
-            SequenceAt::new("$.seq").unwrap(),
+            PositionAt::sequence("$.seq").unwrap(),
         )
         .equal_positions(EqualPositions::Stale)
         .stale_events(StaleEvents::PassOn);
@@ -404,17 +405,17 @@ mod tests {
     fn positions_are_shown_as_the_route_reads_them() {
         let at = Position::from_rfc3339("2024-05-01T14:02:03.5Z").unwrap();
         let object = || JsonPathKey::new("$.object").unwrap();
-        let timestamps = EventOrder::new(object(), TimestampAt::new("$.at").unwrap());
+        let timestamps = EventOrder::new(object(), PositionAt::timestamp("$.at").unwrap());
         assert_eq!(timestamps.show(at), "2024-05-01T14:02:03.5Z");
-        let seconds = EventOrder::new(object(), UnixSecondsAt::new("$.at").unwrap());
+        let seconds = EventOrder::new(object(), PositionAt::unix_seconds("$.at").unwrap());
         assert_eq!(seconds.show(Position::new(0)), "1970-01-01T00:00:00Z");
-        let sequence = EventOrder::new(object(), SequenceAt::new("$.seq").unwrap());
+        let sequence = EventOrder::new(object(), PositionAt::sequence("$.seq").unwrap());
         assert_eq!(sequence.show(Position::new(42)), "42");
         let items = OrderedItems::new(
             "$.items[*]",
             ["$.id"],
             "$.object",
-            TimestampAt::new("$.at").unwrap(),
+            PositionAt::timestamp("$.at").unwrap(),
         );
         assert_eq!(
             EventOrder::items(items.unwrap()).show(at),

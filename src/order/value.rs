@@ -25,179 +25,18 @@ fn malformed(detail: String) -> KeyError {
     KeyError::new(KeyErrorKind::Other, detail)
 }
 
-/// What the built-in positions share: a path to one value, and how its text is read.
-trait Reading {
-    fn path(&self) -> &JsonPathKey;
-    /// The position the text means, if any.
-    fn read(&self, text: &str) -> Option<Position>;
-    /// What the value should be, for the `400` detail.
-    fn should_be(&self) -> String;
-    /// Whether the positions are instants (nanoseconds since the Unix epoch).
-    fn instant(&self) -> bool {
-        false
-    }
-
-    fn position_of(&self, text: Option<String>) -> Result<Option<Position>, KeyError> {
-        let Some(text) = text else { return Ok(None) };
-        self.read(&text).map(Some).ok_or_else(|| {
-            malformed(format!(
-                "the value at {} is not {}",
-                self.path().path(),
-                self.should_be()
-            ))
-        })
-    }
-}
-
-/// [`ExtractPosition`] for a [`Reading`], and its reading of one item (see
-/// [`OrderedItems`](super::OrderedItems)).
-macro_rules! reading_position {
-    ($($ty:ident),+) => {$(
-        impl ExtractPosition for $ty {
-            fn extract_position(&self, input: &KeyInput<'_>) -> Result<Option<Position>, KeyError> {
-                self.position_of(one_value(self.path(), input)?)
-            }
-
-            fn expected(&self) -> Option<String> {
-                Some(format!("at {}", self.path().path()))
-            }
-
-            fn instant(&self) -> bool {
-                Reading::instant(self)
-            }
-        }
-
-        impl $ty {
-            /// The position in one value of the body (an item of a batch).
-            pub(crate) fn in_value(&self, item: &serde_json::Value) -> Result<Option<Position>, KeyError> {
-                self.position_of(self.path().one_in(item)?)
-            }
-        }
-    )+};
-}
-
-reading_position!(TimestampAt, UnixSecondsAt, SequenceAt, RankAt);
-
-/// The position is an RFC 3339 date-time at a JSON path (`"2024-05-01T14:02:03.5+02:00"`):
-/// nanoseconds since the Unix epoch, in UTC, exactly (see [`Position::from_rfc3339`]). A value
-/// that is not one is a `400` saying so.
+/// The position at a JSON path of the body (or of each item of a batch, see
+/// [`OrderedItems`](super::OrderedItems)): one value, read exactly, as a date-time, a Unix
+/// time, a sequence number or a rank, by its constructor. A value that is not what its
+/// constructor reads is a `400` saying so (never echoing the body); a path that selects
+/// several values is a `400` too, and one that selects none gives no position.
 ///
 /// ```
-/// use tower_idempotency::order::TimestampAt;
+/// use tower_idempotency::order::PositionAt;
 ///
-/// let occurred_at = TimestampAt::new("$.occurred_at")?;
-/// let stripe_created = TimestampAt::new("$.data.object.created_at")?;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug)]
-pub struct TimestampAt {
-    path: JsonPathKey,
-}
-
-impl TimestampAt {
-    /// The timestamp at `path` (RFC 9535 JSONPath).
-    pub fn new(path: &str) -> Result<Self, PathError> {
-        Ok(TimestampAt {
-            path: JsonPathKey::new(path)?,
-        })
-    }
-}
-
-impl Reading for TimestampAt {
-    fn path(&self) -> &JsonPathKey {
-        &self.path
-    }
-
-    fn instant(&self) -> bool {
-        true
-    }
-
-    fn read(&self, text: &str) -> Option<Position> {
-        Position::from_rfc3339(text)
-    }
-
-    fn should_be(&self) -> String {
-        "an RFC 3339 date-time (such as 2024-05-01T14:02:03Z, with an offset)".to_owned()
-    }
-}
-
-/// The position is a Unix time in whole seconds at a JSON path, as an integer or a string of
-/// digits (WhatsApp's `"timestamp": "1603059201"`); compared as nanoseconds, like
-/// [`TimestampAt`].
-#[derive(Clone, Debug)]
-pub struct UnixSecondsAt {
-    path: JsonPathKey,
-}
-
-impl UnixSecondsAt {
-    /// The Unix time at `path` (RFC 9535 JSONPath).
-    pub fn new(path: &str) -> Result<Self, PathError> {
-        Ok(UnixSecondsAt {
-            path: JsonPathKey::new(path)?,
-        })
-    }
-}
-
-impl Reading for UnixSecondsAt {
-    fn path(&self) -> &JsonPathKey {
-        &self.path
-    }
-
-    fn instant(&self) -> bool {
-        true
-    }
-
-    fn read(&self, text: &str) -> Option<Position> {
-        let seconds = Position::from_integer_text(text)?;
-        seconds.get().checked_mul(1_000_000_000).map(Position::new)
-    }
-
-    fn should_be(&self) -> String {
-        "a Unix time in whole seconds".to_owned()
-    }
-}
-
-/// The position is an integer sequence number at a JSON path, of any length that fits 128
-/// bits, exactly (the digits are read from the raw body: `18446744073709551617` is not
-/// rounded); the string `"100"` and the integer `100` are the same position, as for ids.
-/// Fractions, exponents and other types are a `400`.
-#[derive(Clone, Debug)]
-pub struct SequenceAt {
-    path: JsonPathKey,
-}
-
-impl SequenceAt {
-    /// The sequence number at `path` (RFC 9535 JSONPath).
-    pub fn new(path: &str) -> Result<Self, PathError> {
-        Ok(SequenceAt {
-            path: JsonPathKey::new(path)?,
-        })
-    }
-}
-
-impl Reading for SequenceAt {
-    fn path(&self) -> &JsonPathKey {
-        &self.path
-    }
-
-    fn read(&self, text: &str) -> Option<Position> {
-        Position::from_integer_text(text)
-    }
-
-    fn should_be(&self) -> String {
-        "an integer sequence number that fits 128 bits".to_owned()
-    }
-}
-
-/// The position is the rank of a value at a JSON path, from a table: email statuses
-/// (`email.processed` < `email.delivered`), WhatsApp's (`sent` < `delivered` < `read`). Values
-/// may share a rank (a message delivered or failed has reached its end either way). A value
-/// not in the table is a `400`.
-///
-/// ```
-/// use tower_idempotency::order::RankAt;
-///
-/// let email = RankAt::new("$.type", [
+/// let occurred_at = PositionAt::timestamp("$.occurred_at")?;
+/// let sequence = PositionAt::sequence("$.data.sequence")?;
+/// let email = PositionAt::rank("$.type", [
 ///     ("email.received", 0),
 ///     ("email.processed", 1),
 ///     ("email.delivered", 2),
@@ -206,43 +45,120 @@ impl Reading for SequenceAt {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug)]
-pub struct RankAt {
+pub struct PositionAt {
     path: JsonPathKey,
-    ranks: Arc<HashMap<String, i64>>,
+    reading: Reading,
 }
 
-impl RankAt {
-    /// The rank of the value at `path` in `ranks`.
-    pub fn new<I, S>(path: &str, ranks: I) -> Result<Self, PathError>
+/// How a position's text is read.
+#[derive(Clone, Debug)]
+enum Reading {
+    Timestamp,
+    UnixSeconds,
+    Sequence,
+    Rank(Arc<HashMap<String, i64>>),
+}
+
+impl PositionAt {
+    /// An RFC 3339 date-time at `path` (`"2024-05-01T14:02:03.5+02:00"`): nanoseconds since
+    /// the Unix epoch, in UTC, exactly (see [`Position::from_rfc3339`]).
+    pub fn timestamp(path: &str) -> Result<Self, PathError> {
+        Self::at(path, Reading::Timestamp)
+    }
+
+    /// A Unix time in whole seconds at `path`, as an integer or a string of digits (WhatsApp's
+    /// `"timestamp": "1603059201"`); compared as nanoseconds, like
+    /// [`timestamp`](Self::timestamp).
+    pub fn unix_seconds(path: &str) -> Result<Self, PathError> {
+        Self::at(path, Reading::UnixSeconds)
+    }
+
+    /// An integer sequence number at `path`, of any length that fits 128 bits, exactly (the
+    /// digits are read from the raw body: `18446744073709551617` is not rounded); the string
+    /// `"100"` and the integer `100` are the same position, as for ids. Fractions, exponents
+    /// and other types are a `400`.
+    pub fn sequence(path: &str) -> Result<Self, PathError> {
+        Self::at(path, Reading::Sequence)
+    }
+
+    /// The rank of the value at `path` in `ranks`: email statuses (`email.processed` <
+    /// `email.delivered`), WhatsApp's (`sent` < `delivered` < `read`). Values may share a rank
+    /// (a message delivered or failed has reached its end either way). A value not in the
+    /// table is a `400`.
+    pub fn rank<I, S>(path: &str, ranks: I) -> Result<Self, PathError>
     where
         I: IntoIterator<Item = (S, i64)>,
         S: Into<String>,
     {
-        Ok(RankAt {
+        let ranks = ranks.into_iter().map(|(v, r)| (v.into(), r)).collect();
+        Self::at(path, Reading::Rank(Arc::new(ranks)))
+    }
+
+    fn at(path: &str, reading: Reading) -> Result<Self, PathError> {
+        Ok(PositionAt {
             path: JsonPathKey::new(path)?,
-            ranks: Arc::new(ranks.into_iter().map(|(v, r)| (v.into(), r)).collect()),
+            reading,
         })
     }
 
-    /// The rank of `value`, if it is in the table.
-    pub(crate) fn rank(&self, value: &str) -> Option<Position> {
-        self.ranks
-            .get(value)
-            .map(|&rank| Position::new(i128::from(rank)))
+    /// Whether the positions are instants (nanoseconds since the Unix epoch).
+    pub(crate) fn is_instant(&self) -> bool {
+        matches!(self.reading, Reading::Timestamp | Reading::UnixSeconds)
+    }
+
+    /// The position in one value of the body (an item of a batch).
+    pub(crate) fn in_value(&self, item: &serde_json::Value) -> Result<Option<Position>, KeyError> {
+        self.position_of(self.path.one_in(item)?)
+    }
+
+    /// The position the text means, if any.
+    fn read(&self, text: &str) -> Option<Position> {
+        match &self.reading {
+            Reading::Timestamp => Position::from_rfc3339(text),
+            Reading::UnixSeconds => {
+                let seconds = Position::from_integer_text(text)?;
+                seconds.get().checked_mul(1_000_000_000).map(Position::new)
+            }
+            Reading::Sequence => Position::from_integer_text(text),
+            Reading::Rank(ranks) => ranks.get(text).map(|&rank| Position::new(i128::from(rank))),
+        }
+    }
+
+    /// What the value should be, for the `400` detail.
+    fn should_be(&self) -> String {
+        match &self.reading {
+            Reading::Timestamp => {
+                "an RFC 3339 date-time (such as 2024-05-01T14:02:03Z, with an offset)".to_owned()
+            }
+            Reading::UnixSeconds => "a Unix time in whole seconds".to_owned(),
+            Reading::Sequence => "an integer sequence number that fits 128 bits".to_owned(),
+            Reading::Rank(ranks) => format!("one of the {} ranked values", ranks.len()),
+        }
+    }
+
+    fn position_of(&self, text: Option<String>) -> Result<Option<Position>, KeyError> {
+        let Some(text) = text else { return Ok(None) };
+        self.read(&text).map(Some).ok_or_else(|| {
+            malformed(format!(
+                "the value at {} is not {}",
+                self.path.path(),
+                self.should_be()
+            ))
+        })
     }
 }
 
-impl Reading for RankAt {
-    fn path(&self) -> &JsonPathKey {
-        &self.path
+impl ExtractPosition for PositionAt {
+    fn extract_position(&self, input: &KeyInput<'_>) -> Result<Option<Position>, KeyError> {
+        self.position_of(one_value(&self.path, input)?)
     }
 
-    fn read(&self, text: &str) -> Option<Position> {
-        self.rank(text)
+    fn expected(&self) -> Option<String> {
+        Some(format!("at {}", self.path.path()))
     }
 
-    fn should_be(&self) -> String {
-        format!("one of the {} ranked values", self.ranks.len())
+    fn instant(&self) -> bool {
+        self.is_instant()
     }
 }
 
@@ -263,7 +179,7 @@ mod tests {
 
     #[test]
     fn timestamps_sequences_and_ranks() {
-        let at = TimestampAt::new("$.at").unwrap();
+        let at = PositionAt::timestamp("$.at").unwrap();
         assert_eq!(
             position(&at, r#"{"at":"1970-01-01T00:00:01Z"}"#).unwrap(),
             Some(Position::new(1_000_000_000))
@@ -277,13 +193,13 @@ mod tests {
         );
         assert!(position(&at, r#"{"at":1714572120}"#).is_err());
 
-        let unix = UnixSecondsAt::new("$.ts").unwrap();
+        let unix = PositionAt::unix_seconds("$.ts").unwrap();
         assert_eq!(
             position(&unix, r#"{"ts":"2"}"#).unwrap(),
             position(&at, r#"{"at":"1970-01-01T00:00:02Z"}"#).unwrap()
         );
 
-        let seq = SequenceAt::new("$.seq").unwrap();
+        let seq = PositionAt::sequence("$.seq").unwrap();
         assert_eq!(
             position(&seq, r#"{"seq":-3}"#).unwrap(),
             Some(Position::new(-3))
@@ -300,7 +216,7 @@ mod tests {
         ] {
             assert!(position(&seq, bad).is_err(), "{bad}");
         }
-        let many = SequenceAt::new("$.s[*]").unwrap();
+        let many = PositionAt::sequence("$.s[*]").unwrap();
         assert!(
             position(&many, r#"{"s":[1,2]}"#)
                 .unwrap_err()
@@ -308,7 +224,8 @@ mod tests {
                 .contains("several")
         );
 
-        let rank = RankAt::new("$.type", [("sent", 1), ("delivered", 2), ("read", 3)]).unwrap();
+        let rank =
+            PositionAt::rank("$.type", [("sent", 1), ("delivered", 2), ("read", 3)]).unwrap();
         assert_eq!(
             position(&rank, r#"{"type":"delivered"}"#).unwrap(),
             Some(Position::new(2))

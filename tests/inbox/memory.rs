@@ -134,11 +134,11 @@ mod route {
     /// one after a newer was applied is answered stale (200, `Idempotent-Stale`), not queued.
     #[tokio::test]
     async fn an_ordered_door_answers_an_older_event_stale() {
-        use tower_idempotency::order::{EventOrder, SequenceAt};
+        use tower_idempotency::order::{EventOrder, PositionAt};
         let inbox = MemoryInbox::default();
         let order = EventOrder::new(
             JsonPathKey::new("$.message_id").unwrap(),
-            SequenceAt::new("$.seq").unwrap(),
+            PositionAt::sequence("$.seq").unwrap(),
         );
         let door = InboxLayer::new(inbox.clone())
             .namespace("ordered-door")

@@ -8,7 +8,7 @@ use axum::Router;
 use axum::body::Body;
 use http::{Request, StatusCode};
 use tower_idempotency::key::JsonPathKey;
-use tower_idempotency::order::{EventOrder, SequenceAt, StaleEvents};
+use tower_idempotency::order::{EventOrder, PositionAt, StaleEvents};
 use tower_idempotency::{IdempotencyLayer, OrderedStore};
 
 use super::app::{Effects, router};
@@ -21,7 +21,7 @@ fn ordered_layer<St: OrderedStore>(
 ) -> IdempotencyLayer<St, JsonPathKey> {
     let order = EventOrder::new(
         JsonPathKey::new("$.object").unwrap(),
-        SequenceAt::new("$.seq").unwrap(),
+        PositionAt::sequence("$.seq").unwrap(),
     );
     IdempotencyLayer::webhook(store)
         .namespace(namespace)
@@ -126,7 +126,7 @@ pub async fn a_stale_event_passed_on_is_marked<St: OrderedStore>(store: St) {
     let effects = Effects::default();
     let order = EventOrder::new(
         JsonPathKey::new("$.object").unwrap(),
-        SequenceAt::new("$.seq").unwrap(),
+        PositionAt::sequence("$.seq").unwrap(),
     )
     .stale_events(StaleEvents::PassOn);
     let layer = IdempotencyLayer::webhook(store)
