@@ -112,6 +112,114 @@ pub trait OneTarget: IdempotencyStore {
 
 impl<St: IdempotencyStore> OneTarget for St {}
 
+/// The four calls of an [`IdempotencyStore`], as a [`Hook`] is told them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// [`reserve`](IdempotencyStore::reserve).
+    Reserve,
+    /// [`complete`](IdempotencyStore::complete).
+    Complete,
+    /// [`release`](IdempotencyStore::release).
+    Release,
+    /// [`renew`](IdempotencyStore::renew).
+    Renew,
+}
+
+/// What a [`Hooked`] store does around each call it forwards; each method does nothing by
+/// default, so a test writes only the one it changes.
+pub trait Hook: Clone + Send + Sync + 'static {
+    /// Runs before `call` of `targets` is forwarded: an error is the call's answer, and the
+    /// call never reaches the store.
+    fn before(
+        &self,
+        call: Call,
+        targets: &[Target],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (call, targets);
+        std::future::ready(Ok(()))
+    }
+
+    /// Runs once the store has answered `call`, before the answer is returned.
+    fn after(&self, call: Call) -> impl Future<Output = ()> + Send {
+        let _ = call;
+        std::future::ready(())
+    }
+
+    /// What the store's answers to a reserve become.
+    fn reserved(&self, answers: Vec<Reservation>) -> Result<Vec<Reservation>, StoreError> {
+        Ok(answers)
+    }
+
+    /// The hooked store's [`command_timeout`](IdempotencyStore::command_timeout).
+    fn command_timeout(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// No hook: the calls are forwarded as they are.
+impl Hook for () {}
+
+/// A store that forwards every call to `store` through `hook`: a working store with one
+/// behaviour changed (slow, failing, counted, answering otherwise), for tests. It does not
+/// answer in process, whatever `store` does, as a store behind a network.
+#[derive(Clone, Debug, Default)]
+pub struct Hooked<St, H = ()> {
+    /// The store every call is forwarded to.
+    pub store: St,
+    /// What runs around each call.
+    pub hook: H,
+}
+
+impl<St: IdempotencyStore, H: Hook> IdempotencyStore for Hooked<St, H> {
+    async fn reserve(
+        &self,
+        targets: &[Target],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        self.hook.before(Call::Reserve, targets).await?;
+        let answers = self.store.reserve(targets, claim, lease).await;
+        self.hook.after(Call::Reserve).await;
+        self.hook.reserved(answers?)
+    }
+
+    async fn complete(
+        &self,
+        targets: &[Target],
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Vec<Completion>, StoreError> {
+        self.hook.before(Call::Complete, targets).await?;
+        let answers = self.store.complete(targets, claim, record, retention).await;
+        self.hook.after(Call::Complete).await;
+        answers
+    }
+
+    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
+        self.hook.before(Call::Release, targets).await?;
+        let released = self.store.release(targets, claim).await;
+        self.hook.after(Call::Release).await;
+        released
+    }
+
+    async fn renew(
+        &self,
+        targets: &[Target],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        self.hook.before(Call::Renew, targets).await?;
+        let renewed = self.store.renew(targets, claim, lease).await;
+        self.hook.after(Call::Renew).await;
+        renewed
+    }
+
+    fn command_timeout(&self) -> Option<Duration> {
+        self.hook.command_timeout()
+    }
+}
+
 /// absent → in flight → completed; a second claim sees each state.
 pub async fn reserve_complete_then_duplicate<St: IdempotencyStore>(store: St) {
     let key = fresh_key("transitions");

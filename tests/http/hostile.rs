@@ -24,10 +24,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::key::{ExtractKey, FieldsFingerprintKey, JsonPathKey, from_body_fn};
-use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey, Target};
-use tower_idempotency::test_util::store::OneTarget;
-use tower_idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore};
+use tower_idempotency::store::{Claim, Reservation, StoreError, StoreKey, Target};
+use tower_idempotency::test_util::store::{Call, Hook, Hooked, OneTarget};
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 /// One app on `127.0.0.1:0`: `POST /hook` counts its calls, and holds the request for
 /// `x-hold-ms` milliseconds when asked.
@@ -453,41 +452,17 @@ async fn non_utf8_and_control_bytes_in_keys_are_400() {
 
 /// A memory store whose `complete` takes 300 ms to reach the store, like a store call that
 /// must first acquire a pooled connection.
+type SlowComplete = Hooked<MemoryStore, Slow>;
+
 #[derive(Clone, Default)]
-struct SlowComplete(MemoryStore);
+struct Slow;
 
-impl IdempotencyStore for SlowComplete {
-    async fn reserve(
-        &self,
-        targets: &[Target],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<Vec<Reservation>, StoreError> {
-        self.0.reserve(targets, claim, lease).await
-    }
-
-    async fn complete(
-        &self,
-        targets: &[Target],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> Result<Vec<Completion>, StoreError> {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        self.0.complete(targets, claim, record, retention).await
-    }
-
-    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
-        self.0.release(targets, claim).await
-    }
-
-    async fn renew(
-        &self,
-        targets: &[Target],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.0.renew(targets, claim, lease).await
+impl Hook for Slow {
+    async fn before(&self, call: Call, _: &[Target]) -> Result<(), StoreError> {
+        if call == Call::Complete {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        Ok(())
     }
 }
 
@@ -527,7 +502,7 @@ async fn client_disconnect_while_recording_still_records_the_key() {
     let key = StoreKey::new("hostile", Some("/hook"), "evt_gone");
     let probe = Claim::new(Fingerprint::of_bytes(b"{}"));
     let found = store
-        .0
+        .store
         .reserve_one(&key, &probe, Duration::from_secs(1))
         .await
         .unwrap();
