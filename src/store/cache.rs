@@ -686,7 +686,7 @@ mod tests {
     use crate::store::memory::MemoryStore;
     use crate::store::record::{StoredResponse, StoredValue};
     use crate::store::slot::Slot;
-    use crate::test_util::store::{Call, Hook, Hooked, OneTarget};
+    use crate::test_util::store::{Call, Hook, Hooked, OneTarget, completes, reserves};
 
     const LEASE: Duration = Duration::from_secs(30);
     const RETENTION: Duration = Duration::from_secs(3600);
@@ -737,18 +737,9 @@ mod tests {
 
     async fn complete<St: IdempotencyStore>(store: &St, key: &StoreKey, retention: Duration) {
         let owner = claim();
-        assert_eq!(
-            store.reserve_one(key, &owner, LEASE).await.unwrap(),
-            Reservation::Acquired
-        );
+        reserves(store, key, &owner, LEASE, Reservation::Acquired).await;
         let record = Record::ack(owner.fingerprint());
-        assert_eq!(
-            store
-                .complete_one(key, &owner, &record, retention)
-                .await
-                .unwrap(),
-            Completion::Written
-        );
+        completes(store, key, &owner, &record, retention, Completion::Written).await;
     }
 
     fn replay(body: usize) -> Record {
@@ -794,13 +785,15 @@ mod tests {
             "cache hits never reach the inner store"
         );
         // Completing and releasing still go to the inner store.
-        assert_eq!(
-            store
-                .complete_one(&k, &owner, &record, RETENTION)
-                .await
-                .unwrap(),
-            Completion::AlreadyWritten
-        );
+        completes(
+            &store,
+            &k,
+            &owner,
+            &record,
+            RETENTION,
+            Completion::AlreadyWritten,
+        )
+        .await;
         assert_eq!(inner.hook.calls(), 3);
     }
 
@@ -809,10 +802,7 @@ mod tests {
         let inner = Counting::default();
         let store = CachedStore::new(inner.clone());
         let (k, owner) = (key(1), claim());
-        assert_eq!(
-            store.reserve_one(&k, &owner, LEASE).await.unwrap(),
-            Reservation::Acquired
-        );
+        reserves(&store, &k, &owner, LEASE, Reservation::Acquired).await;
         for _ in 0..3 {
             assert!(matches!(
                 told(&store, &k).await,
@@ -828,13 +818,7 @@ mod tests {
         // A completion that lost its claim caches nothing either.
         let stranger = claim();
         let record = Record::ack(stranger.fingerprint());
-        assert_eq!(
-            store
-                .complete_one(&k, &stranger, &record, RETENTION)
-                .await
-                .unwrap(),
-            Completion::Lost
-        );
+        completes(&store, &k, &stranger, &record, RETENTION, Completion::Lost).await;
         assert!(store.is_empty());
         assert!(store.renew_one(&k, &owner, LEASE).await.unwrap());
         assert!(matches!(
@@ -857,10 +841,7 @@ mod tests {
     /// A new claim on `k` acquires it (nothing is served from the cache), and lets it go.
     async fn assert_claimed_anew<St: IdempotencyStore>(store: &CachedStore<St>, k: &StoreKey) {
         let next = claim();
-        assert_eq!(
-            store.reserve_one(k, &next, LEASE).await.unwrap(),
-            Reservation::Acquired
-        );
+        reserves(store, k, &next, LEASE, Reservation::Acquired).await;
         assert!(store.release_one(k, &next).await.unwrap());
     }
 
@@ -939,10 +920,7 @@ mod tests {
         // guard on this instance would): the entry is dropped, and the answer shows the key
         // in flight.
         let other = claim();
-        assert_eq!(
-            inner.reserve_one(&k, &other, LEASE).await.unwrap(),
-            Reservation::Acquired
-        );
+        reserves(&inner, &k, &other, LEASE, Reservation::Acquired).await;
         assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
         assert!(store.renew_one(&k, &other, LEASE).await.unwrap());
         assert!(store.is_empty());
