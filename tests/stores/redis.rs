@@ -52,6 +52,25 @@ async fn store_down_fails_closed_or_open() {
     suite::fail_open_processes_without_protection(store, async || server.kill()).await;
 }
 
+/// Two instances of a layer in `namespace` on `server`, each with a client of its own (the
+/// scripts loaded): the first with its own local cache, the second with the one returned,
+/// which shows what it caches.
+pub(crate) async fn two_instances(
+    server: &RedisServer,
+    namespace: &str,
+    effects: &Effects,
+) -> (axum::Router, axum::Router, LocalCache) {
+    let store = RedisStore::new(server.connect().await);
+    store.load_scripts().await.unwrap();
+    let first = router(IdempotencyLayer::new(store).namespace(namespace), effects);
+    let cache = LocalCache::new();
+    let other = RedisStore::new(server.connect().await);
+    let layer = IdempotencyLayer::new(other)
+        .namespace(namespace)
+        .local_cache(cache.clone());
+    (first, router(layer, effects), cache)
+}
+
 /// Through the layer, a first delivery costs 2 commands, one round trip each (`SET NX GET`,
 /// then `EVALSHA`); a duplicate costs 1 (`SET NX GET`) on an instance whose local cache does
 /// not hold the record, even one that never saw the key (nothing more is sent, in the
@@ -59,19 +78,9 @@ async fn store_down_fails_closed_or_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_round_trips_per_first_delivery_one_per_duplicate() {
     let server = RedisServer::start();
-    let store = RedisStore::new(server.connect().await);
-    store.load_scripts().await.unwrap();
     let effects = Effects::default();
-    let app = router(IdempotencyLayer::new(store).namespace("cost"), &effects);
     // A second instance on the same Redis, with a cache of its own.
-    let other_cache = LocalCache::new();
-    let other_store = RedisStore::new(server.connect().await);
-    let other = router(
-        IdempotencyLayer::new(other_store)
-            .namespace("cost")
-            .local_cache(other_cache.clone()),
-        &effects,
-    );
+    let (app, other, other_cache) = two_instances(&server, "cost", &effects).await;
 
     let monitor = server.monitor();
     let (status, _, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
