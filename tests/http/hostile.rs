@@ -168,6 +168,13 @@ async fn raw_trickle(addr: std::net::SocketAddr, parts: Vec<(Vec<u8>, Duration)>
     parse(&response)
 }
 
+/// What the server at `addr` answers a request with the header `lines` and no body.
+async fn bodiless(addr: std::net::SocketAddr, lines: &[&[u8]]) -> Raw {
+    let mut lines = lines.to_vec();
+    lines.push(b"Content-Length: 0");
+    raw_exchange(addr, head(&lines)).await
+}
+
 /// A request head: `POST /hook`, `Connection: close`, the given header lines.
 fn head(lines: &[&[u8]]) -> Vec<u8> {
     let mut out = b"POST /hook HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n".to_vec();
@@ -331,14 +338,7 @@ async fn json_nested_ten_thousand_deep_is_400_not_a_stack_overflow() {
 async fn key_of_10_kib_is_400_and_a_half_megabyte_head_is_431_from_hyper() {
     let app = App::start(IdempotencyLayer::new(MemoryStore::new()).namespace("hostile")).await;
     let key = "k".repeat(10 * 1024);
-    let raw = raw_exchange(
-        app.addr,
-        head(&[
-            format!("Idempotency-Key: {key}").as_bytes(),
-            b"Content-Length: 0",
-        ]),
-    )
-    .await;
+    let raw = bodiless(app.addr, &[format!("Idempotency-Key: {key}").as_bytes()]).await;
     assert_eq!(raw.status, 400, "{}", raw.head);
     let problem = raw.problem();
     assert_eq!(problem["code"], "malformed_key");
@@ -352,14 +352,7 @@ async fn key_of_10_kib_is_400_and_a_half_megabyte_head_is_431_from_hyper() {
     // A head past hyper's buffer (about 400 KiB by default) never reaches the layer: hyper
     // answers 431 Request Header Fields Too Large itself, with an empty body.
     let key = "k".repeat(512 * 1024);
-    let raw = raw_exchange(
-        app.addr,
-        head(&[
-            format!("Idempotency-Key: {key}").as_bytes(),
-            b"Content-Length: 0",
-        ]),
-    )
-    .await;
+    let raw = bodiless(app.addr, &[format!("Idempotency-Key: {key}").as_bytes()]).await;
     assert_eq!(raw.status, 431, "{}", raw.head);
     assert_eq!(app.calls(), 0);
 }
@@ -401,15 +394,7 @@ async fn non_utf8_and_control_bytes_in_keys_are_400() {
         );
     }
     // A key sent twice is ambiguous.
-    let raw = raw_exchange(
-        app.addr,
-        head(&[
-            b"Idempotency-Key: a",
-            b"Idempotency-Key: b",
-            b"Content-Length: 0",
-        ]),
-    )
-    .await;
+    let raw = bodiless(app.addr, &[b"Idempotency-Key: a", b"Idempotency-Key: b"]).await;
     assert_eq!(raw.status, 400, "{}", raw.head);
     assert!(
         raw.problem()["detail"]
@@ -425,7 +410,7 @@ async fn non_utf8_and_control_bytes_in_keys_are_400() {
         b"Idempotency-Key: a\x7fb",
         b"Idempotency-Key: a\x00b",
     ] {
-        let raw = raw_exchange(app.addr, head(&[line, b"Content-Length: 0"])).await;
+        let raw = bodiless(app.addr, &[line]).await;
         assert_eq!(raw.status, 400, "{line:?}: {}", raw.head);
     }
 
