@@ -92,13 +92,16 @@ fn layer<St: IdempotencyStore>(
     OnceLayer::new(Idempotent::new(store).namespace(namespace), key_of)
 }
 
+/// What the inner services under test answer, at once.
+type Answer = Ready<Result<Receipt, BoxError>>;
+
 /// An inner service that counts its calls, and answers its `n`-th (from 0) with
 /// `answer(n, job)`.
 fn counted(
     answer: impl Fn(usize, Job) -> Result<Receipt, BoxError> + Clone,
 ) -> (
     Arc<AtomicUsize>,
-    ServiceFn<impl FnMut(Job) -> Ready<Result<Receipt, BoxError>> + Clone>,
+    ServiceFn<impl FnMut(Job) -> Answer + Clone>,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = calls.clone();

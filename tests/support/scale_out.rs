@@ -758,7 +758,7 @@ macro_rules! deployment_tests {
         mod $module {
             use super::*;
 
-            crate::suite::store_smoke!($make);
+            $crate::suite::store_smoke!($make);
             tower_idempotency::store_contract!($make);
         }
     };
