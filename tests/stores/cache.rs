@@ -52,6 +52,7 @@ mod on_redis {
     use super::suite::app::Effects;
     use super::suite::{post, send};
     use super::*;
+    use crate::redis::{first_then_cached, two_instances};
 
     /// Waits until `store` caches `n` records (a record read from Redis comes with how long it
     /// has left, and is cached at once; this only waits for what runs in the background).
@@ -284,18 +285,10 @@ mod on_redis {
         let server = RedisServer::start();
         let effects = Effects::default();
         // The layer's own cache (one per layer unless shared): `b_cache` shows what B cached.
-        let (a, b, b_cache) = crate::redis::two_instances(&server, "layer", &effects).await;
+        let (a, b, b_cache) = two_instances(&server, "layer", &effects).await;
 
-        let monitor = server.monitor();
-        let (status, _, _) = send(&a, post("/effect", Some("k1"), "{}")).await;
-        assert_eq!(status, StatusCode::CREATED);
-        assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
-
-        let monitor = server.monitor();
-        let (status, headers, _) = send(&a, post("/effect", Some("k1"), "{}")).await;
-        assert_eq!(status, StatusCode::OK);
+        let headers = first_then_cached(&server, &a).await;
         assert_eq!(headers["idempotent-replayed"], "true");
-        assert_eq!(monitor.finish(), Vec::<String>::new());
 
         // B: one command (`SET`), then nothing.
         for expected in [vec!["SET"], vec![]] {
