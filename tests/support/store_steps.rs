@@ -6,12 +6,15 @@ use std::time::Duration;
 
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use tower_idempotency::store::Completion;
 use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey};
+use tower_idempotency::store::{Claim, Reservation, StoreKey};
 use tower_idempotency::test_util::store::OneTarget;
 pub use tower_idempotency::test_util::store::reserves;
 
 /// A duplicate of `key` (another claim of the request `record` answered) is answered `record`.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub async fn replays<St: IdempotencyStore>(
     store: &St,
     key: &StoreKey,
@@ -50,6 +53,7 @@ pub async fn records<St: IdempotencyStore>(
 /// Once `first` completed `key` with `record`: `dup` is answered the record (the key is not
 /// claimed again), `first` no longer releases it, and `first` completing it again (a retry
 /// whose first attempt landed) is told so, the record staying as it was.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub async fn completed_by<St: IdempotencyStore>(
     store: &St,
     key: &StoreKey,
@@ -100,6 +104,7 @@ pub async fn held_by<St: IdempotencyStore>(
 
 /// `old` claims `key` for `expiring` (short), and the claim expires: `new` claims the key,
 /// `old` neither completes nor releases it, and another claim sees `new`'s in flight.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub async fn expired_claim_taken_over<St: IdempotencyStore>(
     store: &St,
     key: &StoreKey,
@@ -122,6 +127,7 @@ pub async fn expired_claim_taken_over<St: IdempotencyStore>(
 
 /// `first` claims `key` and records it for `retention` (short): a duplicate is answered the
 /// record until it expires, then claims the key anew.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub async fn record_expires<St: IdempotencyStore>(
     store: &St,
     key: &StoreKey,
