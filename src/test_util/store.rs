@@ -708,13 +708,7 @@ macro_rules! store_contract {
     (@tests $module:ident $make:expr; $($name:ident),* $(,)?) => {
         mod $module {
             use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let (store, _guard) = $make.await;
-                    $crate::test_util::store::$name(store).await;
-                }
-            )*
+            $crate::suite_cases!($crate::test_util::store; $make; $($name),*);
         }
     };
 }

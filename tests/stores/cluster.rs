@@ -10,7 +10,6 @@
 use crate::redis_cluster;
 use crate::scale_out;
 use crate::store_steps::claim_and_record;
-use crate::suite;
 use tower_idempotency::test_util::store::{self as contract, OneTarget};
 
 use std::collections::BTreeMap;

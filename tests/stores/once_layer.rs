@@ -31,13 +31,7 @@ macro_rules! once_layer_suite {
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                let (store, _guard) = $make.await;
-                super::$name(store).await;
-            }
-        )*
+        tower_idempotency::suite_cases!(crate::once_layer; $make; $($name),*);
     };
 }
 

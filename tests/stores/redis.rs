@@ -3,7 +3,6 @@
 //! in commands (`MONITOR`) and in round trips (through `support/redis_proxy.rs`).
 #![cfg(feature = "redis")]
 
-use crate::once;
 use crate::redis_proxy;
 use crate::redis_server;
 use crate::suite;

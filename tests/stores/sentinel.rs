@@ -10,7 +10,6 @@
 
 use crate::redis_sentinel;
 use crate::scale_out;
-use crate::suite;
 use tower_idempotency::test_util::store::OneTarget;
 
 use std::error::Error as _;

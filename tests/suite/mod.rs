@@ -832,27 +832,15 @@ macro_rules! store_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
                 let (store, _guard) = $make.await;
-                suite::verify::$name(store).await;
+                $crate::suite::verify::$name(store).await;
             }
         )*
     };
     (@tests_in $module:ident $make:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                let (store, _guard) = $make.await;
-                suite::$module::$name(store).await;
-            }
-        )*
+        tower_idempotency::suite_cases!($crate::suite::$module; $make; $($name),*);
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                let (store, _guard) = $make.await;
-                suite::$name(store).await;
-            }
-        )*
+        tower_idempotency::suite_cases!($crate::suite; $make; $($name),*);
     };
 }
 
