@@ -14,9 +14,8 @@ use suite::app::{Effects, router};
 use suite::{post, send};
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey, Target};
-use tower_idempotency::test_util::store::OneTarget;
+use tower_idempotency::store::{Claim, StoreKey};
+use tower_idempotency::test_util::store::{Hooked, OneTarget};
 use tower_idempotency::{FailureMode, IdempotencyLayer, MemoryStore, Outcome, OutcomeEvent};
 
 const SECRET_KEY: &str = "whsec-delivery-7Hq2";
@@ -280,39 +279,7 @@ async fn every_outcome_is_traced_and_counted_without_secrets() {
 
 /// The memory store behind a wall: a store that, like any store talking to a server, does not
 /// answer in process.
-#[derive(Clone)]
-struct Remote(MemoryStore);
-
-impl IdempotencyStore for Remote {
-    async fn reserve(
-        &self,
-        targets: &[Target],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<Vec<Reservation>, StoreError> {
-        self.0.reserve(targets, claim, lease).await
-    }
-    async fn complete(
-        &self,
-        targets: &[Target],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> Result<Vec<Completion>, StoreError> {
-        self.0.complete(targets, claim, record, retention).await
-    }
-    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
-        self.0.release(targets, claim).await
-    }
-    async fn renew(
-        &self,
-        targets: &[Target],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.0.renew(targets, claim, lease).await
-    }
-}
+type Remote = Hooked<MemoryStore>;
 
 /// A store that talks to a server has its calls timed; the memory store, which answers in
 /// process, has not (a sample would cost more than the call), while the handler is timed on
@@ -320,7 +287,7 @@ impl IdempotencyStore for Remote {
 #[tokio::test(flavor = "current_thread")]
 async fn store_calls_are_timed_unless_the_store_answers_in_process() {
     assert!(MemoryStore::new().in_process());
-    assert!(!Remote(MemoryStore::new()).in_process());
+    assert!(!Remote::default().in_process());
     // Every callsite enabled on this thread too (tests run in parallel, and a callsite's
     // interest is cached for every thread).
     let subscriber = tracing_subscriber::fmt()
@@ -336,7 +303,7 @@ async fn store_calls_are_timed_unless_the_store_answers_in_process() {
         &effects,
     );
     let remote = router(
-        IdempotencyLayer::new(Remote(MemoryStore::new())).namespace("remote"),
+        IdempotencyLayer::new(Remote::default()).namespace("remote"),
         &effects,
     );
     for app in [&local, &remote] {

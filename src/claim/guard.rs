@@ -855,58 +855,27 @@ mod tests {
     use std::time::Duration;
 
     use super::layer_timeout;
-    use crate::store::record::Record;
-    use crate::store::{
-        CachedStore, Claim, Completion, LocalCache, Reservation, StoreError, Target,
-    };
-    use crate::{IdempotencyStore, MemoryStore};
+    use crate::MemoryStore;
+    use crate::store::{CachedStore, LocalCache};
+    use crate::test_util::store::{Hook, Hooked};
 
-    /// A memory store that reports a client command timeout (`.1`).
+    /// A store that reports a client command timeout (`.0`).
     #[derive(Clone)]
-    struct Timed(MemoryStore, Option<Duration>);
+    struct Timed(Option<Duration>);
 
-    impl IdempotencyStore for Timed {
+    impl Hook for Timed {
         fn command_timeout(&self) -> Option<Duration> {
-            self.1
-        }
-
-        async fn reserve(
-            &self,
-            targets: &[Target],
-            claim: &Claim,
-            lease: Duration,
-        ) -> Result<Vec<Reservation>, StoreError> {
-            self.0.reserve(targets, claim, lease).await
-        }
-
-        async fn complete(
-            &self,
-            targets: &[Target],
-            claim: &Claim,
-            record: &Record,
-            retention: Duration,
-        ) -> Result<Vec<Completion>, StoreError> {
-            self.0.complete(targets, claim, record, retention).await
-        }
-
-        async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
-            self.0.release(targets, claim).await
-        }
-
-        async fn renew(
-            &self,
-            targets: &[Target],
-            claim: &Claim,
-            lease: Duration,
-        ) -> Result<bool, StoreError> {
-            self.0.renew(targets, claim, lease).await
+            self.0
         }
     }
 
     #[test]
     fn the_layer_times_a_call_unless_the_client_does_so_no_later() {
         let ms = Duration::from_millis;
-        let store = |own| Timed(MemoryStore::new(), own);
+        let store = |own| Hooked {
+            store: MemoryStore::new(),
+            hook: Timed(own),
+        };
         assert_eq!(layer_timeout(&store(Some(ms(2000))), ms(2000)), None);
         assert_eq!(layer_timeout(&store(Some(ms(500))), ms(2000)), None);
         assert_eq!(

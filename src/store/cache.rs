@@ -686,65 +686,33 @@ mod tests {
     use crate::store::memory::MemoryStore;
     use crate::store::record::{StoredResponse, StoredValue};
     use crate::store::slot::Slot;
-    use crate::test_util::store::OneTarget;
+    use crate::test_util::store::{Call, Hook, Hooked, OneTarget, completes, reserves};
 
     const LEASE: Duration = Duration::from_secs(30);
     const RETENTION: Duration = Duration::from_secs(3600);
 
     /// A memory store that counts the calls made to it, and the keys of the last reserve.
+    type Counting = Hooked<MemoryStore, Counts>;
+
     #[derive(Clone, Default)]
-    struct Counting {
-        store: MemoryStore,
+    struct Counts {
         calls: Arc<AtomicUsize>,
         last_batch: Arc<Mutex<Vec<StoreKey>>>,
     }
 
-    impl Counting {
+    impl Counts {
         fn calls(&self) -> usize {
             self.calls.load(Ordering::SeqCst)
         }
-
-        fn count(&self) {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-        }
     }
 
-    impl IdempotencyStore for Counting {
-        async fn reserve(
-            &self,
-            targets: &[Target],
-            claim: &Claim,
-            lease: Duration,
-        ) -> Result<Vec<Reservation>, StoreError> {
-            self.count();
-            *self.last_batch.lock().unwrap() = targets.iter().map(|t| t.key.clone()).collect();
-            self.store.reserve(targets, claim, lease).await
-        }
-
-        async fn complete(
-            &self,
-            targets: &[Target],
-            claim: &Claim,
-            record: &Record,
-            retention: Duration,
-        ) -> Result<Vec<Completion>, StoreError> {
-            self.count();
-            self.store.complete(targets, claim, record, retention).await
-        }
-
-        async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
-            self.count();
-            self.store.release(targets, claim).await
-        }
-
-        async fn renew(
-            &self,
-            targets: &[Target],
-            claim: &Claim,
-            lease: Duration,
-        ) -> Result<bool, StoreError> {
-            self.count();
-            self.store.renew(targets, claim, lease).await
+    impl Hook for Counts {
+        async fn before(&self, call: Call, targets: &[Target]) -> Result<(), StoreError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if call == Call::Reserve {
+                *self.last_batch.lock().unwrap() = targets.iter().map(|t| t.key.clone()).collect();
+            }
+            Ok(())
         }
     }
 
@@ -769,18 +737,9 @@ mod tests {
 
     async fn complete<St: IdempotencyStore>(store: &St, key: &StoreKey, retention: Duration) {
         let owner = claim();
-        assert_eq!(
-            store.reserve_one(key, &owner, LEASE).await.unwrap(),
-            Reservation::Acquired
-        );
+        reserves(store, key, &owner, LEASE, Reservation::Acquired).await;
         let record = Record::ack(owner.fingerprint());
-        assert_eq!(
-            store
-                .complete_one(key, &owner, &record, retention)
-                .await
-                .unwrap(),
-            Completion::Written
-        );
+        completes(store, key, &owner, &record, retention, Completion::Written).await;
     }
 
     fn replay(body: usize) -> Record {
@@ -809,7 +768,7 @@ mod tests {
             .complete_one(&k, &owner, &record, RETENTION)
             .await
             .unwrap();
-        assert_eq!(inner.calls(), 2);
+        assert_eq!(inner.hook.calls(), 2);
         for _ in 0..3 {
             match told(&store, &k).await {
                 // The record as the inner store holds it: owned by the claim that wrote it.
@@ -820,16 +779,22 @@ mod tests {
                 other => panic!("expected a completed record, got {other:?}"),
             }
         }
-        assert_eq!(inner.calls(), 2, "cache hits never reach the inner store");
-        // Completing and releasing still go to the inner store.
         assert_eq!(
-            store
-                .complete_one(&k, &owner, &record, RETENTION)
-                .await
-                .unwrap(),
-            Completion::AlreadyWritten
+            inner.hook.calls(),
+            2,
+            "cache hits never reach the inner store"
         );
-        assert_eq!(inner.calls(), 3);
+        // Completing and releasing still go to the inner store.
+        completes(
+            &store,
+            &k,
+            &owner,
+            &record,
+            RETENTION,
+            Completion::AlreadyWritten,
+        )
+        .await;
+        assert_eq!(inner.hook.calls(), 3);
     }
 
     #[tokio::test]
@@ -837,10 +802,7 @@ mod tests {
         let inner = Counting::default();
         let store = CachedStore::new(inner.clone());
         let (k, owner) = (key(1), claim());
-        assert_eq!(
-            store.reserve_one(&k, &owner, LEASE).await.unwrap(),
-            Reservation::Acquired
-        );
+        reserves(&store, &k, &owner, LEASE, Reservation::Acquired).await;
         for _ in 0..3 {
             assert!(matches!(
                 told(&store, &k).await,
@@ -849,20 +811,14 @@ mod tests {
         }
         assert!(store.is_empty());
         assert_eq!(
-            inner.calls(),
+            inner.hook.calls(),
             4,
             "every reserve of an in-flight key asks the store"
         );
         // A completion that lost its claim caches nothing either.
         let stranger = claim();
         let record = Record::ack(stranger.fingerprint());
-        assert_eq!(
-            store
-                .complete_one(&k, &stranger, &record, RETENTION)
-                .await
-                .unwrap(),
-            Completion::Lost
-        );
+        completes(&store, &k, &stranger, &record, RETENTION, Completion::Lost).await;
         assert!(store.is_empty());
         assert!(store.renew_one(&k, &owner, LEASE).await.unwrap());
         assert!(matches!(
@@ -885,10 +841,7 @@ mod tests {
     /// A new claim on `k` acquires it (nothing is served from the cache), and lets it go.
     async fn assert_claimed_anew<St: IdempotencyStore>(store: &CachedStore<St>, k: &StoreKey) {
         let next = claim();
-        assert_eq!(
-            store.reserve_one(k, &next, LEASE).await.unwrap(),
-            Reservation::Acquired
-        );
+        reserves(store, k, &next, LEASE, Reservation::Acquired).await;
         assert!(store.release_one(k, &next).await.unwrap());
     }
 
@@ -907,18 +860,14 @@ mod tests {
         assert_claimed_anew(&store, &k).await;
     }
 
-    /// A store that does not say how long it keeps the records it returns (as Redis).
-    #[derive(Clone, Default)]
-    struct Untold(MemoryStore);
+    /// A memory store that does not say how long it keeps the records it returns (as Redis).
+    type Untold = Hooked<MemoryStore, Untelling>;
 
-    impl IdempotencyStore for Untold {
-        async fn reserve(
-            &self,
-            targets: &[Target],
-            claim: &Claim,
-            lease: Duration,
-        ) -> Result<Vec<Reservation>, StoreError> {
-            let answers = self.0.reserve(targets, claim, lease).await?;
+    #[derive(Clone, Default)]
+    struct Untelling;
+
+    impl Hook for Untelling {
+        fn reserved(&self, answers: Vec<Reservation>) -> Result<Vec<Reservation>, StoreError> {
             let untold = |answer| match answer {
                 Reservation::Completed(record) => match StoredValue::decode(&record.encode())? {
                     StoredValue::Completed(untold) => Ok(Reservation::Completed(untold)),
@@ -928,29 +877,6 @@ mod tests {
             };
             answers.into_iter().map(untold).collect()
         }
-
-        async fn complete(
-            &self,
-            targets: &[Target],
-            claim: &Claim,
-            record: &Record,
-            retention: Duration,
-        ) -> Result<Vec<Completion>, StoreError> {
-            self.0.complete(targets, claim, record, retention).await
-        }
-
-        async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
-            self.0.release(targets, claim).await
-        }
-
-        async fn renew(
-            &self,
-            targets: &[Target],
-            claim: &Claim,
-            lease: Duration,
-        ) -> Result<bool, StoreError> {
-            self.0.renew(targets, claim, lease).await
-        }
     }
 
     #[tokio::test]
@@ -959,7 +885,7 @@ mod tests {
         // Read at once, well within the retention (500 ms); cached for read_ttl (2 s).
         let store = CachedStore::new(inner.clone()).read_ttl(Duration::from_secs(2));
         let k = key(1);
-        complete(&inner.0, &k, Duration::from_millis(500)).await;
+        complete(&inner.store, &k, Duration::from_millis(500)).await;
         let Reservation::Completed(read) = told(&store, &k).await else {
             panic!("completed");
         };
@@ -994,10 +920,7 @@ mod tests {
         // guard on this instance would): the entry is dropped, and the answer shows the key
         // in flight.
         let other = claim();
-        assert_eq!(
-            inner.reserve_one(&k, &other, LEASE).await.unwrap(),
-            Reservation::Acquired
-        );
+        reserves(&inner, &k, &other, LEASE, Reservation::Acquired).await;
         assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
         assert!(store.renew_one(&k, &other, LEASE).await.unwrap());
         assert!(store.is_empty());
@@ -1015,10 +938,10 @@ mod tests {
         complete(&inner.store, &k, RETENTION).await;
         assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
         assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
-        assert_eq!(inner.calls(), 1, "the second duplicate is a cache hit");
+        assert_eq!(inner.hook.calls(), 1, "the second duplicate is a cache hit");
         tokio::time::sleep(Duration::from_millis(1100)).await;
         assert!(matches!(told(&store, &k).await, Reservation::Completed(_)));
-        assert_eq!(inner.calls(), 2, "expired: asked the store again");
+        assert_eq!(inner.hook.calls(), 2, "expired: asked the store again");
 
         // A zero read TTL caches only what this instance wrote.
         let store = CachedStore::new(inner.clone()).read_ttl(Duration::ZERO);
@@ -1039,11 +962,11 @@ mod tests {
         let long = key(2);
         complete(&store, &long, RETENTION).await;
         assert_eq!(store.len(), 2);
-        let calls = inner.calls();
+        let calls = inner.hook.calls();
         for k in [&short, &long] {
             assert!(matches!(told(&store, k).await, Reservation::Completed(_)));
         }
-        assert_eq!(inner.calls(), calls);
+        assert_eq!(inner.hook.calls(), calls);
 
         // Past the short retention (500 ms), 1.3 s before max_ttl (2 s).
         tokio::time::sleep(Duration::from_millis(700)).await;
@@ -1056,14 +979,18 @@ mod tests {
             told(&store, &long).await,
             Reservation::Completed(_)
         ));
-        assert_eq!(inner.calls(), calls + 1);
+        assert_eq!(inner.hook.calls(), calls + 1);
         // 2.1 s at least after the completion: past max_ttl.
         tokio::time::sleep(Duration::from_millis(1400)).await;
         assert!(matches!(
             told(&store, &long).await,
             Reservation::Completed(_)
         ));
-        assert_eq!(inner.calls(), calls + 2, "past max_ttl: asked the store");
+        assert_eq!(
+            inner.hook.calls(),
+            calls + 2,
+            "past max_ttl: asked the store"
+        );
     }
 
     #[tokio::test]
@@ -1076,18 +1003,18 @@ mod tests {
         }
         assert_eq!(store.len(), 4);
         assert_eq!(store.bytes(), 4 * LocalCache::ENTRY_BYTES);
-        let calls = inner.calls();
+        let calls = inner.hook.calls();
         for i in 6..10 {
             store.reserve_one(&key(i), &claim(), LEASE).await.unwrap();
         }
-        assert_eq!(inner.calls(), calls, "the newest four are cached");
+        assert_eq!(inner.hook.calls(), calls, "the newest four are cached");
         for i in 0..6 {
             assert!(matches!(
                 told(&store, &key(i)).await,
                 Reservation::Completed(_)
             ));
         }
-        assert_eq!(inner.calls(), calls + 6, "the oldest six were evicted");
+        assert_eq!(inner.hook.calls(), calls + 6, "the oldest six were evicted");
 
         // Sharded: the bound holds across shards.
         let store = CachedStore::new(MemoryStore::new()).max_entries(1_000);
@@ -1138,7 +1065,7 @@ mod tests {
         complete(&store, &key(1), RETENTION).await;
         assert!(store.is_empty());
         store.reserve_one(&key(1), &claim(), LEASE).await.unwrap();
-        assert_eq!(inner.calls(), 3);
+        assert_eq!(inner.hook.calls(), 3);
     }
 
     #[tokio::test]
@@ -1150,7 +1077,7 @@ mod tests {
         complete(&store, &done_c, RETENTION).await;
         let holder = claim();
         store.reserve_one(&busy_d, &holder, LEASE).await.unwrap();
-        let calls = inner.calls();
+        let calls = inner.hook.calls();
 
         let batch = [
             done_a.clone(),
@@ -1175,9 +1102,9 @@ mod tests {
             "{answers:?}"
         );
         assert_eq!(answers[4], Reservation::Acquired);
-        assert_eq!(inner.calls(), calls + 1, "one call for the misses");
+        assert_eq!(inner.hook.calls(), calls + 1, "one call for the misses");
         assert_eq!(
-            *inner.last_batch.lock().unwrap(),
+            *inner.hook.last_batch.lock().unwrap(),
             [new_b.clone(), busy_d.clone(), new_e.clone()]
         );
 
@@ -1192,7 +1119,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(done, [Completion::Written, Completion::Written]);
-        let calls = inner.calls();
+        let calls = inner.hook.calls();
         let answers = store
             .reserve(&keys_of(&[new_e.clone(), done_a, new_b]), &claim(), LEASE)
             .await
@@ -1202,7 +1129,7 @@ mod tests {
                 .iter()
                 .all(|a| matches!(a, Reservation::Completed(_)))
         );
-        assert_eq!(inner.calls(), calls);
+        assert_eq!(inner.hook.calls(), calls);
 
         // Records read in a batch are cached.
         store.clear();

@@ -575,7 +575,7 @@ mod tests {
     use super::*;
     use crate::order::Position;
     use crate::store::ObjectKey;
-    use crate::test_util::store::OneTarget;
+    use crate::test_util::store::{OneTarget, completes, reserves};
 
     fn claim() -> Claim {
         Claim::new(Fingerprint::of_bytes(b"body"))
@@ -607,13 +607,7 @@ mod tests {
         let (lease, retention) = (Duration::from_millis(100), Duration::from_secs(1));
         store.reserve_one(&k, &first, lease).await.unwrap();
         let record = Record::ack(first.fingerprint());
-        assert_eq!(
-            store
-                .complete_one(&k, &first, &record, retention)
-                .await
-                .unwrap(),
-            Completion::Written
-        );
+        completes(&store, &k, &first, &record, retention, Completion::Written).await;
         // Past the lease (by 200 ms at least), well within the retention (700 ms to spare).
         tokio::time::sleep(Duration::from_millis(300)).await;
         // The lease's expiry item is due, but the entry was set again: it stays.
@@ -673,10 +667,7 @@ mod tests {
         }
         assert!(store.effective_retention().unwrap() >= Duration::from_millis(5));
         // Full: a new key evicts the oldest record (key 0), then the next one (key 1).
-        assert_eq!(
-            store.reserve_one(&key(2), &claim(), lease).await.unwrap(),
-            Reservation::Acquired
-        );
+        reserves(&store, &key(2), &claim(), lease, Reservation::Acquired).await;
         assert_eq!(store.evictions(), 1);
         assert_eq!(
             store.reserve_one(&key(0), &claim(), lease).await.unwrap(),
@@ -758,46 +749,27 @@ mod tests {
             Claim::with_token(token(2), Fingerprint::NONE),
         );
         let (k, lease) = (key(1), Duration::from_secs(60));
-        assert_eq!(
-            store.reserve_one(&k, &first, lease).await.unwrap(),
-            Reservation::Acquired
-        );
+        reserves(&store, &k, &first, lease, Reservation::Acquired).await;
         assert!(matches!(
             store.reserve_one(&k, &second, lease).await.unwrap(),
             Reservation::InFlight { .. }
         ));
         assert!(!store.release_one(&k, &second).await.unwrap());
         let record = Record::ack(Fingerprint::NONE);
-        assert_eq!(
-            store
-                .complete_one(&k, &second, &record, lease)
-                .await
-                .unwrap(),
-            Completion::Lost
-        );
-        assert_eq!(
-            store
-                .complete_one(&k, &first, &record, lease)
-                .await
-                .unwrap(),
-            Completion::Written
-        );
+        completes(&store, &k, &second, &record, lease, Completion::Lost).await;
+        completes(&store, &k, &first, &record, lease, Completion::Written).await;
         // A retried completion recognises its own record (by the first 3 bytes of its random
         // token); another claim's is still lost.
-        assert_eq!(
-            store
-                .complete_one(&k, &first, &record, lease)
-                .await
-                .unwrap(),
-            Completion::AlreadyWritten
-        );
-        assert_eq!(
-            store
-                .complete_one(&k, &claim(), &record, lease)
-                .await
-                .unwrap(),
-            Completion::Lost
-        );
+        completes(
+            &store,
+            &k,
+            &first,
+            &record,
+            lease,
+            Completion::AlreadyWritten,
+        )
+        .await;
+        completes(&store, &k, &claim(), &record, lease, Completion::Lost).await;
     }
 
     #[tokio::test]
@@ -822,10 +794,7 @@ mod tests {
         // Without renewal it expires within one lease.
         tokio::time::sleep(lease + Duration::from_millis(200)).await;
         assert!(!store.renew_one(&k, &owner, lease).await.unwrap());
-        assert_eq!(
-            store.reserve_one(&k, &other, lease).await.unwrap(),
-            Reservation::Acquired
-        );
+        reserves(&store, &k, &other, lease, Reservation::Acquired).await;
     }
 
     /// An object's lease that did not fit is not left behind by the event it was for, and a

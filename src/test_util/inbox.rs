@@ -1314,13 +1314,7 @@ macro_rules! inbox_contract {
     (@tests $make:expr; $($name:ident),* $(,)?) => {
         mod inbox_contract_tests {
             use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let (store, _guard) = $make.await;
-                    $crate::test_util::inbox::$name(store).await;
-                }
-            )*
+            $crate::suite_cases!($crate::test_util::inbox; $make; $($name),*);
         }
     };
 }

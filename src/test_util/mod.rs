@@ -35,3 +35,21 @@ pub mod inbox;
 pub mod inbox_admin;
 #[doc(hidden)]
 pub mod store;
+
+/// One `#[tokio::test]` per case named, each running `$suite::<case>` on the store of a fresh
+/// `(store, guard)` made by `$make` (on a multi-threaded runtime with two workers): what every
+/// contract macro writes, and the crate's own test suites with it.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! suite_cases {
+    ($suite:path; $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                use $suite as cases;
+                let (store, _guard) = $make.await;
+                cases::$name(store).await;
+            }
+        )*
+    };
+}

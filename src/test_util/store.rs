@@ -40,6 +40,17 @@ fn claim() -> Claim {
     Claim::new(Fingerprint::of_bytes(b"payload"))
 }
 
+/// [`completes`] with the contract's retention.
+async fn recorded<St: IdempotencyStore>(
+    store: &St,
+    key: &StoreKey,
+    claim: &Claim,
+    record: &Record,
+    expected: Completion,
+) {
+    completes(store, key, claim, record, RETENTION, expected).await;
+}
+
 fn ack(claim: &Claim) -> Record {
     Record::ack(claim.fingerprint()).owned_by(claim.token())
 }
@@ -112,33 +123,162 @@ pub trait OneTarget: IdempotencyStore {
 
 impl<St: IdempotencyStore> OneTarget for St {}
 
+/// Asserts that `claim`'s reserve of `key` alone, for `lease`, answers `expected`.
+pub async fn reserves<St: IdempotencyStore>(
+    store: &St,
+    key: &StoreKey,
+    claim: &Claim,
+    lease: Duration,
+    expected: Reservation,
+) {
+    let answer = store.reserve_one(key, claim, lease).await.unwrap();
+    assert_eq!(answer, expected, "{key:?}");
+}
+
+/// Asserts that `claim`'s completion of `key` alone with `record`, kept for `retention`,
+/// answers `expected`.
+pub async fn completes<St: IdempotencyStore>(
+    store: &St,
+    key: &StoreKey,
+    claim: &Claim,
+    record: &Record,
+    retention: Duration,
+    expected: Completion,
+) {
+    let answer = store
+        .complete_one(key, claim, record, retention)
+        .await
+        .unwrap();
+    assert_eq!(answer, expected, "{key:?}");
+}
+
+/// The four calls of an [`IdempotencyStore`], as a [`Hook`] is told them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// [`reserve`](IdempotencyStore::reserve).
+    Reserve,
+    /// [`complete`](IdempotencyStore::complete).
+    Complete,
+    /// [`release`](IdempotencyStore::release).
+    Release,
+    /// [`renew`](IdempotencyStore::renew).
+    Renew,
+}
+
+/// What a [`Hooked`] store does around each call it forwards; each method does nothing by
+/// default, so a test writes only the one it changes.
+pub trait Hook: Clone + Send + Sync + 'static {
+    /// Runs before `call` of `targets` is forwarded: an error is the call's answer, and the
+    /// call never reaches the store.
+    fn before(
+        &self,
+        call: Call,
+        targets: &[Target],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (call, targets);
+        std::future::ready(Ok(()))
+    }
+
+    /// Runs once the store has answered `call`, before the answer is returned.
+    fn after(&self, call: Call) -> impl Future<Output = ()> + Send {
+        let _ = call;
+        std::future::ready(())
+    }
+
+    /// What the store's answers to a reserve become.
+    fn reserved(&self, answers: Vec<Reservation>) -> Result<Vec<Reservation>, StoreError> {
+        Ok(answers)
+    }
+
+    /// The hooked store's [`command_timeout`](IdempotencyStore::command_timeout).
+    fn command_timeout(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// No hook: the calls are forwarded as they are.
+impl Hook for () {}
+
+/// A store that forwards every call to `store` through `hook`: a working store with one
+/// behaviour changed (slow, failing, counted, answering otherwise), for tests. It does not
+/// answer in process, whatever `store` does, as a store behind a network.
+#[derive(Clone, Debug, Default)]
+pub struct Hooked<St, H = ()> {
+    /// The store every call is forwarded to.
+    pub store: St,
+    /// What runs around each call.
+    pub hook: H,
+}
+
+impl<St: IdempotencyStore, H: Hook> IdempotencyStore for Hooked<St, H> {
+    async fn reserve(
+        &self,
+        targets: &[Target],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        self.hook.before(Call::Reserve, targets).await?;
+        let answers = self.store.reserve(targets, claim, lease).await;
+        self.hook.after(Call::Reserve).await;
+        self.hook.reserved(answers?)
+    }
+
+    async fn complete(
+        &self,
+        targets: &[Target],
+        claim: &Claim,
+        record: &Record,
+        retention: Duration,
+    ) -> Result<Vec<Completion>, StoreError> {
+        self.hook.before(Call::Complete, targets).await?;
+        let answers = self.store.complete(targets, claim, record, retention).await;
+        self.hook.after(Call::Complete).await;
+        answers
+    }
+
+    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
+        self.hook.before(Call::Release, targets).await?;
+        let released = self.store.release(targets, claim).await;
+        self.hook.after(Call::Release).await;
+        released
+    }
+
+    async fn renew(
+        &self,
+        targets: &[Target],
+        claim: &Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        self.hook.before(Call::Renew, targets).await?;
+        let renewed = self.store.renew(targets, claim, lease).await;
+        self.hook.after(Call::Renew).await;
+        renewed
+    }
+
+    fn command_timeout(&self) -> Option<Duration> {
+        self.hook.command_timeout()
+    }
+}
+
 /// absent → in flight → completed; a second claim sees each state.
 pub async fn reserve_complete_then_duplicate<St: IdempotencyStore>(store: St) {
     let key = fresh_key("transitions");
     let (first, second) = (claim(), claim());
-    assert_eq!(
-        store.reserve_one(&key, &first, LONG).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &key, &first, LONG, Reservation::Acquired).await;
     // The same claim again (a retried reserve): still ours.
-    assert_eq!(
-        store.reserve_one(&key, &first, LONG).await.unwrap(),
-        Reservation::Acquired
-    );
-    assert_eq!(
-        store.reserve_one(&key, &second, LONG).await.unwrap(),
+    reserves(&store, &key, &first, LONG, Reservation::Acquired).await;
+    reserves(
+        &store,
+        &key,
+        &second,
+        LONG,
         Reservation::InFlight {
-            fingerprint: first.fingerprint()
-        }
-    );
+            fingerprint: first.fingerprint(),
+        },
+    )
+    .await;
     let record = ack(&first);
-    assert_eq!(
-        store
-            .complete_one(&key, &first, &record, RETENTION)
-            .await
-            .unwrap(),
-        Completion::Written
-    );
+    recorded(&store, &key, &first, &record, Completion::Written).await;
     match store.reserve_one(&key, &second, LONG).await.unwrap() {
         Reservation::Completed(held) => assert_eq!(held.fingerprint(), first.fingerprint()),
         other => panic!("expected a completed record, got {other:?}"),
@@ -151,41 +291,14 @@ pub async fn complete_is_safe_to_retry<St: IdempotencyStore>(store: St) {
     let owner = claim();
     store.reserve_one(&key, &owner, LONG).await.unwrap();
     let record = ack(&owner);
-    assert_eq!(
-        store
-            .complete_one(&key, &owner, &record, RETENTION)
-            .await
-            .unwrap(),
-        Completion::Written
-    );
-    assert_eq!(
-        store
-            .complete_one(&key, &owner, &record, RETENTION)
-            .await
-            .unwrap(),
-        Completion::AlreadyWritten
-    );
+    recorded(&store, &key, &owner, &record, Completion::Written).await;
+    recorded(&store, &key, &owner, &record, Completion::AlreadyWritten).await;
     let stranger = claim();
-    assert_eq!(
-        store
-            .complete_one(&key, &stranger, &ack(&stranger), RETENTION)
-            .await
-            .unwrap(),
-        Completion::Lost
-    );
+    recorded(&store, &key, &stranger, &ack(&stranger), Completion::Lost).await;
     // Completing a key nobody holds writes nothing.
     let absent = fresh_key("retry-complete-absent");
-    assert_eq!(
-        store
-            .complete_one(&absent, &owner, &record, RETENTION)
-            .await
-            .unwrap(),
-        Completion::Lost
-    );
-    assert_eq!(
-        store.reserve_one(&absent, &stranger, LONG).await.unwrap(),
-        Reservation::Acquired
-    );
+    recorded(&store, &absent, &owner, &record, Completion::Lost).await;
+    reserves(&store, &absent, &stranger, LONG, Reservation::Acquired).await;
 }
 
 /// Release and renew compare the owner token.
@@ -199,10 +312,7 @@ pub async fn release_and_renew_check_the_token<St: IdempotencyStore>(store: St) 
     assert!(store.release_one(&key, &owner).await.unwrap());
     assert!(!store.release_one(&key, &owner).await.unwrap());
     assert!(!store.renew_one(&key, &owner, LONG).await.unwrap());
-    assert_eq!(
-        store.reserve_one(&key, &stranger, LONG).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &key, &stranger, LONG, Reservation::Acquired).await;
 }
 
 /// An expired claim (its owner died) is taken over; the old owner can no longer touch it.
@@ -214,26 +324,11 @@ pub async fn expired_claim_is_taken_over<St: IdempotencyStore>(store: St) {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert_eq!(
-        store.reserve_one(&key, &next, LONG).await.unwrap(),
-        Reservation::Acquired
-    );
-    assert_eq!(
-        store
-            .complete_one(&key, &dead, &ack(&dead), RETENTION)
-            .await
-            .unwrap(),
-        Completion::Lost
-    );
+    reserves(&store, &key, &next, LONG, Reservation::Acquired).await;
+    recorded(&store, &key, &dead, &ack(&dead), Completion::Lost).await;
     assert!(!store.release_one(&key, &dead).await.unwrap());
     assert!(!store.renew_one(&key, &dead, LONG).await.unwrap());
-    assert_eq!(
-        store
-            .complete_one(&key, &next, &ack(&next), RETENTION)
-            .await
-            .unwrap(),
-        Completion::Written
-    );
+    recorded(&store, &key, &next, &ack(&next), Completion::Written).await;
 }
 
 /// Renewal keeps a claim alive past its first lease; without it the claim expires.
@@ -252,10 +347,7 @@ pub async fn renewal_keeps_the_claim<St: IdempotencyStore>(store: St) {
         Reservation::InFlight { .. }
     ));
     tokio::time::sleep(Duration::from_millis(2600)).await;
-    assert_eq!(
-        store.reserve_one(&key, &claim(), lease).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &key, &claim(), lease, Reservation::Acquired).await;
 }
 
 /// Many concurrent claims of one key: exactly one wins.
@@ -393,18 +485,9 @@ pub async fn overlapping_batches_race_exactly_once<St: IdempotencyStore>(store: 
 pub async fn a_told_expiry_is_within_the_retention<St: IdempotencyStore>(store: St) {
     let key = fresh_key("told-expiry");
     let owner = claim();
-    assert_eq!(
-        store.reserve_one(&key, &owner, LONG).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &key, &owner, LONG, Reservation::Acquired).await;
     let record = ack(&owner);
-    assert_eq!(
-        store
-            .complete_one(&key, &owner, &record, RETENTION)
-            .await
-            .unwrap(),
-        Completion::Written
-    );
+    recorded(&store, &key, &owner, &record, Completion::Written).await;
     let Reservation::Completed(read) = store.reserve_one(&key, &claim(), LONG).await.unwrap()
     else {
         panic!("the record is held");
@@ -428,6 +511,47 @@ fn fresh_object(test: &str) -> ObjectKey {
     ObjectKey::new("contract", None, fresh_key(test).as_str())
 }
 
+/// `claim`'s reserve of `event` alone, for `lease`: the answers.
+async fn reserve_event<St: IdempotencyStore>(
+    store: &St,
+    event: &Target,
+    claim: &Claim,
+    lease: Duration,
+) -> Vec<Reservation> {
+    let events = std::slice::from_ref(event);
+    store.reserve(events, claim, lease).await.unwrap()
+}
+
+/// `claim`'s completion of `event` alone with its ack record: the answers.
+async fn complete_event<St: IdempotencyStore>(
+    store: &St,
+    event: &Target,
+    claim: &Claim,
+) -> Vec<Completion> {
+    let events = std::slice::from_ref(event);
+    store
+        .complete(events, claim, &ack(claim), RETENTION)
+        .await
+        .unwrap()
+}
+
+/// `claim`'s release of `event` alone: how many were released.
+async fn release_event<St: IdempotencyStore>(store: &St, event: &Target, claim: &Claim) -> usize {
+    let events = std::slice::from_ref(event);
+    store.release(events, claim).await.unwrap()
+}
+
+/// `claim`'s renewal of `event` alone, for `lease`: whether it was still held.
+async fn renew_event<St: IdempotencyStore>(
+    store: &St,
+    event: &Target,
+    claim: &Claim,
+    lease: Duration,
+) -> bool {
+    let events = std::slice::from_ref(event);
+    store.renew(events, claim, lease).await.unwrap()
+}
+
 /// The watermark follows the highest position completed, never a lower one; an event below it
 /// is stale (claimed, so that its key can be recorded), one at it is stale only by option.
 pub async fn ordered_events_keep_the_highest_position<St: OrderedStore>(store: St) {
@@ -438,40 +562,22 @@ pub async fn ordered_events_keep_the_highest_position<St: OrderedStore>(store: S
         ordered("equal", &object, 20),
     );
     let owner = claim();
-    let answers = store
-        .reserve(std::slice::from_ref(&high), &owner, LONG)
-        .await
-        .unwrap();
+    let answers = reserve_event(&store, &high, &owner, LONG).await;
     assert_eq!(answers, [Reservation::Acquired]);
-    let done = store
-        .complete(std::slice::from_ref(&high), &owner, &ack(&owner), RETENTION)
-        .await
-        .unwrap();
+    let done = complete_event(&store, &high, &owner).await;
     assert_eq!(done, [Completion::Written]);
     // A retried completion: already written, the watermark unchanged.
-    let done = store
-        .complete(std::slice::from_ref(&high), &owner, &ack(&owner), RETENTION)
-        .await
-        .unwrap();
+    let done = complete_event(&store, &high, &owner).await;
     assert_eq!(done, [Completion::AlreadyWritten]);
 
     let late = claim();
-    let answers = store
-        .reserve(std::slice::from_ref(&low), &late, LONG)
-        .await
-        .unwrap();
+    let answers = reserve_event(&store, &low, &late, LONG).await;
     let watermark = Position::new(20);
     assert_eq!(answers, [Reservation::Stale { watermark }]);
     // Recording the stale event's key leaves the watermark where it is, and frees the object.
-    let done = store
-        .complete(std::slice::from_ref(&low), &late, &ack(&late), RETENTION)
-        .await
-        .unwrap();
+    let done = complete_event(&store, &low, &late).await;
     assert_eq!(done, [Completion::Written]);
-    let answers = store
-        .reserve(std::slice::from_ref(&low), &claim(), LONG)
-        .await
-        .unwrap();
+    let answers = reserve_event(&store, &low, &claim(), LONG).await;
     assert!(
         matches!(answers[0], Reservation::Completed(_)),
         "{answers:?}"
@@ -487,17 +593,8 @@ pub async fn ordered_events_keep_the_highest_position<St: OrderedStore>(store: S
         .await
         .unwrap();
     assert_eq!(answers, [Reservation::Stale { watermark }]);
-    assert_eq!(
-        store
-            .release(std::slice::from_ref(&equal), &strict)
-            .await
-            .unwrap(),
-        1
-    );
-    let answers = store
-        .reserve(std::slice::from_ref(&equal), &claim(), LONG)
-        .await
-        .unwrap();
+    assert_eq!(release_event(&store, &equal, &strict).await, 1);
+    let answers = reserve_event(&store, &equal, &claim(), LONG).await;
     assert_eq!(
         answers,
         [Reservation::Acquired],
@@ -512,43 +609,18 @@ pub async fn an_object_is_held_by_one_claim_at_a_time<St: IdempotencyStore>(stor
     let object = fresh_object("busy");
     let (first, second) = (ordered("first", &object, 1), ordered("second", &object, 2));
     let owner = claim();
-    let answers = store
-        .reserve(std::slice::from_ref(&first), &owner, LONG)
-        .await
-        .unwrap();
+    let answers = reserve_event(&store, &first, &owner, LONG).await;
     assert_eq!(answers, [Reservation::Acquired]);
     let other = claim();
-    let answers = store
-        .reserve(std::slice::from_ref(&second), &other, LONG)
-        .await
-        .unwrap();
+    let answers = reserve_event(&store, &second, &other, LONG).await;
     assert_eq!(answers, [Reservation::ObjectBusy]);
     // Busy: nothing was claimed for the second event.
-    assert_eq!(
-        store
-            .release(std::slice::from_ref(&second), &other)
-            .await
-            .unwrap(),
-        0
-    );
+    assert_eq!(release_event(&store, &second, &other).await, 0);
     // The owner renews both its key and the object; a stranger renews nothing.
-    assert!(
-        store
-            .renew(std::slice::from_ref(&first), &owner, LONG)
-            .await
-            .unwrap()
-    );
-    assert!(
-        !store
-            .renew(std::slice::from_ref(&first), &other, LONG)
-            .await
-            .unwrap()
-    );
+    assert!(renew_event(&store, &first, &owner, LONG).await);
+    assert!(!renew_event(&store, &first, &other, LONG).await);
     // The owner may claim another event of the same object (a batch).
-    let answers = store
-        .reserve(std::slice::from_ref(&second), &owner, LONG)
-        .await
-        .unwrap();
+    let answers = reserve_event(&store, &second, &owner, LONG).await;
     assert_eq!(answers, [Reservation::Acquired]);
     // Releasing lets the object go.
     assert_eq!(
@@ -558,10 +630,7 @@ pub async fn an_object_is_held_by_one_claim_at_a_time<St: IdempotencyStore>(stor
             .unwrap(),
         2
     );
-    let answers = store
-        .reserve(std::slice::from_ref(&second), &other, LONG)
-        .await
-        .unwrap();
+    let answers = reserve_event(&store, &second, &other, LONG).await;
     assert_eq!(answers, [Reservation::Acquired], "the object was let go");
 }
 
@@ -571,22 +640,13 @@ pub async fn an_objects_lease_expires_with_its_owner<St: IdempotencyStore>(store
     let dead = claim();
     let short = Duration::from_millis(200);
     let first = ordered("dead", &object, 1);
-    store
-        .reserve(std::slice::from_ref(&first), &dead, short)
-        .await
-        .unwrap();
+    reserve_event(&store, &first, &dead, short).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let next = ordered("next", &object, 2);
-    let answers = store
-        .reserve(std::slice::from_ref(&next), &claim(), LONG)
-        .await
-        .unwrap();
+    let answers = reserve_event(&store, &next, &claim(), LONG).await;
     assert_eq!(answers, [Reservation::Acquired]);
     // The dead owner's late completion is lost, and leaves the watermark alone.
-    let done = store
-        .complete(std::slice::from_ref(&first), &dead, &ack(&dead), RETENTION)
-        .await
-        .unwrap();
+    let done = complete_event(&store, &first, &dead).await;
     assert_eq!(done, [Completion::Lost]);
 }
 
@@ -648,13 +708,7 @@ macro_rules! store_contract {
     (@tests $module:ident $make:expr; $($name:ident),* $(,)?) => {
         mod $module {
             use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let (store, _guard) = $make.await;
-                    $crate::test_util::store::$name(store).await;
-                }
-            )*
+            $crate::suite_cases!($crate::test_util::store; $make; $($name),*);
         }
     };
 }

@@ -24,10 +24,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::key::{ExtractKey, FieldsFingerprintKey, JsonPathKey, from_body_fn};
-use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreError, StoreKey, Target};
-use tower_idempotency::test_util::store::OneTarget;
-use tower_idempotency::{IdempotencyLayer, IdempotencyStore, MemoryStore};
+use tower_idempotency::store::{Claim, Reservation, StoreError, StoreKey, Target};
+use tower_idempotency::test_util::store::{Call, Hook, Hooked, OneTarget};
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 /// One app on `127.0.0.1:0`: `POST /hook` counts its calls, and holds the request for
 /// `x-hold-ms` milliseconds when asked.
@@ -167,6 +166,13 @@ async fn raw_trickle(addr: std::net::SocketAddr, parts: Vec<(Vec<u8>, Duration)>
     read.await.expect("the server answered within 10 s");
     write.abort();
     parse(&response)
+}
+
+/// What the server at `addr` answers a request with the header `lines` and no body.
+async fn bodiless(addr: std::net::SocketAddr, lines: &[&[u8]]) -> Raw {
+    let mut lines = lines.to_vec();
+    lines.push(b"Content-Length: 0");
+    raw_exchange(addr, head(&lines)).await
 }
 
 /// A request head: `POST /hook`, `Connection: close`, the given header lines.
@@ -332,14 +338,7 @@ async fn json_nested_ten_thousand_deep_is_400_not_a_stack_overflow() {
 async fn key_of_10_kib_is_400_and_a_half_megabyte_head_is_431_from_hyper() {
     let app = App::start(IdempotencyLayer::new(MemoryStore::new()).namespace("hostile")).await;
     let key = "k".repeat(10 * 1024);
-    let raw = raw_exchange(
-        app.addr,
-        head(&[
-            format!("Idempotency-Key: {key}").as_bytes(),
-            b"Content-Length: 0",
-        ]),
-    )
-    .await;
+    let raw = bodiless(app.addr, &[format!("Idempotency-Key: {key}").as_bytes()]).await;
     assert_eq!(raw.status, 400, "{}", raw.head);
     let problem = raw.problem();
     assert_eq!(problem["code"], "malformed_key");
@@ -353,14 +352,7 @@ async fn key_of_10_kib_is_400_and_a_half_megabyte_head_is_431_from_hyper() {
     // A head past hyper's buffer (about 400 KiB by default) never reaches the layer: hyper
     // answers 431 Request Header Fields Too Large itself, with an empty body.
     let key = "k".repeat(512 * 1024);
-    let raw = raw_exchange(
-        app.addr,
-        head(&[
-            format!("Idempotency-Key: {key}").as_bytes(),
-            b"Content-Length: 0",
-        ]),
-    )
-    .await;
+    let raw = bodiless(app.addr, &[format!("Idempotency-Key: {key}").as_bytes()]).await;
     assert_eq!(raw.status, 431, "{}", raw.head);
     assert_eq!(app.calls(), 0);
 }
@@ -402,15 +394,7 @@ async fn non_utf8_and_control_bytes_in_keys_are_400() {
         );
     }
     // A key sent twice is ambiguous.
-    let raw = raw_exchange(
-        app.addr,
-        head(&[
-            b"Idempotency-Key: a",
-            b"Idempotency-Key: b",
-            b"Content-Length: 0",
-        ]),
-    )
-    .await;
+    let raw = bodiless(app.addr, &[b"Idempotency-Key: a", b"Idempotency-Key: b"]).await;
     assert_eq!(raw.status, 400, "{}", raw.head);
     assert!(
         raw.problem()["detail"]
@@ -426,7 +410,7 @@ async fn non_utf8_and_control_bytes_in_keys_are_400() {
         b"Idempotency-Key: a\x7fb",
         b"Idempotency-Key: a\x00b",
     ] {
-        let raw = raw_exchange(app.addr, head(&[line, b"Content-Length: 0"])).await;
+        let raw = bodiless(app.addr, &[line]).await;
         assert_eq!(raw.status, 400, "{line:?}: {}", raw.head);
     }
 
@@ -453,41 +437,17 @@ async fn non_utf8_and_control_bytes_in_keys_are_400() {
 
 /// A memory store whose `complete` takes 300 ms to reach the store, like a store call that
 /// must first acquire a pooled connection.
+type SlowComplete = Hooked<MemoryStore, Slow>;
+
 #[derive(Clone, Default)]
-struct SlowComplete(MemoryStore);
+struct Slow;
 
-impl IdempotencyStore for SlowComplete {
-    async fn reserve(
-        &self,
-        targets: &[Target],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<Vec<Reservation>, StoreError> {
-        self.0.reserve(targets, claim, lease).await
-    }
-
-    async fn complete(
-        &self,
-        targets: &[Target],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> Result<Vec<Completion>, StoreError> {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        self.0.complete(targets, claim, record, retention).await
-    }
-
-    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
-        self.0.release(targets, claim).await
-    }
-
-    async fn renew(
-        &self,
-        targets: &[Target],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.0.renew(targets, claim, lease).await
+impl Hook for Slow {
+    async fn before(&self, call: Call, _: &[Target]) -> Result<(), StoreError> {
+        if call == Call::Complete {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        Ok(())
     }
 }
 
@@ -527,7 +487,7 @@ async fn client_disconnect_while_recording_still_records_the_key() {
     let key = StoreKey::new("hostile", Some("/hook"), "evt_gone");
     let probe = Claim::new(Fingerprint::of_bytes(b"{}"));
     let found = store
-        .0
+        .store
         .reserve_one(&key, &probe, Duration::from_secs(1))
         .await
         .unwrap();

@@ -10,13 +10,9 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{
-    Claim, Completion, Reservation, StoreError, StoreErrorKind, Target,
-};
-use tower_idempotency::{
-    IdempotencyKey, IdempotencyLayer, IdempotencyStore, MemoryStore, RequestBody,
-};
+use tower_idempotency::store::{StoreError, StoreErrorKind, Target};
+use tower_idempotency::test_util::store::{Call, Hook, Hooked};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, RequestBody};
 use tower_test::mock;
 
 type Req = Request<RequestBody<Full<Bytes>>>;
@@ -144,12 +140,11 @@ async fn grpc_requests_get_grpc_statuses() {
     assert_eq!(response.headers()["grpc-status"], "8");
 }
 
-/// A store that answers slowly or fails on purpose, around a real `MemoryStore`: claims and
-/// completions land at once, their answers come late (a slow network on the way back), and the
-/// first completions fail (a store that went away for a moment).
+/// What makes a store answer slowly or fail on purpose, around a real `MemoryStore` (see
+/// [`flaky`]): claims and completions land at once, their answers come late (a slow network on
+/// the way back), and the first completions fail (a store that went away for a moment).
 #[derive(Clone, Default)]
 struct Flaky {
-    inner: MemoryStore,
     reserve_delay: Duration,
     complete_delay: Duration,
     /// How long a completion takes before it reaches the store (a slow network on the way
@@ -160,48 +155,34 @@ struct Flaky {
     completes: Arc<AtomicUsize>,
 }
 
-impl IdempotencyStore for Flaky {
-    async fn reserve(
-        &self,
-        targets: &[Target],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<Vec<Reservation>, StoreError> {
-        let result = self.inner.reserve(targets, claim, lease).await;
-        tokio::time::sleep(self.reserve_delay).await;
-        result
-    }
-
-    async fn complete(
-        &self,
-        targets: &[Target],
-        claim: &Claim,
-        record: &Record,
-        retention: Duration,
-    ) -> Result<Vec<Completion>, StoreError> {
-        self.completes.fetch_add(1, Ordering::SeqCst);
-        let failing = self.failing_completes.load(Ordering::SeqCst);
-        if failing > 0 {
-            self.failing_completes.store(failing - 1, Ordering::SeqCst);
-            return Err(StoreError::new(StoreErrorKind::Unavailable));
+impl Hook for Flaky {
+    async fn before(&self, call: Call, _: &[Target]) -> Result<(), StoreError> {
+        if call == Call::Complete {
+            self.completes.fetch_add(1, Ordering::SeqCst);
+            let failing = self.failing_completes.load(Ordering::SeqCst);
+            if failing > 0 {
+                self.failing_completes.store(failing - 1, Ordering::SeqCst);
+                return Err(StoreError::new(StoreErrorKind::Unavailable));
+            }
+            tokio::time::sleep(self.complete_sent_after).await;
         }
-        tokio::time::sleep(self.complete_sent_after).await;
-        let written = self.inner.complete(targets, claim, record, retention).await;
-        tokio::time::sleep(self.complete_delay).await;
-        written
+        Ok(())
     }
 
-    async fn release(&self, targets: &[Target], claim: &Claim) -> Result<usize, StoreError> {
-        self.inner.release(targets, claim).await
+    async fn after(&self, call: Call) {
+        match call {
+            Call::Reserve => tokio::time::sleep(self.reserve_delay).await,
+            Call::Complete => tokio::time::sleep(self.complete_delay).await,
+            Call::Release | Call::Renew => {}
+        }
     }
+}
 
-    async fn renew(
-        &self,
-        targets: &[Target],
-        claim: &Claim,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.renew(targets, claim, lease).await
+/// A fresh memory store behind `hook`.
+fn flaky(hook: Flaky) -> Hooked<MemoryStore, Flaky> {
+    Hooked {
+        store: MemoryStore::new(),
+        hook,
     }
 }
 
@@ -258,19 +239,19 @@ fn keyed() -> Request<Full<Bytes>> {
 /// released at once, so the retry is processed without waiting for the lease (10 s).
 #[tokio::test]
 async fn a_request_dropped_during_its_reserve_leaves_no_claim() {
-    let store = Flaky {
+    let store = flaky(Flaky {
         reserve_delay: Duration::from_millis(300),
         ..Flaky::default()
-    };
+    });
     let runs = Arc::new(AtomicUsize::new(0));
     let service = counted(IdempotencyLayer::new(store.clone()), runs.clone());
     let dropped = tokio::spawn(service.clone().oneshot(keyed()));
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(store.inner.len(), 1, "the claim landed");
+    assert_eq!(store.store.len(), 1, "the claim landed");
     dropped.abort();
     let _ = dropped.await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(store.inner.len(), 0, "the claim was released");
+    assert_eq!(store.store.len(), 0, "the claim was released");
     let response = service.oneshot(keyed()).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert!(response.headers().get("idempotent-replayed").is_none());
@@ -281,10 +262,10 @@ async fn a_request_dropped_during_its_reserve_leaves_no_claim() {
 /// duplicate that follows is acknowledged instead of running again.
 #[tokio::test]
 async fn a_failed_completion_is_retried_until_recorded() {
-    let store = Flaky {
+    let store = flaky(Flaky {
         failing_completes: Arc::new(AtomicUsize::new(2)),
         ..Flaky::default()
-    };
+    });
     let runs = Arc::new(AtomicUsize::new(0));
     let service = counted(IdempotencyLayer::new(store.clone()), runs.clone());
     let response = service.clone().oneshot(keyed()).await.unwrap();
@@ -304,7 +285,7 @@ async fn a_failed_completion_is_retried_until_recorded() {
         assert!(tokio::time::Instant::now() < deadline, "never recorded");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(store.failing_completes.load(Ordering::SeqCst), 0);
+    assert_eq!(store.hook.failing_completes.load(Ordering::SeqCst), 0);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -314,10 +295,10 @@ async fn a_failed_completion_is_retried_until_recorded() {
 #[tokio::test]
 async fn a_settlement_longer_than_the_lease_keeps_its_claim() {
     let lease = Duration::from_millis(600);
-    let store = Flaky {
+    let store = flaky(Flaky {
         complete_sent_after: 2 * lease,
         ..Flaky::default()
-    };
+    });
     let runs = Arc::new(AtomicUsize::new(0));
     let service = counted(
         IdempotencyLayer::new(store.clone()).lease(lease),
@@ -325,7 +306,7 @@ async fn a_settlement_longer_than_the_lease_keeps_its_claim() {
     );
     let first = tokio::spawn(service.clone().oneshot(keyed()));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while store.completes.load(Ordering::SeqCst) == 0 {
+    while store.hook.completes.load(Ordering::SeqCst) == 0 {
         assert!(tokio::time::Instant::now() < deadline, "never settled");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -341,12 +322,12 @@ async fn a_settlement_longer_than_the_lease_keeps_its_claim() {
 #[tokio::test]
 async fn completion_retries_past_the_lease_keep_their_claim() {
     let lease = Duration::from_millis(600);
-    let store = Flaky {
+    let store = flaky(Flaky {
         // Tries at 0, 100, 300 and 700 ms (a 100 ms pause, doubling): the last one past the
         // lease the reserve took.
         failing_completes: Arc::new(AtomicUsize::new(3)),
         ..Flaky::default()
-    };
+    });
     let runs = Arc::new(AtomicUsize::new(0));
     let layer = IdempotencyLayer::new(store.clone())
         .lease(lease)
@@ -356,7 +337,7 @@ async fn completion_retries_past_the_lease_keep_their_claim() {
     let first = tokio::spawn(service.clone().oneshot(keyed()));
     tokio::time::sleep_until(started + lease + Duration::from_millis(50)).await;
     assert!(
-        store.failing_completes.load(Ordering::SeqCst) == 0 && !first.is_finished(),
+        store.hook.failing_completes.load(Ordering::SeqCst) == 0 && !first.is_finished(),
         "still retrying its completion past the lease"
     );
     kept_until_recorded(service, first, &runs).await;
@@ -451,10 +432,10 @@ async fn a_settlement_cut_off_after_its_write_is_finished_without_a_lost_lease()
 
     let recorder = DebuggingRecorder::new();
     let _metrics = metrics::set_default_local_recorder(&recorder);
-    let store = Flaky {
+    let store = flaky(Flaky {
         complete_delay: Duration::from_millis(300),
         ..Flaky::default()
-    };
+    });
     let runs = Arc::new(AtomicUsize::new(0));
     let service = counted(IdempotencyLayer::new(store.clone()), runs.clone());
     let cut = tokio::spawn(service.clone().oneshot(keyed()));
@@ -471,7 +452,7 @@ async fn a_settlement_cut_off_after_its_write_is_finished_without_a_lost_lease()
     assert_eq!(repeat.headers()["idempotent-replayed"], "true");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(
-        store.completes.load(Ordering::SeqCst),
+        store.hook.completes.load(Ordering::SeqCst),
         2,
         "the settlement ran again"
     );

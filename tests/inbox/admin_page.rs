@@ -7,46 +7,25 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::post;
-use bytes::Bytes;
-use http::{HeaderMap, Request, StatusCode};
-use http_body_util::BodyExt;
-use tower::ServiceExt;
+use http::{HeaderMap, StatusCode};
 use tower_idempotency::inbox::{
-    AdminService, Failure, InboxAdmin, InboxEntry, InboxLayer, InboxStore, MemoryInbox,
+    AdminService, Failure, InboxAdmin, InboxLayer, InboxStore, MemoryInbox,
 };
-use tower_idempotency::store::StoreKey;
+
+use crate::admin_fixture::{self, Deliveries};
 
 const ROUTE: &str = "page-email";
 const SCOPE: &str = "/inbox/email";
 const LEASE: Duration = Duration::from_secs(30);
 const SECRET: &[u8] = b"a secret the processes share";
 
-fn key(id: &str) -> StoreKey {
-    StoreKey::new(ROUTE, Some(SCOPE), id)
-}
-
-async fn enqueue(inbox: &MemoryInbox, id: &str) {
-    let body = Bytes::from(format!("{{\"event_id\":\"{id}\",\"x\":\"<b>&\"}}"));
-    let mut entry = InboxEntry::new(key(id), body, format!("corr-{id}"));
-    (entry.route, entry.id) = (ROUTE.to_owned(), id.to_owned());
-    inbox.enqueue(entry).await.unwrap();
-}
-
-/// `ids` made dead letters, after one failed attempt each.
-async fn kill(inbox: &MemoryInbox, ids: &[&str]) {
-    for id in ids {
-        enqueue(inbox, id).await;
-    }
-    for lease in inbox.take(ids.len(), LEASE).await.unwrap() {
-        let why = Failure::Dead("upstream <timeout> & \"more\"".to_owned());
-        assert!(
-            inbox
-                .fail(&lease.entry.key, &lease.token, why)
-                .await
-                .unwrap()
-        );
-    }
-}
+/// The deliveries of the route; bodies with characters the page must escape.
+const EMAIL: Deliveries = Deliveries {
+    route: ROUTE,
+    scope: SCOPE,
+    more: ",\"x\":\"<b>&\"",
+    why: "upstream <timeout> & \"more\"",
+};
 
 /// The admin service under `/admin/inbox`, and the inbox's door at `/inbox/email`.
 fn app(inbox: &MemoryInbox, service: AdminService<MemoryInbox>) -> Router {
@@ -69,20 +48,12 @@ async fn send(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Answer {
-    let mut request = Request::builder().method(method).uri(uri);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let request = request
-        .body(axum::body::Body::from(body.to_owned()))
-        .unwrap();
-    let response = app.clone().oneshot(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let bytes = body.collect().await.unwrap().to_bytes();
+    let (status, headers, bytes) =
+        admin_fixture::send(app, method, uri, headers, body.to_owned()).await;
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     Answer {
-        status: parts.status,
-        headers: parts.headers,
+        status,
+        headers,
         text,
     }
 }
@@ -111,11 +82,9 @@ fn text_of<'a>(page: &'a str, opening: &str) -> &'a str {
 
 #[tokio::test]
 async fn the_index_shows_routes_counts_and_entries_with_their_hooks() {
-    let inbox = MemoryInbox::default();
-    kill(&inbox, &["evt_dead"]).await;
-    for id in ["evt_1", "evt_2", "evt_3"] {
-        enqueue(&inbox, id).await;
-    }
+    let inbox = EMAIL
+        .inbox(&["evt_dead"], &["evt_1", "evt_2", "evt_3"])
+        .await;
     let app = app(&inbox, AdminService::new(inbox.clone()).actions(true));
     // Two deliveries through the door: one queued, one duplicate; one without a key.
     for id in ["evt_9", "evt_9"] {
@@ -169,7 +138,10 @@ async fn the_index_shows_routes_counts_and_entries_with_their_hooks() {
         assert!(html.contains("id=\"apply-filter\""));
         assert!(html.contains("<table id=\"entries\">"));
         assert_eq!(html.matches("<tr data-key=").count(), 5);
-        let dead = format!("<tr data-key=\"{}\" data-state=\"dead\">", key("evt_dead"));
+        let dead = format!(
+            "<tr data-key=\"{}\" data-state=\"dead\">",
+            EMAIL.key("evt_dead")
+        );
         assert!(html.contains(&dead));
         assert!(html.contains("class=\"entry-link\""));
         assert!(html.contains("id=\"redrive-matching\""));
@@ -185,11 +157,9 @@ async fn the_index_shows_routes_counts_and_entries_with_their_hooks() {
 
 #[tokio::test]
 async fn the_filter_and_the_pages_list_what_matches() {
-    let inbox = MemoryInbox::default();
-    kill(&inbox, &["evt_dead_1", "evt_dead_2"]).await;
-    for id in ["evt_1", "evt_2", "evt_3"] {
-        enqueue(&inbox, id).await;
-    }
+    let inbox = EMAIL
+        .inbox(&["evt_dead_1", "evt_dead_2"], &["evt_1", "evt_2", "evt_3"])
+        .await;
     let app = app(&inbox, AdminService::new(inbox.clone()).actions(true));
     let html = page(
         &app,
@@ -217,8 +187,8 @@ async fn the_filter_and_the_pages_list_what_matches() {
 #[tokio::test]
 async fn an_entry_page_shows_its_state_and_attempts() {
     let inbox = MemoryInbox::default();
-    kill(&inbox, &["evt_dead"]).await;
-    enqueue(&inbox, "evt_retry").await;
+    EMAIL.kill(&inbox, &["evt_dead"]).await;
+    EMAIL.enqueue(&inbox, "evt_retry").await;
     let lease = inbox.take(1, LEASE).await.unwrap().pop().unwrap();
     let later = std::time::SystemTime::now() + Duration::from_secs(600);
     let why = Failure::RetryAt(later, "try again".to_owned());
@@ -230,7 +200,11 @@ async fn an_entry_page_shows_its_state_and_attempts() {
     );
     let app = app(&inbox, AdminService::new(inbox.clone()).actions(true));
 
-    let html = page(&app, &format!("/admin/inbox?entry={}", key("evt_dead"))).await;
+    let html = page(
+        &app,
+        &format!("/admin/inbox?entry={}", EMAIL.key("evt_dead")),
+    )
+    .await;
     assert!(html.contains("<dl id=\"entry\">"));
     assert_eq!(text_of(&html, "data-field=\"state\""), "dead");
     assert_eq!(text_of(&html, "data-field=\"id\""), "evt_dead");
@@ -248,24 +222,32 @@ async fn an_entry_page_shows_its_state_and_attempts() {
     // Bodies hidden by default.
     assert!(!html.contains("id=\"body\""));
 
-    let html = page(&app, &format!("/admin/inbox?entry={}", key("evt_retry"))).await;
+    let html = page(
+        &app,
+        &format!("/admin/inbox?entry={}", EMAIL.key("evt_retry")),
+    )
+    .await;
     assert!(text_of(&html, "data-field=\"state\"").starts_with("retrying at "));
     assert!(!html.contains("id=\"requeue\""));
     let index = page(&app, "/admin/inbox").await;
     assert!(index.contains(&format!(
         "data-key=\"{}\" data-state=\"retrying\"",
-        key("evt_retry")
+        EMAIL.key("evt_retry")
     )));
     assert_eq!(text_of(&index, "data-count=\"retries\""), "1");
 
     let shown = AdminService::new(inbox.clone()).show_bodies(true);
     let app = self::app(&inbox, shown);
-    let html = page(&app, &format!("/admin/inbox?entry={}", key("evt_dead"))).await;
+    let html = page(
+        &app,
+        &format!("/admin/inbox?entry={}", EMAIL.key("evt_dead")),
+    )
+    .await;
     assert!(html.contains("<pre id=\"body\">{&quot;event_id&quot;:&quot;evt_dead&quot;,&quot;x&quot;:&quot;&lt;b&gt;&amp;&quot;}</pre>"));
     let unknown = send(
         &app,
         "GET",
-        &format!("/admin/inbox?entry={}", key("nope")),
+        &format!("/admin/inbox?entry={}", EMAIL.key("nope")),
         &[],
         "",
     )
@@ -276,14 +258,14 @@ async fn an_entry_page_shows_its_state_and_attempts() {
 #[tokio::test]
 async fn a_browser_form_needs_its_token_and_lands_on_the_page_with_a_message() {
     let inbox = MemoryInbox::default();
-    kill(&inbox, &["evt_a", "evt_b", "evt_c"]).await;
+    EMAIL.kill(&inbox, &["evt_a", "evt_b", "evt_c"]).await;
     let app = app(
         &inbox,
         AdminService::new(inbox.clone())
             .actions(true)
             .csrf_secret(SECRET),
     );
-    let entry = format!("/admin/inbox?entry={}", key("evt_a"));
+    let entry = format!("/admin/inbox?entry={}", EMAIL.key("evt_a"));
     let html = page(&app, &entry).await;
     let token = csrf(&html);
     let form = [
@@ -293,8 +275,8 @@ async fn a_browser_form_needs_its_token_and_lands_on_the_page_with_a_message() {
     let body = |token: &str| {
         format!(
             "do=requeue&key={}&back=entry%3D{}&csrf={token}",
-            key("evt_a"),
-            key("evt_a").as_str().replace(':', "%3A")
+            EMAIL.key("evt_a"),
+            EMAIL.key("evt_a").as_str().replace(':', "%3A")
         )
     };
 
@@ -313,7 +295,7 @@ async fn a_browser_form_needs_its_token_and_lands_on_the_page_with_a_message() {
     let answer = send(&app, "POST", "/admin/inbox/pause", &with, "").await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
     assert!(inbox.is_paused().await.unwrap());
-    let info = inbox.find(&key("evt_a")).await.unwrap().unwrap();
+    let info = inbox.find(&EMAIL.key("evt_a")).await.unwrap().unwrap();
     assert_eq!(info.state, tower_idempotency::inbox::KeyState::Dead);
 
     // With it: done, and 303 back to the entry's page with a message.
@@ -321,7 +303,7 @@ async fn a_browser_form_needs_its_token_and_lands_on_the_page_with_a_message() {
     assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.text);
     let location = answer.headers["location"].to_str().unwrap().to_owned();
     assert!(location.starts_with("?entry=ti:"), "{location}");
-    let info = inbox.find(&key("evt_a")).await.unwrap().unwrap();
+    let info = inbox.find(&EMAIL.key("evt_a")).await.unwrap().unwrap();
     assert_eq!(info.state, tower_idempotency::inbox::KeyState::Queued);
     let landed = page(&app, &format!("/admin/inbox{location}")).await;
     assert!(text_of(&landed, "id=\"flash\"").contains("re-queued"));
@@ -372,14 +354,18 @@ async fn a_browser_form_needs_its_token_and_lands_on_the_page_with_a_message() {
 #[tokio::test]
 async fn read_only_shows_everything_and_no_form_that_acts() {
     let inbox = MemoryInbox::default();
-    kill(&inbox, &["evt_dead"]).await;
+    EMAIL.kill(&inbox, &["evt_dead"]).await;
     let app = app(&inbox, AdminService::new(inbox.clone()));
     let html = page(&app, "/admin/inbox").await;
     assert!(!html.contains("method=\"post\""));
     assert!(!html.contains("name=\"csrf\""));
     assert!(!html.contains("id=\"redrive-matching\""));
     assert!(html.contains("id=\"paused-state\"") && html.contains("data-count=\"dead\""));
-    let html = page(&app, &format!("/admin/inbox?entry={}", key("evt_dead"))).await;
+    let html = page(
+        &app,
+        &format!("/admin/inbox?entry={}", EMAIL.key("evt_dead")),
+    )
+    .await;
     assert!(!html.contains("<button") && !html.contains("method=\"post\""));
     assert!(html.contains("<table id=\"attempts\">"));
     let form = [("content-type", "application/x-www-form-urlencoded")];
@@ -427,9 +413,11 @@ async fn a_message_on_the_page_is_one_the_server_wrote() {
 async fn measure_the_index() {
     let inbox = MemoryInbox::default();
     let ids: Vec<String> = (0..10).map(|i| format!("evt_dead_{i}")).collect();
-    kill(&inbox, &ids.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    EMAIL
+        .kill(&inbox, &ids.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
     for i in 0..40 {
-        enqueue(&inbox, &format!("evt_{i}")).await;
+        EMAIL.enqueue(&inbox, &format!("evt_{i}")).await;
     }
     let mut app = Router::new();
     for route in 0..5 {

@@ -11,42 +11,22 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use tower::ServiceExt;
-use tower_idempotency::inbox::{
-    AdminService, Failure, InboxAdmin, InboxEntry, InboxStore, MemoryInbox,
-};
-use tower_idempotency::store::{ObjectKey, StoreKey};
+use tower_idempotency::inbox::{AdminService, InboxAdmin, InboxStore, MemoryInbox};
+use tower_idempotency::store::ObjectKey;
+
+use crate::admin_fixture::{self, Deliveries};
 
 const ROUTE: &str = "inbox-email";
 const SCOPE: &str = "/inbox/email";
 const LEASE: Duration = Duration::from_secs(30);
 
-fn key(id: &str) -> StoreKey {
-    StoreKey::new(ROUTE, Some(SCOPE), id)
-}
-
-/// Enqueues the delivery `id` with correlation id `corr-{id}`.
-async fn enqueue(inbox: &MemoryInbox, id: &str) {
-    let body = Bytes::from(format!("{{\"event_id\":\"{id}\"}}"));
-    let mut entry = InboxEntry::new(key(id), body, format!("corr-{id}"));
-    (entry.route, entry.id) = (ROUTE.to_owned(), id.to_owned());
-    inbox.enqueue(entry).await.unwrap();
-}
-
-/// Takes every due entry and fails each for good: `ids` become dead letters.
-async fn kill(inbox: &MemoryInbox, ids: &[&str]) {
-    for id in ids {
-        enqueue(inbox, id).await;
-    }
-    for lease in inbox.take(ids.len(), LEASE).await.unwrap() {
-        let why = Failure::Dead("upstream timeout".to_owned());
-        assert!(
-            inbox
-                .fail(&lease.entry.key, &lease.token, why)
-                .await
-                .unwrap()
-        );
-    }
-}
+/// The deliveries of the route.
+const EMAIL: Deliveries = Deliveries {
+    route: ROUTE,
+    scope: SCOPE,
+    more: "",
+    why: "upstream timeout",
+};
 
 /// The service mounted as an application mounts it.
 fn app(service: AdminService<MemoryInbox>) -> Router {
@@ -60,16 +40,9 @@ async fn send(
     headers: &[(&str, &str)],
     body: Bytes,
 ) -> (StatusCode, HeaderMap, Value) {
-    let mut request = Request::builder().method(method).uri(path);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let request = request.body(axum::body::Body::from(body)).unwrap();
-    let response = app.clone().oneshot(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let bytes = body.collect().await.unwrap().to_bytes();
+    let (status, headers, bytes) = admin_fixture::send(app, method, path, headers, body).await;
     let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    (parts.status, parts.headers, json)
+    (status, headers, json)
 }
 
 async fn get(app: &Router, path: &str) -> (StatusCode, Value) {
@@ -102,11 +75,9 @@ fn refused((status, doc): (StatusCode, Value), wanted: StatusCode, code: &str) {
 
 #[tokio::test]
 async fn reads_counts_pages_and_entries_with_their_attempts() {
-    let inbox = MemoryInbox::default();
-    kill(&inbox, &["evt_dead"]).await;
-    for id in ["evt_1", "evt_2", "evt_3"] {
-        enqueue(&inbox, id).await;
-    }
+    let inbox = EMAIL
+        .inbox(&["evt_dead"], &["evt_1", "evt_2", "evt_3"])
+        .await;
     let app = app(AdminService::new(inbox.clone()).route(ROUTE, Some(SCOPE)));
 
     let (status, counts) = get(&app, "/admin/inbox/counts").await;
@@ -140,7 +111,7 @@ async fn reads_counts_pages_and_entries_with_their_attempts() {
     let (_, page) = get(&app, "/admin/inbox/entries?error=upstream+timeout").await;
     assert_eq!(page["entries"].as_array().unwrap().len(), 1, "{page}");
     let listed = &page["entries"][0];
-    let dead_key = key("evt_dead");
+    let dead_key = EMAIL.key("evt_dead");
     assert_eq!(listed["key"], dead_key.as_str());
     assert_eq!(listed["state"], "dead");
     assert_eq!(listed["route"], ROUTE);
@@ -190,9 +161,13 @@ async fn reads_counts_pages_and_entries_with_their_attempts() {
 #[tokio::test]
 async fn shows_bodies_only_when_enabled() {
     let inbox = MemoryInbox::default();
-    enqueue(&inbox, "evt_body").await;
+    EMAIL.enqueue(&inbox, "evt_body").await;
     let shown = app(AdminService::new(inbox.clone()).show_bodies(true));
-    let (_, entry) = get(&shown, &format!("/admin/inbox/entries/{}", key("evt_body"))).await;
+    let (_, entry) = get(
+        &shown,
+        &format!("/admin/inbox/entries/{}", EMAIL.key("evt_body")),
+    )
+    .await;
     assert_eq!(entry["body"], "{\"event_id\":\"evt_body\"}");
     assert_eq!(entry["body_bytes"], 23);
     assert_eq!(entry["headers"], json!({}));
@@ -201,9 +176,9 @@ async fn shows_bodies_only_when_enabled() {
 #[tokio::test]
 async fn read_only_refuses_every_action_and_changes_nothing() {
     let inbox = MemoryInbox::default();
-    kill(&inbox, &["evt_x"]).await;
+    EMAIL.kill(&inbox, &["evt_x"]).await;
     let app = app(AdminService::new(inbox.clone()));
-    let dead = key("evt_x");
+    let dead = EMAIL.key("evt_x");
     for path in [
         format!("/admin/inbox/entries/{dead}/requeue"),
         format!("/admin/inbox/entries/{dead}/discard"),
@@ -226,21 +201,21 @@ async fn actions_requeue_discard_and_pause() {
     let inbox = MemoryInbox::default();
     let ids: Vec<String> = (0..25).map(|n| format!("evt_bulk_{n:02}")).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    kill(&inbox, &ids).await;
-    kill(&inbox, &["evt_one", "evt_gone"]).await;
+    EMAIL.kill(&inbox, &ids).await;
+    EMAIL.kill(&inbox, &["evt_one", "evt_gone"]).await;
     let service = AdminService::new(inbox.clone())
         .actions(true)
         .retention(Duration::from_secs(60));
     let app = app(service);
 
-    let one = key("evt_one");
+    let one = EMAIL.key("evt_one");
     let (status, answer) = post(&app, &format!("/admin/inbox/entries/{one}/requeue")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(answer, json!({"key": one.as_str(), "requeued": true}));
     let again = post(&app, &format!("/admin/inbox/entries/{one}/requeue")).await;
     refused(again, StatusCode::NOT_FOUND, "admin_not_found");
 
-    let gone = key("evt_gone");
+    let gone = EMAIL.key("evt_gone");
     let (status, answer) = post(&app, &format!("/admin/inbox/entries/{gone}/discard")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(answer, json!({"key": gone.as_str(), "discarded": true}));
@@ -282,9 +257,9 @@ async fn actions_requeue_discard_and_pause() {
 #[tokio::test]
 async fn refusals_are_problem_documents_with_the_right_status() {
     let inbox = MemoryInbox::default();
-    enqueue(&inbox, "evt_q").await;
+    EMAIL.enqueue(&inbox, "evt_q").await;
     let app = app(AdminService::new(inbox.clone()).actions(true));
-    let queued = key("evt_q");
+    let queued = EMAIL.key("evt_q");
     let bad = StatusCode::BAD_REQUEST;
     for path in [
         "/admin/inbox/entries/evt_q",
@@ -315,7 +290,7 @@ async fn refusals_are_problem_documents_with_the_right_status() {
         missing,
         "admin_not_found",
     );
-    let unknown = key("evt_never");
+    let unknown = EMAIL.key("evt_never");
     let path = format!("/admin/inbox/entries/{unknown}");
     refused(get(&app, &path).await, missing, "admin_not_found");
     let no_route = get(&app, "/admin/inbox/entries/by-id/evt_q").await;
@@ -375,7 +350,7 @@ async fn refusals_are_problem_documents_with_the_right_status() {
 #[tokio::test]
 async fn answers_at_the_root_of_a_server() {
     let inbox = MemoryInbox::default();
-    enqueue(&inbox, "evt_root").await;
+    EMAIL.enqueue(&inbox, "evt_root").await;
     let service = AdminService::new(inbox);
     let request = Request::get("/counts")
         .body(Full::new(Bytes::new()))

@@ -20,6 +20,7 @@ mod redis_sentinel;
 #[path = "../../examples/provider_sim/redis_server.rs"]
 mod redis_server;
 
+mod admin_fixture;
 mod admin_page;
 mod admin_service;
 mod memory;

@@ -5,8 +5,8 @@
 //! slot, and through Sentinel (a primary, a replica, three sentinels).
 #![cfg(feature = "redis")]
 
-use crate::redis_cluster;
-use crate::redis_sentinel;
+use crate::redis_cluster::{self, Deployment as _};
+use crate::redis_sentinel::{self, Deployment as _};
 use crate::redis_server;
 use tower_idempotency::test_util::inbox as inbox_contract;
 use tower_idempotency::test_util::inbox_admin as inbox_admin_contract;

@@ -33,13 +33,7 @@ macro_rules! once_suite {
     (@tests $make:expr; $($name:ident),* $(,)?) => {
         mod once_suite {
             use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let (store, _guard) = $make.await;
-                    once::$name(store).await;
-                }
-            )*
+            tower_idempotency::suite_cases!($crate::once; $make; $($name),*);
         }
     };
 }

@@ -130,6 +130,16 @@ async fn jobs<DB: Effects>(store: &SqlStore<DB>) -> Idempotent {
     Idempotent::new(store.clone()).namespace("tx")
 }
 
+/// Applies the effect of `key` in `tx`, failing with the error's text (what the closures
+/// under test answer).
+async fn applied<DB: Effects>(
+    tx: &mut Transaction<'static, DB>,
+    table: &str,
+    key: &str,
+) -> Result<(), String> {
+    DB::apply(tx, table, key).await.map_err(|e| e.to_string())
+}
+
 /// A `once_in_tx` on `key` whose closure applies the effect, then answers `answer`. (What
 /// the closure's future holds must be owned or `'static`, as with sqlx's
 /// `Connection::transaction`.)
@@ -142,9 +152,7 @@ async fn apply_once<DB: Effects>(
     let table = effects(store);
     jobs.once_in_tx(key, store, |tx| {
         Box::pin(async move {
-            DB::apply(tx, &table, key)
-                .await
-                .map_err(|e| e.to_string())?;
+            applied(tx, &table, key).await?;
             answer.map_err(str::to_owned)
         })
     })
@@ -240,9 +248,7 @@ pub async fn concurrent_call_does_not_run_while_the_first_holds_the_key<DB: Effe
                     // Waits before writing: on SQLite a write would hold the database's
                     // write lock, and the second claim would wait for it instead of answering.
                     wait.notified().await;
-                    DB::apply(tx, &table, "k")
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    applied(tx, &table, "k").await?;
                     Ok::<u64, String>(1)
                 })
             })
@@ -273,9 +279,7 @@ pub async fn repeat_after_commit_replays_without_running<DB: Effects>(store: Sql
     let got = jobs
         .once_in_tx("k", &store, |tx| {
             Box::pin(async move {
-                DB::apply(tx, &table, "k")
-                    .await
-                    .map_err(|e| e.to_string())?;
+                applied(tx, &table, "k").await?;
                 Ok::<_, String>(first)
             })
         })
@@ -305,9 +309,7 @@ pub async fn slow_closure_keeps_its_claim_in_its_transaction<DB: Effects>(store:
         slow.once_in_tx("k", &on, |tx| {
             Box::pin(async move {
                 tokio::time::sleep(lease * 3).await;
-                DB::apply(tx, &table, "k")
-                    .await
-                    .map_err(|e| e.to_string())?;
+                applied(tx, &table, "k").await?;
                 Ok::<u64, String>(1)
             })
         })
@@ -332,9 +334,7 @@ pub async fn another_store_never_records_and_rolls_back<DB: Effects>(store: SqlS
     let lost = jobs
         .once_in_tx("k", &other, |tx| {
             Box::pin(async move {
-                DB::apply(tx, &table, "k")
-                    .await
-                    .map_err(|e| e.to_string())?;
+                applied(tx, &table, "k").await?;
                 Ok::<u64, String>(1)
             })
         })
@@ -355,9 +355,7 @@ pub async fn reused_key_with_another_payload_is_a_mismatch<DB: Effects>(store: S
         let got = jobs
             .once_in_tx_with("k", &cents, &store, move |tx| {
                 Box::pin(async move {
-                    DB::apply(tx, &table, "k")
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    applied(tx, &table, "k").await?;
                     Ok::<_, String>(cents)
                 })
             })
@@ -382,9 +380,7 @@ pub async fn claim_lost_before_the_record_rolls_back_the_effect<DB: Effects>(sto
             Box::pin(async move {
                 // On another connection, before this transaction writes (SQLite's write lock).
                 DB::delete_claims(&on).await;
-                DB::apply(tx, &table, "k")
-                    .await
-                    .map_err(|e| e.to_string())?;
+                applied(tx, &table, "k").await?;
                 Ok::<u64, String>(1)
             })
         })

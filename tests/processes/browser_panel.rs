@@ -24,7 +24,7 @@ use crate::browser;
 use crate::harness;
 
 use browser::{Browser, Options, artifacts_dir};
-use harness::{Example, Http, start_demo};
+use harness::{Example, Http, email, start_demo};
 
 // The harness on a page of its own: a form, a cookie, a script.
 
@@ -228,19 +228,6 @@ async fn harness_reads_the_demo_counts() {
 }
 
 // The panel (served by `AdminService` at `/admin/inbox/`), as a person uses it.
-
-fn email(event: &str, extra: Value) -> String {
-    let mut body = json!({
-        "event_id": event,
-        "message_id": format!("msg-{event}"),
-        "type": "email.delivered",
-        "occurred_at": "2026-12-02T10:00:00Z",
-    });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    body.to_string()
-}
 
 /// A token nobody else guesses, for `ADMIN_TOKEN` and the `admin_token` cookie.
 fn random_token() -> String {

@@ -24,13 +24,13 @@ async fn kalipto_retry_after_error_and_duplicates() {
         ("X-Kalipto-Delivery-Id", "pd_01JD8Q4M7T0XK3"),
         ("x-demo-fail", "true"),
     ];
-    let (status, _, _) = http.send("POST", "/webhooks/kalipto", &fail, "{}").await;
+    let (status, _, _) = http.post("/webhooks/kalipto", &fail, "{}").await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(http.effects().await["total"], 0);
-    let (status, headers, _) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+    let (status, headers, _) = http.post("/webhooks/kalipto", &id, "{}").await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers.get("idempotent-replayed").is_none());
-    let (status, headers, body) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+    let (status, headers, body) = http.post("/webhooks/kalipto", &id, "{}").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(body, json!({"ok": true, "duplicate": true}));
@@ -39,7 +39,7 @@ async fn kalipto_retry_after_error_and_duplicates() {
         json!({"total": 1, "by_key": {"pd_01JD8Q4M7T0XK3": 1}})
     );
     // Missing key: 400 problem+json.
-    let (status, headers, body) = http.send("POST", "/webhooks/kalipto", &[], "{}").await;
+    let (status, headers, body) = http.post("/webhooks/kalipto", &[], "{}").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(headers["content-type"], "application/problem+json");
     assert_eq!(body["code"], "missing_key");
@@ -54,8 +54,7 @@ async fn concurrent_duplicates_get_409_then_ack() {
     let slow = {
         let http = http.clone();
         tokio::spawn(async move {
-            http.send(
-                "POST",
+            http.post(
                 "/webhooks/kalipto",
                 &[
                     ("X-Kalipto-Delivery-Id", "pd_slow"),
@@ -71,8 +70,7 @@ async fn concurrent_duplicates_get_409_then_ack() {
     // process, over a fresh connection), 2 s left of its handler for the duplicate to arrive.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let (status, headers, body) = http
-        .send(
-            "POST",
+        .post(
             "/webhooks/kalipto",
             &[("X-Kalipto-Delivery-Id", "pd_slow")],
             "{}",
@@ -102,7 +100,7 @@ async fn meta_batches_sangho_fallback_and_orders() {
     let whatsapp = case("whatsapp-batch-two-messages")["body"].to_string();
     let instagram = case("instagram-messaging")["body"].to_string();
     for body in [&whatsapp, &whatsapp, &instagram, &instagram] {
-        let (status, _, _) = http.send("POST", "/webhooks/meta", &[], body).await;
+        let (status, _, _) = http.post("/webhooks/meta", &[], body).await;
         assert_eq!(status, StatusCode::OK);
     }
     let effects = http.effects().await;
@@ -123,8 +121,7 @@ async fn meta_batches_sangho_fallback_and_orders() {
 
     let sangho = case("sangho-header")["body"].to_string();
     let (status, headers, _) = http
-        .send(
-            "POST",
+        .post(
             "/webhooks/sangho",
             &[("Sangho-Event-ID", "evt_1QbR8m2eZvKYlo2C")],
             &sangho,
@@ -132,19 +129,15 @@ async fn meta_batches_sangho_fallback_and_orders() {
         .await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers.get("idempotent-replayed").is_none());
-    let (status, headers, _) = http.send("POST", "/webhooks/sangho", &[], &sangho).await;
+    let (status, headers, _) = http.post("/webhooks/sangho", &[], &sangho).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["idempotent-replayed"], "true");
 
     let key = [("Idempotency-Key", "order-1")];
-    let (status, headers, first) = http
-        .send("POST", "/api/orders", &key, r#"{"sku":"a"}"#)
-        .await;
+    let (status, headers, first) = http.post("/api/orders", &key, r#"{"sku":"a"}"#).await;
     assert_eq!(status, StatusCode::CREATED);
     assert!(headers.get("idempotent-replayed").is_none());
-    let (status, headers, again) = http
-        .send("POST", "/api/orders", &key, r#"{"sku":"a"}"#)
-        .await;
+    let (status, headers, again) = http.post("/api/orders", &key, r#"{"sku":"a"}"#).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(
@@ -152,9 +145,7 @@ async fn meta_batches_sangho_fallback_and_orders() {
         format!("/api/orders/{}", first["order_id"].as_str().unwrap())
     );
     assert_eq!(again, first, "the retry gets the same order id");
-    let (status, _, body) = http
-        .send("POST", "/api/orders", &key, r#"{"sku":"b"}"#)
-        .await;
+    let (status, _, body) = http.post("/api/orders", &key, r#"{"sku":"b"}"#).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["code"], "mismatch");
     assert_eq!(http.effects().await["total"], 5);
@@ -175,8 +166,7 @@ async fn email_events_in_order(http: &Http, other: &Http) {
     };
     let status_of = async || status_at(http).await;
     let (status, _, _) = http
-        .send(
-            "POST",
+        .post(
             "/webhooks/email",
             &[],
             &email("evt_3", "email.delivered", "2026-10-29T14:02:00Z"),
@@ -186,8 +176,7 @@ async fn email_events_in_order(http: &Http, other: &Http) {
     assert_eq!(status_of().await, "delivered");
     // The older event, at the other instance: stale.
     let (status, headers, body) = other
-        .send(
-            "POST",
+        .post(
             "/webhooks/email",
             &[],
             &email("evt_2", "email.processed", "2026-10-29T14:01:00Z"),
@@ -199,8 +188,7 @@ async fn email_events_in_order(http: &Http, other: &Http) {
     assert_eq!(body, json!({"ok": true, "stale": true}));
     assert_eq!(status_of().await, "delivered");
     let (status, _, _) = other
-        .send(
-            "POST",
+        .post(
             "/webhooks/email",
             &[],
             &email("evt_4", "email.failed", "2026-10-29T16:03:00+02:00"),
@@ -214,7 +202,7 @@ async fn email_events_in_order(http: &Http, other: &Http) {
         ("evt_4", "email.failed", "2026-10-29T16:03:00+02:00"),
     ] {
         let (status, headers, _) = http
-            .send("POST", "/webhooks/email", &[], &email(id, kind, at))
+            .post("/webhooks/email", &[], &email(id, kind, at))
             .await;
         assert_eq!(status, StatusCode::OK, "{id}");
         assert_eq!(headers["idempotent-replayed"], "true", "{id}");
@@ -232,8 +220,7 @@ async fn email_events_never_move_a_status_back() {
     assert_eq!(by_key(&effects, "evt_2"), 0);
     // What the layer checks first: the object and the position (400), then the handler (422).
     let (status, _, body) = http
-        .send(
-            "POST",
+        .post(
             "/webhooks/email",
             &[],
             r#"{"event_id":"e","occurred_at":"2026-10-29T14:00:00Z"}"#,
@@ -244,8 +231,7 @@ async fn email_events_never_move_a_status_back() {
         (StatusCode::BAD_REQUEST, Some("malformed_order"))
     );
     let (status, _, body) = http
-        .send(
-            "POST",
+        .post(
             "/webhooks/email",
             &[],
             r#"{"event_id":"e","message_id":"m","occurred_at":"yesterday"}"#,
@@ -256,8 +242,7 @@ async fn email_events_never_move_a_status_back() {
         (StatusCode::BAD_REQUEST, Some("malformed_order"))
     );
     let (status, _, _) = http
-        .send(
-            "POST",
+        .post(
             "/webhooks/email",
             &[],
             r#"{"event_id":"e","message_id":"m","occurred_at":"2026-10-29T14:00:00Z"}"#,
@@ -266,8 +251,7 @@ async fn email_events_never_move_a_status_back() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     // Any content type: the body is JSON whatever the header says.
     let (status, _, _) = http
-        .send(
-            "POST",
+        .post(
             "/webhooks/email",
             &[("content-type", "text/plain")],
             &email("evt_9", "email.opened", "2026-10-29T18:00:00Z"),
@@ -286,14 +270,14 @@ async fn a_stale_event_stays_stale_after_a_restart(envs: &[(&str, &str)]) {
         let demo = start_demo(envs);
         let http = Http::new(&demo);
         let delivered = email("evt_r2", "email.delivered", "2026-10-29T14:02:00Z");
-        let (status, headers, _) = http.send("POST", "/webhooks/email", &[], &delivered).await;
+        let (status, headers, _) = http.post("/webhooks/email", &[], &delivered).await;
         assert_eq!(status, StatusCode::OK);
         assert!(headers.get("idempotent-stale").is_none());
     }
     let demo = start_demo(envs);
     let http = Http::new(&demo);
     let processed = email("evt_r1", "email.processed", "2026-10-29T14:01:00Z");
-    let (status, headers, _) = http.send("POST", "/webhooks/email", &[], &processed).await;
+    let (status, headers, _) = http.post("/webhooks/email", &[], &processed).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["idempotent-stale"], "true");
     assert_eq!(
@@ -364,8 +348,8 @@ async fn metrics_endpoint_counts_outcomes() {
     let demo = start_demo(&[]);
     let http = Http::new(&demo);
     let id = [("X-Kalipto-Delivery-Id", "pd_metrics")];
-    http.send("POST", "/webhooks/kalipto", &id, "{}").await;
-    http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+    http.post("/webhooks/kalipto", &id, "{}").await;
+    http.post("/webhooks/kalipto", &id, "{}").await;
     let text = http.metrics().await;
     for outcome in ["first", "replayed"] {
         let line = text
@@ -407,7 +391,7 @@ async fn metrics_endpoint_has_store_latency_buckets_for_a_server_side_store() {
     let demo = start_demo(&[("DATABASE_URL", &url)]);
     let http = Http::new(&demo);
     let id = [("X-Kalipto-Delivery-Id", "pd_store_metrics")];
-    let (status, _, _) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+    let (status, _, _) = http.post("/webhooks/kalipto", &id, "{}").await;
     assert_eq!(status, StatusCode::OK);
     let text = http.metrics().await;
     for operation in ["reserve", "complete"] {
@@ -437,13 +421,13 @@ async fn sqlite_records_survive_a_receiver_restart() {
     {
         let demo = start_demo(&[("DATABASE_URL", &url)]);
         let http = Http::new(&demo);
-        let (status, headers, _) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+        let (status, headers, _) = http.post("/webhooks/kalipto", &id, "{}").await;
         assert_eq!(status, StatusCode::OK);
         assert!(headers.get("idempotent-replayed").is_none());
     }
     let demo = start_demo(&[("DATABASE_URL", &url)]);
     let http = Http::new(&demo);
-    let (status, headers, _) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+    let (status, headers, _) = http.post("/webhooks/kalipto", &id, "{}").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(
@@ -487,9 +471,7 @@ async fn meta_overlapping_batches_apply_each_message_once() {
         (&["wamid.A"][..], true),
         (&["wamid.B", "wamid.A"][..], true),
     ] {
-        let (status, headers, _) = http
-            .send("POST", "/webhooks/meta", &[], &whatsapp(ids))
-            .await;
+        let (status, headers, _) = http.post("/webhooks/meta", &[], &whatsapp(ids)).await;
         assert_eq!(status, StatusCode::OK, "{ids:?}");
         assert_eq!(
             headers.get("idempotent-replayed").is_some(),
@@ -517,7 +499,7 @@ async fn meta_whatsapp_and_instagram_ids_of_one_body_are_all_items() {
         ]
     })
     .to_string();
-    let (status, _, _) = http.send("POST", "/webhooks/meta", &[], &body).await;
+    let (status, _, _) = http.post("/webhooks/meta", &[], &body).await;
     assert_eq!(status, StatusCode::OK);
     let effects = http.effects().await;
     for id in ["wamid.W1", "mid.I1", "mid.I2"] {
@@ -539,15 +521,15 @@ async fn meta_status_callbacks_fall_back_to_the_delivery_id() {
     })
     .to_string();
     let delivery = [("X-Kalipto-Delivery-Id", "dlv_status_1")];
-    let (status, headers, _) = http.send("POST", "/webhooks/meta", &delivery, &body).await;
+    let (status, headers, _) = http.post("/webhooks/meta", &delivery, &body).await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers.get("idempotent-replayed").is_none());
-    let (status, headers, _) = http.send("POST", "/webhooks/meta", &delivery, &body).await;
+    let (status, headers, _) = http.post("/webhooks/meta", &delivery, &body).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(by_key(&http.effects().await, "dlv_status_1"), 1);
     // Without the header there is nothing to key it by: 400 naming both places.
-    let (status, _, problem) = http.send("POST", "/webhooks/meta", &[], &body).await;
+    let (status, _, problem) = http.post("/webhooks/meta", &[], &body).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(problem["code"], "missing_key");
     let detail = problem["detail"].as_str().unwrap();
@@ -563,18 +545,13 @@ async fn meta_partial_failure_retries_only_the_rest() {
     let http = Http::new(&demo);
     let body = whatsapp(&["wamid.P1", "wamid.P2", "wamid.P3"]);
     let (status, _, _) = http
-        .send(
-            "POST",
-            "/webhooks/meta",
-            &[("x-demo-fail-item", "wamid.P2")],
-            &body,
-        )
+        .post("/webhooks/meta", &[("x-demo-fail-item", "wamid.P2")], &body)
         .await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     let effects = http.effects().await;
     assert_eq!(by_key(&effects, "wamid.P1"), 1);
     assert_eq!(by_key(&effects, "wamid.P2"), 0);
-    let (status, headers, reply) = http.send("POST", "/webhooks/meta", &[], &body).await;
+    let (status, headers, reply) = http.post("/webhooks/meta", &[], &body).await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers.get("idempotent-replayed").is_none());
     assert_eq!(reply["applied"], 2, "P2 and P3 only");
@@ -582,7 +559,7 @@ async fn meta_partial_failure_retries_only_the_rest() {
     for id in ["wamid.P1", "wamid.P2", "wamid.P3"] {
         assert_eq!(by_key(&effects, id), 1, "{id}: {effects}");
     }
-    let (_, headers, _) = http.send("POST", "/webhooks/meta", &[], &body).await;
+    let (_, headers, _) = http.post("/webhooks/meta", &[], &body).await;
     assert_eq!(headers["idempotent-replayed"], "true");
 }
 
@@ -593,7 +570,7 @@ async fn numeric_ids_are_exact() {
     let http = Http::new(&demo);
     for id in ["18446744073709551616", "18446744073709551617"] {
         let body = format!(r#"{{"id":{id},"type":"payment.succeeded"}}"#);
-        let (status, headers, _) = http.send("POST", "/webhooks/sangho", &[], &body).await;
+        let (status, headers, _) = http.post("/webhooks/sangho", &[], &body).await;
         assert_eq!(status, StatusCode::OK, "{id}");
         assert!(headers.get("idempotent-replayed").is_none(), "{id}");
     }
@@ -601,17 +578,11 @@ async fn numeric_ids_are_exact() {
     assert_eq!(by_key(&effects, "18446744073709551616"), 1, "{effects}");
     assert_eq!(by_key(&effects, "18446744073709551617"), 1, "{effects}");
     // `100` and `"100"` are one key; `1e2` is a 400 saying why.
-    let (status, _, _) = http
-        .send("POST", "/webhooks/sangho", &[], r#"{"id":100}"#)
-        .await;
+    let (status, _, _) = http.post("/webhooks/sangho", &[], r#"{"id":100}"#).await;
     assert_eq!(status, StatusCode::OK);
-    let (_, headers, _) = http
-        .send("POST", "/webhooks/sangho", &[], r#"{"id":"100"}"#)
-        .await;
+    let (_, headers, _) = http.post("/webhooks/sangho", &[], r#"{"id":"100"}"#).await;
     assert_eq!(headers["idempotent-replayed"], "true");
-    let (status, _, problem) = http
-        .send("POST", "/webhooks/sangho", &[], r#"{"id":1e2}"#)
-        .await;
+    let (status, _, problem) = http.post("/webhooks/sangho", &[], r#"{"id":1e2}"#).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(problem["code"], "malformed_key");
     assert!(
@@ -630,8 +601,7 @@ async fn reserialized_redelivery_is_acknowledged() {
     let demo = start_demo(&[]);
     let http = Http::new(&demo);
     let (status, _, _) = http
-        .send(
-            "POST",
+        .post(
             "/webhooks/sangho",
             &[],
             r#"{"id":"evt_reser","type":"payment.succeeded","amount":1200}"#,
@@ -639,9 +609,7 @@ async fn reserialized_redelivery_is_acknowledged() {
         .await;
     assert_eq!(status, StatusCode::OK);
     let (status, headers, body) = http
-        .send(
-            "POST",
-            "/webhooks/sangho",
+        .post("/webhooks/sangho",
             &[],
             "{\n  \"amount\": 1200,\n  \"type\": \"payment.succeeded\",\n  \"id\": \"evt_reser\"\n}",
         )
@@ -665,8 +633,7 @@ async fn slow_handler_keeps_its_lease() {
     let slow = {
         let http = http.clone();
         tokio::spawn(async move {
-            http.send(
-                "POST",
+            http.post(
                 "/webhooks/kalipto",
                 &[id, ("x-demo-delay-ms", "4500")],
                 "{}",
@@ -679,7 +646,7 @@ async fn slow_handler_keeps_its_lease() {
     // claim the key, the last arrives 1.5 s before its handler ends.
     for second in 1..=3 {
         tokio::time::sleep_until(sent + Duration::from_secs(second)).await;
-        let (status, _, body) = http.send("POST", "/webhooks/kalipto", &[id], "{}").await;
+        let (status, _, body) = http.post("/webhooks/kalipto", &[id], "{}").await;
         assert_eq!(
             status,
             StatusCode::CONFLICT,
@@ -688,7 +655,7 @@ async fn slow_handler_keeps_its_lease() {
         );
     }
     assert_eq!(slow.await.unwrap().0, StatusCode::OK);
-    let (status, headers, _) = http.send("POST", "/webhooks/kalipto", &[id], "{}").await;
+    let (status, headers, _) = http.post("/webhooks/kalipto", &[id], "{}").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(by_key(&http.effects().await, "pd_slow_lease"), 1);
@@ -740,13 +707,13 @@ async fn a_killed_receiver_frees_its_key_within_the_lease() {
 
     let second = start_demo(&envs);
     let http = Http::new(&second);
-    let (status, headers, body) = http.send("POST", "/webhooks/kalipto", &[id], "{}").await;
+    let (status, headers, body) = http.post("/webhooks/kalipto", &[id], "{}").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert!(headers.contains_key("retry-after"));
     // The sender retries until the dead receiver's lease has run out.
     let processed = loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let (status, headers, body) = http.send("POST", "/webhooks/kalipto", &[id], "{}").await;
+        let (status, headers, body) = http.post("/webhooks/kalipto", &[id], "{}").await;
         match status {
             StatusCode::CONFLICT => {
                 assert!(killed_at.elapsed() < Duration::from_secs(12), "never freed");
@@ -760,7 +727,7 @@ async fn a_killed_receiver_frees_its_key_within_the_lease() {
         "processed, not acknowledged as a duplicate"
     );
     assert!(killed_at.elapsed() < Duration::from_millis(6000 + 3000));
-    let (status, headers, _) = http.send("POST", "/webhooks/kalipto", &[id], "{}").await;
+    let (status, headers, _) = http.post("/webhooks/kalipto", &[id], "{}").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(by_key(&http.effects().await, "pd_killed"), 1);
@@ -784,8 +751,7 @@ async fn standard_webhooks_are_verified_before_they_are_claimed() {
             ("webhook-timestamp", t.as_str()),
             ("webhook-signature", signature),
         ];
-        http.send("POST", "/webhooks/standard", &headers, body)
-            .await
+        http.post("/webhooks/standard", &headers, body).await
     };
     let t = signing::now();
     let signed = signing::standard(signing::STANDARD_SECRET, "msg_1", t, body);
@@ -880,8 +846,7 @@ async fn svix_headers_reach_the_standard_webhooks_route() {
             ("svix-timestamp", t.as_str()),
             ("svix-signature", signature),
         ];
-        http.send("POST", "/webhooks/standard", &headers, body)
-            .await
+        http.post("/webhooks/standard", &headers, body).await
     };
     let t = signing::now();
     let signed = signing::standard(signing::STANDARD_SECRET, "msg_svix", t, body);
@@ -914,20 +879,17 @@ async fn github_deliveries_are_verified() {
         ("X-GitHub-Delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958"),
         ("X-Hub-Signature-256", signature.as_str()),
     ];
-    let (status, _, _) = http.send("POST", "/webhooks/github", &headers, body).await;
+    let (status, _, _) = http.post("/webhooks/github", &headers, body).await;
     assert_eq!(status, StatusCode::OK);
     let (status, _, _) = http
-        .send(
-            "POST",
+        .post(
             "/webhooks/github",
             &headers,
             r#"{"action":"closed","number":1}"#,
         )
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    let (status, _, _) = http
-        .send("POST", "/webhooks/github", &headers[..1], body)
-        .await;
+    let (status, _, _) = http.post("/webhooks/github", &headers[..1], body).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(http.effects().await["total"], 1);
     let text = http.metrics().await;
@@ -1019,9 +981,7 @@ async fn optional_secrets_turn_verification_on() {
     let body = r#"{"id":"evt_1","type":"charge.succeeded"}"#;
     let unsigned = [("Sangho-Event-ID", "evt_1")];
     assert_eq!(
-        http.send("POST", "/webhooks/sangho", &unsigned, body)
-            .await
-            .0,
+        http.post("/webhooks/sangho", &unsigned, body).await.0,
         StatusCode::UNAUTHORIZED
     );
     let signature = signing::stripe("whsec_sangho_test", signing::now(), body);
@@ -1030,7 +990,7 @@ async fn optional_secrets_turn_verification_on() {
         ("Sangho-Signature", signature.as_str()),
     ];
     assert_eq!(
-        http.send("POST", "/webhooks/sangho", &signed, body).await.0,
+        http.post("/webhooks/sangho", &signed, body).await.0,
         StatusCode::OK
     );
     let old = signing::stripe("whsec_sangho_test", signing::now() - 600, body);
@@ -1039,31 +999,29 @@ async fn optional_secrets_turn_verification_on() {
         ("Sangho-Signature", old.as_str()),
     ];
     assert_eq!(
-        http.send("POST", "/webhooks/sangho", &stale, body).await.0,
+        http.post("/webhooks/sangho", &stale, body).await.0,
         StatusCode::UNAUTHORIZED
     );
     let kalipto = signing::hub("kalipto-secret", "{}");
     let id = ("X-Kalipto-Delivery-Id", "pd_signed");
     assert_eq!(
-        http.send("POST", "/webhooks/kalipto", &[id], "{}").await.0,
+        http.post("/webhooks/kalipto", &[id], "{}").await.0,
         StatusCode::UNAUTHORIZED
     );
     let headers = [id, ("X-Hub-Signature-256", kalipto.as_str())];
     assert_eq!(
-        http.send("POST", "/webhooks/kalipto", &headers, "{}")
-            .await
-            .0,
+        http.post("/webhooks/kalipto", &headers, "{}").await.0,
         StatusCode::OK
     );
     let meta = r#"{"entry":[{"changes":[{"value":{"messages":[{"id":"wamid.S"}]}}]}]}"#;
     assert_eq!(
-        http.send("POST", "/webhooks/meta", &[], meta).await.0,
+        http.post("/webhooks/meta", &[], meta).await.0,
         StatusCode::UNAUTHORIZED
     );
     let signature = signing::hub("meta-secret", meta);
     let headers = [("X-Hub-Signature-256", signature.as_str())];
     assert_eq!(
-        http.send("POST", "/webhooks/meta", &headers, meta).await.0,
+        http.post("/webhooks/meta", &headers, meta).await.0,
         StatusCode::OK
     );
     assert_eq!(http.effects().await["total"], 3);
@@ -1117,8 +1075,7 @@ async fn silent_connections_and_withheld_bodies_are_cut_off() {
     // Nothing was claimed: the delivery is processed when it comes whole.
     let http = Http::new(&demo);
     let (status, headers, _) = http
-        .send(
-            "POST",
+        .post(
             "/webhooks/kalipto",
             &[("X-Kalipto-Delivery-Id", "pd_withheld")],
             "{}",
@@ -1141,7 +1098,7 @@ async fn an_exclusive_sqlite_store_maps_no_shared_memory_file() {
     let http = Http::new(&demo);
     let id = [("X-Kalipto-Delivery-Id", "pd_exclusive")];
     assert_eq!(
-        http.send("POST", "/webhooks/kalipto", &id, "{}").await.0,
+        http.post("/webhooks/kalipto", &id, "{}").await.0,
         StatusCode::OK
     );
     let shm = format!("{}-shm", path.display());
@@ -1150,10 +1107,10 @@ async fn an_exclusive_sqlite_store_maps_no_shared_memory_file() {
     std::fs::write(&shm, b"").unwrap();
     let other = [("X-Kalipto-Delivery-Id", "pd_exclusive_2")];
     assert_eq!(
-        http.send("POST", "/webhooks/kalipto", &other, "{}").await.0,
+        http.post("/webhooks/kalipto", &other, "{}").await.0,
         StatusCode::OK
     );
-    let (status, headers, _) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+    let (status, headers, _) = http.post("/webhooks/kalipto", &id, "{}").await;
     assert_eq!(
         (status, headers["idempotent-replayed"].to_str().unwrap()),
         (StatusCode::OK, "true")
@@ -1216,7 +1173,7 @@ async fn every_metric_the_dashboard_and_the_alerts_name_is_exported() {
     let http = Http::new(&on_redis);
     let id = [("X-Kalipto-Delivery-Id", "pd_exported")];
     for _ in 0..2 {
-        let (status, _, _) = http.send("POST", "/webhooks/kalipto", &id, "{}").await;
+        let (status, _, _) = http.post("/webhooks/kalipto", &id, "{}").await;
         assert_eq!(status, StatusCode::OK);
     }
     let mut found = exported(&http.metrics().await);
@@ -1226,7 +1183,7 @@ async fn every_metric_the_dashboard_and_the_alerts_name_is_exported() {
     for i in 0..40 {
         let id = format!("pd_evicted_{i}");
         let headers = [("X-Kalipto-Delivery-Id", id.as_str())];
-        let (status, _, _) = http.send("POST", "/webhooks/kalipto", &headers, "{}").await;
+        let (status, _, _) = http.post("/webhooks/kalipto", &headers, "{}").await;
         assert_eq!(status, StatusCode::OK);
     }
     let memory = http.metrics().await;
@@ -1313,7 +1270,7 @@ async fn a_captured_request_replayed_under_new_ids_runs_once() {
         for (i, id) in ["cap-0", "cap-1", "cap-2", "cap-3"].into_iter().enumerate() {
             let mut headers: Vec<(&str, &str)> = vec![(id_header, id)];
             headers.extend(signed.iter().map(|(name, value)| (*name, value.as_str())));
-            let (status, response, _) = http.send("POST", path, &headers, body).await;
+            let (status, response, _) = http.post(path, &headers, body).await;
             let replayed = response
                 .get("idempotent-replayed")
                 .map(|v| v.to_str().unwrap());

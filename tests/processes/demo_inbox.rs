@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::harness;
 
-use harness::{Http, start_demo};
+use harness::{Http, email, start_demo};
 
 const DEADLINE: Duration = Duration::from_secs(10);
 
@@ -30,19 +30,6 @@ async fn until(http: &Http, path: &str, check: impl Fn(&Value) -> bool) -> Value
     }
 }
 
-fn email(event: &str, extra: Value) -> String {
-    let mut body = json!({
-        "event_id": event,
-        "message_id": format!("msg-{event}"),
-        "type": "email.delivered",
-        "occurred_at": "2026-12-02T10:00:00Z",
-    });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    body.to_string()
-}
-
 /// 202 at once, a duplicate 200 with `Idempotent-Replayed`, both carrying the request's
 /// `X-Request-Id` as `Idempotency-Correlation-Id`; a worker applies the event once.
 #[tokio::test]
@@ -51,10 +38,10 @@ async fn inbox_answers_at_once_and_a_worker_applies_once() {
     let http = Http::new(&demo);
     let body = email("evt_inbox_1", json!({"demo_delay_ms": 300}));
     let request_id = [("X-Request-Id", "req-inbox-1")];
-    let (status, headers, _) = http.send("POST", "/inbox/email", &request_id, &body).await;
+    let (status, headers, _) = http.post("/inbox/email", &request_id, &body).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     assert_eq!(headers["idempotency-correlation-id"], "req-inbox-1");
-    let (status, headers, _) = http.send("POST", "/inbox/email", &request_id, &body).await;
+    let (status, headers, _) = http.post("/inbox/email", &request_id, &body).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(headers["idempotency-correlation-id"], "req-inbox-1");
@@ -66,7 +53,7 @@ async fn inbox_answers_at_once_and_a_worker_applies_once() {
     })
     .await;
     // A duplicate after the effect: still acknowledged, never applied again.
-    let (status, _, _) = http.send("POST", "/inbox/email", &[], &body).await;
+    let (status, _, _) = http.post("/inbox/email", &[], &body).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(http.effects().await["by_key"]["evt_inbox_1"], 1);
 }
@@ -79,7 +66,7 @@ async fn failures_become_a_dead_letter_that_can_be_requeued() {
     let demo = start_demo(&envs);
     let http = Http::new(&demo);
     let body = email("evt_inbox_dead", json!({"demo_fail_attempts": 2}));
-    let (status, _, _) = http.send("POST", "/inbox/email", &[], &body).await;
+    let (status, _, _) = http.post("/inbox/email", &[], &body).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     let dead = until(&http, "/inbox/dead", |d| {
         d.as_array().is_some_and(|d| !d.is_empty())
@@ -116,14 +103,10 @@ async fn failures_become_a_dead_letter_that_can_be_requeued() {
         "{metrics}"
     );
     assert!(metrics.contains("outcome=\"queued\""), "{metrics}");
-    let (status, _, _) = http
-        .send("POST", "/inbox/dead/evt_inbox_dead/retry", &[], "")
-        .await;
+    let (status, _, _) = http.post("/inbox/dead/evt_inbox_dead/retry", &[], "").await;
     assert_eq!(status, StatusCode::ACCEPTED);
     until(&http, "/effects", |e| e["by_key"]["evt_inbox_dead"] == 1).await;
-    let (status, _, _) = http
-        .send("POST", "/inbox/dead/evt_inbox_dead/retry", &[], "")
-        .await;
+    let (status, _, _) = http.post("/inbox/dead/evt_inbox_dead/retry", &[], "").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "no longer dead");
 }
 
@@ -133,7 +116,7 @@ async fn receive_only_keeps_entries_pending() {
     let demo = start_demo(&[("INBOX_WORKERS", "0")]);
     let http = Http::new(&demo);
     let (status, _, _) = http
-        .send("POST", "/inbox/email", &[], &email("evt_wait", json!({})))
+        .post("/inbox/email", &[], &email("evt_wait", json!({})))
         .await;
     assert_eq!(status, StatusCode::ACCEPTED);
     let (_, _, counts) = http.send("GET", "/inbox", &[], "").await;
@@ -154,7 +137,7 @@ async fn admin_finds_an_entry_by_correlation_id_with_its_attempts() {
     let demo = start_demo(&[("INBOX_RETRY_BASE_MS", "20")]);
     let http = Http::new(&demo);
     let body = email("evt_admin_history", json!({"demo_fail_attempts": 2}));
-    let (status, headers, _) = http.send("POST", "/inbox/email", &[], &body).await;
+    let (status, headers, _) = http.post("/inbox/email", &[], &body).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     let correlation = headers["idempotency-correlation-id"]
         .to_str()
@@ -191,7 +174,7 @@ async fn admin_finds_an_entry_by_correlation_id_with_its_attempts() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(by_id, entries[0]);
 
-    let (status, _, problem) = http.send("POST", "/admin/inbox/pause", &[BEARER], "").await;
+    let (status, _, problem) = http.post("/admin/inbox/pause", &[BEARER], "").await;
     assert_eq!(status, StatusCode::FORBIDDEN, "no ADMIN_TOKEN: read-only");
     assert_eq!(problem["code"], "admin_actions_disabled");
 }
@@ -207,7 +190,7 @@ async fn admin_requeues_a_thousand_dead_letters() {
         let sent = chunk.iter().map(|event| {
             let body = email(event, json!({"demo_fail_attempts": 1}));
             let http = &http;
-            async move { http.send("POST", "/inbox/email", &[], &body).await.0 }
+            async move { http.post("/inbox/email", &[], &body).await.0 }
         });
         for status in futures_util::future::join_all(sent).await {
             assert_eq!(status, StatusCode::ACCEPTED);
@@ -215,7 +198,7 @@ async fn admin_requeues_a_thousand_dead_letters() {
     }
     until(&http, "/admin/inbox/counts", |c| c["dead"] == 1000).await;
 
-    let (status, _, _) = http.send("POST", "/admin/inbox/requeue", &[], "").await;
+    let (status, _, _) = http.post("/admin/inbox/requeue", &[], "").await;
     assert_eq!(
         status,
         StatusCode::UNAUTHORIZED,
@@ -223,7 +206,7 @@ async fn admin_requeues_a_thousand_dead_letters() {
     );
     let (mut requeued, mut calls, mut path) = (0, 0, "/admin/inbox/requeue".to_owned());
     loop {
-        let (status, _, answer) = http.send("POST", &path, &[BEARER], "").await;
+        let (status, _, answer) = http.post(&path, &[BEARER], "").await;
         assert_eq!(status, StatusCode::OK, "{answer}");
         requeued += answer["requeued"].as_u64().unwrap();
         calls += 1;
@@ -246,11 +229,11 @@ async fn admin_requeues_a_thousand_dead_letters() {
 async fn admin_pause_stops_the_workers_and_resume_restarts_them() {
     let demo = start_demo(&[("ADMIN_TOKEN", TOKEN)]);
     let http = Http::new(&demo);
-    let (status, _, answer) = http.send("POST", "/admin/inbox/pause", &[BEARER], "").await;
+    let (status, _, answer) = http.post("/admin/inbox/pause", &[BEARER], "").await;
     assert_eq!((status, answer), (StatusCode::OK, json!({"paused": true})));
     for n in 0..5 {
         let body = email(&format!("evt_paused_{n}"), json!({}));
-        let (status, _, _) = http.send("POST", "/inbox/email", &[], &body).await;
+        let (status, _, _) = http.post("/inbox/email", &[], &body).await;
         assert_eq!(status, StatusCode::ACCEPTED);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -261,9 +244,7 @@ async fn admin_pause_stops_the_workers_and_resume_restarts_them() {
     assert_eq!(http.effects().await["total"], 0);
 
     let resumed = Instant::now();
-    let (status, _, answer) = http
-        .send("POST", "/admin/inbox/resume", &[BEARER], "")
-        .await;
+    let (status, _, answer) = http.post("/admin/inbox/resume", &[BEARER], "").await;
     assert_eq!((status, answer), (StatusCode::OK, json!({"paused": false})));
     until(&http, "/effects", |e| e["total"] == 5).await;
     assert!(

@@ -46,12 +46,13 @@ mod on_redis {
     }
 
     use http::StatusCode;
-    use tower_idempotency::{IdempotencyLayer, RedisStore};
+    use tower_idempotency::RedisStore;
 
     use super::redis_server::RedisServer;
-    use super::suite::app::{Effects, router};
+    use super::suite::app::Effects;
     use super::suite::{post, send};
     use super::*;
+    use crate::redis::{first_then_cached, two_instances};
 
     /// Waits until `store` caches `n` records (a record read from Redis comes with how long it
     /// has left, and is cached at once; this only waits for what runs in the background).
@@ -283,29 +284,11 @@ mod on_redis {
     async fn through_the_layer_a_duplicate_costs_no_command() {
         let server = RedisServer::start();
         let effects = Effects::default();
-        let a_store = RedisStore::new(server.connect().await);
-        a_store.load_scripts().await.unwrap();
-        let a = router(IdempotencyLayer::new(a_store).namespace("layer"), &effects);
         // The layer's own cache (one per layer unless shared): `b_cache` shows what B cached.
-        let b_cache = LocalCache::new();
-        let b_store = RedisStore::new(server.connect().await);
-        let b = router(
-            IdempotencyLayer::new(b_store)
-                .namespace("layer")
-                .local_cache(b_cache.clone()),
-            &effects,
-        );
+        let (a, b, b_cache) = two_instances(&server, "layer", &effects).await;
 
-        let monitor = server.monitor();
-        let (status, _, _) = send(&a, post("/effect", Some("k1"), "{}")).await;
-        assert_eq!(status, StatusCode::CREATED);
-        assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
-
-        let monitor = server.monitor();
-        let (status, headers, _) = send(&a, post("/effect", Some("k1"), "{}")).await;
-        assert_eq!(status, StatusCode::OK);
+        let headers = first_then_cached(&server, &a).await;
         assert_eq!(headers["idempotent-replayed"], "true");
-        assert_eq!(monitor.finish(), Vec::<String>::new());
 
         // B: one command (`SET`), then nothing.
         for expected in [vec!["SET"], vec![]] {

@@ -10,7 +10,6 @@
 use crate::redis_cluster;
 use crate::scale_out;
 use crate::store_steps::claim_and_record;
-use crate::suite;
 use tower_idempotency::test_util::store::{self as contract, OneTarget};
 
 use std::collections::BTreeMap;
@@ -18,8 +17,7 @@ use std::error::Error as _;
 use std::time::{Duration, Instant};
 
 use contract::keys_of;
-use fred::prelude::*;
-use redis_cluster::{RedisCluster, must};
+use redis_cluster::{Deployment, RedisCluster, command_calls, must};
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
@@ -29,62 +27,6 @@ use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, S
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);
-
-/// The suite and the contract on a clustered client.
-mod plain {
-    use super::*;
-
-    suite::store_smoke!(async {
-        let cluster = RedisCluster::shared();
-        let store = RedisStore::new(cluster.connect().await);
-        (store, cluster)
-    });
-
-    contract::store_contract!(async {
-        let cluster = RedisCluster::shared();
-        let store = RedisStore::new(cluster.connect().await);
-        (store, cluster)
-    });
-}
-
-/// The contract on the store `store::connect` makes from a `redis-cluster://` URL naming every
-/// node.
-mod from_url {
-    use super::*;
-
-    contract::store_contract!(async {
-        let cluster = RedisCluster::shared();
-        let ports = cluster.ports();
-        let nodes: Vec<String> = ports[1..]
-            .iter()
-            .map(|p| format!("node=127.0.0.1:{p}"))
-            .collect();
-        let url = format!("redis-cluster://127.0.0.1:{}?{}", ports[0], nodes.join("&"));
-        let store = tower_idempotency::store::connect(&url).await.unwrap();
-        assert_eq!(store.backend(), "redis");
-        (store, cluster)
-    });
-}
-
-/// The suite and the contract on a clustered pool with durable completion: every completed
-/// record waits for the replica of the primary owning its key.
-mod durable {
-    use super::*;
-
-    suite::store_smoke!(async {
-        let cluster = RedisCluster::shared();
-        let store = RedisStore::new(cluster.connect_pool(2).await)
-            .durable_completion(1, Duration::from_secs(1));
-        (store, cluster)
-    });
-
-    contract::store_contract!(async {
-        let cluster = RedisCluster::shared();
-        let store = RedisStore::new(cluster.connect_pool(2).await)
-            .durable_completion(1, Duration::from_secs(1));
-        (store, cluster)
-    });
-}
 
 fn claim() -> Claim {
     Claim::new(Fingerprint::of_bytes(b"{}"))
@@ -101,16 +43,6 @@ fn key_on(cluster: &RedisCluster, primary: u16, label: &str) -> StoreKey {
         .map(|i| StoreKey::new("test", None, &format!("{label}-{i}")))
         .find(|k| shard.owns(fred::util::redis_keyslot(k.as_str().as_bytes())))
         .unwrap()
-}
-
-fn calls(port: u16, command: &str) -> u64 {
-    let info = must(port, &["INFO", "commandstats"]).text();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
 }
 
 /// One batch whose items live on every primary (two per primary, in interleaved order):
@@ -319,26 +251,26 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     let replica = cluster.replicas_of(primary)[0];
     redis_cluster::wait_replicated(primary, replica, Duration::from_secs(5));
 
-    let killed = cluster.kill_master_of(key.as_str());
+    let killed = cluster.kill_primary_of(key.as_str());
     assert_eq!(killed, primary);
     let promoted = cluster.wait_for_failover(killed, Duration::from_secs(20));
     assert_eq!(promoted, replica);
-    assert_eq!(calls(promoted, "eval"), 0);
+    assert_eq!(command_calls(promoted, "eval"), 0);
 
     let ack = Record::ack(a.fingerprint());
     assert!(complete_eventually(&plain, &key, &a, &ack).await);
     assert_eq!(
-        calls(promoted, "eval"),
+        command_calls(promoted, "eval"),
         1,
         "NOSCRIPT, then EVAL on the new owner"
     );
-    assert!(calls(promoted, "evalsha") >= 1);
+    assert!(command_calls(promoted, "evalsha") >= 1);
     // The script is cached there now: the next call is a plain EVALSHA.
     let other = key_on(&cluster, promoted, "noscript-after");
     let c = claim();
     let record = Record::ack(c.fingerprint());
     claim_and_record(&plain, &other, &c, LEASE, &record, RETENTION).await;
-    assert_eq!(calls(promoted, "eval"), 1);
+    assert_eq!(command_calls(promoted, "eval"), 1);
 
     // The durable path sends its script as a custom EVALSHA in a pipeline: same fallback. The
     // promoted primary has no replica yet (its old primary is dead): `WAIT 1` falls short.
@@ -355,7 +287,7 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
         .downcast_ref::<NotReplicated>()
         .unwrap();
     assert_eq!((shortfall.acknowledged(), shortfall.required()), (0, 1));
-    assert_eq!(calls(promoted, "eval"), 2);
+    assert_eq!(command_calls(promoted, "eval"), 2);
     assert!(matches!(
         durable
             .reserve_one(&durable_key, &claim(), LEASE)
@@ -460,35 +392,4 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
     }
 }
 
-scale_out::failover_tests!(RedisCluster, "cluster");
-
-impl scale_out::Topology for RedisCluster {
-    fn builder(&self) -> Builder {
-        RedisCluster::builder(self)
-    }
-
-    fn primary_and_replica(&self, key: &str) -> (u16, u16) {
-        let primary = self.master_of(key);
-        (primary, self.replicas_of(primary)[0])
-    }
-
-    fn freeze(&self, port: u16) {
-        RedisCluster::freeze(self, port);
-    }
-
-    fn thaw(&self, port: u16) {
-        RedisCluster::thaw(self, port);
-    }
-
-    fn kill_primary_of(&mut self, key: &str) -> u16 {
-        self.kill_master_of(key)
-    }
-
-    fn wait_for_failover(&self, killed: u16) -> u16 {
-        RedisCluster::wait_for_failover(self, killed, Duration::from_secs(30))
-    }
-
-    fn restart(&mut self, port: u16) {
-        RedisCluster::restart(self, port);
-    }
-}
+scale_out::deployment_tests!(RedisCluster, "cluster");

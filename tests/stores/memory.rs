@@ -1,6 +1,5 @@
 //! The behaviour suite and the store contract on the embedded [`MemoryStore`].
 
-use crate::once;
 use crate::suite;
 use tower_idempotency::test_util::store::{self as contract, OneTarget};
 

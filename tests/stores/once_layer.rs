@@ -6,11 +6,13 @@
 //! passed through, and the instance `poll_ready` made ready is
 //! the one called.
 
+use std::future::Ready;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use tower::util::ServiceFn;
 use tower::{BoxError, Layer, Service, ServiceExt, service_fn};
 use tower_idempotency::once::{Once, OnceLayer};
 use tower_idempotency::{IdempotencyStore, Idempotent, MemoryStore, MissingKey, OnceError};
@@ -29,13 +31,7 @@ macro_rules! once_layer_suite {
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                let (store, _guard) = $make.await;
-                super::$name(store).await;
-            }
-        )*
+        tower_idempotency::suite_cases!(crate::once_layer; $make; $($name),*);
     };
 }
 
@@ -52,6 +48,10 @@ impl Job {
             id: Some(id.to_owned()),
             amount,
         }
+    }
+
+    fn unkeyed(amount: u64) -> Self {
+        Job { id: None, amount }
     }
 }
 
@@ -84,6 +84,34 @@ fn layer<St: IdempotencyStore>(
     namespace: &str,
 ) -> OnceLayer<fn(&Job) -> Option<String>> {
     OnceLayer::new(Idempotent::new(store).namespace(namespace), key_of)
+}
+
+/// What the inner services under test answer, at once.
+type Answer = Ready<Result<Receipt, BoxError>>;
+
+/// An inner service that counts its calls, and answers its `n`-th (from 0) with
+/// `answer(n, job)`.
+fn counted(
+    answer: impl Fn(usize, Job) -> Result<Receipt, BoxError> + Clone,
+) -> (
+    Arc<AtomicUsize>,
+    ServiceFn<impl FnMut(Job) -> Answer + Clone>,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let inner = service_fn(move |job: Job| {
+        let n = counter.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(answer(n, job))
+    });
+    (calls, inner)
+}
+
+/// What `service` answers `job` once it is ready.
+async fn call<S: Service<Job, Error: std::fmt::Debug>>(
+    service: &mut S,
+    job: Job,
+) -> Result<S::Response, S::Error> {
+    service.ready().await.unwrap().call(job).await
 }
 
 /// Polls `done` until it holds, for at most 10 s.
@@ -140,41 +168,16 @@ async fn concurrent_calls_call_the_inner_service_once<St: IdempotencyStore>(stor
 /// An inner `Err` is `OnceError::Failed` and records nothing: the next call runs, and its
 /// response is the one replayed after.
 async fn err_releases_the_key<St: IdempotencyStore>(store: St) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let inner = {
-        let calls = calls.clone();
-        service_fn(move |job: Job| {
-            let n = calls.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if n == 0 {
-                    Err::<Receipt, BoxError>("down".into())
-                } else {
-                    Ok(receipt(job.amount))
-                }
-            }
-        })
-    };
+    let (calls, inner) = counted(|n, job| match n {
+        0 => Err("down".into()),
+        _ => Ok(receipt(job.amount)),
+    });
     let mut service = layer(store, "err").layer(inner);
-    let failed = service
-        .ready()
-        .await
-        .unwrap()
-        .call(Job::keyed("k", 1))
-        .await;
+    let failed = call(&mut service, Job::keyed("k", 1)).await;
     assert!(matches!(failed, Err(OnceError::Failed(ref e)) if e.to_string() == "down"));
-    let ran = service
-        .ready()
-        .await
-        .unwrap()
-        .call(Job::keyed("k", 2))
-        .await;
+    let ran = call(&mut service, Job::keyed("k", 2)).await;
     assert_eq!(ran.unwrap(), receipt(2));
-    let replayed = service
-        .ready()
-        .await
-        .unwrap()
-        .call(Job::keyed("k", 3))
-        .await;
+    let replayed = call(&mut service, Job::keyed("k", 3)).await;
     assert_eq!(replayed.unwrap(), receipt(2));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
@@ -182,14 +185,7 @@ async fn err_releases_the_key<St: IdempotencyStore>(store: St) {
 /// A repeat, through another service instance built from another layer on the same store,
 /// gets the exact recorded response; other keys are not affected.
 async fn repeat_replays_the_exact_response<St: IdempotencyStore + Clone>(store: St) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let inner = {
-        let calls = calls.clone();
-        service_fn(move |job: Job| {
-            calls.fetch_add(1, Ordering::SeqCst);
-            async move { Ok::<_, BoxError>(receipt(job.amount)) }
-        })
-    };
+    let (calls, inner) = counted(|_, job| Ok(receipt(job.amount)));
     let first = layer(store.clone(), "replay").layer(inner.clone());
     let second = layer(store, "replay").layer(inner);
     let recorded = first.oneshot(Job::keyed("k", 42)).await.unwrap();
@@ -205,14 +201,7 @@ async fn repeat_replays_the_exact_response<St: IdempotencyStore + Clone>(store: 
 /// With a fingerprint of the amount, a key reused with another amount is a mismatch and the
 /// inner service is not called; the same request again replays.
 async fn reused_key_with_another_request_is_a_mismatch<St: IdempotencyStore>(store: St) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let inner = {
-        let calls = calls.clone();
-        service_fn(move |job: Job| {
-            calls.fetch_add(1, Ordering::SeqCst);
-            async move { Ok::<_, BoxError>(receipt(job.amount)) }
-        })
-    };
+    let (calls, inner) = counted(|_, job| Ok(receipt(job.amount)));
     let service = layer(store, "mismatch")
         .fingerprint(|job: &Job| job.amount)
         .layer(inner);
@@ -230,20 +219,9 @@ async fn reused_key_with_another_request_is_a_mismatch<St: IdempotencyStore>(sto
 /// By default a request without a key is `OnceError::MissingKey` and the inner service is
 /// not called.
 async fn missing_key_is_rejected<St: IdempotencyStore>(store: St) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let inner = {
-        let calls = calls.clone();
-        service_fn(move |job: Job| {
-            calls.fetch_add(1, Ordering::SeqCst);
-            async move { Ok::<_, BoxError>(receipt(job.amount)) }
-        })
-    };
+    let (calls, inner) = counted(|_, job| Ok(receipt(job.amount)));
     let service = layer(store, "missing").layer(inner);
-    let unkeyed = Job {
-        id: None,
-        amount: 1,
-    };
-    let answer = service.oneshot(unkeyed).await;
+    let answer = service.oneshot(Job::unkeyed(1)).await;
     assert!(matches!(answer, Err(OnceError::MissingKey)), "{answer:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
@@ -251,34 +229,17 @@ async fn missing_key_is_rejected<St: IdempotencyStore>(store: St) {
 /// With `MissingKey::PassThrough`, a request without a key calls the inner service every
 /// time, and nothing is recorded (its error is still `Failed`).
 async fn missing_key_passes_through<St: IdempotencyStore>(store: St) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let inner = {
-        let calls = calls.clone();
-        service_fn(move |job: Job| {
-            let n = calls.fetch_add(1, Ordering::SeqCst);
-            async move {
-                match n {
-                    2 => Err::<Receipt, BoxError>("down".into()),
-                    _ => Ok(receipt(job.amount + n as u64)),
-                }
-            }
-        })
-    };
+    let (calls, inner) = counted(|n, job| match n {
+        2 => Err("down".into()),
+        _ => Ok(receipt(job.amount + n as u64)),
+    });
     let layer = layer(store, "pass").missing_key(MissingKey::PassThrough);
     let mut service = layer.layer(inner);
     for n in 0..2 {
-        let unkeyed = Job {
-            id: None,
-            amount: 10,
-        };
-        let answer = service.ready().await.unwrap().call(unkeyed).await;
+        let answer = call(&mut service, Job::unkeyed(10)).await;
         assert_eq!(answer.unwrap(), receipt(10 + n));
     }
-    let unkeyed = Job {
-        id: None,
-        amount: 10,
-    };
-    let failed = service.ready().await.unwrap().call(unkeyed).await;
+    let failed = call(&mut service, Job::unkeyed(10)).await;
     assert!(matches!(failed, Err(OnceError::Failed(_))), "{failed:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
@@ -334,73 +295,12 @@ mod on_redis {
 
 #[cfg(feature = "sqlite")]
 mod on_sqlite {
-    use std::path::PathBuf;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    use tower_idempotency::SqliteStore;
-
-    /// A temporary directory holding one test's database file, removed on drop.
-    struct TempDir(PathBuf);
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    async fn fresh() -> (SqliteStore, TempDir) {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "tower-idem-once-layer-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let store = SqliteStore::open(dir.join("once.db")).await.unwrap();
-        (store, TempDir(dir))
-    }
-
-    once_layer_suite!(fresh());
+    // A file of its own per test (see `sqlite.rs`).
+    once_layer_suite!(crate::sqlite::fresh());
 }
 
 #[cfg(feature = "postgres")]
-use crate::postgres_server;
-
-#[cfg(feature = "postgres")]
 mod on_postgres {
-    use std::sync::OnceLock;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    use sqlx::AssertSqlSafe;
-    use tower_idempotency::PostgresStore;
-
-    use super::postgres_server::PostgresServer;
-
-    /// One server for the binary (its watchdog removes it when the process exits).
-    fn server() -> &'static PostgresServer {
-        static SERVER: OnceLock<PostgresServer> = OnceLock::new();
-        SERVER.get_or_init(PostgresServer::new)
-    }
-
-    /// A migrated store in a table no other test uses.
-    async fn fresh() -> (PostgresStore, ()) {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let url = tokio::task::block_in_place(|| server().url());
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(4)
-            .connect(&url)
-            .await
-            .unwrap();
-        let table = format!("once_layer_{}", N.fetch_add(1, Ordering::Relaxed));
-        sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
-            .execute(&pool)
-            .await
-            .unwrap();
-        let store = PostgresStore::new(pool).with_table(&table).unwrap();
-        store.migrate().await.unwrap();
-        (store, ())
-    }
-
-    once_layer_suite!(fresh());
+    // A table of its own per test, on the binary's shared server (see `postgres.rs`).
+    once_layer_suite!(async { (crate::postgres::fresh_table_store().await, ()) });
 }

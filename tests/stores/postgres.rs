@@ -7,7 +7,8 @@ use crate::once;
 use crate::postgres_server;
 use crate::sql_purge;
 use crate::store_steps::{
-    claim_and_record, fifty_claims_one_winner, held_by, neither_completes_nor_releases,
+    claim_and_record, completed_by, expired_claim_taken_over, fifty_claims_one_winner, held_by,
+    neither_completes_nor_releases, record_expires, records, replays, reserves,
 };
 use crate::suite;
 use tower_idempotency::test_util::store::{self as contract, OneTarget};
@@ -26,7 +27,7 @@ use tower_idempotency::PostgresStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::record::{Record, StoredResponse};
 use tower_idempotency::store::{CachedStore, LocalCache};
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::store::{Claim, Reservation, StoreErrorKind, StoreKey};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -88,7 +89,7 @@ async fn own_table_store(name: &str) -> PostgresStore {
 }
 
 /// A migrated store on the shared server in a table no other test uses.
-async fn fresh_table_store() -> PostgresStore {
+pub(crate) async fn fresh_table_store() -> PostgresStore {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     own_table_store(&format!("once_{n}")).await
@@ -132,10 +133,7 @@ async fn absent_in_flight_completed_transitions() {
     let key = StoreKey::new(&suite::ns("pg-transitions"), None, "evt_1");
     let first = claim(b"{\"a\":1}");
 
-    assert_eq!(
-        store.reserve_one(&key, &first, LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &key, &first, LEASE, Reservation::Acquired).await;
     let row = sqlx::query(
         "SELECT state, token, fingerprint, record,
                 extract(epoch FROM expires_at - now())::float8 AS ttl
@@ -163,13 +161,7 @@ async fn absent_in_flight_completed_transitions() {
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
     neither_completes_nor_releases(&store, &key, &dup, &record, RETENTION).await;
 
-    assert!(
-        store
-            .complete_one(&key, &first, &record, RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    records(&store, &key, &first, &record, RETENTION).await;
     let row = sqlx::query(
         "SELECT state, token, record, extract(epoch FROM expires_at - now())::float8 AS ttl
          FROM idempotency_keys WHERE key = $1",
@@ -188,34 +180,15 @@ async fn absent_in_flight_completed_transitions() {
         "retention {ttl}"
     );
 
-    // A duplicate after completion gets the record; the key is not claimed again.
-    assert_eq!(
-        store.reserve_one(&key, &dup, LEASE).await.unwrap(),
-        Reservation::Completed(record.clone())
-    );
-    // Release does not apply to a completed key, not even with its old token.
-    assert!(!store.release_one(&key, &first).await.unwrap());
-    // Completing again (a retry whose first attempt landed) is reported as done, and the
-    // record stays as it was.
-    assert_eq!(
-        store
-            .complete_one(&key, &first, &record, LEASE)
-            .await
-            .unwrap(),
-        Completion::AlreadyWritten
-    );
-    assert_eq!(
-        store.reserve_one(&key, &dup, LEASE).await.unwrap(),
-        Reservation::Completed(record.clone())
-    );
+    // A duplicate after completion gets the record; the key is not claimed again, not
+    // released, and completing it again (a retry whose first attempt landed) is reported as
+    // done, the record staying as it was.
+    completed_by(&store, &key, &first, &dup, &record, LEASE).await;
 
     // Release of a live claim deletes the row, and the next attempt acquires.
     let other = StoreKey::new(&suite::ns("pg-transitions"), None, "evt_2");
     let a = claim(b"x");
-    assert_eq!(
-        store.reserve_one(&other, &a, LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &other, &a, LEASE, Reservation::Acquired).await;
     assert!(store.release_one(&other, &a).await.unwrap());
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE key = $1")
         .bind(other.as_str())
@@ -223,13 +196,7 @@ async fn absent_in_flight_completed_transitions() {
         .await
         .unwrap();
     assert_eq!(left, 0);
-    assert_eq!(
-        store
-            .reserve_one(&other, &claim(b"x"), LEASE)
-            .await
-            .unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &other, &claim(b"x"), LEASE, Reservation::Acquired).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,46 +207,11 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     let ns = suite::ns("pg-expiry");
     // An expired lease.
     let key = StoreKey::new(&ns, None, "lease");
-    let old = claim(b"x");
-    store
-        .reserve_one(&key, &old, Duration::from_millis(50))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let new = claim(b"y");
-    assert_eq!(
-        store.reserve_one(&key, &new, LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
-    let record = Record::ack(old.fingerprint());
-    neither_completes_nor_releases(&store, &key, &old, &record, LEASE).await;
-    assert_eq!(
-        store.reserve_one(&key, &claim(b"z"), LEASE).await.unwrap(),
-        Reservation::InFlight {
-            fingerprint: new.fingerprint()
-        }
-    );
+    let expiring = Duration::from_millis(50);
+    expired_claim_taken_over(&store, &key, &claim(b"x"), &claim(b"y"), expiring, LEASE).await;
     // An expired record.
     let key = StoreKey::new(&ns, None, "record");
-    let first = claim(b"x");
-    store.reserve_one(&key, &first, LEASE).await.unwrap();
-    let record = Record::ack(first.fingerprint()).owned_by(first.token());
-    assert!(
-        store
-            .complete_one(&key, &first, &record, RECORD_RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
-    assert_eq!(
-        store.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
-        Reservation::Completed(record)
-    );
-    tokio::time::sleep(RECORD_RETENTION + Duration::from_millis(200)).await;
-    assert_eq!(
-        store.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
+    record_expires(&store, &key, &claim(b"x"), LEASE, RECORD_RETENTION).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -333,13 +265,7 @@ async fn completed_keys_survive_an_app_restart() {
     }
     // A new process: a new pool, a new store, the same database.
     let store = shared_store().await;
-    assert_eq!(
-        store
-            .reserve_one(&key, &claim(b"body"), LEASE)
-            .await
-            .unwrap(),
-        Reservation::Completed(record)
-    );
+    replays(&store, &key, &record, LEASE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -365,13 +291,7 @@ async fn completed_keys_survive_a_database_crash_and_the_store_reconnects() {
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
     // The caching instance still answers the duplicate of the key it completed.
-    assert_eq!(
-        cached
-            .reserve_one(&key, &claim(b"body"), LEASE)
-            .await
-            .unwrap(),
-        Reservation::Completed(record.clone())
-    );
+    replays(&cached, &key, &record, LEASE).await;
     // A new key needs the database.
     let other = StoreKey::new("restart", None, "evt_2");
     let err = cached
@@ -382,13 +302,7 @@ async fn completed_keys_survive_a_database_crash_and_the_store_reconnects() {
     tokio::task::block_in_place(|| server.start());
 
     // The same store (the same pool) recovers by itself, and the record is still there.
-    assert_eq!(
-        store
-            .reserve_one(&key, &claim(b"body"), LEASE)
-            .await
-            .unwrap(),
-        Reservation::Completed(record)
-    );
+    replays(&store, &key, &record, LEASE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -447,10 +361,7 @@ async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
     }
     store.migrate().await.unwrap();
     let key = StoreKey::new("app", None, "k");
-    assert_eq!(
-        store.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &key, &claim(b"x"), LEASE, Reservation::Acquired).await;
     let indexes: Vec<String> = sqlx::query_scalar(
         "SELECT indexdef FROM pg_indexes WHERE schemaname = 'app' AND tablename = $1",
     )
@@ -474,6 +385,26 @@ async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
     .unwrap();
 }
 
+/// A transaction that inserts `winner`'s claim of `key`, not committed yet.
+async fn uncommitted_claim(
+    store: &PostgresStore,
+    key: &StoreKey,
+    winner: &Claim,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO idempotency_keys (key, state, token, fingerprint, expires_at)
+         VALUES ($1, 'in_flight', $2, $3, now() + interval '30 seconds')",
+    )
+    .bind(key.as_str())
+    .bind(&winner.token().as_bytes()[..])
+    .bind(&winner.fingerprint().as_bytes()[..])
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx
+}
+
 /// A claim that waits on another transaction's uncommitted insert of the same key: when that
 /// commits, the claim's statement conflicts with a row its snapshot cannot see, reads nothing
 /// back, and must claim again (with a fresh snapshot) to report the winner; when it rolls
@@ -485,17 +416,7 @@ async fn claim_racing_an_uncommitted_insert_reports_the_winner() {
     for commit in [true, false] {
         let key = StoreKey::new(&ns, None, &commit.to_string());
         let winner = claim(b"winner");
-        let mut tx = store.pool().begin().await.unwrap();
-        sqlx::query(
-            "INSERT INTO idempotency_keys (key, state, token, fingerprint, expires_at)
-             VALUES ($1, 'in_flight', $2, $3, now() + interval '30 seconds')",
-        )
-        .bind(key.as_str())
-        .bind(&winner.token().as_bytes()[..])
-        .bind(&winner.fingerprint().as_bytes()[..])
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+        let tx = uncommitted_claim(&store, &key, &winner).await;
         let waiting = {
             let store = store.clone();
             let key = key.clone();
@@ -593,17 +514,7 @@ async fn batch_racing_an_uncommitted_insert_reports_the_winner() {
         let free = StoreKey::new(&ns, None, &format!("free-{commit}"));
         let contended = StoreKey::new(&ns, None, &format!("contended-{commit}"));
         let winner = claim(b"winner");
-        let mut tx = store.pool().begin().await.unwrap();
-        sqlx::query(
-            "INSERT INTO idempotency_keys (key, state, token, fingerprint, expires_at)
-             VALUES ($1, 'in_flight', $2, $3, now() + interval '30 seconds')",
-        )
-        .bind(contended.as_str())
-        .bind(&winner.token().as_bytes()[..])
-        .bind(&winner.fingerprint().as_bytes()[..])
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+        let tx = uncommitted_claim(&store, &contended, &winner).await;
         let waiting = {
             let (store, keys) = (store.clone(), [free.clone(), contended.clone()]);
             tokio::spawn(async move {

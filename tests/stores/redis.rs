@@ -3,7 +3,6 @@
 //! in commands (`MONITOR`) and in round trips (through `support/redis_proxy.rs`).
 #![cfg(feature = "redis")]
 
-use crate::once;
 use crate::redis_proxy;
 use crate::redis_server;
 use crate::suite;
@@ -53,6 +52,48 @@ async fn store_down_fails_closed_or_open() {
     suite::fail_open_processes_without_protection(store, async || server.kill()).await;
 }
 
+/// Two instances of a layer in `namespace` on `server`, each with a client of its own (the
+/// scripts loaded): the first with its own local cache, the second with the one returned,
+/// which shows what it caches.
+pub(crate) async fn two_instances(
+    server: &RedisServer,
+    namespace: &str,
+    effects: &Effects,
+) -> (axum::Router, axum::Router, LocalCache) {
+    let store = RedisStore::new(server.connect().await);
+    store.load_scripts().await.unwrap();
+    let first = router(IdempotencyLayer::new(store).namespace(namespace), effects);
+    let cache = LocalCache::new();
+    let other = RedisStore::new(server.connect().await);
+    let layer = IdempotencyLayer::new(other)
+        .namespace(namespace)
+        .local_cache(cache.clone());
+    (first, router(layer, effects), cache)
+}
+
+/// What `app` answers `req`, and the commands the server was sent meanwhile (`MONITOR`).
+pub(crate) async fn monitored(
+    server: &RedisServer,
+    app: &axum::Router,
+    req: http::Request<axum::body::Body>,
+) -> (StatusCode, http::HeaderMap, Vec<String>) {
+    let monitor = server.monitor();
+    let (status, headers, _) = send(app, req).await;
+    (status, headers, monitor.finish())
+}
+
+/// Through `app`, a first delivery of `k1` costs `SET` then `EVALSHA`, and its duplicate no
+/// command (answered from the local cache): the duplicate's headers.
+pub(crate) async fn first_then_cached(server: &RedisServer, app: &axum::Router) -> http::HeaderMap {
+    let (status, _, sent) = monitored(server, app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(sent, ["SET", "EVALSHA"]);
+    let (status, headers, sent) = monitored(server, app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sent, Vec::<String>::new());
+    headers
+}
+
 /// Through the layer, a first delivery costs 2 commands, one round trip each (`SET NX GET`,
 /// then `EVALSHA`); a duplicate costs 1 (`SET NX GET`) on an instance whose local cache does
 /// not hold the record, even one that never saw the key (nothing more is sent, in the
@@ -60,30 +101,12 @@ async fn store_down_fails_closed_or_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_round_trips_per_first_delivery_one_per_duplicate() {
     let server = RedisServer::start();
-    let store = RedisStore::new(server.connect().await);
-    store.load_scripts().await.unwrap();
     let effects = Effects::default();
-    let app = router(IdempotencyLayer::new(store).namespace("cost"), &effects);
     // A second instance on the same Redis, with a cache of its own.
-    let other_cache = LocalCache::new();
-    let other_store = RedisStore::new(server.connect().await);
-    let other = router(
-        IdempotencyLayer::new(other_store)
-            .namespace("cost")
-            .local_cache(other_cache.clone()),
-        &effects,
-    );
-
-    let monitor = server.monitor();
-    let (status, _, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
-    assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(monitor.finish(), ["SET", "EVALSHA"]);
+    let (app, other, other_cache) = two_instances(&server, "cost", &effects).await;
 
     // The instance that completed the key answers its duplicates from its local cache.
-    let monitor = server.monitor();
-    let (status, _, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(monitor.finish(), Vec::<String>::new());
+    first_then_cached(&server, &app).await;
 
     // Another instance reads the record once, and caches it at once.
     let monitor = server.monitor();
@@ -96,10 +119,9 @@ async fn two_round_trips_per_first_delivery_one_per_duplicate() {
         ["SET"],
         "nothing more, even in the background"
     );
-    let monitor = server.monitor();
-    let (status, _, _) = send(&other, post("/effect", Some("k1"), "{}")).await;
+    let (status, _, sent) = monitored(&server, &other, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(monitor.finish(), Vec::<String>::new());
+    assert_eq!(sent, Vec::<String>::new());
     assert_eq!(effects.total(), 1);
 
     // A failed attempt: the claim, then the release script.

@@ -3,7 +3,10 @@
 #![cfg(feature = "redis")]
 
 use crate::redis_server;
-use crate::store_steps::{claim_and_record, held_by, neither_completes_nor_releases};
+use crate::store_steps::{
+    claim_and_record, fifty_claims_one_winner, held_by, neither_completes_nor_releases, records,
+    reserves,
+};
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +24,14 @@ use tower_idempotency::test_util::store::OneTarget;
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
+
+/// A fresh server, a client of it, and a store on that client.
+async fn started() -> (RedisServer, Client, RedisStore<Client>) {
+    let server = RedisServer::start();
+    let client = server.connect().await;
+    let store = RedisStore::new(client.clone());
+    (server, client, store)
+}
 
 fn claim(body: &[u8]) -> Claim {
     Claim::new(Fingerprint::of_bytes(body))
@@ -61,16 +72,11 @@ async fn store_command_total(client: &Client) -> u64 {
 
 #[tokio::test]
 async fn absent_in_flight_completed_transitions() {
-    let server = RedisServer::start();
-    let client = server.connect().await;
-    let store = RedisStore::new(client.clone());
+    let (_server, client, store) = started().await;
     let key = StoreKey::new("orders", None, "evt_1");
     let first = claim(b"{\"a\":1}");
 
-    assert_eq!(
-        store.reserve_one(&key, &first, LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &key, &first, LEASE, Reservation::Acquired).await;
     // Stored: the 25-byte in-flight value, with the lease as its TTL.
     assert_eq!(
         get_raw(&client, &key).await.unwrap(),
@@ -86,13 +92,7 @@ async fn absent_in_flight_completed_transitions() {
 
     // What the store writes: the record with the owner tag of the claim that completed it.
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
-    assert!(
-        store
-            .complete_one(&key, &first, &record, RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    records(&store, &key, &first, &record, RETENTION).await;
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
     let ttl = pttl(&client, &key).await;
     assert!(
@@ -101,10 +101,14 @@ async fn absent_in_flight_completed_transitions() {
     );
 
     // A duplicate after completion gets the record; the key is not re-claimed.
-    assert_eq!(
-        store.reserve_one(&key, &dup, LEASE).await.unwrap(),
-        Reservation::Completed(record.clone())
-    );
+    reserves(
+        &store,
+        &key,
+        &dup,
+        LEASE,
+        Reservation::Completed(record.clone()),
+    )
+    .await;
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
 
     // Release after completion is refused: the key is no longer in flight.
@@ -133,17 +137,11 @@ async fn absent_in_flight_completed_transitions() {
     // Release of a live claim deletes it, and the next attempt acquires.
     let other = StoreKey::new("orders", None, "evt_2");
     let a = claim(b"x");
-    assert_eq!(
-        store.reserve_one(&other, &a, LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &other, &a, LEASE, Reservation::Acquired).await;
     assert!(store.release_one(&other, &a).await.unwrap());
     assert_eq!(get_raw(&client, &other).await, None);
     let b = claim(b"x");
-    assert_eq!(
-        store.reserve_one(&other, &b, LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &other, &b, LEASE, Reservation::Acquired).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -153,34 +151,13 @@ async fn fifty_concurrent_reserves_have_exactly_one_winner() {
     let store: RedisStore = RedisStore::new(pool);
     for round in 0..5 {
         let key = StoreKey::new("race", None, &format!("evt_{round}"));
-        let tasks: Vec<_> = (0..50)
-            .map(|_| {
-                let store = store.clone();
-                let key = key.clone();
-                tokio::spawn(async move { store.reserve_one(&key, &claim(b"same"), LEASE).await })
-            })
-            .collect();
-        let mut acquired = 0;
-        let mut in_flight = 0;
-        for task in tasks {
-            match task.await.unwrap().unwrap() {
-                Reservation::Acquired => acquired += 1,
-                Reservation::InFlight { fingerprint } => {
-                    assert_eq!(fingerprint, Fingerprint::of_bytes(b"same"));
-                    in_flight += 1;
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-        assert_eq!((acquired, in_flight), (1, 49), "round {round}");
+        fifty_claims_one_winner(std::slice::from_ref(&store), &key, LEASE, round).await;
     }
 }
 
 #[tokio::test]
 async fn wrong_token_changes_nothing() {
-    let server = RedisServer::start();
-    let client = server.connect().await;
-    let store = RedisStore::new(client.clone());
+    let (_server, client, store) = started().await;
     let key = StoreKey::new("tokens", None, "evt_1");
     let owner = claim(b"body");
     // Another claim of the same request: a token of its own (random).
@@ -202,48 +179,32 @@ async fn wrong_token_changes_nothing() {
     assert_eq!(get_raw(&client, &absent).await, None);
 
     // The owner still completes.
-    assert!(
-        store
-            .complete_one(&key, &owner, &record, RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    records(&store, &key, &owner, &record, RETENTION).await;
 }
 
 #[tokio::test]
 async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
-    let server = RedisServer::start();
-    let client = server.connect().await;
-    let store = RedisStore::new(client.clone());
+    let (_server, client, store) = started().await;
     let key = StoreKey::new("lease", None, "evt_1");
     let old = claim(b"body");
 
-    assert_eq!(
-        store
-            .reserve_one(&key, &old, Duration::from_millis(100))
-            .await
-            .unwrap(),
-        Reservation::Acquired
-    );
+    reserves(
+        &store,
+        &key,
+        &old,
+        Duration::from_millis(100),
+        Reservation::Acquired,
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(get_raw(&client, &key).await, None, "PX expired the lease");
 
     let new = claim(b"body");
-    assert_eq!(
-        store.reserve_one(&key, &new, LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &key, &new, LEASE, Reservation::Acquired).await;
     let record = Record::ack(old.fingerprint());
     neither_completes_nor_releases(&store, &key, &old, &record, RETENTION).await;
     assert_eq!(get_raw(&client, &key).await.unwrap(), in_flight_value(&new));
-    assert!(
-        store
-            .complete_one(&key, &new, &record, RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    records(&store, &key, &new, &record, RETENTION).await;
 
     // Completed records expire with their retention too.
     let short = StoreKey::new("lease", None, "evt_2");
@@ -251,20 +212,19 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
     let (record, retention) = (Record::ack(c.fingerprint()), Duration::from_millis(100));
     claim_and_record(&store, &short, &c, LEASE, &record, retention).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(
-        store
-            .reserve_one(&short, &claim(b"body"), LEASE)
-            .await
-            .unwrap(),
-        Reservation::Acquired
-    );
+    reserves(
+        &store,
+        &short,
+        &claim(b"body"),
+        LEASE,
+        Reservation::Acquired,
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn replay_records_round_trip() {
-    let server = RedisServer::start();
-    let client = server.connect().await;
-    let store = RedisStore::new(client.clone());
+    let (_server, client, store) = started().await;
 
     let mut headers = HeaderMap::new();
     headers.insert("content-type", HeaderValue::from_static("application/json"));
@@ -282,10 +242,7 @@ async fn replay_records_round_trip() {
     for (i, body) in bodies.into_iter().enumerate() {
         let key = StoreKey::new("replay", Some("tenant-a"), &format!("evt_{i}"));
         let first = claim(&body);
-        assert_eq!(
-            store.reserve_one(&key, &first, LEASE).await.unwrap(),
-            Reservation::Acquired
-        );
+        reserves(&store, &key, &first, LEASE, Reservation::Acquired).await;
         let record = Record::replay(
             first.fingerprint(),
             StoredResponse::new(
@@ -296,20 +253,15 @@ async fn replay_records_round_trip() {
             ),
         )
         .owned_by(first.token());
-        assert!(
-            store
-                .complete_one(&key, &first, &record, RETENTION)
-                .await
-                .unwrap()
-                .is_recorded()
-        );
-        assert_eq!(
-            store
-                .reserve_one(&key, &claim(b"dup"), LEASE)
-                .await
-                .unwrap(),
-            Reservation::Completed(record)
-        );
+        records(&store, &key, &first, &record, RETENTION).await;
+        reserves(
+            &store,
+            &key,
+            &claim(b"dup"),
+            LEASE,
+            Reservation::Completed(record),
+        )
+        .await;
     }
 
     // An ack record whose 12 bytes (tag, owner tag, fingerprint) happen to be valid UTF-8
@@ -320,20 +272,19 @@ async fn replay_records_round_trip() {
     claim_and_record(&store, &key, &c, LEASE, &Record::ack(fp), RETENTION).await;
     let stored = get_raw(&client, &key).await.unwrap();
     assert!(std::str::from_utf8(&stored).is_ok(), "{stored:?}");
-    assert_eq!(
-        store
-            .reserve_one(&key, &claim(b"dup"), LEASE)
-            .await
-            .unwrap(),
-        Reservation::Completed(Record::ack(fp).owned_by(c.token()))
-    );
+    reserves(
+        &store,
+        &key,
+        &claim(b"dup"),
+        LEASE,
+        Reservation::Completed(Record::ack(fp).owned_by(c.token())),
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn undecodable_values_are_corrupt_errors() {
-    let server = RedisServer::start();
-    let client = server.connect().await;
-    let store = RedisStore::new(client.clone());
+    let (_server, client, store) = started().await;
     let key = StoreKey::new("corrupt", None, "evt_1");
     let _: () = client
         .set(key.as_str(), "not ours", None, None, false)
@@ -354,9 +305,7 @@ async fn undecodable_values_are_corrupt_errors() {
 
 #[tokio::test]
 async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
-    let server = RedisServer::start();
-    let client = server.connect().await;
-    let store = RedisStore::new(client.clone());
+    let (server, client, store) = started().await;
 
     // Warm the script cache once, as any running process has.
     let warm = StoreKey::new("cost", None, "warm-up");
@@ -374,17 +323,8 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
     for i in 0..N {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
         let c = claim(b"payload");
-        assert_eq!(
-            store.reserve_one(&key, &c, LEASE).await.unwrap(),
-            Reservation::Acquired
-        );
-        assert!(
-            store
-                .complete_one(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
-                .await
-                .unwrap()
-                .is_recorded()
-        );
+        reserves(&store, &key, &c, LEASE, Reservation::Acquired).await;
+        records(&store, &key, &c, &Record::ack(c.fingerprint()), RETENTION).await;
     }
     let sent = monitor.finish();
     let set = redis_server::command_calls(&client, "set").await;
@@ -476,22 +416,14 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
 /// class (104 bytes). (The entry in the expires dict is not counted by `MEMORY USAGE`.)
 #[tokio::test]
 async fn an_ack_record_is_one_small_string() {
-    let server = RedisServer::start();
-    let client = server.connect().await;
-    let store = RedisStore::new(client.clone());
+    let (_server, client, store) = started().await;
     let key = StoreKey::new("kalipto", None, "pd_01J9Z6V4Q8K3N2M5T7R1W0XYZA");
     let c = claim(b"{\"id\":\"pd_01J9Z6V4Q8K3N2M5T7R1W0XYZA\"}");
     store.reserve_one(&key, &c, LEASE).await.unwrap();
     let in_flight = redis_server::memory_usage(&client, key.as_str())
         .await
         .unwrap();
-    assert!(
-        store
-            .complete_one(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    records(&store, &key, &c, &Record::ack(c.fingerprint()), RETENTION).await;
     let completed = redis_server::memory_usage(&client, key.as_str())
         .await
         .unwrap();
@@ -524,9 +456,7 @@ async fn an_ack_record_is_one_small_string() {
 
 #[tokio::test]
 async fn scripts_are_reloaded_after_noscript() {
-    let server = RedisServer::start();
-    let client = server.connect().await;
-    let store = RedisStore::new(client.clone());
+    let (_server, client, store) = started().await;
     store.load_scripts().await.unwrap();
 
     redis_server::script_flush(&client).await;
@@ -535,13 +465,7 @@ async fn scripts_are_reloaded_after_noscript() {
     let c = claim(b"x");
     store.reserve_one(&key, &c, LEASE).await.unwrap();
     let record = Record::ack(c.fingerprint()).owned_by(c.token());
-    assert!(
-        store
-            .complete_one(&key, &c, &record, RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    records(&store, &key, &c, &record, RETENTION).await;
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
     assert_eq!(redis_server::command_calls(&client, "eval").await, 1);
 
@@ -565,9 +489,7 @@ async fn scripts_are_reloaded_after_noscript() {
 
 #[tokio::test]
 async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
-    let mut server = RedisServer::start();
-    let client = server.connect().await;
-    let store = RedisStore::new(client.clone());
+    let (mut server, _client, store) = started().await;
     let key = StoreKey::new("down", None, "evt_1");
     let c = claim(b"x");
     store.reserve_one(&key, &c, LEASE).await.unwrap();
@@ -629,13 +551,7 @@ async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
         }
     }
     // The script cache of the new process is empty: complete reloads it.
-    assert!(
-        store
-            .complete_one(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    records(&store, &key, &c, &Record::ack(c.fingerprint()), RETENTION).await;
 }
 
 #[tokio::test]
@@ -682,10 +598,7 @@ async fn a_busy_server_is_unavailable() {
     assert!(reply.starts_with("+OK"), "{reply}");
     busy.join().unwrap();
     // Nothing was claimed; once the script ends, the key is free.
-    assert_eq!(
-        store.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &key, &claim(b"x"), LEASE, Reservation::Acquired).await;
 }
 
 #[tokio::test]
@@ -699,21 +612,16 @@ async fn a_pool_and_a_client_are_both_stores() {
 
     let key = StoreKey::new("both", None, "evt_1");
     let c = claim(b"x");
-    assert_eq!(
-        pool.reserve_one(&key, &c, LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
-    assert!(
-        client
-            .complete_one(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
-    assert_eq!(
-        pool.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
-        Reservation::Completed(Record::ack(c.fingerprint()).owned_by(c.token()))
-    );
+    reserves(&pool, &key, &c, LEASE, Reservation::Acquired).await;
+    records(&client, &key, &c, &Record::ack(c.fingerprint()), RETENTION).await;
+    reserves(
+        &pool,
+        &key,
+        &claim(b"x"),
+        LEASE,
+        Reservation::Completed(Record::ack(c.fingerprint()).owned_by(c.token())),
+    )
+    .await;
     assert!(client.client().is_connected());
     let _pool: Pool = pool.into_inner();
 }

@@ -10,14 +10,12 @@
 
 use crate::redis_sentinel;
 use crate::scale_out;
-use crate::suite;
-use tower_idempotency::test_util::store::{self as contract, OneTarget};
+use tower_idempotency::test_util::store::OneTarget;
 
 use std::error::Error as _;
 use std::time::{Duration, Instant};
 
-use fred::prelude::*;
-use redis_sentinel::{RedisSentinel, must};
+use redis_sentinel::{Deployment, RedisSentinel, command_calls, must};
 use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::NotReplicated;
@@ -26,67 +24,6 @@ use tower_idempotency::store::{Claim, Reservation, StoreErrorKind, StoreKey};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);
-
-/// The suite and the contract on a client that finds the primary through the sentinels.
-mod plain {
-    use super::*;
-
-    suite::store_smoke!(async {
-        let deployment = RedisSentinel::shared();
-        let store = RedisStore::new(deployment.connect().await);
-        (store, deployment)
-    });
-
-    contract::store_contract!(async {
-        let deployment = RedisSentinel::shared();
-        let store = RedisStore::new(deployment.connect().await);
-        (store, deployment)
-    });
-}
-
-/// The contract on the store `store::connect` makes from a `redis-sentinel://` URL naming the
-/// sentinels and the service.
-mod from_url {
-    use super::*;
-
-    contract::store_contract!(async {
-        let deployment = RedisSentinel::shared();
-        let ports = deployment.sentinel_ports();
-        let nodes: Vec<String> = ports[1..]
-            .iter()
-            .map(|p| format!("node=127.0.0.1:{p}&"))
-            .collect();
-        let url = format!(
-            "redis-sentinel://127.0.0.1:{}?{}sentinelServiceName={}",
-            ports[0],
-            nodes.concat(),
-            redis_sentinel::SERVICE
-        );
-        let store = tower_idempotency::store::connect(&url).await.unwrap();
-        assert_eq!(store.backend(), "redis");
-        (store, deployment)
-    });
-}
-
-/// The suite and the contract on a pool with durable completion: every completed record waits
-/// for the replica.
-mod durable {
-    use super::*;
-
-    suite::store_smoke!(async {
-        let deployment = RedisSentinel::shared();
-        let store = RedisStore::new(deployment.connect_pool(2).await)
-            .durable_completion(1, Duration::from_secs(1));
-        (store, deployment)
-    });
-
-    contract::store_contract!(async {
-        let deployment = RedisSentinel::shared();
-        let store = RedisStore::new(deployment.connect_pool(2).await)
-            .durable_completion(1, Duration::from_secs(1));
-        (store, deployment)
-    });
-}
 
 /// `redis-server` missing: a loud failure, never a skip.
 #[test]
@@ -101,16 +38,6 @@ fn claim() -> Claim {
 
 fn key(label: &str) -> StoreKey {
     StoreKey::new("sentinel", None, label)
-}
-
-fn calls(port: u16, command: &str) -> u64 {
-    let info = must(port, &["INFO", "commandstats"]).text();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
 }
 
 fn not_replicated(error: &tower_idempotency::store::StoreError) -> &NotReplicated {
@@ -241,7 +168,7 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
         }
     };
     assert!(done.is_recorded());
-    assert_eq!(calls(promoted, "eval"), 1, "NOSCRIPT, then EVAL");
+    assert_eq!(command_calls(promoted, "eval"), 1, "NOSCRIPT, then EVAL");
 
     // Durable: the same fallback; the promoted primary has no replica, so WAIT falls short.
     must(promoted, &["SCRIPT", "FLUSH", "SYNC"]);
@@ -251,7 +178,7 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
         .await
         .unwrap_err();
     assert_eq!(not_replicated(&error).acknowledged(), 0);
-    assert_eq!(calls(promoted, "eval"), 2);
+    assert_eq!(command_calls(promoted, "eval"), 2);
     for k in [key("a"), key("b")] {
         assert!(matches!(
             plain.reserve_one(&k, &claim(), LEASE).await.unwrap(),
@@ -260,34 +187,4 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     }
 }
 
-scale_out::failover_tests!(RedisSentinel, "sentinel");
-
-impl scale_out::Topology for RedisSentinel {
-    fn builder(&self) -> Builder {
-        RedisSentinel::builder(self)
-    }
-
-    fn primary_and_replica(&self, _key: &str) -> (u16, u16) {
-        (self.master_port(), self.replica_port())
-    }
-
-    fn freeze(&self, port: u16) {
-        RedisSentinel::freeze(self, port);
-    }
-
-    fn thaw(&self, port: u16) {
-        RedisSentinel::thaw(self, port);
-    }
-
-    fn kill_primary_of(&mut self, _key: &str) -> u16 {
-        self.kill_master()
-    }
-
-    fn wait_for_failover(&self, killed: u16) -> u16 {
-        RedisSentinel::wait_for_failover(self, killed, Duration::from_secs(30))
-    }
-
-    fn restart(&mut self, port: u16) {
-        RedisSentinel::restart(self, port);
-    }
-}
+scale_out::deployment_tests!(RedisSentinel, "sentinel");

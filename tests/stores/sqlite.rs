@@ -6,7 +6,8 @@
 use crate::once;
 use crate::sql_purge;
 use crate::store_steps::{
-    claim_and_record, fifty_claims_one_winner, held_by, neither_completes_nor_releases,
+    claim_and_record, completed_by, expired_claim_taken_over, fifty_claims_one_winner, held_by,
+    neither_completes_nor_releases, record_expires, records, replays, reserves,
 };
 use crate::suite;
 use tower_idempotency::test_util::store::{self as contract, OneTarget};
@@ -19,7 +20,7 @@ use sqlx::{AssertSqlSafe, Row};
 use tower_idempotency::SqliteStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::record::{Record, StoredResponse};
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::store::{Claim, Reservation, StoreErrorKind, StoreKey};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(72 * 3600);
@@ -28,7 +29,7 @@ const RETENTION: Duration = Duration::from_secs(72 * 3600);
 const RECORD_RETENTION: Duration = Duration::from_secs(1);
 
 /// A temporary directory, removed on drop.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
     fn new() -> Self {
@@ -61,7 +62,7 @@ async fn open(path: &Path) -> SqliteStore {
 }
 
 /// A fresh store on a fresh file; the directory goes with the guard.
-async fn fresh() -> (SqliteStore, TempDir) {
+pub(crate) async fn fresh() -> (SqliteStore, TempDir) {
     let dir = TempDir::new();
     (open(&dir.db()).await, dir)
 }
@@ -98,10 +99,7 @@ async fn absent_in_flight_completed_transitions() {
     let key = StoreKey::new("orders", None, "evt_1");
     let first = claim(b"{\"a\":1}");
 
-    assert_eq!(
-        store.reserve_one(&key, &first, LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &key, &first, LEASE, Reservation::Acquired).await;
     let row = sqlx::query(
         "SELECT state, token, fingerprint, record, expires_at - created_at AS lease
          FROM idempotency_keys WHERE key = ?1",
@@ -125,13 +123,7 @@ async fn absent_in_flight_completed_transitions() {
     let record = Record::ack(first.fingerprint()).owned_by(first.token());
     neither_completes_nor_releases(&store, &key, &dup, &record, RETENTION).await;
 
-    assert!(
-        store
-            .complete_one(&key, &first, &record, RETENTION)
-            .await
-            .unwrap()
-            .is_recorded()
-    );
+    records(&store, &key, &first, &record, RETENTION).await;
     let row =
         sqlx::query("SELECT state, token, record, expires_at FROM idempotency_keys WHERE key = ?1")
             .bind(key.as_str())
@@ -145,37 +137,17 @@ async fn absent_in_flight_completed_transitions() {
     let retention = RETENTION.as_millis() as i64;
     assert!(left > retention - 10_000 && left <= retention, "{left}");
 
-    assert_eq!(
-        store.reserve_one(&key, &dup, LEASE).await.unwrap(),
-        Reservation::Completed(record.clone())
-    );
-    assert!(!store.release_one(&key, &first).await.unwrap());
-    // Completing again (a retry whose first attempt landed) is reported as done, and the
-    // record stays as it was.
-    assert_eq!(
-        store
-            .complete_one(&key, &first, &record, LEASE)
-            .await
-            .unwrap(),
-        Completion::AlreadyWritten
-    );
-    assert_eq!(
-        store.reserve_one(&key, &dup, LEASE).await.unwrap(),
-        Reservation::Completed(record.clone())
-    );
+    // A duplicate after completion gets the record; the key is not claimed again, not
+    // released, and completing it again (a retry whose first attempt landed) is reported as
+    // done, the record staying as it was.
+    completed_by(&store, &key, &first, &dup, &record, LEASE).await;
 
     let other = StoreKey::new("orders", None, "evt_2");
     let a = claim(b"x");
     store.reserve_one(&other, &a, LEASE).await.unwrap();
     assert!(store.release_one(&other, &a).await.unwrap());
     assert_eq!(count(&store).await, 1);
-    assert_eq!(
-        store
-            .reserve_one(&other, &claim(b"x"), LEASE)
-            .await
-            .unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&store, &other, &claim(b"x"), LEASE, Reservation::Acquired).await;
 }
 
 #[tokio::test]
@@ -183,45 +155,12 @@ async fn expired_rows_are_taken_over_and_the_old_owner_is_refused() {
     // The database's own expiry: no local cache in front (a record read back would be cached
     // for its `read_ttl`, longer than this test's retention).
     let (store, _dir) = fresh().await;
-    let store = store;
     let key = StoreKey::new("t", None, "lease");
-    let old = claim(b"x");
-    store
-        .reserve_one(&key, &old, Duration::from_millis(30))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(60)).await;
-    let new = claim(b"y");
-    assert_eq!(
-        store.reserve_one(&key, &new, LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
-    neither_completes_nor_releases(&store, &key, &old, &Record::ack(old.fingerprint()), LEASE)
-        .await;
-    assert_eq!(
-        store.reserve_one(&key, &claim(b"z"), LEASE).await.unwrap(),
-        Reservation::InFlight {
-            fingerprint: new.fingerprint()
-        }
-    );
+    let expiring = Duration::from_millis(30);
+    expired_claim_taken_over(&store, &key, &claim(b"x"), &claim(b"y"), expiring, LEASE).await;
 
     let key = StoreKey::new("t", None, "record");
-    let first = claim(b"x");
-    store.reserve_one(&key, &first, LEASE).await.unwrap();
-    let record = Record::ack(first.fingerprint()).owned_by(first.token());
-    store
-        .complete_one(&key, &first, &record, RECORD_RETENTION)
-        .await
-        .unwrap();
-    assert_eq!(
-        store.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
-        Reservation::Completed(record)
-    );
-    tokio::time::sleep(RECORD_RETENTION + Duration::from_millis(200)).await;
-    assert_eq!(
-        store.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
+    record_expires(&store, &key, &claim(b"x"), LEASE, RECORD_RETENTION).await;
     assert_eq!(count(&store).await, 2, "taken over in place");
 }
 
@@ -267,13 +206,7 @@ async fn completed_keys_survive_an_app_restart() {
     }
     // A new process: a new pool on the same file; opening migrates again, harmlessly.
     let store = open(&dir.db()).await;
-    assert_eq!(
-        store
-            .reserve_one(&key, &claim(b"body"), LEASE)
-            .await
-            .unwrap(),
-        Reservation::Completed(record)
-    );
+    replays(&store, &key, &record, LEASE).await;
 }
 
 #[tokio::test]
@@ -310,10 +243,7 @@ async fn custom_table_and_published_schema() {
     custom.migrate().await.unwrap();
     custom.migrate().await.unwrap();
     let key = StoreKey::new("t", None, "k");
-    assert_eq!(
-        custom.reserve_one(&key, &claim(b"x"), LEASE).await.unwrap(),
-        Reservation::Acquired
-    );
+    reserves(&custom, &key, &claim(b"x"), LEASE, Reservation::Acquired).await;
     let index: String = sqlx::query_scalar(
         "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'webhook_keys'
          AND sql LIKE '%expires_at%'",

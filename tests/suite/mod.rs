@@ -20,7 +20,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::key::{FieldsFingerprintKey, HeaderKey, JsonPathKey};
+use tower_idempotency::key::{ExtractKey, FieldsFingerprintKey, HeaderKey, JsonPathKey};
 use tower_idempotency::{
     FailureMode, IdempotencyLayer, IdempotencyStore, MissingKey, Mode, OnMismatch, Outcome, Scope,
 };
@@ -64,6 +64,19 @@ fn problem(body: &Bytes) -> serde_json::Value {
     serde_json::from_slice(body).expect("problem+json body")
 }
 
+/// The problem document in `body` says `why` in its `detail`.
+fn assert_detail(body: &Bytes, why: &str) {
+    let doc = problem(body);
+    assert!(doc["detail"].as_str().unwrap().contains(why), "{doc}");
+}
+
+/// What `app` answers `req` is a replay acknowledged `200` (`idempotent-replayed: true`).
+async fn assert_acked(app: &Router, req: Request<Body>) {
+    let (status, headers, _) = send(app, req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+}
+
 pub fn assert_problem(headers: &http::HeaderMap, body: &Bytes, status: u16, code: &str) {
     assert_eq!(headers["content-type"], "application/problem+json");
     let doc = problem(body);
@@ -82,13 +95,19 @@ pub fn ns(test: &str) -> String {
     )
 }
 
+/// `layer` in front of the suite's app, and the effects its handlers count.
+fn served<St: 'static, K: ExtractKey + Clone>(layer: IdempotencyLayer<St, K>) -> (Effects, Router) {
+    let effects = Effects::default();
+    let app = router(layer, &effects);
+    (effects, app)
+}
+
 pub fn layer<St: IdempotencyStore>(store: St, test: &str) -> IdempotencyLayer<St> {
     IdempotencyLayer::new(store).namespace(ns(test))
 }
 
 pub async fn safe_methods_pass_through<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "safe"), &effects);
+    let (_effects, app) = served(layer(store, "safe"));
     let (status, _, body) = send(&app, Request::get("/echo").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, "get ok");
@@ -98,8 +117,7 @@ pub async fn safe_methods_pass_through<St: IdempotencyStore>(store: St) {
 }
 
 pub async fn first_time_is_the_inner_response_unchanged<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "first"), &effects);
+    let (effects, app) = served(layer(store, "first"));
     let (status, headers, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(headers["x-handler"], "effect");
@@ -109,8 +127,7 @@ pub async fn first_time_is_the_inner_response_unchanged<St: IdempotencyStore>(st
 }
 
 pub async fn duplicate_of_completed_key_is_acknowledged<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "dup"), &effects);
+    let (effects, app) = served(layer(store, "dup"));
     send(&app, post("/effect", Some("k1"), r#"{"a":1}"#)).await;
     let response = app
         .clone()
@@ -131,8 +148,7 @@ pub async fn duplicate_of_completed_key_is_acknowledged<St: IdempotencyStore>(st
 }
 
 pub async fn body_over_limit_is_413<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "limit").body_limit(16), &effects);
+    let (effects, app) = served(layer(store, "limit").body_limit(16));
     // By Content-Length.
     let (status, headers, body) = send(
         &app,
@@ -161,8 +177,7 @@ pub async fn body_over_limit_is_413<St: IdempotencyStore>(store: St) {
 }
 
 pub async fn missing_key_is_400_or_passes_through<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store.clone(), "missing"), &effects);
+    let (effects, app) = served(layer(store.clone(), "missing"));
     let (status, headers, body) = send(&app, post("/effect", None, "{}")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_problem(&headers, &body, 400, "missing_key");
@@ -180,30 +195,19 @@ pub async fn missing_key_is_400_or_passes_through<St: IdempotencyStore>(store: S
 }
 
 pub async fn malformed_keys_are_400_saying_why<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "malformed"), &effects);
+    let (effects, app) = served(layer(store, "malformed"));
     let long = "k".repeat(256);
     let (status, headers, body) = send(&app, post("/effect", Some(&long), "{}")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_problem(&headers, &body, 400, "malformed_key");
-    assert!(
-        problem(&body)["detail"]
-            .as_str()
-            .unwrap()
-            .contains("256 bytes")
-    );
+    assert_detail(&body, "256 bytes");
     // The longest allowed key is fine.
     let (status, _, _) = send(&app, post("/effect", Some(&"k".repeat(255)), "{}")).await;
     assert_eq!(status, StatusCode::CREATED);
     // A tab is a control character.
     let (status, _, body) = send(&app, post("/effect", Some("a\tb"), "{}")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(
-        problem(&body)["detail"]
-            .as_str()
-            .unwrap()
-            .contains("control")
-    );
+    assert_detail(&body, "control");
     // Non-ASCII bytes.
     let req = Request::post("/effect")
         .header(
@@ -214,12 +218,7 @@ pub async fn malformed_keys_are_400_saying_why<St: IdempotencyStore>(store: St) 
         .unwrap();
     let (status, _, body) = send(&app, req).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(
-        problem(&body)["detail"]
-            .as_str()
-            .unwrap()
-            .contains("visible ASCII")
-    );
+    assert_detail(&body, "visible ASCII");
     // Twice the header.
     let req = Request::post("/effect")
         .header("idempotency-key", "a")
@@ -228,20 +227,14 @@ pub async fn malformed_keys_are_400_saying_why<St: IdempotencyStore>(store: St) 
         .unwrap();
     let (status, _, body) = send(&app, req).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(
-        problem(&body)["detail"]
-            .as_str()
-            .unwrap()
-            .contains("more than once")
-    );
+    assert_detail(&body, "more than once");
     // The body is not echoed, the key is not echoed.
     assert!(!String::from_utf8_lossy(&body).contains("\"a\""));
     assert_eq!(effects.total(), 1);
 }
 
 pub async fn duplicate_in_flight_is_409_with_retry_after<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "inflight"), &effects);
+    let (effects, app) = served(layer(store, "inflight"));
     let slow = spawn_effect(&app, "k1", "x-demo-hold", "1");
     effects.wait_started(1).await;
     let (status, headers, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
@@ -251,30 +244,21 @@ pub async fn duplicate_in_flight_is_409_with_retry_after<St: IdempotencyStore>(s
     effects.open_gate();
     let (status, _, _) = slow.await.unwrap();
     assert_eq!(status, StatusCode::CREATED);
-    let (status, headers, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_acked(&app, post("/effect", Some("k1"), "{}")).await;
     assert_eq!(effects.total(), 1);
 }
 
 pub async fn wait_for_in_flight_then_answer<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(
-        layer(store, "wait").wait_for_in_flight(Duration::from_secs(3)),
-        &effects,
-    );
+    let (effects, app) = served(layer(store, "wait").wait_for_in_flight(Duration::from_secs(3)));
     let slow = spawn_effect(&app, "k1", "x-demo-delay-ms", "200");
     effects.wait_started(1).await;
-    let (status, headers, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_acked(&app, post("/effect", Some("k1"), "{}")).await;
     slow.await.unwrap();
     assert_eq!(effects.total(), 1);
 }
 
 pub async fn key_reused_with_other_payload_is_422<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store.clone(), "mismatch"), &effects);
+    let (effects, app) = served(layer(store.clone(), "mismatch"));
     send(&app, post("/effect", Some("k1"), r#"{"amount":1}"#)).await;
     let (status, headers, body) = send(&app, post("/effect", Some("k1"), r#"{"amount":2}"#)).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -285,25 +269,19 @@ pub async fn key_reused_with_other_payload_is_422<St: IdempotencyStore>(store: S
         &effects,
     );
     send(&app, post("/effect", Some("k1"), r#"{"amount":1}"#)).await;
-    let (status, headers, _) = send(&app, post("/effect", Some("k1"), r#"{"amount":2}"#)).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_acked(&app, post("/effect", Some("k1"), r#"{"amount":2}"#)).await;
     assert_eq!(effects.total(), 2);
 }
 
 pub async fn fingerprint_off_never_mismatches<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "nofp").fingerprint(false), &effects);
+    let (effects, app) = served(layer(store, "nofp").fingerprint(false));
     send(&app, post("/effect", Some("k1"), r#"{"amount":1}"#)).await;
-    let (status, headers, _) = send(&app, post("/effect", Some("k1"), r#"{"amount":2}"#)).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_acked(&app, post("/effect", Some("k1"), r#"{"amount":2}"#)).await;
     assert_eq!(effects.total(), 1);
 }
 
 pub async fn hundred_concurrent_duplicates_run_once<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "hundred"), &effects);
+    let (effects, app) = served(layer(store, "hundred"));
     let mut tasks = Vec::new();
     for _ in 0..100 {
         tasks.push(spawn_effect(&app, "same", "x-demo-delay-ms", "100"));
@@ -327,8 +305,7 @@ pub async fn hundred_concurrent_duplicates_run_once<St: IdempotencyStore>(store:
 }
 
 pub async fn failed_attempt_is_processed_again<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "retry"), &effects);
+    let (effects, app) = served(layer(store, "retry"));
     let mut req = post("/effect", Some("k1"), "{}");
     req.headers_mut()
         .insert("x-demo-fail", "true".parse().unwrap());
@@ -346,8 +323,7 @@ pub async fn failed_attempt_is_processed_again<St: IdempotencyStore>(store: St) 
 }
 
 pub async fn dropped_future_releases_the_claim<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "dropped"), &effects);
+    let (effects, app) = served(layer(store, "dropped"));
     let task = spawn_effect(&app, "k1", "x-demo-delay-ms", "10000");
     effects.wait_started(1).await;
     task.abort(); // the client disconnected
@@ -367,8 +343,7 @@ pub async fn dropped_future_releases_the_claim<St: IdempotencyStore>(store: St) 
 }
 
 pub async fn panic_in_handler_releases_the_claim<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "panic"), &effects);
+    let (_effects, app) = served(layer(store, "panic"));
     let mut req = post("/effect", Some("k1"), "{}");
     req.headers_mut()
         .insert("x-demo-panic", "true".parse().unwrap());
@@ -387,12 +362,10 @@ pub async fn panic_in_handler_releases_the_claim<St: IdempotencyStore>(store: St
 }
 
 pub async fn slow_handler_keeps_its_claim_by_renewal<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(
+    let (effects, app) = served(
         layer(store, "lease")
             .lease(Duration::from_secs(1))
             .mode(Mode::Replay),
-        &effects,
     );
     // Four leases long: only renewal keeps the claim. (A lease of a second: a renewal that a
     // loaded machine delays by a few hundred ms still comes in time.)
@@ -418,8 +391,7 @@ pub async fn slow_handler_keeps_its_claim_by_renewal<St: IdempotencyStore>(store
 }
 
 pub async fn replay_mode_replays_status_headers_body_and_trailers<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "replay").mode(Mode::Replay), &effects);
+    let (effects, app) = served(layer(store, "replay").mode(Mode::Replay));
     let first = app
         .clone()
         .oneshot(post("/trailers", Some("k1"), "{}"))
@@ -450,8 +422,7 @@ pub async fn replay_mode_replays_status_headers_body_and_trailers<St: Idempotenc
 }
 
 pub async fn failing_response_body_is_not_recorded<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "bodyfail"), &effects);
+    let (effects, app) = served(layer(store, "bodyfail"));
     let response = app
         .clone()
         .oneshot(post("/broken-body", Some("k1"), "{}"))
@@ -469,15 +440,12 @@ pub async fn failing_response_body_is_not_recorded<St: IdempotencyStore>(store: 
 }
 
 pub async fn large_streamed_response_is_recorded_at_its_end<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(layer(store, "large").response_buffer_limit(1024), &effects);
+    let (effects, app) = served(layer(store, "large").response_buffer_limit(1024));
     let (status, _, body) = send(&app, post("/large", Some("k1"), "{}")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body.len(), 64 * 1024);
     // Recorded when the stream ended, in the background of the body's last poll.
-    let (status, headers, _) = send(&app, post("/large", Some("k1"), "{}")).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_acked(&app, post("/large", Some("k1"), "{}")).await;
     assert_eq!(effects.total(), 1);
 }
 
@@ -508,28 +476,17 @@ pub async fn scopes_keep_routes_and_tenants_apart<St: IdempotencyStore>(store: S
 }
 
 pub async fn json_path_key_from_body<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(
-        layer(store, "json").key(JsonPathKey::new("$.event.id").unwrap()),
-        &effects,
-    );
+    let (effects, app) = served(layer(store, "json").key(JsonPathKey::new("$.event.id").unwrap()));
     let (status, _, _) = send(&app, post("/effect", None, r#"{"event":{"id":"e1"}}"#)).await;
     assert_eq!(status, StatusCode::CREATED);
     let (status, headers, _) =
         send(&app, post("/effect", None, r#"{"event": {"id": "e1"}}"#)).await;
     // Same id, different bytes: a different payload fingerprint.
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{headers:?}");
-    let (status, headers, _) = send(&app, post("/effect", None, r#"{"event":{"id":"e1"}}"#)).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_acked(&app, post("/effect", None, r#"{"event":{"id":"e1"}}"#)).await;
     let (status, _, body) = send(&app, post("/effect", None, "not json")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(
-        problem(&body)["detail"]
-            .as_str()
-            .unwrap()
-            .contains("not valid JSON")
-    );
+    assert_detail(&body, "not valid JSON");
     assert_eq!(effects.total(), 1);
 }
 
@@ -544,9 +501,7 @@ pub async fn whatsapp_batch_is_one_composite_key<St: IdempotencyStore>(store: St
     let app = router(layer(store.clone(), "wa").key(path.clone()), &effects);
     let (status, _, _) = send(&app, post("/effect", None, WHATSAPP_BATCH)).await;
     assert_eq!(status, StatusCode::CREATED);
-    let (status, headers, _) = send(&app, post("/effect", None, WHATSAPP_BATCH)).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_acked(&app, post("/effect", None, WHATSAPP_BATCH)).await;
     // The same ids in another order: the same key; other bytes, so a payload mismatch.
     let (status, _, _) = send(&app, post("/effect", None, WHATSAPP_BATCH_REVERSED)).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -559,9 +514,7 @@ pub async fn whatsapp_batch_is_one_composite_key<St: IdempotencyStore>(store: St
         &effects,
     );
     send(&lenient, post("/effect", None, WHATSAPP_BATCH)).await;
-    let (status, headers, _) = send(&lenient, post("/effect", None, WHATSAPP_BATCH_REVERSED)).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_acked(&lenient, post("/effect", None, WHATSAPP_BATCH_REVERSED)).await;
     assert_eq!(effects.total(), 3);
 }
 
@@ -589,8 +542,7 @@ fn items_layer<St: IdempotencyStore>(store: St, test: &str) -> IdempotencyLayer<
 }
 
 pub async fn batch_items_are_processed_once_each<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(items_layer(store, "items"), &effects);
+    let (effects, app) = served(items_layer(store, "items"));
     for (ids, replayed) in [
         (&["A", "B"][..], false),
         (&["B", "C"][..], false),
@@ -618,8 +570,7 @@ pub async fn batch_items_are_processed_once_each<St: IdempotencyStore>(store: St
 pub async fn batch_item_in_flight_elsewhere_is_409_and_releases_its_claims<St: IdempotencyStore>(
     store: St,
 ) {
-    let effects = Effects::default();
-    let app = router(items_layer(store, "items-409"), &effects);
+    let (effects, app) = served(items_layer(store, "items-409"));
     let slow = {
         let app = app.clone();
         tokio::spawn(
@@ -644,8 +595,7 @@ pub async fn batch_item_in_flight_elsewhere_is_409_and_releases_its_claims<St: I
 }
 
 pub async fn batch_partial_failure_records_the_items_done<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(items_layer(store, "items-partial"), &effects);
+    let (effects, app) = served(items_layer(store, "items-partial"));
     let (status, _, _) = send(
         &app,
         post_batch(&["P1", "P2", "P3"], &[("x-fail-item", "P2")]),
@@ -663,8 +613,7 @@ pub async fn batch_partial_failure_records_the_items_done<St: IdempotencyStore>(
 }
 
 pub async fn overlapping_batches_racing_apply_each_item_once<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(items_layer(store, "items-race"), &effects);
+    let (effects, app) = served(items_layer(store, "items-race"));
     let batches: [&[&str]; 4] = [
         &["a", "b", "c"],
         &["b", "c", "d"],
@@ -698,8 +647,7 @@ pub async fn overlapping_batches_racing_apply_each_item_once<St: IdempotencyStor
 }
 
 pub async fn too_many_items_is_400<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(items_layer(store, "items-max"), &effects);
+    let (effects, app) = served(items_layer(store, "items-max"));
     // One more than the most ids a key may hold (1000, documented on `IdempotencyKey::items`).
     let ids: Vec<String> = (0..=1000).map(|i| format!("m{i}")).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
@@ -710,11 +658,8 @@ pub async fn too_many_items_is_400<St: IdempotencyStore>(store: St) {
 }
 
 pub async fn numeric_ids_keep_every_digit<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(
-        layer(store, "numeric").key(JsonPathKey::new("$.delivery.id").unwrap()),
-        &effects,
-    );
+    let (effects, app) =
+        served(layer(store, "numeric").key(JsonPathKey::new("$.delivery.id").unwrap()));
     let body_a = r#"{"delivery":{"id":9007199254740993,"attempt":2}}"#;
     let body_b = r#"{"delivery":{"id":9007199254740992,"attempt":2}}"#;
     let (status, _, _) = send(&app, post("/effect", None, body_a)).await;
@@ -726,11 +671,8 @@ pub async fn numeric_ids_keep_every_digit<St: IdempotencyStore>(store: St) {
 }
 
 pub async fn bad_json_bodies_are_400_saying_why<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(
-        layer(store, "badjson").key(JsonPathKey::new("$.event.id").unwrap()),
-        &effects,
-    );
+    let (effects, app) =
+        served(layer(store, "badjson").key(JsonPathKey::new("$.event.id").unwrap()));
     let cases: Vec<(Body, &str)> = vec![
         (
             Body::from(r#"{"event":{"id":{"nested":1}}}"#),
@@ -765,14 +707,12 @@ pub async fn bad_json_bodies_are_400_saying_why<St: IdempotencyStore>(store: St)
 }
 
 pub async fn header_else_body_fallback_is_one_key<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(
+    let (effects, app) = served(
         layer(store, "sangho").key(
             HeaderKey::new("Sangho-Event-ID")
                 .unwrap()
                 .or(JsonPathKey::new("$.id").unwrap()),
         ),
-        &effects,
     );
     let body = r#"{"id":"evt_1QbR8m2eZvKYlo2C","type":"payment_intent.succeeded"}"#;
     let req = Request::post("/effect")
@@ -781,9 +721,7 @@ pub async fn header_else_body_fallback_is_one_key<St: IdempotencyStore>(store: S
         .unwrap();
     let (status, _, _) = send(&app, req).await;
     assert_eq!(status, StatusCode::CREATED);
-    let (status, headers, _) = send(&app, post("/effect", None, body)).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_acked(&app, post("/effect", None, body)).await;
     assert_eq!(effects.total(), 1);
 }
 
@@ -894,27 +832,15 @@ macro_rules! store_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
                 let (store, _guard) = $make.await;
-                suite::verify::$name(store).await;
+                $crate::suite::verify::$name(store).await;
             }
         )*
     };
     (@tests_in $module:ident $make:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                let (store, _guard) = $make.await;
-                suite::$module::$name(store).await;
-            }
-        )*
+        tower_idempotency::suite_cases!($crate::suite::$module; $make; $($name),*);
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                let (store, _guard) = $make.await;
-                suite::$name(store).await;
-            }
-        )*
+        tower_idempotency::suite_cases!($crate::suite; $make; $($name),*);
     };
 }
 

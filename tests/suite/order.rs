@@ -12,7 +12,7 @@ use tower_idempotency::order::{EventOrder, PositionAt, StaleEvents};
 use tower_idempotency::{IdempotencyLayer, OrderedStore};
 
 use super::app::{Effects, router};
-use super::{assert_problem, send};
+use super::{assert_problem, send, served};
 
 /// An ordered route: keyed by `$.event_id`, ordered by `$.object` and `$.seq`.
 fn ordered_layer<St: OrderedStore>(
@@ -46,8 +46,7 @@ fn deliver(body: String, headers: &[(&str, &str)]) -> Request<Body> {
 /// is processed; redeliveries of any of them are duplicates (the stale one's key was
 /// recorded). A missing position is 400.
 pub async fn a_stale_event_is_acknowledged_without_the_handler<St: OrderedStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(ordered_layer(store, &super::ns("stale")), &effects);
+    let (effects, app) = served(ordered_layer(store, &super::ns("stale")));
     let (status, _, _) = send(&app, deliver(event("e2", "m1", 2), &[])).await;
     assert_eq!(status, StatusCode::CREATED);
     let (status, headers, body) = send(&app, deliver(event("e1", "m1", 1), &[])).await;
@@ -85,8 +84,7 @@ pub async fn a_stale_event_is_acknowledged_without_the_handler<St: OrderedStore>
 /// first completes, the retry is processed or stale as its position says. A failed event lets
 /// its object go: the next one is processed.
 pub async fn one_event_of_an_object_at_a_time<St: OrderedStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(ordered_layer(store, &super::ns("busy")), &effects);
+    let (effects, app) = served(ordered_layer(store, &super::ns("busy")));
     let slow = {
         let app = app.clone();
         tokio::spawn(async move {

@@ -12,7 +12,7 @@ use tower_idempotency::verify::{
 use tower_idempotency::{IdempotencyLayer, IdempotencyStore, Outcome};
 
 use super::app::{Effects, router};
-use super::{assert_problem, ns, send};
+use super::{assert_problem, ns, send, served};
 
 #[path = "../support/signing.rs"]
 mod signing;
@@ -27,15 +27,27 @@ fn hub_signature(secret: &str, body: &str) -> String {
     signing::hub(secret, body)
 }
 
-/// A Standard Webhooks delivery of `id` at `timestamp`, signed with `signature`.
-fn delivery(id: &str, timestamp: u64, signature: &str, body: &'static str) -> Request<Body> {
+/// A Standard Webhooks delivery of `id` at `timestamp`, signed with `signature`, under the
+/// header names of `family` (`webhook-id`, ...; Svix's `svix-id`, ...).
+fn delivery_of(
+    family: &str,
+    id: &str,
+    timestamp: u64,
+    signature: &str,
+    body: &'static str,
+) -> Request<Body> {
     Request::post("/effect")
         .header("content-type", "application/json")
-        .header("webhook-id", id)
-        .header("webhook-timestamp", timestamp.to_string())
-        .header("webhook-signature", signature)
+        .header(format!("{family}-id"), id)
+        .header(format!("{family}-timestamp"), timestamp.to_string())
+        .header(format!("{family}-signature"), signature)
         .body(Body::from(body))
         .unwrap()
+}
+
+/// A Standard Webhooks delivery of `id` at `timestamp`, signed with `signature`.
+fn delivery(id: &str, timestamp: u64, signature: &str, body: &'static str) -> Request<Body> {
+    delivery_of("webhook", id, timestamp, signature, body)
 }
 
 fn standard_layer<St: IdempotencyStore>(
@@ -50,8 +62,7 @@ fn standard_layer<St: IdempotencyStore>(
 /// acknowledged; every kind of forgery is 401 with its reason, has no effect, and claims
 /// nothing, so the genuine delivery sent after it is processed.
 pub async fn forged_requests_are_401_and_claim_nothing<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(standard_layer(store, "verify"), &effects);
+    let (effects, app) = served(standard_layer(store, "verify"));
     let body = r#"{"type":"payment.succeeded"}"#;
     let t = now();
     let good = standard_signature(SECRET, "msg_1", t, body);
@@ -118,21 +129,14 @@ pub async fn forged_requests_are_401_and_claim_nothing<St: IdempotencyStore>(sto
 /// A Standard Webhooks delivery under Svix's header names (`svix-id`, `svix-timestamp`,
 /// `svix-signature`), as Svix, Clerk and Resend send it.
 fn svix_delivery(id: &str, timestamp: u64, signature: &str, body: &'static str) -> Request<Body> {
-    Request::post("/effect")
-        .header("content-type", "application/json")
-        .header("svix-id", id)
-        .header("svix-timestamp", timestamp.to_string())
-        .header("svix-signature", signature)
-        .body(Body::from(body))
-        .unwrap()
+    delivery_of("svix", id, timestamp, signature, body)
 }
 
 /// A Standard Webhooks route takes Svix's header names: the delivery is processed once, keyed
 /// by its signed `svix-id` (a redelivery, under either family, is a duplicate); a forgery is
 /// 401, and so is a signed request sent again with a `webhook-id` it did not sign.
 pub async fn svix_headers_are_verified_and_keyed_by_svix_id<St: IdempotencyStore>(store: St) {
-    let effects = Effects::default();
-    let app = router(standard_layer(store, "svix"), &effects);
+    let (effects, app) = served(standard_layer(store, "svix"));
     let body = r#"{"type":"user.created"}"#;
     let t = now();
     let good = standard_signature(SECRET, "msg_svix", t, body);
@@ -188,8 +192,7 @@ pub async fn either_of_two_secrets_verifies<St: IdempotencyStore>(store: St) {
 /// the genuine delivery a 409 nor an acknowledgement: zero of the rounds are affected.
 pub async fn a_forged_flood_never_blocks_the_genuine_delivery<St: IdempotencyStore>(store: St) {
     const ROUNDS: usize = 20;
-    let effects = Effects::default();
-    let app = router(standard_layer(store, "flood"), &effects);
+    let (effects, app) = served(standard_layer(store, "flood"));
     let body = r#"{"type":"payment.succeeded"}"#;
     let mut affected = 0;
     for round in 0..ROUNDS {

@@ -167,6 +167,16 @@ impl Http {
         )
     }
 
+    /// [`send`](Self::send) of a `POST`.
+    pub async fn post(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (StatusCode, HeaderMap, Value) {
+        self.send("POST", path, headers, body).await
+    }
+
     /// `GET /effects` of the demo.
     pub async fn effects(&self) -> Value {
         self.send("GET", "/effects", &[], "").await.2
@@ -177,4 +187,19 @@ impl Http {
         let (_, _, text) = self.send_raw("GET", "/metrics", &[], "").await;
         String::from_utf8_lossy(&text).into_owned()
     }
+}
+
+/// The body of the demo's email event `event` (`email.delivered`, message `msg-{event}`), with
+/// the members of `extra` added or replaced.
+pub fn email(event: &str, extra: Value) -> String {
+    let mut body = serde_json::json!({
+        "event_id": event,
+        "message_id": format!("msg-{event}"),
+        "type": "email.delivered",
+        "occurred_at": "2026-12-02T10:00:00Z",
+    });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body.to_string()
 }

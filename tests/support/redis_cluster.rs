@@ -24,10 +24,10 @@
 //! `shared()` hands the tests that break nothing one set of processes for as long as
 //! any of them runs (the behaviour suite uses it), instead of one each.
 //!
-//! Failures: [`RedisCluster::kill_master_of`] SIGKILLs the primary owning a key's slot,
+//! Failures: [`RedisCluster::kill_primary_of`] SIGKILLs the primary owning a key's slot,
 //! [`RedisCluster::wait_for_failover`] waits until its replica has taken the slots over and the
-//! whole cluster is `ok` again, [`RedisCluster::restart`] brings a killed node back (it rejoins
-//! as a replica), and [`RedisCluster::freeze`] / [`RedisCluster::thaw`] stop and resume a node
+//! whole cluster is `ok` again, [`Deployment::restart`] brings a killed node back (it rejoins
+//! as a replica), and [`Deployment::freeze`] / [`Deployment::thaw`] stop and resume a node
 //! (SIGSTOP / SIGCONT), for example a replica that must not acknowledge writes for a while.
 #![allow(dead_code)]
 
@@ -41,8 +41,10 @@ use std::time::Duration;
 use fred::prelude::*;
 use fred::types::config::ServerConfig;
 
+pub use self::nodes::{
+    Deployment, Resp, command, command_calls, info_field, must, wait_replicated,
+};
 use self::nodes::{Process, TempDir, wait_until};
-pub use self::nodes::{Resp, command, info_field, must, wait_replicated};
 
 // What the tests that read it name through this deployment.
 #[allow(unused_imports)]
@@ -83,7 +85,7 @@ impl Shard {
 /// Six `redis-server` processes forming a cluster of three primaries with one replica each.
 pub struct RedisCluster {
     nodes: Vec<Process>,
-    /// The replicas each primary killed by `kill_master_of` had.
+    /// The replicas each primary killed by `kill_primary_of` had.
     killed_primaries: BTreeMap<u16, Vec<u16>>,
     // Dropped after the nodes (fields drop in order).
     dir: TempDir,
@@ -116,38 +118,24 @@ impl RedisCluster {
             let log = node_dir.join("redis.log");
             let process = nodes::start_on_free_port(binary, &log, |port| {
                 let bus = nodes::free_port();
-                [
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    &node_dir.join("nodes.conf").to_string_lossy(),
-                    "--cluster-port",
-                    &bus.to_string(),
-                    "--cluster-node-timeout",
-                    &node_timeout.as_millis().to_string(),
-                    // A replica may always take over, however long it was cut off.
-                    "--cluster-replica-validity-factor",
-                    "0",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    // Replicas sync at once rather than after the default 5 s.
-                    "--repl-diskless-sync-delay",
-                    "0",
-                    "--daemonize",
-                    "no",
-                    "--dir",
-                    &node_dir.to_string_lossy(),
-                    "--logfile",
-                    &log.to_string_lossy(),
-                ]
-                .map(String::from)
-                .to_vec()
+                let mut args = nodes::server_args(port, &node_dir, &log);
+                args.extend(
+                    [
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &node_dir.join("nodes.conf").to_string_lossy(),
+                        "--cluster-port",
+                        &bus.to_string(),
+                        "--cluster-node-timeout",
+                        &node_timeout.as_millis().to_string(),
+                        // A replica may always take over, however long it was cut off.
+                        "--cluster-replica-validity-factor",
+                        "0",
+                    ]
+                    .map(String::from),
+                );
+                args
             });
             processes.push(process);
         }
@@ -165,17 +153,11 @@ impl RedisCluster {
     /// or freeze nodes): started by the first caller, stopped when the last holder drops it.
     pub fn shared() -> Arc<RedisCluster> {
         static SHARED: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
-        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(cluster) = shared.upgrade() {
-            return cluster;
-        }
         // Nobody kills its nodes: a longer node timeout, so that a node starved of CPU on a
         // loaded machine is not failed over under the tests that share it.
-        let cluster = Arc::new(RedisCluster::start_with_node_timeout(Duration::from_secs(
-            5,
-        )));
-        *shared = Arc::downgrade(&cluster);
-        cluster
+        nodes::shared(&SHARED, || {
+            RedisCluster::start_with_node_timeout(Duration::from_secs(5))
+        })
     }
 
     fn create(&self, cli: &str) {
@@ -209,6 +191,11 @@ impl RedisCluster {
         self.nodes.iter().map(Process::port).collect()
     }
 
+    /// A `redis-cluster://` URL naming every node, as `store::connect` reads it.
+    pub fn url(&self) -> String {
+        nodes::url("redis-cluster", &self.ports(), None)
+    }
+
     /// The ports of the running nodes.
     pub fn running_ports(&self) -> Vec<u16> {
         self.nodes
@@ -216,20 +203,6 @@ impl RedisCluster {
             .filter(|n| n.is_running())
             .map(Process::port)
             .collect()
-    }
-
-    fn node(&self, port: u16) -> &Process {
-        self.nodes
-            .iter()
-            .find(|n| n.port() == port)
-            .unwrap_or_else(|| panic!("no node on port {port}"))
-    }
-
-    fn node_mut(&mut self, port: u16) -> &mut Process {
-        self.nodes
-            .iter_mut()
-            .find(|n| n.port() == port)
-            .unwrap_or_else(|| panic!("no node on port {port}"))
     }
 
     /// The shards (primaries owning slots) as the node on `port` sees them.
@@ -282,9 +255,15 @@ impl RedisCluster {
             .unwrap_or_default()
     }
 
+    /// The port of the primary owning `key`, and of its first replica.
+    pub fn primary_and_replica(&self, key: &str) -> (u16, u16) {
+        let primary = self.master_of(key);
+        (primary, self.replicas_of(primary)[0])
+    }
+
     /// SIGKILLs the primary owning `key` and returns its port. Does not wait for the failover:
     /// see [`RedisCluster::wait_for_failover`].
-    pub fn kill_master_of(&mut self, key: &str) -> u16 {
+    pub fn kill_primary_of(&mut self, key: &str) -> u16 {
         let port = self.master_of(key);
         let replicas = self.replicas_of(port);
         self.killed_primaries.insert(port, replicas);
@@ -297,23 +276,6 @@ impl RedisCluster {
         self.node_mut(port).kill();
     }
 
-    /// Starts the killed node on `port` again, with its `nodes.conf`: it rejoins the cluster
-    /// (as a replica, if its slots were taken over). Use [`RedisCluster::wait_until_healthy`]
-    /// to wait for its replication link.
-    pub fn restart(&mut self, port: u16) {
-        self.node_mut(port).restart();
-    }
-
-    /// Stops the node on `port` (SIGSTOP): its connections stay open, it answers nothing.
-    pub fn freeze(&self, port: u16) {
-        self.node(port).freeze();
-    }
-
-    /// Resumes a frozen node (SIGCONT).
-    pub fn thaw(&self, port: u16) {
-        self.node(port).thaw();
-    }
-
     /// Waits until every running node says `cluster_state:ok`, sees every slot owned by a
     /// running primary and no longer sees the killed primary `killed` as one. Returns the port
     /// of the replica of `killed` that took its slots over.
@@ -322,7 +284,7 @@ impl RedisCluster {
             .killed_primaries
             .get(&killed)
             .cloned()
-            .unwrap_or_else(|| panic!("{killed} was not a primary killed by kill_master_of"));
+            .unwrap_or_else(|| panic!("{killed} was not a primary killed by kill_primary_of"));
         wait_until(timeout, "the cluster failover", || {
             let running = self.running_ports();
             let mut promoted = None;
@@ -390,9 +352,16 @@ impl RedisCluster {
             Ok(())
         });
     }
+}
+
+/// Its processes are the six nodes; [`Deployment::restart`] starts a killed node again, with
+/// its `nodes.conf`: it rejoins the cluster (as a replica, if its slots were taken over). Use
+/// [`RedisCluster::wait_until_healthy`] to wait for its replication link.
+impl Deployment for RedisCluster {
+    const TO: &'static str = "to the cluster";
 
     /// A fred config for the cluster, with every node as a seed.
-    pub fn config(&self) -> Config {
+    fn config(&self) -> Config {
         Config {
             server: ServerConfig::new_clustered(
                 self.ports().into_iter().map(|p| ("127.0.0.1", p)).collect(),
@@ -401,20 +370,12 @@ impl RedisCluster {
         }
     }
 
-    /// A fred builder for the cluster that reconnects forever, 50 ms apart, and fails commands
-    /// after [`COMMAND_TIMEOUT`] (change it with `with_performance_config`).
-    pub fn builder(&self) -> Builder {
-        nodes::failover_builder(self.config())
+    fn processes(&self) -> Vec<&Process> {
+        self.nodes.iter().collect()
     }
 
-    /// A connected clustered client (see [`RedisCluster::builder`]).
-    pub async fn connect(&self) -> Client {
-        nodes::connect(self.builder(), "to the cluster").await
-    }
-
-    /// A connected pool of `size` clustered clients.
-    pub async fn connect_pool(&self, size: usize) -> Pool {
-        nodes::connect_pool(self.builder(), size, "to the cluster").await
+    fn processes_mut(&mut self) -> Vec<&mut Process> {
+        self.nodes.iter_mut().collect()
     }
 }
 

@@ -472,3 +472,128 @@ pub async fn connect_pool(
         .unwrap_or_else(|err| panic!("connect {to}: {err}"));
     pool
 }
+
+/// What the cluster and the sentinel deployments do alike: find a process by port, stop,
+/// resume and restart it, and connect fred clients (through [`failover_builder`]).
+pub trait Deployment {
+    /// What a failed connection says it was connecting to (`"to the cluster"`).
+    const TO: &'static str;
+
+    /// A fred config for the deployment.
+    fn config(&self) -> fred::prelude::Config;
+
+    /// Every process of the deployment, running or not.
+    fn processes(&self) -> Vec<&Process>;
+
+    /// The same, to kill or restart one.
+    fn processes_mut(&mut self) -> Vec<&mut Process>;
+
+    /// The process on `port`.
+    fn node(&self, port: u16) -> &Process {
+        self.processes()
+            .into_iter()
+            .find(|n| n.port() == port)
+            .unwrap_or_else(|| panic!("no process on port {port}"))
+    }
+
+    /// The process on `port`, to kill or restart it.
+    fn node_mut(&mut self, port: u16) -> &mut Process {
+        self.processes_mut()
+            .into_iter()
+            .find(|n| n.port() == port)
+            .unwrap_or_else(|| panic!("no process on port {port}"))
+    }
+
+    /// Starts the killed process on `port` again (see each deployment for what it becomes).
+    fn restart(&mut self, port: u16) {
+        self.node_mut(port).restart();
+    }
+
+    /// Stops the process on `port` (SIGSTOP): its connections stay open, it answers nothing.
+    fn freeze(&self, port: u16) {
+        self.node(port).freeze();
+    }
+
+    /// Resumes a frozen process (SIGCONT).
+    fn thaw(&self, port: u16) {
+        self.node(port).thaw();
+    }
+
+    /// A fred builder for the deployment (see [`failover_builder`]).
+    fn builder(&self) -> fred::prelude::Builder {
+        failover_builder(self.config())
+    }
+
+    /// A connected client (see [`Deployment::builder`]).
+    fn connect(&self) -> impl std::future::Future<Output = fred::prelude::Client> {
+        connect(self.builder(), Self::TO)
+    }
+
+    /// A connected pool of `size` clients.
+    fn connect_pool(&self, size: usize) -> impl std::future::Future<Output = fred::prelude::Pool> {
+        connect_pool(self.builder(), size, Self::TO)
+    }
+}
+
+/// The arguments of a `redis-server` on `port` of loopback that keeps its files in `dir` and
+/// logs to `log`, persists nothing, and lets a replica sync at once.
+pub fn server_args(port: u16, dir: &Path, log: &Path) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        // Replicas sync at once rather than after the default 5 s.
+        "--repl-diskless-sync-delay",
+        "0",
+        "--daemonize",
+        "no",
+        "--dir",
+        &dir.to_string_lossy(),
+        "--logfile",
+        &log.to_string_lossy(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The deployment in `slot`, shared by the tests running at the same time: started by the
+/// first caller with `start`, stopped when the last holder drops it.
+pub fn shared<T>(
+    slot: &std::sync::Mutex<std::sync::Weak<T>>,
+    start: impl FnOnce() -> T,
+) -> std::sync::Arc<T> {
+    let mut shared = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(deployment) = shared.upgrade() {
+        return deployment;
+    }
+    let deployment = std::sync::Arc::new(start());
+    *shared = std::sync::Arc::downgrade(&deployment);
+    deployment
+}
+
+/// How many times the server on `port` ran `command` (`INFO commandstats`).
+pub fn command_calls(port: u16, command: &str) -> u64 {
+    let info = must(port, &["INFO", "commandstats"]).text();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map(|n| n.parse().unwrap())
+        .unwrap_or(0)
+}
+
+/// A `scheme` URL of the servers on `ports` of loopback: the first as its host, the others as
+/// `node` parameters, then `more` (`name=value`).
+pub fn url(scheme: &str, ports: &[u16], more: Option<&str>) -> String {
+    let params: Vec<String> = ports[1..]
+        .iter()
+        .map(|p| format!("node=127.0.0.1:{p}"))
+        .chain(more.map(str::to_owned))
+        .collect();
+    format!("{scheme}://127.0.0.1:{}?{}", ports[0], params.join("&"))
+}

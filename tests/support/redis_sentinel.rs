@@ -25,9 +25,9 @@
 //!
 //! Failures: [`RedisSentinel::kill_master`] SIGKILLs the current primary,
 //! [`RedisSentinel::wait_for_failover`] waits until every sentinel names the promoted replica
-//! and it runs as a primary, [`RedisSentinel::restart`] brings a killed node back (the sentinels
-//! turn it into a replica of the new primary), and [`RedisSentinel::freeze`] /
-//! [`RedisSentinel::thaw`] stop and resume a node (SIGSTOP / SIGCONT).
+//! and it runs as a primary, [`Deployment::restart`] brings a killed node back (the sentinels
+//! turn it into a replica of the new primary), and [`Deployment::freeze`] /
+//! [`Deployment::thaw`] stop and resume a node (SIGSTOP / SIGCONT).
 #![allow(dead_code)]
 
 #[path = "redis_nodes.rs"]
@@ -39,8 +39,10 @@ use std::time::Duration;
 use fred::prelude::*;
 use fred::types::config::ServerConfig;
 
+pub use self::nodes::{
+    Deployment, Resp, command, command_calls, info_field, must, wait_replicated,
+};
 use self::nodes::{Process, TempDir, wait_until};
-pub use self::nodes::{Resp, command, info_field, must, wait_replicated};
 
 /// The name of the monitored service (`sentinelServiceName`).
 pub const SERVICE: &str = "mymaster";
@@ -87,27 +89,7 @@ impl RedisSentinel {
             let node_dir = dir.subdir(name);
             let log = node_dir.join("redis.log");
             nodes::start_on_free_port(binary, &log, |port| {
-                let mut args: Vec<String> = [
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    // Replicas sync at once rather than after the default 5 s.
-                    "--repl-diskless-sync-delay",
-                    "0",
-                    "--daemonize",
-                    "no",
-                    "--dir",
-                    &node_dir.to_string_lossy(),
-                    "--logfile",
-                    &log.to_string_lossy(),
-                ]
-                .map(String::from)
-                .to_vec();
+                let mut args = nodes::server_args(port, &node_dir, &log);
                 if let Some(primary) = replica_of {
                     args.extend([
                         "--replicaof".into(),
@@ -170,16 +152,9 @@ impl RedisSentinel {
     /// drops it.
     pub fn shared() -> Arc<RedisSentinel> {
         static SHARED: Mutex<Weak<RedisSentinel>> = Mutex::new(Weak::new());
-        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(deployment) = shared.upgrade() {
-            return deployment;
-        }
-        let deployment = Arc::new(RedisSentinel::start_with(
-            &nodes::redis_server_binary(),
-            SHARED_DOWN_AFTER,
-        ));
-        *shared = Arc::downgrade(&deployment);
-        deployment
+        nodes::shared(&SHARED, || {
+            RedisSentinel::start_with(&nodes::redis_server_binary(), SHARED_DOWN_AFTER)
+        })
     }
 
     /// Waits until every running sentinel knows the replica(s) and the other two sentinels, and
@@ -220,6 +195,13 @@ impl RedisSentinel {
     /// The ports of the three sentinels.
     pub fn sentinel_ports(&self) -> Vec<u16> {
         self.sentinels.iter().map(Process::port).collect()
+    }
+
+    /// A `redis-sentinel://` URL naming the sentinels and the service, as `store::connect`
+    /// reads it.
+    pub fn url(&self) -> String {
+        let service = format!("sentinelServiceName={SERVICE}");
+        nodes::url("redis-sentinel", &self.sentinel_ports(), Some(&service))
     }
 
     fn running_sentinels(&self) -> Vec<u16> {
@@ -264,20 +246,15 @@ impl RedisSentinel {
             .expect("a running replica")
     }
 
-    fn node(&self, port: u16) -> &Process {
-        self.data
-            .iter()
-            .chain(&self.sentinels)
-            .find(|n| n.port() == port)
-            .unwrap_or_else(|| panic!("no process on port {port}"))
+    /// The ports of the primary and of a running replica: those of every key (one primary
+    /// owns them all).
+    pub fn primary_and_replica(&self, _key: &str) -> (u16, u16) {
+        (self.master_port(), self.replica_port())
     }
 
-    fn node_mut(&mut self, port: u16) -> &mut Process {
-        self.data
-            .iter_mut()
-            .chain(&mut self.sentinels)
-            .find(|n| n.port() == port)
-            .unwrap_or_else(|| panic!("no process on port {port}"))
+    /// [`RedisSentinel::kill_master`]: the primary owns every key.
+    pub fn kill_primary_of(&mut self, _key: &str) -> u16 {
+        self.kill_master()
     }
 
     /// SIGKILLs the current primary and returns its port. Does not wait for the failover: see
@@ -310,25 +287,16 @@ impl RedisSentinel {
             }
         })
     }
+}
 
-    /// Starts the killed node on `port` again (the sentinels make it a replica of the current
-    /// primary within a few seconds).
-    pub fn restart(&mut self, port: u16) {
-        self.node_mut(port).restart();
-    }
-
-    /// Stops the node on `port` (SIGSTOP): its connections stay open, it answers nothing.
-    pub fn freeze(&self, port: u16) {
-        self.node(port).freeze();
-    }
-
-    /// Resumes a frozen node (SIGCONT).
-    pub fn thaw(&self, port: u16) {
-        self.node(port).thaw();
-    }
+/// Its processes are the data nodes and the sentinels; [`Deployment::restart`] starts a killed
+/// one again (the sentinels make a data node a replica of the current primary within a few
+/// seconds).
+impl Deployment for RedisSentinel {
+    const TO: &'static str = "through the sentinels";
 
     /// A fred config that finds the primary through the three sentinels.
-    pub fn config(&self) -> Config {
+    fn config(&self) -> Config {
         Config {
             server: ServerConfig::new_sentinel(
                 self.sentinel_ports()
@@ -341,20 +309,11 @@ impl RedisSentinel {
         }
     }
 
-    /// A fred builder for the deployment that reconnects forever, 50 ms apart (asking the
-    /// sentinels for the primary each time), and fails commands after [`COMMAND_TIMEOUT`]
-    /// (change it with `with_performance_config`).
-    pub fn builder(&self) -> Builder {
-        nodes::failover_builder(self.config())
+    fn processes(&self) -> Vec<&Process> {
+        self.data.iter().chain(&self.sentinels).collect()
     }
 
-    /// A connected client (see [`RedisSentinel::builder`]).
-    pub async fn connect(&self) -> Client {
-        nodes::connect(self.builder(), "through the sentinels").await
-    }
-
-    /// A connected pool of `size` clients.
-    pub async fn connect_pool(&self, size: usize) -> Pool {
-        nodes::connect_pool(self.builder(), size, "through the sentinels").await
+    fn processes_mut(&mut self) -> Vec<&mut Process> {
+        self.data.iter_mut().chain(&mut self.sentinels).collect()
     }
 }

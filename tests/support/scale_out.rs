@@ -745,12 +745,84 @@ fn admin_command(port: u16, args: &[&str]) -> String {
     }
 }
 
-/// The failover tests of one deployment type, as `#[tokio::test]`s of the file that invokes
-/// it: `$deployment` has `shared()` (an `Arc` of a running deployment, with `connect()`) and
-/// `start()` (a fresh one, a [`Topology`]); `$label` names it in what they print.
+/// The tests of one replicated deployment type, as `#[tokio::test]`s of the file that invokes
+/// it: the behaviour suite's smoke run and the store contract on its shared deployment (module
+/// `plain`, and `durable` with durable completion), the contract on the store made from its
+/// URL (`from_url`), and the failover tests; and its [`Topology`]. `$deployment` has
+/// `shared()` (an `Arc` of a running deployment), `start()` (a fresh one), `url()`, the methods of its harness' `Deployment` trait (which the invoking file
+/// imports), `primary_and_replica`, `kill_primary_of` and `wait_for_failover`; `$label` names
+/// it in what they print.
 #[macro_export]
-macro_rules! failover_tests {
+macro_rules! deployment_tests {
+    (@suites $module:ident, $make:expr) => {
+        mod $module {
+            use super::*;
+
+            $crate::suite::store_smoke!($make);
+            tower_idempotency::store_contract!($make);
+        }
+    };
     ($deployment:ty, $label:literal) => {
+        // The suite and the contract on one client of the shared deployment.
+        scale_out::deployment_tests!(@suites plain, async {
+            let deployment = <$deployment>::shared();
+            let store = tower_idempotency::RedisStore::new(deployment.connect().await);
+            (store, deployment)
+        });
+
+        // The suite and the contract on a pool with durable completion: every completed record
+        // waits for a replica (in a cluster, of the primary owning its key).
+        scale_out::deployment_tests!(@suites durable, async {
+            let deployment = <$deployment>::shared();
+            let store = tower_idempotency::RedisStore::new(deployment.connect_pool(2).await)
+                .durable_completion(1, std::time::Duration::from_secs(1));
+            (store, deployment)
+        });
+
+        /// The contract on the store `store::connect` makes from the deployment's URL.
+        mod from_url {
+            use super::*;
+
+            tower_idempotency::store_contract!(async {
+                let deployment = <$deployment>::shared();
+                let store = tower_idempotency::store::connect(&deployment.url())
+                    .await
+                    .unwrap();
+                assert_eq!(store.backend(), "redis");
+                (store, deployment)
+            });
+        }
+
+        impl scale_out::Topology for $deployment {
+            fn builder(&self) -> fred::prelude::Builder {
+                Deployment::builder(self)
+            }
+
+            fn primary_and_replica(&self, key: &str) -> (u16, u16) {
+                <$deployment>::primary_and_replica(self, key)
+            }
+
+            fn freeze(&self, port: u16) {
+                Deployment::freeze(self, port);
+            }
+
+            fn thaw(&self, port: u16) {
+                Deployment::thaw(self, port);
+            }
+
+            fn kill_primary_of(&mut self, key: &str) -> u16 {
+                <$deployment>::kill_primary_of(self, key)
+            }
+
+            fn wait_for_failover(&self, killed: u16) -> u16 {
+                <$deployment>::wait_for_failover(self, killed, std::time::Duration::from_secs(30))
+            }
+
+            fn restart(&mut self, port: u16) {
+                Deployment::restart(self, port);
+            }
+        }
+
         /// What durable completion costs: `complete` latency without and with `WAIT 1`, on
         /// loopback, one call at a time (printed).
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -854,4 +926,4 @@ macro_rules! failover_tests {
 }
 
 #[allow(unused_imports)]
-pub use failover_tests;
+pub use deployment_tests;

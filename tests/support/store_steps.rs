@@ -5,11 +5,72 @@
 use std::time::Duration;
 
 use tower_idempotency::IdempotencyStore;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use tower_idempotency::fingerprint::Fingerprint;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use tower_idempotency::store::Completion;
 use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{Claim, Reservation, StoreKey};
 use tower_idempotency::test_util::store::OneTarget;
+pub use tower_idempotency::test_util::store::reserves;
+
+/// A duplicate of `key` (another claim of the request `record` answered) is answered `record`.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub async fn replays<St: IdempotencyStore>(
+    store: &St,
+    key: &StoreKey,
+    record: &Record,
+    lease: Duration,
+) {
+    let dup = Claim::new(record.fingerprint());
+    reserves(
+        store,
+        key,
+        &dup,
+        lease,
+        Reservation::Completed(record.clone()),
+    )
+    .await;
+}
+
+/// `claim` completes `key` with `record`, kept for `retention`: the completion is recorded.
+pub async fn records<St: IdempotencyStore>(
+    store: &St,
+    key: &StoreKey,
+    claim: &Claim,
+    record: &Record,
+    retention: Duration,
+) {
+    assert!(
+        store
+            .complete_one(key, claim, record, retention)
+            .await
+            .unwrap()
+            .is_recorded(),
+        "{key:?} not recorded"
+    );
+}
+
+/// Once `first` completed `key` with `record`: `dup` is answered the record (the key is not
+/// claimed again), `first` no longer releases it, and `first` completing it again (a retry
+/// whose first attempt landed) is told so, the record staying as it was.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub async fn completed_by<St: IdempotencyStore>(
+    store: &St,
+    key: &StoreKey,
+    first: &Claim,
+    dup: &Claim,
+    record: &Record,
+    lease: Duration,
+) {
+    let completed = Reservation::Completed(record.clone());
+    reserves(store, key, dup, lease, completed.clone()).await;
+    assert!(!store.release_one(key, first).await.unwrap());
+    assert_eq!(
+        store.complete_one(key, first, record, lease).await.unwrap(),
+        Completion::AlreadyWritten
+    );
+    reserves(store, key, dup, lease, completed).await;
+}
 
 /// Claims `key` for `claim` (whatever the answer) and completes it with `record`, kept for
 /// `retention`: the completion must be recorded.
@@ -22,14 +83,7 @@ pub async fn claim_and_record<St: IdempotencyStore>(
     retention: Duration,
 ) {
     store.reserve_one(key, claim, lease).await.unwrap();
-    assert!(
-        store
-            .complete_one(key, claim, record, retention)
-            .await
-            .unwrap()
-            .is_recorded(),
-        "{key:?} not recorded"
-    );
+    records(store, key, claim, record, retention).await;
 }
 
 /// While `first` holds `key`: `first` again (a retry whose answer was lost) is still
@@ -41,16 +95,52 @@ pub async fn held_by<St: IdempotencyStore>(
     dup: &Claim,
     lease: Duration,
 ) {
-    assert_eq!(
-        store.reserve_one(key, first, lease).await.unwrap(),
-        Reservation::Acquired
-    );
-    assert_eq!(
-        store.reserve_one(key, dup, lease).await.unwrap(),
-        Reservation::InFlight {
-            fingerprint: first.fingerprint()
-        }
-    );
+    reserves(store, key, first, lease, Reservation::Acquired).await;
+    let in_flight = Reservation::InFlight {
+        fingerprint: first.fingerprint(),
+    };
+    reserves(store, key, dup, lease, in_flight).await;
+}
+
+/// `old` claims `key` for `expiring` (short), and the claim expires: `new` claims the key,
+/// `old` neither completes nor releases it, and another claim sees `new`'s in flight.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub async fn expired_claim_taken_over<St: IdempotencyStore>(
+    store: &St,
+    key: &StoreKey,
+    old: &Claim,
+    new: &Claim,
+    expiring: Duration,
+    lease: Duration,
+) {
+    store.reserve_one(key, old, expiring).await.unwrap();
+    tokio::time::sleep(expiring * 2).await;
+    reserves(store, key, new, lease, Reservation::Acquired).await;
+    let record = Record::ack(old.fingerprint());
+    neither_completes_nor_releases(store, key, old, &record, lease).await;
+    let another = Claim::new(Fingerprint::of_bytes(b"another"));
+    let in_flight = Reservation::InFlight {
+        fingerprint: new.fingerprint(),
+    };
+    reserves(store, key, &another, lease, in_flight).await;
+}
+
+/// `first` claims `key` and records it for `retention` (short): a duplicate is answered the
+/// record until it expires, then claims the key anew.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub async fn record_expires<St: IdempotencyStore>(
+    store: &St,
+    key: &StoreKey,
+    first: &Claim,
+    lease: Duration,
+    retention: Duration,
+) {
+    let record = Record::ack(first.fingerprint()).owned_by(first.token());
+    claim_and_record(store, key, first, lease, &record, retention).await;
+    let dup = || Claim::new(first.fingerprint());
+    reserves(store, key, &dup(), lease, Reservation::Completed(record)).await;
+    tokio::time::sleep(retention + Duration::from_millis(200)).await;
+    reserves(store, key, &dup(), lease, Reservation::Acquired).await;
 }
 
 /// `claim`, which does not hold `key` (it never did, or lost it), neither completes it with
@@ -79,7 +169,6 @@ pub async fn neither_completes_nor_releases<St: IdempotencyStore>(
 /// Fifty claims of `key` with one payload at once (behind a barrier; claim `i` through
 /// `stores[i % stores.len()]`): exactly one is acquired, every other sees the key in flight
 /// with that payload's fingerprint. `round` names the race in a failure.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub async fn fifty_claims_one_winner<St: IdempotencyStore>(
     stores: &[St],
     key: &StoreKey,
