@@ -379,9 +379,9 @@ async fn read_only_shows_everything_and_no_form_that_acts() {
 #[tokio::test]
 async fn a_message_on_the_page_is_one_the_server_wrote() {
     let inbox = MemoryInbox::default();
-    kill(&inbox, &["evt_dead"]).await;
+    EMAIL.kill(&inbox, &["evt_dead"]).await;
     let app = app(&inbox, AdminService::new(inbox.clone()));
-    let dead = key("evt_dead");
+    let dead = EMAIL.key("evt_dead");
     let named = page(&app, &format!("/admin/inbox?done=requeued&done_key={dead}")).await;
     assert_eq!(
         text_of(&named, "id=\"flash\""),
