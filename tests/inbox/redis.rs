@@ -934,9 +934,11 @@ async fn a_listing_misses_nothing_when_a_listed_key_expires() {
     }
     let mut filter = Filter::default();
     filter.route = Some(route.clone());
-    // One server of its own: its 20 keys come in one batch of the scan, longer than a page.
+    // One server of its own, its keys in few batches of the scan. A page takes whole batches,
+    // so the first one holds 1 to 3 entries: how SCAN groups the keys is the server's (its
+    // buckets, the other keys among them), and this test is about what the next pages list.
     let first = inbox.list(&filter, None, 3).await.unwrap();
-    assert_eq!(first.entries.len(), 3);
+    assert!((1..=3).contains(&first.entries.len()), "{}", first.entries.len());
     let mut seen: HashSet<StoreKey> = first.entries.iter().map(|i| i.entry.key.clone()).collect();
     // The first key listed is taken, completed with a retention of a millisecond, and gone.
     let gone = first.entries[0].entry.key.clone();
