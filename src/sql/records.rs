@@ -94,11 +94,6 @@ impl<DB: Dialect> SqlStore<DB> {
         &self.pool
     }
 
-    /// Returns the pool.
-    pub fn into_inner(self) -> Pool<DB> {
-        self.pool
-    }
-
     /// Creates the tables and their indexes if they do not exist yet ([`schema`](Self::schema)).
     ///
     /// Idempotent, and safe to call from every instance at start-up. On PostgreSQL the

@@ -261,7 +261,7 @@ async fn completed_keys_survive_an_app_restart() {
     {
         let store = shared_store().await;
         claim_and_record(&store, &key, &first, LEASE, &record, RETENTION).await;
-        store.into_inner().close().await;
+        store.pool().close().await;
     }
     // A new process: a new pool, a new store, the same database.
     let store = shared_store().await;

@@ -623,7 +623,7 @@ async fn a_pool_and_a_client_are_both_stores() {
     )
     .await;
     assert!(client.client().is_connected());
-    let _pool: Pool = pool.into_inner();
+    let _pool: &Pool = pool.client();
 }
 
 #[test]

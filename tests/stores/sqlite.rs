@@ -202,7 +202,7 @@ async fn completed_keys_survive_an_app_restart() {
     {
         let store = open(&dir.db()).await;
         claim_and_record(&store, &key, &first, LEASE, &record, RETENTION).await;
-        store.into_inner().close().await;
+        store.pool().close().await;
     }
     // A new process: a new pool on the same file; opening migrates again, harmlessly.
     let store = open(&dir.db()).await;
@@ -235,7 +235,7 @@ async fn purge_removes_only_expired_rows() {
 #[tokio::test]
 async fn custom_table_and_published_schema() {
     let (store, _dir) = fresh().await;
-    let pool = store.into_inner();
+    let pool = store.pool().clone();
     let custom = SqliteStore::new(pool.clone())
         .with_table("webhook_keys")
         .unwrap();

@@ -487,11 +487,6 @@ where
         &self.client
     }
 
-    /// Returns the underlying fred client.
-    pub fn into_inner(self) -> C {
-        self.client
-    }
-
     /// Loads every script of the store into the server's script cache (`SCRIPT LOAD`, on
     /// every primary of a cluster).
     ///
