@@ -2,6 +2,8 @@
 //! sent (`EVALSHA`, `EVAL` on `NOSCRIPT`, one pipeline for a batch), and what their replies
 //! mean.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::LazyLock;
 
 use bytes::Bytes;
@@ -158,22 +160,38 @@ impl<'a> Keys<'a> {
 /// `SET key value NX PX lease GET`: nil when the key was absent (and is now ours), else the
 /// value already there.
 ///
-/// fred's command futures are large (about 10 KiB): each is boxed where it is made, so that
-/// the futures around it stay small and are never copied whole.
+/// fred's command futures are large (kilobytes): each is boxed where it is made (see
+/// [`in_box`]), so that the futures around it stay small and are never copied whole.
 pub(super) async fn set_nx_get<X: KeysInterface>(
     client: &X,
     key: &StoreKey,
     value: Bytes,
     lease_ms: i64,
 ) -> Result<Value, FredError> {
-    Box::pin(client.set(
-        key.as_bytes().as_slice(),
-        value,
-        Some(Expiration::PX(lease_ms)),
-        Some(SetOptions::NX),
-        true,
-    ))
+    in_box(|| {
+        client.set(
+            key.as_bytes().as_slice(),
+            value,
+            Some(Expiration::PX(lease_ms)),
+            Some(SetOptions::NX),
+            true,
+        )
+    })
     .await
+}
+
+/// The future `make` makes, built in its box: allocated first, so that the future is written
+/// there rather than built aside and then copied in whole (for a fred command, kilobytes that
+/// are mostly not even set yet).
+#[rustversion::since(1.87)]
+pub(crate) fn in_box<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    Box::into_pin(Box::write(Box::new_uninit(), make()))
+}
+
+/// [`in_box`] before Rust 1.87, which has no `Box::write`: built, then moved into its box.
+#[rustversion::before(1.87)]
+pub(crate) fn in_box<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    Box::pin(make())
 }
 
 /// `EVALSHA`, and on `NOSCRIPT` the same call as `EVAL`, which also puts the script back in the
@@ -187,11 +205,11 @@ pub(crate) async fn evalsha_with_reload<X: LuaInterface>(
 ) -> Result<Value, FredError> {
     // Boxed where made, like the `SET` of `set_nx_get`.
     let sha = script.sha1().clone();
-    let result = Box::pin(client.evalsha(sha, keys.multiple(), Value::Array(args()))).await;
+    let result = in_box(|| client.evalsha(sha, keys.multiple(), Value::Array(args()))).await;
     match result {
         Err(error) if is_noscript(&error) => {
             let lua = script.lua().cloned().unwrap_or_default();
-            Box::pin(client.eval(lua, keys.multiple(), Value::Array(args()))).await
+            in_box(|| client.eval(lua, keys.multiple(), Value::Array(args()))).await
         }
         result => result,
     }
