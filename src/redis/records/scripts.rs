@@ -2,8 +2,6 @@
 //! sent (`EVALSHA`, `EVAL` on `NOSCRIPT`, one pipeline for a batch), and what their replies
 //! mean.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::LazyLock;
 
 use bytes::Bytes;
@@ -18,6 +16,7 @@ use crate::order::Position;
 use crate::store::record::StoredValue;
 use crate::store::{Claim, Completion, Order, Reservation, StoreError, Target};
 use crate::store::{StoreErrorKind, StoreKey};
+use crate::util::in_box;
 
 /// `complete`: KEYS[1] = key, ARGV[1] = owner prefix (17 bytes), ARGV[2] = encoded record,
 /// ARGV[3] = retention in milliseconds, ARGV[4] = owner tag (3 bytes). Returns 1 when the
@@ -178,20 +177,6 @@ pub(super) async fn set_nx_get<X: KeysInterface>(
         )
     })
     .await
-}
-
-/// The future `make` makes, built in its box: allocated first, so that the future is written
-/// there rather than built aside and then copied in whole (for a fred command, kilobytes that
-/// are mostly not even set yet).
-#[rustversion::since(1.87)]
-pub(crate) fn in_box<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
-    Box::into_pin(Box::write(Box::new_uninit(), make()))
-}
-
-/// [`in_box`] before Rust 1.87, which has no `Box::write`: built, then moved into its box.
-#[rustversion::before(1.87)]
-pub(crate) fn in_box<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
-    Box::pin(make())
 }
 
 /// `EVALSHA`, and on `NOSCRIPT` the same call as `EVAL`, which also puts the script back in the
