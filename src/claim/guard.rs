@@ -37,6 +37,7 @@ use crate::store::{
     AnyStore, CachedStore, Claim, Completion, LocalCache, Reservation, StoreError, StoreErrorKind,
     StoreKey, Target,
 };
+use crate::util::in_box;
 
 /// Runs `fut` under the store timeout, or as it is when `timeout` is `None` (the store's client
 /// times its own commands no later, see [`IdempotencyStore::command_timeout`]).
@@ -345,7 +346,7 @@ impl<St: IdempotencyStore, Front: IdempotencyStore> ErasedStore for Erased<St, F
         targets: &'a [Target],
         started: Instant,
     ) -> BoxFuture<'a, Reserved> {
-        Box::pin(async move {
+        in_box(|| async move {
             let call = pin!(self.front.reserve(targets, &state.claim, state.lease));
             self.call_timed(state, StoreOp::Reserve, Some(started), call)
                 .await
@@ -358,7 +359,7 @@ impl<St: IdempotencyStore, Front: IdempotencyStore> ErasedStore for Erased<St, F
         targets: &'a [Target],
         record: &'a Record,
     ) -> BoxFuture<'a, Result<Vec<Completion>, StoreError>> {
-        Box::pin(async move {
+        in_box(|| async move {
             let call = pin!(
                 self.front
                     .complete(targets, &state.claim, record, state.retention)
@@ -372,7 +373,7 @@ impl<St: IdempotencyStore, Front: IdempotencyStore> ErasedStore for Erased<St, F
         state: &'a ClaimState,
         targets: &'a [Target],
     ) -> BoxFuture<'a, Result<usize, StoreError>> {
-        Box::pin(async move {
+        in_box(|| async move {
             let call = pin!(self.front.release(targets, &state.claim));
             self.call(state, StoreOp::Release, None, call).await
         })
@@ -384,7 +385,7 @@ impl<St: IdempotencyStore, Front: IdempotencyStore> ErasedStore for Erased<St, F
         targets: &'a [Target],
         started: Instant,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
+        in_box(|| async move {
             let call = pin!(self.front.renew(targets, &state.claim, state.lease));
             self.call(state, StoreOp::Renew, Some(started), call).await
         })

@@ -29,6 +29,7 @@ use crate::http::config::Settings;
 use crate::http::phase::Prelude;
 use crate::http::phase::settle::finish;
 use crate::store::BoxError;
+use crate::util::in_box;
 
 type Finish<ResBody, E> = BoxFuture<'static, Result<Response<ResponseBody<ResBody>>, E>>;
 
@@ -314,10 +315,12 @@ where
         (Err(err), None) => AfterCall::Done(Err(err)),
         (Ok(response), Some(guard)) => {
             let settings = settings.clone().unwrap_or_default();
-            AfterCall::Settle(Box::pin(finish(guard, settings, response, outcome).map(Ok)))
+            AfterCall::Settle(in_box(|| {
+                finish(guard, settings, response, outcome).map(Ok)
+            }))
         }
         (Err(err), Some(guard)) => {
-            AfterCall::Settle(Box::pin(guard.settle(Ending::Failed).map(|()| Err(err))))
+            AfterCall::Settle(in_box(|| guard.settle(Ending::Failed).map(|()| Err(err))))
         }
     }
 }

@@ -45,6 +45,7 @@ use crate::http::phase::{Config, prelude};
 use crate::http::rejection::Rejection;
 use crate::key::ExtractKey;
 use crate::store::BoxError;
+use crate::util::in_box;
 
 /// The middleware service built by [`IdempotencyLayer`](crate::IdempotencyLayer).
 pub struct Idempotency<S, K> {
@@ -140,8 +141,8 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let (parts, body) = req.into_parts();
-        let prelude = prelude(self.config.clone(), parts, body, grpc);
-        ResponseFuture::new(Box::pin(prelude), inner, settings.clone(), span, timer)
+        let prelude = in_box(|| prelude(self.config.clone(), parts, body, grpc));
+        ResponseFuture::new(prelude, inner, settings.clone(), span, timer)
     }
 }
 

@@ -475,7 +475,8 @@ where
         keys: Vec<String>,
         args: impl Fn() -> Vec<Value>,
     ) -> Result<Value, StoreError> {
-        evalsha_with_reload(&self.client, script, &Keys::Tagged(keys), args)
+        let keys = Keys::Tagged(keys);
+        evalsha_with_reload(&self.client, script, || (keys.multiple(), args()))
             .await
             .map_err(store_error)
     }

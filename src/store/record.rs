@@ -326,10 +326,16 @@ impl StoredValue {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn encode_in_flight(token: &Token, fingerprint: &Fingerprint) -> Bytes {
         let mut out = BytesMut::with_capacity(IN_FLIGHT_LEN);
+        Self::put_in_flight(token, fingerprint, &mut out);
+        out.freeze()
+    }
+
+    /// Appends [`encode_in_flight`](Self::encode_in_flight)'s bytes to `out`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn put_in_flight(token: &Token, fingerprint: &Fingerprint, out: &mut BytesMut) {
         out.put_u8(TAG_IN_FLIGHT);
         out.put_slice(token.as_bytes());
         out.put_slice(fingerprint.as_bytes());
-        out.freeze()
     }
 
     /// The first 17 bytes of the in-flight value of `token`: what a token check compares.

@@ -8,11 +8,11 @@ pub(crate) mod scripts;
 use std::fmt;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{BufMut, Bytes, BytesMut};
 use fred::clients::{Client, Pool};
 use fred::interfaces::{KeysInterface, LuaInterface};
-use fred::types::Value;
 use fred::types::scripts::Script;
+use fred::types::{MultipleKeys, Value};
 
 use self::durable::complete_durably;
 use self::errors::store_error;
@@ -25,7 +25,9 @@ use crate::order::EqualPositions;
 #[cfg(doc)]
 use crate::store::StoreErrorKind;
 use crate::store::contract::{IdempotencyStore, OrderedStore};
-use crate::store::record::{OWNER_LEN, OWNER_PREFIX_LEN, Record, StoredValue, put_owner};
+use crate::store::record::{
+    IN_FLIGHT_LEN, OWNER_LEN, OWNER_PREFIX_LEN, Record, StoredValue, put_owner,
+};
 use crate::store::{
     Claim, Completion, Kinds, Order, Reservation, StoreError, StoreKey, Target, merge, millis,
 };
@@ -512,19 +514,59 @@ where
 /// clone of a slice of a shared buffer only counts a reference, where a clone of bytes made on
 /// their own allocates (two allocations per completion instead of six).
 fn complete_args(claim: &Claim, record: &Record, retention: Duration) -> Vec<Value> {
+    let mut buf = BytesMut::with_capacity(complete_args_len(record));
+    put_complete_args(&mut buf, claim, record, retention)
+}
+
+/// The name of `key` and the arguments of its `complete` script (see [`complete_args`]), all
+/// slices of one buffer: the key's name is cloned too.
+fn key_and_complete_args(
+    key: &StoreKey,
+    claim: &Claim,
+    record: &Record,
+    retention: Duration,
+) -> (Bytes, Vec<Value>) {
+    let name = key.as_bytes();
+    let mut buf = BytesMut::with_capacity(name.len() + complete_args_len(record));
+    buf.put_slice(name);
+    let name = buf.split().freeze();
+    (name, put_complete_args(&mut buf, claim, record, retention))
+}
+
+fn complete_args_len(record: &Record) -> usize {
+    OWNER_PREFIX_LEN + OWNER_LEN + record.encoded_len()
+}
+
+/// [`complete_args`], written into `buf` (empty, with room for them).
+fn put_complete_args(
+    buf: &mut BytesMut,
+    claim: &Claim,
+    record: &Record,
+    retention: Duration,
+) -> Vec<Value> {
     let token = claim.token();
-    let mut buf = BytesMut::with_capacity(OWNER_PREFIX_LEN + OWNER_LEN + record.encoded_len());
-    StoredValue::put_owner_prefix(token, &mut buf);
+    StoredValue::put_owner_prefix(token, buf);
     let prefix = buf.split().freeze();
-    put_owner(token, &mut buf);
+    put_owner(token, buf);
     let owner = buf.split().freeze();
-    record.put_for(token, &mut buf);
+    record.put_for(token, buf);
     vec![
         Value::Bytes(prefix),
-        Value::Bytes(buf.freeze()),
+        Value::Bytes(buf.split().freeze()),
         Value::Integer(millis(retention)),
         Value::Bytes(owner),
     ]
+}
+
+/// The name of `key` and its in-flight value for `claim`, slices of one buffer (see
+/// [`complete_args`]).
+fn key_and_in_flight(key: &StoreKey, claim: &Claim) -> (Bytes, Bytes) {
+    let name = key.as_bytes();
+    let mut buf = BytesMut::with_capacity(name.len() + IN_FLIGHT_LEN);
+    buf.put_slice(name);
+    let name = buf.split().freeze();
+    StoredValue::put_in_flight(claim.token(), &claim.fingerprint(), &mut buf);
+    (name, buf.freeze())
 }
 
 /// The arguments of `release` (ordered or not).
@@ -665,9 +707,9 @@ where
         claim: &Claim,
         lease: Duration,
     ) -> Result<Reservation, StoreError> {
-        let value = StoredValue::encode_in_flight(claim.token(), &claim.fingerprint());
+        let (name, value) = key_and_in_flight(key, claim);
         // One client for the command, as in `run`.
-        let held = set_nx_get(&self.client.pick_client(), key, value, millis(lease)).await;
+        let held = set_nx_get(&self.client.pick_client(), name, value, millis(lease)).await;
         reservation(held.map_err(store_error)?, claim)
     }
 
@@ -686,7 +728,8 @@ where
         let client = self.client.pick_client();
         let pipeline = client.pipeline();
         for target in targets {
-            let _: Value = set_nx_get(&pipeline, &target.key, value.clone(), lease)
+            let name = Bytes::copy_from_slice(target.key.as_bytes());
+            let _: Value = set_nx_get(&pipeline, name, value.clone(), lease)
                 .await
                 .map_err(store_error)?;
         }
@@ -745,13 +788,18 @@ where
         record: &Record,
         retention: Duration,
     ) -> Result<Completion, StoreError> {
-        let keys = Keys::One(key);
         match self.durability {
             None => {
-                let args = || complete_args(claim, record, retention);
-                Ok(completion(self.run_counted(&COMPLETE, &keys, args).await?))
+                let call = || {
+                    let (name, args) = key_and_complete_args(key, claim, record, retention);
+                    (MultipleKeys::from(name), args)
+                };
+                Ok(completion(script_reply(
+                    self.run_call(&COMPLETE, call).await?,
+                )?))
             }
             Some(durability) => {
+                let keys = Keys::One(key);
                 let client = (durability.pick)(&self.client);
                 let args = complete_args(claim, record, retention);
                 Box::pin(complete_durably(
@@ -822,10 +870,19 @@ where
         keys: &Keys<'_>,
         args: impl Fn() -> Vec<Value>,
     ) -> Result<Value, StoreError> {
+        self.run_call(script, || (keys.multiple(), args())).await
+    }
+
+    /// Runs `script` on the keys and arguments `call` makes: its reply.
+    async fn run_call(
+        &self,
+        script: &Script,
+        call: impl Fn() -> (MultipleKeys, Vec<Value>),
+    ) -> Result<Value, StoreError> {
         // One client for the command (of a pool, a connected one): the pool itself would pick
         // again at each of the several looks the command takes at its client.
         let client = self.client.pick_client();
-        evalsha_with_reload(&client, script, keys, args)
+        evalsha_with_reload(&client, script, call)
             .await
             .map_err(store_error)
     }

@@ -16,6 +16,7 @@ use crate::order::Position;
 use crate::store::record::StoredValue;
 use crate::store::{Claim, Completion, Order, Reservation, StoreError, Target};
 use crate::store::{StoreErrorKind, StoreKey};
+use crate::util::in_box;
 
 /// `complete`: KEYS[1] = key, ARGV[1] = owner prefix (17 bytes), ARGV[2] = encoded record,
 /// ARGV[3] = retention in milliseconds, ARGV[4] = owner tag (3 bytes). Returns 1 when the
@@ -137,7 +138,7 @@ impl<'a> Keys<'a> {
         }
     }
 
-    fn multiple(&self) -> MultipleKeys {
+    pub(crate) fn multiple(&self) -> MultipleKeys {
         match self {
             // Bytes: no UTF-8 check of a key that is ASCII by construction.
             Keys::One(key) => key.as_bytes().as_slice().into(),
@@ -158,40 +159,50 @@ impl<'a> Keys<'a> {
 /// `SET key value NX PX lease GET`: nil when the key was absent (and is now ours), else the
 /// value already there.
 ///
-/// fred's command futures are large (about 10 KiB): each is boxed where it is made, so that
-/// the futures around it stay small and are never copied whole.
+/// fred's command futures are large (kilobytes): each is boxed where it is made (see
+/// [`in_box`]), so that the futures around it stay small and are never copied whole.
 pub(super) async fn set_nx_get<X: KeysInterface>(
     client: &X,
-    key: &StoreKey,
+    key: Bytes,
     value: Bytes,
     lease_ms: i64,
 ) -> Result<Value, FredError> {
-    Box::pin(client.set(
-        key.as_bytes().as_slice(),
-        value,
-        Some(Expiration::PX(lease_ms)),
-        Some(SetOptions::NX),
-        true,
-    ))
+    in_box(|| {
+        client.set(
+            key,
+            value,
+            Some(Expiration::PX(lease_ms)),
+            Some(SetOptions::NX),
+            true,
+        )
+    })
     .await
 }
 
 /// `EVALSHA`, and on `NOSCRIPT` the same call as `EVAL`, which also puts the script back in the
-/// cache of the server that owns the keys. `args` makes the arguments: once, and again only for
-/// the `EVAL` (a copy kept for a rare retry would cost an allocation per argument).
+/// cache of the server that owns the keys. `call` makes the keys and the arguments: once, and
+/// again only for the `EVAL` (a copy kept for a rare retry would cost an allocation per
+/// argument).
 pub(crate) async fn evalsha_with_reload<X: LuaInterface>(
     client: &X,
     script: &Script,
-    keys: &Keys<'_>,
-    args: impl Fn() -> Vec<Value>,
+    call: impl Fn() -> (MultipleKeys, Vec<Value>),
 ) -> Result<Value, FredError> {
     // Boxed where made, like the `SET` of `set_nx_get`.
     let sha = script.sha1().clone();
-    let result = Box::pin(client.evalsha(sha, keys.multiple(), Value::Array(args()))).await;
+    let result = in_box(|| {
+        let (keys, args) = call();
+        client.evalsha(sha, keys, Value::Array(args))
+    })
+    .await;
     match result {
         Err(error) if is_noscript(&error) => {
             let lua = script.lua().cloned().unwrap_or_default();
-            Box::pin(client.eval(lua, keys.multiple(), Value::Array(args()))).await
+            in_box(|| {
+                let (keys, args) = call();
+                client.eval(lua, keys, Value::Array(args))
+            })
+            .await
         }
         result => result,
     }
