@@ -34,15 +34,8 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// The value `make` makes, built in its box: allocated first, so that the value is written
 /// there rather than built aside and then copied in whole (for a future, all of its states,
 /// mostly not even set yet: kilobytes for a fred command). Pinned, as boxed futures are.
-#[rustversion::since(1.87)]
 pub(crate) fn in_box<T>(make: impl FnOnce() -> T) -> std::pin::Pin<Box<T>> {
     Box::into_pin(Box::write(Box::new_uninit(), make()))
-}
-
-/// [`in_box`] before Rust 1.87, which has no `Box::write`: built, then moved into its box.
-#[rustversion::before(1.87)]
-pub(crate) fn in_box<T>(make: impl FnOnce() -> T) -> std::pin::Pin<Box<T>> {
-    Box::pin(make())
 }
 
 /// `fut` polled once, now: its output if it was ready. A call bounded by a timer arms the
