@@ -938,7 +938,11 @@ async fn a_listing_misses_nothing_when_a_listed_key_expires() {
     // so the first one holds 1 to 3 entries: how SCAN groups the keys is the server's (its
     // buckets, the other keys among them), and this test is about what the next pages list.
     let first = inbox.list(&filter, None, 3).await.unwrap();
-    assert!((1..=3).contains(&first.entries.len()), "{}", first.entries.len());
+    assert!(
+        (1..=3).contains(&first.entries.len()),
+        "{}",
+        first.entries.len()
+    );
     let mut seen: HashSet<StoreKey> = first.entries.iter().map(|i| i.entry.key.clone()).collect();
     // The first key listed is taken, completed with a retention of a millisecond, and gone.
     let gone = first.entries[0].entry.key.clone();

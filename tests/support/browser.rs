@@ -141,8 +141,21 @@ impl Browser {
         Browser::start_with(name, Options::default()).await
     }
 
-    /// A session as `options` say.
+    /// A session as `options` say. A session that chromedriver could not start (an empty
+    /// answer while a loaded host starts Chromium) is tried again, with a new chromedriver, up
+    /// to three times: what the tests check is the page, not the start of a browser.
     pub async fn start_with(name: &str, options: Options) -> Browser {
+        let mut failed = Vec::new();
+        for _ in 0..3 {
+            match Self::try_start(name, &options).await {
+                Ok(browser) => return browser,
+                Err(err) => failed.push(err),
+            }
+        }
+        panic!("a Chromium session through chromedriver, three times: {failed:?}")
+    }
+
+    async fn try_start(name: &str, options: &Options) -> Result<Browser, String> {
         let chromium = require("CHROME", &["chromium", "chromium-browser", "google-chrome"]);
         let chromedriver = require("CHROMEDRIVER", &["chromedriver"]);
         let port = free_port();
@@ -192,18 +205,19 @@ impl Browser {
         let Value::Object(capabilities) = capabilities else {
             unreachable!()
         };
+        // On an error `driver` is dropped: chromedriver's process group is killed.
         let client = ClientBuilder::new(HttpConnector::new())
             .capabilities(capabilities)
             .connect(&format!("http://127.0.0.1:{port}"))
             .await
-            .unwrap_or_else(|err| panic!("a Chromium session through chromedriver: {err}"));
+            .map_err(|err| err.to_string())?;
         let session = client.session_id().await.unwrap().expect("a session id");
-        Browser {
+        Ok(Browser {
             client,
             driver,
             session,
             name: name.to_owned(),
-        }
+        })
     }
 
     /// The fantoccini client, for what this module does not wrap.
