@@ -15,7 +15,7 @@ const BASE64URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvw
 /// Writes the unpadded base64url digits of `bytes` (a multiple of 3 bytes long) into `out`
 /// (4 digits per 3 bytes).
 pub(crate) fn write_base64url(out: &mut [u8], bytes: &[u8]) {
-    debug_assert!(bytes.len() % 3 == 0 && out.len() == bytes.len() / 3 * 4);
+    debug_assert!(bytes.len().is_multiple_of(3) && out.len() == bytes.len() / 3 * 4);
     for (chunk, digits) in bytes.chunks_exact(3).zip(out.chunks_exact_mut(4)) {
         let n = (u32::from(chunk[0]) << 16) | (u32::from(chunk[1]) << 8) | u32::from(chunk[2]);
         for (digit, shift) in digits.iter_mut().zip([18, 12, 6, 0]) {

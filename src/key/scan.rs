@@ -2664,7 +2664,7 @@ mod tests {
         }
         text.push_str(inner);
         for level in (0..levels).rev() {
-            text.push(if (kind + level as u8) % 3 == 0 {
+            text.push(if (kind + level as u8).is_multiple_of(3) {
                 ']'
             } else {
                 '}'
