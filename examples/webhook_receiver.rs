@@ -108,7 +108,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{Value, json};
-use tower_idempotency::key::{HeaderKey, JsonPathKey};
+use tower_idempotency::key::{ExtractKey, HeaderKey, JsonPathKey};
 use tower_idempotency::order::{EventOrder, PositionAt};
 use tower_idempotency::store::{AnyStore, connect};
 use tower_idempotency::verify::{HubSignature256, StandardWebhooks, StripeSignature};

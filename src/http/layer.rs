@@ -43,7 +43,7 @@ use crate::{IdempotencyStore, OrderedStore};
 /// use std::time::Duration;
 /// use axum::{Router, routing::post};
 /// use tower_idempotency::{IdempotencyLayer, MemoryStore, MissingKey};
-/// use tower_idempotency::key::{HeaderKey, JsonPathKey};
+/// use tower_idempotency::key::{ExtractKey, HeaderKey, JsonPathKey};
 ///
 /// let store = MemoryStore::new();
 /// // A webhook: keyed by the delivery id header, else the event id in the body.

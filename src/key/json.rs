@@ -38,7 +38,7 @@ use crate::verify::VerifyRequest;
 /// hold their digits.
 ///
 /// ```
-/// use tower_idempotency::key::{HeaderKey, JsonPathKey};
+/// use tower_idempotency::key::{ExtractKey, HeaderKey, JsonPathKey};
 ///
 /// // One event per body.
 /// let sangho = JsonPathKey::new("$.id")?;

@@ -107,21 +107,6 @@ impl<'a> KeyInput<'a> {
     }
 }
 
-/// `or` as an inherent method of the built-in extractors, so that `HeaderKey::new(..)?.or(..)`
-/// needs no trait import.
-macro_rules! inherent_or {
-    ($($ty:ident $(<$($g:ident),+>)?),+ $(,)?) => {$(
-        impl$(<$($g),+>)? $ty$(<$($g),+>)? where Self: ExtractKey {
-            /// Tries `self`, and `other` when `self` finds no key (see [`ExtractKey::or`]).
-            pub fn or<O: ExtractKey>(self, other: O) -> Fallback<Self, O> {
-                Fallback::new(self, other)
-            }
-        }
-    )+};
-}
-
-inherent_or!(HeaderKey, JsonPathKey, FieldsFingerprintKey, Fallback<A, B>, BodyFn<F>);
-
 /// Derives the idempotency key of a request.
 ///
 /// Return `Ok(None)` when the request carries no key (the layer then applies its missing-key

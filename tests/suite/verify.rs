@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{Request, StatusCode};
-use tower_idempotency::key::{Fallback, HeaderKey, JsonPathKey};
+use tower_idempotency::key::{ExtractKey, Fallback, HeaderKey, JsonPathKey};
 use tower_idempotency::verify::{
     HubSignature256, ShopifyHmac, SlackSignature, StandardWebhooks, StripeSignature, VerifyRequest,
 };
