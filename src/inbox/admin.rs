@@ -50,11 +50,14 @@ pub enum AttemptOutcome {
 
 /// An entry as an operator sees it: the entry, where it stands, and its attempts.
 ///
-/// A done entry is kept for its retention without its body and headers (empty here).
+/// A done entry is kept for its retention without its body and headers (empty here). A
+/// [`list`](InboxAdmin::list) reads bodies and headers only when its filter asks
+/// ([`Filter::with_bodies`]); [`find`](InboxAdmin::find) always reads them.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct EntryInfo {
-    /// The entry (a done one without body and headers).
+    /// The entry (without body and headers when done, or listed without
+    /// [`with_bodies`](Filter::with_bodies)).
     pub entry: InboxEntry,
     /// Queued (first time or a retry), running, dead or done.
     pub state: KeyState,
@@ -98,7 +101,8 @@ impl EntryInfo {
 }
 
 /// Which entries a [`list`](InboxAdmin::list) returns: all that match every condition set
-/// (`Filter::default()` matches every entry; set the conditions wanted).
+/// (`Filter::default()` matches every entry; set the conditions wanted), and whether their
+/// bodies are read.
 ///
 /// ```
 /// use tower_idempotency::inbox::{Filter, KeyState};
@@ -123,9 +127,24 @@ pub struct Filter {
     pub correlation_id: Option<String>,
     /// Only entries whose last error contains this text.
     pub error_contains: Option<String>,
+    /// Read each listed entry's body and kept headers too. Off by default: a page of entries
+    /// (up to 1,000, each body up to the route's body limit) reads only what a list shows,
+    /// and the entries' [`body`](InboxEntry::body) and [`headers`](InboxEntry::headers) are
+    /// empty. Not a condition: it changes what is read, not which entries match.
+    pub with_bodies: bool,
 }
 
 impl Filter {
+    /// `info` as a listing with this filter returns it: without its body and headers unless
+    /// [`with_bodies`](Self::with_bodies) (what a backend that read them anyway does).
+    pub(crate) fn listed(&self, mut info: EntryInfo) -> EntryInfo {
+        if !self.with_bodies {
+            info.entry.body = bytes::Bytes::new();
+            info.entry.headers = http::HeaderMap::new();
+        }
+        info
+    }
+
     /// Whether `info` matches every condition set (what a backend that cannot filter in the
     /// store checks on what it read).
     pub(crate) fn matches(&self, info: &EntryInfo) -> bool {
@@ -214,6 +233,7 @@ pub trait InboxAdmin: InboxStore {
         async move {
             let dead = Filter {
                 state: Some(KeyState::Dead),
+                with_bodies: false,
                 ..filter.clone()
             };
             let page = self.list(&dead, cursor, limit).await?;

@@ -575,7 +575,7 @@ impl InboxAdmin for MemoryInbox {
                 break;
             }
             if let Some(info) = state.info(key, now).filter(|info| filter.matches(info)) {
-                entries.push(info);
+                entries.push(filter.listed(info));
             }
         }
         Ok(Page::new(entries, next))

@@ -41,9 +41,12 @@ const ENTRY_COLUMNS: &str = "key, body, headers, object, position, correlation_i
     next_at, enqueued_at, id, route";
 
 /// The columns of what an operator sees of an entry, in the order `info` reads them.
-const INFO_COLUMNS: &str = "key, body, headers, object, position, correlation_id, attempts, \
-    next_at, enqueued_at, id, route, state, lease_until, expires_at, last_error, history, \
-    started_us, worker";
+const INFO_COLUMNS: &str = "key, body, headers, {info_rest}";
+
+/// The columns of [`INFO_COLUMNS`] after the body and the headers (which a listing reads only
+/// when asked: `list.sql`).
+const INFO_REST: &str = "object, position, correlation_id, attempts, next_at, enqueued_at, id, \
+    route, state, lease_until, expires_at, last_error, history, started_us, worker";
 
 /// The columns added to the table since it was first released, with their definitions: what
 /// `migrate` adds to a table created before.
@@ -791,7 +794,9 @@ impl<DB: Dialect> InboxAdmin for SqlInbox<DB> {
     ) -> Result<Page, StoreError> {
         let after = after(cursor)?;
         let state = filter.state.map(state_name);
-        let params = filter_params(filter, after, epoch_ms(SystemTime::now()), limit, state);
+        let filtered = filter_params(filter, after, epoch_ms(SystemTime::now()), limit, state);
+        let mut params = Vec::from(filtered);
+        params.push(Param::Int(i64::from(filter.with_bodies)));
         let mut conn = acquire(&self.pool).await?;
         let rows = fetch::<DB>(&mut conn, &self.sql.list, &params, None).await?;
         let now = epoch_ms(SystemTime::now());
@@ -986,8 +991,9 @@ struct Statements {
     purge_watermarks: Sql,
     /// $1 key. The row as [`INFO_COLUMNS`].
     find: Sql,
-    /// $1 after this key, $2 now, $3 limit, then the filter's $4 to $9 (see [`matching`]).
-    /// Rows as [`INFO_COLUMNS`], by key.
+    /// $1 after this key, $2 now, $3 limit, then the filter's $4 to $9 (see [`matching`]), $10
+    /// `1` to read bodies and headers. Rows as [`INFO_COLUMNS`] (body and headers NULL unless
+    /// read), by key.
     list: Sql,
     /// $1 after this key, $2 now, $3 limit, then the filter's $4 to $9. The keys re-queued.
     requeue_matching: Sql,
@@ -1041,6 +1047,7 @@ impl Statements {
             ("table", table),
             ("entry_columns", ENTRY_COLUMNS),
             ("info_columns", INFO_COLUMNS),
+            ("info_rest", INFO_REST),
         ];
         names.extend(fragments.iter().map(|(name, text)| (*name, text.as_str())));
         let sql = |text: &str| Sql::from(render::<DB>(text, &names));

@@ -276,6 +276,39 @@ pub async fn list_pages_through_every_match<St: InboxAdmin>(store: St) {
     assert_eq!(queued.len(), 21);
 }
 
+/// A listing reads the entries' bodies and kept headers only when its filter asks
+/// (`with_bodies`); `find` always reads them. Which entries match does not change.
+pub async fn a_listing_reads_bodies_only_when_asked<St: InboxAdmin>(store: St) {
+    let route = fresh("bodies");
+    let mut entry = delivery(&route, "evt_body");
+    entry
+        .headers
+        .insert("x-event-type", "email.bounced".parse().unwrap());
+    store.enqueue(entry.clone()).await.unwrap();
+    let by_route = Filter {
+        route: Some(route.clone()),
+        ..Filter::default()
+    };
+    let bare = list_all(&store, &by_route, 10).await;
+    assert_eq!(bare.len(), 1);
+    assert_eq!(bare[0].entry.key, entry.key);
+    assert!(bare[0].entry.body.is_empty(), "{:?}", bare[0].entry.body);
+    assert!(bare[0].entry.headers.is_empty());
+    let with_bodies = Filter {
+        with_bodies: true,
+        ..by_route
+    };
+    let full = list_all(&store, &with_bodies, 10).await;
+    assert_eq!(full.len(), 1);
+    assert_eq!(full[0].entry.body, entry.body);
+    assert_eq!(full[0].entry.headers, entry.headers);
+    let found = find(&store, &entry.key).await;
+    assert_eq!(
+        (found.entry.body, found.entry.headers),
+        (entry.body, entry.headers)
+    );
+}
+
 /// Every dead letter matching a filter is re-queued, in calls that each re-queue at most their
 /// limit and go on from their cursor; the others stay dead.
 pub async fn requeue_matching_redrives_in_bounded_calls<St: InboxAdmin>(store: St) {
@@ -475,6 +508,7 @@ macro_rules! inbox_admin_contract {
         $crate::inbox_admin_contract!(@tests $make;
             find_tells_each_state_and_its_attempts,
             list_pages_through_every_match,
+            a_listing_reads_bodies_only_when_asked,
             requeue_matching_redrives_in_bounded_calls,
             discard_drops_a_dead_letter_and_keeps_its_key,
             pause_stops_every_take_and_resume_wakes,

@@ -171,6 +171,13 @@ async fn shows_bodies_only_when_enabled() {
     assert_eq!(entry["body"], "{\"event_id\":\"evt_body\"}");
     assert_eq!(entry["body_bytes"], 23);
     assert_eq!(entry["headers"], json!({}));
+    // A listing reads the bodies for the service that shows them, and only for it.
+    let (_, listed) = get(&shown, "/admin/inbox/entries").await;
+    assert_eq!(listed["entries"][0]["body"], "{\"event_id\":\"evt_body\"}");
+    let hidden = app(AdminService::new(inbox.clone()));
+    let (_, listed) = get(&hidden, "/admin/inbox/entries").await;
+    assert_eq!(listed["entries"][0]["key"], EMAIL.key("evt_body").as_str());
+    assert!(listed["entries"][0].get("body").is_none(), "{listed}");
 }
 
 #[tokio::test]

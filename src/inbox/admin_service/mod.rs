@@ -339,7 +339,8 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
                 Ok(json::counts(&counts, inbox.is_paused().await?))
             }
             Endpoint::List => {
-                let (filter, cursor, limit) = params::listing(query, params::LIST)?;
+                let (mut filter, cursor, limit) = params::listing(query, params::LIST)?;
+                filter.with_bodies = bodies;
                 let page = inbox.list(&filter, cursor.as_deref(), limit).await?;
                 Ok(json::page(&page, bodies))
             }

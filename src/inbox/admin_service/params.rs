@@ -312,6 +312,7 @@ mod tests {
             object: Some(object),
             correlation_id: Some("a b".into()),
             error_contains: Some("time".into()),
+            with_bodies: false,
         };
         assert_eq!((filter, cursor, limit), (wanted, None, 7));
         assert_eq!(listing("", REQUEUE).unwrap().2, 500);

@@ -17,10 +17,11 @@ use crate::redis::records::errors::store_error;
 use crate::redis::records::scripts::{bytes_of, unexpected};
 use crate::store::{StoreError, StoreErrorKind, StoreKey, millis};
 
-/// `find` and `list`: KEYS = leased; ARGV[1] = prefix, then keys. One row per key: nothing when
-/// the inbox does not know it, else its state, dead letter's error, history, body (nil when
-/// done), the entry's time to live (ms: a done entry's retention left), its lease end (µs, when
-/// running), then the fields `Row::entry` reads.
+/// `find` and `list`: KEYS = leased; ARGV[1] = prefix, [2] = `1` to read bodies and headers,
+/// then keys. One row per key: nothing when the inbox does not know it, else its state, dead
+/// letter's error, history, body (nil when done or not read), the entry's time to live (ms: a
+/// done entry's retention left), its lease end (µs, when running), then the fields
+/// `Row::entry` reads (the headers nil when not read).
 const READ_LUA: &str = include_str!("lua/admin_read.lua");
 
 /// `discard`: KEYS = entry, dead; ARGV[1] = prefix, [2] = key, [3] = retention (ms). A dead
@@ -129,18 +130,21 @@ impl<C> RedisInbox<C>
 where
     C: LuaInterface + KeysInterface + Send + Sync + 'static,
 {
-    /// What partition `p` holds of each of `keys` (one script).
+    /// What partition `p` holds of each of `keys` (one script), their bodies and headers read
+    /// when `bodies`.
     async fn read_in(
         &self,
         p: usize,
         keys: &[StoreKey],
+        bodies: bool,
     ) -> Result<Vec<Option<EntryInfo>>, StoreError> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
         let args = || {
-            let mut args = Vec::with_capacity(1 + keys.len());
+            let mut args = Vec::with_capacity(2 + keys.len());
             args.push(Value::from(&*self.prefixes[p]));
+            args.push(Value::from(if bodies { "1" } else { "0" }));
             args.extend(keys.iter().map(|key| Value::from(key.as_str())));
             args
         };
@@ -263,12 +267,12 @@ where
     async fn find(&self, key: &StoreKey) -> Result<Option<EntryInfo>, StoreError> {
         let mut partitions = self.partitions_of_key(key);
         let first = partitions.next().unwrap_or_default();
-        let found = self.read_in(first, std::slice::from_ref(key)).await?;
+        let found = self.read_in(first, std::slice::from_ref(key), true).await?;
         if let Some(info) = found.into_iter().next().flatten() {
             return Ok(Some(info));
         }
         let keys = std::slice::from_ref(key);
-        let others = partitions.map(|p| self.read_in(p, keys));
+        let others = partitions.map(|p| self.read_in(p, keys, true));
         for found in join_all(others).await {
             if let Some(info) = found?.into_iter().next().flatten() {
                 return Ok(Some(info));
@@ -305,7 +309,7 @@ where
             if let Some(after) = &at.after {
                 keys.retain(|key| key.as_str() > after.as_str());
             }
-            let infos = self.read_in(p, &keys).await?;
+            let infos = self.read_in(p, &keys, filter.with_bodies).await?;
             let mut matching: Vec<EntryInfo> = (infos.into_iter().flatten())
                 .filter(|info| filter.matches(info))
                 .collect();
