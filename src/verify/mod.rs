@@ -102,22 +102,10 @@ mod stripe;
 
 #[cfg(feature = "verify")]
 #[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
-pub use self::hub::HubSignature256;
-#[cfg(feature = "verify")]
-#[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
-pub use self::secret::InvalidSecret;
-#[cfg(feature = "verify")]
-#[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
-pub use self::shopify::ShopifyHmac;
-#[cfg(feature = "verify")]
-#[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
-pub use self::slack::SlackSignature;
-#[cfg(feature = "verify")]
-#[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
-pub use self::standard::StandardWebhooks;
-#[cfg(feature = "verify")]
-#[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
-pub use self::stripe::StripeSignature;
+pub use self::{
+    hub::HubSignature256, secret::InvalidSecret, shopify::ShopifyHmac, slack::SlackSignature,
+    standard::StandardWebhooks, stripe::StripeSignature,
+};
 
 /// How far a signed timestamp may be from the current time, in the past or in the future, by
 /// default: 5 minutes, what Standard Webhooks, Stripe and Slack use.
