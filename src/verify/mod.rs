@@ -320,6 +320,8 @@ pub(crate) mod testing {
     use http::request::Parts;
     use http::{HeaderValue, Request};
 
+    use super::{VerifyError, VerifyErrorKind};
+
     /// A POST's head with `headers`, in order (a name given twice appears twice).
     pub(crate) fn request(headers: &[(&str, &[u8])]) -> Parts {
         let mut request = Request::post("/hook").body(()).unwrap();
@@ -334,6 +336,11 @@ pub(crate) mod testing {
     /// A clock stopped at `secs` after the epoch.
     pub(crate) fn at(secs: u64) -> impl Fn() -> SystemTime + Send + Sync + 'static {
         move || UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    /// The kind of the error `result` must be.
+    pub(crate) fn kind<T: std::fmt::Debug>(result: Result<T, VerifyError>) -> VerifyErrorKind {
+        result.unwrap_err().kind()
     }
 }
 
