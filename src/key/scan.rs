@@ -1718,26 +1718,15 @@ mod tests {
                 "{number}"
             );
         }
-        assert_eq!(
-            keys(r#"{"id":{}}"#, "$.id"),
-            Err(ScanError::NotAnId("an object"))
-        );
-        assert_eq!(
-            keys(r#"{"id":[]}"#, "$.id"),
-            Err(ScanError::NotAnId("an array"))
-        );
-        assert_eq!(
-            keys(r#"{"id":true}"#, "$.id"),
-            Err(ScanError::NotAnId("a boolean"))
-        );
-        assert_eq!(
-            keys(r#"{"id":false}"#, "$.id"),
-            Err(ScanError::NotAnId("a boolean"))
-        );
-        assert_eq!(
-            keys(r#"{"id":null}"#, "$.id"),
-            Err(ScanError::NotAnId("null"))
-        );
+        for (body, what) in [
+            (r#"{"id":{}}"#, "an object"),
+            (r#"{"id":[]}"#, "an array"),
+            (r#"{"id":true}"#, "a boolean"),
+            (r#"{"id":false}"#, "a boolean"),
+            (r#"{"id":null}"#, "null"),
+        ] {
+            assert_eq!(keys(body, "$.id"), Err(ScanError::NotAnId(what)), "{body}");
+        }
     }
 
     /// Keys before the first value that is not an id are handed over; the
