@@ -154,7 +154,9 @@ struct InMemory {
     trailers: Option<Box<HeaderMap>>,
 }
 
+// `#[inline]`: called from the generic `Body` impls, which are compiled in the user's crate.
 impl InMemory {
+    #[inline]
     fn new(data: Bytes, trailers: Option<Box<HeaderMap>>) -> Self {
         InMemory {
             data: (!data.is_empty()).then_some(data),
@@ -163,6 +165,7 @@ impl InMemory {
     }
 
     /// The data, then the trailers, then the end (`None`).
+    #[inline]
     fn next_frame(&mut self) -> Option<Result<Frame<Bytes>, BoxError>> {
         self.data
             .take()
@@ -171,10 +174,12 @@ impl InMemory {
             .map(Ok)
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         self.data.is_none() && self.trailers.is_none()
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
         SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
     }
