@@ -74,9 +74,7 @@ pin_project! {
             body: Limited<B>,
         },
         Buffered {
-            data: Option<Bytes>,
-            // Boxed (rare, and a `HeaderMap` is 96 bytes): bodies are moved with every request.
-            trailers: Option<Box<HeaderMap>>,
+            body: InMemory,
         },
     }
 }
@@ -104,8 +102,7 @@ impl<B> RequestBody<B> {
     pub(crate) fn buffered_boxed(data: Bytes, trailers: Option<Box<HeaderMap>>) -> Self {
         RequestBody {
             kind: RequestKind::Buffered {
-                data: (!data.is_empty()).then_some(data),
-                trailers,
+                body: InMemory::new(data, trailers),
             },
         }
     }
@@ -126,12 +123,7 @@ where
         match self.project().kind.project() {
             RequestKindProj::Streaming { body } => body.poll_frame(cx).map_err(Into::into),
             RequestKindProj::Limited { body } => body.poll_frame(cx),
-            RequestKindProj::Buffered { data, trailers } => Poll::Ready(
-                data.take()
-                    .map(Frame::data)
-                    .or_else(|| trailers.take().map(|t| Frame::trailers(*t)))
-                    .map(Ok),
-            ),
+            RequestKindProj::Buffered { body } => Poll::Ready(body.next_frame()),
         }
     }
 
@@ -139,7 +131,7 @@ where
         match &self.kind {
             RequestKind::Streaming { body } => body.is_end_stream(),
             RequestKind::Limited { body } => body.is_end_stream(),
-            RequestKind::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
+            RequestKind::Buffered { body } => body.is_end_stream(),
         }
     }
 
@@ -147,10 +139,49 @@ where
         match &self.kind {
             RequestKind::Streaming { body } => body.size_hint(),
             RequestKind::Limited { body } => body.size_hint(),
-            RequestKind::Buffered { data, .. } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
+            RequestKind::Buffered { body } => body.size_hint(),
         }
+    }
+}
+
+/// A body already in memory, the buffered state of both [`RequestBody`] and [`ResponseBody`]:
+/// its data as one frame (none when empty), then its trailers.
+#[derive(Debug)]
+struct InMemory {
+    data: Option<Bytes>,
+    // Boxed (rare, and a `HeaderMap` is 96 bytes): bodies are moved with every request, and
+    // responses several times on their way out.
+    trailers: Option<Box<HeaderMap>>,
+}
+
+// `#[inline]`: called from the generic `Body` impls, which are compiled in the user's crate.
+impl InMemory {
+    #[inline]
+    fn new(data: Bytes, trailers: Option<Box<HeaderMap>>) -> Self {
+        InMemory {
+            data: (!data.is_empty()).then_some(data),
+            trailers,
+        }
+    }
+
+    /// The data, then the trailers, then the end (`None`).
+    #[inline]
+    fn next_frame(&mut self) -> Option<Result<Frame<Bytes>, BoxError>> {
+        self.data
+            .take()
+            .map(Frame::data)
+            .or_else(|| self.trailers.take().map(|t| Frame::trailers(*t)))
+            .map(Ok)
+    }
+
+    #[inline]
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+
+    #[inline]
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
     }
 }
 
@@ -322,10 +353,7 @@ pin_project! {
             body: B,
         },
         Buffered {
-            data: Option<Bytes>,
-            // Boxed (rare, and a `HeaderMap` is 96 bytes): responses are moved several times
-            // on their way out.
-            trailers: Option<Box<HeaderMap>>,
+            body: InMemory,
         },
         Failed {
             data: Option<Bytes>,
@@ -435,8 +463,7 @@ impl<B> ResponseBody<B> {
     pub(crate) fn buffered_boxed(data: Bytes, trailers: Option<Box<HeaderMap>>) -> Self {
         ResponseBody {
             kind: ResponseKind::Buffered {
-                data: (!data.is_empty()).then_some(data),
-                trailers,
+                body: InMemory::new(data, trailers),
             },
         }
     }
@@ -493,12 +520,7 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
             ResponseKindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
-            ResponseKindProj::Buffered { data, trailers } => Poll::Ready(
-                data.take()
-                    .map(Frame::data)
-                    .or_else(|| trailers.take().map(|t| Frame::trailers(*t)))
-                    .map(Ok),
-            ),
+            ResponseKindProj::Buffered { body } => Poll::Ready(body.next_frame()),
             ResponseKindProj::Failed { data, error } => Poll::Ready(match data.take() {
                 Some(data) => Some(Ok(Frame::data(data))),
                 None => error.take().map(Err),
@@ -510,7 +532,7 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             ResponseKind::Inner { body } => body.is_end_stream(),
-            ResponseKind::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
+            ResponseKind::Buffered { body } => body.is_end_stream(),
             ResponseKind::Failed { data, error } => data.is_none() && error.is_none(),
             // Never report the end early: the stream must be polled to its end for the claim
             // to be settled.
@@ -521,9 +543,7 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             ResponseKind::Inner { body } => body.size_hint(),
-            ResponseKind::Buffered { data, .. } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
+            ResponseKind::Buffered { body } => body.size_hint(),
             ResponseKind::Failed { data, .. } => {
                 let mut hint = SizeHint::new();
                 hint.set_lower(data.as_ref().map_or(0, |d| d.len() as u64));

@@ -1718,26 +1718,15 @@ mod tests {
                 "{number}"
             );
         }
-        assert_eq!(
-            keys(r#"{"id":{}}"#, "$.id"),
-            Err(ScanError::NotAnId("an object"))
-        );
-        assert_eq!(
-            keys(r#"{"id":[]}"#, "$.id"),
-            Err(ScanError::NotAnId("an array"))
-        );
-        assert_eq!(
-            keys(r#"{"id":true}"#, "$.id"),
-            Err(ScanError::NotAnId("a boolean"))
-        );
-        assert_eq!(
-            keys(r#"{"id":false}"#, "$.id"),
-            Err(ScanError::NotAnId("a boolean"))
-        );
-        assert_eq!(
-            keys(r#"{"id":null}"#, "$.id"),
-            Err(ScanError::NotAnId("null"))
-        );
+        for (body, what) in [
+            (r#"{"id":{}}"#, "an object"),
+            (r#"{"id":[]}"#, "an array"),
+            (r#"{"id":true}"#, "a boolean"),
+            (r#"{"id":false}"#, "a boolean"),
+            (r#"{"id":null}"#, "null"),
+        ] {
+            assert_eq!(keys(body, "$.id"), Err(ScanError::NotAnId(what)), "{body}");
+        }
     }
 
     /// Keys before the first value that is not an id are handed over; the
@@ -2196,35 +2185,40 @@ mod tests {
             Doc::Leaf(Value::String(text)) => write_string(text, style, out),
             Doc::Leaf(value) => out.push_str(&value.to_string()),
             Doc::Raw(token) => out.push_str(token),
-            Doc::Array(items) => {
-                out.push('[');
-                for (i, item) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(space);
-                    write_doc(item, style, out);
-                }
-                out.push_str(space);
-                out.push(']');
-            }
+            Doc::Array(items) => write_list(items, ['[', ']'], space, out, |item, out| {
+                write_doc(item, style, out);
+            }),
             Doc::Object(members) => {
-                out.push('{');
-                for (i, (name, value)) in members.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(space);
+                write_list(members, ['{', '}'], space, out, |(name, value), out| {
                     write_string(name, style, out);
                     out.push_str(space);
                     out.push(':');
                     out.push_str(space);
                     write_doc(value, style, out);
-                }
-                out.push_str(space);
-                out.push('}');
+                });
             }
         }
+    }
+
+    /// Writes `items` with `write` between the `brackets`, separated by commas, `space`
+    /// before each item and before the closing bracket.
+    fn write_list<T>(
+        items: &[T],
+        [open, close]: [char; 2],
+        space: &str,
+        out: &mut String,
+        mut write: impl FnMut(&T, &mut String),
+    ) {
+        out.push(open);
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(space);
+            write(item, out);
+        }
+        out.push_str(space);
+        out.push(close);
     }
 
     /// Writes `text` as a JSON string in the given `style` (see [`write_doc`]).

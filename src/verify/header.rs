@@ -72,6 +72,7 @@ pub(crate) fn unix_seconds(name: &str, text: &str) -> Result<u64, VerifyError> {
 mod tests {
     use super::*;
     use crate::verify::VerifyErrorKind;
+    use crate::verify::testing::kind;
     use http::{HeaderValue, Request};
 
     const NAME: HeaderName = HeaderName::from_static("x-signature");
@@ -83,10 +84,6 @@ mod tests {
             request.headers_mut().append(NAME, value);
         }
         request.into_parts().0
-    }
-
-    fn kind(result: Result<&str, VerifyError>) -> VerifyErrorKind {
-        result.unwrap_err().kind()
     }
 
     #[test]

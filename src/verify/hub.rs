@@ -90,7 +90,7 @@ mod tests {
     use super::*;
     use crate::verify::VerifyErrorKind;
     use crate::verify::hmac::{sign, to_hex};
-    use crate::verify::testing::request;
+    use crate::verify::testing::{kind, request};
 
     // GitHub's documented test values: docs.github.com, "Validating webhook deliveries",
     // section "Testing the webhook payload validation" (github/docs,
@@ -104,10 +104,6 @@ mod tests {
     fn check(value: &[u8], body: &[u8]) -> Result<(), VerifyError> {
         let verifier = HubSignature256::new([SECRET]).unwrap();
         verifier.verify(&request(&[("x-hub-signature-256", value)]), body)
-    }
-
-    fn kind(result: Result<(), VerifyError>) -> VerifyErrorKind {
-        result.unwrap_err().kind()
     }
 
     #[test]

@@ -102,22 +102,10 @@ mod stripe;
 
 #[cfg(feature = "verify")]
 #[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
-pub use self::hub::HubSignature256;
-#[cfg(feature = "verify")]
-#[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
-pub use self::secret::InvalidSecret;
-#[cfg(feature = "verify")]
-#[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
-pub use self::shopify::ShopifyHmac;
-#[cfg(feature = "verify")]
-#[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
-pub use self::slack::SlackSignature;
-#[cfg(feature = "verify")]
-#[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
-pub use self::standard::StandardWebhooks;
-#[cfg(feature = "verify")]
-#[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
-pub use self::stripe::StripeSignature;
+pub use self::{
+    hub::HubSignature256, secret::InvalidSecret, shopify::ShopifyHmac, slack::SlackSignature,
+    standard::StandardWebhooks, stripe::StripeSignature,
+};
 
 /// How far a signed timestamp may be from the current time, in the past or in the future, by
 /// default: 5 minutes, what Standard Webhooks, Stripe and Slack use.
@@ -332,6 +320,8 @@ pub(crate) mod testing {
     use http::request::Parts;
     use http::{HeaderValue, Request};
 
+    use super::{VerifyError, VerifyErrorKind};
+
     /// A POST's head with `headers`, in order (a name given twice appears twice).
     pub(crate) fn request(headers: &[(&str, &[u8])]) -> Parts {
         let mut request = Request::post("/hook").body(()).unwrap();
@@ -346,6 +336,11 @@ pub(crate) mod testing {
     /// A clock stopped at `secs` after the epoch.
     pub(crate) fn at(secs: u64) -> impl Fn() -> SystemTime + Send + Sync + 'static {
         move || UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    /// The kind of the error `result` must be.
+    pub(crate) fn kind<T: std::fmt::Debug>(result: Result<T, VerifyError>) -> VerifyErrorKind {
+        result.unwrap_err().kind()
     }
 }
 

@@ -83,7 +83,7 @@ mod tests {
     use super::*;
     use crate::verify::VerifyErrorKind;
     use crate::verify::hmac::{sign, to_base64};
-    use crate::verify::testing::request;
+    use crate::verify::testing::{kind, request};
 
     // Shopify documents the scheme, not a vector. This signature was computed independently
     // with Python: base64.b64encode(hmac.new(SECRET, BODY, hashlib.sha256).digest()).
@@ -94,10 +94,6 @@ mod tests {
     fn check(value: &[u8], body: &[u8]) -> Result<(), VerifyError> {
         let verifier = ShopifyHmac::new([SECRET]).unwrap();
         verifier.verify(&request(&[("x-shopify-hmac-sha256", value)]), body)
-    }
-
-    fn kind(result: Result<(), VerifyError>) -> VerifyErrorKind {
-        result.unwrap_err().kind()
     }
 
     #[test]

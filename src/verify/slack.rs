@@ -124,7 +124,7 @@ mod tests {
     use super::*;
     use crate::verify::VerifyErrorKind;
     use crate::verify::hmac::{sign, to_hex};
-    use crate::verify::testing::{at, request};
+    use crate::verify::testing::{at, kind, request};
 
     // Slack's documented example: api.slack.com, "Verifying requests from Slack", the
     // step-by-step walk-through. Checked independently with Python's hmac module.
@@ -142,10 +142,6 @@ mod tests {
             ("x-slack-signature", signature),
             ("x-slack-request-timestamp", ts),
         ])
-    }
-
-    fn kind(result: Result<(), VerifyError>) -> VerifyErrorKind {
-        result.unwrap_err().kind()
     }
 
     fn signed(secret: &str, ts: &str, body: &[u8]) -> String {

@@ -295,7 +295,7 @@ mod tests {
     use super::*;
     use crate::verify::VerifyErrorKind;
     use crate::verify::hmac::{sign, to_base64};
-    use crate::verify::testing::{at, request};
+    use crate::verify::testing::{at, kind, request};
 
     // The Standard Webhooks test vector, from the specification's reference libraries
     // (standard-webhooks/standard-webhooks, libraries/python/tests/test_webhooks.py,
@@ -324,10 +324,6 @@ mod tests {
 
     fn check(signature: &str) -> Result<(), VerifyError> {
         verifier().verify(&parts(MSG_ID, &TS.to_string(), signature), BODY)
-    }
-
-    fn kind(result: Result<(), VerifyError>) -> VerifyErrorKind {
-        result.unwrap_err().kind()
     }
 
     /// `v1,<base64>` of the message signed with `secret` at `ts`.

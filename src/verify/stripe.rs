@@ -171,7 +171,7 @@ mod tests {
     use super::*;
     use crate::verify::VerifyErrorKind;
     use crate::verify::hmac::{sign, to_hex};
-    use crate::verify::testing::{at, request};
+    use crate::verify::testing::{at, kind, request};
 
     // Stripe publishes the format (its webhook documentation, "Verify signatures manually"),
     // not a vector with a secret. These signatures were computed independently with Python's hmac
@@ -189,10 +189,6 @@ mod tests {
 
     fn check(value: &str) -> Result<(), VerifyError> {
         verifier().verify(&request(&[("stripe-signature", value.as_bytes())]), BODY)
-    }
-
-    fn kind(result: Result<(), VerifyError>) -> VerifyErrorKind {
-        result.unwrap_err().kind()
     }
 
     #[test]
