@@ -169,6 +169,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod claim;
+mod config_error;
 pub(crate) mod defaults;
 pub mod fingerprint;
 mod http;
@@ -192,6 +193,7 @@ pub mod verify;
 pub use self::claim::items::BatchItems;
 pub use self::claim::observe::OutcomeEvent;
 pub use self::claim::outcome::Outcome;
+pub use self::config_error::{ConfigError, ConfigErrorKind};
 pub use self::http::body::{RequestBody, ResponseBody};
 pub use self::http::config::{AckResponse, FailureMode, MissingKey, Mode, OnMismatch, Scope};
 pub use self::http::future::ResponseFuture;

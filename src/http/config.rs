@@ -97,7 +97,7 @@ impl Scope {
 
     /// The value of a header, such as a tenant id (`x-tenant-id`). Requests without it share
     /// the "no tenant" scope. An error when `name` is not a valid header name.
-    pub fn header(name: &str) -> Result<Self, crate::key::InvalidHeaderName> {
+    pub fn header(name: &str) -> Result<Self, crate::ConfigError> {
         let name = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
             .map_err(|_| crate::key::InvalidHeaderName::new(name))?;
         Ok(Scope(ScopeKind::Header(name)))

@@ -1,6 +1,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::{ConfigError, ConfigErrorKind};
+
 /// Why a request's key is malformed. Answered 400 (problem+json, or `INVALID_ARGUMENT` for
 /// gRPC) with [`Display`](fmt::Display) as the detail: it says exactly what is wrong, never
 /// echoing the key or the body.
@@ -97,12 +99,10 @@ impl fmt::Display for KeyError {
 
 impl std::error::Error for KeyError {}
 
-/// A JSONPath that does not parse (RFC 9535 syntax), or needs the `jsonpath` feature that is
-/// off, from [`JsonPathKey`](super::JsonPathKey)
-/// or [`FieldsFingerprintKey`](super::FieldsFingerprintKey): a configuration error, reported at
-/// start-up.
+/// Why a JSONPath was refused: it does not parse (RFC 9535 syntax), or needs the `jsonpath`
+/// feature that is off (a [`ConfigError`] of kind [`JsonPath`](ConfigErrorKind::JsonPath)).
 #[derive(Clone, Debug)]
-pub struct PathError {
+pub(crate) struct PathError {
     path: String,
     message: String,
 }
@@ -114,11 +114,6 @@ impl PathError {
             message: err.to_string(),
         }
     }
-
-    /// The path as written.
-    pub fn path(&self) -> &str {
-        &self.path
-    }
 }
 
 impl fmt::Display for PathError {
@@ -129,10 +124,16 @@ impl fmt::Display for PathError {
 
 impl std::error::Error for PathError {}
 
-/// A header name that is not valid, from [`HeaderKey::new`](super::HeaderKey::new) or
-/// [`Scope::header`](crate::Scope::header): a configuration error, reported at start-up.
+impl From<PathError> for ConfigError {
+    fn from(why: PathError) -> Self {
+        ConfigError::new(ConfigErrorKind::JsonPath, why)
+    }
+}
+
+/// Why a header name was refused (a [`ConfigError`] of kind
+/// [`HeaderName`](ConfigErrorKind::HeaderName)).
 #[derive(Clone, Debug)]
-pub struct InvalidHeaderName {
+pub(crate) struct InvalidHeaderName {
     name: String,
 }
 
@@ -151,3 +152,9 @@ impl fmt::Display for InvalidHeaderName {
 }
 
 impl std::error::Error for InvalidHeaderName {}
+
+impl From<InvalidHeaderName> for ConfigError {
+    fn from(why: InvalidHeaderName) -> Self {
+        ConfigError::new(ConfigErrorKind::HeaderName, why)
+    }
+}

@@ -2,7 +2,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::query::ValuePath;
-use super::{ExtractKey, IdempotencyKey, KeyError, KeyInput, PathError};
+use super::{ExtractKey, IdempotencyKey, KeyError, KeyInput};
 use crate::verify::VerifyRequest;
 
 /// A key for senders without a stable id: a canonical hash of chosen trusted JSON fields.
@@ -27,7 +27,7 @@ pub struct FieldsFingerprintKey {
 
 impl FieldsFingerprintKey {
     /// A fingerprint of the values at `paths`, in this order.
-    pub fn new<I, S>(paths: I) -> Result<Self, PathError>
+    pub fn new<I, S>(paths: I) -> Result<Self, crate::ConfigError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,

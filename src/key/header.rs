@@ -26,7 +26,7 @@ pub struct HeaderKey {
 impl HeaderKey {
     /// The key from header `name` (case-insensitive); an error when `name` is not a valid
     /// header name.
-    pub fn new(name: &str) -> Result<Self, InvalidHeaderName> {
+    pub fn new(name: &str) -> Result<Self, crate::ConfigError> {
         let name = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
             .map_err(|_| InvalidHeaderName::new(name))?;
         Ok(HeaderKey { name })

@@ -80,18 +80,18 @@ impl Path {
 impl JsonPathKey {
     /// One key from `path` (RFC 9535 syntax): the selected value, or a composite of all
     /// selected values.
-    pub fn new(path: &str) -> Result<Self, PathError> {
+    pub fn new(path: &str) -> Result<Self, crate::ConfigError> {
         Ok(JsonPathKey::from_paths(vec![Path::parse(path)?], false))
     }
 
     /// Per-item keys: every value `path` selects is the key of one item.
-    pub fn each(path: &str) -> Result<Self, PathError> {
+    pub fn each(path: &str) -> Result<Self, crate::ConfigError> {
         Self::each_of([path])
     }
 
     /// Per-item keys from several paths: the values of all of them form one item set (the
     /// WhatsApp message ids and the Instagram mids of one Meta body).
-    pub fn each_of<I, S>(paths: I) -> Result<Self, PathError>
+    pub fn each_of<I, S>(paths: I) -> Result<Self, crate::ConfigError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,

@@ -44,7 +44,8 @@ use http::request::Parts;
 
 use crate::verify::VerifyRequest;
 
-pub use self::error::{InvalidHeaderName, KeyError, KeyErrorKind, PathError};
+pub(crate) use self::error::{InvalidHeaderName, PathError};
+pub use self::error::{KeyError, KeyErrorKind};
 pub use self::fallback::Fallback;
 pub use self::fields::FieldsFingerprintKey;
 pub use self::func::{BodyFn, from_body_fn};

@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::Placed;
 use super::value::PositionAt;
 use crate::key::query::ValuePath;
-use crate::key::{JsonPathKey, KeyError, KeyErrorKind, KeyInput, MAX_KEY_PARTS, PathError};
+use crate::key::{JsonPathKey, KeyError, KeyErrorKind, KeyInput, MAX_KEY_PARTS};
 
 /// Where the items of a batch are, and in each item its key, its object and its position: a
 /// WhatsApp status callback carries statuses of several messages (`sent`, `delivered`,
@@ -68,7 +68,7 @@ impl OrderedItems {
         key: I,
         object: &str,
         position: PositionAt,
-    ) -> Result<Self, PathError>
+    ) -> Result<Self, crate::ConfigError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{ExtractPosition, Position};
-use crate::key::{ExtractKey, JsonPathKey, KeyError, KeyErrorKind, KeyInput, PathError};
+use crate::key::{ExtractKey, JsonPathKey, KeyError, KeyErrorKind, KeyInput};
 
 /// The text of the one value `path` selects in the body (a string's value, an integer's exact
 /// digits), `None` when it selects none.
@@ -62,14 +62,14 @@ enum Reading {
 impl PositionAt {
     /// An RFC 3339 date-time at `path` (`"2024-05-01T14:02:03.5+02:00"`): nanoseconds since
     /// the Unix epoch, in UTC, exactly (see [`Position::from_rfc3339`]).
-    pub fn timestamp(path: &str) -> Result<Self, PathError> {
+    pub fn timestamp(path: &str) -> Result<Self, crate::ConfigError> {
         Self::at(path, Reading::Timestamp)
     }
 
     /// A Unix time in whole seconds at `path`, as an integer or a string of digits (WhatsApp's
     /// `"timestamp": "1603059201"`); compared as nanoseconds, like
     /// [`timestamp`](Self::timestamp).
-    pub fn unix_seconds(path: &str) -> Result<Self, PathError> {
+    pub fn unix_seconds(path: &str) -> Result<Self, crate::ConfigError> {
         Self::at(path, Reading::UnixSeconds)
     }
 
@@ -77,7 +77,7 @@ impl PositionAt {
     /// digits are read from the raw body: `18446744073709551617` is not rounded); the string
     /// `"100"` and the integer `100` are the same position, as for ids. Fractions, exponents
     /// and other types are a `400`.
-    pub fn sequence(path: &str) -> Result<Self, PathError> {
+    pub fn sequence(path: &str) -> Result<Self, crate::ConfigError> {
         Self::at(path, Reading::Sequence)
     }
 
@@ -85,7 +85,7 @@ impl PositionAt {
     /// `email.delivered`), WhatsApp's (`sent` < `delivered` < `read`). Values may share a rank
     /// (a message delivered or failed has reached its end either way). A value not in the
     /// table is a `400`.
-    pub fn rank<I, S>(path: &str, ranks: I) -> Result<Self, PathError>
+    pub fn rank<I, S>(path: &str, ranks: I) -> Result<Self, crate::ConfigError>
     where
         I: IntoIterator<Item = (S, i64)>,
         S: Into<String>,
@@ -94,7 +94,7 @@ impl PositionAt {
         Self::at(path, Reading::Rank(Arc::new(ranks)))
     }
 
-    fn at(path: &str, reading: Reading) -> Result<Self, PathError> {
+    fn at(path: &str, reading: Reading) -> Result<Self, crate::ConfigError> {
         Ok(PositionAt {
             path: JsonPathKey::new(path)?,
             reading,

@@ -4,7 +4,8 @@ use http::HeaderName;
 use http::request::Parts;
 
 use super::hmac::{Keys, decode_hex};
-use super::{InvalidSecret, VerifyError, VerifyRequest, header, secret};
+use super::{VerifyError, VerifyRequest, header, secret};
+use crate::ConfigError;
 
 /// `X-Hub-Signature-256: sha256=<hex>`, HMAC-SHA256 of the raw body: GitHub webhooks, and Meta
 /// (WhatsApp, Messenger, Instagram) with the app secret.
@@ -49,7 +50,7 @@ impl HubSignature256 {
 
     /// A verifier accepting any of `secrets`, each used as given. An error when there is none,
     /// or one is empty or padded with whitespace.
-    pub fn new<I, S>(secrets: I) -> Result<Self, InvalidSecret>
+    pub fn new<I, S>(secrets: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,

@@ -103,8 +103,8 @@ mod stripe;
 #[cfg(feature = "verify")]
 #[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
 pub use self::{
-    hub::HubSignature256, secret::InvalidSecret, shopify::ShopifyHmac, slack::SlackSignature,
-    standard::StandardWebhooks, stripe::StripeSignature,
+    hub::HubSignature256, shopify::ShopifyHmac, slack::SlackSignature, standard::StandardWebhooks,
+    stripe::StripeSignature,
 };
 
 /// How far a signed timestamp may be from the current time, in the past or in the future, by

@@ -11,6 +11,7 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 
 use super::ed25519::{BadKey, PublicKeys};
 use super::hmac::Keys;
+use crate::{ConfigError, ConfigErrorKind};
 
 /// The prefix of Standard Webhooks secrets.
 const WHSEC_PREFIX: &str = "whsec_";
@@ -25,11 +26,12 @@ const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
-/// A secret or a scheme's setting that cannot be used: a configuration error, reported at
-/// start-up. [`Display`](fmt::Display) says which secret (by position, from 1) and what is
-/// wrong, never the secret itself.
+/// Why a secret or a scheme's setting cannot be used (a [`ConfigError`] of kind
+/// [`Secret`](ConfigErrorKind::Secret), or [`HeaderName`](ConfigErrorKind::HeaderName) for a
+/// scheme's header). [`Display`](fmt::Display) says which secret (by position, from 1) and what
+/// is wrong, never the secret itself.
 #[derive(Clone, Debug)]
-pub struct InvalidSecret {
+pub(crate) struct InvalidSecret {
     problem: Problem,
 }
 
@@ -106,6 +108,16 @@ impl fmt::Display for InvalidSecret {
 }
 
 impl std::error::Error for InvalidSecret {}
+
+impl From<InvalidSecret> for ConfigError {
+    fn from(why: InvalidSecret) -> Self {
+        let kind = match why.problem {
+            Problem::HeaderName { .. } => ConfigErrorKind::HeaderName,
+            _ => ConfigErrorKind::Secret,
+        };
+        ConfigError::new(kind, why)
+    }
+}
 
 /// Keys whose bytes are the secrets as given (the whole `whsec_...` string for Stripe).
 pub(crate) fn as_given<I, S>(secrets: I) -> Result<Keys, InvalidSecret>

@@ -4,7 +4,8 @@ use http::HeaderName;
 use http::request::Parts;
 
 use super::hmac::{Keys, decode_base64};
-use super::{InvalidSecret, VerifyError, VerifyRequest, header, secret};
+use super::{VerifyError, VerifyRequest, header, secret};
+use crate::ConfigError;
 
 /// Shopify webhooks: `X-Shopify-Hmac-Sha256: <base64>`, HMAC-SHA256 of the raw body with the
 /// app's client secret (or the webhook signing secret shown in the admin), used as given.
@@ -45,7 +46,7 @@ impl ShopifyHmac {
 
     /// A verifier accepting any of `secrets`, each used as given. An error when there is none,
     /// or one is empty or padded with whitespace.
-    pub fn new<I, S>(secrets: I) -> Result<Self, InvalidSecret>
+    pub fn new<I, S>(secrets: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,

@@ -5,7 +5,8 @@ use http::request::Parts;
 
 use super::freshness::Freshness;
 use super::hmac::{Keys, decode_hex};
-use super::{InvalidSecret, VerifyError, VerifyRequest, header, secret};
+use super::{VerifyError, VerifyRequest, header, secret};
+use crate::ConfigError;
 
 /// Slack request signing: `X-Slack-Signature: v0=<hex>`, HMAC-SHA256 of
 /// `v0:{X-Slack-Request-Timestamp}:{body}` with the app's signing secret, used as given.
@@ -66,7 +67,7 @@ impl SlackSignature {
 
     /// A verifier accepting any of `secrets`, each used as given. An error when there is none,
     /// or one is empty or padded with whitespace.
-    pub fn new<I, S>(secrets: I) -> Result<Self, InvalidSecret>
+    pub fn new<I, S>(secrets: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,

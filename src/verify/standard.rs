@@ -8,7 +8,8 @@ use ed25519_dalek::Signature;
 use super::ed25519::{PublicKeys, decode_signature};
 use super::freshness::Freshness;
 use super::hmac::{Candidate, Keys, decode_base64};
-use super::{InvalidSecret, VerifyError, VerifyRequest, header, secret};
+use super::{VerifyError, VerifyRequest, header, secret};
+use crate::ConfigError;
 
 /// [Standard Webhooks](https://www.standardwebhooks.com) signatures (Svix, the services built
 /// on it, and the senders that follow the specification).
@@ -156,7 +157,7 @@ impl StandardWebhooks {
     /// `v1a` signatures. An error when there is none, or one is empty, padded with whitespace
     /// or not base64, a `whpk_` key is not a 32-byte Ed25519 public key, or one is a `whsk_`
     /// private key (a receiver needs the public key).
-    pub fn new<I, S>(secrets: I) -> Result<Self, InvalidSecret>
+    pub fn new<I, S>(secrets: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,

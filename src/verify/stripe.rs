@@ -5,7 +5,9 @@ use http::request::Parts;
 
 use super::freshness::Freshness;
 use super::hmac::{Candidate, Keys, decode_hex};
-use super::{InvalidSecret, VerifyError, VerifyRequest, header, secret};
+use super::secret::InvalidSecret;
+use super::{VerifyError, VerifyRequest, header, secret};
+use crate::ConfigError;
 
 /// Stripe-style signatures: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>...]`, HMAC-SHA256
 /// of `{t}.{body}`. Many senders copy the format under their own header name
@@ -59,7 +61,7 @@ impl StripeSignature {
     /// A verifier of header `header` (case-insensitive) accepting any of `secrets`, each used
     /// as given. An error when `header` is not a valid header name, or there is no secret, or
     /// one is empty or padded with whitespace.
-    pub fn new<I, S>(header: &str, secrets: I) -> Result<Self, InvalidSecret>
+    pub fn new<I, S>(header: &str, secrets: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
@@ -74,7 +76,7 @@ impl StripeSignature {
     }
 
     /// A verifier of Stripe's own `Stripe-Signature` header.
-    pub fn stripe<I, S>(secrets: I) -> Result<Self, InvalidSecret>
+    pub fn stripe<I, S>(secrets: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,

@@ -1,0 +1,67 @@
+//! [`ConfigError`]: the one error of a setting refused where it is given (a leaf: it imports
+//! nothing of the crate; each module that checks a setting converts its own reason into it).
+
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+
+/// A setting the crate refuses where it is given, before anything is served: a header name,
+/// a JSON path, a secret (or another setting of a signature scheme), an SQL table name. A
+/// configuration error: return it from start-up.
+///
+/// [`Display`](fmt::Display) names the setting and says what is wrong with it, never a secret
+/// (a secret is named by its position, from 1).
+///
+/// ```
+/// use tower_idempotency::ConfigErrorKind;
+/// use tower_idempotency::key::{HeaderKey, JsonPathKey};
+///
+/// let err = HeaderKey::new("X Delivery").unwrap_err();
+/// assert_eq!(err.kind(), ConfigErrorKind::HeaderName);
+/// assert_eq!(err.to_string(), "invalid header name \"X Delivery\"");
+/// assert_eq!(JsonPathKey::new("$.id[").unwrap_err().kind(), ConfigErrorKind::JsonPath);
+/// ```
+#[derive(Clone, Debug)]
+pub struct ConfigError {
+    kind: ConfigErrorKind,
+    why: Arc<dyn Error + Send + Sync + 'static>,
+}
+
+/// Which setting a [`ConfigError`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigErrorKind {
+    /// A header name that is not one (a key's or a scope's header, a signature scheme's).
+    HeaderName,
+    /// A JSONPath that does not parse (RFC 9535), or that needs the `jsonpath` feature that is
+    /// off: a key's, a position's or an order's.
+    JsonPath,
+    /// A signature scheme's secret that cannot be used (none, empty, with whitespace around
+    /// it, not base64, a private key where a public one is needed, ...).
+    Secret,
+    /// An SQL table name that is not an identifier (`with_table`).
+    Table,
+}
+
+impl ConfigError {
+    /// The error of `kind`, saying `why` (whose [`Display`](fmt::Display) is this error's).
+    pub(crate) fn new(kind: ConfigErrorKind, why: impl Error + Send + Sync + 'static) -> Self {
+        ConfigError {
+            kind,
+            why: Arc::new(why),
+        }
+    }
+
+    /// Which setting was refused.
+    pub fn kind(&self) -> ConfigErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.why, f)
+    }
+}
+
+impl Error for ConfigError {}
