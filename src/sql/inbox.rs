@@ -1,8 +1,8 @@
 //! [`SqlInbox`]: the inbox in an SQL table, on [`sqlx`]: `PostgresInbox` (feature `postgres`)
 //! and `SqliteInbox` (feature `sqlite`), one implementation over the record store's
-//! [`Dialect`].
+//! [`Dialect`]: the inbox's kind of [`SqlTable`].
 
-use std::sync::Arc;
+use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -18,11 +18,10 @@ use crate::inbox::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore
 use crate::inbox::wake::{Announcer, Wakeups};
 use crate::order::Position;
 use crate::sql::query::Param;
-use crate::sql::run::{acquire, begin, error, execute, fetch, migrate, purge, statements_for};
+use crate::sql::run::{acquire, error, execute, fetch};
 use crate::sql::statements::{self, Sql, ddl, file, fill, render, substitute};
-use crate::sql::{
-    DEFAULT_PURGE_BATCH, Dialect, InvalidTable, bare_name, millis, spawn_purge_every,
-};
+use crate::sql::table::{Inbox, SqlTable, kind};
+use crate::sql::{Dialect, bare_name, millis};
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
 
 /// The default name of the inbox's table (and `inbox_entries_objects` for watermarks).
@@ -59,13 +58,14 @@ const ADDED_COLUMNS: [(&str, &str); 5] = [
 ];
 
 /// An [`InboxStore`] in an SQL table: `PostgresInbox` (feature `postgres`) and `SqliteInbox`
-/// (feature `sqlite`).
+/// (feature `sqlite`); the inbox's kind of [`SqlTable`].
 ///
 /// Cheap to clone (the pool and the statements are shared). Build it over a pool with
-/// [`new`](Self::new), create the tables with [`migrate`](Self::migrate), and delete done keys
-/// and watermarks past their retention with [`purge_expired`](Self::purge_expired). A handler
-/// whose effect lives in the same database completes its entry in its own transaction with
-/// [`complete_in_tx`](Self::complete_in_tx).
+/// [`new`](SqlTable::new), create the tables with [`migrate`](SqlTable::migrate), and delete
+/// done keys and watermarks past their retention with
+/// [`purge_expired`](SqlTable::purge_expired) or [`spawn_purge`](SqlTable::spawn_purge). A
+/// handler whose effect lives in the same database completes its entry in its own transaction
+/// with [`complete_in_tx`](SqlTable::complete_in_tx).
 ///
 /// # The tables
 ///
@@ -82,7 +82,7 @@ const ADDED_COLUMNS: [(&str, &str); 5] = [
 /// the retention of the last completion of one of its entries runs out, as on Redis, where it
 /// is a key with that `PX` (an expired watermark counts as none, and is purged).
 /// `<table>_paused` holds one row while taking is [paused](InboxAdmin::pause).
-/// [`migrate`](Self::migrate) adds the columns a table made by an earlier version lacks.
+/// [`migrate`](SqlTable::migrate) adds the columns a table made by an earlier version lacks.
 ///
 /// # Statements
 ///
@@ -136,12 +136,7 @@ const ADDED_COLUMNS: [(&str, &str); 5] = [
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug)]
-pub struct SqlInbox<DB: Dialect> {
-    pool: Pool<DB>,
-    sql: Arc<Statements>,
-    announcer: Announcer,
-}
+pub type SqlInbox<DB> = SqlTable<DB, Inbox>;
 
 /// The inbox in PostgreSQL: [`SqlInbox`] over a `PgPool`.
 ///
@@ -174,119 +169,70 @@ pub type PostgresInbox = SqlInbox<sqlx::Postgres>;
 #[cfg(feature = "sqlite")]
 pub type SqliteInbox = SqlInbox<sqlx::Sqlite>;
 
-impl<DB: Dialect> Clone for SqlInbox<DB> {
-    fn clone(&self) -> Self {
-        SqlInbox {
-            pool: self.pool.clone(),
-            sql: self.sql.clone(),
-            announcer: self.announcer.clone(),
-        }
-    }
-}
+/// An inbox: `inbox_entries` (and `<table>_objects`, `<table>_paused`), the statements of
+/// this file; its wake-ups announced per database and table.
+impl kind::Sealed for Inbox {
+    type Statements = Statements;
+    type Announcer = Announcer;
+    const DEFAULT_TABLE: &'static str = DEFAULT_INBOX_TABLE;
+    const PURGED: &'static str = "inbox keys";
 
-impl<DB: Dialect> SqlInbox<DB> {
-    /// An inbox over `pool`, in the table `inbox_entries` (and `inbox_entries_objects`,
-    /// `inbox_entries_paused`).
-    ///
-    /// ```no_run
-    /// # #[cfg(feature = "postgres")]
-    /// # async fn run(pool: sqlx::PgPool) {
-    /// let inbox = tower_idempotency::inbox::PostgresInbox::new(pool);
-    /// assert_eq!(inbox.table(), "inbox_entries");
-    /// # }
-    /// ```
-    pub fn new(pool: Pool<DB>) -> Self {
-        let announcer = announcer(&pool, DEFAULT_INBOX_TABLE);
-        SqlInbox {
-            pool,
-            sql: Arc::new(Statements::new::<DB>(DEFAULT_INBOX_TABLE)),
-            announcer,
-        }
+    fn statements<DB: Dialect>(table: &str) -> Statements {
+        Statements::new::<DB>(table)
     }
 
-    /// Uses the table `table` (and `<table>_objects`); on PostgreSQL it may be
-    /// schema-qualified. An [`InvalidTable`] error when it is not an SQL identifier of at most
-    /// 40 characters.
-    ///
-    /// ```no_run
-    /// # #[cfg(feature = "postgres")]
-    /// # async fn run(pool: sqlx::PgPool) {
-    /// let inbox = tower_idempotency::inbox::PostgresInbox::new(pool)
-    ///     .with_table("app.inbox")
-    ///     .unwrap();
-    /// assert_eq!(inbox.table(), "app.inbox");
-    /// # }
-    /// ```
-    pub fn with_table(mut self, table: &str) -> Result<Self, InvalidTable> {
-        self.sql = statements_for::<DB, _>(table, Statements::new::<DB>)?;
-        // Another table's wake-ups are not this one's.
-        self.announcer = announcer(&self.pool, table);
-        Ok(self)
+    fn announcer<DB: Dialect>(pool: &Pool<DB>, table: &str) -> Announcer {
+        announcer(pool, table)
     }
 
-    /// The table name.
-    ///
-    /// ```no_run
-    /// # #[cfg(feature = "sqlite")]
-    /// # async fn run(pool: sqlx::SqlitePool) {
-    /// let inbox = tower_idempotency::inbox::SqliteInbox::new(pool);
-    /// assert_eq!(inbox.table(), "inbox_entries");
-    /// # }
-    /// ```
-    pub fn table(&self) -> &str {
-        &self.sql.table
+    fn table(sql: &Statements) -> &str {
+        &sql.table
     }
 
-    /// The `CREATE TABLE IF NOT EXISTS` and `CREATE INDEX IF NOT EXISTS` statements of the
-    /// inbox's tables, for your own migration tool; on PostgreSQL also the `ALTER TABLE .. ADD
-    /// COLUMN IF NOT EXISTS` of the columns added since the table was first released (SQLite
-    /// has no such statement: [`migrate`](Self::migrate) adds them there).
-    ///
-    /// ```no_run
-    /// # #[cfg(feature = "sqlite")]
-    /// # async fn run(pool: sqlx::SqlitePool) {
-    /// let inbox = tower_idempotency::inbox::SqliteInbox::new(pool);
-    /// assert!(inbox.schema().starts_with("CREATE TABLE IF NOT EXISTS inbox_entries"));
-    /// # }
-    /// ```
-    pub fn schema(&self) -> &str {
-        &self.sql.schema
+    fn schema(sql: &Statements) -> &str {
+        &sql.schema
     }
 
-    /// The pool.
-    ///
-    /// ```no_run
-    /// # #[cfg(feature = "sqlite")]
-    /// # async fn run(inbox: tower_idempotency::inbox::SqliteInbox) {
-    /// let tx = inbox.pool().begin().await.unwrap();
-    /// # drop(tx);
-    /// # }
-    /// ```
-    pub fn pool(&self) -> &Pool<DB> {
-        &self.pool
+    fn migrate(sql: &Statements) -> &Sql {
+        &sql.migrate
     }
 
-    /// Creates the tables and their indexes if they do not exist yet ([`schema`](Self::schema)),
-    /// and adds to a table made by an earlier version the columns it lacks. Idempotent; on
-    /// PostgreSQL it runs as one transaction under an advisory lock, so instances starting
-    /// together do not trip over each other.
-    ///
-    /// ```no_run
-    /// # #[cfg(feature = "postgres")]
-    /// # async fn run(pool: sqlx::PgPool) -> Result<(), tower_idempotency::store::StoreError> {
-    /// let inbox = tower_idempotency::inbox::PostgresInbox::new(pool);
-    /// inbox.migrate().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        migrate(&self.pool, &self.sql.migrate).await?;
+    async fn after_migrate<DB: Dialect>(
+        pool: &Pool<DB>,
+        sql: &Statements,
+    ) -> Result<(), StoreError> {
         if !DB::ADD_COLUMN_IF_NOT_EXISTS {
-            self.add_missing_columns().await?;
+            add_missing_columns(pool, sql).await?;
         }
         Ok(())
     }
 
+    fn purge(sql: &Statements) -> [&Sql; 2] {
+        [&sql.purge, &sql.purge_watermarks]
+    }
+
+    fn purge_params(limit: i64) -> Vec<Param<'static>> {
+        vec![Param::Int(limit), Param::Int(epoch_ms(SystemTime::now()))]
+    }
+
+    /// The inbox's statements read no bound clock: `now` is their own parameter.
+    fn purge_clock<DB: Dialect>() -> Option<i64> {
+        None
+    }
+}
+
+impl<DB: Dialect> fmt::Debug for SqlInbox<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlInbox")
+            .field("pool", &self.pool)
+            .field("sql", &self.sql)
+            .field("announcer", &self.announcer)
+            .finish()
+    }
+}
+
+/// What only an inbox has: the completion of an entry in the caller's transaction.
+impl<DB: Dialect> SqlInbox<DB> {
     /// An inbox on `pool` in the table `table`, its tables created ([`migrate`](Self::migrate)):
     /// what [`AnyInbox::on`](crate::inbox::AnyInbox::on) builds on an SQL store's pool. A table
     /// name that is not an SQL identifier is an error of kind `Other`.
@@ -296,79 +242,6 @@ impl<DB: Dialect> SqlInbox<DB> {
             .map_err(|err| StoreError::with_source(StoreErrorKind::Other, err))?;
         inbox.migrate().await?;
         Ok(inbox)
-    }
-
-    /// Adds the [`ADDED_COLUMNS`] a table created before them lacks (where the database has
-    /// no `ADD COLUMN IF NOT EXISTS`, which the schema then holds). Another process adding one
-    /// at the same time is not an error: the column is there.
-    async fn add_missing_columns(&self) -> Result<(), StoreError> {
-        let mut conn = acquire(&self.pool).await?;
-        let present = |rows: Vec<DB::Row>| -> Result<Vec<String>, StoreError> {
-            rows.iter()
-                .map(|row| {
-                    Ok(DB::text(row, 0)
-                        .map_err(error::<DB>)?
-                        .unwrap_or_default()
-                        .to_owned())
-                })
-                .collect()
-        };
-        let columns = present(fetch::<DB>(&mut conn, &self.sql.columns, &[], None).await?)?;
-        for (column, definition) in ADDED_COLUMNS {
-            if columns.iter().any(|name| name == column) {
-                continue;
-            }
-            let table = &self.sql.table;
-            let add = format!("ALTER TABLE {table} ADD COLUMN {column} {definition}").into();
-            if let Err(failed) = execute::<DB>(&mut conn, &add, &[], None).await {
-                let columns = present(fetch::<DB>(&mut conn, &self.sql.columns, &[], None).await?)?;
-                if !columns.iter().any(|name| name == column) {
-                    return Err(failed);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Deletes the done keys and the objects' watermarks past their retention, at most
-    /// `batch_size` rows per statement, until a statement deletes fewer; returns how many
-    /// rows. Entries (queued, running, dead) are never deleted. Run it from a scheduled job
-    /// (or [`spawn_purge`](Self::spawn_purge)).
-    ///
-    /// ```no_run
-    /// # #[cfg(feature = "postgres")]
-    /// # async fn run(inbox: tower_idempotency::inbox::PostgresInbox) {
-    /// let deleted = inbox.purge_expired(1000).await.unwrap();
-    /// println!("{deleted} done keys purged");
-    /// # }
-    /// ```
-    pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, StoreError> {
-        let statements = [&self.sql.purge, &self.sql.purge_watermarks];
-        let params = |limit| vec![Param::Int(limit), Param::Int(epoch_ms(SystemTime::now()))];
-        // The inbox's statements read no bound clock: `now` is their own parameter.
-        purge(&self.pool, statements, batch_size, params, || None).await
-    }
-
-    /// Spawns a Tokio task that runs [`purge_expired`](Self::purge_expired) (in batches of
-    /// [`DEFAULT_PURGE_BATCH`]) every `every`, the first time
-    /// right away, logging its outcome with `tracing`: the same schedule as
-    /// [`SqlStore::spawn_purge`](crate::sql::SqlStore::spawn_purge). Abort the returned
-    /// handle to stop it; it also ends with the runtime.
-    ///
-    /// ```no_run
-    /// # #[cfg(feature = "sqlite")]
-    /// # async fn run(inbox: tower_idempotency::inbox::SqliteInbox) {
-    /// let purging = inbox.spawn_purge(std::time::Duration::from_secs(300));
-    /// # purging.abort();
-    /// # }
-    /// ```
-    ///
-    /// # Panics
-    ///
-    /// When called outside a Tokio runtime.
-    pub fn spawn_purge(&self, every: Duration) -> tokio::task::JoinHandle<()> {
-        let purge = |inbox: Self| async move { inbox.purge_expired(DEFAULT_PURGE_BATCH).await };
-        spawn_purge_every(every, DB::BACKEND, "inbox keys", self.clone(), purge)
     }
 
     /// [`complete`](InboxStore::complete) inside the caller's transaction: the key is marked
@@ -419,10 +292,6 @@ impl<DB: Dialect> SqlInbox<DB> {
         if !self.sql.told_by_database {
             self.announcer.announce(at);
         }
-    }
-
-    async fn begin(&self) -> Result<Transaction<'static, DB>, StoreError> {
-        begin(&self.pool).await
     }
 
     /// Marks the key done and raises the watermark, on a connection in a transaction.
@@ -928,6 +797,41 @@ fn row_key<DB: Dialect>(row: &DB::Row) -> Result<String, StoreError> {
     Ok(key.unwrap_or_default().to_owned())
 }
 
+/// Adds to the table of `sql` the [`ADDED_COLUMNS`] a table created before them lacks (where the database has
+/// no `ADD COLUMN IF NOT EXISTS`, which the schema then holds). Another process adding one
+/// at the same time is not an error: the column is there.
+async fn add_missing_columns<DB: Dialect>(
+    pool: &Pool<DB>,
+    sql: &Statements,
+) -> Result<(), StoreError> {
+    let mut conn = acquire(pool).await?;
+    let present = |rows: Vec<DB::Row>| -> Result<Vec<String>, StoreError> {
+        rows.iter()
+            .map(|row| {
+                Ok(DB::text(row, 0)
+                    .map_err(error::<DB>)?
+                    .unwrap_or_default()
+                    .to_owned())
+            })
+            .collect()
+    };
+    let columns = present(fetch::<DB>(&mut conn, &sql.columns, &[], None).await?)?;
+    for (column, definition) in ADDED_COLUMNS {
+        if columns.iter().any(|name| name == column) {
+            continue;
+        }
+        let table = &sql.table;
+        let add = format!("ALTER TABLE {table} ADD COLUMN {column} {definition}").into();
+        if let Err(failed) = execute::<DB>(&mut conn, &add, &[], None).await {
+            let columns = present(fetch::<DB>(&mut conn, &sql.columns, &[], None).await?)?;
+            if !columns.iter().any(|name| name == column) {
+                return Err(failed);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether a take failed on another take's write: the in-flight index (the other took an
 /// entry of the same object first), or a deadlock between two takes that each waited on the
 /// other's entries of two objects (PostgreSQL cancels one: `40P01`). Taken again, it sees the
@@ -949,7 +853,7 @@ fn announcer<DB: Dialect>(pool: &Pool<DB>, table: &str) -> Announcer {
 
 /// The text of every statement of an inbox, for one table.
 #[derive(Debug)]
-struct Statements {
+pub struct Statements {
     table: String,
     schema: String,
     migrate: Sql,

@@ -1,6 +1,7 @@
 //! The SQL backend, on `sqlx`: the record store ([`SqlStore`] over a sealed [`Dialect`]: PostgreSQL
-//! and SQLite) and the inbox ([`SqlInbox`](crate::inbox::SqlInbox)), one table each. The public
-//! paths are [`store::sql`](crate::sql) and [`inbox`](crate::inbox).
+//! and SQLite) and the inbox ([`SqlInbox`](crate::inbox::SqlInbox)), one table each: two kinds
+//! of one [`SqlTable`]. The public paths are [`store::sql`](crate::sql) and
+//! [`inbox`](crate::inbox).
 
 use std::time::Duration;
 
@@ -15,8 +16,10 @@ pub(crate) mod run;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 pub(crate) mod statements;
+mod table;
 
 pub use self::records::SqlStore;
+pub use self::table::SqlTable;
 
 use crate::fingerprint::Fingerprint;
 use crate::store::record::StoredValue;

@@ -1,6 +1,7 @@
-//! [`SqlStore`]: the one implementation of the SQL stores, over a [`Dialect`].
+//! [`SqlStore`]: the one implementation of the SQL record stores, over a [`Dialect`]: the
+//! record store's kind of [`SqlTable`].
 
-use std::sync::Arc;
+use std::fmt;
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
@@ -9,9 +10,9 @@ use sqlx::{Pool, Transaction};
 use super::query::Param;
 use super::run::{self, error};
 use super::statements::{Sql, Statements};
+use super::table::{Records, SqlTable, kind};
 use super::{
-    DEFAULT_PURGE_BATCH, DEFAULT_TABLE, Dialect, InvalidTable, RESERVE_ATTEMPTS,
-    completion_after_miss, held, millis, spawn_purge_every, unsettled,
+    DEFAULT_TABLE, Dialect, RESERVE_ATTEMPTS, completion_after_miss, held, millis, unsettled,
 };
 use crate::order::Position;
 use crate::store::contract::{IdempotencyStore, OrderedStore};
@@ -22,12 +23,12 @@ use crate::store::{
 
 /// An [`IdempotencyStore`] in an SQL table: [`PostgresStore`](crate::PostgresStore) and
 /// [`SqliteStore`](crate::SqliteStore) (see the [module docs](crate::store::sql) for the table and the
-/// statements).
+/// statements); the record store's kind of [`SqlTable`].
 ///
 /// Cheap to clone (the pool and the statements are shared). Build it over a pool with
-/// [`new`](Self::new), create the tables with [`migrate`](Self::migrate) (or run
-/// [`schema`](Self::schema) with your own migrations), and purge expired rows with
-/// [`purge_expired`](Self::purge_expired) or [`spawn_purge`](Self::spawn_purge).
+/// [`new`](SqlTable::new), create the tables with [`migrate`](SqlTable::migrate) (or run
+/// [`schema`](SqlTable::schema) with your own migrations), and purge expired claims and records
+/// with [`purge_expired`](SqlTable::purge_expired) or [`spawn_purge`](SqlTable::spawn_purge).
 ///
 /// Leases and retentions longer than 100 years are written as 100 years, so that timestamps
 /// never overflow.
@@ -37,104 +38,68 @@ use crate::store::{
 /// answers as configured (503 when failing closed). A layer puts a local cache of completed
 /// records in front of this store (see
 /// [`IdempotencyLayer::local_cache`](crate::IdempotencyLayer::local_cache)).
-#[derive(Debug)]
-pub struct SqlStore<DB: Dialect> {
-    pool: Pool<DB>,
-    sql: Arc<Statements>,
+pub type SqlStore<DB> = SqlTable<DB, Records>;
+
+/// A record store: `idempotency_keys` (and `<table>_objects`), the statements of
+/// `statements.rs`.
+impl kind::Sealed for Records {
+    type Statements = Statements;
+    /// A record store wakes no one up.
+    type Announcer = ();
+    const DEFAULT_TABLE: &'static str = DEFAULT_TABLE;
+    const PURGED: &'static str = "idempotency keys";
+
+    fn statements<DB: Dialect>(table: &str) -> Statements {
+        Statements::new::<DB>(table)
+    }
+
+    fn announcer<DB: Dialect>(_pool: &Pool<DB>, _table: &str) {}
+
+    fn table(sql: &Statements) -> &str {
+        &sql.table
+    }
+
+    fn schema(sql: &Statements) -> &str {
+        &sql.schema
+    }
+
+    fn migrate(sql: &Statements) -> &Sql {
+        &sql.migrate
+    }
+
+    async fn after_migrate<DB: Dialect>(
+        _pool: &Pool<DB>,
+        _sql: &Statements,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn purge(sql: &Statements) -> [&Sql; 2] {
+        [&sql.purge, &sql.purge_objects]
+    }
+
+    fn purge_params(limit: i64) -> Vec<Param<'static>> {
+        vec![Param::Int(limit)]
+    }
+
+    fn purge_clock<DB: Dialect>() -> Option<i64> {
+        DB::clock()
+    }
 }
 
-impl<DB: Dialect> Clone for SqlStore<DB> {
-    fn clone(&self) -> Self {
-        SqlStore {
-            pool: self.pool.clone(),
-            sql: self.sql.clone(),
-        }
+impl<DB: Dialect> fmt::Debug for SqlStore<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("pool", &self.pool)
+            .field("sql", &self.sql)
+            .finish()
     }
 }
 
 impl<DB: Dialect> SqlStore<DB> {
-    /// A store over `pool`, in the table `idempotency_keys` (and its table of objects,
-    /// `idempotency_keys_objects`).
-    ///
-    /// On SQLite, configure the pool's connections for concurrent use: a busy timeout (sqlx's
-    /// default is 5 s) and preferably the WAL journal, as
-    /// [`SqliteStore::open`](crate::SqliteStore::open) does.
-    pub fn new(pool: Pool<DB>) -> Self {
-        SqlStore {
-            pool,
-            sql: Arc::new(Statements::new::<DB>(DEFAULT_TABLE)),
-        }
-    }
-
-    /// Uses the table `table` instead of `idempotency_keys` (and `<table>_objects` for ordered
-    /// events); on PostgreSQL it may be schema-qualified (`app.idempotency_keys`).
-    ///
-    /// An [`InvalidTable`] error when `table` is not an SQL identifier
-    /// (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 characters, or on PostgreSQL `schema.table` of two
-    /// such): it is written into the statements as it is.
-    pub fn with_table(mut self, table: &str) -> Result<Self, InvalidTable> {
-        self.sql = run::statements_for::<DB, _>(table, Statements::new::<DB>)?;
-        Ok(self)
-    }
-
-    /// The table name.
-    pub fn table(&self) -> &str {
-        &self.sql.table
-    }
-
-    /// The `CREATE TABLE IF NOT EXISTS` and `CREATE INDEX IF NOT EXISTS` statements of this
-    /// store's tables, for your own migration tool (what [`migrate`](Self::migrate) runs).
-    /// Idempotent.
-    pub fn schema(&self) -> &str {
-        &self.sql.schema
-    }
-
-    /// The pool.
-    pub fn pool(&self) -> &Pool<DB> {
-        &self.pool
-    }
-
-    /// Creates the tables and their indexes if they do not exist yet ([`schema`](Self::schema)).
-    ///
-    /// Idempotent, and safe to call from every instance at start-up. On PostgreSQL the
-    /// statements run as one transaction under an advisory lock (`pg_advisory_xact_lock`), so
-    /// instances starting together do not trip over each other.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        run::migrate(&self.pool, &self.sql.migrate).await
-    }
-
-    /// Deletes the rows whose lease or retention has expired, of both tables, at most
-    /// `batch_size` per statement (each a short transaction, so claims are not held up for
-    /// long), until a statement deletes fewer; returns how many rows were deleted.
-    ///
-    /// On PostgreSQL, rows locked by a concurrent claim are skipped (`FOR UPDATE SKIP
-    /// LOCKED`), so several instances may purge at once.
-    pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, StoreError> {
-        let statements = [&self.sql.purge, &self.sql.purge_objects];
-        let params = |limit| vec![Param::Int(limit)];
-        run::purge(&self.pool, statements, batch_size, params, DB::clock).await
-    }
-
-    /// Spawns a Tokio task that runs [`purge_expired`](Self::purge_expired) with
-    /// [`DEFAULT_PURGE_BATCH`] every `every`, the first time right away, logging its outcome
-    /// with `tracing`. Abort the returned handle to stop it; it also ends with the runtime.
-    ///
-    /// # Panics
-    ///
-    /// When called outside a Tokio runtime.
-    pub fn spawn_purge(&self, every: Duration) -> tokio::task::JoinHandle<()> {
-        let purge = |store: Self| async move { store.purge_expired(DEFAULT_PURGE_BATCH).await };
-        spawn_purge_every(every, DB::BACKEND, "idempotency keys", self.clone(), purge)
-    }
-
     /// A connection from the pool.
     async fn connection(&self) -> Result<PoolConnection<DB>, StoreError> {
         run::acquire(&self.pool).await
-    }
-
-    /// A transaction on a connection from the pool.
-    pub(crate) async fn begin(&self) -> Result<Transaction<'static, DB>, StoreError> {
-        run::begin(&self.pool).await
     }
 
     /// Runs `sql` on `conn`; returns how many rows it wrote.

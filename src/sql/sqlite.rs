@@ -44,6 +44,15 @@ use crate::store::{StoreError, StoreErrorKind};
 /// [`purge_expired`](SqlStore::purge_expired) or [`spawn_purge`](SqlStore::spawn_purge).
 pub type SqliteStore = SqlStore<Sqlite>;
 
+/// What only the SQLite record store has: a database file opened for it, where every other
+/// SQL store and inbox is built over a pool ([`new`](crate::store::sql::SqlTable::new)):
+///
+/// ```compile_fail,E0599
+/// # async fn run() {
+/// // The SQLite inbox is built over a pool (`SqliteInbox::new`): `open` is the record store's.
+/// let inbox = tower_idempotency::inbox::SqliteInbox::open("inbox.db").await;
+/// # }
+/// ```
 impl SqliteStore {
     /// The schema of the default table, written out: what the unit tests compare
     /// [`SqlStore::schema`] with.

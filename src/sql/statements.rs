@@ -59,7 +59,7 @@ impl PartialEq<&str> for Sql {
 
 /// The text of every statement of a store, for one table.
 #[derive(Debug)]
-pub(super) struct Statements {
+pub struct Statements {
     /// The table name.
     pub(super) table: String,
     /// `CREATE TABLE IF NOT EXISTS` and `CREATE INDEX IF NOT EXISTS`.

@@ -117,7 +117,10 @@ pub mod sql {
     //! Both are one implementation, [`SqlStore`], over a [`Dialect`]: `PostgresStore` is
     //! `SqlStore<sqlx::Postgres>` and `SqliteStore` is `SqlStore<sqlx::Sqlite>`. The statements
     //! are the same; a dialect supplies only what differs (the clock, how a claim reads back the
-    //! row that holds the key, row locks, column types and error codes).
+    //! row that holds the key, row locks, column types and error codes). `SqlStore` is itself a
+    //! name of [`SqlTable`], the type it shares with the inbox's
+    //! [`SqlInbox`](crate::inbox::SqlInbox): building, `with_table`, `migrate` and the purge
+    //! are written once for both.
     //!
     //! # The table
     //!
@@ -188,7 +191,7 @@ pub mod sql {
     //! let `spawn_purge` run it periodically in the background. Expired rows left behind are
     //! harmless to correctness (they count as absent), they only take space.
 
-    pub use crate::sql::{DEFAULT_PURGE_BATCH, Dialect, InvalidTable, SqlStore, sqlx};
+    pub use crate::sql::{DEFAULT_PURGE_BATCH, Dialect, InvalidTable, SqlStore, SqlTable, sqlx};
 }
 mod token;
 
