@@ -65,3 +65,33 @@ impl fmt::Display for ConfigError {
 }
 
 impl Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_refused_setting_says_which_it_is() {
+        let header = crate::key::HeaderKey::new("X Delivery").unwrap_err();
+        assert_eq!(header.kind(), ConfigErrorKind::HeaderName);
+        let scope = crate::Scope::header("a:b").unwrap_err();
+        assert_eq!(scope.kind(), ConfigErrorKind::HeaderName);
+        let path = crate::order::PositionAt::sequence("$.seq[").unwrap_err();
+        assert_eq!(path.kind(), ConfigErrorKind::JsonPath);
+        assert!(path.to_string().contains("$.seq["), "{path}");
+        #[cfg(feature = "verify")]
+        {
+            use crate::verify::{StandardWebhooks, StripeSignature};
+            let secret = StandardWebhooks::new(["whsk_AAAA"]).unwrap_err();
+            assert_eq!(secret.kind(), ConfigErrorKind::Secret);
+            assert!(!secret.to_string().contains("AAAA"), "{secret}");
+            let named = StripeSignature::new("Stripe Signature", ["whsec_x"]).unwrap_err();
+            assert_eq!(named.kind(), ConfigErrorKind::HeaderName);
+        }
+        #[cfg(any(feature = "postgres", feature = "sqlite"))]
+        {
+            let table = ConfigError::from(crate::sql::validate_table("1keys", false).unwrap_err());
+            assert_eq!(table.kind(), ConfigErrorKind::Table);
+        }
+    }
+}

@@ -24,6 +24,7 @@ pub use self::table::SqlTable;
 use crate::fingerprint::Fingerprint;
 use crate::store::record::StoredValue;
 use crate::store::{Claim, Completion, Reservation, StoreError, StoreErrorKind};
+use crate::{ConfigError, ConfigErrorKind};
 
 /// The default name of the table holding claims and records.
 pub(crate) const DEFAULT_TABLE: &str = "idempotency_keys";
@@ -132,10 +133,10 @@ pub(crate) fn millis(d: Duration) -> i64 {
     crate::store::millis(d.min(MAX_TTL))
 }
 
-/// A table name that is not an SQL identifier, from `with_table`: a configuration error,
-/// reported at start-up.
+/// Why a table name was refused: it is not an SQL identifier (a [`ConfigError`] of kind
+/// [`Table`](ConfigErrorKind::Table), from `with_table`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidTable {
+pub(crate) struct InvalidTable {
     table: String,
     allow_schema: bool,
 }
@@ -157,6 +158,12 @@ impl std::fmt::Display for InvalidTable {
 }
 
 impl std::error::Error for InvalidTable {}
+
+impl From<InvalidTable> for ConfigError {
+    fn from(why: InvalidTable) -> Self {
+        ConfigError::new(ConfigErrorKind::Table, why)
+    }
+}
 
 /// Checks a table name: an SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 characters so
 /// that the index name derived from it fits PostgreSQL's 63), optionally schema-qualified. A

@@ -8,7 +8,8 @@ use std::time::Duration;
 use sqlx::{Pool, Transaction};
 
 use super::run;
-use super::{DEFAULT_PURGE_BATCH, Dialect, InvalidTable, spawn_purge_every};
+use super::{DEFAULT_PURGE_BATCH, Dialect, spawn_purge_every};
+use crate::ConfigError;
 use crate::store::StoreError;
 
 /// One SQL table (and the tables beside it) on a pool: the type of both SQL backends of the
@@ -147,7 +148,8 @@ impl<DB: Dialect, K: Kind> SqlTable<DB, K> {
     /// its wake-ups are this table's); on PostgreSQL it may be schema-qualified
     /// (`app.idempotency_keys`).
     ///
-    /// An [`InvalidTable`] error when `table` is not an SQL identifier
+    /// A [`ConfigError`] of kind [`Table`](crate::ConfigErrorKind::Table) when `table` is not an
+    /// SQL identifier
     /// (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 characters, or on PostgreSQL `schema.table` of two
     /// such): it is written into the statements as it is.
     ///
@@ -160,7 +162,7 @@ impl<DB: Dialect, K: Kind> SqlTable<DB, K> {
     /// assert_eq!(inbox.table(), "app.inbox");
     /// # }
     /// ```
-    pub fn with_table(mut self, table: &str) -> Result<Self, InvalidTable> {
+    pub fn with_table(mut self, table: &str) -> Result<Self, ConfigError> {
         self.sql = run::statements_for::<DB, _>(table, K::statements::<DB>)?;
         // Another table's wake-ups are not this one's.
         self.announcer = K::announcer(&self.pool, table);

@@ -191,7 +191,7 @@ pub mod sql {
     //! let `spawn_purge` run it periodically in the background. Expired rows left behind are
     //! harmless to correctness (they count as absent), they only take space.
 
-    pub use crate::sql::{DEFAULT_PURGE_BATCH, Dialect, InvalidTable, SqlStore, SqlTable, sqlx};
+    pub use crate::sql::{DEFAULT_PURGE_BATCH, Dialect, SqlStore, SqlTable, sqlx};
 }
 mod token;
 
