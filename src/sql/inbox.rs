@@ -185,16 +185,8 @@ impl kind::Sealed for Inbox {
         announcer(pool, table)
     }
 
-    fn table(sql: &Statements) -> &str {
-        &sql.table
-    }
-
-    fn schema(sql: &Statements) -> &str {
-        &sql.schema
-    }
-
-    fn migrate(sql: &Statements) -> &Sql {
-        &sql.migrate
+    fn ddl(sql: &Statements) -> kind::Ddl<'_> {
+        kind::Ddl::of(&sql.table, &sql.schema, &sql.migrate)
     }
 
     async fn after_migrate<DB: Dialect>(

@@ -55,16 +55,8 @@ impl kind::Sealed for Records {
 
     fn announcer<DB: Dialect>(_pool: &Pool<DB>, _table: &str) {}
 
-    fn table(sql: &Statements) -> &str {
-        &sql.table
-    }
-
-    fn schema(sql: &Statements) -> &str {
-        &sql.schema
-    }
-
-    fn migrate(sql: &Statements) -> &Sql {
-        &sql.migrate
+    fn ddl(sql: &Statements) -> kind::Ddl<'_> {
+        kind::Ddl::of(&sql.table, &sql.schema, &sql.migrate)
     }
 
     async fn after_migrate<DB: Dialect>(

@@ -69,6 +69,27 @@ pub(crate) mod kind {
     use crate::sql::statements::Sql;
     use crate::store::StoreError;
 
+    /// What every kind's statements hold alike.
+    pub struct Ddl<'a> {
+        /// The table name.
+        pub table: &'a str,
+        /// The schema (`CREATE ... IF NOT EXISTS`).
+        pub schema: &'a str,
+        /// The script `migrate` runs.
+        pub migrate: &'a Sql,
+    }
+
+    impl<'a> Ddl<'a> {
+        /// The name, the schema and the migration of one table.
+        pub fn of(table: &'a str, schema: &'a str, migrate: &'a Sql) -> Self {
+            Ddl {
+                table,
+                schema,
+                migrate,
+            }
+        }
+    }
+
     /// What differs between the kinds of table, for the methods they share.
     pub trait Sealed: Sized + 'static {
         /// The text of every statement of one table of this kind.
@@ -85,12 +106,8 @@ pub(crate) mod kind {
         fn statements<DB: Dialect>(table: &str) -> Self::Statements;
         /// The announcer of `table` on `pool`'s database.
         fn announcer<DB: Dialect>(pool: &Pool<DB>, table: &str) -> Self::Announcer;
-        /// The table name.
-        fn table(sql: &Self::Statements) -> &str;
-        /// The schema (`CREATE ... IF NOT EXISTS`).
-        fn schema(sql: &Self::Statements) -> &str;
-        /// The script `migrate` runs.
-        fn migrate(sql: &Self::Statements) -> &Sql;
+        /// The table's name, schema and migration, out of its statements.
+        fn ddl(sql: &Self::Statements) -> Ddl<'_>;
         /// What `migrate` does after its script: what the script cannot do on `DB` (the
         /// inbox's columns added to an older table, on SQLite).
         fn after_migrate<DB: Dialect>(
@@ -179,7 +196,7 @@ impl<DB: Dialect, K: Kind> SqlTable<DB, K> {
     /// # }
     /// ```
     pub fn table(&self) -> &str {
-        K::table(&self.sql)
+        K::ddl(&self.sql).table
     }
 
     /// The `CREATE TABLE IF NOT EXISTS` and `CREATE INDEX IF NOT EXISTS` statements of this
@@ -196,7 +213,7 @@ impl<DB: Dialect, K: Kind> SqlTable<DB, K> {
     /// # }
     /// ```
     pub fn schema(&self) -> &str {
-        K::schema(&self.sql)
+        K::ddl(&self.sql).schema
     }
 
     /// The pool.
@@ -228,7 +245,7 @@ impl<DB: Dialect, K: Kind> SqlTable<DB, K> {
     /// # }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        run::migrate(&self.pool, K::migrate(&self.sql)).await?;
+        run::migrate(&self.pool, K::ddl(&self.sql).migrate).await?;
         K::after_migrate(&self.pool, &self.sql).await
     }
 
