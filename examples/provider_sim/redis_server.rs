@@ -29,12 +29,17 @@
 //! records only what clients sent.
 #![allow(dead_code)]
 
+#[path = "process.rs"]
+pub mod process;
+
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use process::{free_port, read_log, unique_temp_dir};
 
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
@@ -65,7 +70,7 @@ impl RedisServer {
 
     /// Like [`RedisServer::start`], with an explicit path to the `redis-server` binary.
     pub fn start_with_binary(binary: &str) -> Self {
-        let dir = unique_temp_dir();
+        let dir = unique_temp_dir("redis");
         let mut last_error = String::new();
         // The port is free when we look; another process may take it before redis binds it.
         for _ in 0..10 {
@@ -106,10 +111,7 @@ impl RedisServer {
 
     /// Kills the server with SIGKILL (no shutdown, no save) and waits for the process to exit.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        process::kill(&mut self.child);
     }
 
     /// Stops the process (SIGSTOP) without killing it: its sockets stay open but nothing is
@@ -124,30 +126,15 @@ impl RedisServer {
     }
 
     fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("the server runs").id();
-        let status = std::process::Command::new("kill")
-            .arg(signal)
-            .arg(pid.to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {signal} {pid} failed");
+        process::signal(self.child.as_ref().expect("the server runs"), signal);
     }
 
     /// Starts the server again on the same port (killing it first if it still runs) and waits
     /// until it answers `PING`. Its data set starts empty: nothing is persisted.
     pub fn restart(&mut self) {
         self.kill();
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            match self.spawn_and_wait() {
-                Ok(()) => return,
-                Err(e) if Instant::now() >= deadline => {
-                    panic!("could not restart redis-server on port {}: {e}", self.port)
-                }
-                // The old socket may linger for a moment; try again.
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
+        let what = format!("redis-server on port {}", self.port);
+        process::start_again(STARTUP_TIMEOUT, &what, || self.spawn_and_wait());
     }
 
     /// A connected fred client for this server, built to survive restarts and to fail fast
@@ -247,7 +234,7 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn();
-        let mut child = match child {
+        let child = match child {
             Ok(child) => child,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
                 "\n\n*** `{binary}` NOT FOUND: the Redis integration tests need a real \
@@ -257,33 +244,17 @@ impl RedisServer {
             ),
             Err(e) => panic!("could not run `{binary}`: {e}"),
         };
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!(
-                    "redis-server on port {} exited with {status}; log:\n{}",
-                    self.port,
-                    read_log(&log)
-                ));
-            }
-            if let Ok(reply) = raw_command(self.addr(), &["PING"]) {
-                if reply.starts_with("+PONG") {
-                    self.child = Some(child);
-                    return Ok(());
-                }
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "redis-server on port {} did not answer PING within {STARTUP_TIMEOUT:?}; \
-                     log:\n{}",
-                    self.port,
-                    read_log(&log)
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let addr = self.addr();
+        let every = Duration::from_millis(20);
+        let child = process::wait_ready(child, STARTUP_TIMEOUT, every, "answer PING", || {
+            raw_command(addr, &["PING"]).is_ok_and(|reply| reply.starts_with("+PONG"))
+        })
+        .map_err(|e| {
+            let log = read_log(&log);
+            format!("redis-server on port {} {e}; log:\n{log}", self.port)
+        })?;
+        self.child = Some(child);
+        Ok(())
     }
 }
 
@@ -391,33 +362,6 @@ pub async fn raw<C: ClientLike, R: FromValue>(
         .custom(cmd, owned)
         .await
         .unwrap_or_else(|e| panic!("{command} {args:?} failed: {e}"))
-}
-
-/// Finds a free port by binding port 0 and dropping the listener.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|addr| addr.port())
-        .expect("bind 127.0.0.1:0")
-}
-
-fn unique_temp_dir() -> PathBuf {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    let dir = std::env::temp_dir().join(format!(
-        "tower-idempotency-redis-{}-{}-{nanos}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).expect("create the redis-server temp dir");
-    dir
-}
-
-fn read_log(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| format!("(no log: {e})"))
 }
 
 /// One command in RESP over a fresh connection; returns the first reply line (and the bulk

@@ -4,15 +4,19 @@
 //! test.
 //!
 //! Included by the fixtures themselves (`#[path = "redis_nodes.rs"] mod nodes;`), not by test
-//! files. Like `redis_server.rs`, a missing binary is a loud panic, never a skip.
+//! files. Like `redis_server.rs`, a missing binary is a loud panic, never a skip. The process
+//! plumbing is the one under `redis_server.rs` (`redis_server::process`): a test binary with
+//! these fixtures declares `redis_server` too.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+pub use crate::redis_server::process::free_port;
+use crate::redis_server::process::{self, read_log};
 
 /// How long a freshly started process may take to answer `PING`.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -78,29 +82,14 @@ impl Process {
 
     /// SIGKILL (no shutdown, no save), then reaps the process.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        process::kill(&mut self.child);
     }
 
     /// Starts it again with the same arguments on the same port (killing it first if it runs).
     pub fn restart(&mut self) {
         self.kill();
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            match self.spawn_and_wait() {
-                Ok(()) => return,
-                Err(e) if Instant::now() >= deadline => {
-                    panic!(
-                        "could not restart {} on port {}: {e}",
-                        self.binary, self.port
-                    )
-                }
-                // The old socket may linger for a moment.
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
+        let what = format!("{} on port {}", self.binary, self.port);
+        process::start_again(STARTUP_TIMEOUT, &what, || self.spawn_and_wait());
     }
 
     /// Stops the process (SIGSTOP) without killing it: its sockets stay open but nothing is
@@ -120,13 +109,7 @@ impl Process {
     }
 
     fn signal(&self, signal: &str) {
-        let pid = self.pid().expect("the process runs");
-        let status = Command::new("kill")
-            .arg(signal)
-            .arg(pid.to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {signal} {pid} failed");
+        process::signal(self.child.as_ref().expect("the process runs"), signal);
     }
 
     fn spawn_and_wait(&mut self) -> Result<(), String> {
@@ -136,39 +119,28 @@ impl Process {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn();
-        let mut child = match child {
+        let child = match child {
             Ok(child) => child,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 missing_binary(&self.binary, "redis-server")
             }
             Err(e) => panic!("could not run `{}`: {e}", self.binary),
         };
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!(
-                    "{} on port {} exited with {status}; log:\n{}",
-                    self.binary,
-                    self.port,
-                    read_log(&self.log)
-                ));
-            }
-            if matches!(command(self.port, &["PING"]), Ok(Resp::Simple(s)) if s == "PONG") {
-                self.child = Some(child);
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{} on port {} did not answer PING within {STARTUP_TIMEOUT:?}; log:\n{}",
-                    self.binary,
-                    self.port,
-                    read_log(&self.log)
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let port = self.port;
+        let every = Duration::from_millis(20);
+        let child = process::wait_ready(
+            child,
+            STARTUP_TIMEOUT,
+            every,
+            "answer PING",
+            || matches!(command(port, &["PING"]), Ok(Resp::Simple(s)) if s == "PONG"),
+        )
+        .map_err(|e| {
+            let log = read_log(&self.log);
+            format!("{} on port {port} {e}; log:\n{log}", self.binary)
+        })?;
+        self.child = Some(child);
+        Ok(())
     }
 }
 
@@ -205,18 +177,7 @@ pub struct TempDir(PathBuf);
 impl TempDir {
     /// A fresh, unique directory under the system's temp dir.
     pub fn new(prefix: &str) -> Self {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        let dir = std::env::temp_dir().join(format!(
-            "tower-idempotency-{prefix}-{}-{}-{nanos}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("create a temp dir");
-        TempDir(dir)
+        TempDir(process::unique_temp_dir(prefix))
     }
 
     /// The directory.
@@ -238,14 +199,6 @@ impl Drop for TempDir {
     }
 }
 
-/// A free port: bind port 0, read it, drop the listener.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|addr| addr.port())
-        .expect("bind 127.0.0.1:0")
-}
-
 /// Polls `check` every 50 ms until it returns `Some`, or panics after `timeout` with `what` and
 /// the last `Err` it gave.
 pub fn wait_until<T>(
@@ -263,10 +216,6 @@ pub fn wait_until<T>(
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     }
-}
-
-fn read_log(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| format!("(no log: {e})"))
 }
 
 /// A RESP2 reply.
