@@ -1,6 +1,6 @@
 //! Steps on one key that the backends' own tests (Redis, PostgreSQL, SQLite) take alike
 //! (`#[path = "../support/store_steps.rs"] mod store_steps;`), between their checks of what
-//! each backend stored.
+//! each backend stored; and the lease, the retentions and the claims they take them with.
 
 use std::time::Duration;
 
