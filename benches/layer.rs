@@ -135,6 +135,26 @@ fn store() -> MemoryStore {
         .with_max_bytes(usize::MAX)
 }
 
+/// The service of the scenario variant `name` (`bare/..`, `layer/..`, `layer_any/..`; a fresh
+/// store behind each layer) and how its requests carry the key.
+fn service(name: &str) -> (KeyKind, Svc) {
+    let header = HeaderKey::idempotency_key;
+    let json = || JsonPathKey::new(WHATSAPP_IDS).unwrap();
+    match name {
+        "bare/header" => (KeyKind::Header, bare()),
+        "layer/header" => (KeyKind::Header, layered(store(), header(), true)),
+        // The memory store behind `AnyStore`, as `store::connect` gives it (the demo's).
+        "layer_any/header" => (
+            KeyKind::Header,
+            layered(AnyStore::from(store()), header(), true),
+        ),
+        "layer/header_nofp" => (KeyKind::Header, layered(store(), header(), false)),
+        "bare/json_path" => (KeyKind::JsonPath, bare()),
+        "layer/json_path" => (KeyKind::JsonPath, layered(store(), json(), true)),
+        _ => unreachable!("no scenario variant {name}"),
+    }
+}
+
 /// A WhatsApp Cloud API batch of `messages` text messages, padded to about `size` bytes. Every
 /// message id holds [`MARK`], to be replaced by a counter.
 fn whatsapp_template(size: usize, messages: usize) -> Vec<u8> {
@@ -297,32 +317,16 @@ fn scenarios(rt: &tokio::runtime::Runtime) -> Vec<Scenario> {
         let json = || JsonPathKey::new(WHATSAPP_IDS).unwrap();
 
         // First deliveries: a new key on every iteration.
-        let first: [(&'static str, KeyKind, Svc); 6] = [
-            ("bare/header", KeyKind::Header, bare()),
-            (
-                "layer/header",
-                KeyKind::Header,
-                layered(store(), header(), true),
-            ),
-            // The memory store behind `AnyStore`, as `store::connect` gives it (the demo's).
-            (
-                "layer_any/header",
-                KeyKind::Header,
-                layered(AnyStore::from(store()), header(), true),
-            ),
-            (
-                "layer/header_nofp",
-                KeyKind::Header,
-                layered(store(), header(), false),
-            ),
-            ("bare/json_path", KeyKind::JsonPath, bare()),
-            (
-                "layer/json_path",
-                KeyKind::JsonPath,
-                layered(store(), json(), true),
-            ),
+        let first = [
+            "bare/header",
+            "layer/header",
+            "layer_any/header",
+            "layer/header_nofp",
+            "bare/json_path",
+            "layer/json_path",
         ];
-        for (variant, kind, svc) in first {
+        for variant in first {
+            let (kind, svc) = service(variant);
             let (payload, constant) = (payload.clone(), constant.clone());
             out.push(Scenario {
                 group: "first",
@@ -337,24 +341,8 @@ fn scenarios(rt: &tokio::runtime::Runtime) -> Vec<Scenario> {
         }
 
         // Duplicates of a completed key: the acknowledgement, the inner service not called.
-        let duplicate: [(&'static str, KeyKind, Svc); 3] = [
-            (
-                "layer/header",
-                KeyKind::Header,
-                layered(store(), header(), true),
-            ),
-            (
-                "layer_any/header",
-                KeyKind::Header,
-                layered(AnyStore::from(store()), header(), true),
-            ),
-            (
-                "layer/json_path",
-                KeyKind::JsonPath,
-                layered(store(), json(), true),
-            ),
-        ];
-        for (variant, kind, svc) in duplicate {
+        for variant in ["layer/header", "layer_any/header", "layer/json_path"] {
+            let (kind, svc) = service(variant);
             let (payload, constant) = (payload.clone(), constant.clone());
             let make = move |_| nth_request(kind, &payload, &constant, 0);
             let primed = rt.block_on(call(&svc, make(0)));

@@ -211,6 +211,31 @@ def redis_node(name, tmp, extra, port=None):
 # ---------------------------------------------------------------- deployments
 
 
+def fail_over(events, node, what, failed_over):
+    """Kills the primary `node` (-9) and waits (60 s at most) until `failed_over()` names the
+    new primary, which it returns; both steps are added to `events`."""
+    node.kill9()
+    events.append(("primary killed", time.monotonic()))
+    new = wait_until(60, what, failed_over, every=0.1)
+    events.append(("failover done", time.monotonic()))
+    return new
+
+
+def rejoin(events, node, replicating):
+    """Starts the old primary `node` again and waits (30 s at most) until it replicates, then
+    logs `replicating`; both steps are added to `events`. Not replicating in time is logged,
+    not raised."""
+    node.start()
+    events.append(("old primary restarted", time.monotonic()))
+    try:
+        wait_until(30, "the old primary to replicate", lambda: info_field(
+            node.port, "replication", "master_link_status") == "up", every=0.2)
+        events.append(("old primary replicating", time.monotonic()))
+        log(f"fault: {replicating}")
+    except RuntimeError as e:
+        log(f"fault: {e}")
+
+
 class Standalone:
     def __init__(self, tmp, down=3.0, aof="always"):
         self.down, self.aof = down, aof
@@ -279,8 +304,6 @@ class Sentinel:
         old = self.master_port(self.sentinels[0])
         node = next(n for n in self.data if n.port == old)
         log(f"fault: kill -9 the primary :{old} (pid {node.pid})")
-        node.kill9()
-        events.append(("primary killed", time.monotonic()))
 
         def failed_over():
             named = {self.master_port(s) for s in self.sentinels}
@@ -288,18 +311,9 @@ class Sentinel:
                 return None
             port = named.pop()
             return port if info_field(port, "replication", "role") == "master" else None
-        new = wait_until(60, "the sentinel failover", failed_over, every=0.1)
-        events.append(("failover done", time.monotonic()))
+        new = fail_over(events, node, "the sentinel failover", failed_over)
         log(f"fault: failover to :{new}; starting :{old} again")
-        node.start()
-        events.append(("old primary restarted", time.monotonic()))
-        try:
-            wait_until(30, "the old primary to replicate", lambda: info_field(
-                old, "replication", "master_link_status") == "up", every=0.2)
-            events.append(("old primary replicating", time.monotonic()))
-            log(f"fault: :{old} replicates :{new}")
-        except RuntimeError as e:
-            log(f"fault: {e}")
+        rejoin(events, node, f":{old} replicates :{new}")
 
     def describe(self):
         return (f"sentinel: data :{self.data[0].port} (primary) :{self.data[1].port}, sentinels "
@@ -365,8 +379,6 @@ class Cluster:
         old = self.owner(self.nodes[0].port)
         node = next(n for n in self.nodes if n.port == old)
         log(f"fault: kill -9 the primary :{old} (pid {node.pid}) of slot {self.slot} ({HASH_TAG})")
-        node.kill9()
-        events.append(("primary killed", time.monotonic()))
         others = [n for n in self.nodes if n is not node]
 
         def failed_over():
@@ -377,18 +389,9 @@ class Cluster:
             if all(cluster_state(n.port) == "ok" for n in others):
                 return new
             return None
-        new = wait_until(60, "the cluster failover", failed_over, every=0.1)
-        events.append(("failover done", time.monotonic()))
+        new = fail_over(events, node, "the cluster failover", failed_over)
         log(f"fault: slot {self.slot} failed over to :{new}; starting :{old} again")
-        node.start()
-        events.append(("old primary restarted", time.monotonic()))
-        try:
-            wait_until(30, "the old primary to replicate", lambda: info_field(
-                old, "replication", "master_link_status") == "up", every=0.2)
-            events.append(("old primary replicating", time.monotonic()))
-            log(f"fault: :{old} replicates again")
-        except RuntimeError as e:
-            log(f"fault: {e}")
+        rejoin(events, node, f":{old} replicates again")
 
     def describe(self):
         return f"cluster: " + " ".join(f":{n.port}" for n in self.nodes) + f"; slot {self.slot}"

@@ -60,6 +60,17 @@ def pin(cpu):
     return lambda: os.sched_setaffinity(0, {cpu})
 
 
+def terminate(proc):
+    """SIGTERM `proc` if it still runs, SIGKILL if it has not exited 10 s later; reaped."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def cpu_seconds(pid):
     """utime + stime of a process, in seconds."""
     with open(f"/proc/{pid}/stat") as f:
@@ -209,13 +220,7 @@ class RedisServer:
         return keys
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -305,13 +310,7 @@ class Server:
         return self.proc.pid
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
 
 def wrk(url, connections, duration, env, cpu):

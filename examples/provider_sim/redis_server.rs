@@ -29,12 +29,17 @@
 //! records only what clients sent.
 #![allow(dead_code)]
 
+#[path = "process.rs"]
+pub mod process;
+
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use process::{free_port, read_log, unique_temp_dir};
 
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
@@ -44,14 +49,13 @@ use fred::types::{ClusterHash, CustomCommand};
 pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(1500);
 
 /// How long to wait for a freshly started server to answer `PING`.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A `redis-server` child process on `127.0.0.1`, killed on drop.
+/// A `redis-server` child process on `127.0.0.1`, in a temporary directory of its own; killed
+/// and the directory removed on drop.
 pub struct RedisServer {
-    binary: String,
-    port: u16,
+    process: Process,
     dir: PathBuf,
-    child: Option<Child>,
 }
 
 impl RedisServer {
@@ -65,89 +69,47 @@ impl RedisServer {
 
     /// Like [`RedisServer::start`], with an explicit path to the `redis-server` binary.
     pub fn start_with_binary(binary: &str) -> Self {
-        let dir = unique_temp_dir();
-        let mut last_error = String::new();
-        // The port is free when we look; another process may take it before redis binds it.
-        for _ in 0..10 {
-            let port = free_port();
-            let mut server = RedisServer {
-                binary: binary.to_owned(),
-                port,
-                dir: dir.clone(),
-                child: None,
-            };
-            match server.spawn_and_wait() {
-                Ok(()) => return server,
-                Err(e) => {
-                    // Keep the directory for the next attempt; Drop would remove it.
-                    server.dir = PathBuf::new();
-                    last_error = e;
-                }
-            }
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        panic!("could not start redis-server after 10 attempts: {last_error}");
+        let dir = unique_temp_dir("redis");
+        let log = dir.join("redis.log");
+        let process = start_on_free_port(binary, &log, |port| server_args(port, &dir, &log));
+        RedisServer { process, dir }
     }
 
     /// The port the server listens on.
     pub fn port(&self) -> u16 {
-        self.port
+        self.process.port()
     }
 
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://127.0.0.1:{}", self.port())
     }
 
     /// Whether the server process is running (started and not killed).
     pub fn is_running(&self) -> bool {
-        self.child.is_some()
+        self.process.is_running()
     }
 
     /// Kills the server with SIGKILL (no shutdown, no save) and waits for the process to exit.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.kill();
     }
 
     /// Stops the process (SIGSTOP) without killing it: its sockets stay open but nothing is
     /// read or answered, like a hung server. [`RedisServer::thaw`] resumes it.
     pub fn freeze(&self) {
-        self.signal("-STOP");
+        self.process.freeze();
     }
 
     /// Resumes a process stopped by [`RedisServer::freeze`] (SIGCONT).
     pub fn thaw(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("the server runs").id();
-        let status = std::process::Command::new("kill")
-            .arg(signal)
-            .arg(pid.to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {signal} {pid} failed");
+        self.process.thaw();
     }
 
     /// Starts the server again on the same port (killing it first if it still runs) and waits
     /// until it answers `PING`. Its data set starts empty: nothing is persisted.
     pub fn restart(&mut self) {
-        self.kill();
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            match self.spawn_and_wait() {
-                Ok(()) => return,
-                Err(e) if Instant::now() >= deadline => {
-                    panic!("could not restart redis-server on port {}: {e}", self.port)
-                }
-                // The old socket may linger for a moment; try again.
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
+        self.process.restart();
     }
 
     /// A connected fred client for this server, built to survive restarts and to fail fast
@@ -226,74 +188,180 @@ impl RedisServer {
     }
 
     fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
-    }
-
-    fn spawn_and_wait(&mut self) -> Result<(), String> {
-        let binary = &self.binary;
-        let log = self.dir.join("redis.log");
-        let child = Command::new(binary)
-            .arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .args(["--daemonize", "no"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .arg("--logfile")
-            .arg(&log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn();
-        let mut child = match child {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                "\n\n*** `{binary}` NOT FOUND: the Redis integration tests need a real \
-                 redis-server (7.0 or later) on PATH, or REDIS_SERVER_BIN set to one. \
-                 Install it (e.g. `apt-get install redis-server`); scripts/test (which .ci/run runs) installs it. \
-                 This is a failure, not a skip. ***\n"
-            ),
-            Err(e) => panic!("could not run `{binary}`: {e}"),
-        };
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!(
-                    "redis-server on port {} exited with {status}; log:\n{}",
-                    self.port,
-                    read_log(&log)
-                ));
-            }
-            if let Ok(reply) = raw_command(self.addr(), &["PING"]) {
-                if reply.starts_with("+PONG") {
-                    self.child = Some(child);
-                    return Ok(());
-                }
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "redis-server on port {} did not answer PING within {STARTUP_TIMEOUT:?}; \
-                     log:\n{}",
-                    self.port,
-                    read_log(&log)
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.process.addr()
     }
 }
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        self.process.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The arguments of a `redis-server` on `127.0.0.1:port` without persistence, its files in
+/// `dir`, its log in `log`.
+pub fn server_args(port: u16, dir: &Path, log: &Path) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--dir",
+        &dir.to_string_lossy(),
+        "--logfile",
+        &log.to_string_lossy(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The panic for a binary that is not installed: a failure, not a skip.
+pub fn missing_binary(binary: &str, package: &str) -> ! {
+    panic!(
+        "\n\n*** `{binary}` NOT FOUND: the Redis integration tests need real Redis binaries \
+         (7.0 or later) on PATH, or REDIS_SERVER_BIN (REDIS_CLI_BIN) set to one. Install them \
+         (e.g. `apt-get install {package}`); scripts/test (which .ci/run runs) installs them. \
+         This is a failure, not a skip. ***\n"
+    )
+}
+
+/// A `redis-server` child process (a standalone server, a cluster node or a sentinel) on
+/// `127.0.0.1:port`, killed on drop. Its arguments are kept, so it can be killed and started
+/// again on the same port.
+pub struct Process {
+    binary: String,
+    args: Vec<String>,
+    port: u16,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Process {
+    /// Starts `binary args...`, which must listen on `port`, and waits until it answers `PING`.
+    /// `Err` when it exits or stays silent (for example: the port was taken meanwhile).
+    pub fn start(binary: &str, args: Vec<String>, port: u16, log: PathBuf) -> Result<Self, String> {
+        let mut process = Process {
+            binary: binary.to_owned(),
+            args,
+            port,
+            log,
+            child: None,
+        };
+        process.spawn_and_wait()?;
+        Ok(process)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether it runs (started and not killed).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// SIGKILL (no shutdown, no save), then reaps the process.
+    pub fn kill(&mut self) {
+        process::kill(&mut self.child);
+    }
+
+    /// Starts it again with the same arguments on the same port (killing it first if it runs).
+    pub fn restart(&mut self) {
         self.kill();
-        if !self.dir.as_os_str().is_empty() {
-            let _ = std::fs::remove_dir_all(&self.dir);
+        let what = format!("{} on port {}", self.binary, self.port);
+        process::start_again(STARTUP_TIMEOUT, &what, || self.spawn_and_wait());
+    }
+
+    /// Stops the process (SIGSTOP) without killing it: its sockets stay open but nothing is
+    /// read or answered, like a frozen or partitioned host. [`Process::thaw`] resumes it.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a process stopped by [`Process::freeze`] (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Its log file, for failure messages.
+    pub fn log(&self) -> String {
+        read_log(&self.log)
+    }
+
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    fn signal(&self, signal: &str) {
+        process::signal(self.child.as_ref().expect("the process runs"), signal);
+    }
+
+    fn spawn_and_wait(&mut self) -> Result<(), String> {
+        let child = Command::new(&self.binary)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                missing_binary(&self.binary, "redis-server")
+            }
+            Err(e) => panic!("could not run `{}`: {e}", self.binary),
+        };
+        let addr = self.addr();
+        let every = Duration::from_millis(20);
+        let child = process::wait_ready(child, STARTUP_TIMEOUT, every, "answer PING", || {
+            raw_command(addr, &["PING"]).is_ok_and(|reply| reply.starts_with("+PONG"))
+        })
+        .map_err(|e| {
+            let log = read_log(&self.log);
+            format!("{} on port {} {e}; log:\n{log}", self.binary, self.port)
+        })?;
+        self.child = Some(child);
+        Ok(())
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A frozen process still dies of SIGKILL; resume it anyway so nothing lingers.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        self.kill();
+    }
+}
+
+/// Starts a process on a free port, trying other ports when one is taken between the look-up
+/// and the bind. `args` builds the arguments for a port.
+pub fn start_on_free_port(binary: &str, log: &Path, args: impl Fn(u16) -> Vec<String>) -> Process {
+    let mut last_error = String::new();
+    for _ in 0..10 {
+        let port = free_port();
+        match Process::start(binary, args(port), port, log.to_owned()) {
+            Ok(process) => return process,
+            Err(e) => last_error = e,
         }
     }
+    panic!("could not start {binary} after 10 attempts: {last_error}");
 }
 
 /// A running `MONITOR` (see [`RedisServer::monitor`]).
@@ -391,33 +459,6 @@ pub async fn raw<C: ClientLike, R: FromValue>(
         .custom(cmd, owned)
         .await
         .unwrap_or_else(|e| panic!("{command} {args:?} failed: {e}"))
-}
-
-/// Finds a free port by binding port 0 and dropping the listener.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|addr| addr.port())
-        .expect("bind 127.0.0.1:0")
-}
-
-fn unique_temp_dir() -> PathBuf {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    let dir = std::env::temp_dir().join(format!(
-        "tower-idempotency-redis-{}-{}-{nanos}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).expect("create the redis-server temp dir");
-    dir
-}
-
-fn read_log(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| format!("(no log: {e})"))
 }
 
 /// One command in RESP over a fresh connection; returns the first reply line (and the bulk

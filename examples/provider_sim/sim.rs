@@ -458,6 +458,16 @@ enum Answer {
     TransportError,
 }
 
+/// The answer `response` gives, once its body is read: a body cut short is a transport error.
+async fn read_answer(response: http::Response<hyper::body::Incoming>) -> Answer {
+    let status = response.status().as_u16();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    match response.into_body().collect().await {
+        Ok(_) => Answer::Status { status, replayed },
+        Err(_) => Answer::TransportError,
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Tally {
     deliveries: u64,
@@ -552,14 +562,7 @@ impl Provider {
         let response =
             tokio::time::timeout(self.config.request_timeout, self.client.request(request));
         match response.await {
-            Ok(Ok(response)) => {
-                let status = response.status().as_u16();
-                let replayed = response.headers().contains_key("idempotent-replayed");
-                match response.into_body().collect().await {
-                    Ok(_) => Answer::Status { status, replayed },
-                    Err(_) => Answer::TransportError,
-                }
-            }
+            Ok(Ok(response)) => read_answer(response).await,
             _ => Answer::TransportError,
         }
     }
@@ -582,14 +585,7 @@ impl Provider {
         };
         let conn = tokio::spawn(conn);
         let answer = match tokio::time::timeout(abort_after, sender.send_request(request)).await {
-            Ok(Ok(response)) => {
-                let status = response.status().as_u16();
-                let replayed = response.headers().contains_key("idempotent-replayed");
-                match response.into_body().collect().await {
-                    Ok(_) => Answer::Status { status, replayed },
-                    Err(_) => Answer::TransportError,
-                }
-            }
+            Ok(Ok(response)) => read_answer(response).await,
             Ok(Err(_)) => Answer::TransportError,
             Err(_) => Answer::Disconnected,
         };

@@ -19,11 +19,9 @@ use crate::harness;
 use crate::postgres_server;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use harness::{Http, example_path, start_demo};
+use harness::{Http, email, start_demo, start_worker};
 use http::StatusCode;
 use postgres_server::PostgresServer;
 use serde_json::{Value, json};
@@ -32,45 +30,9 @@ const TOKEN: &str = "processes-admin-token";
 const BEARER: (&str, &str) = ("Authorization", "Bearer processes-admin-token");
 const DEADLINE: Duration = Duration::from_secs(20);
 
-/// An `inbox_worker` process on `url`, killed when dropped.
-struct WorkerProcess(Child);
-
-impl WorkerProcess {
-    fn start(url: &str) -> Self {
-        let mut child = Command::new(example_path("inbox_worker"))
-            .env_remove("REDIS_URL")
-            .env("DATABASE_URL", url)
-            .env("INBOX_WORKERS", "2")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut first = String::new();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        stdout.read_line(&mut first).unwrap();
-        assert_eq!(first.trim(), "worker ready");
-        WorkerProcess(child)
-    }
-}
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 async fn deliver(http: &Http, id: &str, extra: Value) {
-    let mut event = json!({
-        "event_id": id,
-        "message_id": format!("msg-{id}"),
-        "type": "email.delivered",
-        "occurred_at": "2026-12-04T10:00:00Z",
-    });
-    let fields = extra.as_object().unwrap().clone();
-    event.as_object_mut().unwrap().extend(fields);
     let (status, _, _) = http
-        .send("POST", "/inbox/email", &[], &event.to_string())
+        .send("POST", "/inbox/email", &[], &email(id, extra))
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{id}");
 }
@@ -98,7 +60,7 @@ async fn pause_stops_every_worker_process_and_resume_restarts_them() {
     ];
     let demo = start_demo(&envs);
     let http = Http::new(&demo);
-    let _worker = WorkerProcess::start(&url);
+    let _worker = start_worker(&[("DATABASE_URL", &url), ("INBOX_WORKERS", "2")]);
     // Both sides work before the pause.
     for n in 0..4 {
         deliver(&http, &format!("evt_before_{n}"), json!({})).await;

@@ -24,12 +24,10 @@ use crate::harness;
 use crate::postgres_server;
 use crate::redis_server;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use harness::{Http, example_path, start_demo};
+use harness::{Http, Worker, email, start_demo, start_worker};
 use postgres_server::PostgresServer;
 use redis_server::RedisServer;
 use serde_json::{Value, json};
@@ -84,42 +82,14 @@ async fn applied_in(demo: &Http, ids: &[String]) -> Vec<i64> {
     ids.iter().map(count).collect()
 }
 
-/// An `inbox_worker` process, SIGKILLed when dropped.
-struct WorkerProcess(Child);
-
-impl WorkerProcess {
-    fn start(store: &Shared, workers: &str) -> Self {
-        let (name, url) = store.env();
-        let mut child = Command::new(example_path("inbox_worker"))
-            .env_remove("REDIS_URL")
-            .env_remove("DATABASE_URL")
-            .env(name, url)
-            .env("INBOX_WORKERS", workers)
-            .env("INBOX_LEASE_MS", LEASE_MS)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut first)
-            .unwrap();
-        assert_eq!(first.trim(), "worker ready");
-        WorkerProcess(child)
-    }
-
-    /// SIGKILL: no shutdown, no settlement, the lease left to run out.
-    fn kill(&mut self) {
-        self.0.kill().unwrap();
-        self.0.wait().unwrap();
-    }
-}
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// An `inbox_worker` process on `store`, with `workers` workers.
+fn worker(store: &Shared, workers: &str) -> Worker {
+    let (name, url) = store.env();
+    start_worker(&[
+        (name, &url),
+        ("INBOX_WORKERS", workers),
+        ("INBOX_LEASE_MS", LEASE_MS),
+    ])
 }
 
 /// The demo on `store`, with `workers` inbox workers in its process.
@@ -137,23 +107,13 @@ fn demo(store: &Shared, workers: &str) -> (harness::Example, Http) {
 /// `POST /inbox/email` of the event `id` (its own message), with `extra` body fields: the
 /// status and whether it was acknowledged as a replay.
 async fn post(http: &Http, id: &str, extra: Value) -> (u16, bool) {
-    let mut event = json!({
-        "event_id": id,
-        "message_id": format!("msg-{id}"),
-        "type": "email.delivered",
-        "occurred_at": "2026-12-03T10:00:00Z",
-    });
-    event
-        .as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
     let request_id = format!("req-{id}");
     let (status, headers, _) = http
         .send_raw(
             "POST",
             "/inbox/email",
             &[("x-request-id", &request_id)],
-            &event.to_string(),
+            &email(id, extra),
         )
         .await;
     let replayed = headers
@@ -184,7 +144,7 @@ async fn assert_duplicates_acknowledged(http: &Http, ids: &[&str]) {
 /// `first_workers` is how many entries the killed worker runs at once.
 async fn receiver_and_workers_apart(store: Shared, first_workers: &str) {
     let (_receiver, http) = demo(&store, "0");
-    let mut doomed = WorkerProcess::start(&store, first_workers);
+    let mut doomed = worker(&store, first_workers);
 
     // The slow event goes to the only worker running: the one about to be killed.
     let slow = json!({"demo_delay_ms": SLOW_MS});
@@ -197,7 +157,7 @@ async fn receiver_and_workers_apart(store: Shared, first_workers: &str) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let _survivor = WorkerProcess::start(&store, "2");
+    let _survivor = worker(&store, "2");
 
     let mut ids: Vec<String> = (0..EVENTS).map(|i| format!("ev_{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
@@ -337,7 +297,7 @@ async fn redis_receiver_restarted_with_entries_pending() {
 async fn sqlite_demo_reads_what_a_worker_process_wrote() {
     let store = Shared::sqlite("reads");
     let (_receiver, http) = demo(&store, "0");
-    let _worker = WorkerProcess::start(&store, "1");
+    let _worker = worker(&store, "1");
     assert_eq!(post(&http, "ev_read", json!({})).await, (202, false));
     let ids = ["ev_read".to_owned()];
     until_applied(&http, &ids, Instant::now()).await;

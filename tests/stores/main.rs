@@ -32,8 +32,8 @@ mod redis_sentinel;
 #[path = "../../examples/provider_sim/redis_server.rs"]
 mod redis_server;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[path = "../support/sql_purge.rs"]
-mod sql_purge;
+#[path = "../support/sql_checks.rs"]
+mod sql_checks;
 #[cfg(any(feature = "redis", feature = "sqlite", feature = "postgres"))]
 #[path = "../support/store_steps.rs"]
 mod store_steps;

@@ -5,10 +5,11 @@
 
 use crate::once;
 use crate::postgres_server;
-use crate::sql_purge;
+use crate::sql_checks::{self, completed_row, in_flight_row};
 use crate::store_steps::{
-    claim_and_record, completed_by, expired_claim_taken_over, fifty_claims_one_winner, held_by,
-    neither_completes_nor_releases, record_expires, records, replays, reserves,
+    LEASE, RECORD_RETENTION, RETENTION, claim, claim_and_record, completed_by,
+    expired_claim_taken_over, fifty_claims_one_winner, held_by, neither_completes_nor_releases,
+    record_expires, records, replays, reserves,
 };
 use crate::suite;
 use tower_idempotency::test_util::store::{self as contract, OneTarget};
@@ -24,16 +25,9 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Row};
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::PostgresStore;
-use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::record::{Record, StoredResponse};
 use tower_idempotency::store::{CachedStore, LocalCache};
 use tower_idempotency::store::{Claim, Reservation, StoreErrorKind, StoreKey};
-
-const LEASE: Duration = Duration::from_secs(30);
-const RETENTION: Duration = Duration::from_secs(72 * 3600);
-/// The retention of a record that must expire during a test: long enough that the next
-/// reserve still finds it on a loaded machine, short enough to wait out.
-const RECORD_RETENTION: Duration = Duration::from_secs(1);
 
 /// The server shared by the tests that never stop it. Kept for the whole test process; its
 /// watchdog removes it when the process exits.
@@ -95,20 +89,6 @@ pub(crate) async fn fresh_table_store() -> PostgresStore {
     own_table_store(&format!("once_{n}")).await
 }
 
-fn claim(body: &[u8]) -> Claim {
-    Claim::new(Fingerprint::of_bytes(body))
-}
-
-async fn count(store: &PostgresStore) -> i64 {
-    sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {}",
-        store.table()
-    )))
-    .fetch_one(store.pool())
-    .await
-    .unwrap()
-}
-
 suite::store_smoke!(async { (shared_store().await, ()) });
 // The `once` suites use fixed keys: each test gets a table of its own.
 once_suite!(async { (fresh_table_store().await, ()) });
@@ -143,13 +123,7 @@ async fn absent_in_flight_completed_transitions() {
     .fetch_one(store.pool())
     .await
     .unwrap();
-    assert_eq!(row.get::<&str, _>("state"), "in_flight");
-    assert_eq!(row.get::<&[u8], _>("token"), first.token().as_bytes());
-    assert_eq!(
-        row.get::<&[u8], _>("fingerprint"),
-        first.fingerprint().as_bytes()
-    );
-    assert_eq!(row.get::<Option<&[u8]>, _>("record"), None);
+    in_flight_row(&row, &first);
     let ttl: f64 = row.get("ttl");
     assert!(ttl > 25.0 && ttl <= 30.0, "lease {ttl}");
 
@@ -170,9 +144,7 @@ async fn absent_in_flight_completed_transitions() {
     .fetch_one(store.pool())
     .await
     .unwrap();
-    assert_eq!(row.get::<&str, _>("state"), "completed");
-    assert_eq!(row.get::<Option<&[u8]>, _>("token"), None);
-    assert_eq!(row.get::<&[u8], _>("record"), &record.encode()[..]);
+    completed_row(&row, &record);
     let ttl: f64 = row.get("ttl");
     let retention = RETENTION.as_secs_f64();
     assert!(
@@ -336,7 +308,7 @@ async fn purge_removes_only_expired_rows() {
     .execute(store.pool())
     .await
     .unwrap();
-    sql_purge::removes_only_expired_rows(&store, async || count(&store).await).await;
+    sql_checks::removes_only_expired_rows(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

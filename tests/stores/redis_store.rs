@@ -4,8 +4,8 @@
 
 use crate::redis_server;
 use crate::store_steps::{
-    claim_and_record, fifty_claims_one_winner, held_by, neither_completes_nor_releases, records,
-    reserves,
+    LEASE, RETENTION, claim, claim_and_record, fifty_claims_one_winner, held_by,
+    neither_completes_nor_releases, records, reserves,
 };
 
 use std::time::{Duration, Instant};
@@ -22,19 +22,12 @@ use tower_idempotency::store::record::{Record, StoredResponse};
 use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey, Token};
 use tower_idempotency::test_util::store::OneTarget;
 
-const LEASE: Duration = Duration::from_secs(30);
-const RETENTION: Duration = Duration::from_secs(72 * 3600);
-
 /// A fresh server, a client of it, and a store on that client.
 async fn started() -> (RedisServer, Client, RedisStore<Client>) {
     let server = RedisServer::start();
     let client = server.connect().await;
     let store = RedisStore::new(client.clone());
     (server, client, store)
-}
-
-fn claim(body: &[u8]) -> Claim {
-    Claim::new(Fingerprint::of_bytes(body))
 }
 
 /// What the store keeps for an in-flight `claim` (the internal encoding, pinned here): tag

@@ -4,10 +4,11 @@
 #![cfg(feature = "sqlite")]
 
 use crate::once;
-use crate::sql_purge;
+use crate::sql_checks::{self, completed_row, count, in_flight_row};
 use crate::store_steps::{
-    claim_and_record, completed_by, expired_claim_taken_over, fifty_claims_one_winner, held_by,
-    neither_completes_nor_releases, record_expires, records, replays, reserves,
+    LEASE, RECORD_RETENTION, RETENTION, claim, claim_and_record, completed_by,
+    expired_claim_taken_over, fifty_claims_one_winner, held_by, neither_completes_nor_releases,
+    record_expires, records, replays, reserves,
 };
 use crate::suite;
 use tower_idempotency::test_util::store::{self as contract, OneTarget};
@@ -18,15 +19,8 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Row};
 use tower_idempotency::SqliteStore;
-use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::record::{Record, StoredResponse};
-use tower_idempotency::store::{Claim, Reservation, StoreErrorKind, StoreKey};
-
-const LEASE: Duration = Duration::from_secs(30);
-const RETENTION: Duration = Duration::from_secs(72 * 3600);
-/// The retention of a record that must expire during a test: long enough that the next
-/// reserve still finds it on a loaded machine, short enough to wait out.
-const RECORD_RETENTION: Duration = Duration::from_secs(1);
+use tower_idempotency::store::{Reservation, StoreErrorKind, StoreKey};
 
 /// A temporary directory, removed on drop.
 pub(crate) struct TempDir(PathBuf);
@@ -67,20 +61,6 @@ pub(crate) async fn fresh() -> (SqliteStore, TempDir) {
     (open(&dir.db()).await, dir)
 }
 
-fn claim(body: &[u8]) -> Claim {
-    Claim::new(Fingerprint::of_bytes(body))
-}
-
-async fn count(store: &SqliteStore) -> i64 {
-    sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {}",
-        store.table()
-    )))
-    .fetch_one(store.pool())
-    .await
-    .unwrap()
-}
-
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -108,13 +88,7 @@ async fn absent_in_flight_completed_transitions() {
     .fetch_one(store.pool())
     .await
     .unwrap();
-    assert_eq!(row.get::<&str, _>("state"), "in_flight");
-    assert_eq!(row.get::<&[u8], _>("token"), first.token().as_bytes());
-    assert_eq!(
-        row.get::<&[u8], _>("fingerprint"),
-        first.fingerprint().as_bytes()
-    );
-    assert_eq!(row.get::<Option<&[u8]>, _>("record"), None);
+    in_flight_row(&row, &first);
     assert_eq!(row.get::<i64, _>("lease"), 30_000);
 
     // The same claim again is still ours; a duplicate sees the first fingerprint.
@@ -130,9 +104,7 @@ async fn absent_in_flight_completed_transitions() {
             .fetch_one(store.pool())
             .await
             .unwrap();
-    assert_eq!(row.get::<&str, _>("state"), "completed");
-    assert_eq!(row.get::<Option<&[u8]>, _>("token"), None);
-    assert_eq!(row.get::<&[u8], _>("record"), &record.encode()[..]);
+    completed_row(&row, &record);
     let left = row.get::<i64, _>("expires_at") - now_ms();
     let retention = RETENTION.as_millis() as i64;
     assert!(left > retention - 10_000 && left <= retention, "{left}");
@@ -229,7 +201,7 @@ async fn purge_removes_only_expired_rows() {
     .execute(store.pool())
     .await
     .unwrap();
-    sql_purge::removes_only_expired_rows(&store, async || count(&store).await).await;
+    sql_checks::removes_only_expired_rows(&store).await;
 }
 
 #[tokio::test]

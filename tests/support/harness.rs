@@ -1,6 +1,7 @@
 //! The one harness that starts the example binaries for every test file: the built example,
 //! `BIND=127.0.0.1:0`, its `listening on http://ADDR` first line, the rest of its stdout kept,
-//! killed when dropped; and an HTTP client for it.
+//! killed when dropped; `inbox_worker` processes, once `worker ready`; and an HTTP client for
+//! the examples that listen.
 
 #![allow(dead_code)]
 
@@ -73,9 +74,10 @@ pub fn start_example_with_fd_limit(name: &str, limit: u64, envs: &[(&str, &str)]
     spawn_listening(command, envs)
 }
 
-fn spawn_listening(mut command: Command, envs: &[(&str, &str)]) -> Example {
+/// Spawns `command` with `envs` (and without the caller's `REDIS_URL` and `DATABASE_URL`,
+/// unless `envs` sets them), its stdout piped; returns it with its first line.
+fn spawn(mut command: Command, envs: &[(&str, &str)]) -> (Child, BufReader<ChildStdout>, String) {
     command
-        .env("BIND", "127.0.0.1:0")
         .env_remove("REDIS_URL")
         .env_remove("DATABASE_URL")
         .stdout(Stdio::piped())
@@ -87,6 +89,12 @@ fn spawn_listening(mut command: Command, envs: &[(&str, &str)]) -> Example {
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut first = String::new();
     stdout.read_line(&mut first).unwrap();
+    (child, stdout, first)
+}
+
+fn spawn_listening(mut command: Command, envs: &[(&str, &str)]) -> Example {
+    command.env("BIND", "127.0.0.1:0");
+    let (child, stdout, first) = spawn(command, envs);
     let base = first
         .trim()
         .strip_prefix("listening on ")
@@ -102,6 +110,32 @@ fn spawn_listening(mut command: Command, envs: &[(&str, &str)]) -> Example {
 /// The demo receiver (`examples/webhook_receiver.rs`).
 pub fn start_demo(envs: &[(&str, &str)]) -> Example {
     start_example("webhook_receiver", envs)
+}
+
+/// A running `inbox_worker` example (`examples/inbox_worker.rs`), SIGKILLed when dropped.
+pub struct Worker(Child);
+
+impl Worker {
+    /// SIGKILL: no shutdown, no settlement, the lease left to run out.
+    pub fn kill(&mut self) {
+        self.0.kill().unwrap();
+        self.0.wait().unwrap();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts an `inbox_worker` process with `envs` (and without the caller's `REDIS_URL` and
+/// `DATABASE_URL`, unless `envs` sets them), once it printed `worker ready`.
+pub fn start_worker(envs: &[(&str, &str)]) -> Worker {
+    let (child, _, first) = spawn(Command::new(example_path("inbox_worker")), envs);
+    assert_eq!(first.trim(), "worker ready");
+    Worker(child)
 }
 
 /// An HTTP/1.1 client of one example.

@@ -32,13 +32,18 @@
 //! process exits without dropping it (a server kept in a `static`).
 #![allow(dead_code)]
 
+// The process plumbing of the Redis servers: a copy of its own, PostgreSQL not needing Redis.
+#[allow(clippy::duplicate_mod)]
+#[path = "../../examples/provider_sim/process.rs"]
+mod process;
+
 use std::fs;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use process::free_port;
 
 /// The database every server creates, and that [`PostgresServer::url`] names.
 pub const DATABASE: &str = "idem";
@@ -141,21 +146,11 @@ impl PostgresServer {
     /// runs) and waits until it accepts connections.
     pub fn start(&mut self) {
         self.stop();
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            match self.spawn_and_wait() {
-                Ok(()) => return,
-                Err(e) if Instant::now() >= deadline => {
-                    panic!(
-                        "could not restart postgres on port {}: {e}\n{}",
-                        self.port,
-                        self.log()
-                    )
-                }
-                // The old socket may linger for a moment; try again.
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
+        let what = format!("postgres on port {}", self.port);
+        process::start_again(STARTUP_TIMEOUT, &what, || {
+            self.spawn_and_wait()
+                .map_err(|e| format!("{e}\n{}", self.log()))
+        });
     }
 
     /// The server's log so far.
@@ -229,32 +224,23 @@ impl PostgresServer {
             .stdout(log)
             .stderr(log_err);
         self.prepare(&mut command);
-        let mut child = command
+        let child = command
             .spawn()
             .unwrap_or_else(|e| panic!("could not run {}: {e}", self.bin("postgres").display()));
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("postgres exited with {status}"));
-            }
-            let ready = Command::new(self.bin("pg_isready"))
+        let every = Duration::from_millis(50);
+        let what = "accept connections";
+        let child = process::wait_ready(child, STARTUP_TIMEOUT, every, what, || {
+            Command::new(self.bin("pg_isready"))
                 .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
                 .args(["-U", "postgres", "-d", "postgres"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()
-                .is_ok_and(|s| s.success());
-            if ready {
-                self.child = Some(child);
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err("postgres did not accept connections in time".into());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+                .is_ok_and(|s| s.success())
+        })
+        .map_err(|e| format!("postgres {e}"))?;
+        self.child = Some(child);
+        Ok(())
     }
 
     /// A shell process that waits for this test process to exit, then kills the postmaster
@@ -360,25 +346,11 @@ fn id(args: &[&str]) -> Option<u32> {
 
 /// A fresh directory under the system temp dir, owned by the user the server runs as.
 fn unique_temp_dir() -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "tower-idem-pg-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).expect("create the postgres temp dir");
+    let dir = process::unique_temp_dir("pg");
     if let Some((uid, gid)) = run_as() {
         std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown the postgres temp dir");
     }
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).expect("chmod the temp dir");
     dir
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind a free port")
 }

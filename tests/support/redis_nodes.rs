@@ -1,21 +1,23 @@
 //! Plumbing shared by the multi-process Redis fixtures (`redis_cluster.rs` and
-//! `redis_sentinel.rs`): `redis-server` child processes on free ports, killed on drop, and a
-//! small blocking RESP client for administration that must not go through the client under
-//! test.
+//! `redis_sentinel.rs`): `redis-server` child processes on free ports, killed on drop (the
+//! standalone server's [`Process`], from `redis_server.rs`), their arguments and directories,
+//! and a small blocking RESP client for administration that must not go through the client
+//! under test.
 //!
 //! Included by the fixtures themselves (`#[path = "redis_nodes.rs"] mod nodes;`), not by test
-//! files. Like `redis_server.rs`, a missing binary is a loud panic, never a skip.
+//! files; a test binary with these fixtures declares `redis_server` too. Like
+//! `redis_server.rs`, a missing binary is a loud panic, never a skip.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// How long a freshly started process may take to answer `PING`.
-pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::redis_server::{self, process};
+// The processes themselves are `redis_server`'s; each fixture uses a part of them.
+#[allow(unused_imports)]
+pub use crate::redis_server::{Process, missing_binary, process::free_port, start_on_free_port};
 
 /// `$REDIS_SERVER_BIN`, or `redis-server` from `PATH`.
 pub fn redis_server_binary() -> String {
@@ -27,196 +29,13 @@ pub fn redis_cli_binary() -> String {
     std::env::var("REDIS_CLI_BIN").unwrap_or_else(|_| "redis-cli".into())
 }
 
-/// The panic for a binary that is not installed: a failure, not a skip.
-pub fn missing_binary(binary: &str, package: &str) -> ! {
-    panic!(
-        "\n\n*** `{binary}` NOT FOUND: the Redis Cluster / Sentinel integration tests need real \
-         Redis binaries (7.0 or later) on PATH. Install them (e.g. `apt-get install \
-         {package}`); scripts/test installs them. This is a failure, not a skip. ***\n"
-    )
-}
-
-/// A `redis-server` child process (a data node or a sentinel) on `127.0.0.1:port`, killed on
-/// drop. Its arguments are kept, so it can be killed and started again on the same port.
-pub struct Process {
-    binary: String,
-    args: Vec<String>,
-    port: u16,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
-impl Process {
-    /// Starts `binary args...`, which must listen on `port`, and waits until it answers `PING`.
-    /// `Err` when it exits or stays silent (for example: the port was taken meanwhile).
-    pub fn start(binary: &str, args: Vec<String>, port: u16, log: PathBuf) -> Result<Self, String> {
-        let mut process = Process {
-            binary: binary.to_owned(),
-            args,
-            port,
-            log,
-            child: None,
-        };
-        process.spawn_and_wait()?;
-        Ok(process)
-    }
-
-    /// The port it listens on.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The process id, while it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// Whether it runs (started and not killed).
-    pub fn is_running(&self) -> bool {
-        self.child.is_some()
-    }
-
-    /// SIGKILL (no shutdown, no save), then reaps the process.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Starts it again with the same arguments on the same port (killing it first if it runs).
-    pub fn restart(&mut self) {
-        self.kill();
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            match self.spawn_and_wait() {
-                Ok(()) => return,
-                Err(e) if Instant::now() >= deadline => {
-                    panic!(
-                        "could not restart {} on port {}: {e}",
-                        self.binary, self.port
-                    )
-                }
-                // The old socket may linger for a moment.
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
-    }
-
-    /// Stops the process (SIGSTOP) without killing it: its sockets stay open but nothing is
-    /// read or answered, like a frozen or partitioned host. [`Process::thaw`] resumes it.
-    pub fn freeze(&self) {
-        self.signal("-STOP");
-    }
-
-    /// Resumes a process stopped by [`Process::freeze`] (SIGCONT).
-    pub fn thaw(&self) {
-        self.signal("-CONT");
-    }
-
-    /// Its log file, for failure messages.
-    pub fn log(&self) -> String {
-        read_log(&self.log)
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.pid().expect("the process runs");
-        let status = Command::new("kill")
-            .arg(signal)
-            .arg(pid.to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {signal} {pid} failed");
-    }
-
-    fn spawn_and_wait(&mut self) -> Result<(), String> {
-        let child = Command::new(&self.binary)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn();
-        let mut child = match child {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                missing_binary(&self.binary, "redis-server")
-            }
-            Err(e) => panic!("could not run `{}`: {e}", self.binary),
-        };
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!(
-                    "{} on port {} exited with {status}; log:\n{}",
-                    self.binary,
-                    self.port,
-                    read_log(&self.log)
-                ));
-            }
-            if matches!(command(self.port, &["PING"]), Ok(Resp::Simple(s)) if s == "PONG") {
-                self.child = Some(child);
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{} on port {} did not answer PING within {STARTUP_TIMEOUT:?}; log:\n{}",
-                    self.binary,
-                    self.port,
-                    read_log(&self.log)
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if let Some(child) = &self.child {
-            // A frozen process still dies of SIGKILL; resume it anyway so nothing lingers.
-            let _ = Command::new("kill")
-                .args(["-CONT", &child.id().to_string()])
-                .stderr(Stdio::null())
-                .status();
-        }
-        self.kill();
-    }
-}
-
-/// Starts a process on a free port, trying other ports when one is taken between the look-up
-/// and the bind. `args` builds the arguments for a port.
-pub fn start_on_free_port(binary: &str, log: &Path, args: impl Fn(u16) -> Vec<String>) -> Process {
-    let mut last_error = String::new();
-    for _ in 0..10 {
-        let port = free_port();
-        match Process::start(binary, args(port), port, log.to_owned()) {
-            Ok(process) => return process,
-            Err(e) => last_error = e,
-        }
-    }
-    panic!("could not start {binary} after 10 attempts: {last_error}");
-}
-
 /// A temporary directory, removed on drop.
 pub struct TempDir(PathBuf);
 
 impl TempDir {
     /// A fresh, unique directory under the system's temp dir.
     pub fn new(prefix: &str) -> Self {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        let dir = std::env::temp_dir().join(format!(
-            "tower-idempotency-{prefix}-{}-{}-{nanos}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("create a temp dir");
-        TempDir(dir)
+        TempDir(process::unique_temp_dir(prefix))
     }
 
     /// The directory.
@@ -238,14 +57,6 @@ impl Drop for TempDir {
     }
 }
 
-/// A free port: bind port 0, read it, drop the listener.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|addr| addr.port())
-        .expect("bind 127.0.0.1:0")
-}
-
 /// Polls `check` every 50 ms until it returns `Some`, or panics after `timeout` with `what` and
 /// the last `Err` it gave.
 pub fn wait_until<T>(
@@ -263,10 +74,6 @@ pub fn wait_until<T>(
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     }
-}
-
-fn read_log(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| format!("(no log: {e})"))
 }
 
 /// A RESP2 reply.
@@ -538,27 +345,10 @@ pub trait Deployment {
 /// The arguments of a `redis-server` on `port` of loopback that keeps its files in `dir` and
 /// logs to `log`, persists nothing, and lets a replica sync at once.
 pub fn server_args(port: u16, dir: &Path, log: &Path) -> Vec<String> {
-    [
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        // Replicas sync at once rather than after the default 5 s.
-        "--repl-diskless-sync-delay",
-        "0",
-        "--daemonize",
-        "no",
-        "--dir",
-        &dir.to_string_lossy(),
-        "--logfile",
-        &log.to_string_lossy(),
-    ]
-    .map(String::from)
-    .to_vec()
+    let mut args = redis_server::server_args(port, dir, log);
+    // Replicas sync at once rather than after the default 5 s.
+    args.extend(["--repl-diskless-sync-delay", "0"].map(String::from));
+    args
 }
 
 /// The deployment in `slot`, shared by the tests running at the same time: started by the

@@ -1,6 +1,6 @@
 //! Steps on one key that the backends' own tests (Redis, PostgreSQL, SQLite) take alike
 //! (`#[path = "../support/store_steps.rs"] mod store_steps;`), between their checks of what
-//! each backend stored.
+//! each backend stored; and the lease, the retentions and the claims they take them with.
 
 use std::time::Duration;
 
@@ -12,6 +12,20 @@ use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{Claim, Reservation, StoreKey};
 use tower_idempotency::test_util::store::OneTarget;
 pub use tower_idempotency::test_util::store::reserves;
+
+/// The lease of the backends' claims.
+pub const LEASE: Duration = Duration::from_secs(30);
+/// The retention of the backends' records.
+pub const RETENTION: Duration = Duration::from_secs(72 * 3600);
+/// The retention of a record that must expire during a test: long enough that the next
+/// reserve still finds it on a loaded machine, short enough to wait out.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub const RECORD_RETENTION: Duration = Duration::from_secs(1);
+
+/// A claim of a request whose body is `body`.
+pub fn claim(body: &[u8]) -> Claim {
+    Claim::new(Fingerprint::of_bytes(body))
+}
 
 /// A duplicate of `key` (another claim of the request `record` answered) is answered `record`.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -32,6 +46,21 @@ pub async fn replays<St: IdempotencyStore>(
     .await;
 }
 
+/// Whether `claim` completing `key` with `record`, kept for `retention`, is recorded.
+async fn completion_recorded<St: IdempotencyStore>(
+    store: &St,
+    key: &StoreKey,
+    claim: &Claim,
+    record: &Record,
+    retention: Duration,
+) -> bool {
+    store
+        .complete_one(key, claim, record, retention)
+        .await
+        .unwrap()
+        .is_recorded()
+}
+
 /// `claim` completes `key` with `record`, kept for `retention`: the completion is recorded.
 pub async fn records<St: IdempotencyStore>(
     store: &St,
@@ -41,11 +70,7 @@ pub async fn records<St: IdempotencyStore>(
     retention: Duration,
 ) {
     assert!(
-        store
-            .complete_one(key, claim, record, retention)
-            .await
-            .unwrap()
-            .is_recorded(),
+        completion_recorded(store, key, claim, record, retention).await,
         "{key:?} not recorded"
     );
 }
@@ -153,11 +178,7 @@ pub async fn neither_completes_nor_releases<St: IdempotencyStore>(
     retention: Duration,
 ) {
     assert!(
-        !store
-            .complete_one(key, claim, record, retention)
-            .await
-            .unwrap()
-            .is_recorded(),
+        !completion_recorded(store, key, claim, record, retention).await,
         "{key:?} recorded by a claim that does not hold it"
     );
     assert!(

@@ -13,10 +13,11 @@ use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::handler::Handler;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
@@ -107,6 +108,31 @@ fn answer(status: StatusCode, error: &str) -> Response {
 /// `REDIS_URL`, if set and not blank.
 pub fn redis_url() -> Option<String> {
     std::env::var("REDIS_URL").ok().filter(|url| !url.trim().is_empty())
+}
+
+/// The state of a hand-written receiver: where it marks deliveries, and the effects.
+#[derive(Clone)]
+pub struct App<Seen> {
+    pub seen: Seen,
+    pub effects: Effects,
+}
+
+/// Serves a hand-written receiver: `kalipto` on `POST /webhooks/kalipto` (at most
+/// [`BODY_LIMIT`] bytes) with an [`App`] marking deliveries in `seen`, and `GET /effects`;
+/// see [`serve`].
+pub async fn serve_receiver<Seen, H, T>(seen: Seen, kalipto: H) -> std::io::Result<()>
+where
+    Seen: Clone + Send + Sync + 'static,
+    H: Handler<T, App<Seen>>,
+    T: 'static,
+{
+    let effects = Effects::default();
+    let app = Router::new()
+        .route("/webhooks/kalipto", post(kalipto))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(App { seen, effects: effects.clone() })
+        .merge(effects.router());
+    serve(app).await
 }
 
 /// Binds `BIND`, prints `listening on http://ADDR` (flushed) and serves `app` until killed.

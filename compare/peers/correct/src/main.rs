@@ -14,13 +14,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use common::{BODY_LIMIT, Effects, RETENTION};
+use common::{App, RETENTION};
 use fred::prelude::{
     Builder, Client, ClientLike, Config, Expiration, KeysInterface, LuaInterface, SetOptions,
 };
@@ -113,13 +111,7 @@ impl Seen {
     }
 }
 
-#[derive(Clone)]
-struct App {
-    seen: Seen,
-    effects: Effects,
-}
-
-async fn kalipto(State(app): State<App>, headers: HeaderMap, _body: Bytes) -> Response {
+async fn kalipto(State(app): State<App<Seen>>, headers: HeaderMap, _body: Bytes) -> Response {
     let Some(id) = common::delivery_id(&headers) else {
         return common::missing_id();
     };
@@ -151,12 +143,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         None => Seen::Memory(Arc::default()),
     };
-    let effects = Effects::default();
-    let app = Router::new()
-        .route("/webhooks/kalipto", post(kalipto))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .with_state(App { seen, effects: effects.clone() })
-        .merge(effects.router());
-    common::serve(app).await?;
+    common::serve_receiver(seen, kalipto).await?;
     Ok(())
 }

@@ -14,12 +14,10 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use axum::routing::post;
-use axum::Router;
-use common::{BODY_LIMIT, Effects, RETENTION};
+use common::{App, RETENTION};
 use fred::prelude::{Builder, Client, ClientLike, Config, Expiration, KeysInterface};
 
 /// Where the ids of processed deliveries are kept.
@@ -51,13 +49,7 @@ impl Seen {
     }
 }
 
-#[derive(Clone)]
-struct App {
-    seen: Seen,
-    effects: Effects,
-}
-
-async fn kalipto(State(app): State<App>, headers: HeaderMap, _body: Bytes) -> Response {
+async fn kalipto(State(app): State<App<Seen>>, headers: HeaderMap, _body: Bytes) -> Response {
     let Some(id) = common::delivery_id(&headers) else {
         return common::missing_id();
     };
@@ -85,12 +77,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         None => Seen::Memory(Arc::default()),
     };
-    let effects = Effects::default();
-    let app = Router::new()
-        .route("/webhooks/kalipto", post(kalipto))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .with_state(App { seen, effects: effects.clone() })
-        .merge(effects.router());
-    common::serve(app).await?;
+    common::serve_receiver(seen, kalipto).await?;
     Ok(())
 }
