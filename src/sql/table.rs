@@ -166,9 +166,8 @@ impl<DB: Dialect, K: Kind> SqlTable<DB, K> {
     /// (`app.idempotency_keys`).
     ///
     /// A [`ConfigError`] of kind [`Table`](crate::ConfigErrorKind::Table) when `table` is not an
-    /// SQL identifier
-    /// (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 characters, or on PostgreSQL `schema.table` of two
-    /// such): it is written into the statements as it is.
+    /// SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 characters, or on PostgreSQL
+    /// `schema.table` of two such): it is written into the statements as it is.
     ///
     /// ```no_run
     /// # #[cfg(feature = "postgres")]
