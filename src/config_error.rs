@@ -10,7 +10,8 @@ use std::sync::Arc;
 /// configuration error: return it from start-up.
 ///
 /// [`Display`](fmt::Display) names the setting and says what is wrong with it, never a secret
-/// (a secret is named by its position, from 1).
+/// (a secret is named by its position, from 1). It is the whole reason: there is no
+/// [`source`](Error::source) behind it.
 ///
 /// ```
 /// use tower_idempotency::ConfigErrorKind;

@@ -22,18 +22,18 @@ pub fn free_port() -> u16 {
         .expect("bind 127.0.0.1:0")
 }
 
-/// A fresh, unique directory `tower-idempotency-{prefix}-...` under the system's temp dir.
+/// A fresh, empty directory `tower-idem-{prefix}-{pid}-{n}` under the system's temp dir (what a
+/// dead process of the same pid left there is removed first). The name is kept short: a
+/// server's Unix socket in it (PostgreSQL's `.s.PGSQL.<port>`) must fit in 107 bytes with the
+/// temp dir's path.
 pub fn unique_temp_dir(prefix: &str) -> PathBuf {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
     let dir = std::env::temp_dir().join(format!(
-        "tower-idempotency-{prefix}-{}-{}-{nanos}",
+        "tower-idem-{prefix}-{}-{}",
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create a temp dir");
     dir
 }

@@ -128,9 +128,9 @@ pub struct Filter {
     /// Only entries whose last error contains this text.
     pub error_contains: Option<String>,
     /// Read each listed entry's body and kept headers too. Off by default: a page of entries
-    /// (up to 1,000, each body up to the route's body limit) reads only what a list shows,
-    /// and the entries' [`body`](InboxEntry::body) and [`headers`](InboxEntry::headers) are
-    /// empty. Not a condition: it changes what is read, not which entries match.
+    /// (as many as its limit, each body up to the route's body limit) reads only what a list
+    /// shows, and the entries' [`body`](InboxEntry::body) and [`headers`](InboxEntry::headers)
+    /// are empty. Not a condition: it changes what is read, not which entries match.
     pub with_bodies: bool,
 }
 
@@ -214,7 +214,9 @@ pub trait InboxAdmin: InboxStore {
         key: &StoreKey,
     ) -> impl Future<Output = Result<Option<EntryInfo>, StoreError>> + Send;
 
-    /// Up to `limit` entries matching `filter`, from `cursor` (`None`: the start).
+    /// Up to `limit` entries matching `filter`, from `cursor` (`None`: the start). Their bodies
+    /// and kept headers are empty unless [`filter.with_bodies`](Filter::with_bodies) (or
+    /// [`find`](Self::find) one entry).
     fn list(
         &self,
         filter: &Filter,

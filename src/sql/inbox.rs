@@ -789,9 +789,9 @@ fn row_key<DB: Dialect>(row: &DB::Row) -> Result<String, StoreError> {
     Ok(key.unwrap_or_default().to_owned())
 }
 
-/// Adds to the table of `sql` the [`ADDED_COLUMNS`] a table created before them lacks (where the database has
-/// no `ADD COLUMN IF NOT EXISTS`, which the schema then holds). Another process adding one
-/// at the same time is not an error: the column is there.
+/// Adds to the table of `sql` the [`ADDED_COLUMNS`] a table created before them lacks (where
+/// the database has no `ADD COLUMN IF NOT EXISTS`, which the schema then holds). Another
+/// process adding one at the same time is not an error: the column is there.
 async fn add_missing_columns<DB: Dialect>(
     pool: &Pool<DB>,
     sql: &Statements,

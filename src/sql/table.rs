@@ -35,8 +35,9 @@ use crate::store::StoreError;
 /// ```
 ///
 /// `DB` is the database (a [`Dialect`]); `K`, the table's kind, is sealed in this crate (the
-/// statements, the default table name and what the purge deletes are the kind's). Cheap to
-/// clone: the pool and the statements are shared.
+/// statements, the default table name and what the purge deletes are the kind's): `Records`
+/// or `Inbox`, names seen in type errors that user code never writes (it writes the aliases).
+/// Cheap to clone: the pool and the statements are shared.
 pub struct SqlTable<DB: Dialect, K: Kind> {
     pub(super) pool: Pool<DB>,
     pub(super) sql: Arc<K::Statements>,
