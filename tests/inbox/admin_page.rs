@@ -291,6 +291,25 @@ async fn a_browser_form_needs_its_token_and_lands_on_the_page_with_a_message() {
     let answer = send(&app, "POST", "/admin/inbox/pause", &cookie, "").await;
     assert_eq!(answer.status, StatusCode::FORBIDDEN);
     assert!(!inbox.is_paused().await.unwrap());
+    // A form or a plain-text body needs it whatever the headers say (an old browser on basic
+    // authentication sends none of a browser's headers); a JSON body or none does not.
+    for content_type in ["application/x-www-form-urlencoded", "text/plain"] {
+        let bare = [("content-type", content_type)];
+        let answer = send(&app, "POST", "/admin/inbox/pause", &bare, "x").await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{content_type}");
+        assert!(answer.text.contains("admin_forgery"), "{}", answer.text);
+        assert!(!inbox.is_paused().await.unwrap());
+    }
+    let form_only = [("content-type", "application/x-www-form-urlencoded")];
+    let answer = send(&app, "POST", "/admin/inbox", &form_only, &body("")).await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN);
+    let json = [("content-type", "application/json")];
+    let answer = send(&app, "POST", "/admin/inbox/pause", &json, "{}").await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
+    assert!(inbox.is_paused().await.unwrap());
+    let answer = send(&app, "POST", "/admin/inbox/resume", &[], "").await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
+    assert!(!inbox.is_paused().await.unwrap());
     let with = [("cookie", "session=1"), ("x-csrf-token", token.as_str())];
     let answer = send(&app, "POST", "/admin/inbox/pause", &with, "").await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);

@@ -81,18 +81,48 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
-/// Whether a request comes from a browser, which sends at least one of these on a `POST`
-/// (`Origin` and `Sec-Fetch-Site` on every form POST of a current one, `Cookie` where the
-/// application's login is a cookie): only such a request can be forged by another site.
-pub(super) fn from_browser(headers: &HeaderMap) -> bool {
-    ["origin", "sec-fetch-site", "cookie"]
+/// Whether a `POST` needs the anti-forgery token: one that another site's page could have
+/// sent on a signed-in operator's behalf.
+///
+/// That is a request from a browser, which sends at least one of `Origin`, `Sec-Fetch-Site`
+/// (both on every form `POST` of a current one) and `Cookie` (where the application's login
+/// is a cookie); and, whatever its headers, one whose body is a form, a multipart form or
+/// plain text: the only bodies a page may send to another site without asking it first (a
+/// CORS preflight), so an old browser that sends none of those headers, logged in with HTTP
+/// basic authentication, is covered too. A client that sends none of those headers and no
+/// such body (curl without `-d`, a JSON client with a bearer token) needs no token.
+pub(super) fn needs_token(headers: &HeaderMap) -> bool {
+    let from_browser = ["origin", "sec-fetch-site", "cookie"]
         .iter()
-        .any(|name| headers.contains_key(*name))
+        .any(|name| headers.contains_key(*name));
+    from_browser
+        || headers
+            .get_all(http::header::CONTENT_TYPE)
+            .iter()
+            .any(|value| cross_site_sendable(value.as_bytes()))
+}
+
+/// Whether a body of this content type can come from another site's page without a CORS
+/// preflight (the Fetch standard's safelisted types, by their essence, in any case). A value
+/// that is not text is treated as one: nothing legitimate sends it.
+fn cross_site_sendable(content_type: &[u8]) -> bool {
+    let Ok(value) = std::str::from_utf8(content_type) else {
+        return true;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    [
+        "application/x-www-form-urlencoded",
+        "multipart/form-data",
+        "text/plain",
+    ]
+    .iter()
+    .any(|safelisted| essence.eq_ignore_ascii_case(safelisted))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn a_token_is_valid_for_a_day_under_its_key_only() {
@@ -120,12 +150,44 @@ mod tests {
     }
 
     #[test]
-    fn browsers_are_told_by_their_headers() {
+    fn browsers_and_cross_site_bodies_need_a_token() {
         let mut headers = HeaderMap::new();
-        assert!(!from_browser(&headers));
+        assert!(!needs_token(&headers));
         headers.insert("authorization", "Bearer x".parse().unwrap());
-        assert!(!from_browser(&headers));
-        headers.insert("sec-fetch-site", "same-origin".parse().unwrap());
-        assert!(from_browser(&headers));
+        assert!(!needs_token(&headers));
+        headers.insert("content-type", "application/json".parse().unwrap());
+        assert!(!needs_token(&headers));
+        for name in ["origin", "sec-fetch-site", "cookie"] {
+            let mut browser = headers.clone();
+            browser.insert(name, "x".parse().unwrap());
+            assert!(needs_token(&browser), "{name}");
+        }
+        // Without any browser header, a body another site's page can send.
+        for content_type in [
+            "application/x-www-form-urlencoded",
+            "Application/X-WWW-Form-Urlencoded; charset=UTF-8",
+            "multipart/form-data; boundary=x",
+            " text/plain ;charset=utf-8",
+        ] {
+            headers.insert("content-type", content_type.parse().unwrap());
+            assert!(needs_token(&headers), "{content_type}");
+        }
+        headers.insert(
+            "content-type",
+            HeaderValue::from_bytes(b"\xfftext").unwrap(),
+        );
+        assert!(needs_token(&headers));
+        // One safelisted value among several is enough.
+        headers.insert("content-type", "application/json".parse().unwrap());
+        headers.append("content-type", "text/plain".parse().unwrap());
+        assert!(needs_token(&headers));
+        for content_type in [
+            "application/json",
+            "text/plainx",
+            "application/problem+json",
+        ] {
+            headers.insert("content-type", content_type.parse().unwrap());
+            assert!(!needs_token(&headers), "{content_type}");
+        }
     }
 }

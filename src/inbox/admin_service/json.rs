@@ -70,8 +70,9 @@ impl Refusal {
                 StatusCode::FORBIDDEN,
                 CODES[4],
                 "Anti-forgery token missing or invalid",
-                "a browser's POST needs the page's token (form field `csrf` or header \
-                 `x-csrf-token`): reload the page and try again"
+                "a browser's POST, or one with a form or plain-text body, needs the page's token \
+                 (form field `csrf` or header `x-csrf-token`): reload the page and try again; \
+                 a script without a browser sends no body, or a JSON one"
                     .to_owned(),
             ),
             Refusal::NoPath => not_found("no such endpoint"),

@@ -116,9 +116,12 @@ const BODY_LIMIT: usize = 64 * 1024;
 /// an anti-forgery token.
 ///
 /// Every `POST` from a browser (a request with an `Origin`, `Sec-Fetch-Site` or `Cookie`
-/// header) needs that token, in the form's `csrf` field or the `x-csrf-token` header, or is
-/// refused (403 `admin_forgery`); a client that sends none of these headers (curl, a JSON
-/// client with a bearer token) needs none. See [`csrf_secret`](AdminService::csrf_secret).
+/// header), and every `POST` whose body is a form, a multipart form or plain text (what
+/// another site's page may send without a CORS preflight, even from a browser that sends none
+/// of those headers), needs that token, in the form's `csrf` field or the `x-csrf-token`
+/// header, or is refused (403 `admin_forgery`). A client that sends none of these headers and
+/// no such body (curl without `-d`, a JSON client with a bearer token) needs none. See
+/// [`csrf_secret`](AdminService::csrf_secret).
 ///
 /// Every refusal is an `application/problem+json` document (see `docs/problems.md`):
 /// 400 `admin_bad_parameter` (a parameter, key or cursor), 403 `admin_actions_disabled` or
@@ -272,8 +275,8 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
     }
 
     /// A `POST`'s form fields (none unless it is a form), once its anti-forgery token is
-    /// checked: a browser's needs one (see [`csrf::from_browser`]), in the form's `csrf`
-    /// field or the `x-csrf-token` header.
+    /// checked: a browser's, or one with a body another site could send, needs one (see
+    /// [`csrf::needs_token`]), in the form's `csrf` field or the `x-csrf-token` header.
     async fn read_post<B>(
         &self,
         headers: &HeaderMap,
@@ -292,7 +295,7 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
         } else {
             Vec::new()
         };
-        if csrf::from_browser(headers) {
+        if csrf::needs_token(headers) {
             let header = headers.get("x-csrf-token").and_then(|v| v.to_str().ok());
             let field = form
                 .iter()
