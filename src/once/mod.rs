@@ -197,41 +197,6 @@ impl Idempotent {
         self.once_fingerprinted(key, fingerprint, f).await
     }
 
-    /// [`once_with`](Self::once_with) keyed by a part of `input` (`key_of`); `None` (no key
-    /// in the input) is [`OnceError::MissingKey`], and nothing runs.
-    ///
-    /// ```
-    /// use tower_idempotency::{Idempotent, MemoryStore, OnceError};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// #[derive(serde::Serialize)]
-    /// struct Refund { id: Option<String>, cents: u64 }
-    /// let refunds = Idempotent::new(MemoryStore::new());
-    /// let refund = Refund { id: None, cents: 500 };
-    /// let done = refunds
-    ///     .once_for(&refund, |r| r.id.clone(), |r| async move { Ok::<_, ()>(r.cents) })
-    ///     .await;
-    /// assert!(matches!(done, Err(OnceError::MissingKey)));
-    /// # }
-    /// ```
-    pub async fn once_for<'a, I, K, T, E, F, Fut>(
-        &self,
-        input: &'a I,
-        key_of: K,
-        f: F,
-    ) -> Result<T, OnceError<E>>
-    where
-        I: Serialize + ?Sized,
-        K: FnOnce(&I) -> Option<String>,
-        T: Serialize + DeserializeOwned,
-        F: FnOnce(&'a I) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-    {
-        let key = key_of(input).ok_or(OnceError::MissingKey)?;
-        self.once_with(&key, input, || f(input)).await
-    }
-
     /// [`once`](Self::once) with the payload's `fingerprint` (`NONE`: no payload).
     async fn once_fingerprinted<T, E, F, Fut>(
         &self,
