@@ -95,28 +95,29 @@ pub(super) fn needs_token(headers: &HeaderMap) -> bool {
     let from_browser = ["origin", "sec-fetch-site", "cookie"]
         .iter()
         .any(|name| headers.contains_key(*name));
+    // A content type that is not text: nothing legitimate sends one, so err on the safe side.
+    let unreadable =
+        (headers.get_all(http::header::CONTENT_TYPE).iter()).any(|value| value.to_str().is_err());
     from_browser
-        || headers
-            .get_all(http::header::CONTENT_TYPE)
-            .iter()
-            .any(|value| cross_site_sendable(value.as_bytes()))
+        || unreadable
+        || [
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+            "text/plain",
+        ]
+        .iter()
+        .any(|essence| content_type_is(headers, essence))
 }
 
-/// Whether a body of this content type can come from another site's page without a CORS
-/// preflight (the Fetch standard's safelisted types, by their essence, in any case). A value
-/// that is not text is treated as one: nothing legitimate sends it.
-fn cross_site_sendable(content_type: &[u8]) -> bool {
-    let Ok(value) = std::str::from_utf8(content_type) else {
-        return true;
-    };
-    let essence = value.split(';').next().unwrap_or_default().trim();
-    [
-        "application/x-www-form-urlencoded",
-        "multipart/form-data",
-        "text/plain",
-    ]
-    .iter()
-    .any(|safelisted| essence.eq_ignore_ascii_case(safelisted))
+/// Whether a `Content-Type` of the request has this essence (type and subtype, in any case,
+/// parameters aside), as the Fetch standard compares them.
+pub(super) fn content_type_is(headers: &HeaderMap, essence: &str) -> bool {
+    (headers.get_all(http::header::CONTENT_TYPE).iter())
+        .filter_map(|value| value.to_str().ok())
+        .any(|value| {
+            let own = value.split(';').next().unwrap_or_default().trim();
+            own.eq_ignore_ascii_case(essence)
+        })
 }
 
 #[cfg(test)]

@@ -287,10 +287,7 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
         B::Data: Send,
     {
         let body = read(headers, body).await?;
-        let is_form = (headers.get(http::header::CONTENT_TYPE))
-            .and_then(|value| value.to_str().ok())
-            .is_some_and(|value| value.starts_with("application/x-www-form-urlencoded"));
-        let form = if is_form {
+        let form = if csrf::content_type_is(headers, "application/x-www-form-urlencoded") {
             params::form(&body)?
         } else {
             Vec::new()
