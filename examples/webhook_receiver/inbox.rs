@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
-use tower_idempotency::inbox::{AdminService, AnyInbox, InboxLayer, InboxStore};
+use tower_idempotency::inbox::{AdminService, AnyInbox, InboxAdmin, InboxLayer, InboxStore};
 use tower_idempotency::key::JsonPathKey;
 use tower_idempotency::order::{EventOrder, PositionAt};
 use tower_idempotency::store::StoreKey;

@@ -224,6 +224,9 @@ pub trait InboxAdmin: InboxStore {
         limit: usize,
     ) -> impl Future<Output = Result<Page, StoreError>> + Send;
 
+    /// Queues a dead letter again, due now, its attempts reset; `false` if `key` is not dead.
+    fn requeue(&self, key: &StoreKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// Re-queues the dead letters matching `filter` (whatever state it names), reading at most
     /// one page of `limit` from `cursor`: call again with [`Requeued::next`] until it is `None`.
     fn requeue_matching(

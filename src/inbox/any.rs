@@ -135,10 +135,6 @@ impl InboxStore for AnyInbox {
         dispatch!(self, inbox => inbox.dead_letters(limit).await)
     }
 
-    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
-        dispatch!(self, inbox => inbox.requeue(key).await)
-    }
-
     async fn counts(&self) -> Result<InboxCounts, StoreError> {
         dispatch!(self, inbox => inbox.counts().await)
     }
@@ -161,6 +157,10 @@ impl InboxAdmin for AnyInbox {
         limit: usize,
     ) -> Result<Page, StoreError> {
         dispatch!(self, inbox => inbox.list(filter, cursor, limit).await)
+    }
+
+    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        dispatch!(self, inbox => inbox.requeue(key).await)
     }
 
     async fn requeue_matching(

@@ -163,9 +163,6 @@ mod tests {
         async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
             self.inner.dead_letters(limit).await
         }
-        async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
-            self.inner.requeue(key).await
-        }
         async fn counts(&self) -> Result<InboxCounts, StoreError> {
             self.inner.counts().await
         }

@@ -474,27 +474,6 @@ impl InboxStore for MemoryInbox {
         Ok(dead)
     }
 
-    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
-        let mut state = self.lock();
-        if !matches!(
-            state.entries.get(key),
-            Some(Slot {
-                phase: Phase::Dead { .. },
-                ..
-            })
-        ) {
-            return Ok(false);
-        }
-        let mut slot = state.entries.remove(key).expect("checked above");
-        let now = SystemTime::now();
-        slot.entry.attempts = 0;
-        slot.entry.next_attempt_at = now;
-        state.schedule(slot.entry, now, slot.history);
-        drop(state);
-        self.announcer.announce(now);
-        Ok(true)
-    }
-
     async fn counts(&self) -> Result<InboxCounts, StoreError> {
         let now = SystemTime::now();
         let state = self.lock();
@@ -579,6 +558,27 @@ impl InboxAdmin for MemoryInbox {
             }
         }
         Ok(Page::new(entries, next))
+    }
+
+    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        let mut state = self.lock();
+        if !matches!(
+            state.entries.get(key),
+            Some(Slot {
+                phase: Phase::Dead { .. },
+                ..
+            })
+        ) {
+            return Ok(false);
+        }
+        let mut slot = state.entries.remove(key).expect("checked above");
+        let now = SystemTime::now();
+        slot.entry.attempts = 0;
+        slot.entry.next_attempt_at = now;
+        state.schedule(slot.entry, now, slot.history);
+        drop(state);
+        self.announcer.announce(now);
+        Ok(true)
     }
 
     async fn discard(&self, key: &StoreKey, retention: Duration) -> Result<bool, StoreError> {

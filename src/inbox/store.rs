@@ -133,14 +133,12 @@ pub trait InboxStore: Send + Sync + 'static {
         failure: Failure,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Up to `limit` dead letters, oldest first.
+    /// Up to `limit` dead letters, oldest first (an operator re-queues one with
+    /// [`InboxAdmin::requeue`](super::InboxAdmin::requeue)).
     fn dead_letters(
         &self,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<DeadLetter>, StoreError>> + Send;
-
-    /// Queues a dead letter again, due now, its attempts reset; `false` if `key` is not dead.
-    fn requeue(&self, key: &StoreKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Pending, in flight, dead, and the oldest entry's age.
     fn counts(&self) -> impl Future<Output = Result<InboxCounts, StoreError>> + Send;

@@ -141,10 +141,6 @@ const RELEASE_LUA: &str = include_str!("inbox/lua/release.lua");
 static FAIL_LUA: LazyLock<String> =
     LazyLock::new(|| RELEASE_LUA.to_owned() + HISTORY_LUA + include_str!("inbox/lua/fail.lua"));
 
-/// `requeue`: KEYS = entry, due, live, dead; ARGV[1] = prefix, [2] = key, [3] = now (µs).
-/// Announced as an enqueue is.
-const REQUEUE_LUA: &str = include_str!("inbox/lua/requeue.lua");
-
 /// `dead_letters`: KEYS = dead; ARGV[1] = prefix, [2] = limit (at least 1). One row per dead
 /// letter, oldest enqueued first: key, last error, then the fields `Row::entry` reads.
 const DEAD_LUA: &str = include_str!("inbox/lua/dead.lua");
@@ -160,7 +156,6 @@ static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COMPLETE_L
 static COMPLETE_WITH: LazyLock<Script> =
     LazyLock::new(|| Script::from_lua(COMPLETE_WITH_LUA.as_str()));
 static FAIL: LazyLock<Script> = LazyLock::new(|| Script::from_lua(FAIL_LUA.as_str()));
-static REQUEUE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(REQUEUE_LUA));
 static DEAD: LazyLock<Script> = LazyLock::new(|| Script::from_lua(DEAD_LUA));
 static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA));
 
@@ -343,7 +338,7 @@ where
 
     /// Durable writes: every write that an answer or a settlement relies on (the enqueue
     /// before the route's `202`, [`complete`](InboxStore::complete), [`fail`](InboxStore::fail),
-    /// [`requeue`](InboxStore::requeue), [`complete_with`](Self::complete_with)) waits until at
+    /// [`requeue`](crate::inbox::InboxAdmin::requeue), [`complete_with`](Self::complete_with)) waits until at
     /// least `replicas` replicas acknowledged it (`WAIT replicas timeout`, pipelined behind the
     /// script on the same connection), and is an error
     /// ([`NotReplicated`](crate::store::NotReplicated)) when fewer did within `timeout`. The
@@ -718,19 +713,6 @@ where
         }
     }
 
-    async fn requeue_in(&self, p: usize, key: &StoreKey) -> Result<bool, StoreError> {
-        let keys = self.entry_keys(p, key, &["due", "live", "dead"]);
-        let now = micros(SystemTime::now());
-        let args = || {
-            vec![
-                Value::from(&*self.prefixes[p]),
-                Value::from(key.as_str()),
-                Value::Integer(now),
-            ]
-        };
-        flag(self.run_written(&REQUEUE, keys, args, one).await?)
-    }
-
     async fn dead_in(&self, p: usize, limit: i64) -> Result<Vec<DeadLetter>, StoreError> {
         let args = || vec![Value::from(&*self.prefixes[p]), Value::Integer(limit)];
         rows(
@@ -998,17 +980,6 @@ where
         dead.sort_by_key(|letter| letter.entry.enqueued_at);
         dead.truncate(limit);
         Ok(dead)
-    }
-
-    /// The key's partition is not known from the key alone (an ordered entry is in its
-    /// object's): each partition is tried in turn.
-    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
-        for p in 0..self.prefixes.len() {
-            if self.requeue_in(p, key).await? {
-                return Ok(true);
-            }
-        }
-        Ok(false)
     }
 
     async fn counts(&self) -> Result<InboxCounts, StoreError> {

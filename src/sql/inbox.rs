@@ -572,21 +572,6 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
             .collect()
     }
 
-    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
-        let params = [
-            Param::Text(key.as_str()),
-            Param::Int(epoch_ms(SystemTime::now())),
-        ];
-        let mut conn = acquire(&self.pool).await?;
-        let requeued = !fetch::<DB>(&mut conn, &self.sql.requeue, &params, None)
-            .await?
-            .is_empty();
-        if requeued {
-            self.tell(SystemTime::now());
-        }
-        Ok(requeued)
-    }
-
     async fn counts(&self) -> Result<InboxCounts, StoreError> {
         let now = SystemTime::now();
         let mut conn = acquire(&self.pool).await?;
@@ -673,6 +658,21 @@ impl<DB: Dialect> InboxAdmin for SqlInbox<DB> {
             _ => None,
         };
         Ok(Page::new(entries, next))
+    }
+
+    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        let params = [
+            Param::Text(key.as_str()),
+            Param::Int(epoch_ms(SystemTime::now())),
+        ];
+        let mut conn = acquire(&self.pool).await?;
+        let requeued = !fetch::<DB>(&mut conn, &self.sql.requeue, &params, None)
+            .await?
+            .is_empty();
+        if requeued {
+            self.tell(SystemTime::now());
+        }
+        Ok(requeued)
     }
 
     async fn requeue_matching(

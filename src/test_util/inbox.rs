@@ -1,6 +1,7 @@
 //! The inbox contract every queue backend must honour, called on the store and through a
-//! `Worker` (no HTTP): enqueue atomic with the claim, duplicates, retries with backoff, dead
-//! letters, re-queue, lease take-over, order per object, shutdown.
+//! `Worker` (no HTTP): enqueue atomic with the claim, duplicates, retries with backoff, lease
+//! take-over, order per object, shutdown (dead letters and their re-queue, which needs
+//! `InboxAdmin`, are the admin contract's).
 //!
 //! Each store's test file instantiates it with `inbox_contract!(async { (store, guard) })`.
 
@@ -37,7 +38,8 @@ pub fn fresh(test: &str) -> String {
     )
 }
 
-fn entry(test: &str) -> InboxEntry {
+/// An entry of its own (a fresh key and correlation id).
+pub(crate) fn entry(test: &str) -> InboxEntry {
     let key = StoreKey::new("inbox-contract", None, &fresh(test));
     InboxEntry::new(key, Bytes::from_static(b"{\"event\":1}"), fresh("corr"))
 }
@@ -81,7 +83,7 @@ async fn take_within<St: InboxStore>(store: &St, what: &str) -> Vec<crate::inbox
 }
 
 /// The one entry due now.
-async fn take_one<St: InboxStore>(store: &St, what: &str) -> crate::inbox::Lease {
+pub(crate) async fn take_one<St: InboxStore>(store: &St, what: &str) -> crate::inbox::Lease {
     store.take(10, LONG).await.unwrap().pop().expect(what)
 }
 
@@ -283,45 +285,6 @@ pub async fn retries_with_backoff<St: InboxStore + Clone>(store: St) {
         "{:?}",
         starts[2] - starts[1]
     );
-}
-
-/// After the last attempt the entry is a dead letter with its last error; re-queued, it runs
-/// again from its first attempt.
-pub async fn dead_letters_and_requeue<St: InboxStore>(store: St) {
-    let first = entry("dead");
-    store.enqueue(first.clone()).await.unwrap();
-    let lease = take_one(&store, "the entry is due").await;
-    let failure = Failure::Dead("gateway said no".to_owned());
-    assert!(store.fail(&first.key, &lease.token, failure).await.unwrap());
-    assert!(
-        store.take(10, LONG).await.unwrap().is_empty(),
-        "a dead letter is not taken"
-    );
-    assert_eq!(
-        store.enqueue(first.clone()).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Dead)
-    );
-    let dead = store.dead_letters(10).await.unwrap();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(
-        (dead[0].entry.key.clone(), dead[0].last_error.as_str()),
-        (first.key.clone(), "gateway said no")
-    );
-    assert_eq!(store.counts().await.unwrap().dead, 1);
-    assert!(store.requeue(&first.key).await.unwrap());
-    assert!(
-        !store.requeue(&first.key).await.unwrap(),
-        "only a dead letter is re-queued"
-    );
-    let again = take_one(&store, "due again").await;
-    assert_eq!(again.entry.attempts, 1);
-    assert!(
-        store
-            .complete(&[(first.key.clone(), again.token)], RETENTION)
-            .await
-            .unwrap()[0]
-    );
-    assert!(store.dead_letters(10).await.unwrap().is_empty());
 }
 
 /// A failed attempt scheduled later is not taken before its time.
@@ -872,9 +835,6 @@ impl<St: InboxStore> InboxStore for Unrenewable<St> {
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
         self.0.dead_letters(limit).await
     }
-    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
-        self.0.requeue(key).await
-    }
     async fn counts(&self) -> Result<InboxCounts, StoreError> {
         self.0.counts().await
     }
@@ -1291,7 +1251,6 @@ macro_rules! inbox_contract {
             enqueue_is_atomic_with_the_claim,
             duplicates_never_enqueue,
             retries_with_backoff,
-            dead_letters_and_requeue,
             a_retry_waits_for_its_time,
             a_dead_workers_lease_is_taken_over,
             order_per_object_with_a_failing_entry_in_front,

@@ -1,6 +1,6 @@
 //! The admin side of the inbox contract ([`InboxAdmin`]) every queue backend must honour: find
-//! an entry in each state with its attempts, list with filters and a cursor, re-queue all
-//! matching in bounded calls, discard, pause and resume.
+//! an entry in each state with its attempts, dead letters and their re-queue, list with filters
+//! and a cursor, re-queue all matching in bounded calls, discard, pause and resume.
 //!
 //! Each store's test file instantiates it with `inbox_admin_contract!(async { (store, guard) })`
 //! beside `inbox_contract!`. Every listing filters on names no other test uses, so that a
@@ -25,7 +25,7 @@ use bytes::Bytes;
 
 // The names, bounds and retention of the queue contract (`inbox_contract`, beside this
 // module in every file that runs both).
-use super::inbox::{DEADLINE, LONG, RETENTION, fresh};
+use super::inbox::{DEADLINE, LONG, RETENTION, entry, fresh, take_one};
 
 /// An entry of `route` whose delivery id is `id`, keyed as a route keys it.
 fn delivery(route: &str, id: &str) -> InboxEntry {
@@ -497,6 +497,45 @@ pub async fn a_worker_records_every_attempt<St: InboxAdmin + Clone>(store: St) {
     assert!(found[0].history.iter().all(|a| a.duration.is_some()));
 }
 
+/// After the last attempt the entry is a dead letter with its last error; re-queued, it runs
+/// again from its first attempt.
+pub async fn dead_letters_and_requeue<St: InboxAdmin>(store: St) {
+    let first = entry("dead");
+    store.enqueue(first.clone()).await.unwrap();
+    let lease = take_one(&store, "the entry is due").await;
+    let failure = Failure::Dead("gateway said no".to_owned());
+    assert!(store.fail(&first.key, &lease.token, failure).await.unwrap());
+    assert!(
+        store.take(10, LONG).await.unwrap().is_empty(),
+        "a dead letter is not taken"
+    );
+    assert_eq!(
+        store.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Dead)
+    );
+    let dead = store.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (dead[0].entry.key.clone(), dead[0].last_error.as_str()),
+        (first.key.clone(), "gateway said no")
+    );
+    assert_eq!(store.counts().await.unwrap().dead, 1);
+    assert!(store.requeue(&first.key).await.unwrap());
+    assert!(
+        !store.requeue(&first.key).await.unwrap(),
+        "only a dead letter is re-queued"
+    );
+    let again = take_one(&store, "due again").await;
+    assert_eq!(again.entry.attempts, 1);
+    assert!(
+        store
+            .complete(&[(first.key.clone(), again.token)], RETENTION)
+            .await
+            .unwrap()[0]
+    );
+    assert!(store.dead_letters(10).await.unwrap().is_empty());
+}
+
 /// The inbox admin contract as `#[tokio::test]`s, one per case, in a module of the calling
 /// file (feature `test-util`; see [`test_util`](crate::test_util)).
 ///
@@ -507,6 +546,7 @@ macro_rules! inbox_admin_contract {
     ($make:expr) => {
         $crate::inbox_admin_contract!(@tests $make;
             find_tells_each_state_and_its_attempts,
+            dead_letters_and_requeue,
             list_pages_through_every_match,
             a_listing_reads_bodies_only_when_asked,
             requeue_matching_redrives_in_bounded_calls,

@@ -12,10 +12,11 @@
 //!   expired claims, renewal, concurrent winners, retry-safe completion, batches, and on an
 //!   [`OrderedStore`](crate::OrderedStore) the order of events per object).
 //! - [`inbox_contract!`](crate::inbox_contract): the queue contract ([`InboxStore`]: enqueue
-//!   atomic with the claim, duplicates, retries, dead letters, re-queue, lease take-over, order
-//!   per object, wake-ups) through a real [`Worker`](crate::inbox::Worker).
+//!   atomic with the claim, duplicates, retries, lease take-over, order per object, wake-ups)
+//!   through a real [`Worker`](crate::inbox::Worker).
 //! - [`inbox_admin_contract!`](crate::inbox_admin_contract): the admin contract
-//!   ([`InboxAdmin`]: find, list, re-queue, discard, pause, the attempt history).
+//!   ([`InboxAdmin`]: find, dead letters and their re-queue, list, re-queue all matching,
+//!   discard, pause, the attempt history).
 //!
 //! ```ignore
 //! // tests/contract.rs of a crate with its own backends

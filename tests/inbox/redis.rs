@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use redis_server::RedisServer;
 use tower_idempotency::inbox::{
-    Enqueued, InboxEntry, InboxStore, KeyState, RedisInbox, RedisWrites,
+    Enqueued, InboxAdmin, InboxEntry, InboxStore, KeyState, RedisInbox, RedisWrites,
 };
 use tower_idempotency::order::Position;
 use tower_idempotency::store::{ObjectKey, StoreErrorKind, StoreKey};
@@ -920,7 +920,7 @@ async fn a_fenced_completion_drains_an_inbox_over_maxmemory() {
 /// no other entry of that batch go unlisted.
 #[tokio::test]
 async fn a_listing_misses_nothing_when_a_listed_key_expires() {
-    use tower_idempotency::inbox::{Filter, InboxAdmin};
+    use tower_idempotency::inbox::Filter;
     let (inbox, _server) = standalone().await;
     let route = fresh_name();
     let mut all = HashSet::new();

@@ -1,6 +1,7 @@
 //! [`InboxAdmin`] on [`RedisInbox`]: find and list read the entry hashes (a done entry is one
-//! until its retention ends), list pages through a `SCAN` of each partition's node, discard
-//! makes a dead letter done, and pausing is one key per partition that `take` checks.
+//! until its retention ends), list pages through a `SCAN` of each partition's node, requeue
+//! queues a dead letter again, discard makes one done, and pausing is one key per partition
+//! that `take` checks.
 
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime};
@@ -24,6 +25,10 @@ use crate::store::{StoreError, StoreErrorKind, StoreKey, millis};
 /// `Row::entry` reads (the headers nil when not read).
 const READ_LUA: &str = include_str!("lua/admin_read.lua");
 
+/// `requeue`: KEYS = entry, due, live, dead; ARGV[1] = prefix, [2] = key, [3] = now (µs).
+/// Announced as an enqueue is.
+const REQUEUE_LUA: &str = include_str!("lua/requeue.lua");
+
 /// `discard`: KEYS = entry, dead; ARGV[1] = prefix, [2] = key, [3] = retention (ms). A dead
 /// letter becomes done for the retention as a completed entry does (its body, headers and
 /// error dropped, its history kept), without raising its object's watermark; `fail` took it
@@ -35,6 +40,7 @@ const DISCARD_LUA: &str = include_str!("lua/admin_discard.lua");
 const PAUSE_LUA: &str = include_str!("lua/admin_pause.lua");
 
 static READ: LazyLock<Script> = LazyLock::new(|| Script::from_lua(READ_LUA));
+static REQUEUE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(REQUEUE_LUA));
 static DISCARD: LazyLock<Script> = LazyLock::new(|| Script::from_lua(DISCARD_LUA));
 static PAUSE: LazyLock<Script> = LazyLock::new(|| Script::from_lua(PAUSE_LUA));
 
@@ -206,6 +212,19 @@ where
         std::iter::once(first).chain((0..self.prefixes.len()).filter(move |&p| p != first))
     }
 
+    async fn requeue_in(&self, p: usize, key: &StoreKey) -> Result<bool, StoreError> {
+        let keys = self.entry_keys(p, key, &["due", "live", "dead"]);
+        let now = micros(SystemTime::now());
+        let args = || {
+            vec![
+                Value::from(&*self.prefixes[p]),
+                Value::from(key.as_str()),
+                Value::Integer(now),
+            ]
+        };
+        flag(self.run_written(&REQUEUE, keys, args, one).await?)
+    }
+
     async fn discard_in(
         &self,
         p: usize,
@@ -257,6 +276,9 @@ where
 /// may repeat one while it resizes its table, and a reshard that moves a slot while a listing
 /// runs restarts nothing: keep listings to a stable cluster). A page holds at most `limit`
 /// entries (at most 1000), fewer (even none) when the node's keys are mostly others'.
+///
+/// `requeue` runs one script on the key's entry (its partition is not known from the key
+/// alone, so each is tried in turn), as `discard` does.
 ///
 /// Pausing writes `{inbox:N}:paused` in every partition; `take` checks it in its script, and
 /// `resume` deletes it and publishes on `{inbox:N}:wake`.
@@ -341,6 +363,17 @@ where
             };
         }
         Ok(Page::new(entries, Some(at.encode())))
+    }
+
+    /// The key's partition is not known from the key alone (an ordered entry is in its
+    /// object's): each partition is tried in turn.
+    async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        for p in 0..self.prefixes.len() {
+            if self.requeue_in(p, key).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     async fn discard(&self, key: &StoreKey, retention: Duration) -> Result<bool, StoreError> {
