@@ -48,6 +48,15 @@ pub enum AttemptOutcome {
     LeaseLost,
 }
 
+/// An entry that ran out of attempts, with the last attempt's error.
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    /// The entry as it was last taken.
+    pub entry: InboxEntry,
+    /// The last attempt's error.
+    pub last_error: String,
+}
+
 /// An entry as an operator sees it: the entry, where it stands, and its attempts.
 ///
 /// A done entry is kept for its retention without its body and headers (empty here). A
@@ -223,6 +232,14 @@ pub trait InboxAdmin: InboxStore {
         cursor: Option<&str>,
         limit: usize,
     ) -> impl Future<Output = Result<Page, StoreError>> + Send;
+
+    /// Up to `limit` dead letters, oldest first, each with its last error: read through the
+    /// dead letters' own index (a sorted set, an index by state), where [`list`](Self::list)
+    /// with a dead filter pages through entries in key order.
+    fn dead_letters(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, StoreError>> + Send;
 
     /// Queues a dead letter again, due now, its attempts reset; `false` if `key` is not dead.
     fn requeue(&self, key: &StoreKey) -> impl Future<Output = Result<bool, StoreError>> + Send;

@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
+use super::admin::DeadLetter;
 use super::admin::{EntryInfo, Filter, InboxAdmin, Page, Requeued};
 use super::entry::{InboxEntry, Lease};
 use super::memory::MemoryInbox;
-use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore};
+use super::store::{Enqueued, Failure, InboxCounts, InboxStore};
 use super::wake::Wakeups;
 use crate::store::{AnyStore, StoreError, StoreKey, Token};
 
@@ -131,10 +132,6 @@ impl InboxStore for AnyInbox {
         dispatch!(self, inbox => inbox.fail(key, token, failure).await)
     }
 
-    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
-        dispatch!(self, inbox => inbox.dead_letters(limit).await)
-    }
-
     async fn counts(&self) -> Result<InboxCounts, StoreError> {
         dispatch!(self, inbox => inbox.counts().await)
     }
@@ -157,6 +154,10 @@ impl InboxAdmin for AnyInbox {
         limit: usize,
     ) -> Result<Page, StoreError> {
         dispatch!(self, inbox => inbox.list(filter, cursor, limit).await)
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        dispatch!(self, inbox => inbox.dead_letters(limit).await)
     }
 
     async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {

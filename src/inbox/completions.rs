@@ -124,9 +124,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::inbox::{
-        DeadLetter, Enqueued, Failure, InboxCounts, InboxEntry, Lease, MemoryInbox,
-    };
+    use crate::inbox::{Enqueued, Failure, InboxCounts, InboxEntry, Lease, MemoryInbox};
 
     const RETENTION: Duration = Duration::from_secs(60);
 
@@ -159,9 +157,6 @@ mod tests {
         }
         async fn fail(&self, k: &StoreKey, t: &Token, f: Failure) -> Result<bool, StoreError> {
             self.inner.fail(k, t, f).await
-        }
-        async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
-            self.inner.dead_letters(limit).await
         }
         async fn counts(&self) -> Result<InboxCounts, StoreError> {
             self.inner.counts().await

@@ -4,9 +4,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use super::admin::DeadLetter;
 use super::admin::{AttemptOutcome, EntryInfo, Filter, InboxAdmin, Page, history, worker_id};
 use super::entry::{InboxEntry, Lease};
-use super::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
+use super::store::{Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 use super::wake::{Announcer, Wakeups};
 use crate::order::Position;
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
@@ -456,24 +457,6 @@ impl InboxStore for MemoryInbox {
         Ok(true)
     }
 
-    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
-        let state = self.lock();
-        let mut dead: Vec<DeadLetter> = state
-            .entries
-            .values()
-            .filter_map(|slot| match &slot.phase {
-                Phase::Dead { error } => Some(DeadLetter {
-                    entry: slot.entry.clone(),
-                    last_error: error.clone(),
-                }),
-                _ => None,
-            })
-            .collect();
-        dead.sort_by_key(|letter| letter.entry.enqueued_at);
-        dead.truncate(limit);
-        Ok(dead)
-    }
-
     async fn counts(&self) -> Result<InboxCounts, StoreError> {
         let now = SystemTime::now();
         let state = self.lock();
@@ -558,6 +541,24 @@ impl InboxAdmin for MemoryInbox {
             }
         }
         Ok(Page::new(entries, next))
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        let state = self.lock();
+        let mut dead: Vec<DeadLetter> = state
+            .entries
+            .values()
+            .filter_map(|slot| match &slot.phase {
+                Phase::Dead { error } => Some(DeadLetter {
+                    entry: slot.entry.clone(),
+                    last_error: error.clone(),
+                }),
+                _ => None,
+            })
+            .collect();
+        dead.sort_by_key(|letter| letter.entry.enqueued_at);
+        dead.truncate(limit);
+        Ok(dead)
     }
 
     async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {

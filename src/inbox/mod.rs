@@ -65,7 +65,9 @@ pub(crate) mod store;
 pub(crate) mod wake;
 pub(crate) mod worker;
 
-pub use self::admin::{Attempt, AttemptOutcome, EntryInfo, Filter, InboxAdmin, Page, Requeued};
+pub use self::admin::{
+    Attempt, AttemptOutcome, DeadLetter, EntryInfo, Filter, InboxAdmin, Page, Requeued,
+};
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub use self::admin_service::AdminService;
@@ -75,7 +77,7 @@ pub use self::layer::InboxLayer;
 pub use self::memory::MemoryInbox;
 pub use self::retry::{Backoff, Decision, RetryPolicy};
 pub use self::route::IDEMPOTENCY_CORRELATION_ID;
-pub use self::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
+pub use self::store::{Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 pub use self::wake::{Announcer, Wakeups};
 pub use self::worker::Worker;
 #[cfg(feature = "redis")]

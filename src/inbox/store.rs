@@ -46,15 +46,6 @@ pub enum Failure {
     Dead(String),
 }
 
-/// An entry that ran out of attempts, with the last attempt's error.
-#[derive(Clone, Debug)]
-pub struct DeadLetter {
-    /// The entry as it was last taken.
-    pub entry: InboxEntry,
-    /// The last attempt's error.
-    pub last_error: String,
-}
-
 /// The counts an operator watches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InboxCounts {
@@ -132,13 +123,6 @@ pub trait InboxStore: Send + Sync + 'static {
         token: &Token,
         failure: Failure,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Up to `limit` dead letters, oldest first (an operator re-queues one with
-    /// [`InboxAdmin::requeue`](super::InboxAdmin::requeue)).
-    fn dead_letters(
-        &self,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<DeadLetter>, StoreError>> + Send;
 
     /// Pending, in flight, dead, and the oldest entry's age.
     fn counts(&self) -> impl Future<Output = Result<InboxCounts, StoreError>> + Send;

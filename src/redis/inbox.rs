@@ -14,10 +14,11 @@ use fred::types::Value;
 use fred::types::scripts::Script;
 use futures_util::future::join_all;
 
+use crate::inbox::admin::DeadLetter;
 use crate::inbox::admin::{history, worker_id};
 use crate::inbox::codec::{decode_headers, encode_headers};
 use crate::inbox::entry::{EntryOrder, InboxEntry, Lease};
-use crate::inbox::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
+use crate::inbox::store::{Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 use crate::inbox::wake::{Announcer, Wakeups};
 use crate::order::Position;
 use crate::redis::records::durable::script_replicated;
@@ -964,22 +965,6 @@ where
             args
         };
         flag(self.run_written(&FAIL, keys, args, one).await?)
-    }
-
-    /// The oldest first, across the partitions.
-    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let each = limit.min(i64::MAX as usize) as i64;
-        let asked = (0..self.prefixes.len()).map(|p| self.dead_in(p, each));
-        let mut dead = Vec::new();
-        for letters in join_all(asked).await {
-            dead.extend(letters?);
-        }
-        dead.sort_by_key(|letter| letter.entry.enqueued_at);
-        dead.truncate(limit);
-        Ok(dead)
     }
 
     async fn counts(&self) -> Result<InboxCounts, StoreError> {

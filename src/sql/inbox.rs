@@ -9,12 +9,13 @@ use bytes::Bytes;
 use futures_util::future::join_all;
 use sqlx::{Pool, Transaction};
 
+use crate::inbox::admin::DeadLetter;
 use crate::inbox::admin::{
     EntryInfo, Filter, InboxAdmin, KEPT_ATTEMPTS, Page, Requeued, history, worker_id,
 };
 use crate::inbox::codec::{decode_headers, encode_headers};
 use crate::inbox::entry::{EntryOrder, InboxEntry, Lease};
-use crate::inbox::store::{DeadLetter, Enqueued, Failure, InboxCounts, InboxStore, KeyState};
+use crate::inbox::store::{Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 use crate::inbox::wake::{Announcer, Wakeups};
 use crate::order::Position;
 use crate::sql::query::Param;
@@ -557,21 +558,6 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
         Ok(settled)
     }
 
-    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
-        let limit = Param::Int(i64::try_from(limit).unwrap_or(i64::MAX));
-        let mut conn = acquire(&self.pool).await?;
-        let rows = fetch::<DB>(&mut conn, &self.sql.dead_letters, &[limit], None).await?;
-        rows.iter()
-            .map(|row| {
-                let last_error = DB::text(row, 11).map_err(error::<DB>)?;
-                Ok(DeadLetter {
-                    entry: entry::<DB>(row)?,
-                    last_error: last_error.unwrap_or_default().to_owned(),
-                })
-            })
-            .collect()
-    }
-
     async fn counts(&self) -> Result<InboxCounts, StoreError> {
         let now = SystemTime::now();
         let mut conn = acquire(&self.pool).await?;
@@ -658,6 +644,21 @@ impl<DB: Dialect> InboxAdmin for SqlInbox<DB> {
             _ => None,
         };
         Ok(Page::new(entries, next))
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        let limit = Param::Int(i64::try_from(limit).unwrap_or(i64::MAX));
+        let mut conn = acquire(&self.pool).await?;
+        let rows = fetch::<DB>(&mut conn, &self.sql.dead_letters, &[limit], None).await?;
+        rows.iter()
+            .map(|row| {
+                let last_error = DB::text(row, 11).map_err(error::<DB>)?;
+                Ok(DeadLetter {
+                    entry: entry::<DB>(row)?,
+                    last_error: last_error.unwrap_or_default().to_owned(),
+                })
+            })
+            .collect()
     }
 
     async fn requeue(&self, key: &StoreKey) -> Result<bool, StoreError> {

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::inbox::{
-    Backoff, DeadLetter, Enqueued, Failure, InboxCounts, InboxEntry, InboxRequest, InboxStore,
-    KeyState, Lease, Wakeups, Worker,
+    Backoff, Enqueued, Failure, InboxCounts, InboxEntry, InboxRequest, InboxStore, KeyState, Lease,
+    Wakeups, Worker,
 };
 use crate::order::Position;
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
@@ -831,9 +831,6 @@ impl<St: InboxStore> InboxStore for Unrenewable<St> {
         failure: Failure,
     ) -> Result<bool, StoreError> {
         self.0.fail(key, token, failure).await
-    }
-    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
-        self.0.dead_letters(limit).await
     }
     async fn counts(&self) -> Result<InboxCounts, StoreError> {
         self.0.counts().await

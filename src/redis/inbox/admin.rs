@@ -12,7 +12,7 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 use futures_util::future::join_all;
 
 use super::{RedisInbox, Row, concat, corrupt, flag, from_micros, micros, one, rows};
-use crate::inbox::admin::{EntryInfo, Filter, InboxAdmin, Page};
+use crate::inbox::admin::{DeadLetter, EntryInfo, Filter, InboxAdmin, Page};
 use crate::inbox::store::KeyState;
 use crate::redis::records::errors::store_error;
 use crate::redis::records::scripts::{bytes_of, unexpected};
@@ -363,6 +363,22 @@ where
             };
         }
         Ok(Page::new(entries, Some(at.encode())))
+    }
+
+    /// The oldest first, across the partitions.
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let each = limit.min(i64::MAX as usize) as i64;
+        let asked = (0..self.prefixes.len()).map(|p| self.dead_in(p, each));
+        let mut dead = Vec::new();
+        for letters in join_all(asked).await {
+            dead.extend(letters?);
+        }
+        dead.sort_by_key(|letter| letter.entry.enqueued_at);
+        dead.truncate(limit);
+        Ok(dead)
     }
 
     /// The key's partition is not known from the key alone (an ordered entry is in its
