@@ -23,14 +23,16 @@ const DEFAULT_CAPACITY: usize = 100_000;
 ///
 /// ```
 /// use bytes::Bytes;
-/// use tower_idempotency::inbox::{Enqueued, InboxEntry, InboxStore, KeyState, MemoryInbox};
+/// use tower_idempotency::inbox::{Enqueued, InboxStore, KeyState, MemoryInbox};
 /// use tower_idempotency::store::StoreKey;
+/// use tower_idempotency::test_util::values;
 ///
 /// # tokio_test();
 /// # fn tokio_test() { tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let inbox = MemoryInbox::new(1_000);
 /// let key = StoreKey::new("webhooks", None, "evt_1");
-/// let entry = InboxEntry::new(key.clone(), Bytes::from_static(b"{}"), "req-1");
+/// // What an inbox route enqueues (built here as a test builds it, feature `test-util`).
+/// let entry = values::inbox_entry(key.clone(), Bytes::from_static(b"{}"), "req-1");
 /// assert_eq!(inbox.enqueue(entry.clone()).await.unwrap(), Enqueued::Queued);
 /// assert_eq!(
 ///     inbox.enqueue(entry).await.unwrap(),

@@ -24,13 +24,15 @@
 //! use std::convert::Infallible;
 //! use std::time::Duration;
 //! use bytes::Bytes;
-//! use tower_idempotency::inbox::{InboxEntry, InboxRequest, InboxStore, MemoryInbox, Worker};
+//! use tower_idempotency::inbox::{InboxRequest, InboxStore, MemoryInbox, Worker};
 //! use tower_idempotency::store::StoreKey;
+//! use tower_idempotency::test_util::values;
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 //! let inbox = MemoryInbox::default();
+//! // What an inbox route enqueues (built here as a test builds it, feature `test-util`).
 //! let key = StoreKey::new("webhooks", None, "evt_1");
-//! inbox.enqueue(InboxEntry::new(key, Bytes::from_static(b"{}"), "req-1")).await.unwrap();
+//! inbox.enqueue(values::inbox_entry(key, Bytes::from_static(b"{}"), "req-1")).await.unwrap();
 //!
 //! let handler = tower::service_fn(|request: InboxRequest| async move {
 //!     println!("applying {} ({})", request.key(), request.correlation_id());

@@ -244,8 +244,9 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// ```no_run
 /// use bytes::Bytes;
 /// use tower_idempotency::fred::prelude::*;
-/// use tower_idempotency::inbox::{Enqueued, InboxEntry, InboxStore, RedisInbox};
+/// use tower_idempotency::inbox::{Enqueued, InboxStore, RedisInbox};
 /// use tower_idempotency::store::StoreKey;
+/// use tower_idempotency::test_util::values;
 ///
 /// # #[tokio::main]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -253,7 +254,8 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// pool.init().await?;
 /// let inbox = RedisInbox::new(pool, "webhooks").capacity(1_000_000);
 /// let key = StoreKey::new("webhooks", None, "evt_1");
-/// let entry = InboxEntry::new(key, Bytes::from_static(b"{}"), "req-1");
+/// // What an inbox route enqueues (built here as a test builds it, feature `test-util`).
+/// let entry = values::inbox_entry(key, Bytes::from_static(b"{}"), "req-1");
 /// assert_eq!(inbox.enqueue(entry).await?, Enqueued::Queued);
 /// # Ok(())
 /// # }

@@ -125,8 +125,8 @@ fn cost(record: &Record) -> usize {
 /// use std::time::Duration;
 /// use tower_idempotency::{IdempotencyStore, MemoryStore};
 /// use tower_idempotency::fingerprint::Fingerprint;
-/// use tower_idempotency::store::record::Record;
-/// use tower_idempotency::store::{CachedStore, Claim, Completion, LocalCache, Reservation, StoreKey, Target};
+/// use tower_idempotency::store::{CachedStore, Completion, LocalCache, Reservation, StoreKey, Target};
+/// use tower_idempotency::test_util::values;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -142,15 +142,17 @@ fn cost(record: &Record) -> usize {
 ///
 /// let key = [Target::key(StoreKey::new("docs", None, "evt_1"))];
 /// let lease = Duration::from_secs(30);
-/// let first = Claim::new(Fingerprint::of_bytes(b"{}"));
+/// // The layer builds claims and records; a test builds them with `test_util::values`
+/// // (feature `test-util`).
+/// let first = values::claim(Fingerprint::of_bytes(b"{}"));
 /// assert_eq!(store.reserve(&key, &first, lease).await.unwrap(), [Reservation::Acquired]);
 /// // In flight: never cached.
-/// let second = Claim::new(Fingerprint::of_bytes(b"{}"));
+/// let second = values::claim(Fingerprint::of_bytes(b"{}"));
 /// let answer = store.reserve(&key, &second, lease).await.unwrap().remove(0);
 /// assert!(matches!(answer, Reservation::InFlight { .. }));
 /// assert_eq!(cache.len(), 0);
 ///
-/// let record = Record::ack(first.fingerprint());
+/// let record = values::record_ack(first.fingerprint());
 /// let retention = Duration::from_secs(72 * 3600);
 /// let done = store.complete(&key, &first, &record, retention).await.unwrap();
 /// assert_eq!(done, [Completion::Written]);
