@@ -69,8 +69,9 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::key::{ExtractKey, HeaderKey, JsonPathKey};
-use tower_idempotency::store::record::{Record, StoredResponse};
-use tower_idempotency::store::{AnyStore, Claim, StoreKey, Target};
+use tower_idempotency::store::record::Record;
+use tower_idempotency::store::{AnyStore, StoreKey, Target};
+use tower_idempotency::test_util::values;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 /// The JSONPath of every WhatsApp message id of a batch.
@@ -379,7 +380,7 @@ fn scenarios(rt: &tokio::runtime::Runtime) -> Vec<Scenario> {
                 }
             };
             // The first attempt: a claim with an hour-long lease that is never settled.
-            let claim = Claim::new(Fingerprint::of_bytes(&constant));
+            let claim = values::claim(Fingerprint::of_bytes(&constant));
             let store_key = StoreKey::new(NAMESPACE, Some(PATH), &key);
             rt.block_on(store.reserve(
                 &[Target::key(store_key)],
@@ -438,29 +439,25 @@ fn record(c: &mut Criterion) {
         HeaderValue::from_static("/api/orders/ord_000042"),
     );
     let records = [
-        ("ack", Record::ack(fingerprint)),
+        ("ack", values::record_ack(fingerprint)),
         (
             "replay_1KiB",
-            Record::replay(
+            values::record_replay(
                 fingerprint,
-                StoredResponse::new(
-                    StatusCode::CREATED,
-                    headers.clone(),
-                    Bytes::from(vec![b'x'; 1024]),
-                    None,
-                ),
+                StatusCode::CREATED,
+                headers.clone(),
+                Bytes::from(vec![b'x'; 1024]),
+                None,
             ),
         ),
         (
             "replay_64KiB",
-            Record::replay(
+            values::record_replay(
                 fingerprint,
-                StoredResponse::new(
-                    StatusCode::CREATED,
-                    headers,
-                    Bytes::from(vec![b'x'; 64 * 1024]),
-                    None,
-                ),
+                StatusCode::CREATED,
+                headers,
+                Bytes::from(vec![b'x'; 64 * 1024]),
+                None,
             ),
         ),
     ];

@@ -22,10 +22,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tower_idempotency::inbox::{
-    AnyInbox, EntryOrder, InboxEntry, InboxRequest, InboxStore, MemoryInbox, Worker,
+    AnyInbox, EntryOrder, InboxRequest, InboxStore, MemoryInbox, Worker,
 };
 use tower_idempotency::order::Position;
 use tower_idempotency::store::{ObjectKey, StoreKey, connect};
+use tower_idempotency::test_util::values;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -105,7 +106,7 @@ async fn enqueue(inbox: &AnyInbox, entries: usize, ordered: bool) -> Result<(), 
                     return Ok::<(), Error>(());
                 }
                 let key = StoreKey::new(NAMESPACE, None, &format!("evt-{i}"));
-                let mut entry = InboxEntry::new(key, body(i), format!("req-{i}"));
+                let mut entry = values::inbox_entry(key, body(i), format!("req-{i}"));
                 if ordered {
                     let object = ObjectKey::new(NAMESPACE, None, &format!("obj-{}", i % OBJECTS));
                     let position = Position::from_integer_text(&(i / OBJECTS).to_string())

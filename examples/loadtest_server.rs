@@ -143,8 +143,8 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
 async fn prefill(store: &MemoryStore) -> Result<(), Box<dyn std::error::Error>> {
     use std::time::Duration;
     use tower_idempotency::fingerprint::Fingerprint;
-    use tower_idempotency::store::record::Record;
-    use tower_idempotency::store::{Claim, StoreKey, Target};
+    use tower_idempotency::store::{StoreKey, Target};
+    use tower_idempotency::test_util::values;
 
     let count: u64 = match std::env::var("PREFILL") {
         Ok(n) => n.parse()?,
@@ -157,9 +157,9 @@ async fn prefill(store: &MemoryStore) -> Result<(), Box<dyn std::error::Error>> 
             None,
             &format!("evt_{i:012}"),
         ))];
-        let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
+        let claim = values::claim(Fingerprint::of_bytes(b"{}"));
         store.reserve(&key, &claim, lease).await?;
-        let record = Record::ack(claim.fingerprint());
+        let record = values::record_ack(claim.fingerprint());
         store.complete(&key, &claim, &record, retention).await?;
     }
     Ok(())

@@ -14,8 +14,9 @@ use suite::app::{Effects, router};
 use suite::{post, send};
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::store::{Claim, StoreKey};
+use tower_idempotency::store::StoreKey;
 use tower_idempotency::test_util::store::{Hooked, OneTarget};
+use tower_idempotency::test_util::values;
 use tower_idempotency::{FailureMode, IdempotencyLayer, MemoryStore, Outcome, OutcomeEvent};
 
 const SECRET_KEY: &str = "whsec-delivery-7Hq2";
@@ -158,7 +159,7 @@ async fn every_outcome_is_traced_and_counted_without_secrets() {
     store
         .reserve_one(
             &held,
-            &Claim::new(Fingerprint::of_bytes(b"{}")),
+            &values::claim(Fingerprint::of_bytes(b"{}")),
             Duration::from_secs(30),
         )
         .await
@@ -172,7 +173,7 @@ async fn every_outcome_is_traced_and_counted_without_secrets() {
     let full = MemoryStore::new().with_max_entries(1);
     full.reserve_one(
         &StoreKey::new("x", None, "x"),
-        &Claim::new(Fingerprint::NONE),
+        &values::claim(Fingerprint::NONE),
         Duration::from_secs(30),
     )
     .await
@@ -360,7 +361,7 @@ async fn a_flood_of_refusals_is_logged_throttled_and_counted_whole() {
     // One entry, held by a claim that never settles: every new key is refused.
     let store = MemoryStore::new().with_max_entries(1);
     let filler = StoreKey::new("flood", None, "filler");
-    let claim = Claim::new(Fingerprint::NONE);
+    let claim = values::claim(Fingerprint::NONE);
     store
         .reserve_one(&filler, &claim, Duration::from_secs(600))
         .await
@@ -496,7 +497,7 @@ async fn a_worker_exports_the_inbox_counters_and_gauges() {
     let _metrics = metrics::set_default_local_recorder(&recorder);
     let inbox = MemoryInbox::new(100);
     let entry = |id: &str, body: &'static str| {
-        InboxEntry::new(StoreKey::new("obs-inbox", None, id), Bytes::from(body), id)
+        values::inbox_entry(StoreKey::new("obs-inbox", None, id), Bytes::from(body), id)
     };
     // An older event that arrives while a newer one of its object runs, applied first: the
     // older is settled as stale.
@@ -601,7 +602,7 @@ async fn a_worker_exports_the_inbox_counters_and_gauges() {
 #[tokio::test(flavor = "current_thread")]
 async fn the_inbox_gauges_keep_moving_while_every_worker_is_busy() {
     use bytes::Bytes;
-    use tower_idempotency::inbox::{InboxEntry, InboxRequest, InboxStore, MemoryInbox, Worker};
+    use tower_idempotency::inbox::{InboxRequest, InboxStore, MemoryInbox, Worker};
 
     let recorder = DebuggingRecorder::new();
     let _metrics = metrics::set_default_local_recorder(&recorder);
@@ -609,7 +610,7 @@ async fn the_inbox_gauges_keep_moving_while_every_worker_is_busy() {
     for id in ["stuck", "behind"] {
         let key = StoreKey::new("obs-busy", None, id);
         inbox
-            .enqueue(InboxEntry::new(key, Bytes::new(), id))
+            .enqueue(values::inbox_entry(key, Bytes::new(), id))
             .await
             .unwrap();
     }

@@ -9,13 +9,42 @@ use crate::order::Position;
 use crate::store::{ObjectKey, StoreKey, Token};
 
 /// One stored delivery, waiting to be applied: what the worker needs and no more.
+///
+/// The layer builds entries; a store of your own keeps their fields and, reading one back,
+/// sets them all:
+///
+/// ```
+/// use std::time::SystemTime;
+/// use bytes::Bytes;
+/// use http::HeaderMap;
+/// use tower_idempotency::inbox::{EntryOrder, InboxEntry};
+/// use tower_idempotency::order::Position;
+/// use tower_idempotency::store::{ObjectKey, StoreKey};
+///
+/// let now = SystemTime::now();
+/// let entry = InboxEntry {
+///     key: StoreKey::new("email", None, "evt_1"),
+///     id: "evt_1".into(),
+///     route: "email".into(),
+///     body: Bytes::from_static(b"{}"),
+///     headers: HeaderMap::new(),
+///     order: Some(EntryOrder {
+///         object: ObjectKey::new("email", None, "msg_1"),
+///         position: Position::from_integer_text("7").unwrap(),
+///     }),
+///     correlation_id: "req-1".into(),
+///     attempts: 0,
+///     next_attempt_at: now,
+///     enqueued_at: now,
+/// };
+/// ```
 #[derive(Clone, Debug)]
 pub struct InboxEntry {
     /// The delivery's idempotency key (it is `queued` while the entry exists): the hash of
     /// [`route`](Self::route), the route's scope and [`id`](Self::id).
     pub key: StoreKey,
     /// The delivery's key as the route derived it (a `webhook-id`, an `$.event_id`), before
-    /// hashing; empty on an entry made from a store key alone ([`InboxEntry::new`]).
+    /// hashing; empty on an entry made from a store key alone.
     pub id: String,
     /// The namespace of the route that enqueued it; empty likewise.
     pub route: String,
@@ -36,24 +65,10 @@ pub struct InboxEntry {
 }
 
 impl InboxEntry {
-    /// A new entry of `key` carrying `body`, due now, with no named headers and no order (set
-    /// the public fields for more: [`id`](Self::id) and [`route`](Self::route) as the route
-    /// derived them, the kept [`headers`](Self::headers), the [`order`](Self::order)).
-    ///
-    /// ```
-    /// use bytes::Bytes;
-    /// use tower_idempotency::inbox::{EntryOrder, InboxEntry};
-    /// use tower_idempotency::order::Position;
-    /// use tower_idempotency::store::{ObjectKey, StoreKey};
-    ///
-    /// let key = StoreKey::new("email", None, "evt_1");
-    /// let mut entry = InboxEntry::new(key, Bytes::from_static(b"{}"), "req-1");
-    /// (entry.route, entry.id) = ("email".into(), "evt_1".into());
-    /// let object = ObjectKey::new("email", None, "msg_1");
-    /// let position = Position::from_integer_text("7").unwrap();
-    /// entry.order = Some(EntryOrder { object, position });
-    /// ```
-    pub fn new(key: StoreKey, body: Bytes, correlation_id: impl Into<String>) -> Self {
+    /// A new entry of `key` carrying `body`, due now, with no named headers and no order (the
+    /// layer sets the rest: [`with_delivery`](Self::with_delivery),
+    /// [`with_headers`](Self::with_headers), [`ordered`](Self::ordered)).
+    pub(crate) fn new(key: StoreKey, body: Bytes, correlation_id: impl Into<String>) -> Self {
         let now = SystemTime::now();
         InboxEntry {
             key,

@@ -24,20 +24,28 @@ const DEFAULT_CAPACITY: usize = 100_000;
 ///
 /// ```
 /// use bytes::Bytes;
-/// use tower_idempotency::inbox::{Enqueued, InboxEntry, InboxStore, KeyState, MemoryInbox};
-/// use tower_idempotency::store::StoreKey;
+/// use http::{Request, StatusCode};
+/// use http_body_util::Full;
+/// use tower::{ServiceExt, service_fn};
+/// use tower_idempotency::inbox::{InboxLayer, InboxStore, MemoryInbox};
 ///
-/// # tokio_test();
-/// # fn tokio_test() { tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// let inbox = MemoryInbox::new(1_000);
-/// let key = StoreKey::new("webhooks", None, "evt_1");
-/// let entry = InboxEntry::new(key.clone(), Bytes::from_static(b"{}"), "req-1");
-/// assert_eq!(inbox.enqueue(entry.clone()).await.unwrap(), Enqueued::Queued);
-/// assert_eq!(
-///     inbox.enqueue(entry).await.unwrap(),
-///     Enqueued::Duplicate(KeyState::Queued)
-/// );
-/// # }) }
+/// let door = InboxLayer::new(inbox.clone());
+/// let route = tower::Layer::layer(&door, service_fn(|_: Request<_>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
+/// }));
+/// let delivery = || {
+///     let body = Full::new(Bytes::from_static(b"{}"));
+///     Request::post("/webhooks").header("idempotency-key", "evt_1").body(body).unwrap()
+/// };
+/// // Stored and answered at once; the repeat is a duplicate, stored once.
+/// let first = route.clone().oneshot(delivery()).await.unwrap();
+/// assert_eq!(first.status(), StatusCode::ACCEPTED);
+/// let repeat = route.clone().oneshot(delivery()).await.unwrap();
+/// assert_eq!(repeat.headers()["idempotent-replayed"], "true");
+/// assert_eq!(inbox.counts().await.unwrap().pending, 1);
+/// # })
 /// ```
 #[derive(Clone, Debug)]
 pub struct MemoryInbox {

@@ -24,13 +24,20 @@
 //! use std::convert::Infallible;
 //! use std::time::Duration;
 //! use bytes::Bytes;
-//! use tower_idempotency::inbox::{InboxEntry, InboxRequest, InboxStore, MemoryInbox, Worker};
-//! use tower_idempotency::store::StoreKey;
+//! use http::Request;
+//! use http_body_util::Full;
+//! use tower::{Layer, ServiceExt};
+//! use tower_idempotency::inbox::{InboxLayer, InboxRequest, InboxStore, MemoryInbox, Worker};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 //! let inbox = MemoryInbox::default();
-//! let key = StoreKey::new("webhooks", None, "evt_1");
-//! inbox.enqueue(InboxEntry::new(key, Bytes::from_static(b"{}"), "req-1")).await.unwrap();
+//! // The door stores a delivery and answers 202 at once; its inner service is never called.
+//! let route = InboxLayer::new(inbox.clone()).layer(tower::service_fn(|_: Request<_>| async {
+//!     Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::new())))
+//! }));
+//! let body = Full::new(Bytes::from_static(b"{}"));
+//! let delivery = Request::post("/webhooks").header("idempotency-key", "evt_1").body(body);
+//! route.oneshot(delivery.unwrap()).await.unwrap();
 //!
 //! let handler = tower::service_fn(|request: InboxRequest| async move {
 //!     println!("applying {} ({})", request.key(), request.correlation_id());

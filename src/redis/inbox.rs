@@ -238,19 +238,26 @@ static COUNTS: LazyLock<Script> = LazyLock::new(|| Script::from_lua(COUNTS_LUA))
 /// entry of their object (as [`MemoryInbox`] does): cheap while few wait so, linear in them.
 ///
 /// ```no_run
-/// use bytes::Bytes;
+/// use std::convert::Infallible;
+/// use axum::{Router, routing::post};
 /// use tower_idempotency::fred::prelude::*;
-/// use tower_idempotency::inbox::{Enqueued, InboxEntry, InboxStore, RedisInbox};
-/// use tower_idempotency::store::StoreKey;
+/// use tower_idempotency::inbox::{InboxLayer, InboxRequest, RedisInbox, Worker};
 ///
 /// # #[tokio::main]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let pool = Builder::from_config(Config::from_url("redis://127.0.0.1:6379")?).build_pool(4)?;
 /// pool.init().await?;
 /// let inbox = RedisInbox::new(pool, "webhooks").capacity(1_000_000);
-/// let key = StoreKey::new("webhooks", None, "evt_1");
-/// let entry = InboxEntry::new(key, Bytes::from_static(b"{}"), "req-1");
-/// assert_eq!(inbox.enqueue(entry).await?, Enqueued::Queued);
+/// // The door stores each delivery in Redis and answers at once...
+/// let door = InboxLayer::new(inbox.clone()).namespace("webhooks");
+/// let app: Router = Router::new().route("/webhooks", post(|| async { "" }).route_layer(door));
+/// // ...and workers, in this process or any other on the same Redis, apply them.
+/// let handler = tower::service_fn(|request: InboxRequest| async move {
+///     println!("applying {}", request.key());
+///     Ok::<_, Infallible>(())
+/// });
+/// tokio::spawn(Worker::new(inbox, handler).workers(4).run(std::future::pending::<()>()));
+/// # let _ = app;
 /// # Ok(())
 /// # }
 /// ```

@@ -122,16 +122,19 @@ fn cost(record: &Record) -> usize {
 /// O(1).
 ///
 /// ```
+/// use std::convert::Infallible;
 /// use std::time::Duration;
-/// use tower_idempotency::{IdempotencyStore, MemoryStore};
-/// use tower_idempotency::fingerprint::Fingerprint;
-/// use tower_idempotency::store::record::Record;
-/// use tower_idempotency::store::{CachedStore, Claim, Completion, LocalCache, Reservation, StoreKey, Target};
+/// use bytes::Bytes;
+/// use http::{Request, Response};
+/// use http_body_util::Full;
+/// use tower::{Layer, ServiceExt};
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+/// use tower_idempotency::store::{CachedStore, LocalCache};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// // In production the inner store is shared (Redis, SQL): a layer on one of those composes
-/// // this by itself. The memory store stands in for one here.
+/// // this by itself, with its `local_cache` setting. The memory store stands in for one here.
 /// let cache = LocalCache::new()
 ///     .max_entries(50_000)
 ///     .max_bytes(32 * 1024 * 1024)
@@ -139,25 +142,19 @@ fn cost(record: &Record) -> usize {
 ///     .read_ttl(Duration::from_secs(2));
 /// // Keep a clone of the cache: clones share its records.
 /// let store = CachedStore::with_cache(MemoryStore::new(), cache.clone());
+/// let route = IdempotencyLayer::new(store).layer(tower::service_fn(|_: Request<_>| async {
+///     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+/// }));
+/// let delivery = || {
+///     let body = Full::new(Bytes::from_static(b"{}"));
+///     Request::post("/webhooks").header("idempotency-key", "evt_1").body(body).unwrap()
+/// };
 ///
-/// let key = [Target::key(StoreKey::new("docs", None, "evt_1"))];
-/// let lease = Duration::from_secs(30);
-/// let first = Claim::new(Fingerprint::of_bytes(b"{}"));
-/// assert_eq!(store.reserve(&key, &first, lease).await.unwrap(), [Reservation::Acquired]);
-/// // In flight: never cached.
-/// let second = Claim::new(Fingerprint::of_bytes(b"{}"));
-/// let answer = store.reserve(&key, &second, lease).await.unwrap().remove(0);
-/// assert!(matches!(answer, Reservation::InFlight { .. }));
-/// assert_eq!(cache.len(), 0);
-///
-/// let record = Record::ack(first.fingerprint());
-/// let retention = Duration::from_secs(72 * 3600);
-/// let done = store.complete(&key, &first, &record, retention).await.unwrap();
-/// assert_eq!(done, [Completion::Written]);
+/// route.clone().oneshot(delivery()).await.unwrap();
 /// // Completed: duplicates are answered from the cache, without asking the inner store.
 /// assert_eq!(cache.len(), 1);
-/// let answer = store.reserve(&key, &second, lease).await.unwrap().remove(0);
-/// assert!(matches!(answer, Reservation::Completed(_)));
+/// let repeat = route.clone().oneshot(delivery()).await.unwrap();
+/// assert_eq!(repeat.headers()["idempotent-replayed"], "true");
 ///
 /// cache.clear();
 /// assert!(cache.is_empty());

@@ -737,7 +737,8 @@ mod tests {
 
     #[tokio::test]
     async fn tokens_are_compared_in_full() {
-        // Tokens are public (`Claim::with_token`): two that share a prefix are two owners.
+        // Tokens can be chosen (`Token::from_bytes`; `test_util::values::claim_with_token` in
+        // tests): two that share a prefix are two owners.
         let store = MemoryStore::new();
         let token = |last| {
             let mut bytes = [0u8; 16];

@@ -43,26 +43,29 @@
 //!   object lease let go: all or nothing;
 //! - `release`, `renew`: the key and the object lease, token-checked.
 //!
+//! The layer builds the claims and records a store receives; a test that calls a store itself
+//! builds them with `test_util::values` (feature `test-util`):
+//!
 //! ```
 //! use std::time::Duration;
 //! use tower_idempotency::{IdempotencyStore, MemoryStore};
 //! use tower_idempotency::fingerprint::Fingerprint;
-//! use tower_idempotency::store::record::Record;
-//! use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey, Target};
+//! use tower_idempotency::store::{Completion, Reservation, StoreKey, Target};
+//! use tower_idempotency::test_util::values;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let store = MemoryStore::new();
 //! let key = [Target::key(StoreKey::new("docs", None, "evt_1"))];
-//! let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
+//! let claim = values::claim(Fingerprint::of_bytes(b"{}"));
 //! let lease = Duration::from_secs(30);
 //!
 //! assert!(matches!(store.reserve(&key, &claim, lease).await.unwrap()[0], Reservation::Acquired));
 //! // A second claim on the same key sees the first one in flight.
-//! let other = Claim::new(Fingerprint::of_bytes(b"{}"));
+//! let other = values::claim(Fingerprint::of_bytes(b"{}"));
 //! assert!(matches!(store.reserve(&key, &other, lease).await.unwrap()[0], Reservation::InFlight { .. }));
 //!
-//! let record = Record::ack(claim.fingerprint()).owned_by(claim.token());
+//! let record = values::owned_by(values::record_ack(claim.fingerprint()), claim.token());
 //! let retention = Duration::from_secs(3600);
 //! assert_eq!(store.complete(&key, &claim, &record, retention).await.unwrap(), [Completion::Written]);
 //! // Completing is safe to retry.
@@ -546,15 +549,16 @@ pub struct Claim {
 
 impl Claim {
     /// A claim with a fresh random token.
-    pub fn new(fingerprint: Fingerprint) -> Self {
+    pub(crate) fn new(fingerprint: Fingerprint) -> Self {
         Claim {
             token: Token::random(),
             fingerprint,
         }
     }
 
-    /// A claim with an explicit token (for store implementations and tests).
-    pub fn with_token(token: Token, fingerprint: Fingerprint) -> Self {
+    /// A claim with an explicit token (for tests: `test_util::values::claim_with_token`).
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn with_token(token: Token, fingerprint: Fingerprint) -> Self {
         Claim { token, fingerprint }
     }
 

@@ -4,20 +4,22 @@
 //! In ack mode a record is the request fingerprint and an owner tag: 12 bytes encoded. In replay mode it also
 //! holds the original status, the allow-listed headers, the body and the trailers.
 //!
+//! The layer builds the records a store receives; a test that calls a store itself builds them
+//! with `test_util::values` (feature `test-util`):
+//!
 //! ```
 //! use bytes::Bytes;
 //! use http::{HeaderMap, StatusCode};
 //! use tower_idempotency::fingerprint::Fingerprint;
-//! use tower_idempotency::store::record::{Record, StoredResponse};
+//! use tower_idempotency::store::record::Record;
+//! use tower_idempotency::test_util::values;
 //!
 //! let fp = Fingerprint::of_bytes(b"{}");
-//! let ack = Record::ack(fp);
+//! let ack = values::record_ack(fp);
 //! assert_eq!(ack.encode().len(), 12);
 //!
-//! let replay = Record::replay(
-//!     fp,
-//!     StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), Bytes::from_static(b"{\"id\":1}"), None),
-//! );
+//! let body = Bytes::from_static(b"{\"id\":1}");
+//! let replay = values::record_replay(fp, StatusCode::CREATED, HeaderMap::new(), body, None);
 //! let decoded = Record::decode(&replay.encode()).unwrap();
 //! assert_eq!(decoded, replay);
 //! ```
@@ -55,7 +57,7 @@ pub(crate) const OWNER_PREFIX_LEN: usize = 1 + 16;
 
 /// A response kept for replay: status, allow-listed headers, body and trailers.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoredResponse {
+pub(crate) struct StoredResponse {
     status: StatusCode,
     headers: HeaderMap,
     body: Bytes,
@@ -64,7 +66,7 @@ pub struct StoredResponse {
 
 impl StoredResponse {
     /// A stored response from its parts. `headers` should already be filtered to the allow-list.
-    pub fn new(
+    pub(crate) fn new(
         status: StatusCode,
         headers: HeaderMap,
         body: Bytes,
@@ -78,23 +80,18 @@ impl StoredResponse {
         }
     }
 
-    /// The original status.
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
-
     /// The stored (allow-listed) headers.
-    pub fn headers(&self) -> &HeaderMap {
+    pub(crate) fn headers(&self) -> &HeaderMap {
         &self.headers
     }
 
     /// The original body.
-    pub fn body(&self) -> &Bytes {
+    pub(crate) fn body(&self) -> &Bytes {
         &self.body
     }
 
     /// The original trailers, if the response had any.
-    pub fn trailers(&self) -> Option<&HeaderMap> {
+    pub(crate) fn trailers(&self) -> Option<&HeaderMap> {
         self.trailers.as_ref()
     }
 
@@ -105,6 +102,12 @@ impl StoredResponse {
 }
 
 /// The record of a completed key.
+///
+/// The layer builds records; a store receives them in
+/// [`complete`](crate::IdempotencyStore::complete) and gives them back in
+/// [`reserve`](crate::IdempotencyStore::reserve)
+/// ([`Reservation::Completed`](super::Reservation::Completed)), keeping them as they are or as
+/// the bytes of [`encode`](Self::encode).
 ///
 /// Two records are equal when their encodings are (`expires_in`, which
 /// says when one was read, is not part of it).
@@ -132,7 +135,7 @@ impl Eq for Record {}
 
 impl Record {
     /// An ack-mode record: duplicates get the configured acknowledgement.
-    pub fn ack(fingerprint: Fingerprint) -> Self {
+    pub(crate) fn ack(fingerprint: Fingerprint) -> Self {
         Record {
             fingerprint,
             owner: [0; OWNER_LEN],
@@ -142,7 +145,7 @@ impl Record {
     }
 
     /// A replay-mode record: duplicates get `response` again.
-    pub fn replay(fingerprint: Fingerprint, response: StoredResponse) -> Self {
+    pub(crate) fn replay(fingerprint: Fingerprint, response: StoredResponse) -> Self {
         Record {
             fingerprint,
             owner: [0; OWNER_LEN],
@@ -168,7 +171,7 @@ impl Record {
     }
 
     /// The record as written by the claim of `token`.
-    pub fn owned_by(mut self, token: &Token) -> Self {
+    pub(crate) fn owned_by(mut self, token: &Token) -> Self {
         self.owner = owner_tag(token);
         self
     }
@@ -179,12 +182,12 @@ impl Record {
     }
 
     /// The fingerprint of the request that completed the key.
-    pub fn fingerprint(&self) -> Fingerprint {
+    pub(crate) fn fingerprint(&self) -> Fingerprint {
         self.fingerprint
     }
 
     /// The stored response, in replay mode.
-    pub fn response(&self) -> Option<&StoredResponse> {
+    pub(crate) fn response(&self) -> Option<&StoredResponse> {
         self.response.as_deref()
     }
 

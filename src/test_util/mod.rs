@@ -1,5 +1,6 @@
 //! The contract suites the crate's own backends pass, for a third-party backend to run on itself
-//! (feature `test-util`).
+//! (feature `test-util`), and constructors of the values the layer builds and a store only
+//! receives (claims, records, inbox entries), for tests that drive a store directly.
 //!
 //! Each suite is a macro that writes one `#[tokio::test]` per case into the calling test file.
 //! It takes an expression that makes a fresh backend: an `async` block whose output is the
@@ -17,6 +18,10 @@
 //! - [`inbox_admin_contract!`](crate::inbox_admin_contract): the admin contract
 //!   ([`InboxAdmin`]: find, dead letters and their re-queue, list, re-queue all matching,
 //!   discard, pause, the attempt history).
+//! - [`values`]: the claims, records and inbox entries the layer builds, for a test
+//!   that calls a store's methods itself (`values::claim(fingerprint)`,
+//!   `values::record_ack(fingerprint)`, `values::owned_by(record, claim.token())`,
+//!   `values::inbox_entry(key, body, correlation_id)`, ...).
 //!
 //! ```ignore
 //! // tests/contract.rs of a crate with its own backends
@@ -36,6 +41,7 @@ pub mod inbox;
 pub mod inbox_admin;
 #[doc(hidden)]
 pub mod store;
+pub mod values;
 
 /// One `#[tokio::test]` per case named, each running `$suite::<case>` on the store of a fresh
 /// `(store, guard)` made by `$make` (on a multi-threaded runtime with two workers): what every

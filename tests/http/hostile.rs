@@ -24,8 +24,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::key::{ExtractKey, FieldsFingerprintKey, JsonPathKey, from_body_fn};
-use tower_idempotency::store::{Claim, Reservation, StoreError, StoreKey, Target};
+use tower_idempotency::store::{Reservation, StoreError, StoreKey, Target};
 use tower_idempotency::test_util::store::{Call, Hook, Hooked, OneTarget};
+use tower_idempotency::test_util::values;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 /// One app on `127.0.0.1:0`: `POST /hook` counts its calls, and holds the request for
@@ -485,7 +486,7 @@ async fn client_disconnect_while_recording_still_records_the_key() {
     // Past the lease: an abandoned claim would have expired by now.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let key = StoreKey::new("hostile", Some("/hook"), "evt_gone");
-    let probe = Claim::new(Fingerprint::of_bytes(b"{}"));
+    let probe = values::claim(Fingerprint::of_bytes(b"{}"));
     let found = store
         .store
         .reserve_one(&key, &probe, Duration::from_secs(1))

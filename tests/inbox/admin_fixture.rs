@@ -9,8 +9,9 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::inbox::{Failure, InboxEntry, InboxStore, MemoryInbox};
+use tower_idempotency::inbox::{Failure, InboxStore, MemoryInbox};
 use tower_idempotency::store::StoreKey;
+use tower_idempotency::test_util::values;
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -35,7 +36,7 @@ impl Deliveries {
     /// Enqueues the delivery `id` with correlation id `corr-{id}`.
     pub async fn enqueue(&self, inbox: &MemoryInbox, id: &str) {
         let body = Bytes::from(format!("{{\"event_id\":\"{id}\"{}}}", self.more));
-        let mut entry = InboxEntry::new(self.key(id), body, format!("corr-{id}"));
+        let mut entry = values::inbox_entry(self.key(id), body, format!("corr-{id}"));
         (entry.route, entry.id) = (self.route.to_owned(), id.to_owned());
         inbox.enqueue(entry).await.unwrap();
     }

@@ -4,8 +4,9 @@ use tower_idempotency::test_util::inbox as inbox_contract;
 use tower_idempotency::test_util::inbox_admin as inbox_admin_contract;
 
 use bytes::Bytes;
-use tower_idempotency::inbox::{InboxEntry, InboxStore, MemoryInbox};
+use tower_idempotency::inbox::{InboxStore, MemoryInbox};
 use tower_idempotency::store::{StoreErrorKind, StoreKey};
+use tower_idempotency::test_util::values;
 
 inbox_contract::inbox_contract!(async { (MemoryInbox::new(10_000), ()) });
 inbox_admin_contract::inbox_admin_contract!(async { (MemoryInbox::new(10_000), ()) });
@@ -36,7 +37,7 @@ mod any {
 async fn a_full_memory_inbox_refuses_and_drops_nothing() {
     let inbox = MemoryInbox::new(2);
     let entry = |n: u32| {
-        InboxEntry::new(
+        values::inbox_entry(
             StoreKey::new("full", None, &n.to_string()),
             Bytes::new(),
             "c",
@@ -216,7 +217,7 @@ async fn a_memory_listing_never_repeats_an_entry() {
     for n in 0..25 {
         let key = StoreKey::new("listing", None, &n.to_string());
         inbox
-            .enqueue(InboxEntry::new(key, Bytes::new(), "c"))
+            .enqueue(values::inbox_entry(key, Bytes::new(), "c"))
             .await
             .unwrap();
     }

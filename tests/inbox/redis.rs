@@ -23,6 +23,7 @@ use tower_idempotency::inbox::{
 };
 use tower_idempotency::order::Position;
 use tower_idempotency::store::{ObjectKey, StoreErrorKind, StoreKey};
+use tower_idempotency::test_util::values;
 
 /// An inbox name no other test on the same server uses.
 fn fresh_name() -> String {
@@ -351,7 +352,7 @@ where
 
 fn entry(n: u32) -> InboxEntry {
     let key = StoreKey::new("inbox-redis", None, &format!("evt-{n}"));
-    InboxEntry::new(
+    values::inbox_entry(
         key,
         Bytes::from(format!("{{\"n\":{n}}}")),
         format!("req-{n}"),
@@ -927,7 +928,7 @@ async fn a_listing_misses_nothing_when_a_listed_key_expires() {
     for n in 0..20 {
         let id = format!("evt_{n}");
         let key = StoreKey::new(&route, None, &id);
-        let mut entry = InboxEntry::new(key.clone(), Bytes::new(), "c");
+        let mut entry = values::inbox_entry(key.clone(), Bytes::new(), "c");
         (entry.route, entry.id) = (route.clone(), id);
         inbox.enqueue(entry).await.unwrap();
         all.insert(key);

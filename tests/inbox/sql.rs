@@ -26,6 +26,7 @@ use tower_idempotency::inbox::{
 use tower_idempotency::order::Position;
 use tower_idempotency::store::sql::DEFAULT_PURGE_BATCH;
 use tower_idempotency::store::{ObjectKey, StoreKey};
+use tower_idempotency::test_util::values;
 
 const LONG: Duration = Duration::from_secs(60);
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -103,7 +104,7 @@ async fn pg_inbox() -> PostgresInbox {
 
 fn entry(n: usize) -> InboxEntry {
     let key = StoreKey::new("inbox-sql", None, &unique(&format!("evt{n}")));
-    InboxEntry::new(key, Bytes::from(format!("{{\"n\":{n}}}")), unique("corr"))
+    values::inbox_entry(key, Bytes::from(format!("{{\"n\":{n}}}")), unique("corr"))
 }
 
 mod sqlite {

@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::store::{Claim, StoreKey};
+use tower_idempotency::store::StoreKey;
 use tower_idempotency::test_util::store::OneTarget;
+use tower_idempotency::test_util::values;
 use tower_idempotency::{IdempotencyStore, Idempotent, OnceError};
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
@@ -137,7 +138,7 @@ pub async fn crashed_owner_frees_the_key_after_a_lease<St: IdempotencyStore>(sto
     let lease = Duration::from_millis(500);
     let key = StoreKey::new("crash", None, "k");
     store
-        .reserve_one(&key, &Claim::new(Fingerprint::NONE), lease)
+        .reserve_one(&key, &values::claim(Fingerprint::NONE), lease)
         .await
         .unwrap();
     let jobs = Idempotent::new(store).namespace("crash").lease(lease);

@@ -33,8 +33,8 @@ mod on_redis {
 
     use tower_idempotency::IdempotencyStore;
     use tower_idempotency::fingerprint::Fingerprint;
-    use tower_idempotency::store::record::Record;
     use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey};
+    use tower_idempotency::test_util::values;
 
     use super::contract::{OneTarget, keys_of};
 
@@ -42,7 +42,7 @@ mod on_redis {
     const RETENTION: Duration = Duration::from_secs(3600);
 
     fn claim() -> Claim {
-        Claim::new(Fingerprint::of_bytes(b"{}"))
+        values::claim(Fingerprint::of_bytes(b"{}"))
     }
 
     use http::StatusCode;
@@ -149,7 +149,7 @@ mod on_redis {
                                     *l.completing.entry(id.clone()).or_default() += 1;
                                     *l.holding.get_mut(&id).unwrap() -= 1;
                                 }
-                                let record = Record::ack(mine.fingerprint());
+                                let record = values::record_ack(mine.fingerprint());
                                 let done = store
                                     .complete_one(&key, &mine, &record, RETENTION)
                                     .await
@@ -220,7 +220,7 @@ mod on_redis {
             a.reserve_one(&key, &owner, LEASE).await.unwrap(),
             Reservation::Acquired
         );
-        let record = Record::ack(owner.fingerprint());
+        let record = values::record_ack(owner.fingerprint());
         assert_eq!(
             a.complete_one(&key, &owner, &record, RETENTION)
                 .await
@@ -315,7 +315,7 @@ mod on_redis {
         let key = StoreKey::new("expiry", None, "evt_1");
         let owner = claim();
         a.reserve_one(&key, &owner, LEASE).await.unwrap();
-        let record = Record::ack(owner.fingerprint());
+        let record = values::record_ack(owner.fingerprint());
         // B reads the record at once, well within its retention.
         let retention = Duration::from_secs(1);
         assert_eq!(
@@ -369,7 +369,12 @@ mod on_redis {
         let owner = claim();
         writer.reserve_one(&key, &owner, LEASE).await.unwrap();
         writer
-            .complete_one(&key, &owner, &Record::ack(owner.fingerprint()), RETENTION)
+            .complete_one(
+                &key,
+                &owner,
+                &values::record_ack(owner.fingerprint()),
+                RETENTION,
+            )
             .await
             .unwrap();
         assert!(matches!(

@@ -24,12 +24,13 @@ use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::NotReplicated;
 use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::test_util::values;
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);
 
 fn claim() -> Claim {
-    Claim::new(Fingerprint::of_bytes(b"{}"))
+    values::claim(Fingerprint::of_bytes(b"{}"))
 }
 
 /// A store key (namespace `test`) whose slot the primary on `primary` owns.
@@ -106,7 +107,7 @@ async fn batch_over_every_primary<St: IdempotencyStore>(
     // Two items released, the rest completed; the foreign claim untouched.
     let (released, completed) = keys.split_at(2);
     assert_eq!(store.release(&keys_of(released), &mine).await.unwrap(), 2);
-    let record = Record::ack(mine.fingerprint()).owned_by(mine.token());
+    let record = values::owned_by(values::record_ack(mine.fingerprint()), mine.token());
     let done = store
         .complete(&keys_of(&with_foreign[2..]), &mine, &record, RETENTION)
         .await
@@ -257,7 +258,7 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     assert_eq!(promoted, replica);
     assert_eq!(command_calls(promoted, "eval"), 0);
 
-    let ack = Record::ack(a.fingerprint());
+    let ack = values::record_ack(a.fingerprint());
     assert!(complete_eventually(&plain, &key, &a, &ack).await);
     assert_eq!(
         command_calls(promoted, "eval"),
@@ -268,7 +269,7 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     // The script is cached there now: the next call is a plain EVALSHA.
     let other = key_on(&cluster, promoted, "noscript-after");
     let c = claim();
-    let record = Record::ack(c.fingerprint());
+    let record = values::record_ack(c.fingerprint());
     claim_and_record(&plain, &other, &c, LEASE, &record, RETENTION).await;
     assert_eq!(command_calls(promoted, "eval"), 1);
 
@@ -277,7 +278,12 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     must(promoted, &["SCRIPT", "FLUSH", "SYNC"]);
     let durable = RedisStore::new(client.clone()).durable_completion(1, Duration::from_millis(100));
     let error = durable
-        .complete_one(&durable_key, &b, &Record::ack(b.fingerprint()), RETENTION)
+        .complete_one(
+            &durable_key,
+            &b,
+            &values::record_ack(b.fingerprint()),
+            RETENTION,
+        )
         .await
         .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::NotReplicated);
@@ -305,7 +311,7 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     let durable = RedisStore::new(client.clone()).durable_completion(1, Duration::from_secs(2));
     let last = key_on(&cluster, promoted, "noscript-rejoined");
     let d = claim();
-    let record = Record::ack(d.fingerprint());
+    let record = values::record_ack(d.fingerprint());
     claim_and_record(&durable, &last, &d, LEASE, &record, RETENTION).await;
 }
 
@@ -350,7 +356,7 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
         let key = key_on(&cluster, primary, "healthy");
         let c = claim();
         store.reserve_one(&key, &c, LEASE).await.unwrap();
-        let record = Record::ack(c.fingerprint());
+        let record = values::record_ack(c.fingerprint());
         let done = store.complete_one(&key, &c, &record, RETENTION).await;
         assert!(done.unwrap().is_recorded(), "primary {primary}");
     }
@@ -369,7 +375,7 @@ async fn durable_completion_waits_on_the_primary_owning_the_key() {
     for (primary, key, c) in &keys {
         let started = Instant::now();
         let result = store
-            .complete_one(key, c, &Record::ack(c.fingerprint()), RETENTION)
+            .complete_one(key, c, &values::record_ack(c.fingerprint()), RETENTION)
             .await;
         results.push((*primary, key.clone(), result, started.elapsed()));
     }

@@ -16,11 +16,12 @@ async fn full_store_fails_closed_or_open() {
     let filler = store.clone();
     suite::fail_open_processes_without_protection(store, async move || {
         use tower_idempotency::fingerprint::Fingerprint;
-        use tower_idempotency::store::{Claim, StoreKey};
+        use tower_idempotency::store::StoreKey;
+        use tower_idempotency::test_util::values;
         filler
             .reserve_one(
                 &StoreKey::new("filler", None, "x"),
-                &Claim::new(Fingerprint::NONE),
+                &values::claim(Fingerprint::NONE),
                 std::time::Duration::from_secs(60),
             )
             .await
@@ -36,8 +37,8 @@ async fn full_store_fails_closed_or_open() {
 fn a_full_store_evicts_and_warns_without_waiting_for_itself() {
     use std::time::Duration;
     use tower_idempotency::fingerprint::Fingerprint;
-    use tower_idempotency::store::record::Record;
-    use tower_idempotency::store::{Claim, Reservation, StoreKey};
+    use tower_idempotency::store::{Reservation, StoreKey};
+    use tower_idempotency::test_util::values;
 
     let store = MemoryStore::new().with_max_entries(2);
     let (done, finished) = std::sync::mpsc::channel();
@@ -55,13 +56,14 @@ fn a_full_store_evicts_and_warns_without_waiting_for_itself() {
         runtime.block_on(async {
             for i in 0..20 {
                 let key = StoreKey::new("evict", None, &format!("k{i}"));
-                let claim = Claim::new(Fingerprint::NONE);
+                let claim = values::claim(Fingerprint::NONE);
                 let lease = Duration::from_secs(60);
                 assert_eq!(
                     worker.reserve_one(&key, &claim, lease).await.unwrap(),
                     Reservation::Acquired
                 );
-                let record = Record::ack(claim.fingerprint()).owned_by(claim.token());
+                let record =
+                    values::owned_by(values::record_ack(claim.fingerprint()), claim.token());
                 worker
                     .complete_one(&key, &claim, &record, Duration::from_secs(3600))
                     .await
@@ -86,11 +88,11 @@ mod bounded {
 
     use tower_idempotency::fingerprint::Fingerprint;
     use tower_idempotency::order::Position;
-    use tower_idempotency::store::record::Record;
     use tower_idempotency::store::{
         Claim, Completion, ObjectKey, Reservation, StoreError, StoreErrorKind, StoreKey, Target,
     };
     use tower_idempotency::test_util::store::OneTarget;
+    use tower_idempotency::test_util::values;
     use tower_idempotency::{IdempotencyStore, MemoryStore};
 
     const LEASE: Duration = Duration::from_secs(60);
@@ -103,17 +105,17 @@ mod bounded {
     /// Reserves the key `i` under a new claim.
     async fn reserve_new(store: &MemoryStore, i: usize) -> Result<Reservation, StoreError> {
         store
-            .reserve_one(&key(i), &Claim::new(Fingerprint::NONE), LEASE)
+            .reserve_one(&key(i), &values::claim(Fingerprint::NONE), LEASE)
             .await
     }
 
     /// Completes the keys `from..from + count`; every one must be taken as new.
     async fn complete_new_keys(store: &MemoryStore, from: usize, count: usize) {
         for i in from..from + count {
-            let claim = Claim::new(Fingerprint::NONE);
+            let claim = values::claim(Fingerprint::NONE);
             let answer = store.reserve_one(&key(i), &claim, LEASE).await;
             assert_eq!(answer.unwrap(), Reservation::Acquired, "key {i} refused");
-            let record = Record::ack(claim.fingerprint());
+            let record = values::record_ack(claim.fingerprint());
             let done = store
                 .complete_one(&key(i), &claim, &record, RETENTION)
                 .await;
@@ -183,7 +185,9 @@ mod bounded {
     async fn a_store_full_of_claims_refuses_until_they_settle() {
         let bound = 60;
         let store = MemoryStore::new().with_max_entries(bound);
-        let claims: Vec<Claim> = (0..bound).map(|_| Claim::new(Fingerprint::NONE)).collect();
+        let claims: Vec<Claim> = (0..bound)
+            .map(|_| values::claim(Fingerprint::NONE))
+            .collect();
         for (i, claim) in claims.iter().enumerate() {
             let answer = store.reserve_one(&key(i), claim, LEASE).await.unwrap();
             assert_eq!(answer, Reservation::Acquired);
@@ -191,7 +195,7 @@ mod bounded {
         let refused = reserve_new(&store, bound).await;
         assert_eq!(refused.unwrap_err().kind(), StoreErrorKind::Capacity);
         // One claim completes: its record may go, so the new key is taken.
-        let record = Record::ack(claims[0].fingerprint());
+        let record = values::record_ack(claims[0].fingerprint());
         let done = store
             .complete_one(&key(0), &claims[0], &record, RETENTION)
             .await;
@@ -209,7 +213,7 @@ mod bounded {
         assert_eq!(taken.unwrap(), Reservation::Acquired);
         // Every claim settles: the store takes 10 times its bound again.
         for (i, claim) in claims.iter().enumerate().skip(2) {
-            let record = Record::ack(claim.fingerprint());
+            let record = values::record_ack(claim.fingerprint());
             store
                 .complete_one(&key(i), claim, &record, RETENTION)
                 .await
@@ -229,14 +233,14 @@ mod bounded {
 
     /// Reserves and completes `event`, which must be taken as new.
     async fn complete_event(store: &MemoryStore, event: Target) {
-        let claim = Claim::new(Fingerprint::NONE);
+        let claim = values::claim(Fingerprint::NONE);
         let events = [event];
         let answers = store
             .reserve(&events, &claim, LEASE)
             .await
             .unwrap_or_else(|err| panic!("{:?} refused: {err}", events[0].key));
         assert_eq!(answers, [Reservation::Acquired]);
-        let record = Record::ack(claim.fingerprint());
+        let record = values::record_ack(claim.fingerprint());
         let done = store.complete(&events, &claim, &record, RETENTION);
         assert_eq!(done.await.unwrap(), [Completion::Written]);
     }
@@ -256,7 +260,7 @@ mod bounded {
         // Object 0's watermark (10) was evicted: an older event of it is taken as new.
         complete_event(&store, event(20 * bound, 0, 5)).await;
         // The last object's watermark is kept: an older event of it is stale.
-        let claim = Claim::new(Fingerprint::NONE);
+        let claim = values::claim(Fingerprint::NONE);
         let stale = [event(20 * bound + 1, 20 * bound - 1, 5)];
         let answers = store.reserve(&stale, &claim, LEASE).await.unwrap();
         assert!(
@@ -273,7 +277,7 @@ mod bounded {
         let store = MemoryStore::new().with_max_entries(bound);
         // Each event in flight holds its key and its object's lease.
         let held: Vec<(Target, Claim)> = (0..bound / 2)
-            .map(|i| (event(i, i, 1), Claim::new(Fingerprint::NONE)))
+            .map(|i| (event(i, i, 1), values::claim(Fingerprint::NONE)))
             .collect();
         for (event, claim) in &held {
             let events = std::slice::from_ref(event);
@@ -282,12 +286,12 @@ mod bounded {
         }
         assert_eq!(store.len(), bound);
         let next = [event(bound, bound, 1)];
-        let claim = Claim::new(Fingerprint::NONE);
+        let claim = values::claim(Fingerprint::NONE);
         let refused = store.reserve(&next, &claim, LEASE).await;
         assert_eq!(refused.unwrap_err().kind(), StoreErrorKind::Capacity);
         assert_eq!(store.len(), bound, "nothing of the refused event is left");
         for (event, claim) in &held {
-            let record = Record::ack(claim.fingerprint());
+            let record = values::record_ack(claim.fingerprint());
             let events = std::slice::from_ref(event);
             let done = store.complete(events, claim, &record, RETENTION);
             assert_eq!(done.await.unwrap(), [Completion::Written]);

@@ -25,9 +25,10 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Row};
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::PostgresStore;
-use tower_idempotency::store::record::{Record, StoredResponse};
+use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{CachedStore, LocalCache};
 use tower_idempotency::store::{Claim, Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::test_util::values;
 
 /// The server shared by the tests that never stop it. Kept for the whole test process; its
 /// watchdog removes it when the process exits.
@@ -132,7 +133,7 @@ async fn absent_in_flight_completed_transitions() {
     let dup = claim(b"{\"a\":1}");
     held_by(&store, &key, &first, &dup, LEASE).await;
     // Neither complete nor release with another token touches the claim.
-    let record = Record::ack(first.fingerprint()).owned_by(first.token());
+    let record = values::owned_by(values::record_ack(first.fingerprint()), first.token());
     neither_completes_nor_releases(&store, &key, &dup, &record, RETENTION).await;
 
     records(&store, &key, &first, &record, RETENTION).await;
@@ -213,16 +214,16 @@ fn replay_record(claim: &Claim) -> Record {
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    Record::replay(
-        claim.fingerprint(),
-        StoredResponse::new(
+    values::owned_by(
+        values::record_replay(
+            claim.fingerprint(),
             StatusCode::CREATED,
             headers,
             Bytes::from_static(b"{\"id\":\"ord_1\"}"),
             Some(trailers),
         ),
+        claim.token(),
     )
-    .owned_by(claim.token())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -427,7 +428,7 @@ async fn a_batch_is_claimed_in_one_statement_key_by_key() {
         .unwrap();
     store.reserve_one(&held, &other, LEASE).await.unwrap();
     store.reserve_one(&completed, &other, LEASE).await.unwrap();
-    let record = Record::ack(other.fingerprint()).owned_by(other.token());
+    let record = values::owned_by(values::record_ack(other.fingerprint()), other.token());
     store
         .complete_one(&completed, &other, &record, RETENTION)
         .await

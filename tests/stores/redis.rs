@@ -18,9 +18,9 @@ use redis_proxy::RoundTripProxy;
 use redis_server::RedisServer;
 use tower_idempotency::IdempotencyStore;
 use tower_idempotency::fingerprint::Fingerprint;
-use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{CachedStore, LocalCache};
-use tower_idempotency::store::{Claim, Completion, Reservation, StoreKey};
+use tower_idempotency::store::{Completion, Reservation, StoreKey};
+use tower_idempotency::test_util::values;
 use tower_idempotency::{IdempotencyLayer, RedisStore};
 
 use suite::app::{Effects, router};
@@ -332,7 +332,7 @@ async fn lease_of_a_dead_instance_expires_then_processed_once() {
     let lease = Duration::from_millis(1500);
     let claimed = tokio::time::Instant::now();
     store
-        .reserve_one(&key, &Claim::new(Fingerprint::NONE), lease)
+        .reserve_one(&key, &values::claim(Fingerprint::NONE), lease)
         .await
         .unwrap();
     let (status, _, _) = send(&app, post("/effect", Some("evt_1"), "{}")).await;
@@ -386,8 +386,8 @@ async fn a_batch_of_five_costs_two_round_trips() {
     let store = RedisStore::new(proxy.connect().await);
     store.load_scripts().await.unwrap();
     let keys = batch_keys("new", N);
-    let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
-    let record = Record::ack(claim.fingerprint()).owned_by(claim.token());
+    let claim = values::claim(Fingerprint::of_bytes(b"{}"));
+    let record = values::owned_by(values::record_ack(claim.fingerprint()), claim.token());
     let retention = Duration::from_secs(3600);
     // Connection set-up and SCRIPT LOAD are not part of the measure.
     let _ = proxy.take_rounds();
@@ -419,7 +419,7 @@ async fn a_batch_of_five_costs_two_round_trips() {
 
     // The same batch again (a duplicate delivery): one round trip of N SETs.
     let monitor = server.monitor();
-    let again = Claim::new(Fingerprint::of_bytes(b"{}"));
+    let again = values::claim(Fingerprint::of_bytes(b"{}"));
     let duplicate = store
         .reserve(&keys_of(&keys), &again, Duration::from_secs(30))
         .await
@@ -444,8 +444,8 @@ async fn a_batch_of_five_costs_two_round_trips() {
     // that completed the batch answers its duplicate with no round trip.
     let cached = CachedStore::with_cache(RedisStore::new(proxy.connect().await), LocalCache::new());
     let fresh = batch_keys("cached", N);
-    let claim_c = Claim::new(Fingerprint::of_bytes(b"{}"));
-    let record_c = Record::ack(claim_c.fingerprint()).owned_by(claim_c.token());
+    let claim_c = values::claim(Fingerprint::of_bytes(b"{}"));
+    let record_c = values::owned_by(values::record_ack(claim_c.fingerprint()), claim_c.token());
     cached
         .reserve(&keys_of(&fresh), &claim_c, Duration::from_secs(30))
         .await
@@ -493,7 +493,7 @@ async fn a_batch_after_noscript_costs_one_more_round_trip() {
     let store = RedisStore::new(proxy.connect().await);
     store.load_scripts().await.unwrap();
     let keys = batch_keys("noscript", N);
-    let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
+    let claim = values::claim(Fingerprint::of_bytes(b"{}"));
     let lease = Duration::from_secs(30);
     store.reserve(&keys_of(&keys), &claim, lease).await.unwrap();
     let _ = proxy.take_rounds();

@@ -18,9 +18,9 @@ use tower_idempotency::IdempotencyStore;
 use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::fred;
-use tower_idempotency::store::record::{Record, StoredResponse};
 use tower_idempotency::store::{Claim, Completion, Reservation, StoreErrorKind, StoreKey, Token};
 use tower_idempotency::test_util::store::OneTarget;
+use tower_idempotency::test_util::values;
 
 /// A fresh server, a client of it, and a store on that client.
 async fn started() -> (RedisServer, Client, RedisStore<Client>) {
@@ -84,7 +84,7 @@ async fn absent_in_flight_completed_transitions() {
     held_by(&store, &key, &first, &dup, LEASE).await;
 
     // What the store writes: the record with the owner tag of the claim that completed it.
-    let record = Record::ack(first.fingerprint()).owned_by(first.token());
+    let record = values::owned_by(values::record_ack(first.fingerprint()), first.token());
     records(&store, &key, &first, &record, RETENTION).await;
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
     let ttl = pttl(&client, &key).await;
@@ -120,7 +120,12 @@ async fn absent_in_flight_completed_transitions() {
     // Another claim's completion is lost: a late finisher learns that it lost its lease.
     assert_eq!(
         store
-            .complete_one(&key, &dup, &Record::ack(dup.fingerprint()), RETENTION)
+            .complete_one(
+                &key,
+                &dup,
+                &values::record_ack(dup.fingerprint()),
+                RETENTION
+            )
             .await
             .unwrap(),
         Completion::Lost
@@ -154,13 +159,13 @@ async fn wrong_token_changes_nothing() {
     let key = StoreKey::new("tokens", None, "evt_1");
     let owner = claim(b"body");
     // Another claim of the same request: a token of its own (random).
-    let intruder = Claim::new(owner.fingerprint());
+    let intruder = values::claim(owner.fingerprint());
 
     store.reserve_one(&key, &owner, LEASE).await.unwrap();
     let before = get_raw(&client, &key).await.unwrap();
     let ttl_before = pttl(&client, &key).await;
 
-    let record = Record::ack(owner.fingerprint());
+    let record = values::record_ack(owner.fingerprint());
     neither_completes_nor_releases(&store, &key, &intruder, &record, RETENTION).await;
     assert_eq!(get_raw(&client, &key).await.unwrap(), before);
     let ttl_after = pttl(&client, &key).await;
@@ -194,7 +199,7 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
 
     let new = claim(b"body");
     reserves(&store, &key, &new, LEASE, Reservation::Acquired).await;
-    let record = Record::ack(old.fingerprint());
+    let record = values::record_ack(old.fingerprint());
     neither_completes_nor_releases(&store, &key, &old, &record, RETENTION).await;
     assert_eq!(get_raw(&client, &key).await.unwrap(), in_flight_value(&new));
     records(&store, &key, &new, &record, RETENTION).await;
@@ -202,7 +207,10 @@ async fn expired_lease_lets_a_new_claim_in_and_refuses_the_old_owner() {
     // Completed records expire with their retention too.
     let short = StoreKey::new("lease", None, "evt_2");
     let c = claim(b"body");
-    let (record, retention) = (Record::ack(c.fingerprint()), Duration::from_millis(100));
+    let (record, retention) = (
+        values::record_ack(c.fingerprint()),
+        Duration::from_millis(100),
+    );
     claim_and_record(&store, &short, &c, LEASE, &record, retention).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
     reserves(
@@ -236,16 +244,16 @@ async fn replay_records_round_trip() {
         let key = StoreKey::new("replay", Some("tenant-a"), &format!("evt_{i}"));
         let first = claim(&body);
         reserves(&store, &key, &first, LEASE, Reservation::Acquired).await;
-        let record = Record::replay(
-            first.fingerprint(),
-            StoredResponse::new(
+        let record = values::owned_by(
+            values::record_replay(
+                first.fingerprint(),
                 StatusCode::CREATED,
                 headers.clone(),
                 body,
                 (i % 2 == 0).then(|| trailers.clone()),
             ),
-        )
-        .owned_by(first.token());
+            first.token(),
+        );
         records(&store, &key, &first, &record, RETENTION).await;
         reserves(
             &store,
@@ -261,8 +269,8 @@ async fn replay_records_round_trip() {
     // still decodes.
     let key = StoreKey::new("replay", None, "ack");
     let fp = Fingerprint::from_bytes(*b"01234567");
-    let c = Claim::with_token(Token::from_bytes(*b"0123456789abcdef"), fp);
-    claim_and_record(&store, &key, &c, LEASE, &Record::ack(fp), RETENTION).await;
+    let c = values::claim_with_token(Token::from_bytes(*b"0123456789abcdef"), fp);
+    claim_and_record(&store, &key, &c, LEASE, &values::record_ack(fp), RETENTION).await;
     let stored = get_raw(&client, &key).await.unwrap();
     assert!(std::str::from_utf8(&stored).is_ok(), "{stored:?}");
     reserves(
@@ -270,7 +278,7 @@ async fn replay_records_round_trip() {
         &key,
         &claim(b"dup"),
         LEASE,
-        Reservation::Completed(Record::ack(fp).owned_by(c.token())),
+        Reservation::Completed(values::owned_by(values::record_ack(fp), c.token())),
     )
     .await;
 }
@@ -303,7 +311,7 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
     // Warm the script cache once, as any running process has.
     let warm = StoreKey::new("cost", None, "warm-up");
     let c = claim(b"w");
-    let record = Record::ack(c.fingerprint());
+    let record = values::record_ack(c.fingerprint());
     claim_and_record(&store, &warm, &c, LEASE, &record, RETENTION).await;
     let r = claim(b"w2");
     let warm2 = StoreKey::new("cost", None, "warm-up-2");
@@ -317,7 +325,14 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
         let c = claim(b"payload");
         reserves(&store, &key, &c, LEASE, Reservation::Acquired).await;
-        records(&store, &key, &c, &Record::ack(c.fingerprint()), RETENTION).await;
+        records(
+            &store,
+            &key,
+            &c,
+            &values::record_ack(c.fingerprint()),
+            RETENTION,
+        )
+        .await;
     }
     let sent = monitor.finish();
     let set = redis_server::command_calls(&client, "set").await;
@@ -416,7 +431,14 @@ async fn an_ack_record_is_one_small_string() {
     let in_flight = redis_server::memory_usage(&client, key.as_str())
         .await
         .unwrap();
-    records(&store, &key, &c, &Record::ack(c.fingerprint()), RETENTION).await;
+    records(
+        &store,
+        &key,
+        &c,
+        &values::record_ack(c.fingerprint()),
+        RETENTION,
+    )
+    .await;
     let completed = redis_server::memory_usage(&client, key.as_str())
         .await
         .unwrap();
@@ -457,7 +479,7 @@ async fn scripts_are_reloaded_after_noscript() {
     let key = StoreKey::new("noscript", None, "evt_1");
     let c = claim(b"x");
     store.reserve_one(&key, &c, LEASE).await.unwrap();
-    let record = Record::ack(c.fingerprint()).owned_by(c.token());
+    let record = values::owned_by(values::record_ack(c.fingerprint()), c.token());
     records(&store, &key, &c, &record, RETENTION).await;
     assert_eq!(get_raw(&client, &key).await.unwrap(), record.encode());
     assert_eq!(redis_server::command_calls(&client, "eval").await, 1);
@@ -466,7 +488,7 @@ async fn scripts_are_reloaded_after_noscript() {
     redis_server::reset_stats(&client).await;
     let key = StoreKey::new("noscript", None, "evt_2");
     let c = claim(b"x");
-    let record = Record::ack(c.fingerprint());
+    let record = values::record_ack(c.fingerprint());
     claim_and_record(&store, &key, &c, LEASE, &record, RETENTION).await;
     assert_eq!(redis_server::command_calls(&client, "evalsha").await, 1);
     assert_eq!(redis_server::command_calls(&client, "eval").await, 0);
@@ -511,7 +533,7 @@ async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
     let started = Instant::now();
     let err = tokio::time::timeout(
         Duration::from_secs(5),
-        store.complete_one(&key, &c, &Record::ack(c.fingerprint()), RETENTION),
+        store.complete_one(&key, &c, &values::record_ack(c.fingerprint()), RETENTION),
     )
     .await
     .expect("the store answers within 5 s while Redis is down")
@@ -544,7 +566,14 @@ async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
         }
     }
     // The script cache of the new process is empty: complete reloads it.
-    records(&store, &key, &c, &Record::ack(c.fingerprint()), RETENTION).await;
+    records(
+        &store,
+        &key,
+        &c,
+        &values::record_ack(c.fingerprint()),
+        RETENTION,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -606,13 +635,23 @@ async fn a_pool_and_a_client_are_both_stores() {
     let key = StoreKey::new("both", None, "evt_1");
     let c = claim(b"x");
     reserves(&pool, &key, &c, LEASE, Reservation::Acquired).await;
-    records(&client, &key, &c, &Record::ack(c.fingerprint()), RETENTION).await;
+    records(
+        &client,
+        &key,
+        &c,
+        &values::record_ack(c.fingerprint()),
+        RETENTION,
+    )
+    .await;
     reserves(
         &pool,
         &key,
         &claim(b"x"),
         LEASE,
-        Reservation::Completed(Record::ack(c.fingerprint()).owned_by(c.token())),
+        Reservation::Completed(values::owned_by(
+            values::record_ack(c.fingerprint()),
+            c.token(),
+        )),
     )
     .await;
     assert!(client.client().is_connected());

@@ -19,8 +19,8 @@ use redis_sentinel::{Deployment, RedisSentinel, command_calls, must};
 use tower_idempotency::RedisStore;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::NotReplicated;
-use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{Claim, Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::test_util::values;
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -33,7 +33,7 @@ fn a_missing_redis_server_is_a_loud_failure() {
 }
 
 fn claim() -> Claim {
-    Claim::new(Fingerprint::of_bytes(b"{}"))
+    values::claim(Fingerprint::of_bytes(b"{}"))
 }
 
 fn key(label: &str) -> StoreKey {
@@ -65,7 +65,7 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
     let healthy = key("healthy");
     let c = claim();
     store.reserve_one(&healthy, &c, LEASE).await.unwrap();
-    let record = Record::ack(c.fingerprint());
+    let record = values::record_ack(c.fingerprint());
     assert!(
         store
             .complete_one(&healthy, &c, &record, RETENTION)
@@ -85,7 +85,7 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
     let mut results = Vec::new();
     for (k, c) in &claims {
         let started = Instant::now();
-        let record = Record::ack(c.fingerprint());
+        let record = values::record_ack(c.fingerprint());
         let result = store.complete_one(k, c, &record, RETENTION).await;
         results.push((result, started.elapsed()));
     }
@@ -119,7 +119,7 @@ async fn durable_completion_reports_replicas_that_did_not_acknowledge() {
     let greedy = RedisStore::new(pool).durable_completion(2, timeout);
     let (k, c) = (key("greedy"), claim());
     greedy.reserve_one(&k, &c, LEASE).await.unwrap();
-    let record = Record::ack(c.fingerprint());
+    let record = values::record_ack(c.fingerprint());
     let error = greedy
         .complete_one(&k, &c, &record, RETENTION)
         .await
@@ -155,7 +155,7 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
     let promoted = deployment.wait_for_failover(killed, Duration::from_secs(30));
     assert_eq!(promoted, replica);
 
-    let record = Record::ack(a.fingerprint());
+    let record = values::record_ack(a.fingerprint());
     let deadline = Instant::now() + Duration::from_secs(10);
     let done = loop {
         match plain.complete_one(&key("a"), &a, &record, RETENTION).await {
@@ -172,7 +172,7 @@ async fn scripts_are_reloaded_on_the_promoted_replica() {
 
     // Durable: the same fallback; the promoted primary has no replica, so WAIT falls short.
     must(promoted, &["SCRIPT", "FLUSH", "SYNC"]);
-    let record = Record::ack(b.fingerprint());
+    let record = values::record_ack(b.fingerprint());
     let error = durable
         .complete_one(&key("b"), &b, &record, RETENTION)
         .await

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Row};
 use tower_idempotency::SqliteStore;
-use tower_idempotency::store::record::{Record, StoredResponse};
 use tower_idempotency::store::{Reservation, StoreErrorKind, StoreKey};
+use tower_idempotency::test_util::values;
 
 /// A temporary directory, removed on drop.
 pub(crate) struct TempDir(PathBuf);
@@ -94,7 +94,7 @@ async fn absent_in_flight_completed_transitions() {
     // The same claim again is still ours; a duplicate sees the first fingerprint.
     let dup = claim(b"{\"a\":1}");
     held_by(&store, &key, &first, &dup, LEASE).await;
-    let record = Record::ack(first.fingerprint()).owned_by(first.token());
+    let record = values::owned_by(values::record_ack(first.fingerprint()), first.token());
     neither_completes_nor_releases(&store, &key, &dup, &record, RETENTION).await;
 
     records(&store, &key, &first, &record, RETENTION).await;
@@ -161,16 +161,16 @@ async fn completed_keys_survive_an_app_restart() {
     let first = claim(b"body");
     let mut headers = http::HeaderMap::new();
     headers.insert("content-type", "application/json".parse().unwrap());
-    let record = Record::replay(
-        first.fingerprint(),
-        StoredResponse::new(
+    let record = values::owned_by(
+        values::record_replay(
+            first.fingerprint(),
             http::StatusCode::CREATED,
             headers,
             bytes::Bytes::from_static(b"{\"id\":1}"),
             None,
         ),
-    )
-    .owned_by(first.token());
+        first.token(),
+    );
     {
         let store = open(&dir.db()).await;
         claim_and_record(&store, &key, &first, LEASE, &record, RETENTION).await;

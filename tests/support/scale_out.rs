@@ -29,9 +29,9 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_idempotency::fingerprint::Fingerprint;
 use tower_idempotency::store::LocalCache;
-use tower_idempotency::store::record::Record;
-use tower_idempotency::store::{Claim, StoreErrorKind, StoreKey};
+use tower_idempotency::store::{StoreErrorKind, StoreKey};
 use tower_idempotency::test_util::store::OneTarget;
+use tower_idempotency::test_util::values;
 use tower_idempotency::{IdempotencyLayer, IdempotencyStore, RedisStore, Scope};
 
 /// The shape of the load.
@@ -275,12 +275,12 @@ pub async fn complete_latencies<St: IdempotencyStore>(
     let mut short = 0;
     for i in 0..n {
         let key = StoreKey::new(label, None, &format!("{}-{i}", std::process::id()));
-        let claim = Claim::new(Fingerprint::of_bytes(b"{}"));
+        let claim = values::claim(Fingerprint::of_bytes(b"{}"));
         store
             .reserve_one(&key, &claim, Duration::from_secs(30))
             .await
             .unwrap();
-        let record = Record::ack(claim.fingerprint());
+        let record = values::record_ack(claim.fingerprint());
         let started = Instant::now();
         let done = store
             .complete_one(&key, &claim, &record, Duration::from_secs(3600))
@@ -581,7 +581,7 @@ pub async fn inbox_enqueue_across_a_lagging_failover<T: Topology>(
     topology: T,
     durable: bool,
 ) -> InboxFailover {
-    use tower_idempotency::inbox::{InboxEntry, InboxRequest, InboxStore, RedisInbox, Worker};
+    use tower_idempotency::inbox::{InboxRequest, InboxStore, RedisInbox, Worker};
     let name = "lagging";
     let tag_key = format!("{{inbox:{name}}}:due");
     let (primary, replica) = topology.primary_and_replica(&tag_key);
@@ -592,10 +592,10 @@ pub async fn inbox_enqueue_across_a_lagging_failover<T: Topology>(
     }
     let entry = || {
         let key = StoreKey::new("lagging", None, "evt_1");
-        InboxEntry::new(key, bytes::Bytes::from_static(b"{}"), "req-1")
+        values::inbox_entry(key, bytes::Bytes::from_static(b"{}"), "req-1")
     };
     // The scripts loaded on the primary, and everything so far on the replica.
-    let warm = InboxEntry::new(StoreKey::new("lagging", None, "warm"), "{}".into(), "w");
+    let warm = values::inbox_entry(StoreKey::new("lagging", None, "warm"), "{}".into(), "w");
     inbox.enqueue(warm.clone()).await.unwrap();
     let warmed = inbox.take(1, Duration::from_secs(60)).await.unwrap();
     inbox

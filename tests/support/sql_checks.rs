@@ -12,6 +12,7 @@ use tower_idempotency::store::record::Record;
 use tower_idempotency::store::sql::{Dialect, SqlStore};
 use tower_idempotency::store::{Claim, Reservation, StoreKey};
 use tower_idempotency::test_util::store::OneTarget;
+use tower_idempotency::test_util::values;
 
 use crate::store_steps::{LEASE, RETENTION, claim};
 
@@ -77,7 +78,7 @@ where
         store.reserve_one(&key, &c, LEASE).await.unwrap();
         if i % 2 == 1 {
             store
-                .complete_one(&key, &c, &Record::ack(c.fingerprint()), RETENTION)
+                .complete_one(&key, &c, &values::record_ack(c.fingerprint()), RETENTION)
                 .await
                 .unwrap();
         }

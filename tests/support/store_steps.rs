@@ -12,6 +12,7 @@ use tower_idempotency::store::record::Record;
 use tower_idempotency::store::{Claim, Reservation, StoreKey};
 use tower_idempotency::test_util::store::OneTarget;
 pub use tower_idempotency::test_util::store::reserves;
+use tower_idempotency::test_util::values;
 
 /// The lease of the backends' claims.
 pub const LEASE: Duration = Duration::from_secs(30);
@@ -24,7 +25,7 @@ pub const RECORD_RETENTION: Duration = Duration::from_secs(1);
 
 /// A claim of a request whose body is `body`.
 pub fn claim(body: &[u8]) -> Claim {
-    Claim::new(Fingerprint::of_bytes(body))
+    values::claim(Fingerprint::of_bytes(body))
 }
 
 /// A duplicate of `key` (another claim of the request `record` answered) is answered `record`.
@@ -35,7 +36,7 @@ pub async fn replays<St: IdempotencyStore>(
     record: &Record,
     lease: Duration,
 ) {
-    let dup = Claim::new(record.fingerprint());
+    let dup = values::claim(values::fingerprint_of(record));
     reserves(
         store,
         key,
@@ -141,9 +142,9 @@ pub async fn expired_claim_taken_over<St: IdempotencyStore>(
     store.reserve_one(key, old, expiring).await.unwrap();
     tokio::time::sleep(expiring * 2).await;
     reserves(store, key, new, lease, Reservation::Acquired).await;
-    let record = Record::ack(old.fingerprint());
+    let record = values::record_ack(old.fingerprint());
     neither_completes_nor_releases(store, key, old, &record, lease).await;
-    let another = Claim::new(Fingerprint::of_bytes(b"another"));
+    let another = values::claim(Fingerprint::of_bytes(b"another"));
     let in_flight = Reservation::InFlight {
         fingerprint: new.fingerprint(),
     };
@@ -160,9 +161,9 @@ pub async fn record_expires<St: IdempotencyStore>(
     lease: Duration,
     retention: Duration,
 ) {
-    let record = Record::ack(first.fingerprint()).owned_by(first.token());
+    let record = values::owned_by(values::record_ack(first.fingerprint()), first.token());
     claim_and_record(store, key, first, lease, &record, retention).await;
-    let dup = || Claim::new(first.fingerprint());
+    let dup = || values::claim(first.fingerprint());
     reserves(store, key, &dup(), lease, Reservation::Completed(record)).await;
     tokio::time::sleep(retention + Duration::from_millis(200)).await;
     reserves(store, key, &dup(), lease, Reservation::Acquired).await;
@@ -196,7 +197,7 @@ pub async fn fifty_claims_one_winner<St: IdempotencyStore>(
     lease: Duration,
     round: usize,
 ) {
-    let claim = || Claim::new(Fingerprint::of_bytes(b"same"));
+    let claim = || values::claim(Fingerprint::of_bytes(b"same"));
     let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(50));
     let tasks: Vec<_> = (0..50)
         .map(|i| {
