@@ -325,14 +325,8 @@ async fn first_delivery_costs_two_commands_and_a_duplicate_one() {
         let key = StoreKey::new("cost", None, &format!("evt_{i}"));
         let c = claim(b"payload");
         reserves(&store, &key, &c, LEASE, Reservation::Acquired).await;
-        records(
-            &store,
-            &key,
-            &c,
-            &values::record_ack(c.fingerprint()),
-            RETENTION,
-        )
-        .await;
+        let record = values::record_ack(c.fingerprint());
+        records(&store, &key, &c, &record, RETENTION).await;
     }
     let sent = monitor.finish();
     let set = redis_server::command_calls(&client, "set").await;
@@ -431,14 +425,8 @@ async fn an_ack_record_is_one_small_string() {
     let in_flight = redis_server::memory_usage(&client, key.as_str())
         .await
         .unwrap();
-    records(
-        &store,
-        &key,
-        &c,
-        &values::record_ack(c.fingerprint()),
-        RETENTION,
-    )
-    .await;
+    let record = values::record_ack(c.fingerprint());
+    records(&store, &key, &c, &record, RETENTION).await;
     let completed = redis_server::memory_usage(&client, key.as_str())
         .await
         .unwrap();
@@ -566,14 +554,8 @@ async fn redis_down_is_an_error_in_bounded_time_and_the_same_client_recovers() {
         }
     }
     // The script cache of the new process is empty: complete reloads it.
-    records(
-        &store,
-        &key,
-        &c,
-        &values::record_ack(c.fingerprint()),
-        RETENTION,
-    )
-    .await;
+    let record = values::record_ack(c.fingerprint());
+    records(&store, &key, &c, &record, RETENTION).await;
 }
 
 #[tokio::test]
