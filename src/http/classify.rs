@@ -97,7 +97,12 @@ impl Classifier {
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
-        .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"))
+        .is_some_and(says_grpc)
+}
+
+/// Whether a `content-type` value says gRPC.
+pub(crate) fn says_grpc(content_type: &http::HeaderValue) -> bool {
+    content_type.as_bytes().starts_with(b"application/grpc")
 }
 
 /// The verdict of a `grpc-status` header, if present: success only for `0`.

@@ -32,14 +32,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::CONTENT_LENGTH;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
 use crate::http::answer::reject;
 use crate::http::body::{RequestBody, ResponseBody};
-use crate::http::classify::is_grpc;
+use crate::http::classify::says_grpc;
 use crate::http::future::ResponseFuture;
 use crate::http::phase::{Config, prelude};
 use crate::http::rejection::Rejection;
@@ -128,9 +128,8 @@ where
             let _entered = span.enter();
             settings.claim.policy.observer.request_stopwatch()
         };
-        let grpc = is_grpc(req.headers());
-        if content_length(req.headers()).is_some_and(|len| len > settings.intake.body_limit as u64)
-        {
+        let (grpc, length) = intake(req.headers());
+        if length.is_some_and(|len| len > settings.intake.body_limit as u64) {
             let rejection = Rejection::PayloadTooLarge {
                 limit: settings.intake.body_limit,
             };
@@ -146,6 +145,46 @@ where
     }
 }
 
-fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+/// Whether a request's head says gRPC (its first `content-type`) and its first
+/// `content-length`, as `HeaderMap::get` finds them, in one pass over its few headers rather
+/// than a lookup each (each hashes its name).
+fn intake(headers: &HeaderMap) -> (bool, Option<u64>) {
+    let (mut content_type, mut length) = (None, None);
+    for (name, value) in headers {
+        if *name == CONTENT_TYPE {
+            content_type.get_or_insert(value);
+        } else if *name == CONTENT_LENGTH {
+            length.get_or_insert(value);
+        }
+    }
+    let length = length.and_then(|value| value.to_str().ok()?.parse().ok());
+    (content_type.is_some_and(says_grpc), length)
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+
+    /// The one pass finds what `HeaderMap::get` finds: the first value of each name.
+    #[test]
+    fn intake_reads_the_first_content_type_and_length() {
+        assert_eq!(intake(&HeaderMap::new()), (false, None));
+        let mut headers = HeaderMap::new();
+        headers.insert("x-other", HeaderValue::from_static("1"));
+        headers.append(CONTENT_LENGTH, HeaderValue::from_static("12"));
+        headers.append(CONTENT_LENGTH, HeaderValue::from_static("99999"));
+        headers.append(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc+proto"),
+        );
+        headers.append(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        assert_eq!(intake(&headers), (true, Some(12)));
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        headers.append(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(CONTENT_LENGTH, HeaderValue::from_static("twelve"));
+        assert_eq!(intake(&headers), (false, None));
+    }
 }

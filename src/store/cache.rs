@@ -118,8 +118,8 @@ fn cost(record: &Record) -> usize {
 /// store's too): up to 16 independently locked shards, each with its share of both bounds;
 /// when one is full, the entry nearest to its expiry goes (with one life for the records this
 /// instance writes, the oldest), and a record larger than a shard's share of the bytes is not
-/// cached. Expired entries are dropped whenever their shard is touched. Every operation is
-/// O(1).
+/// cached. Expired entries are dropped whenever a record is added to their shard or found
+/// there. Every operation is O(1).
 ///
 /// ```
 /// use std::convert::Infallible;
@@ -305,7 +305,7 @@ impl LocalCache {
     }
 
     /// The number of records held, including expired ones not yet dropped (they are dropped
-    /// when their shard is next touched).
+    /// when a record is next added to their shard or found there).
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -335,7 +335,8 @@ impl LocalCache {
             return None;
         }
         let slot = Slot::of(key);
-        let (table, now) = self.map.shard(&slot);
+        // A first delivery misses: its lookup reads no clock (nothing expired can be found).
+        let (table, now) = self.map.shard_holding(&slot)?;
         table.get(&slot, now).map(|cached| cached.0.clone())
     }
 
@@ -378,13 +379,14 @@ impl LocalCache {
             return;
         }
         let slot = Slot::of(key);
-        let (mut table, now) = self.map.shard(&slot);
-        let expires = self
-            .map
-            .nanos_at(from)
-            .saturating_add(super::map::nanos(life));
-        // Evicting is always allowed: the store still holds whatever goes.
-        let _ = table.insert_until(slot, Cached(record.clone()), expires, life, now, true);
+        // The entry's life starts at `from`; so does the look for what expired in its shard,
+        // rather than at a clock read of its own (what expired since goes at the next look).
+        let from = self.map.nanos_at(from);
+        let mut table = self.map.shard_at(&slot, from);
+        let expires = from.saturating_add(super::map::nanos(life));
+        // Evicting is always allowed: the store still holds whatever goes. (The ages of the
+        // entries evicted, counted from `from`, are not kept.)
+        let _ = table.insert_until(slot, Cached(record.clone()), expires, life, from, true);
     }
 
     /// What a reserve's answer (to a call made at `asked`) teaches: a completed record is

@@ -9,8 +9,9 @@
 //! - **expiry in O(1)**: every entry has an expiry instant; expiry items wait in first-in,
 //!   first-out queues, one per time to live (a layer uses a few: its lease, its retention, the
 //!   cache's lives), so each queue is sorted by construction and its head is the next to
-//!   expire; rare other lives go to a heap. Every lock of a shard first drops what expired
-//!   there, so memory follows the live entries;
+//!   expire; rare other lives go to a heap. Every lock of a shard that may add to it first
+//!   drops what expired there, so memory follows the live entries (a lookup that finds
+//!   nothing, and a removal, may skip it);
 //! - **bounds on entries and on bytes**, each shard holding an equal share of both, so that a
 //!   full shard makes room by itself under its own lock: the entry nearest to its expiry among
 //!   those its value allows to be evicted ([`Weigh::evictable`]: the memory store never evicts
@@ -174,6 +175,29 @@ impl<V: Weigh> ExpiringMap<V> {
         lock(&self.shards[self.index(slot)])
     }
 
+    /// Locks the shard of `slot` after dropping what expired there by `now`, a time the caller
+    /// read earlier, instead of reading the clock under the lock: for an entry set from that
+    /// same earlier read. What expires between `now` and the present stays until the next
+    /// look (lookups check the expiry themselves).
+    pub(super) fn shard_at(&self, slot: &Slot, now: u64) -> MutexGuard<'_, Table<V>> {
+        let mut table = lock(&self.shards[self.index(slot)]);
+        table.expire(now);
+        table
+    }
+
+    /// Locks the shard of `slot` as [`shard`](Self::shard) does when it holds an entry for
+    /// `slot` (live or not); `None` when it holds none, without reading the clock or dropping
+    /// what expired: a lookup that misses needs neither.
+    pub(super) fn shard_holding(&self, slot: &Slot) -> Option<(MutexGuard<'_, Table<V>>, u64)> {
+        let mut table = lock(&self.shards[self.index(slot)]);
+        if !table.entries.contains_key(slot) {
+            return None;
+        }
+        let now = self.now();
+        table.expire(now);
+        Some((table, now))
+    }
+
     /// Locks the shards of every slot of `slots`, each once, in index order (so that two
     /// callers never wait for each other in a circle), after dropping what expired there.
     pub(super) fn lock(&self, slots: &[Slot]) -> (Locked<'_, V>, u64) {
@@ -312,7 +336,10 @@ impl<V: Weigh> Table<V> {
     ) -> Result<Vec<Evicted>, Full> {
         let cost = value.bytes();
         let mut evicted = Vec::new();
-        if !self.entries.contains_key(&slot) {
+        // With room for a new entry, nothing needs to know whether `slot` holds one yet: one
+        // lookup, the insertion's own.
+        let room = self.entries.len() < self.max_entries && self.bytes + cost <= self.max_bytes;
+        if !room && !self.entries.contains_key(&slot) {
             if self.max_entries == 0 || cost > self.max_bytes {
                 return Err(Full(evicted));
             }
@@ -332,23 +359,16 @@ impl<V: Weigh> Table<V> {
             life: nanos(life),
             cost,
         };
-        match self.entries.entry(slot) {
-            hash_map::Entry::Occupied(mut occupied) => {
-                let old = occupied.get();
-                self.expiries.lane(old.value.evictable()).retire(
-                    old.expires,
-                    Duration::from_nanos(old.life),
-                    &slot,
-                );
-                self.bytes -= old.cost;
-                occupied.insert(entry);
-            }
-            hash_map::Entry::Vacant(vacant) => {
-                vacant.insert(entry);
-            }
+        if let Some(old) = self.entries.insert(slot, entry) {
+            self.expiries.lane(old.value.evictable()).retire(
+                old.expires,
+                Duration::from_nanos(old.life),
+                &slot,
+            );
+            self.bytes -= old.cost;
         }
         self.bytes += cost;
-        self.expiries.lane(evictable).schedule(life, expires, slot);
+        self.expiries.schedule(evictable, life, expires, slot);
         Ok(evicted)
     }
 
@@ -358,11 +378,14 @@ impl<V: Weigh> Table<V> {
         let Some(entry) = self.entries.get_mut(slot).filter(|e| e.expires > now) else {
             return false;
         };
-        let lane = self.expiries.lane(entry.value.evictable());
-        lane.retire(entry.expires, Duration::from_nanos(entry.life), slot);
+        let evictable = entry.value.evictable();
+        self.expiries
+            .lane(evictable)
+            .retire(entry.expires, Duration::from_nanos(entry.life), slot);
         entry.expires = now.saturating_add(nanos(life));
         entry.life = nanos(life);
-        lane.schedule(life, entry.expires, *slot);
+        self.expiries
+            .schedule(evictable, life, entry.expires, *slot);
         true
     }
 
@@ -456,6 +479,10 @@ pub(super) fn nanos(duration: Duration) -> u64 {
 struct Expiries {
     evictable: Lane,
     kept: Lane,
+    /// No head of a queue or of a heap is due before this instant (a lower bound: zero, or
+    /// an item since retired or dropped, only costs a look at the heads): every lock of a
+    /// shard looks for what expired, and nothing usually has.
+    due: u64,
 }
 
 impl Expiries {
@@ -471,9 +498,20 @@ impl Expiries {
         self.evictable.len() + self.kept.len()
     }
 
+    /// Schedules the expiry of `slot` at `expires` (`life` after it was set), in the lane of
+    /// an `evictable` entry or of a kept one.
+    fn schedule(&mut self, evictable: bool, life: Duration, expires: u64, slot: Slot) {
+        self.due = self.due.min(expires);
+        self.lane(evictable).schedule(life, expires, slot);
+    }
+
     fn pop_due(&mut self, now: u64, mut expire: impl FnMut(u64, &Slot)) {
+        if now < self.due {
+            return;
+        }
         self.evictable.pop_due(now, &mut expire);
         self.kept.pop_due(now, expire);
+        self.due = self.evictable.earliest().min(self.kept.earliest());
     }
 
     fn retain(&mut self, mut keep: impl FnMut(u64, &Slot) -> bool) {
@@ -507,6 +545,19 @@ enum Head {
 impl Lane {
     fn len(&self) -> usize {
         self.queues.iter().map(|q| q.items.len()).sum::<usize>() + self.heap.len()
+    }
+
+    /// The earliest instant at the head of a queue or of the heap (`u64::MAX` when there is
+    /// none): a queue is sorted as far as its writers' clocks were, so what waits behind its
+    /// head waits for it (see [`pop_due`](Self::pop_due)).
+    fn earliest(&self) -> u64 {
+        let heads = self.queues.iter().filter_map(|q| q.items.front());
+        let heap = self.heap.peek().map(|Reverse(item)| item);
+        heads
+            .chain(heap)
+            .map(|(at, _)| *at)
+            .min()
+            .unwrap_or(u64::MAX)
     }
 
     /// Schedules the expiry of `slot` at `expires` (`life` after it was set).

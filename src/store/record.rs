@@ -278,17 +278,6 @@ fn owner_tag(token: &Token) -> [u8; OWNER_LEN] {
     tag
 }
 
-/// Appends the prefix of a record written by the claim of `token` to `out`: tag byte
-/// excluded, so it matches both ack and replay records at offset 1 (what the Redis `complete`
-/// script compares).
-#[cfg_attr(
-    not(feature = "redis"),
-    allow(dead_code, reason = "the Redis store writes it")
-)]
-pub(crate) fn put_owner(token: &Token, out: &mut BytesMut) {
-    out.put_slice(&owner_tag(token));
-}
-
 /// What [`put_headers`] writes for `headers`.
 fn headers_len(headers: &HeaderMap) -> usize {
     2 + headers
@@ -527,13 +516,16 @@ mod tests {
         }
         let mut out = BytesMut::new();
         StoredValue::put_owner_prefix(&token, &mut out);
-        put_owner(&token, &mut out);
-        assert_eq!(out.len(), OWNER_PREFIX_LEN + OWNER_LEN);
-        assert_eq!(
-            &out[..OWNER_PREFIX_LEN],
-            &StoredValue::owner_prefix(&token)[..]
-        );
-        assert_eq!(&out[OWNER_PREFIX_LEN..], &owner_tag(&token)[..]);
+        assert_eq!(out.len(), OWNER_PREFIX_LEN);
+        assert_eq!(&out[..], &StoredValue::owner_prefix(&token)[..]);
+        // The Redis `complete` scripts read a record's owner tag (its bytes after the tag
+        // byte) as the owner prefix's bytes after its tag byte.
+        assert_eq!(&out[1..1 + OWNER_LEN], &owner_tag(&token)[..]);
+        for record in [sample(), Record::ack(Fingerprint::of_bytes(b"y"))] {
+            let encoded = record.encode_for(&token);
+            assert!(matches!(encoded[0], 4 | 5), "{}", encoded[0]);
+            assert_eq!(&encoded[1..1 + OWNER_LEN], &out[1..1 + OWNER_LEN]);
+        }
     }
 
     #[test]

@@ -19,10 +19,14 @@ use crate::store::{StoreErrorKind, StoreKey};
 use crate::util::in_box;
 
 /// `complete`: KEYS[1] = key, ARGV[1] = owner prefix (17 bytes), ARGV[2] = encoded record,
-/// ARGV[3] = retention in milliseconds, ARGV[4] = owner tag (3 bytes). Returns 1 when the
-/// record was written, 2 when the key already holds a record of this owner (a retried
-/// completion whose first attempt landed), 0 otherwise.
+/// ARGV[3] = retention in milliseconds. Returns 1 when the record was written, 2 when the key
+/// already holds a record of this owner (a retried completion whose first attempt landed:
+/// the record's bytes 2 to 4, its owner tag, are the owner prefix's bytes 2 to 4, the
+/// token's first `OWNER_LEN` bytes, read from ARGV[1] rather than sent apart), 0 otherwise.
 pub(super) const COMPLETE_LUA: &str = include_str!("lua/complete.lua");
+
+// The scripts compare an owner tag as the owner prefix's bytes 2 to 4.
+const _: () = assert!(crate::store::record::OWNER_LEN == 3);
 
 /// `renew`: KEYS[1] = key, ARGV[1] = owner prefix (17 bytes), ARGV[2] = lease in
 /// milliseconds. Returns 1 when the claim's lease was extended, 0 otherwise.
@@ -46,8 +50,8 @@ pub(crate) const LESS_LUA: &str = include_str!("lua/less.lua");
 static RESERVE_ORDERED_LUA: LazyLock<String> =
     LazyLock::new(|| LESS_LUA.to_owned() + include_str!("lua/reserve_ordered.lua"));
 
-/// `complete_ordered`, one event: KEYS as for `reserve_ordered`; ARGV[1..4] as for
-/// `complete`, ARGV[5] = the position. Writes the record and raises the watermark (same
+/// `complete_ordered`, one event: KEYS as for `reserve_ordered`; ARGV[1..3] as for
+/// `complete`, ARGV[4] = the position. Writes the record and raises the watermark (same
 /// retention) when the key holds this claim; lets go of the object's lease when this claim
 /// holds it, whatever the key holds. Returns as `complete` does.
 static COMPLETE_ORDERED_LUA: LazyLock<String> =

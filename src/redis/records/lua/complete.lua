@@ -7,7 +7,7 @@ if string.sub(v, 1, 17) == ARGV[1] then
   return 1
 end
 local tag = string.byte(v, 1)
-if (tag == 4 or tag == 5) and string.sub(v, 2, 1 + string.len(ARGV[4])) == ARGV[4] then
+if (tag == 4 or tag == 5) and string.sub(v, 2, 4) == string.sub(ARGV[1], 2, 4) then
   return 2
 end
 return 0
