@@ -618,12 +618,15 @@ impl ClaimGuard {
         if state.quick_settle {
             state.settling.store(true, Ordering::Relaxed);
         }
-        let ack = || Record::ack(state.claim.fingerprint());
+        // Owned by the claim, so that a store keeping `record.encode()` as it is (one outside
+        // the crate) recognises a retried completion with `is_owned_by`.
+        let token = state.claim.token();
+        let ack = || Record::ack(state.claim.fingerprint()).owned_by(token);
         let (record, release) = match ending {
             Ending::Succeeded(response) => {
                 let record = match response {
                     Some(response) if self.items.is_none() => {
-                        Record::replay(state.claim.fingerprint(), *response)
+                        Record::replay(state.claim.fingerprint(), *response).owned_by(token)
                     }
                     _ => ack(),
                 };

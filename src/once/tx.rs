@@ -214,7 +214,9 @@ impl<DB: Dialect> InTx<'_, DB> {
             Err(err) => return abort(guard, tx, OnceError::Failed(err)).await,
         };
         let record = match encode(&value) {
-            Ok(stored) => Record::replay(guard.claim().fingerprint(), stored),
+            Ok(stored) => {
+                Record::replay(guard.claim().fingerprint(), stored).owned_by(guard.claim().token())
+            }
             Err(err) => return abort(guard, tx, OnceError::Encode(err)).await,
         };
         // From the completion on, the row is locked by `tx` (PostgreSQL) or the database by

@@ -59,6 +59,10 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     /// With an order, in the same atomic step: the object's watermark is raised to the
     /// position (when higher, kept for `retention`) and the object lease let go (when this
     /// claim's); a lost claim writes nothing but still lets go of this claim's object lease.
+    ///
+    /// The layer hands over a record owned by `claim`: a store may keep
+    /// [`record.encode()`](Record::encode) as it is, and tell a retried completion by
+    /// [`Record::decode`] of what the key holds and [`is_owned_by`](Record::is_owned_by)`(claim.token())`.
     fn complete(
         &self,
         targets: &[Target],

@@ -469,3 +469,78 @@ async fn a_settlement_cut_off_after_its_write_is_finished_without_a_lost_lease()
         .sum();
     assert_eq!(lost, 0, "a repeated completion is not a lost lease");
 }
+
+/// What a store written outside the crate sees in `complete`: only the public API. It keeps the
+/// encoded record and records whether it would tell a retried completion of this claim.
+#[derive(Clone, Default)]
+struct Outside {
+    inner: MemoryStore,
+    owned: Arc<Mutex<Vec<bool>>>,
+}
+
+impl tower_idempotency::IdempotencyStore for Outside {
+    async fn reserve(
+        &self,
+        targets: &[Target],
+        claim: &tower_idempotency::store::Claim,
+        lease: Duration,
+    ) -> Result<Vec<tower_idempotency::store::Reservation>, StoreError> {
+        self.inner.reserve(targets, claim, lease).await
+    }
+
+    async fn complete(
+        &self,
+        targets: &[Target],
+        claim: &tower_idempotency::store::Claim,
+        record: &tower_idempotency::store::record::Record,
+        retention: Duration,
+    ) -> Result<Vec<tower_idempotency::store::Completion>, StoreError> {
+        let kept = tower_idempotency::store::record::Record::decode(&record.encode()).unwrap();
+        self.owned
+            .lock()
+            .unwrap()
+            .push(kept.is_owned_by(claim.token()));
+        self.inner.complete(targets, claim, record, retention).await
+    }
+
+    async fn release(
+        &self,
+        targets: &[Target],
+        claim: &tower_idempotency::store::Claim,
+    ) -> Result<usize, StoreError> {
+        self.inner.release(targets, claim).await
+    }
+
+    async fn renew(
+        &self,
+        targets: &[Target],
+        claim: &tower_idempotency::store::Claim,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.renew(targets, claim, lease).await
+    }
+}
+
+/// The layer hands `complete` a record owned by its claim, in ack and in replay mode: a store
+/// that keeps `record.encode()` as it is tells a retried completion by `is_owned_by`.
+#[tokio::test]
+async fn complete_gets_a_record_owned_by_its_claim() {
+    let owned = Arc::new(Mutex::new(Vec::new()));
+    let store = || Outside {
+        inner: MemoryStore::new(),
+        owned: owned.clone(),
+    };
+    for layer in [
+        IdempotencyLayer::webhook(store()),
+        IdempotencyLayer::api(store()),
+    ] {
+        let service = ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(|_: Req| async {
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"{\"id\":1}"))))
+            });
+        let response = service.oneshot(keyed()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert_eq!(*owned.lock().unwrap(), [true, true]);
+}
