@@ -429,8 +429,13 @@ impl<V: Weigh> Table<V> {
     fn evict_oldest(&mut self, now: u64) -> Option<Evicted> {
         let entries = &self.entries;
         let current = |at: u64, slot: &Slot| entries.get(slot).is_some_and(|e| e.expires == at);
-        let (head, expires, slot) = self.expiries.evictable.oldest(current)?;
-        self.expiries.evictable.pop(head);
+        let found = self.expiries.evictable.oldest(current);
+        if let Some((head, _, _)) = found {
+            self.expiries.evictable.pop(head);
+        }
+        // The lookup and the pop take heads off: look at what is first now.
+        self.expiries.heads_changed();
+        let (_, expires, slot) = found?;
         let entry = self.entries.remove(&slot)?;
         self.bytes -= entry.cost;
         self.evictions += 1;
@@ -446,7 +451,10 @@ impl<V: Weigh> Table<V> {
     fn oldest_evictable(&mut self) -> Option<(Slot, u64, Duration)> {
         let entries = &self.entries;
         let current = |at: u64, slot: &Slot| entries.get(slot).is_some_and(|e| e.expires == at);
-        let (_, expires, slot) = self.expiries.evictable.oldest(current)?;
+        let found = self.expiries.evictable.oldest(current);
+        // The lookup takes stale heads off: look at what is first now.
+        self.expiries.heads_changed();
+        let (_, expires, slot) = found?;
         let life = self.entries.get(&slot).map_or(0, |e| e.life);
         Some((slot, expires, Duration::from_nanos(life)))
     }
@@ -511,12 +519,20 @@ impl Expiries {
         }
         self.evictable.pop_due(now, &mut expire);
         self.kept.pop_due(now, expire);
+        self.heads_changed();
+    }
+
+    /// Sets [`due`](Self::due) to the earliest head again, after heads were popped: an item
+    /// behind a head may be due before it (a queue is sorted only as far as its writers'
+    /// clocks agree), and must not wait for the head it followed.
+    fn heads_changed(&mut self) {
         self.due = self.evictable.earliest().min(self.kept.earliest());
     }
 
     fn retain(&mut self, mut keep: impl FnMut(u64, &Slot) -> bool) {
         self.evictable.retain(&mut keep);
         self.kept.retain(keep);
+        self.heads_changed();
     }
 }
 
@@ -752,6 +768,41 @@ mod tests {
         assert!(table.get(&slot(1), now).is_none());
         assert_eq!(table.len(), 3);
         assert_eq!(table.evictions, 1);
+    }
+
+    /// An entry behind the head of its queue that expires before it (its life counted from an
+    /// earlier clock read) is dropped when it expires, also once the head it followed was
+    /// evicted.
+    #[test]
+    fn an_entry_behind_an_evicted_head_expires_in_time() {
+        let map: ExpiringMap<Value> = ExpiringMap::new(3, 1 << 30);
+        assert_eq!(map.shards.len(), 1);
+        let (mut table, now) = map.shard(&slot(0));
+        let short = Duration::from_nanos(5);
+        table
+            .insert(slot(9), value(true), short, now, true)
+            .unwrap();
+        // One life, one queue: slot 1 follows slot 0 and expires a microsecond before it.
+        table
+            .insert(slot(0), value(true), LONG, now + 1000, true)
+            .unwrap();
+        table.insert(slot(1), value(true), LONG, now, true).unwrap();
+        // Slot 9 expires: the heads are looked at again (slot 0 heads its queue).
+        table.expire(now + 10);
+        assert_eq!(table.len(), 2);
+        table
+            .insert(slot(2), value(true), 2 * LONG, now, true)
+            .unwrap();
+        // Full: another entry evicts the earliest head, slot 0.
+        let evicted = table.insert(slot(3), value(true), 2 * LONG, now, true);
+        assert_eq!(evicted.unwrap().len(), 1);
+        assert!(table.get(&slot(0), now).is_none());
+        table.expire(now + nanos(LONG));
+        assert!(
+            !table.entries.contains_key(&slot(1)),
+            "slot 1 expired: dropped"
+        );
+        assert_eq!(table.len(), 2);
     }
 
     #[test]
