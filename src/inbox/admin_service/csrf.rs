@@ -86,27 +86,23 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 ///
 /// That is a request from a browser, which sends at least one of `Origin`, `Sec-Fetch-Site`
 /// (both on every form `POST` of a current one) and `Cookie` (where the application's login
-/// is a cookie); and, whatever its headers, one whose body is a form, a multipart form or
-/// plain text: the only bodies a page may send to another site without asking it first (a
-/// CORS preflight), so an old browser that sends none of those headers, logged in with HTTP
-/// basic authentication, is covered too. A client that sends none of those headers and no
-/// such body (curl without `-d`, a JSON client with a bearer token) needs no token.
+/// is a cookie); and, whatever its headers, one with a body of any type but JSON: a page may
+/// send a form, a multipart form, plain text or a ping (`text/ping`) to another site without
+/// asking it first (a CORS preflight), and JSON only after asking. So an old browser that
+/// sends none of those headers, logged in with HTTP basic authentication, is covered too. A
+/// client that sends none of those headers and no body type or JSON (curl without `-d`, a
+/// JSON client with a bearer token) needs no token.
 pub(super) fn needs_token(headers: &HeaderMap) -> bool {
     let from_browser = ["origin", "sec-fetch-site", "cookie"]
         .iter()
         .any(|name| headers.contains_key(*name));
-    // A content type that is not text: nothing legitimate sends one, so err on the safe side.
-    let unreadable =
-        (headers.get_all(http::header::CONTENT_TYPE).iter()).any(|value| value.to_str().is_err());
-    from_browser
-        || unreadable
-        || [
-            "application/x-www-form-urlencoded",
-            "multipart/form-data",
-            "text/plain",
-        ]
-        .iter()
-        .any(|essence| content_type_is(headers, essence))
+    // A type that is not text: nothing legitimate sends one, so err on the safe side.
+    let not_json = (headers.get_all(http::header::CONTENT_TYPE).iter()).any(|value| {
+        value
+            .to_str()
+            .map_or(true, |v| !essence_is(v, "application/json"))
+    });
+    from_browser || not_json
 }
 
 /// Whether a `Content-Type` of the request has this essence (type and subtype, in any case,
@@ -114,10 +110,13 @@ pub(super) fn needs_token(headers: &HeaderMap) -> bool {
 pub(super) fn content_type_is(headers: &HeaderMap, essence: &str) -> bool {
     (headers.get_all(http::header::CONTENT_TYPE).iter())
         .filter_map(|value| value.to_str().ok())
-        .any(|value| {
-            let own = value.split(';').next().unwrap_or_default().trim();
-            own.eq_ignore_ascii_case(essence)
-        })
+        .any(|value| essence_is(value, essence))
+}
+
+/// Whether the content type `value` has this essence.
+fn essence_is(value: &str, essence: &str) -> bool {
+    let own = value.split(';').next().unwrap_or_default().trim();
+    own.eq_ignore_ascii_case(essence)
 }
 
 #[cfg(test)]
@@ -163,7 +162,7 @@ mod tests {
             browser.insert(name, "x".parse().unwrap());
             assert!(needs_token(&browser), "{name}");
         }
-        // Without any browser header, a body another site's page can send.
+        // Without any browser header, a body another site's page can send unasked.
         for content_type in [
             "application/x-www-form-urlencoded",
             "Application/X-WWW-Form-Urlencoded; charset=UTF-8",
@@ -178,15 +177,16 @@ mod tests {
             HeaderValue::from_bytes(b"\xfftext").unwrap(),
         );
         assert!(needs_token(&headers));
-        // One safelisted value among several is enough.
+        // One such value among several is enough.
         headers.insert("content-type", "application/json".parse().unwrap());
         headers.append("content-type", "text/plain".parse().unwrap());
         assert!(needs_token(&headers));
-        for content_type in [
-            "application/json",
-            "text/plainx",
-            "application/problem+json",
-        ] {
+        // Any other type too (a ping, an unknown one); JSON, in any case, does not.
+        for content_type in ["text/ping", "text/plainx", "application/octet-stream"] {
+            headers.insert("content-type", content_type.parse().unwrap());
+            assert!(needs_token(&headers), "{content_type}");
+        }
+        for content_type in ["application/json", "Application/JSON; charset=utf-8"] {
             headers.insert("content-type", content_type.parse().unwrap());
             assert!(!needs_token(&headers), "{content_type}");
         }

@@ -20,7 +20,8 @@ pub(super) enum Refusal {
     BadParameter(String),
     /// A `POST` while actions are disabled (403).
     ActionsDisabled,
-    /// A browser's `POST` without a valid anti-forgery token (403).
+    /// A `POST` that needs a valid anti-forgery token (a browser's, or one with a body that is
+    /// not JSON) without one (403).
     Forgery,
     /// No endpoint at this path (404).
     NoPath,
@@ -70,7 +71,7 @@ impl Refusal {
                 StatusCode::FORBIDDEN,
                 CODES[4],
                 "Anti-forgery token missing or invalid",
-                "a browser's POST, or one with a form or plain-text body, needs the page's token \
+                "a browser's POST, or one with a body that is not JSON, needs the page's token \
                  (form field `csrf` or header `x-csrf-token`): reload the page and try again; \
                  a script without a browser sends no body, or a JSON one"
                     .to_owned(),

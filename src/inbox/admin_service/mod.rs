@@ -116,11 +116,12 @@ const BODY_LIMIT: usize = 64 * 1024;
 /// an anti-forgery token.
 ///
 /// Every `POST` from a browser (a request with an `Origin`, `Sec-Fetch-Site` or `Cookie`
-/// header), and every `POST` whose body is a form, a multipart form or plain text (what
-/// another site's page may send without a CORS preflight, even from a browser that sends none
-/// of those headers), needs that token, in the form's `csrf` field or the `x-csrf-token`
-/// header, or is refused (403 `admin_forgery`). A client that sends none of these headers and
-/// no such body (curl without `-d`, a JSON client with a bearer token) needs none. See
+/// header), and every `POST` with a body of any type but JSON (another site's page may send a
+/// form, a multipart form, plain text or a ping without a CORS preflight, even from a browser
+/// that sends none of those headers), needs that token, in the form's `csrf` field or the
+/// `x-csrf-token` header, or is refused (403 `admin_forgery`). A client that sends none of
+/// these headers and no body type or JSON (curl without `-d`, a JSON client with a bearer
+/// token) needs none. See
 /// [`csrf_secret`](AdminService::csrf_secret).
 ///
 /// Every refusal is an `application/problem+json` document (see `docs/problems.md`):
@@ -275,7 +276,7 @@ impl<I: InboxAdmin + Clone> AdminService<I> {
     }
 
     /// A `POST`'s form fields (none unless it is a form), once its anti-forgery token is
-    /// checked: a browser's, or one with a body another site could send, needs one (see
+    /// checked: a browser's, or one with a body that is not JSON, needs one (see
     /// [`csrf::needs_token`]), in the form's `csrf` field or the `x-csrf-token` header.
     async fn read_post<B>(
         &self,
