@@ -30,7 +30,7 @@ use crate::{ConfigError, ConfigErrorKind};
 pub(crate) const DEFAULT_TABLE: &str = "idempotency_keys";
 
 /// The default number of rows one purge statement deletes (see `purge_expired`).
-pub const DEFAULT_PURGE_BATCH: u32 = 1000;
+pub(crate) const DEFAULT_PURGE_BATCH: u32 = 1000;
 
 /// The longest lease or retention written: longer durations are cut to this (100 years), so
 /// that timestamps never overflow.

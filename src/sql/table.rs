@@ -276,7 +276,7 @@ impl<DB: Dialect, K: Kind> SqlTable<DB, K> {
     }
 
     /// Spawns a Tokio task that runs [`purge_expired`](Self::purge_expired) with
-    /// [`DEFAULT_PURGE_BATCH`] every `every`, the first time right away, logging its outcome
+    /// a batch of 1,000 rows every `every`, the first time right away, logging its outcome
     /// with `tracing`. Abort the returned handle to stop it; it also ends with the runtime.
     ///
     /// ```no_run

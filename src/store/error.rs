@@ -1,8 +1,9 @@
 use std::error::Error;
 use std::fmt;
 
-/// A boxed error, as carried by [`StoreError::source`].
-pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
+/// A boxed error, as carried by [`StoreError::source`]: the same type as `tower::BoxError` and
+/// `axum::BoxError`.
+pub(crate) type BoxError = Box<dyn Error + Send + Sync + 'static>;
 
 /// Why a store call failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

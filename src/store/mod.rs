@@ -194,7 +194,7 @@ pub mod sql {
     //! let `spawn_purge` run it periodically in the background. Expired rows left behind are
     //! harmless to correctness (they count as absent), they only take space.
 
-    pub use crate::sql::{DEFAULT_PURGE_BATCH, Dialect, SqlStore, SqlTable, sqlx};
+    pub use crate::sql::{Dialect, SqlStore, SqlTable, sqlx};
 }
 mod token;
 
@@ -202,7 +202,8 @@ use std::fmt;
 
 pub use self::any::{AnyStore, ConnectError, connect};
 pub use self::cache::{CachedStore, LocalCache};
-pub use self::error::{BoxError, StoreError, StoreErrorKind};
+pub(crate) use self::error::BoxError;
+pub use self::error::{StoreError, StoreErrorKind};
 pub use self::memory::WhenFull;
 pub use self::token::Token;
 use crate::fingerprint::Fingerprint;

@@ -24,7 +24,6 @@ use tower_idempotency::inbox::{
     KeyState, PostgresInbox, SqlInbox, SqliteInbox, Worker,
 };
 use tower_idempotency::order::Position;
-use tower_idempotency::store::sql::DEFAULT_PURGE_BATCH;
 use tower_idempotency::store::{ObjectKey, StoreKey};
 use tower_idempotency::test_util::values;
 
@@ -468,7 +467,7 @@ async fn expired_done_keys_are_free_again_and_purged() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(inbox.enqueue(again).await.unwrap(), Enqueued::Queued);
     assert_eq!(
-        inbox.purge_expired(DEFAULT_PURGE_BATCH).await.unwrap(),
+        inbox.purge_expired(1000).await.unwrap(),
         1,
         "only the expired done key"
     );
@@ -515,7 +514,7 @@ where
         );
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let purged = inbox.purge_expired(DEFAULT_PURGE_BATCH).await.unwrap();
+    let purged = inbox.purge_expired(1000).await.unwrap();
     let count = format!("SELECT COUNT(*) FROM {}_objects", inbox.table());
     let left: i64 = sqlx::query_scalar(AssertSqlSafe(count))
         .fetch_one(inbox.pool())
