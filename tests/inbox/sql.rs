@@ -321,6 +321,8 @@ where
 {
     let table = inbox.table().to_owned();
     let old = entry(0);
+    // Written out, not read from schema.sql: the table as it stood before those columns, which
+    // a later change to the schema must leave as it is.
     let older = format!(
         "CREATE TABLE {table} (
     key            text    NOT NULL PRIMARY KEY,

@@ -11,14 +11,6 @@
 //! `cargo test --test NAME` does not build the examples: `cargo build --all-features --example
 //! webhook_receiver --example inbox_worker` first (a plain `cargo test --all-features` builds
 //! them).
-#![cfg(all(
-    feature = "redis",
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "metrics",
-    feature = "verify",
-    feature = "admin"
-))]
 
 use crate::harness;
 use crate::postgres_server;

@@ -22,6 +22,25 @@ mod browser_panel;
 mod demo;
 mod demo_inbox;
 mod faults;
-mod inbox_admin_processes;
-mod inbox_worker;
+// The demo's inbox shared by several processes: every store (each test picks one or more)
+// and the demo's own features. A macro, so that the list is written once for both modules.
+macro_rules! with_every_store {
+    ($($module:item)*) => {
+        $(
+            #[cfg(all(
+                feature = "redis",
+                feature = "sqlite",
+                feature = "postgres",
+                feature = "metrics",
+                feature = "verify",
+                feature = "admin"
+            ))]
+            $module
+        )*
+    };
+}
+with_every_store! {
+    mod inbox_admin_processes;
+    mod inbox_worker;
+}
 mod stream_consumer;
