@@ -205,27 +205,6 @@ fn schema(table: &str, columns: &str, objects: &str) -> String {
     )
 }
 
-/// The schema of the default table, its statements written out around the dialect's
-/// `columns` and `objects` (the files [`schema`] reads): what the dialects' unit tests compare
-/// [`SqlStore::schema`] with. The columns are not written out again, so that a column is
-/// changed in its file alone.
-#[cfg(test)]
-fn default_schema_written_out(columns: &str, objects: &str) -> String {
-    format!(
-        "CREATE TABLE IF NOT EXISTS idempotency_keys (
-{}
-);
-CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
-CREATE TABLE IF NOT EXISTS idempotency_keys_objects (
-{}
-);
-CREATE INDEX IF NOT EXISTS idempotency_keys_objects_expires_at_idx ON idempotency_keys_objects (expires_at);
-",
-        statements::file(columns),
-        statements::file(objects),
-    )
-}
-
 /// The unqualified name of `table`, for the names of its index.
 pub(crate) fn bare_name(table: &str) -> &str {
     table.rsplit('.').next().unwrap_or(table)

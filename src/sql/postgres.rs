@@ -49,10 +49,33 @@ use crate::store::StoreErrorKind;
 /// first.
 pub type PostgresStore = SqlStore<Postgres>;
 
-/// The columns of the keys table and of the objects table: named once for `schema` and for the
-/// schema the unit tests write out around them.
-const COLUMNS: &str = include_str!("queries/postgres/columns.sql");
-const OBJECTS: &str = include_str!("queries/postgres/objects.sql");
+impl PostgresStore {
+    /// The schema of the default table, written out: what the unit tests compare
+    /// [`SqlStore::schema`] with.
+    #[cfg(test)]
+    pub(crate) const SCHEMA: &'static str = "CREATE TABLE IF NOT EXISTS idempotency_keys (
+    key         text        PRIMARY KEY,
+    state       text        NOT NULL CHECK (state IN ('in_flight', 'completed')),
+    token       bytea,
+    fingerprint bytea       NOT NULL,
+    record      bytea,
+    expires_at  timestamptz NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    CHECK ((state = 'in_flight') = (token IS NOT NULL)),
+    CHECK ((state = 'completed') = (record IS NOT NULL))
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
+CREATE TABLE IF NOT EXISTS idempotency_keys_objects (
+    object          text        PRIMARY KEY,
+    token           bytea,
+    lease_until     timestamptz,
+    watermark       bytea,
+    watermark_until timestamptz,
+    expires_at      timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_objects_expires_at_idx ON idempotency_keys_objects (expires_at);
+";
+}
 
 impl Dialect for Postgres {}
 
@@ -109,7 +132,11 @@ impl dialect::Sealed for Postgres {
     }
 
     fn schema(table: &str) -> String {
-        super::schema(table, COLUMNS, OBJECTS)
+        super::schema(
+            table,
+            include_str!("queries/postgres/columns.sql"),
+            include_str!("queries/postgres/objects.sql"),
+        )
     }
 
     fn rows_affected(done: &PgQueryResult) -> u64 {
@@ -168,7 +195,6 @@ SELECT written.key FROM written, LATERAL (SELECT pg_notify('{channel}', written.
 #[cfg(test)]
 mod tests {
     use super::super::DEFAULT_TABLE;
-    use super::super::default_schema_written_out;
     use super::super::statements::Statements;
     use super::*;
     use crate::sql::dialect::Sealed;
@@ -176,21 +202,17 @@ mod tests {
     /// Moved from the integration test of a schema-qualified table (`tests/stores/postgres.rs`):
     /// a lazy pool never connects.
     #[tokio::test]
-    async fn a_stores_schema_is_the_written_out_one() {
+    async fn a_stores_schema_is_the_constant() {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .connect_lazy("postgres://127.0.0.1:1/none")
             .unwrap();
-        let written_out = default_schema_written_out(COLUMNS, OBJECTS);
-        assert!(written_out.contains(DEFAULT_TABLE));
-        assert_eq!(PostgresStore::new(pool).schema(), written_out);
+        assert!(PostgresStore::SCHEMA.contains(DEFAULT_TABLE));
+        assert_eq!(PostgresStore::new(pool).schema(), PostgresStore::SCHEMA);
     }
 
     #[test]
-    fn the_written_out_schema_is_the_default_tables() {
-        assert_eq!(
-            default_schema_written_out(COLUMNS, OBJECTS),
-            Postgres::schema(DEFAULT_TABLE)
-        );
+    fn schema_constant_is_the_default_tables() {
+        assert_eq!(PostgresStore::SCHEMA, Postgres::schema(DEFAULT_TABLE));
         let app = Postgres::schema("app.keys");
         assert!(app.contains("CREATE TABLE IF NOT EXISTS app.keys ("));
         assert!(app.contains("CREATE INDEX IF NOT EXISTS keys_expires_at_idx ON app.keys"));

@@ -44,11 +44,6 @@ use crate::store::{StoreError, StoreErrorKind};
 /// [`purge_expired`](SqlStore::purge_expired) or [`spawn_purge`](SqlStore::spawn_purge).
 pub type SqliteStore = SqlStore<Sqlite>;
 
-/// The columns of the keys table and of the objects table: named once for `schema` and for the
-/// schema the unit tests write out around them.
-const COLUMNS: &str = include_str!("queries/sqlite/columns.sql");
-const OBJECTS: &str = include_str!("queries/sqlite/objects.sql");
-
 /// What only the SQLite record store has: a database file opened for it, where every other
 /// SQL store and inbox is built over a pool ([`new`](crate::store::sql::SqlTable::new)):
 ///
@@ -59,6 +54,32 @@ const OBJECTS: &str = include_str!("queries/sqlite/objects.sql");
 /// # }
 /// ```
 impl SqliteStore {
+    /// The schema of the default table, written out: what the unit tests compare
+    /// [`SqlStore::schema`] with.
+    #[cfg(test)]
+    pub(crate) const SCHEMA: &'static str = "CREATE TABLE IF NOT EXISTS idempotency_keys (
+    key         TEXT    NOT NULL PRIMARY KEY,
+    state       TEXT    NOT NULL CHECK (state IN ('in_flight', 'completed')),
+    token       BLOB,
+    fingerprint BLOB    NOT NULL,
+    record      BLOB,
+    expires_at  INTEGER NOT NULL,
+    created_at  INTEGER NOT NULL,
+    CHECK ((state = 'in_flight') = (token IS NOT NULL)),
+    CHECK ((state = 'completed') = (record IS NOT NULL))
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
+CREATE TABLE IF NOT EXISTS idempotency_keys_objects (
+    object          TEXT    NOT NULL PRIMARY KEY,
+    token           BLOB,
+    lease_until     INTEGER,
+    watermark       BLOB,
+    watermark_until INTEGER,
+    expires_at      INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_objects_expires_at_idx ON idempotency_keys_objects (expires_at);
+";
+
     /// Opens the database file at `path` (creating it if missing) with the WAL journal,
     /// `synchronous = FULL` (a completed record survives a power loss) and a 5 s busy timeout,
     /// and creates the tables ([`migrate`](SqlStore::migrate)). Several processes may share
@@ -146,7 +167,11 @@ impl dialect::Sealed for Sqlite {
     }
 
     fn schema(table: &str) -> String {
-        super::schema(table, COLUMNS, OBJECTS)
+        super::schema(
+            table,
+            include_str!("queries/sqlite/columns.sql"),
+            include_str!("queries/sqlite/objects.sql"),
+        )
     }
 
     fn rows_affected(done: &SqliteQueryResult) -> u64 {
@@ -207,7 +232,6 @@ impl dialect::Sealed for Sqlite {
 #[cfg(test)]
 mod tests {
     use super::super::DEFAULT_TABLE;
-    use super::super::default_schema_written_out;
     use super::super::statements::Statements;
     use super::*;
     use crate::sql::dialect::Sealed;
@@ -215,23 +239,17 @@ mod tests {
     /// Moved from the integration test of a custom table (`tests/stores/sqlite.rs`): a lazy
     /// pool never connects.
     #[tokio::test]
-    async fn a_stores_schema_is_the_written_out_one() {
+    async fn a_stores_schema_is_the_constant() {
         let pool = sqlx::sqlite::SqlitePoolOptions::new()
             .connect_lazy("sqlite::memory:")
             .unwrap();
         let default = SqliteStore::new(pool);
-        assert_eq!(
-            default.schema(),
-            default_schema_written_out(COLUMNS, OBJECTS)
-        );
+        assert_eq!(default.schema(), SqliteStore::SCHEMA);
     }
 
     #[test]
-    fn the_written_out_schema_is_the_default_tables() {
-        assert_eq!(
-            default_schema_written_out(COLUMNS, OBJECTS),
-            Sqlite::schema(DEFAULT_TABLE)
-        );
+    fn schema_constant_is_the_default_tables() {
+        assert_eq!(SqliteStore::SCHEMA, Sqlite::schema(DEFAULT_TABLE));
     }
 
     #[test]

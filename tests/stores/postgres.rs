@@ -348,8 +348,8 @@ async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
     );
 
     // The published schema runs as it is (it is what `migrate` runs for the default table).
-    // That it names the default table and is the default table's schema written out: a unit
-    // test (`sql::postgres::tests::a_stores_schema_is_the_written_out_one`), both being internal.
+    // That it names the default table and is the constant of the default table: a unit test
+    // (`sql::postgres::tests::a_stores_schema_is_the_constant`), both being internal.
     sqlx::raw_sql(AssertSqlSafe(
         PostgresStore::new(pool.clone()).schema().to_owned(),
     ))

@@ -231,8 +231,8 @@ async fn custom_table_and_published_schema() {
         .execute(&pool)
         .await
         .unwrap();
-    // That `schema()` of the default table is the one written out: a unit test
-    // (`sql::sqlite::tests::a_stores_schema_is_the_written_out_one`), that being internal.
+    // That `schema()` of the default table is the published constant: a unit test
+    // (`sql::sqlite::tests::a_stores_schema_is_the_constant`), the constant being internal.
 }
 
 /// A store whose pool was closed (the application shutting down) answers 503 when failing
