@@ -145,7 +145,13 @@ async fn items(
         applied.push(item.to_owned());
     }
     effects.completed.fetch_add(1, Ordering::SeqCst);
-    (StatusCode::CREATED, applied.join(",")).into_response()
+    let done_before = items.done_before().collect::<Vec<_>>().join(",");
+    (
+        StatusCode::CREATED,
+        [("x-done-before", done_before)],
+        applied.join(","),
+    )
+        .into_response()
 }
 
 /// Applies an ordered event `{"event_id", "object", "seq"}`: sets the object's state to `seq`

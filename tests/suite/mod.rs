@@ -567,6 +567,28 @@ pub async fn batch_items_are_processed_once_each<St: IdempotencyStore>(store: St
     }
 }
 
+/// The handler is told which items an earlier request applied (`done_before`),
+/// so that it can skip them in the payload it walks.
+pub async fn batch_handler_sees_the_items_done_before<St: IdempotencyStore>(store: St) {
+    let (_effects, app) = served(items_layer(store, "items-done-before"));
+    let (status, headers, _) = send(&app, post_batch(&["A", "B"], &[])).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(
+        headers["x-done-before"], "",
+        "nothing was done before the first batch"
+    );
+    let (status, headers, body) = send(&app, post_batch(&["B", "C", "A"], &[])).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body, "C");
+    let mut done: Vec<&str> = headers["x-done-before"]
+        .to_str()
+        .unwrap()
+        .split(',')
+        .collect();
+    done.sort_unstable();
+    assert_eq!(done, ["A", "B"]);
+}
+
 pub async fn batch_item_in_flight_elsewhere_is_409_and_releases_its_claims<St: IdempotencyStore>(
     store: St,
 ) {
@@ -799,6 +821,7 @@ macro_rules! store_suite {
             json_path_key_from_body,
             whatsapp_batch_is_one_composite_key,
             batch_items_are_processed_once_each,
+            batch_handler_sees_the_items_done_before,
             batch_item_in_flight_elsewhere_is_409_and_releases_its_claims,
             batch_partial_failure_records_the_items_done,
             overlapping_batches_racing_apply_each_item_once,
