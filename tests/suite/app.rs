@@ -225,7 +225,7 @@ pub fn router<St: 'static, K: ExtractKey + Clone>(
     effects: &Effects,
 ) -> Router {
     Router::new()
-        .route("/effect", post(effect))
+        .route("/effect", post(effect).put(effect))
         .route("/trailers", post(trailers))
         .route("/broken-body", post(broken_body))
         .route("/large", post(large))

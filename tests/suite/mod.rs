@@ -22,7 +22,8 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_idempotency::key::{ExtractKey, FieldsFingerprintKey, HeaderKey, JsonPathKey};
 use tower_idempotency::{
-    FailureMode, IdempotencyLayer, IdempotencyStore, MissingKey, Mode, OnMismatch, Outcome, Scope,
+    AckResponse, FailureMode, IdempotencyLayer, IdempotencyStore, MissingKey, Mode, OnMismatch,
+    Outcome, Scope,
 };
 
 use self::app::{Effects, router};
@@ -248,6 +249,20 @@ pub async fn duplicate_in_flight_is_409_with_retry_after<St: IdempotencyStore>(s
     assert_eq!(effects.total(), 1);
 }
 
+pub async fn an_in_flight_duplicate_is_told_the_configured_retry_after<St: IdempotencyStore>(
+    store: St,
+) {
+    let (effects, app) =
+        served(layer(store, "inflight-after").in_flight_retry_after(Duration::from_secs(7)));
+    let slow = spawn_effect(&app, "k1", "x-demo-hold", "1");
+    effects.wait_started(1).await;
+    let (status, headers, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(headers["retry-after"], "7");
+    effects.open_gate();
+    slow.await.unwrap();
+}
+
 pub async fn wait_for_in_flight_then_answer<St: IdempotencyStore>(store: St) {
     let (effects, app) = served(layer(store, "wait").wait_for_in_flight(Duration::from_secs(3)));
     let slow = spawn_effect(&app, "k1", "x-demo-delay-ms", "200");
@@ -421,6 +436,53 @@ pub async fn replay_mode_replays_status_headers_body_and_trailers<St: Idempotenc
     assert_eq!(effects.total(), 1);
 }
 
+pub async fn a_replay_keeps_the_configured_headers<St: IdempotencyStore>(store: St) {
+    let (effects, app) = served(
+        layer(store, "replay-headers")
+            .mode(Mode::Replay)
+            .replay_headers([http::HeaderName::from_static("x-handler")]),
+    );
+    send(&app, post("/effect", Some("k1"), "{}")).await;
+    let (status, headers, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(headers["x-handler"], "effect", "kept by the setting");
+    assert_eq!(body, "effect 1");
+    assert_eq!(effects.total(), 1);
+}
+
+pub async fn a_duplicate_gets_the_configured_acknowledgement<St: IdempotencyStore>(store: St) {
+    let ack = AckResponse::new(
+        StatusCode::ACCEPTED,
+        http::HeaderValue::from_static("text/plain"),
+        "seen it",
+    );
+    let (effects, app) = served(layer(store, "ack-response").ack_response(ack));
+    send(&app, post("/effect", Some("k1"), "{}")).await;
+    let (status, headers, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(headers["content-type"], "text/plain");
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(body, "seen it");
+    assert_eq!(effects.total(), 1);
+}
+
+pub async fn a_response_the_application_calls_success_is_recorded<St: IdempotencyStore>(store: St) {
+    // A 500 counted as success: its key is done, the retry is a duplicate.
+    let (effects, app) = served(
+        layer(store, "success-when")
+            .success_when(|status, _| status.is_success() || status.is_server_error()),
+    );
+    let mut failing = post("/effect", Some("k1"), "{}");
+    failing
+        .headers_mut()
+        .insert("x-demo-fail", "1".parse().unwrap());
+    let (status, _, _) = send(&app, failing).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_acked(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(effects.total(), 1, "the retry did not run again");
+}
+
 pub async fn failing_response_body_is_not_recorded<St: IdempotencyStore>(store: St) {
     let (effects, app) = served(layer(store, "bodyfail"));
     let response = app
@@ -473,6 +535,55 @@ pub async fn scopes_keep_routes_and_tenants_apart<St: IdempotencyStore>(store: S
         4,
         "tenant a and tenant b each processed once"
     );
+}
+
+pub async fn no_scope_or_a_scope_function_keeps_apart_what_it_says<St: IdempotencyStore>(
+    store: St,
+) {
+    let effects = Effects::default();
+    // No scope: the same key on two routes is one key.
+    let app = router(
+        layer(store.clone(), "scope-none").scope(Scope::none()),
+        &effects,
+    );
+    send(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_acked(&app, post("/trailers", Some("k1"), "{}")).await;
+    assert_eq!(effects.total(), 1);
+
+    // A function of the head: the query, which the default scope (the path) leaves out.
+    let by_query = Scope::from_fn(|parts| parts.uri.query().map(str::to_owned));
+    let app = router(layer(store, "scope-fn").scope(by_query), &effects);
+    for query in ["t=a", "t=b", "t=a"] {
+        send(&app, post(&format!("/effect?{query}"), Some("k1"), "{}")).await;
+    }
+    assert_eq!(effects.total(), 3, "t=a and t=b each processed once");
+}
+
+pub async fn only_the_configured_methods_are_protected<St: IdempotencyStore>(store: St) {
+    let (effects, app) = served(layer(store, "methods").methods([http::Method::PUT]));
+    // POST is no longer covered: no key needed, and a repeated key runs again.
+    let (status, _, _) = send(&app, post("/effect", None, "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    for _ in 0..2 {
+        let (status, headers, _) = send(&app, post("/effect", Some("k1"), "{}")).await;
+        assert_eq!(status, StatusCode::CREATED);
+        assert!(headers.get("idempotent-replayed").is_none());
+    }
+    assert_eq!(effects.total(), 3);
+    // PUT is.
+    let put = |key: Option<&str>| {
+        let mut builder = Request::put("/effect");
+        if let Some(key) = key {
+            builder = builder.header("idempotency-key", key);
+        }
+        builder.body(Body::from("{}")).unwrap()
+    };
+    let (status, headers, body) = send(&app, put(None)).await;
+    assert_problem(&headers, &body, 400, "missing_key");
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    send(&app, put(Some("k2"))).await;
+    assert_acked(&app, put(Some("k2"))).await;
+    assert_eq!(effects.total(), 4);
 }
 
 pub async fn json_path_key_from_body<St: IdempotencyStore>(store: St) {
@@ -806,6 +917,7 @@ macro_rules! store_suite {
             missing_key_is_400_or_passes_through,
             malformed_keys_are_400_saying_why,
             duplicate_in_flight_is_409_with_retry_after,
+            an_in_flight_duplicate_is_told_the_configured_retry_after,
             wait_for_in_flight_then_answer,
             key_reused_with_other_payload_is_422,
             fingerprint_off_never_mismatches,
@@ -815,9 +927,14 @@ macro_rules! store_suite {
             panic_in_handler_releases_the_claim,
             slow_handler_keeps_its_claim_by_renewal,
             replay_mode_replays_status_headers_body_and_trailers,
+            a_replay_keeps_the_configured_headers,
+            a_duplicate_gets_the_configured_acknowledgement,
+            a_response_the_application_calls_success_is_recorded,
             failing_response_body_is_not_recorded,
             large_streamed_response_is_recorded_at_its_end,
             scopes_keep_routes_and_tenants_apart,
+            no_scope_or_a_scope_function_keeps_apart_what_it_says,
+            only_the_configured_methods_are_protected,
             json_path_key_from_body,
             whatsapp_batch_is_one_composite_key,
             batch_items_are_processed_once_each,
