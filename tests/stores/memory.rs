@@ -30,6 +30,33 @@ async fn full_store_fails_closed_or_open() {
     .await;
 }
 
+/// A store that refuses a claim is answered 503 with the `Retry-After` the layer was given.
+#[tokio::test]
+async fn a_refused_claim_is_told_the_configured_retry_after() {
+    use std::time::Duration;
+    use tower_idempotency::fingerprint::Fingerprint;
+    use tower_idempotency::store::StoreKey;
+    use tower_idempotency::test_util::values;
+
+    let store = MemoryStore::new().with_max_entries(1);
+    store
+        .reserve_one(
+            &StoreKey::new("filler", None, "x"),
+            &values::claim(Fingerprint::NONE),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let effects = suite::app::Effects::default();
+    let layer = suite::layer(store, "retry-after").store_retry_after(Duration::from_secs(42));
+    let app = suite::app::router(layer, &effects);
+    let (status, headers, body) = suite::send(&app, suite::post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, http::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["retry-after"], "42");
+    suite::assert_problem(&headers, &body, 503, "store_unavailable");
+    assert_eq!(effects.total(), 0);
+}
+
 /// A full store evicts under a tracing subscriber that records warnings (the demo's): the
 /// "store full" warning, logged while a shard is locked, must not wait for that lock. (Run on
 /// a thread of its own: a store that waits for itself blocks it for good.)
