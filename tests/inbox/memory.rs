@@ -171,6 +171,79 @@ mod route {
         assert_eq!(inbox.counts().await.unwrap().pending, 0, "not queued");
     }
 
+    /// A first delivery gets the door's `accepted` answer, a duplicate its `ack_response`.
+    #[tokio::test]
+    async fn a_first_delivery_and_a_duplicate_get_the_configured_answers() {
+        use http::HeaderValue;
+        use tower_idempotency::AckResponse;
+        let inbox = MemoryInbox::default();
+        let door = InboxLayer::new(inbox.clone())
+            .namespace("inbox-answers")
+            .key(JsonPathKey::new("$.event_id").unwrap())
+            .accepted(AckResponse::new(
+                StatusCode::CREATED,
+                HeaderValue::from_static("text/plain"),
+                "stored",
+            ))
+            .ack_response(AckResponse::new(
+                StatusCode::OK,
+                HeaderValue::from_static("text/plain"),
+                "stored before",
+            ));
+        let app = Router::new().route("/inbox", post(|| async { "inner" }).route_layer(door));
+        let answer = |response: http::Response<Body>| async move {
+            let status = response.status();
+            let content_type = response.headers()["content-type"].clone();
+            let body = axum::body::to_bytes(response.into_body(), 1024)
+                .await
+                .unwrap();
+            (status, content_type, body)
+        };
+        let first = app.clone().oneshot(delivery("evt_1", None)).await.unwrap();
+        assert_eq!(
+            answer(first).await,
+            (
+                StatusCode::CREATED,
+                HeaderValue::from_static("text/plain"),
+                "stored".into()
+            )
+        );
+        let again = app.oneshot(delivery("evt_1", None)).await.unwrap();
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(
+            answer(again).await,
+            (
+                StatusCode::OK,
+                HeaderValue::from_static("text/plain"),
+                "stored before".into()
+            )
+        );
+        assert_eq!(inbox.counts().await.unwrap().pending, 1);
+    }
+
+    /// The correlation id comes from the header the door was given, not `X-Request-Id`.
+    #[tokio::test]
+    async fn the_correlation_id_comes_from_the_configured_header() {
+        let inbox = MemoryInbox::default();
+        let door = InboxLayer::new(inbox.clone())
+            .namespace("inbox-correlation")
+            .key(JsonPathKey::new("$.event_id").unwrap())
+            .correlation_header(http::HeaderName::from_static("x-trace-id"));
+        let app = Router::new().route("/inbox", post(|| async { "inner" }).route_layer(door));
+        let mut request = delivery("evt_1", Some("req-42"));
+        request
+            .headers_mut()
+            .insert("x-trace-id", "trace-7".parse().unwrap());
+        let first = app.oneshot(request).await.unwrap();
+        assert_eq!(first.status(), StatusCode::ACCEPTED);
+        assert_eq!(first.headers()["idempotency-correlation-id"], "trace-7");
+        let taken = inbox
+            .take(10, std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(taken[0].entry.correlation_id, "trace-7");
+    }
+
     /// A full inbox: 503 + `Retry-After` as problem+json, nothing acknowledged.
     #[tokio::test]
     async fn a_full_inbox_is_503_with_retry_after() {
