@@ -319,6 +319,19 @@ pub async fn hundred_concurrent_duplicates_run_once<St: IdempotencyStore>(store:
     assert_eq!(effects.total(), 1, "the inner handler ran exactly once");
 }
 
+pub async fn a_key_is_processed_again_after_its_retention<St: IdempotencyStore>(store: St) {
+    let retention = Duration::from_millis(300);
+    let (effects, app) = served(layer(store, "retention").retention(retention));
+    send(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_acked(&app, post("/effect", Some("k1"), "{}")).await;
+    tokio::time::sleep(retention + Duration::from_millis(200)).await;
+    let (status, headers, body) = send(&app, post("/effect", Some("k1"), "{}")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(headers.get("idempotent-replayed").is_none());
+    assert_eq!(body, "effect 2");
+    assert_eq!(effects.total(), 2);
+}
+
 pub async fn failed_attempt_is_processed_again<St: IdempotencyStore>(store: St) {
     let (effects, app) = served(layer(store, "retry"));
     let mut req = post("/effect", Some("k1"), "{}");
@@ -923,6 +936,7 @@ macro_rules! store_suite {
             fingerprint_off_never_mismatches,
             hundred_concurrent_duplicates_run_once,
             failed_attempt_is_processed_again,
+            a_key_is_processed_again_after_its_retention,
             dropped_future_releases_the_claim,
             panic_in_handler_releases_the_claim,
             slow_handler_keeps_its_claim_by_renewal,
