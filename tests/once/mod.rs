@@ -26,6 +26,7 @@ macro_rules! once_suite {
             panic_releases_the_key,
             slow_closure_keeps_its_claim,
             crashed_owner_frees_the_key_after_a_lease,
+            a_recorded_output_is_forgotten_after_its_retention,
             repeat_replays_the_exact_output,
             reused_key_with_another_payload_is_a_mismatch,
             waiting_repeat_gets_the_recorded_output,
@@ -147,6 +148,21 @@ pub async fn crashed_owner_frees_the_key_after_a_lease<St: IdempotencyStore>(sto
     tokio::time::sleep(lease + Duration::from_millis(300)).await;
     let late = jobs.once("k", || async { Ok::<u8, ()>(1) }).await;
     assert_eq!(late.unwrap(), 1);
+}
+
+/// A recorded output is replayed within the retention, and forgotten after it: the closure
+/// runs again.
+pub async fn a_recorded_output_is_forgotten_after_its_retention<St: IdempotencyStore>(store: St) {
+    let retention = Duration::from_millis(500);
+    let jobs = Idempotent::new(store)
+        .namespace("retention")
+        .retention(retention);
+    let runs = AtomicUsize::new(0);
+    let run = || async { Ok::<_, ()>(runs.fetch_add(1, Ordering::SeqCst) + 1) };
+    assert_eq!(jobs.once("k", run).await.unwrap(), 1);
+    assert_eq!(jobs.once("k", run).await.unwrap(), 1, "replayed");
+    tokio::time::sleep(retention + Duration::from_millis(300)).await;
+    assert_eq!(jobs.once("k", run).await.unwrap(), 2, "ran again");
 }
 
 /// A repeat gets the recorded output back, field for field, without running.
