@@ -50,6 +50,46 @@ async fn a_full_memory_inbox_refuses_and_drops_nothing() {
     assert_eq!(inbox.counts().await.unwrap().pending, 2);
 }
 
+/// A worker tells its handler which attempt it runs: the first, then the second after the
+/// first failed; the entry is done after it.
+#[tokio::test]
+async fn a_handler_is_told_which_attempt_it_runs() {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use tower_idempotency::inbox::{Backoff, Enqueued, InboxRequest, KeyState, Worker};
+
+    let inbox = MemoryInbox::default();
+    let entry = values::inbox_entry(StoreKey::new("attempts", None, "a"), Bytes::new(), "c");
+    inbox.enqueue(entry.clone()).await.unwrap();
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let seen = attempts.clone();
+    let handler = tower::service_fn(move |request: InboxRequest| {
+        let attempt = request.attempt();
+        seen.lock().unwrap().push(attempt);
+        async move {
+            match attempt {
+                1 => Err("the first attempt fails".to_owned()),
+                _ => Ok(()),
+            }
+        }
+    });
+    let worker = Worker::new(inbox.clone(), handler)
+        .retry(Backoff::new(Duration::from_millis(1)))
+        .poll_interval(Duration::from_millis(5));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while inbox.enqueue(entry.clone()).await.unwrap() != Enqueued::Duplicate(KeyState::Done) {
+        assert!(tokio::time::Instant::now() < deadline, "never done");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.send(()).unwrap();
+    run.await.unwrap();
+    assert_eq!(*attempts.lock().unwrap(), [1, 2]);
+}
+
 mod route {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
