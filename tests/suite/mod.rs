@@ -496,6 +496,22 @@ pub async fn a_response_the_application_calls_success_is_recorded<St: Idempotenc
     assert_eq!(effects.total(), 1, "the retry did not run again");
 }
 
+pub async fn the_api_profile_replays_and_rejects_a_reused_key<St: IdempotencyStore>(store: St) {
+    let (effects, app) = served(IdempotencyLayer::api(store).namespace(ns("api")));
+    let (status, _, body) = send(&app, post("/effect", Some("k1"), r#"{"a":1}"#)).await;
+    assert_eq!(
+        (status, body.as_ref()),
+        (StatusCode::CREATED, &b"effect 1"[..])
+    );
+    let (status, headers, body) = send(&app, post("/effect", Some("k1"), r#"{"a":1}"#)).await;
+    assert_eq!(status, StatusCode::CREATED, "the response replayed");
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(body, "effect 1");
+    let (_, headers, body) = send(&app, post("/effect", Some("k1"), r#"{"a":2}"#)).await;
+    assert_problem(&headers, &body, 422, "mismatch");
+    assert_eq!(effects.total(), 1);
+}
+
 pub async fn failing_response_body_is_not_recorded<St: IdempotencyStore>(store: St) {
     let (effects, app) = served(layer(store, "bodyfail"));
     let response = app
@@ -944,6 +960,7 @@ macro_rules! store_suite {
             a_replay_keeps_the_configured_headers,
             a_duplicate_gets_the_configured_acknowledgement,
             a_response_the_application_calls_success_is_recorded,
+            the_api_profile_replays_and_rejects_a_reused_key,
             failing_response_body_is_not_recorded,
             large_streamed_response_is_recorded_at_its_end,
             scopes_keep_routes_and_tenants_apart,
