@@ -56,7 +56,7 @@ async fn a_full_memory_inbox_refuses_and_drops_nothing() {
 async fn a_handler_is_told_which_attempt_it_runs() {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
-    use tower_idempotency::inbox::{Backoff, Enqueued, InboxRequest, KeyState, Worker};
+    use tower_idempotency::inbox::{Backoff, InboxRequest, Worker};
 
     let inbox = MemoryInbox::default();
     let entry = values::inbox_entry(StoreKey::new("attempts", None, "a"), Bytes::new(), "c");
@@ -80,15 +80,53 @@ async fn a_handler_is_told_which_attempt_it_runs() {
     let run = tokio::spawn(worker.run(async {
         let _ = stopped.await;
     }));
+    until_done(&inbox, &entry).await;
+    stop.send(()).unwrap();
+    run.await.unwrap();
+    assert_eq!(*attempts.lock().unwrap(), [1, 2]);
+}
+
+/// Enqueues `entry` again until the inbox says its key is done (at most 10 s).
+async fn until_done(inbox: &MemoryInbox, entry: &tower_idempotency::inbox::InboxEntry) {
+    use std::time::Duration;
+    use tower_idempotency::inbox::{Enqueued, KeyState};
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while inbox.enqueue(entry.clone()).await.unwrap() != Enqueued::Duplicate(KeyState::Done) {
         assert!(tokio::time::Instant::now() < deadline, "never done");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// A key a worker applied is kept done for the worker's retention, then forgotten: a later
+/// delivery of it is queued again.
+#[tokio::test]
+async fn a_done_key_is_kept_for_the_workers_retention() {
+    use std::time::Duration;
+    use tower_idempotency::inbox::{Enqueued, InboxRequest, Worker};
+
+    let inbox = MemoryInbox::default();
+    let entry = values::inbox_entry(StoreKey::new("retention", None, "a"), Bytes::new(), "c");
+    inbox.enqueue(entry.clone()).await.unwrap();
+    let handler = tower::service_fn(|_: InboxRequest| async { Ok::<_, String>(()) });
+    let retention = Duration::from_millis(300);
+    let worker = Worker::new(inbox.clone(), handler)
+        .retention(retention)
+        .poll_interval(Duration::from_millis(5));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    until_done(&inbox, &entry).await;
     stop.send(()).unwrap();
     run.await.unwrap();
-    assert_eq!(*attempts.lock().unwrap(), [1, 2]);
+    tokio::time::sleep(retention + Duration::from_millis(200)).await;
+    assert_eq!(inbox.enqueue(entry).await.unwrap(), Enqueued::Queued);
 }
+
+/// Signatures as the senders compute them.
+#[cfg(feature = "verify")]
+#[path = "../support/signing.rs"]
+mod signing;
 
 mod route {
     use std::sync::Arc;
@@ -282,6 +320,42 @@ mod route {
             .await
             .unwrap();
         assert_eq!(taken[0].entry.correlation_id, "trace-7");
+    }
+
+    /// The Standard Webhooks door: a forged delivery is 401 and queues nothing; a signed one
+    /// is queued under its `svix-id`.
+    #[cfg(feature = "verify")]
+    #[tokio::test]
+    async fn a_standard_webhooks_door_queues_only_signed_deliveries_by_their_id() {
+        use crate::memory::signing;
+        use tower_idempotency::verify::StandardWebhooks;
+
+        let inbox = MemoryInbox::default();
+        let scheme = StandardWebhooks::new([signing::STANDARD_SECRET]).unwrap();
+        let door = InboxLayer::standard_webhooks(inbox.clone(), scheme).namespace("standard");
+        let app = Router::new().route("/inbox", post(|| async { "inner" }).route_layer(door));
+        let body = r#"{"type":"payment.succeeded"}"#;
+        let t = signing::now();
+        let delivery = |signature: &str| {
+            Request::post("/inbox")
+                .header("svix-id", "msg_1")
+                .header("svix-timestamp", t.to_string())
+                .header("svix-signature", signature)
+                .body(Body::from(body))
+                .unwrap()
+        };
+        let forged = signing::standard(signing::STANDARD_SECRET, "msg_1", t, "{}");
+        let refused = app.clone().oneshot(delivery(&forged)).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(inbox.counts().await.unwrap().pending, 0);
+        let signed = signing::standard(signing::STANDARD_SECRET, "msg_1", t, body);
+        let queued = app.oneshot(delivery(&signed)).await.unwrap();
+        assert_eq!(queued.status(), StatusCode::ACCEPTED);
+        let taken = inbox
+            .take(10, std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(taken[0].entry.id, "msg_1");
     }
 
     /// A full inbox: 503 + `Retry-After` as problem+json, nothing acknowledged.
