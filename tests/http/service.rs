@@ -343,6 +343,26 @@ async fn completion_retries_past_the_lease_keep_their_claim() {
     kept_until_recorded(service, first, &runs).await;
 }
 
+/// A store slower to answer a claim than the store timeout: 503, the handler never run; the
+/// same store within the (default, 2 s) timeout is waited for.
+#[tokio::test(start_paused = true)]
+async fn a_claim_slower_than_the_store_timeout_is_503() {
+    let slow = Flaky {
+        reserve_delay: Duration::from_secs(1),
+        ..Flaky::default()
+    };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer =
+        IdempotencyLayer::new(flaky(slow.clone())).store_timeout(Duration::from_millis(100));
+    let response = counted(layer, runs.clone()).oneshot(keyed()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let layer = IdempotencyLayer::new(flaky(slow));
+    let response = counted(layer, runs.clone()).oneshot(keyed()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 /// The layer's own answers go through the configured renderer, and carry the `Rejection` in
 /// their extensions.
 #[tokio::test]
