@@ -57,6 +57,39 @@ async fn a_refused_claim_is_told_the_configured_retry_after() {
     assert_eq!(effects.total(), 0);
 }
 
+/// A `once` whose claim the store answers later than the store timeout fails with a store
+/// error, the closure never run; within the (default, 2 s) timeout it is waited for.
+#[tokio::test(start_paused = true)]
+async fn a_once_slower_than_its_store_timeout_is_a_store_error() {
+    use std::time::Duration;
+    use tower_idempotency::test_util::store::{Call, Hook, Hooked};
+    use tower_idempotency::{Idempotent, OnceError};
+
+    /// Answers each claim a second after it landed.
+    #[derive(Clone)]
+    struct SlowClaims;
+    impl Hook for SlowClaims {
+        async fn after(&self, call: Call) {
+            if call == Call::Reserve {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+    let slow = || Hooked {
+        store: MemoryStore::new(),
+        hook: SlowClaims,
+    };
+    let jobs = Idempotent::new(slow()).store_timeout(Duration::from_millis(100));
+    let timed_out = jobs.once("k", || async { Ok::<u8, ()>(1) }).await;
+    assert!(
+        matches!(timed_out, Err(OnceError::Store(_))),
+        "{timed_out:?}"
+    );
+    let patient = Idempotent::new(slow());
+    let waited = patient.once("k", || async { Ok::<u8, ()>(1) }).await;
+    assert_eq!(waited.unwrap(), 1);
+}
+
 /// A full store evicts under a tracing subscriber that records warnings (the demo's): the
 /// "store full" warning, logged while a shard is locked, must not wait for that lock. (Run on
 /// a thread of its own: a store that waits for itself blocks it for good.)
