@@ -123,6 +123,57 @@ async fn a_done_key_is_kept_for_the_workers_retention() {
     assert_eq!(inbox.enqueue(entry).await.unwrap(), Enqueued::Queued);
 }
 
+/// A worker with two workers runs two entries at once.
+#[tokio::test]
+async fn workers_run_that_many_entries_at_once() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tower_idempotency::inbox::{InboxRequest, Worker};
+
+    let inbox = MemoryInbox::default();
+    let entries: Vec<_> = (0..2)
+        .map(|n| {
+            values::inbox_entry(
+                StoreKey::new("workers", None, &n.to_string()),
+                Bytes::new(),
+                "c",
+            )
+        })
+        .collect();
+    for entry in &entries {
+        inbox.enqueue(entry.clone()).await.unwrap();
+    }
+    // Each handler waits (at most 2 s) until two run at once.
+    let (running, _) = tokio::sync::watch::channel(0usize);
+    let running = Arc::new(running);
+    let together = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (started, seen) = (running.clone(), together.clone());
+    let handler = tower::service_fn(move |_: InboxRequest| {
+        let (running, together) = (started.clone(), seen.clone());
+        async move {
+            running.send_modify(|n| *n += 1);
+            let mut started = running.subscribe();
+            let both = tokio::time::timeout(Duration::from_secs(2), started.wait_for(|n| *n >= 2));
+            let both = both.await.is_ok();
+            together.lock().unwrap().push(both);
+            Ok::<_, String>(())
+        }
+    });
+    let worker = Worker::new(inbox.clone(), handler)
+        .workers(2)
+        .poll_interval(Duration::from_millis(5));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    for entry in &entries {
+        until_done(&inbox, entry).await;
+    }
+    stop.send(()).unwrap();
+    run.await.unwrap();
+    assert_eq!(*together.lock().unwrap(), [true, true], "two ran at once");
+}
+
 /// Signatures as the senders compute them.
 #[cfg(feature = "verify")]
 #[path = "../support/signing.rs"]
