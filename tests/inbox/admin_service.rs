@@ -203,6 +203,31 @@ async fn read_only_refuses_every_action_and_changes_nothing() {
     assert!(!inbox.is_paused().await.unwrap());
 }
 
+/// A discarded dead letter's key is kept done for the service's retention: a redelivery is a
+/// duplicate within it, and is queued again after it.
+#[tokio::test]
+async fn a_discarded_key_is_kept_done_for_the_retention() {
+    use tower_idempotency::inbox::{Enqueued, KeyState};
+    use tower_idempotency::test_util::values;
+
+    let inbox = MemoryInbox::default();
+    EMAIL.kill(&inbox, &["evt_gone"]).await;
+    let retention = Duration::from_millis(300);
+    let app = app(AdminService::new(inbox.clone())
+        .actions(true)
+        .retention(retention));
+    let gone = EMAIL.key("evt_gone");
+    let (status, _) = post(&app, &format!("/admin/inbox/entries/{gone}/discard")).await;
+    assert_eq!(status, StatusCode::OK);
+    let redelivery = || values::inbox_entry(gone.clone(), Bytes::new(), "corr");
+    assert_eq!(
+        inbox.enqueue(redelivery()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done)
+    );
+    tokio::time::sleep(retention + Duration::from_millis(200)).await;
+    assert_eq!(inbox.enqueue(redelivery()).await.unwrap(), Enqueued::Queued);
+}
+
 #[tokio::test]
 async fn actions_requeue_discard_and_pause() {
     let inbox = MemoryInbox::default();
