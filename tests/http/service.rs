@@ -363,6 +363,59 @@ async fn a_claim_slower_than_the_store_timeout_is_503() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// A store whose releases and renewals never land, as for a holder that lost it.
+#[derive(Clone)]
+struct Unreleased;
+
+impl Hook for Unreleased {
+    async fn before(&self, call: Call, _: &[Target]) -> Result<(), StoreError> {
+        match call {
+            Call::Release | Call::Renew => Err(StoreError::new(StoreErrorKind::Unavailable)),
+            Call::Reserve | Call::Complete => Ok(()),
+        }
+    }
+}
+
+/// A holder gone without releasing its claim blocks its key for the lease, and no longer: a
+/// duplicate is 409 at first, processed once the lease has run out.
+#[tokio::test]
+async fn a_claim_left_behind_blocks_its_key_for_the_lease() {
+    let lease = Duration::from_millis(300);
+    let store = Hooked {
+        store: MemoryStore::new(),
+        hook: Unreleased,
+    };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let seen = runs.clone();
+    let service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(store).lease(lease))
+        .service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+            let first = seen.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                if first {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+            }
+        });
+    let holder = tokio::spawn(service.clone().oneshot(keyed()));
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    holder.abort();
+    let _ = holder.await;
+    let duplicate = service.clone().oneshot(keyed()).await.unwrap();
+    assert_eq!(
+        duplicate.status(),
+        StatusCode::CONFLICT,
+        "the claim was left"
+    );
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    let retry = service.oneshot(keyed()).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::OK);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
 /// The layer's own answers go through the configured renderer, and carry the `Rejection` in
 /// their extensions.
 #[tokio::test]
