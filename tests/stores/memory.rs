@@ -90,6 +90,54 @@ async fn a_once_slower_than_its_store_timeout_is_a_store_error() {
     assert_eq!(waited.unwrap(), 1);
 }
 
+/// A `once` whose holder is gone without releasing its claim blocks its key for the lease, and
+/// no longer.
+#[tokio::test]
+async fn a_once_claim_left_behind_blocks_its_key_for_the_lease() {
+    use std::time::Duration;
+    use tower_idempotency::store::{StoreError, StoreErrorKind, Target};
+    use tower_idempotency::test_util::store::{Call, Hook, Hooked};
+    use tower_idempotency::{Idempotent, OnceError};
+
+    /// Releases and renewals never land, as for a holder that lost the store.
+    #[derive(Clone)]
+    struct Unreleased;
+    impl Hook for Unreleased {
+        async fn before(&self, call: Call, _: &[Target]) -> Result<(), StoreError> {
+            match call {
+                Call::Release | Call::Renew => Err(StoreError::new(StoreErrorKind::Unavailable)),
+                Call::Reserve | Call::Complete => Ok(()),
+            }
+        }
+    }
+    let lease = Duration::from_millis(300);
+    let store = Hooked {
+        store: MemoryStore::new(),
+        hook: Unreleased,
+    };
+    let jobs = Idempotent::new(store).lease(lease);
+    let (started, running) = tokio::sync::oneshot::channel();
+    let holder = tokio::spawn({
+        let jobs = jobs.clone();
+        async move {
+            let _ = jobs
+                .once("k", || async move {
+                    let _ = started.send(());
+                    std::future::pending::<Result<u8, ()>>().await
+                })
+                .await;
+        }
+    });
+    running.await.unwrap();
+    holder.abort();
+    let _ = holder.await;
+    let early = jobs.once("k", || async { Ok::<u8, ()>(1) }).await;
+    assert!(matches!(early, Err(OnceError::InFlight)), "{early:?}");
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    let late = jobs.once("k", || async { Ok::<u8, ()>(1) }).await;
+    assert_eq!(late.unwrap(), 1);
+}
+
 /// A full store evicts under a tracing subscriber that records warnings (the demo's): the
 /// "store full" warning, logged while a shard is locked, must not wait for that lock. (Run on
 /// a thread of its own: a store that waits for itself blocks it for good.)
