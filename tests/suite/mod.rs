@@ -512,6 +512,19 @@ pub async fn the_api_profile_replays_and_rejects_a_reused_key<St: IdempotencySto
     assert_eq!(effects.total(), 1);
 }
 
+pub async fn the_webhook_profile_acknowledges_a_reused_id_with_another_payload<
+    St: IdempotencyStore,
+>(
+    store: St,
+) {
+    let (effects, app) = served(IdempotencyLayer::webhook(store).namespace(ns("webhook")));
+    let (status, _, _) = send(&app, post("/effect", Some("evt_1"), r#"{"a":1}"#)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    // A sender never reuses an id on purpose: a 4xx would only make it retry.
+    assert_acked(&app, post("/effect", Some("evt_1"), r#"{"a":2}"#)).await;
+    assert_eq!(effects.total(), 1);
+}
+
 pub async fn failing_response_body_is_not_recorded<St: IdempotencyStore>(store: St) {
     let (effects, app) = served(layer(store, "bodyfail"));
     let response = app
@@ -961,6 +974,7 @@ macro_rules! store_suite {
             a_duplicate_gets_the_configured_acknowledgement,
             a_response_the_application_calls_success_is_recorded,
             the_api_profile_replays_and_rejects_a_reused_key,
+            the_webhook_profile_acknowledges_a_reused_id_with_another_payload,
             failing_response_body_is_not_recorded,
             large_streamed_response_is_recorded_at_its_end,
             scopes_keep_routes_and_tenants_apart,
