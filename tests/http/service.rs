@@ -108,6 +108,16 @@ async fn inner_sees_the_exact_request() {
     );
 }
 
+/// The service a layer wraps is reachable: borrowed, changed in place, and given back.
+#[test]
+fn the_inner_service_is_borrowed_changed_and_given_back() {
+    use tower::Layer;
+    let mut service = IdempotencyLayer::new(MemoryStore::new()).layer(Marker("inner"));
+    assert_eq!(service.get_ref(), &Marker("inner"));
+    *service.get_mut() = Marker("changed");
+    assert_eq!(service.into_inner(), Marker("changed"));
+}
+
 /// gRPC requests get gRPC statuses, not HTTP problem documents.
 #[tokio::test]
 async fn grpc_requests_get_grpc_statuses() {
