@@ -35,6 +35,15 @@ macro_rules! once_layer_suite {
     };
 }
 
+/// The service the layer wraps is reachable: borrowed, changed in place, and given back.
+#[test]
+fn the_inner_service_is_borrowed_changed_and_given_back() {
+    let mut once = layer(MemoryStore::new(), "inner").layer(String::from("inner"));
+    assert_eq!(once.get_ref(), "inner");
+    once.get_mut().push_str(" changed");
+    assert_eq!(once.into_inner(), "inner changed");
+}
+
 /// A job the services under test run: the key, and what it should answer.
 #[derive(Clone, Debug)]
 struct Job {
