@@ -722,6 +722,44 @@ pub async fn batch_items_are_processed_once_each<St: IdempotencyStore>(store: St
 
 /// The handler is told which items an earlier request applied (`done_before`),
 /// so that it can skip them in the payload it walks.
+pub async fn items_from_several_paths_form_one_item_set<St: IdempotencyStore>(store: St) {
+    let key = JsonPathKey::each_of([
+        "$.entry[*].changes[*].value.messages[*].id",
+        "$.entry[*].messaging[*].message.mid",
+    ])
+    .unwrap();
+    let (effects, app) = served(
+        IdempotencyLayer::webhook(store)
+            .namespace(ns("each-of"))
+            .key(key),
+    );
+    let meta = |body: &'static str| {
+        Request::post("/items")
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    // A WhatsApp message and an Instagram one in one body, then the Instagram one again with
+    // a new one.
+    let both = r#"{"entry":[{"changes":[{"value":{"messages":[{"id":"wa_1"}]}}]},{"messaging":[{"message":{"mid":"ig_1"}}]}]}"#;
+    let (status, _, _) = send(&app, meta(both)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!((effects.item("wa_1"), effects.item("ig_1")), (1, 1));
+    let again =
+        r#"{"entry":[{"messaging":[{"message":{"mid":"ig_1"}},{"message":{"mid":"ig_2"}}]}]}"#;
+    let (status, _, applied) = send(&app, meta(again)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(applied, "ig_2", "ig_1 was done before");
+    assert_eq!(
+        (
+            effects.item("wa_1"),
+            effects.item("ig_1"),
+            effects.item("ig_2")
+        ),
+        (1, 1, 1)
+    );
+}
+
 pub async fn batch_handler_sees_the_items_done_before<St: IdempotencyStore>(store: St) {
     let (_effects, app) = served(items_layer(store, "items-done-before"));
     let (status, headers, _) = send(&app, post_batch(&["A", "B"], &[])).await;
@@ -983,6 +1021,7 @@ macro_rules! store_suite {
             json_path_key_from_body,
             whatsapp_batch_is_one_composite_key,
             batch_items_are_processed_once_each,
+            items_from_several_paths_form_one_item_set,
             batch_handler_sees_the_items_done_before,
             batch_item_in_flight_elsewhere_is_409_and_releases_its_claims,
             batch_partial_failure_records_the_items_done,
