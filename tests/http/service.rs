@@ -390,7 +390,7 @@ impl Hook for Unreleased {
 /// duplicate is 409 at first, processed once the lease has run out.
 #[tokio::test]
 async fn a_claim_left_behind_blocks_its_key_for_the_lease() {
-    let lease = Duration::from_millis(300);
+    let lease = Duration::from_millis(1000);
     let store = Hooked {
         store: MemoryStore::new(),
         hook: Unreleased,

@@ -249,7 +249,7 @@ async fn a_discarded_key_is_kept_done_for_the_retention() {
 
     let inbox = MemoryInbox::default();
     EMAIL.kill(&inbox, &["evt_gone"]).await;
-    let retention = Duration::from_millis(300);
+    let retention = Duration::from_millis(1000);
     let app = app(AdminService::new(inbox.clone())
         .actions(true)
         .retention(retention));

@@ -108,7 +108,7 @@ async fn a_done_key_is_kept_for_the_workers_retention() {
     let entry = values::inbox_entry(StoreKey::new("retention", None, "a"), Bytes::new(), "c");
     inbox.enqueue(entry.clone()).await.unwrap();
     let handler = tower::service_fn(|_: InboxRequest| async { Ok::<_, String>(()) });
-    let retention = Duration::from_millis(300);
+    let retention = Duration::from_millis(1000);
     let worker = Worker::new(inbox.clone(), handler)
         .retention(retention)
         .poll_interval(Duration::from_millis(5));

@@ -153,7 +153,7 @@ pub async fn crashed_owner_frees_the_key_after_a_lease<St: IdempotencyStore>(sto
 /// A recorded output is replayed within the retention, and forgotten after it: the closure
 /// runs again.
 pub async fn a_recorded_output_is_forgotten_after_its_retention<St: IdempotencyStore>(store: St) {
-    let retention = Duration::from_millis(500);
+    let retention = Duration::from_millis(1000);
     let jobs = Idempotent::new(store)
         .namespace("retention")
         .retention(retention);

@@ -110,7 +110,7 @@ async fn a_once_claim_left_behind_blocks_its_key_for_the_lease() {
             }
         }
     }
-    let lease = Duration::from_millis(300);
+    let lease = Duration::from_millis(1000);
     let store = Hooked {
         store: MemoryStore::new(),
         hook: Unreleased,

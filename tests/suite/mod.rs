@@ -320,7 +320,7 @@ pub async fn hundred_concurrent_duplicates_run_once<St: IdempotencyStore>(store:
 }
 
 pub async fn a_key_is_processed_again_after_its_retention<St: IdempotencyStore>(store: St) {
-    let retention = Duration::from_millis(300);
+    let retention = Duration::from_millis(1000);
     let (effects, app) = served(layer(store, "retention").retention(retention));
     send(&app, post("/effect", Some("k1"), "{}")).await;
     assert_acked(&app, post("/effect", Some("k1"), "{}")).await;
