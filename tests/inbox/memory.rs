@@ -124,6 +124,41 @@ async fn a_custom_retry_policy_decides_when_an_entry_is_dead() {
     assert_eq!(*attempts.lock().unwrap(), [1, 2, 3]);
 }
 
+/// A lease left behind by a crashed worker is announced by nobody: an idle worker finds its
+/// entry at its poll interval, here 100 ms, well before the default 5 s.
+#[tokio::test]
+async fn an_idle_worker_looks_again_at_its_poll_interval() {
+    use std::time::Duration;
+    use tower_idempotency::inbox::{InboxRequest, Worker};
+
+    let inbox = MemoryInbox::default();
+    let entry = values::inbox_entry(StoreKey::new("poll", None, "a"), Bytes::new(), "c");
+    inbox.enqueue(entry.clone()).await.unwrap();
+    let started = tokio::time::Instant::now();
+    // The crashed worker's lease: it runs out after 1 s, and no one says so.
+    let taken = inbox.take(1, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    let handler =
+        tower::service_fn(|_: InboxRequest| async move { Ok::<(), std::convert::Infallible>(()) });
+    let worker = Worker::new(inbox.clone(), handler).poll_interval(Duration::from_millis(100));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    until_done(&inbox, &entry).await;
+    let waited = started.elapsed();
+    stop.send(()).unwrap();
+    run.await.unwrap();
+    assert!(
+        waited >= Duration::from_secs(1),
+        "taken under the lease: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_millis(3_500),
+        "not polled: {waited:?}"
+    );
+}
+
 /// Enqueues `entry` again until the inbox says its key is done (at most 10 s).
 async fn until_done(inbox: &MemoryInbox, entry: &tower_idempotency::inbox::InboxEntry) {
     use std::time::Duration;
