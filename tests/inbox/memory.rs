@@ -86,6 +86,79 @@ async fn a_handler_is_told_which_attempt_it_runs() {
     assert_eq!(*attempts.lock().unwrap(), [1, 2]);
 }
 
+/// A worker follows the retry policy it is given, here a closure of its own: two retries,
+/// then a dead letter after the third attempt (the default backoff would run five).
+#[tokio::test]
+async fn a_custom_retry_policy_decides_when_an_entry_is_dead() {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use tower_idempotency::inbox::{Decision, Enqueued, InboxRequest, KeyState, Worker};
+
+    let inbox = MemoryInbox::default();
+    let entry = values::inbox_entry(StoreKey::new("policy", None, "a"), Bytes::new(), "c");
+    inbox.enqueue(entry.clone()).await.unwrap();
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let seen = attempts.clone();
+    let handler = tower::service_fn(move |request: InboxRequest| {
+        seen.lock().unwrap().push(request.attempt());
+        async move { Err::<(), _>("always fails".to_owned()) }
+    });
+    let policy = |attempts: u32| match attempts {
+        1 | 2 => Decision::RetryAfter(Duration::from_millis(1)),
+        _ => Decision::DeadLetter,
+    };
+    let worker = Worker::new(inbox.clone(), handler)
+        .retry(policy)
+        .poll_interval(Duration::from_millis(5));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while inbox.enqueue(entry.clone()).await.unwrap() != Enqueued::Duplicate(KeyState::Dead) {
+        assert!(tokio::time::Instant::now() < deadline, "never dead");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.send(()).unwrap();
+    run.await.unwrap();
+    assert_eq!(*attempts.lock().unwrap(), [1, 2, 3]);
+}
+
+/// A lease left behind by a crashed worker is announced by nobody: an idle worker finds its
+/// entry at its poll interval, here 100 ms, well before the default 5 s.
+#[tokio::test]
+async fn an_idle_worker_looks_again_at_its_poll_interval() {
+    use std::time::Duration;
+    use tower_idempotency::inbox::{InboxRequest, Worker};
+
+    let inbox = MemoryInbox::default();
+    let entry = values::inbox_entry(StoreKey::new("poll", None, "a"), Bytes::new(), "c");
+    inbox.enqueue(entry.clone()).await.unwrap();
+    let started = tokio::time::Instant::now();
+    // The crashed worker's lease: it runs out after 1 s, and no one says so.
+    let taken = inbox.take(1, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    let handler =
+        tower::service_fn(|_: InboxRequest| async move { Ok::<(), std::convert::Infallible>(()) });
+    let worker = Worker::new(inbox.clone(), handler).poll_interval(Duration::from_millis(100));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    until_done(&inbox, &entry).await;
+    let waited = started.elapsed();
+    stop.send(()).unwrap();
+    run.await.unwrap();
+    assert!(
+        waited >= Duration::from_secs(1),
+        "taken under the lease: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_millis(3_500),
+        "not polled: {waited:?}"
+    );
+}
+
 /// Enqueues `entry` again until the inbox says its key is done (at most 10 s).
 async fn until_done(inbox: &MemoryInbox, entry: &tower_idempotency::inbox::InboxEntry) {
     use std::time::Duration;

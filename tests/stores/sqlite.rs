@@ -252,6 +252,37 @@ async fn closed_pool_is_unavailable_and_fails_closed() {
     suite::fail_open_processes_without_protection(store, async move || pool.close().await).await;
 }
 
+/// A store opened for one process keeps its file to itself: no `-shm` file beside it, and
+/// another connection to the file is refused (`SQLITE_BUSY`) while the store holds it.
+#[tokio::test]
+async fn an_exclusive_store_keeps_its_file_to_itself() {
+    let dir = TempDir::new();
+    let store = SqliteStore::open_exclusive(dir.db()).await.unwrap();
+    assert_eq!(
+        store
+            .reserve_one(&StoreKey::new("x", None, "k"), &claim(b"x"), LEASE)
+            .await
+            .unwrap(),
+        Reservation::Acquired
+    );
+    let shm = dir.0.join("idempotency.db-shm");
+    assert!(!shm.exists(), "{} exists", shm.display());
+    let other = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(dir.db())
+        .busy_timeout(Duration::ZERO);
+    let read = async || {
+        use sqlx::ConnectOptions;
+        let mut connection = other.connect().await?;
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idempotency_keys")
+            .fetch_one(&mut connection)
+            .await
+    };
+    assert!(read().await.is_err(), "another connection read the file");
+    // Closed, the store lets go of it: the same read finds the claim.
+    store.pool().close().await;
+    assert_eq!(read().await.unwrap(), 1);
+}
+
 /// A file that is not an SQLite database is reported as corrupt, not as a crash.
 #[tokio::test]
 async fn not_a_database_is_an_error() {
