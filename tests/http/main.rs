@@ -7,6 +7,8 @@
 
 #[path = "../support/harness.rs"]
 mod harness;
+#[path = "../support/hooks.rs"]
+mod hooks;
 
 mod fixtures;
 mod grpc;

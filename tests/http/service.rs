@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::hooks::Unreleased;
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::Frame;
@@ -371,19 +372,6 @@ async fn a_claim_slower_than_the_store_timeout_is_503() {
     let response = counted(layer, runs.clone()).oneshot(keyed()).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-}
-
-/// A store whose releases and renewals never land, as for a holder that lost it.
-#[derive(Clone)]
-struct Unreleased;
-
-impl Hook for Unreleased {
-    async fn before(&self, call: Call, _: &[Target]) -> Result<(), StoreError> {
-        match call {
-            Call::Release | Call::Renew => Err(StoreError::new(StoreErrorKind::Unavailable)),
-            Call::Reserve | Call::Complete => Ok(()),
-        }
-    }
 }
 
 /// A holder gone without releasing its claim blocks its key for the lease, and no longer: a

@@ -206,36 +206,14 @@ async fn read_only_refuses_every_action_and_changes_nothing() {
 /// The actor in an action's log line is the one the configured header names.
 #[tokio::test]
 async fn an_action_is_logged_with_the_actor_the_header_names() {
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
-
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-    impl Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
     // Actions stay off: the refusal is logged with its actor.
     let service = AdminService::new(MemoryInbox::default())
         .actor_header(http::HeaderName::from_static("x-user"));
     let app = app(service);
     let headers = [("x-user", "alice@example.com")];
-    let (status, _, _) = send(&app, "POST", "/admin/inbox/pause", &headers, Bytes::new()).await;
+    let pause = send(&app, "POST", "/admin/inbox/pause", &headers, Bytes::new());
+    let ((status, _, _), logged) = crate::logs::logged(pause).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    let logged = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
     assert!(logged.contains("actions disabled"), "{logged}");
     assert!(logged.contains("alice@example.com"), "{logged}");
 }

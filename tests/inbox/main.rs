@@ -23,6 +23,7 @@ mod redis_server;
 mod admin_fixture;
 mod admin_page;
 mod admin_service;
+mod logs;
 mod memory;
 mod redis;
 mod sql;

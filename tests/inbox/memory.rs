@@ -4,7 +4,7 @@ use tower_idempotency::test_util::inbox as inbox_contract;
 use tower_idempotency::test_util::inbox_admin as inbox_admin_contract;
 
 use bytes::Bytes;
-use tower_idempotency::inbox::{InboxStore, MemoryInbox};
+use tower_idempotency::inbox::{InboxStore, KeyState, MemoryInbox};
 use tower_idempotency::store::{StoreErrorKind, StoreKey};
 use tower_idempotency::test_util::values;
 
@@ -76,13 +76,11 @@ async fn a_handler_is_told_which_attempt_it_runs() {
     let worker = Worker::new(inbox.clone(), handler)
         .retry(Backoff::new(Duration::from_millis(1)))
         .poll_interval(Duration::from_millis(5));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(worker.run(async {
-        let _ = stopped.await;
-    }));
-    until_done(&inbox, &entry).await;
-    stop.send(()).unwrap();
-    run.await.unwrap();
+    while_running(
+        |stop| worker.run(stop),
+        until(&inbox, &entry, KeyState::Done),
+    )
+    .await;
     assert_eq!(*attempts.lock().unwrap(), [1, 2]);
 }
 
@@ -92,7 +90,7 @@ async fn a_handler_is_told_which_attempt_it_runs() {
 async fn a_custom_retry_policy_decides_when_an_entry_is_dead() {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
-    use tower_idempotency::inbox::{Decision, Enqueued, InboxRequest, KeyState, Worker};
+    use tower_idempotency::inbox::{Decision, InboxRequest, Worker};
 
     let inbox = MemoryInbox::default();
     let entry = values::inbox_entry(StoreKey::new("policy", None, "a"), Bytes::new(), "c");
@@ -110,17 +108,11 @@ async fn a_custom_retry_policy_decides_when_an_entry_is_dead() {
     let worker = Worker::new(inbox.clone(), handler)
         .retry(policy)
         .poll_interval(Duration::from_millis(5));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(worker.run(async {
-        let _ = stopped.await;
-    }));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while inbox.enqueue(entry.clone()).await.unwrap() != Enqueued::Duplicate(KeyState::Dead) {
-        assert!(tokio::time::Instant::now() < deadline, "never dead");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    stop.send(()).unwrap();
-    run.await.unwrap();
+    while_running(
+        |stop| worker.run(stop),
+        until(&inbox, &entry, KeyState::Dead),
+    )
+    .await;
     assert_eq!(*attempts.lock().unwrap(), [1, 2, 3]);
 }
 
@@ -141,14 +133,9 @@ async fn an_idle_worker_looks_again_at_its_poll_interval() {
     let handler =
         tower::service_fn(|_: InboxRequest| async move { Ok::<(), std::convert::Infallible>(()) });
     let worker = Worker::new(inbox.clone(), handler).poll_interval(Duration::from_millis(100));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(worker.run(async {
-        let _ = stopped.await;
-    }));
-    until_done(&inbox, &entry).await;
+    let done = until(&inbox, &entry, KeyState::Done);
+    while_running(|stop| worker.run(stop), done).await;
     let waited = started.elapsed();
-    stop.send(()).unwrap();
-    run.await.unwrap();
     assert!(
         waited >= Duration::from_secs(1),
         "taken under the lease: {waited:?}"
@@ -159,15 +146,39 @@ async fn an_idle_worker_looks_again_at_its_poll_interval() {
     );
 }
 
-/// Enqueues `entry` again until the inbox says its key is done (at most 10 s).
-async fn until_done(inbox: &MemoryInbox, entry: &tower_idempotency::inbox::InboxEntry) {
+/// Enqueues `entry` again until the inbox says its key is in `state` (at most 10 s).
+async fn until(
+    inbox: &MemoryInbox,
+    entry: &tower_idempotency::inbox::InboxEntry,
+    state: tower_idempotency::inbox::KeyState,
+) {
     use std::time::Duration;
-    use tower_idempotency::inbox::{Enqueued, KeyState};
+    use tower_idempotency::inbox::Enqueued;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while inbox.enqueue(entry.clone()).await.unwrap() != Enqueued::Duplicate(KeyState::Done) {
-        assert!(tokio::time::Instant::now() < deadline, "never done");
+    while inbox.enqueue(entry.clone()).await.unwrap() != Enqueued::Duplicate(state) {
+        assert!(tokio::time::Instant::now() < deadline, "never {state:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Runs a worker (`run`, handed its shutdown signal) while `until` runs, then shuts it down
+/// and waits for it to end.
+async fn while_running<W, U>(
+    run: impl FnOnce(futures_util::future::BoxFuture<'static, ()>) -> W,
+    until: U,
+) -> U::Output
+where
+    W: std::future::Future<Output = ()> + Send + 'static,
+    U: std::future::Future,
+{
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(run(Box::pin(async {
+        let _ = stopped.await;
+    })));
+    let output = until.await;
+    stop.send(()).unwrap();
+    worker.await.unwrap();
+    output
 }
 
 /// A key a worker applied is kept done for the worker's retention, then forgotten: a later
@@ -185,13 +196,11 @@ async fn a_done_key_is_kept_for_the_workers_retention() {
     let worker = Worker::new(inbox.clone(), handler)
         .retention(retention)
         .poll_interval(Duration::from_millis(5));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(worker.run(async {
-        let _ = stopped.await;
-    }));
-    until_done(&inbox, &entry).await;
-    stop.send(()).unwrap();
-    run.await.unwrap();
+    while_running(
+        |stop| worker.run(stop),
+        until(&inbox, &entry, KeyState::Done),
+    )
+    .await;
     tokio::time::sleep(retention + Duration::from_millis(200)).await;
     assert_eq!(inbox.enqueue(entry).await.unwrap(), Enqueued::Queued);
 }
@@ -235,15 +244,12 @@ async fn workers_run_that_many_entries_at_once() {
     let worker = Worker::new(inbox.clone(), handler)
         .workers(2)
         .poll_interval(Duration::from_millis(5));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(worker.run(async {
-        let _ = stopped.await;
-    }));
-    for entry in &entries {
-        until_done(&inbox, entry).await;
-    }
-    stop.send(()).unwrap();
-    run.await.unwrap();
+    let all_done = async {
+        for entry in &entries {
+            until(&inbox, entry, KeyState::Done).await;
+        }
+    };
+    while_running(|stop| worker.run(stop), all_done).await;
     assert_eq!(*together.lock().unwrap(), [true, true], "two ran at once");
 }
 

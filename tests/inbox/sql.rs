@@ -889,17 +889,6 @@ async fn a_postgres_take_reads_its_index_and_never_sorts_the_backlog() {
 /// already exists, skipping" notices (which sqlx logs, one per statement) are not asked for.
 #[tokio::test(flavor = "current_thread")]
 async fn a_second_migrate_logs_no_notices() {
-    #[derive(Clone, Default)]
-    struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let url = shared_server().url();
     let pool = PgPoolOptions::new()
         .max_connections(1)
@@ -910,18 +899,8 @@ async fn a_second_migrate_logs_no_notices() {
         .with_table(&unique("notices"))
         .unwrap();
     inbox.migrate().await.unwrap();
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let logged = {
-        let _guard = tracing::subscriber::set_default(subscriber);
-        inbox.migrate().await.unwrap();
-        String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
-    };
+    let (migrated, logged) = crate::logs::logged(inbox.migrate()).await;
+    migrated.unwrap();
     assert!(!logged.contains("already exists"), "{logged}");
 }
 

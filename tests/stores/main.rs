@@ -24,6 +24,8 @@ mod redis_cluster;
 #[path = "../support/redis_proxy.rs"]
 mod redis_proxy;
 // The cluster and sentinel harnesses each include the node helpers: two copies, on purpose.
+#[path = "../support/hooks.rs"]
+mod hooks;
 #[cfg(feature = "redis")]
 #[allow(clippy::duplicate_mod)]
 #[path = "../support/redis_sentinel.rs"]

@@ -94,22 +94,10 @@ async fn a_once_slower_than_its_store_timeout_is_a_store_error() {
 /// no longer.
 #[tokio::test]
 async fn a_once_claim_left_behind_blocks_its_key_for_the_lease() {
+    use crate::hooks::Unreleased;
     use std::time::Duration;
-    use tower_idempotency::store::{StoreError, StoreErrorKind, Target};
-    use tower_idempotency::test_util::store::{Call, Hook, Hooked};
+    use tower_idempotency::test_util::store::Hooked;
     use tower_idempotency::{Idempotent, OnceError};
-
-    /// Releases and renewals never land, as for a holder that lost the store.
-    #[derive(Clone)]
-    struct Unreleased;
-    impl Hook for Unreleased {
-        async fn before(&self, call: Call, _: &[Target]) -> Result<(), StoreError> {
-            match call {
-                Call::Release | Call::Renew => Err(StoreError::new(StoreErrorKind::Unavailable)),
-                Call::Reserve | Call::Complete => Ok(()),
-            }
-        }
-    }
     let lease = Duration::from_millis(1000);
     let store = Hooked {
         store: MemoryStore::new(),
