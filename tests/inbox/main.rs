@@ -23,6 +23,8 @@ mod redis_server;
 mod admin_fixture;
 mod admin_page;
 mod admin_service;
+// Read by the admin service's tests and the SQL inbox's.
+#[cfg(any(feature = "admin", all(feature = "sqlite", feature = "postgres")))]
 mod logs;
 mod memory;
 mod redis;
