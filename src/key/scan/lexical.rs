@@ -54,7 +54,7 @@ impl<'a, P: Borrow<SimplePath>> Scanner<'a, '_, P> {
     /// each that is an object): reads a `,` and the next member's name, or closes containers.
     /// The number of containers still open when another value follows; `None` once the
     /// outermost is closed.
-    pub(super) fn after_value(&mut self, objects: u128, mut level: usize) -> Parsed<Option<usize>> {
+    fn after_value(&mut self, objects: u128, mut level: usize) -> Parsed<Option<usize>> {
         loop {
             if level == 0 {
                 return Ok(None);
@@ -85,7 +85,7 @@ impl<'a, P: Borrow<SimplePath>> Scanner<'a, '_, P> {
     }
 
     /// Reads a member name and its `:`, leaving the position at its value.
-    pub(super) fn member_name(&mut self) -> Parsed<()> {
+    fn member_name(&mut self) -> Parsed<()> {
         if self.peek() != Some(b'"') {
             return Err(self.unexpected("expected a member name"));
         }
@@ -207,7 +207,7 @@ impl<'a, P: Borrow<SimplePath>> Scanner<'a, '_, P> {
     /// Fails, like serde_json, when `number` is too large for an `f64`.
     /// `int` and `fraction` are the offsets of its digits before and after the
     /// point, `exponent` its (saturated) exponent.
-    pub(super) fn check_magnitude(
+    fn check_magnitude(
         &self,
         number: Number,
         int: (usize, usize),
@@ -296,7 +296,7 @@ pub(super) fn bits(mut mask: u64) -> impl Iterator<Item = usize> {
 /// Reads the exponent of a number whose `e` or `E` ends before `i`: an optional sign and at
 /// least one digit. Returns the offset after it and its value, saturated (only whether the
 /// magnitude passes 308 matters).
-pub(super) fn read_exponent(bytes: &[u8], mut i: usize) -> Result<(usize, i64), Syntax> {
+fn read_exponent(bytes: &[u8], mut i: usize) -> Result<(usize, i64), Syntax> {
     let negative = match bytes.get(i) {
         Some(b'-') => {
             i += 1;
@@ -324,7 +324,7 @@ pub(super) fn read_exponent(bytes: &[u8], mut i: usize) -> Result<(usize, i64), 
 }
 
 /// The offset of the first byte at or after `i` that is not an ASCII digit.
-pub(super) fn skip_digits(bytes: &[u8], mut i: usize) -> usize {
+fn skip_digits(bytes: &[u8], mut i: usize) -> usize {
     while let Some(b'0'..=b'9') = bytes.get(i) {
         i += 1;
     }
@@ -334,7 +334,7 @@ pub(super) fn skip_digits(bytes: &[u8], mut i: usize) -> usize {
 /// The offset of the first byte at or after `i` that ends a plain run of
 /// string contents: a quote, a backslash, a control character or a byte that
 /// is not ASCII. Looks at eight bytes at a time where it can.
-pub(super) fn skip_plain(bytes: &[u8], mut i: usize) -> usize {
+fn skip_plain(bytes: &[u8], mut i: usize) -> usize {
     /// 0x01 in every byte.
     const ONES: u64 = 0x0101_0101_0101_0101;
     /// The high bit of every byte.
@@ -365,7 +365,7 @@ pub(super) fn skip_plain(bytes: &[u8], mut i: usize) -> usize {
 
 /// The length of the valid UTF-8 sequence of a non-ASCII character starting
 /// at `i`, or None when the bytes there are not one.
-pub(super) fn utf8_len(bytes: &[u8], i: usize) -> Option<usize> {
+fn utf8_len(bytes: &[u8], i: usize) -> Option<usize> {
     let (len, low, high) = match *bytes.get(i)? {
         0xC2..=0xDF => (2, 0x80, 0xBF),
         0xE0 => (3, 0xA0, 0xBF),
@@ -390,7 +390,7 @@ pub(super) fn utf8_len(bytes: &[u8], i: usize) -> Option<usize> {
 
 /// Decodes the escape whose backslash is at `i`: the character and the
 /// offset after the escape, or the class of the problem.
-pub(super) fn decode_escape(bytes: &[u8], i: usize) -> Result<(char, usize), &'static str> {
+fn decode_escape(bytes: &[u8], i: usize) -> Result<(char, usize), &'static str> {
     let c = match bytes.get(i + 1) {
         None => return Err(END_IN_STRING),
         Some(b'"') => '"',
@@ -428,14 +428,14 @@ pub(super) fn decode_escape(bytes: &[u8], i: usize) -> Result<(char, usize), &'s
 }
 
 /// The value of the four hex digits at `at`, or the class of the problem.
-pub(super) fn hex_at(bytes: &[u8], at: usize) -> Result<u32, &'static str> {
+fn hex_at(bytes: &[u8], at: usize) -> Result<u32, &'static str> {
     let digits = bytes.get(at..at + 4).ok_or(END_IN_STRING)?;
     hex4(digits).ok_or("invalid \\u escape in a string")
 }
 
 /// Decodes the (validated) contents `raw` of a string that starts at offset
 /// `at` in the body.
-pub(super) fn decode_string(raw: &[u8], at: usize) -> Parsed<String> {
+fn decode_string(raw: &[u8], at: usize) -> Parsed<String> {
     let mut out = String::with_capacity(raw.len());
     let mut i = 0;
     while i < raw.len() {
@@ -478,7 +478,7 @@ pub(super) struct Decoded<'s> {
 
 impl<'s> Decoded<'s> {
     /// Starts decoding `raw`.
-    pub(super) fn new(raw: &'s [u8]) -> Self {
+    fn new(raw: &'s [u8]) -> Self {
         Decoded {
             raw,
             pos: 0,
@@ -515,7 +515,7 @@ impl Iterator for Decoded<'_> {
 }
 
 /// The raw contents of a string span of the body.
-pub(super) fn raw(bytes: &[u8], span: Span) -> &[u8] {
+fn raw(bytes: &[u8], span: Span) -> &[u8] {
     bytes.get(span.start..span.end).unwrap_or_default()
 }
 
