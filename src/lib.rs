@@ -167,6 +167,12 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// The docs link to every backend; a build without one of them has no page to link to (docs.rs
+// builds with every feature, and so does CI's `cargo doc`, where a broken link is an error).
+#![cfg_attr(
+    not(all(feature = "redis", feature = "postgres", feature = "sqlite")),
+    allow(rustdoc::broken_intra_doc_links)
+)]
 
 mod claim;
 mod config_error;

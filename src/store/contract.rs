@@ -41,8 +41,13 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     /// the key and the object lease are taken for `lease`, and the answer is
     /// [`Reservation::Stale`] when the order's `equal` says the position is stale against the
     /// object's watermark, [`Reservation::Acquired`] otherwise. Targets of one call may share
-    /// an object: the object's lease is then this claim's for all of them. See [Ordered
-    /// events](super#ordered-events).
+    /// an object: the object's lease is then this claim's for all of them. A retried call for
+    /// an ordered key this claim holds answers as the first did ([`Reservation::Stale`] again
+    /// while the position is stale). See [Ordered events](super#ordered-events).
+    ///
+    /// A store that knows how long it keeps a completed record it answers may say so with
+    /// [`Record::expiring_in`]: a local cache in front of the store then keeps the record no
+    /// longer. A store that does not know leaves it out.
     fn reserve(
         &self,
         targets: &[Target],
@@ -54,11 +59,14 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     /// `retention`: one answer per target, in order.
     ///
     /// Writes nothing and answers [`Completion::Lost`] for a key no longer held by `claim`'s
-    /// token (the lease expired and another attempt took it, or it was released), and
-    /// [`Completion::AlreadyWritten`] for one that already holds the record of this claim.
+    /// token (it was released, or its lease expired: whether or not another attempt took it
+    /// since), and [`Completion::AlreadyWritten`] for one that already holds the record of
+    /// this claim. The record is kept for `retention`, then the key is absent.
     /// With an order, in the same atomic step: the object's watermark is raised to the
     /// position (when higher, kept for `retention`) and the object lease let go (when this
     /// claim's); a lost claim writes nothing but still lets go of this claim's object lease.
+    /// Only a completion that writes raises the watermark: a retried one
+    /// ([`Completion::AlreadyWritten`]) leaves it where the first one put it.
     ///
     /// The layer hands over a record owned by `claim`: a store may keep
     /// [`record.encode()`](Record::encode) as it is, and tell a retried completion by
@@ -84,6 +92,8 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     /// Extends our in-flight claim on every target's key (and, with an order, the object
     /// lease) to `lease` from now: what keeps a slow handler's claim alive. `Ok(true)` when
     /// every key was still ours; every key still ours is renewed, even when another is not.
+    /// The answer speaks of the keys only: an object lease this claim no longer holds is left
+    /// as it is and does not make it `false`.
     ///
     /// A key (or an object lease) not held by `claim`'s token is left as it is.
     fn renew(

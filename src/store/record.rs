@@ -154,10 +154,11 @@ impl Record {
         }
     }
 
-    /// The record, read from a store that said it keeps it `left` longer (from a moment during
-    /// the read). What a store sets on the records its reserve returns when it knows: a local
-    /// cache then keeps the record no longer, without asking the store again.
-    pub(crate) fn expiring_in(mut self, left: std::time::Duration) -> Self {
+    /// The record, read from a store that keeps it `left` longer (from a moment during the
+    /// read). What a store sets on the records its [`reserve`](crate::IdempotencyStore::reserve)
+    /// answers when it knows (the memory and SQL stores do): a local cache then keeps the
+    /// record no longer, without asking the store again. Not part of the record's encoding.
+    pub fn expiring_in(mut self, left: std::time::Duration) -> Self {
         let millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
         self.expires_in = std::num::NonZeroU64::new(millis);
         self

@@ -20,6 +20,10 @@ use crate::{IdempotencyStore, OrderedStore};
 
 const RETENTION: Duration = Duration::from_secs(3600);
 const LONG: Duration = Duration::from_secs(60);
+/// A retention or lease a case waits out; what it holds is checked at once.
+const SHORT: Duration = Duration::from_secs(2);
+/// How long past its end a case waits before it expects a retention or lease to be over.
+const PAST: Duration = Duration::from_millis(1500);
 
 /// A key no other test (nor an earlier run against the same server) uses.
 pub fn fresh_key(test: &str) -> StoreKey {
@@ -132,7 +136,7 @@ pub async fn reserves<St: IdempotencyStore>(
     expected: Reservation,
 ) {
     let answer = store.reserve_one(key, claim, lease).await.unwrap();
-    assert_eq!(answer, expected, "{key:?}");
+    assert_eq!(answer, expected, "the reserve of {key:?}");
 }
 
 /// Asserts that `claim`'s completion of `key` alone with `record`, kept for `retention`,
@@ -149,7 +153,7 @@ pub async fn completes<St: IdempotencyStore>(
         .complete_one(key, claim, record, retention)
         .await
         .unwrap();
-    assert_eq!(answer, expected, "{key:?}");
+    assert_eq!(answer, expected, "the completion of {key:?}");
 }
 
 /// The four calls of an [`IdempotencyStore`], as a [`Hook`] is told them.
@@ -501,6 +505,37 @@ pub async fn a_told_expiry_is_within_the_retention<St: IdempotencyStore>(store: 
     }
 }
 
+/// A completed record is kept for the retention it was written with, and no longer: a
+/// delivery after the sender's retry window is processed as new, and the store does not grow
+/// without bound.
+pub async fn a_record_expires_with_its_retention<St: IdempotencyStore>(store: St) {
+    let key = fresh_key("retention");
+    let owner = claim();
+    reserves(&store, &key, &owner, LONG, Reservation::Acquired).await;
+    completes(
+        &store,
+        &key,
+        &owner,
+        &ack(&owner),
+        SHORT,
+        Completion::Written,
+    )
+    .await;
+    let answer = store.reserve_one(&key, &claim(), LONG).await.unwrap();
+    assert!(
+        matches!(answer, Reservation::Completed(_)),
+        "a record is held within its retention: {answer:?}"
+    );
+    tokio::time::sleep(SHORT + PAST).await;
+    let answer = store.reserve_one(&key, &claim(), LONG).await.unwrap();
+    assert_eq!(
+        answer,
+        Reservation::Acquired,
+        "a record kept for {SHORT:?} is gone {:?} later",
+        SHORT + PAST
+    );
+}
+
 /// An event of `object` at `position`, with a key no other test uses.
 fn ordered(test: &str, object: &ObjectKey, position: i128) -> Target {
     Target::ordered(fresh_key(test), object.clone(), Position::new(position))
@@ -650,6 +685,65 @@ pub async fn an_objects_lease_expires_with_its_owner<St: IdempotencyStore>(store
     assert_eq!(done, [Completion::Lost]);
 }
 
+/// The watermark is kept for the retention of the completion that raised it, and no longer:
+/// once it is gone, an event at a lower position is no longer stale.
+pub async fn a_watermark_expires_with_its_retention<St: IdempotencyStore>(store: St) {
+    let object = fresh_object("watermark-retention");
+    let (high, low) = (ordered("high", &object, 20), ordered("low", &object, 10));
+    let owner = claim();
+    assert_eq!(
+        reserve_event(&store, &high, &owner, LONG).await,
+        [Reservation::Acquired]
+    );
+    let events = std::slice::from_ref(&high);
+    let done = store
+        .complete(events, &owner, &ack(&owner), SHORT)
+        .await
+        .unwrap();
+    assert_eq!(done, [Completion::Written]);
+    let probe = claim();
+    let answers = reserve_event(&store, &low, &probe, LONG).await;
+    let watermark = Position::new(20);
+    assert_eq!(
+        answers,
+        [Reservation::Stale { watermark }],
+        "a lower position is stale while the watermark is kept"
+    );
+    assert_eq!(release_event(&store, &low, &probe).await, 1);
+    tokio::time::sleep(SHORT + PAST).await;
+    let answers = reserve_event(&store, &low, &claim(), LONG).await;
+    assert_eq!(
+        answers,
+        [Reservation::Acquired],
+        "a watermark kept for {SHORT:?} is gone {:?} later",
+        SHORT + PAST
+    );
+}
+
+/// Renewing an ordered event's claim renews its object's lease too: another event of the
+/// object is still busy after the first lease would have run out.
+pub async fn renewal_keeps_the_object<St: IdempotencyStore>(store: St) {
+    let object = fresh_object("renew-object");
+    let owner = claim();
+    let held = ordered("held", &object, 1);
+    assert_eq!(
+        reserve_event(&store, &held, &owner, SHORT).await,
+        [Reservation::Acquired]
+    );
+    assert!(
+        renew_event(&store, &held, &owner, LONG).await,
+        "the owner renews its event"
+    );
+    tokio::time::sleep(SHORT + PAST).await;
+    let answers = reserve_event(&store, &ordered("next", &object, 2), &claim(), LONG).await;
+    assert_eq!(
+        answers,
+        [Reservation::ObjectBusy],
+        "renewing an event for {LONG:?} renews its object's lease: it is held past the first \
+         lease of {SHORT:?}"
+    );
+}
+
 /// Concurrent claims of different events of one object: exactly one holds it.
 pub async fn concurrent_events_of_one_object_have_one_holder<St: IdempotencyStore>(store: St) {
     let object = fresh_object("race");
@@ -670,8 +764,6 @@ pub async fn concurrent_events_of_one_object_have_one_holder<St: IdempotencyStor
     assert_eq!(holders, 1);
 }
 
-/// Instantiates the contract for one store. `$make` is an async block yielding
-/// `(store, guard)`.
 /// The record-store contract as `#[tokio::test]`s, one per case, in a module of the calling
 /// file (feature `test-util`; see [`test_util`](crate::test_util)).
 ///
@@ -694,6 +786,7 @@ macro_rules! store_contract {
             batch_items_are_claimed_one_by_one,
             overlapping_batches_race_exactly_once,
             a_told_expiry_is_within_the_retention,
+            a_record_expires_with_its_retention,
         );
     };
     ($make:expr) => {
@@ -703,6 +796,8 @@ macro_rules! store_contract {
             an_object_is_held_by_one_claim_at_a_time,
             an_objects_lease_expires_with_its_owner,
             concurrent_events_of_one_object_have_one_holder,
+            a_watermark_expires_with_its_retention,
+            renewal_keeps_the_object,
         );
     };
     (@tests $module:ident $make:expr; $($name:ident),* $(,)?) => {

@@ -42,6 +42,7 @@ mod store_steps;
 
 mod cache;
 mod cluster;
+mod custom;
 mod memory;
 mod once_layer;
 mod once_properties;
