@@ -713,7 +713,12 @@ impl SettleOnDrop {
 
 impl Drop for SettleOnDrop {
     fn drop(&mut self) {
-        if let (Some(settle), Ok(handle)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+        // The runtime is looked up only for a settlement cut off: a disarmed one (every
+        // settlement that ran to its end) needs none.
+        let Some(settle) = self.0.take() else {
+            return;
+        };
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move { settle.run().await });
         }
     }

@@ -93,11 +93,19 @@ impl Classifier {
     }
 }
 
-/// Whether `headers` (of a request or a response) say gRPC.
+/// Whether `headers` (of a request or a response) say gRPC: their first `content-type`, as
+/// `HeaderMap::get` finds it. A response's few headers are scanned rather than looked up (a
+/// look-up hashes the name); many are looked up.
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(says_grpc)
+    const SCANNED: usize = 8;
+    let content_type = if headers.keys_len() <= SCANNED {
+        headers
+            .iter()
+            .find_map(|(name, value)| (name == http::header::CONTENT_TYPE).then_some(value))
+    } else {
+        headers.get(http::header::CONTENT_TYPE)
+    };
+    content_type.is_some_and(says_grpc)
 }
 
 /// Whether a `content-type` value says gRPC.
@@ -145,6 +153,26 @@ mod tests {
             custom.head(false, StatusCode::OK, &h),
             Head::Final(Verdict::Failure)
         );
+    }
+
+    /// The scan of a few headers finds what the look-up finds: the first `content-type`.
+    #[test]
+    fn grpc_is_read_from_the_first_content_type() {
+        let mut few = headers(&[("x-other", "1")]);
+        few.append("content-type", "application/grpc".parse().unwrap());
+        few.append("content-type", "text/plain".parse().unwrap());
+        assert!(is_grpc(&few));
+        let mut many = headers(&[("content-type", "text/plain")]);
+        many.append("content-type", "application/grpc".parse().unwrap());
+        assert!(!is_grpc(&many));
+        for i in 0..10 {
+            let name = http::HeaderName::try_from(format!("x-{i}")).unwrap();
+            many.insert(name, "1".parse().unwrap());
+        }
+        assert!(!is_grpc(&many));
+        many.insert("content-type", "application/grpc+proto".parse().unwrap());
+        assert!(is_grpc(&many));
+        assert!(!is_grpc(&HeaderMap::new()));
     }
 
     #[test]
