@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use tower_idempotency::inbox::{
     AnyInbox, EntryOrder, InboxRequest, InboxStore, MemoryInbox, Worker,
 };
-use tower_idempotency::order::Position;
+use tower_idempotency::order::{EqualPositions, Position};
 use tower_idempotency::store::{ObjectKey, StoreKey, connect};
 use tower_idempotency::test_util::values;
 
@@ -111,7 +111,12 @@ async fn enqueue(inbox: &AnyInbox, entries: usize, ordered: bool) -> Result<(), 
                     let object = ObjectKey::new(NAMESPACE, None, &format!("obj-{}", i % OBJECTS));
                     let position = Position::from_integer_text(&(i / OBJECTS).to_string())
                         .ok_or("position")?;
-                    entry.order = Some(EntryOrder { object, position });
+                    let equal = EqualPositions::Process;
+                    entry.order = Some(EntryOrder {
+                        object,
+                        position,
+                        equal,
+                    });
                 }
                 inbox.enqueue(entry).await?;
             }

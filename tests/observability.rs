@@ -504,7 +504,11 @@ async fn a_worker_exports_the_inbox_counters_and_gauges() {
     let object = tower_idempotency::store::ObjectKey::new("obs-inbox", None, "m_1");
     let position = tower_idempotency::order::Position::new;
     let ordered = |mut entry: InboxEntry, object, position| {
-        entry.order = Some(tower_idempotency::inbox::EntryOrder { object, position });
+        entry.order = Some(tower_idempotency::inbox::EntryOrder {
+            object,
+            position,
+            equal: tower_idempotency::order::EqualPositions::Process,
+        });
         entry
     };
     let newer = ordered(entry("newer", "ok"), object.clone(), position(2));

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use http::HeaderMap;
 
-use crate::order::Position;
+use crate::order::{EqualPositions, Position};
 use crate::store::{ObjectKey, StoreKey, Token};
 
 /// One stored delivery, waiting to be applied: what the worker needs and no more.
@@ -18,7 +18,7 @@ use crate::store::{ObjectKey, StoreKey, Token};
 /// use bytes::Bytes;
 /// use http::HeaderMap;
 /// use tower_idempotency::inbox::{EntryOrder, InboxEntry};
-/// use tower_idempotency::order::Position;
+/// use tower_idempotency::order::{EqualPositions, Position};
 /// use tower_idempotency::store::{ObjectKey, StoreKey};
 ///
 /// let now = SystemTime::now();
@@ -31,6 +31,7 @@ use crate::store::{ObjectKey, StoreKey, Token};
 ///     order: Some(EntryOrder {
 ///         object: ObjectKey::new("email", None, "msg_1"),
 ///         position: Position::from_integer_text("7").unwrap(),
+///         equal: EqualPositions::Process,
 ///     }),
 ///     correlation_id: "req-1".into(),
 ///     attempts: 0,
@@ -98,9 +99,25 @@ impl InboxEntry {
         self
     }
 
-    /// The entry ordered among the events of `object` at `position`.
-    pub(crate) fn ordered(mut self, object: ObjectKey, position: Position) -> Self {
-        self.order = Some(EntryOrder { object, position });
+    /// The entry ordered among the events of `object` at `position`, processed at a position
+    /// equal to the watermark (the default rule).
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn ordered(self, object: ObjectKey, position: Position) -> Self {
+        self.ordered_by(crate::store::Order {
+            object,
+            position,
+            equal: EqualPositions::default(),
+        })
+    }
+
+    /// The entry ordered as the route's `order` says: among the events of its object, at its
+    /// position, with the route's rule for a position equal to the watermark.
+    pub(crate) fn ordered_by(mut self, order: crate::store::Order) -> Self {
+        self.order = Some(EntryOrder {
+            object: order.object,
+            position: order.position,
+            equal: order.equal,
+        });
         self
     }
 }
@@ -112,6 +129,22 @@ pub struct EntryOrder {
     pub object: ObjectKey,
     /// Its position among the object's events.
     pub position: Position,
+    /// Whether the entry is stale at a position equal to its object's watermark (the route's
+    /// [`EventOrder::equal_positions`](crate::order::EventOrder::equal_positions)): a store
+    /// keeps it with the entry, since it decides at the door and again when the entry is
+    /// taken.
+    pub equal: EqualPositions,
+}
+
+impl EntryOrder {
+    /// Whether the entry is stale against its object's `watermark`: behind it, or at it when
+    /// [`equal`](Self::equal) says so. What a store answers [`Enqueued::Stale`] by at the
+    /// door, and hands the entry out as [`Lease::stale`] by.
+    ///
+    /// [`Enqueued::Stale`]: crate::inbox::Enqueued::Stale
+    pub fn is_stale(&self, watermark: Position) -> bool {
+        self.equal.is_stale(self.position, watermark)
+    }
 }
 
 /// An entry a worker took: the entry (its attempt counted), the lease's token, and whether the
@@ -122,7 +155,8 @@ pub struct Lease {
     pub entry: InboxEntry,
     /// The lease's owner token: renew, complete and fail are refused without it.
     pub token: Token,
-    /// The object's watermark is at or past the entry's position.
+    /// The entry is stale against its object's watermark ([`EntryOrder::is_stale`]): settle it
+    /// without the handler.
     pub stale: bool,
 }
 

@@ -262,17 +262,17 @@ impl State {
         ))
     }
 
-    /// The watermark of `entry`'s object when it is at or past the entry's position (the take's
-    /// rule for a stale entry).
+    /// The watermark of `entry`'s object when the entry is stale against it (the take's rule
+    /// for a stale entry).
     fn stale_at_door(&self, entry: &InboxEntry, now: SystemTime) -> Option<Position> {
         let order = entry.order.as_ref()?;
         let mark = self.objects.get(&order.object)?.watermark(now)?;
-        (mark >= order.position).then_some(mark)
+        order.is_stale(mark).then_some(mark)
     }
 
     /// Whether `key` may run now: unordered, or its object's entry in flight (taken over once
     /// its lease ran out), or, with none in flight, its object's first waiting entry; and stale
-    /// if its object's watermark is at or past its position.
+    /// if it is stale against its object's watermark.
     fn runnable(&self, slot: &Slot, now: SystemTime) -> Option<bool> {
         let Some(order) = &slot.entry.order else {
             return Some(false);
@@ -285,7 +285,7 @@ impl State {
         (*next == slot.entry.key).then(|| {
             object
                 .watermark(now)
-                .is_some_and(|mark| mark >= order.position)
+                .is_some_and(|mark| order.is_stale(mark))
         })
     }
 

@@ -236,13 +236,16 @@ impl EventOrder {
     }
 
     /// Sets whether an event at the watermark's position is processed (default
-    /// [`EqualPositions::Process`]).
+    /// [`EqualPositions::Process`]). On an inbox route each entry keeps the rule, for the door
+    /// and for when a worker takes it.
     pub fn equal_positions(mut self, equal: EqualPositions) -> Self {
         self.equal = equal;
         self
     }
 
-    /// Sets what happens to a stale event (default [`StaleEvents::Acknowledge`]).
+    /// Sets what happens to a stale event (default [`StaleEvents::Acknowledge`]). On the
+    /// synchronous route only: an inbox route acknowledges a stale event at its door, and its
+    /// workers settle an entry that went stale while it waited without the handler.
     pub fn stale_events(mut self, stale: StaleEvents) -> Self {
         self.stale = stale;
         self

@@ -23,7 +23,7 @@ use crate::inbox::codec::{decode_headers, encode_headers};
 use crate::inbox::entry::{EntryOrder, InboxEntry, Lease};
 use crate::inbox::store::{Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 use crate::inbox::wake::{Announcer, Wakeups};
-use crate::order::Position;
+use crate::order::{EqualPositions, Position};
 use crate::redis::records::durable::script_replicated;
 use crate::redis::records::errors::store_error;
 use crate::redis::records::scripts::{Keys, LESS_LUA, bytes_of, evalsha_with_reload, unexpected};
@@ -43,10 +43,11 @@ static WORKER: LazyLock<String> = LazyLock::new(|| history::worker_field(worker_
 /// [3] = body, [4] = correlation id, [5] = enqueued (µs), then pairs of a name and a value for
 /// what is not the default: `w` durable (first when present: a duplicate then writes `<prefix>fence`
 /// for the `WAIT` behind it to count), `h` headers (none), `a` attempts (0), `n` next attempt (the
-/// enqueue time), `o` object and `p` position (unordered), `i` delivery id and `r` route (empty), `cap` capacity
+/// enqueue time), `o` object and `p` position (unordered), `eq` when a position equal to the
+/// watermark is stale (processed), `i` delivery id and `r` route (empty), `cap` capacity
 /// (unbounded). Returns 0 when
 /// queued, 1 to 4 for a duplicate (queued, running, dead, done), 5 when full, `{6, watermark}`
-/// for an ordered entry its object's watermark is at or past (stale, not stored). A queued entry is
+/// for an ordered entry stale against its object's watermark (not stored). A queued entry is
 /// announced on `<prefix>wake` (`PUBLISH` of its due time) to every process's idle workers
 /// when one waits: a take that came back short left `<prefix>idle`, which the first enqueue
 /// due now after it deletes as it publishes (one due later publishes and leaves it, since the
@@ -1044,6 +1045,9 @@ fn optional_fields(entry: &InboxEntry, enqueued_at: i64, capacity: u64, args: &m
             "p".into(),
             Value::Bytes(position),
         ]);
+        if order.equal == EqualPositions::Stale {
+            args.extend(["eq".into(), "1".into()]);
+        }
     }
 }
 

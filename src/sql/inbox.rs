@@ -19,7 +19,7 @@ use crate::inbox::codec::{decode_headers, encode_headers};
 use crate::inbox::entry::{EntryOrder, InboxEntry, Lease};
 use crate::inbox::store::{Enqueued, Failure, InboxCounts, InboxStore, KeyState};
 use crate::inbox::wake::{Announcer, Wakeups};
-use crate::order::Position;
+use crate::order::{EqualPositions, Position};
 use crate::sql::query::Param;
 use crate::sql::run::{acquire, error, execute, fetch};
 use crate::sql::statements::{self, Sql, ddl, file, fill, render, substitute};
@@ -40,7 +40,7 @@ const TAKE_ATTEMPTS: usize = 3;
 
 /// The columns of an entry, in the order `entry` reads them (then `stale` or `last_error`).
 const ENTRY_COLUMNS: &str = "key, body, headers, object, position, correlation_id, attempts, \
-    next_at, enqueued_at, id, route";
+    next_at, enqueued_at, id, route, equal_stale";
 
 /// The columns of what an operator sees of an entry, in the order `info` reads them.
 const INFO_COLUMNS: &str = "key, body, headers, {info_rest}";
@@ -48,16 +48,17 @@ const INFO_COLUMNS: &str = "key, body, headers, {info_rest}";
 /// The columns of [`INFO_COLUMNS`] after the body and the headers (which a listing reads only
 /// when asked: `list.sql`).
 const INFO_REST: &str = "object, position, correlation_id, attempts, next_at, enqueued_at, id, \
-    route, state, lease_until, expires_at, last_error, history, started_us, worker";
+    route, equal_stale, state, lease_until, expires_at, last_error, history, started_us, worker";
 
 /// The columns added to the table since it was first released, with their definitions: what
 /// `migrate` adds to a table created before.
-const ADDED_COLUMNS: [(&str, &str); 5] = [
+const ADDED_COLUMNS: [(&str, &str); 6] = [
     ("id", "text NOT NULL DEFAULT ''"),
     ("route", "text NOT NULL DEFAULT ''"),
     ("history", "text NOT NULL DEFAULT ''"),
     ("started_us", "bigint"),
     ("worker", "text"),
+    ("equal_stale", "bigint NOT NULL DEFAULT 0"),
 ];
 
 /// An [`InboxStore`] in an SQL table: `PostgresInbox` (feature `postgres`) and `SqliteInbox`
@@ -99,7 +100,8 @@ const ADDED_COLUMNS: [(&str, &str); 5] = [
 ///   serialized). An ordered entry is due only when it is its object's next: none of its
 ///   object is running (one that is, its lease run out or not, is the only one taken until
 ///   it settles) and no queued one stands before it by position; it comes back stale when
-///   its object's watermark is at or past its position. A unique index on the object of the
+///   it is stale against its object's watermark (past its position, or at it when the entry's
+///   `equal_stale` says so). A unique index on the object of the
 ///   `running` rows holds that rule against concurrent takes on PostgreSQL (each reads its
 ///   own snapshot): the later of two that chose entries of one object waits for the first to
 ///   commit, fails on the index, and takes again.
@@ -325,8 +327,8 @@ impl<DB: Dialect> SqlInbox<DB> {
     }
 
     /// The state of a key an enqueue found there; `None` when no row holds it (any more).
-    /// [`Enqueued::Stale`] with its object's watermark when `entry` is ordered and the
-    /// watermark is at or past its position (`now` as the enqueue's parameter).
+    /// [`Enqueued::Stale`] with its object's watermark when `entry` is ordered and stale
+    /// against the watermark (`now` as the enqueue's parameter).
     async fn stale_at(
         &self,
         conn: &mut DB::Connection,
@@ -341,6 +343,7 @@ impl<DB: Dialect> SqlInbox<DB> {
             Param::Text(order.object.as_str()),
             Param::Bytes(&position),
             *now,
+            Param::Int(equal_stale(order)),
         ];
         let rows = fetch::<DB>(conn, &self.sql.stale_at, &params, None).await?;
         let Some(row) = rows.first() else {
@@ -375,9 +378,13 @@ impl<DB: Dialect> SqlInbox<DB> {
 impl<DB: Dialect> InboxStore for SqlInbox<DB> {
     async fn enqueue(&self, entry: InboxEntry) -> Result<Enqueued, StoreError> {
         let headers = encode_headers(&entry.headers);
-        let (object, position) = match &entry.order {
-            Some(order) => (order.object.as_str(), order.position.to_bytes().to_vec()),
-            None => ("", Vec::new()),
+        let (object, position, equal) = match &entry.order {
+            Some(order) => (
+                order.object.as_str(),
+                order.position.to_bytes().to_vec(),
+                equal_stale(order),
+            ),
+            None => ("", Vec::new(), 0),
         };
         for _ in 0..ENQUEUE_ATTEMPTS {
             let params = [
@@ -393,6 +400,7 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
                 Param::Int(epoch_ms(SystemTime::now())),
                 Param::Text(&entry.id),
                 Param::Text(&entry.route),
+                Param::Int(equal),
             ];
             let mut tx = self.begin().await?;
             let stored = !fetch::<DB>(&mut tx, &self.sql.enqueue, &params, None)
@@ -457,7 +465,7 @@ impl<DB: Dialect> InboxStore for SqlInbox<DB> {
                 Ok(Lease {
                     entry: entry::<DB>(row)?,
                     token,
-                    stale: DB::flag(row, 11).map_err(error::<DB>)?,
+                    stale: DB::flag(row, 12).map_err(error::<DB>)?,
                 })
             })
             .collect()
@@ -663,13 +671,13 @@ pub struct Statements {
     schema: String,
     migrate: Sql,
     /// $1 key, $2 body, $3 headers, $4 object (`''`: none), $5 position, $6 correlation id,
-    /// $7 attempts, $8 next attempt, $9 enqueued at, $10 now, $11 delivery id, $12 route. A
-    /// row when it stored the entry.
+    /// $7 attempts, $8 next attempt, $9 enqueued at, $10 now, $11 delivery id, $12 route,
+    /// $13 1 when equal positions are stale. A row when it stored the entry.
     enqueue: Sql,
     /// $1 key. The key's state.
     read_state: Sql,
-    /// $1 object, $2 position, $3 now. The object's watermark when it is at or past the
-    /// position.
+    /// $1 object, $2 position, $3 now, $4 1 when equal positions are stale. The object's
+    /// watermark when the position is stale against it.
     stale_at: Sql,
     /// $1 max, $2 lease end, $3 token, $4 now, $5 now in µs, $6 worker. The entries taken,
     /// then `stale`.
@@ -869,6 +877,10 @@ fn entry<DB: Dialect>(row: &DB::Row) -> Result<InboxEntry, StoreError> {
                     .try_into()
                     .map_err(|_| corrupt("a position of the wrong length"))?,
             ),
+            equal: match int(11)? {
+                Some(1) => EqualPositions::Stale,
+                _ => EqualPositions::Process,
+            },
         }),
         _ => None,
     };
@@ -901,6 +913,11 @@ fn key_state(state: &str) -> Result<KeyState, StoreError> {
         "done" => KeyState::Done,
         _ => return Err(corrupt("an inbox row in an unknown state")),
     })
+}
+
+/// The `equal_stale` column of an entry ordered by `order`.
+fn equal_stale(order: &EntryOrder) -> i64 {
+    i64::from(order.equal == EqualPositions::Stale)
 }
 
 fn epoch_ms(at: SystemTime) -> i64 {

@@ -16,7 +16,7 @@ use crate::inbox::{
     Backoff, Enqueued, Failure, InboxCounts, InboxEntry, InboxRequest, InboxStore, KeyState, Lease,
     Wakeups, Worker,
 };
-use crate::order::Position;
+use crate::order::{EqualPositions, Position};
 use crate::store::{ObjectKey, StoreError, StoreErrorKind, StoreKey, Token};
 use bytes::Bytes;
 
@@ -685,9 +685,18 @@ pub async fn a_worker_settles_a_stale_entry_without_the_handler<St: InboxStore +
     );
 }
 
-/// An ordered entry at or behind its object's watermark is stale at the door: answered with
-/// the watermark and not stored (a duplicate of a known key is still a duplicate first); one
-/// past it is queued.
+/// `entry` with a route's rule that an entry at its object's watermark is stale.
+fn equal_stale(mut entry: InboxEntry) -> InboxEntry {
+    if let Some(order) = &mut entry.order {
+        order.equal = EqualPositions::Stale;
+    }
+    entry
+}
+
+/// An entry behind its object's watermark is stale at the door: nothing is stored. One at the
+/// watermark's position is stale only when its route says equal positions are
+/// ([`EqualPositions::Stale`]); by default it is queued and taken as new (coarse positions,
+/// such as whole seconds, give distinct events one position).
 pub async fn an_entry_behind_the_watermark_is_stale_at_the_door<St: InboxStore>(store: St) {
     let object = ObjectKey::new("inbox-contract", None, &fresh("door"));
     let newer = ordered(&object, 2);
@@ -700,23 +709,99 @@ pub async fn an_entry_behind_the_watermark_is_stale_at_the_door<St: InboxStore>(
             .unwrap()[0]
     );
     let two = Position::from_integer_text("2").unwrap();
-    for position in [1, 2] {
-        assert_eq!(
-            store.enqueue(ordered(&object, position)).await.unwrap(),
-            Enqueued::Stale(two),
-            "position {position}"
-        );
-    }
+    assert_eq!(
+        store.enqueue(ordered(&object, 1)).await.unwrap(),
+        Enqueued::Stale(two),
+        "a position behind the watermark is stale"
+    );
+    assert_eq!(
+        store
+            .enqueue(equal_stale(ordered(&object, 2)))
+            .await
+            .unwrap(),
+        Enqueued::Stale(two),
+        "a position at the watermark is stale when equal positions are"
+    );
     assert_eq!(
         store.enqueue(newer).await.unwrap(),
         Enqueued::Duplicate(KeyState::Done)
     );
     let counts = store.counts().await.unwrap();
     assert_eq!((counts.pending, counts.in_flight), (0, 0), "nothing stored");
+    let equal = ordered(&object, 2);
+    assert_eq!(
+        store.enqueue(equal.clone()).await.unwrap(),
+        Enqueued::Queued,
+        "a position at the watermark is processed by default"
+    );
+    let lease = take_one(&store, "the entry at the watermark").await;
+    assert_eq!(lease.entry.key, equal.key);
+    assert!(!lease.stale, "an entry at the watermark is new by default");
+    assert!(
+        store
+            .complete(&[(equal.key.clone(), lease.token)], RETENTION)
+            .await
+            .unwrap()[0]
+    );
     assert_eq!(
         store.enqueue(ordered(&object, 3)).await.unwrap(),
         Enqueued::Queued
     );
+}
+
+/// Entries that wait while their object's watermark reaches their position are handed out
+/// stale only under the rule their route gave them: the one whose equal positions are stale is
+/// settled without the handler, the other is applied.
+pub async fn an_entry_the_watermark_reaches_while_it_waits_keeps_its_rule<St: InboxStore>(
+    store: St,
+) {
+    let object = ObjectKey::new("inbox-contract", None, &fresh("reached"));
+    let first = ordered(&object, 5);
+    store.enqueue(first.clone()).await.unwrap();
+    let held = take_one(&store, "the first entry").await;
+    let (process, strict) = (ordered(&object, 5), equal_stale(ordered(&object, 5)));
+    for waiting in [&process, &strict] {
+        assert_eq!(
+            store.enqueue(waiting.clone()).await.unwrap(),
+            Enqueued::Queued,
+            "the watermark is not at 5 yet"
+        );
+    }
+    assert!(
+        store
+            .complete(&[(first.key.clone(), held.token)], RETENTION)
+            .await
+            .unwrap()[0]
+    );
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let lease = take_one(&store, "an entry at the watermark").await;
+        let is_strict = lease.entry.key == strict.key;
+        assert_eq!(
+            lease.stale, is_strict,
+            "an entry the watermark reached is stale only when its equal positions are"
+        );
+        assert_eq!(
+            lease.entry.order.as_ref().map(|order| order.equal),
+            Some(if is_strict {
+                EqualPositions::Stale
+            } else {
+                EqualPositions::Process
+            }),
+            "a taken entry keeps its rule"
+        );
+        assert!(
+            store
+                .complete(&[(lease.entry.key.clone(), lease.token)], RETENTION)
+                .await
+                .unwrap()[0]
+        );
+        seen.push(lease.entry.key);
+    }
+    seen.sort();
+    let mut expected = vec![process.key, strict.key];
+    expected.sort();
+    assert_eq!(seen, expected);
 }
 
 /// An older event that arrives while a newer one of its object is in flight is not taken
@@ -1255,6 +1340,7 @@ macro_rules! inbox_contract {
             a_running_entry_is_renewed,
             a_worker_settles_a_stale_entry_without_the_handler,
             an_entry_behind_the_watermark_is_stale_at_the_door,
+            an_entry_the_watermark_reaches_while_it_waits_keeps_its_rule,
             a_watermark_lasts_for_the_retention,
             a_take_looks_past_the_entries_that_wait,
             complete_settles_each_lease_on_its_own,

@@ -379,6 +379,58 @@ mod route {
         assert_eq!(inbox.counts().await.unwrap().pending, 0, "not queued");
     }
 
+    /// An event at its object's watermark is queued by the door by default (two events of one
+    /// second share a position) and handed out new; with `EqualPositions::Stale` it is answered
+    /// stale: the route's rule reaches the inbox.
+    #[tokio::test]
+    async fn an_ordered_door_follows_its_rule_for_equal_positions() {
+        use tower_idempotency::order::{EqualPositions, EventOrder, PositionAt};
+        let retention = std::time::Duration::from_secs(60);
+        for (equal, stale) in [
+            (EqualPositions::Process, false),
+            (EqualPositions::Stale, true),
+        ] {
+            let inbox = MemoryInbox::default();
+            let order = EventOrder::new(
+                JsonPathKey::new("$.message_id").unwrap(),
+                PositionAt::unix_seconds("$.created").unwrap(),
+            )
+            .equal_positions(equal);
+            let door = InboxLayer::new(inbox.clone())
+                .namespace("equal-door")
+                .key(JsonPathKey::new("$.event_id").unwrap())
+                .order(order);
+            let app = Router::new().route("/inbox", post(|| async { "inner" }).route_layer(door));
+            let send = |event: &str| {
+                let body =
+                    format!(r#"{{"event_id":"{event}","message_id":"m1","created":1700000000}}"#);
+                Request::post("/inbox").body(Body::from(body)).unwrap()
+            };
+            let first = app.clone().oneshot(send("evt_1")).await.unwrap();
+            assert_eq!(first.status(), StatusCode::ACCEPTED);
+            let lease = inbox.take(10, retention).await.unwrap().pop().unwrap();
+            assert!(
+                inbox
+                    .complete(&[(lease.entry.key.clone(), lease.token)], retention)
+                    .await
+                    .unwrap()[0]
+            );
+            let second = app.oneshot(send("evt_2")).await.unwrap();
+            if stale {
+                assert_eq!(second.status(), StatusCode::OK, "{equal:?}");
+                assert_eq!(second.headers()["idempotent-stale"], "true");
+                assert_eq!(inbox.counts().await.unwrap().pending, 0, "not queued");
+            } else {
+                assert_eq!(second.status(), StatusCode::ACCEPTED, "{equal:?}: queued");
+                let lease = inbox.take(10, retention).await.unwrap().pop().unwrap();
+                assert!(
+                    !lease.stale,
+                    "the second event of the same second is applied"
+                );
+            }
+        }
+    }
+
     /// A first delivery gets the door's `accepted` answer, a duplicate its `ack_response`.
     #[tokio::test]
     async fn a_first_delivery_and_a_duplicate_get_the_configured_answers() {

@@ -422,6 +422,7 @@ async fn an_entry_comes_back_as_it_was_stored() {
     stored.order = Some(tower_idempotency::inbox::EntryOrder {
         object: object.clone(),
         position,
+        equal: tower_idempotency::order::EqualPositions::Stale,
     });
     inbox.enqueue(stored.clone()).await.unwrap();
     let lease = take_one(&inbox).await;
@@ -989,6 +990,10 @@ async fn a_listing_misses_nothing_when_a_listed_key_expires() {
 
 /// `entry` ordered among the events of `object` at `position`.
 fn ordered(mut entry: InboxEntry, object: ObjectKey, position: Position) -> InboxEntry {
-    entry.order = Some(tower_idempotency::inbox::EntryOrder { object, position });
+    entry.order = Some(tower_idempotency::inbox::EntryOrder {
+        object,
+        position,
+        equal: tower_idempotency::order::EqualPositions::Process,
+    });
     entry
 }

@@ -906,6 +906,10 @@ async fn a_second_migrate_logs_no_notices() {
 
 /// `entry` ordered among the events of `object` at `position`.
 fn ordered(mut entry: InboxEntry, object: ObjectKey, position: Position) -> InboxEntry {
-    entry.order = Some(tower_idempotency::inbox::EntryOrder { object, position });
+    entry.order = Some(tower_idempotency::inbox::EntryOrder {
+        object,
+        position,
+        equal: tower_idempotency::order::EqualPositions::Process,
+    });
     entry
 }

@@ -107,7 +107,7 @@ fn entry_of(
         Some(Target {
             key,
             order: Some(order),
-        }) => Ok(entry(key).ordered(order.object, order.position)),
+        }) => Ok(entry(key).ordered_by(order)),
         Some(target) => Ok(entry(target.key)),
         None => Err(Rejection::MalformedKey(KeyError::new(
             KeyErrorKind::TooManyParts,

@@ -121,9 +121,9 @@ impl Row {
     }
 
     /// The entry of `key` carrying `body`, from the fields headers, object, position,
-    /// correlation id, attempts, next attempt, enqueue time, delivery id and route (a missing
-    /// headers, attempts, next attempt, id or route is its default: none, 0, the enqueue time,
-    /// empty).
+    /// correlation id, attempts, next attempt, enqueue time, delivery id, route and the rule for
+    /// equal positions (a missing headers, attempts, next attempt, id, route or rule is its
+    /// default: none, 0, the enqueue time, empty, processed).
     pub(super) fn entry(&mut self, key: StoreKey, body: Bytes) -> Result<InboxEntry, StoreError> {
         let headers = decode_headers(&self.optional()?.unwrap_or_default())?;
         let order = self.order()?;
@@ -136,6 +136,13 @@ impl Row {
         let next_attempt_at = next_attempt_at.map_or(enqueued_at, from_micros);
         let id = self.optional_text()?;
         let route = self.optional_text()?;
+        let order = match (order, self.optional()?) {
+            (Some(order), Some(_)) => Some(EntryOrder {
+                equal: EqualPositions::Stale,
+                ..order
+            }),
+            (order, _) => order,
+        };
         Ok(InboxEntry {
             key,
             id,
@@ -162,6 +169,7 @@ impl Row {
         Ok(Some(EntryOrder {
             object,
             position: Position::from_bytes(position),
+            equal: EqualPositions::Process,
         }))
     }
 }

@@ -55,7 +55,7 @@ impl<DB: Dialect> InboxAdmin for SqlInbox<DB> {
         let rows = fetch::<DB>(&mut conn, &self.sql.dead_letters, &[limit], None).await?;
         rows.iter()
             .map(|row| {
-                let last_error = DB::text(row, 11).map_err(error::<DB>)?;
+                let last_error = DB::text(row, 12).map_err(error::<DB>)?;
                 Ok(DeadLetter {
                     entry: entry::<DB>(row)?,
                     last_error: last_error.unwrap_or_default().to_owned(),
@@ -199,23 +199,23 @@ fn info<DB: Dialect>(row: &DB::Row, now: i64) -> Result<Option<EntryInfo>, Store
     let text = |column| DB::text(row, column).map_err(error::<DB>);
     let int = |column| DB::int(row, column).map_err(error::<DB>);
     let entry = entry::<DB>(row)?;
-    let state = key_state(text(11)?.unwrap_or_default())?;
+    let state = key_state(text(12)?.unwrap_or_default())?;
     let (until, dead) = match state {
         KeyState::Queued => (Some(entry.next_attempt_at), None),
-        KeyState::Running => (int(12)?.map(from_epoch_ms), None),
-        KeyState::Dead => (None, text(14)?.map(str::to_owned)),
-        KeyState::Done => match int(13)? {
+        KeyState::Running => (int(13)?.map(from_epoch_ms), None),
+        KeyState::Dead => (None, text(15)?.map(str::to_owned)),
+        KeyState::Done => match int(14)? {
             Some(expires) if expires > now => (Some(from_epoch_ms(expires)), None),
             _ => return Ok(None),
         },
     };
-    let stored = text(15)?.unwrap_or_default();
+    let stored = text(16)?.unwrap_or_default();
     // The attempt that runs is not in the stored lines (a take writes no text): its line is
     // made here, as the take would have appended it.
-    let running = match (state, int(16)?) {
+    let running = match (state, int(17)?) {
         (KeyState::Running, Some(started)) => {
             let at = UNIX_EPOCH + Duration::from_micros(u64::try_from(started).unwrap_or(0));
-            let worker = text(17)?.unwrap_or_default();
+            let worker = text(18)?.unwrap_or_default();
             Some(history::push(
                 stored,
                 &history::started(entry.attempts, at, worker),

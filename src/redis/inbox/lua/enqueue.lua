@@ -7,7 +7,7 @@ if s then
   if s == 'q' then return 1 elseif s == 'r' then return 2 elseif s == 'd' then return 3 end
   return 4
 end
-local due, o, p, cap, fields = t, nil, nil, nil, nil
+local due, o, p, eq, cap, fields = t, nil, nil, nil, nil, nil
 for i = 6, #ARGV, 2 do
   local name, value = ARGV[i], ARGV[i + 1]
   if name == 'w' then
@@ -20,12 +20,14 @@ for i = 6, #ARGV, 2 do
     if name == 'n' then due = value end
     if name == 'o' then o = value end
     if name == 'p' then p = value end
+    if name == 'eq' then eq = value end
   end
 end
 if o then
-  -- Stale at the door: its object went past it already (the take's rule).
+  -- Stale at the door: its object went past it already, or reached it and `eq` says an
+  -- equal position is stale (the take's rule).
   local w = redis.call('GET', prefix .. 'w:' .. o)
-  if w and string.len(w) == 16 and not less(w, p) then
+  if w and string.len(w) == 16 and (less(p, w) or (eq and w == p)) then
     if ARGV[6] == 'w' then redis.pcall('SET', prefix .. 'fence', t) end
     return {6, w}
   end

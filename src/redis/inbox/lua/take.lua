@@ -8,7 +8,7 @@ while #out < max do
   for _, key in ipairs(due) do
     if #out == max then break end
     local e = prefix .. 'e:' .. key
-    local f = redis.call('HMGET', e, 's', 'o', 'p', 'h', 'c', 'a', 'n', 'e', 'i', 'r', 'y')
+    local f = redis.call('HMGET', e, 's', 'o', 'p', 'h', 'c', 'a', 'n', 'e', 'i', 'r', 'y', 'eq')
     local runnable, stale = f[1] == 'q' or f[1] == 'r', 0
     if not runnable then
       redis.call('ZREM', KEYS[1], key)
@@ -24,7 +24,9 @@ while #out < max do
         skipped = skipped + 1
       else
         local w = redis.call('GET', prefix .. 'w:' .. f[2])
-        if w and string.len(w) == 16 and not less(w, f[3]) then stale = 1 end
+        if w and string.len(w) == 16 and (less(f[3], w) or (f[12] and w == f[3])) then
+          stale = 1
+        end
       end
     end
     if runnable then
@@ -36,7 +38,8 @@ while #out < max do
       if f[2] then redis.call('SET', prefix .. 'c:' .. f[2], key) end
       redis.call('ZADD', KEYS[1], lease_end, key)
       redis.call('ZADD', KEYS[2], lease_end, key)
-      out[#out + 1] = {key, stale, token, f[4], f[2], f[3], f[5], attempts, f[7], f[8], f[9], f[10]}
+      out[#out + 1] = {key, stale, token, f[4], f[2], f[3], f[5], attempts, f[7], f[8], f[9], f[10],
+        f[12]}
     end
   end
   -- Every due entry was seen: those passed over wait behind their object's first.

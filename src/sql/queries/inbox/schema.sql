@@ -29,6 +29,8 @@ CREATE TABLE IF NOT EXISTS {table} (
     history        text    NOT NULL DEFAULT '',
     started_us     bigint,
     worker         text,
+    -- 1 when a position equal to the object's watermark is stale (the route's rule), else 0.
+    equal_stale    bigint  NOT NULL DEFAULT 0,
     -- A done key keeps the token that completed it.
     CHECK (state = 'done' OR (state = 'running') = (lease_token IS NOT NULL)),
     CHECK ((state = 'done') = (expires_at IS NOT NULL))

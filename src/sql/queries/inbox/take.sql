@@ -33,5 +33,7 @@ SET state = 'running', attempts = attempts + 1, lease_token = $3, lease_until = 
 WHERE key IN (SELECT key FROM chosen)
 RETURNING {entry_columns}, EXISTS (
     SELECT 1 FROM {table}_objects AS w
-    WHERE w.object = {table}.object AND w.watermark >= {table}.position AND w.expires_at > $4
+    WHERE w.object = {table}.object AND w.expires_at > $4
+        AND (w.watermark > {table}.position
+            OR ({table}.equal_stale = 1 AND w.watermark = {table}.position))
 ) AS stale
