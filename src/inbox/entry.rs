@@ -136,17 +136,6 @@ pub struct EntryOrder {
     pub equal: EqualPositions,
 }
 
-impl EntryOrder {
-    /// Whether the entry is stale against its object's `watermark`: behind it, or at it when
-    /// [`equal`](Self::equal) says so. What a store answers [`Enqueued::Stale`] by at the
-    /// door, and hands the entry out as [`Lease::stale`] by.
-    ///
-    /// [`Enqueued::Stale`]: crate::inbox::Enqueued::Stale
-    pub fn is_stale(&self, watermark: Position) -> bool {
-        self.equal.is_stale(self.position, watermark)
-    }
-}
-
 /// An entry a worker took: the entry (its attempt counted), the lease's token, and whether the
 /// entry is stale (its object already went past its position: settle it without the handler).
 #[derive(Clone, Debug)]
@@ -155,8 +144,9 @@ pub struct Lease {
     pub entry: InboxEntry,
     /// The lease's owner token: renew, complete and fail are refused without it.
     pub token: Token,
-    /// The entry is stale against its object's watermark ([`EntryOrder::is_stale`]): settle it
-    /// without the handler.
+    /// The entry is stale against its object's watermark
+    /// ([`EqualPositions::is_stale`](crate::order::EqualPositions::is_stale)): settle it without
+    /// the handler.
     pub stale: bool,
 }
 

@@ -267,7 +267,7 @@ impl State {
     fn stale_at_door(&self, entry: &InboxEntry, now: SystemTime) -> Option<Position> {
         let order = entry.order.as_ref()?;
         let mark = self.objects.get(&order.object)?.watermark(now)?;
-        order.is_stale(mark).then_some(mark)
+        order.equal.is_stale(order.position, mark).then_some(mark)
     }
 
     /// Whether `key` may run now: unordered, or its object's entry in flight (taken over once
@@ -285,7 +285,7 @@ impl State {
         (*next == slot.entry.key).then(|| {
             object
                 .watermark(now)
-                .is_some_and(|mark| order.is_stale(mark))
+                .is_some_and(|mark| order.equal.is_stale(order.position, mark))
         })
     }
 

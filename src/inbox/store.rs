@@ -18,7 +18,7 @@ pub enum Enqueued {
     /// The key was already known: nothing was stored.
     Duplicate(KeyState),
     /// The entry is ordered and stale against its object's watermark (carried here; see
-    /// [`EntryOrder::is_stale`](crate::inbox::EntryOrder::is_stale)): a newer event of the
+    /// [`EqualPositions::is_stale`](crate::order::EqualPositions::is_stale)): a newer event of the
     /// object was applied already. Nothing was stored (a
     /// worker would settle it without the handler); the route answers it as a stale event.
     Stale(Position),

@@ -77,8 +77,13 @@ pub enum EqualPositions {
 }
 
 impl EqualPositions {
-    /// Whether `position` is stale against `watermark` under this rule.
-    pub(crate) fn is_stale(self, position: Position, watermark: Position) -> bool {
+    /// Whether an event at `position` is stale against its object's `watermark` under this
+    /// rule: behind it, or at it with [`Stale`](Self::Stale). What a store of your own answers
+    /// a stale reserve ([`Reservation::Stale`](crate::store::Reservation::Stale)) or enqueue
+    /// ([`Enqueued::Stale`](crate::inbox::Enqueued::Stale)) by, with the event's
+    /// [`Order::equal`](crate::store::Order::equal) or
+    /// [`EntryOrder::equal`](crate::inbox::EntryOrder::equal).
+    pub fn is_stale(self, position: Position, watermark: Position) -> bool {
         match self {
             EqualPositions::Process => position < watermark,
             EqualPositions::Stale => position <= watermark,

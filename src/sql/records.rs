@@ -322,7 +322,9 @@ impl<DB: Dialect> SqlStore<DB> {
             .transpose()?;
         commit::<DB>(tx).await?;
         Ok(match watermark {
-            Some(watermark) if event.is_stale(watermark) => Reservation::Stale { watermark },
+            Some(watermark) if event.equal.is_stale(event.position, watermark) => {
+                Reservation::Stale { watermark }
+            }
             _ => Reservation::Acquired,
         })
     }

@@ -383,7 +383,9 @@ impl MemoryStore {
             return Err(full);
         }
         Ok(match watermark {
-            Some(watermark) if order.is_stale(watermark) => Reservation::Stale { watermark },
+            Some(watermark) if order.equal.is_stale(order.position, watermark) => {
+                Reservation::Stale { watermark }
+            }
             _ => Reservation::Acquired,
         })
     }

@@ -489,15 +489,6 @@ pub struct Order {
     pub equal: EqualPositions,
 }
 
-impl Order {
-    /// Whether the event is stale against its object's `watermark`: below it, or at it when
-    /// [`equal`](Self::equal) says so. What a store's reserve answers
-    /// [`Reservation::Stale`] by.
-    pub fn is_stale(&self, watermark: Position) -> bool {
-        self.equal.is_stale(self.position, watermark)
-    }
-}
-
 /// The targets of one call as a backend with a path per kind sees them: every one plain,
 /// every one ordered, or some of each (which no layer sends, but the contract allows).
 #[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
