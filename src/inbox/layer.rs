@@ -3,7 +3,7 @@
 
 use http::HeaderName;
 
-use super::route::InboxRoute;
+use super::route;
 use super::store::InboxStore;
 use crate::http::config::AckResponse;
 use crate::http::layer::{Door, Inbox};
@@ -82,7 +82,7 @@ impl<K: Clone> Door<Inbox, K> {
     fn on<St>(layer: IdempotencyLayer<St, K>, inbox: impl InboxStore) -> Self {
         layer
             .local_cache(LocalCache::off())
-            .with_inbox(InboxRoute::new(inbox))
+            .with_inbox(route::InboxRoute::new(inbox))
             .into_kind()
     }
 
@@ -101,5 +101,34 @@ impl<K: Clone> Door<Inbox, K> {
     pub fn keep_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         let names = names.into_iter().collect();
         self.with_inbox_route(|route| route.keep_headers = names)
+    }
+}
+
+/// What [`IdempotencyLayer::inbox`](Door::inbox) took before [`InboxLayer`] was an inbox's
+/// door. Kept, hidden, so that code written against that API (the team's queue benchmark)
+/// still builds; it makes the same door as `InboxLayer::new`.
+#[doc(hidden)]
+#[deprecated(note = "build the door of an inbox with `InboxLayer::new(inbox)`")]
+pub struct InboxRoute(route::InboxRoute);
+
+#[allow(deprecated)]
+impl InboxRoute {
+    /// The route of `inbox`.
+    #[doc(hidden)]
+    pub fn new(inbox: impl InboxStore) -> Self {
+        InboxRoute(route::InboxRoute::new(inbox))
+    }
+}
+
+#[allow(deprecated)]
+impl<St, K: Clone> Door<crate::http::layer::Records<St>, K> {
+    /// The door of `route`'s inbox with this layer's read, verify and key settings: what
+    /// [`InboxLayer::new`] makes from the inbox alone.
+    #[doc(hidden)]
+    #[deprecated(note = "build the door of an inbox with `InboxLayer::new(inbox)`")]
+    pub fn inbox(self, route: InboxRoute) -> InboxLayer<K> {
+        self.local_cache(LocalCache::off())
+            .with_inbox(route.0)
+            .into_kind()
     }
 }

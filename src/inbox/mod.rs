@@ -81,6 +81,9 @@ pub use self::admin_service::AdminService;
 pub use self::any::AnyInbox;
 pub use self::entry::{EntryOrder, InboxEntry, InboxRequest, Lease};
 pub use self::layer::InboxLayer;
+#[allow(deprecated)]
+#[doc(hidden)]
+pub use self::layer::InboxRoute;
 pub use self::memory::MemoryInbox;
 pub use self::retry::{Backoff, Decision, RetryPolicy};
 pub use self::route::IDEMPOTENCY_CORRELATION_ID;
