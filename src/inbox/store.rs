@@ -84,7 +84,9 @@ pub trait InboxStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Enqueued, StoreError>> + Send;
 
     /// Takes up to `max` due entries (their next attempt time passed, or their lease ran
-    /// out), each under a new lease of `lease`, its attempt counted.
+    /// out), each under a new lease of `lease`, its attempt counted. Never more than `max`:
+    /// the [`Worker`](super::Worker) asks for as many as it has room to run. (One handed more
+    /// runs them all, since each is leased to it, and says so once in a warning.)
     fn take(
         &self,
         max: usize,
