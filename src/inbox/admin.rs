@@ -80,6 +80,42 @@ pub struct EntryInfo {
 }
 
 impl EntryInfo {
+    /// `entry` in `state`, with no due time, error or attempts yet: what an inbox of your own
+    /// builds in [`find`](InboxAdmin::find) and [`list`](InboxAdmin::list), then sets the rest
+    /// of (the fields are public; the struct is `#[non_exhaustive]`, so a literal cannot be
+    /// written outside this crate).
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use bytes::Bytes;
+    /// use tower_idempotency::inbox::{EntryInfo, InboxEntry, KeyState};
+    /// use tower_idempotency::store::StoreKey;
+    /// # use tower_idempotency::inbox::Attempt;
+    /// # let now = SystemTime::now();
+    /// # let entry = InboxEntry {
+    /// #     key: StoreKey::new("email", None, "evt_1"), id: "evt_1".into(),
+    /// #     route: "email".into(), body: Bytes::new(), headers: Default::default(),
+    /// #     order: None, correlation_id: "req-1".into(), attempts: 1,
+    /// #     next_attempt_at: now, enqueued_at: now,
+    /// # };
+    /// # let attempts: Vec<Attempt> = Vec::new();
+    /// // A running entry, as a store that keeps its own attempts reads it back.
+    /// let mut info = EntryInfo::new(entry, KeyState::Running);
+    /// info.until = Some(now + Duration::from_secs(30));
+    /// info.history = attempts;
+    /// info.last_error = None;
+    /// assert_eq!(info.state, KeyState::Running);
+    /// ```
+    pub fn new(entry: InboxEntry, state: KeyState) -> Self {
+        EntryInfo {
+            entry,
+            state,
+            until: None,
+            last_error: None,
+            history: Vec::new(),
+        }
+    }
+
     /// What an operator sees of `entry` in `state`, from its stored `history`; a dead letter's
     /// `dead` error is its last error, else the last failed attempt's.
     pub(crate) fn of(
