@@ -25,7 +25,10 @@ use bytes::Bytes;
 
 // The names, bounds and retention of the queue contract (`inbox_contract`, beside this
 // module in every file that runs both).
-use super::inbox::{DEADLINE, LONG, RETENTION, entry, fresh, take_one};
+use super::inbox::{
+    DEADLINE, LONG, RETENTION, SHORT_RETENTION, entry, fresh, idle_worker, stop_worker, take_one,
+    whole_ms,
+};
 
 /// An entry of `route` whose delivery id is `id`, keyed as a route keys it.
 fn delivery(route: &str, id: &str) -> InboxEntry {
@@ -35,7 +38,11 @@ fn delivery(route: &str, id: &str) -> InboxEntry {
 }
 
 async fn find<St: InboxAdmin>(store: &St, key: &StoreKey) -> EntryInfo {
-    store.find(key).await.unwrap().expect("the inbox knows it")
+    store
+        .find(key)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("find: expected the inbox to know {key}, got None"))
 }
 
 /// Every entry matching `filter`, read page by page (`limit` each), once each, checking that no
@@ -536,6 +543,206 @@ pub async fn dead_letters_and_requeue<St: InboxAdmin>(store: St) {
     assert!(store.dead_letters(10).await.unwrap().is_empty());
 }
 
+/// An operator's re-queue is announced as an enqueue is: a worker idle meanwhile (its fallback
+/// poll a minute) starts the re-queued dead letter within a second or two.
+pub async fn a_requeue_wakes_an_idle_worker<St: InboxAdmin + Clone>(store: St) {
+    let first = entry("requeue-wakes");
+    store.enqueue(first.clone()).await.unwrap();
+    let lease = take_one(&store, "the entry is due").await;
+    let failure = Failure::Dead("gateway said no".to_owned());
+    assert!(
+        store.fail(&first.key, &lease.token, failure).await.unwrap(),
+        "the lease's holder settles it as dead"
+    );
+    // Idle: the only entry is a dead letter.
+    let (gated, stop, run) = idle_worker(store.clone()).await;
+    assert_eq!(
+        gated.calls.load(Ordering::SeqCst),
+        0,
+        "a dead letter does not run"
+    );
+    let requeued = Instant::now();
+    assert!(
+        store.requeue(&first.key).await.unwrap(),
+        "a dead letter is re-queued"
+    );
+    gated.started().await;
+    let woken = requeued.elapsed();
+    assert!(
+        woken < Duration::from_secs(2),
+        "the idle worker started the re-queued entry {woken:?} after the re-queue (expected \
+         within 2 s: a re-queue is announced)"
+    );
+    stop_worker(stop, run).await;
+}
+
+/// A done entry keeps what an operator finds of it, not its body or headers: `find` shows
+/// them empty.
+pub async fn a_done_entry_keeps_no_body_or_headers<St: InboxAdmin>(store: St) {
+    let mut first = delivery(&fresh("done-body"), "evt_done");
+    first
+        .headers
+        .insert("x-event-type", "email.bounced".parse().unwrap());
+    store.enqueue(first.clone()).await.unwrap();
+    let lease = take_key(&store, &first.key).await;
+    assert!(
+        store
+            .complete(&[(first.key.clone(), lease.token)], RETENTION)
+            .await
+            .unwrap()[0],
+        "the lease's holder completes it"
+    );
+    let done = find(&store, &first.key).await;
+    assert_eq!(done.state, KeyState::Done, "found done");
+    assert_eq!(
+        done.entry.correlation_id, first.correlation_id,
+        "a done entry keeps its correlation id"
+    );
+    assert!(
+        done.entry.body.is_empty(),
+        "a done entry keeps no body: {:?}",
+        done.entry.body
+    );
+    assert!(
+        done.entry.headers.is_empty(),
+        "a done entry keeps no headers: {:?}",
+        done.entry.headers
+    );
+}
+
+/// `dead_letters` come oldest first, by the time their entry was enqueued, whatever the order
+/// they died in; a limit keeps the oldest.
+pub async fn dead_letters_come_oldest_first<St: InboxAdmin>(store: St) {
+    let now = SystemTime::now();
+    let mut errors = Vec::new();
+    for (n, age) in [(0, 30), (1, 60), (2, 10)] {
+        let mut letter = entry("dead-order");
+        letter.enqueued_at = whole_ms(now - Duration::from_secs(age));
+        store.enqueue(letter.clone()).await.unwrap();
+        let lease = take_key(&store, &letter.key).await;
+        let error = format!("enqueued {age} s ago (died {n})");
+        let failure = Failure::Dead(error.clone());
+        assert!(
+            store
+                .fail(&letter.key, &lease.token, failure)
+                .await
+                .unwrap(),
+            "the lease's holder settles it as dead"
+        );
+        errors.push(error);
+    }
+    let listed = |dead: Vec<crate::inbox::DeadLetter>| -> Vec<String> {
+        dead.into_iter().map(|letter| letter.last_error).collect()
+    };
+    assert_eq!(
+        listed(store.dead_letters(10).await.unwrap()),
+        [errors[1].clone(), errors[0].clone(), errors[2].clone()],
+        "dead letters oldest enqueued first"
+    );
+    assert_eq!(
+        listed(store.dead_letters(2).await.unwrap()),
+        [errors[1].clone(), errors[0].clone()],
+        "a limit of two keeps the two oldest"
+    );
+}
+
+/// A discarded dead letter's key is kept as done for the retention `discard` was given, and no
+/// longer: a delivery of it right away and a second in is a duplicate, one after it is queued.
+pub async fn a_discarded_key_is_kept_for_its_retention_only<St: InboxAdmin>(store: St) {
+    let first = entry("discarded-expires");
+    store.enqueue(first.clone()).await.unwrap();
+    let lease = take_one(&store, "the entry is due").await;
+    let failure = Failure::Dead("poison".to_owned());
+    assert!(
+        store.fail(&first.key, &lease.token, failure).await.unwrap(),
+        "the lease's holder settles it as dead"
+    );
+    let asked = Instant::now();
+    assert!(
+        store.discard(&first.key, SHORT_RETENTION).await.unwrap(),
+        "a dead letter is discarded"
+    );
+    let discarded = Instant::now();
+    assert_eq!(
+        store.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done),
+        "a discarded key is a duplicate (done) right away"
+    );
+    tokio::time::sleep(Duration::from_secs(1).saturating_sub(asked.elapsed())).await;
+    assert_eq!(
+        store.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done),
+        "a discarded key is still a duplicate a second into its {SHORT_RETENTION:?} retention"
+    );
+    let past = SHORT_RETENTION + Duration::from_millis(300);
+    tokio::time::sleep(past.saturating_sub(discarded.elapsed())).await;
+    assert_eq!(
+        store.enqueue(first).await.unwrap(),
+        Enqueued::Queued,
+        "a discarded key is forgotten after its {SHORT_RETENTION:?} retention"
+    );
+}
+
+/// An attempt whose lease ran out unsettled, and which another take took over, is marked
+/// `LeaseLost` in the entry's history; the attempt taking over runs.
+pub async fn a_taken_over_attempt_is_marked_lease_lost<St: InboxAdmin>(store: St) {
+    let first = entry("lease-lost");
+    store.enqueue(first.clone()).await.unwrap();
+    let short = Duration::from_millis(300);
+    let lost = store.take(10, short).await.unwrap();
+    assert_eq!(lost.len(), 1, "the entry is taken under a short lease");
+    let again = take_key(&store, &first.key).await;
+    assert_eq!(
+        again.entry.attempts, 2,
+        "taken over after the lease ran out"
+    );
+    let found = find(&store, &first.key).await;
+    let attempts: Vec<_> = found
+        .history
+        .iter()
+        .map(|attempt| (attempt.number, attempt.outcome.clone()))
+        .collect();
+    assert_eq!(
+        attempts,
+        [(1, AttemptOutcome::LeaseLost), (2, AttemptOutcome::Running)],
+        "(number, outcome) of each attempt: the one taken over is marked lease lost"
+    );
+    assert!(
+        store
+            .complete(&[(first.key.clone(), again.token)], RETENTION)
+            .await
+            .unwrap()[0],
+        "the attempt taking over completes it"
+    );
+}
+
+/// `counts().oldest_age` is the age of the oldest entry that is not dead: a dead letter
+/// enqueued a minute ago does not count, a live entry of that age does.
+pub async fn oldest_age_counts_live_entries_only<St: InboxAdmin>(store: St) {
+    let mut old = entry("oldest-dead");
+    old.enqueued_at = whole_ms(SystemTime::now() - Duration::from_secs(60));
+    store.enqueue(old.clone()).await.unwrap();
+    let age = store.counts().await.unwrap().oldest_age;
+    assert!(
+        age.is_some_and(|age| age >= Duration::from_secs(60)),
+        "the oldest age of one live entry enqueued 60 s ago: {age:?}"
+    );
+    let lease = take_one(&store, "the entry is due").await;
+    let failure = Failure::Dead("poison".to_owned());
+    assert!(
+        store.fail(&old.key, &lease.token, failure).await.unwrap(),
+        "the lease's holder settles it as dead"
+    );
+    let age = store.counts().await.unwrap().oldest_age;
+    assert_eq!(age, None, "only a dead letter: no oldest age");
+    store.enqueue(entry("oldest-live")).await.unwrap();
+    let age = store.counts().await.unwrap().oldest_age;
+    assert!(
+        age.is_some_and(|age| age < Duration::from_secs(30)),
+        "the oldest age is the new entry's, not the dead letter's 60 s: {age:?}"
+    );
+}
+
 /// The inbox admin contract as `#[tokio::test]`s, one per case, in a module of the calling
 /// file (feature `test-util`; see [`test_util`](crate::test_util)).
 ///
@@ -553,6 +760,12 @@ macro_rules! inbox_admin_contract {
             discard_drops_a_dead_letter_and_keeps_its_key,
             pause_stops_every_take_and_resume_wakes,
             a_worker_records_every_attempt,
+            a_requeue_wakes_an_idle_worker,
+            a_done_entry_keeps_no_body_or_headers,
+            dead_letters_come_oldest_first,
+            a_discarded_key_is_kept_for_its_retention_only,
+            a_taken_over_attempt_is_marked_lease_lost,
+            oldest_age_counts_live_entries_only,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
