@@ -197,7 +197,8 @@ pub async fn enqueue_is_atomic_with_the_claim<St: InboxStore + Clone>(store: St)
         results.sort_by_key(|r| matches!(r, Enqueued::Duplicate(_)));
         assert_eq!(
             results,
-            [Enqueued::Queued, Enqueued::Duplicate(KeyState::Queued)]
+            [Enqueued::Queued, Enqueued::Duplicate(KeyState::Queued)],
+            "of two concurrent enqueues of one delivery, one is queued and one a duplicate"
         );
     }
     let taken = store.take(1_000, LONG).await.unwrap();
@@ -209,34 +210,43 @@ pub async fn duplicates_never_enqueue<St: InboxStore>(store: St) {
     let first = entry("duplicates");
     assert_eq!(
         store.enqueue(first.clone()).await.unwrap(),
-        Enqueued::Queued
+        Enqueued::Queued,
+        "a new key is queued"
     );
     assert_eq!(
         store.enqueue(first.clone()).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Queued)
+        Enqueued::Duplicate(KeyState::Queued),
+        "a queued key is a duplicate, answered queued"
     );
     let lease = take_one(&store, "the entry is due").await;
-    assert_eq!(lease.entry.attempts, 1);
+    assert_eq!(lease.entry.attempts, 1, "the first take counts attempt 1");
     assert_eq!(
         store.enqueue(first.clone()).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Running)
+        Enqueued::Duplicate(KeyState::Running),
+        "a taken key is a duplicate, answered running"
     );
     assert!(
         store
             .complete(&[(first.key.clone(), lease.token)], RETENTION)
             .await
-            .unwrap()[0]
+            .unwrap()[0],
+        "the lease's holder completes it"
     );
     assert_eq!(
         store.enqueue(first.clone()).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Done)
+        Enqueued::Duplicate(KeyState::Done),
+        "a completed key is a duplicate, answered done"
     );
     assert!(
         store.take(10, LONG).await.unwrap().is_empty(),
         "nothing was enqueued again"
     );
     let counts = store.counts().await.unwrap();
-    assert_eq!((counts.pending, counts.in_flight, counts.dead), (0, 0, 0));
+    assert_eq!(
+        (counts.pending, counts.in_flight, counts.dead),
+        (0, 0, 0),
+        "(pending, in flight, dead): the one entry is done, none counted"
+    );
 }
 
 /// A failing handler (an error, then a panic) is retried with growing delays, then applied.
@@ -311,7 +321,10 @@ pub async fn a_retry_waits_for_its_time<St: InboxStore>(store: St) {
         "not before its time"
     );
     take_within(&store, "the retry is due").await;
-    assert!(SystemTime::now() >= at);
+    assert!(
+        SystemTime::now() >= at,
+        "a retry is taken at its time, not before"
+    );
 }
 
 /// A worker that stopped renewing loses its entry after its lease, and can no longer renew,
@@ -330,24 +343,30 @@ pub async fn a_dead_workers_lease_is_taken_over<St: InboxStore>(store: St) {
         .pop()
         .unwrap();
     assert_eq!(next.entry.attempts, 2, "the dead worker's attempt counts");
-    assert!(!store.renew(&first.key, &dead.token, LONG).await.unwrap());
+    assert!(
+        !store.renew(&first.key, &dead.token, LONG).await.unwrap(),
+        "a lease taken over cannot be renewed"
+    );
     assert!(
         !store
             .complete(&[(first.key.clone(), dead.token)], RETENTION)
             .await
-            .unwrap()[0]
+            .unwrap()[0],
+        "a lease taken over cannot complete"
     );
     assert!(
         !store
             .fail(&first.key, &dead.token, Failure::Dead("late".into()))
             .await
-            .unwrap()
+            .unwrap(),
+        "a lease taken over cannot fail"
     );
     assert!(
         store
             .complete(&[(first.key.clone(), next.token)], RETENTION)
             .await
-            .unwrap()[0]
+            .unwrap()[0],
+        "the lease taking over completes it"
     );
 }
 
@@ -392,7 +411,7 @@ pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(stor
         "x2 waits behind failing x1"
     );
     let retried = take_within(&store, "x1 is retried").await;
-    assert_eq!(retried.len(), 1);
+    assert_eq!(retried.len(), 1, "x1 alone is due again");
     assert_eq!(retried[0].entry.key, x1.key, "x1 again, before x2");
     assert!(
         store
@@ -513,8 +532,15 @@ pub async fn complete_settles_each_lease_on_its_own<St: InboxStore>(store: St) {
     let wrong = (b.key.clone(), Token::from_bytes(forged));
     let batch = [lease(a), wrong, lease(c), lease(x5), lease(y7)];
     let flags = store.complete(&batch, RETENTION).await.unwrap();
-    assert_eq!(flags, [true, false, true, true, true]);
-    assert!(store.complete(&[], RETENTION).await.unwrap().is_empty());
+    assert_eq!(
+        flags,
+        [true, false, true, true, true],
+        "one flag per lease, in order: false for the forged token only"
+    );
+    assert!(
+        store.complete(&[], RETENTION).await.unwrap().is_empty(),
+        "no lease, no flag"
+    );
     let counts = store.counts().await.unwrap();
     assert_eq!(
         (counts.pending, counts.in_flight),
@@ -524,7 +550,8 @@ pub async fn complete_settles_each_lease_on_its_own<St: InboxStore>(store: St) {
     for done in [a, c, x5, y7] {
         assert_eq!(
             store.enqueue(done.clone()).await.unwrap(),
-            Enqueued::Duplicate(KeyState::Done)
+            Enqueued::Duplicate(KeyState::Done),
+            "each entry completed in the batch is done"
         );
     }
     // b again, due now: not stale, so the forged completion left z's watermark as it was.
@@ -594,11 +621,17 @@ pub async fn a_busy_worker_completes_every_entry_once<St: InboxStore + Clone>(st
     .await;
     stop_worker(stop, run).await;
     for entry in &entries {
-        assert_eq!(calls.lock().unwrap()[&entry.key], 1, "applied once");
+        assert_eq!(
+            calls.lock().unwrap()[&entry.key],
+            1,
+            "each entry applied once: {}",
+            entry.key
+        );
         assert_eq!(
             store.enqueue(entry.clone()).await.unwrap(),
             Enqueued::Duplicate(KeyState::Done),
-            "marked done before the worker returned"
+            "expected {} marked done (kept for the retention) once the worker returned",
+            entry.key
         );
     }
 }
@@ -622,16 +655,20 @@ pub async fn shutdown_finishes_what_runs<St: InboxStore + Clone>(store: St) {
         .await
         .expect("run returns")
         .unwrap();
-    assert_eq!(gated.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        gated.calls.load(Ordering::SeqCst),
+        1,
+        "only the entry running at shutdown ran"
+    );
     assert_eq!(
         store.enqueue(first).await.unwrap(),
         Enqueued::Duplicate(KeyState::Done),
-        "finished"
+        "the entry running at shutdown is finished and marked done"
     );
     assert_eq!(
         store.enqueue(second).await.unwrap(),
         Enqueued::Duplicate(KeyState::Queued),
-        "not taken"
+        "the entry enqueued after shutdown is not taken: still queued"
     );
 }
 
@@ -653,7 +690,8 @@ pub async fn a_running_entry_is_renewed<St: InboxStore + Clone>(store: St) {
     stop_worker(stop, run).await;
     assert_eq!(
         store.enqueue(first).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Done)
+        Enqueued::Duplicate(KeyState::Done),
+        "the entry renewed past two and a half leases is completed by the worker"
     );
 }
 

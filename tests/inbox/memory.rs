@@ -628,7 +628,11 @@ async fn a_take_returning_more_than_asked_runs_every_entry_once() {
     let calls = Arc::new(Mutex::new(HashMap::<StoreKey, u32>::new()));
     let seen = calls.clone();
     let handler = tower::service_fn(move |request: InboxRequest| {
-        *seen.lock().unwrap().entry(request.key().clone()).or_default() += 1;
+        *seen
+            .lock()
+            .unwrap()
+            .entry(request.key().clone())
+            .or_default() += 1;
         async { Ok::<_, std::convert::Infallible>(()) }
     });
     // One worker: its first take asks for one entry and gets five.
