@@ -94,7 +94,9 @@ pub struct InboxCounts {
 ///   moves on.
 /// - **Take** hands out due entries earliest due first (by next attempt time, or lease end for
 ///   one taken over; the built-in ones break ties by key), so an old entry is not starved by
-///   newer ones; at most `max`; and never one entry to two takes at once.
+///   newer ones; at most `max`; and never one entry to two takes at once. A Redis inbox of
+///   several partitions keeps that order within each partition and shares a take out among
+///   them in turn, so across partitions an entry due later may come first.
 /// - **Settling after the lease ran out.** The lease's end is when another take may take the
 ///   entry over, not when the token stops holding it: until a take does, `renew`, `complete`
 ///   and `fail` by the token's holder succeed (a settlement sent as the lease ended still
