@@ -1520,6 +1520,38 @@ pub async fn an_ordered_dead_letter_wakes_an_idle_worker<St: InboxStore + Clone>
     stop_worker(stop, run).await;
 }
 
+/// A take hands out at most `max` entries, however many are due (a worker asks for as many as
+/// it has room to run); the rest are left for the next takes.
+pub async fn a_take_hands_out_at_most_max<St: InboxStore>(store: St) {
+    let entries: Vec<_> = (0..5).map(|_| entry("at-most")).collect();
+    for entry in &entries {
+        store.enqueue(entry.clone()).await.unwrap();
+    }
+    let mut taken = std::collections::HashSet::new();
+    for max in [2, 1, 2] {
+        let leases = store.take(max, LONG).await.unwrap();
+        assert!(
+            leases.len() <= max,
+            "a take of at most {max} handed out {}",
+            leases.len()
+        );
+        taken.extend(leases.into_iter().map(|lease| lease.entry.key));
+    }
+    taken.extend(
+        store
+            .take(10, LONG)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|lease| lease.entry.key),
+    );
+    assert_eq!(
+        taken.len(),
+        entries.len(),
+        "the entries left by a take are handed out by the next ones"
+    );
+}
+
 /// The inbox queue contract as `#[tokio::test]`s, one per case, in a module of the calling file
 /// (feature `test-util`; see [`test_util`](crate::test_util)).
 ///
@@ -1556,6 +1588,7 @@ macro_rules! inbox_contract {
             a_done_key_is_forgotten_after_its_retention,
             concurrent_takes_never_hand_out_one_entry_twice,
             an_ordered_dead_letter_wakes_an_idle_worker,
+            a_take_hands_out_at_most_max,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
