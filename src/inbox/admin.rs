@@ -80,6 +80,42 @@ pub struct EntryInfo {
 }
 
 impl EntryInfo {
+    /// `entry` in `state`, with no due time, error or attempts yet: what an inbox of your own
+    /// builds in [`find`](InboxAdmin::find) and [`list`](InboxAdmin::list), then sets the rest
+    /// of (the fields are public; the struct is `#[non_exhaustive]`, so a literal cannot be
+    /// written outside this crate).
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use bytes::Bytes;
+    /// use tower_idempotency::inbox::{EntryInfo, InboxEntry, KeyState};
+    /// use tower_idempotency::store::StoreKey;
+    /// # use tower_idempotency::inbox::Attempt;
+    /// # let now = SystemTime::now();
+    /// # let entry = InboxEntry {
+    /// #     key: StoreKey::new("email", None, "evt_1"), id: "evt_1".into(),
+    /// #     route: "email".into(), body: Bytes::new(), headers: Default::default(),
+    /// #     order: None, correlation_id: "req-1".into(), attempts: 1,
+    /// #     next_attempt_at: now, enqueued_at: now,
+    /// # };
+    /// # let attempts: Vec<Attempt> = Vec::new();
+    /// // A running entry, as a store that keeps its own attempts reads it back.
+    /// let mut info = EntryInfo::new(entry, KeyState::Running);
+    /// info.until = Some(now + Duration::from_secs(30));
+    /// info.history = attempts;
+    /// info.last_error = None;
+    /// assert_eq!(info.state, KeyState::Running);
+    /// ```
+    pub fn new(entry: InboxEntry, state: KeyState) -> Self {
+        EntryInfo {
+            entry,
+            state,
+            until: None,
+            last_error: None,
+            history: Vec::new(),
+        }
+    }
+
     /// What an operator sees of `entry` in `state`, from its stored `history`; a dead letter's
     /// `dead` error is its last error, else the last failed attempt's.
     pub(crate) fn of(
@@ -215,7 +251,8 @@ pub struct Requeued {
 /// entry twice while the server resizes its table; in memory and on SQL it never does.
 ///
 /// Pausing is stored in the backend: while paused, every worker of every process takes
-/// nothing (a take returns no entry), and what runs finishes; resuming wakes idle workers.
+/// nothing (a take returns no entry), and what runs finishes; resuming is announced, which
+/// wakes idle workers.
 pub trait InboxAdmin: InboxStore {
     /// The entry of `key` in any state (a done one while its key is kept), or `None`.
     fn find(
@@ -233,7 +270,8 @@ pub trait InboxAdmin: InboxStore {
         limit: usize,
     ) -> impl Future<Output = Result<Page, StoreError>> + Send;
 
-    /// Up to `limit` dead letters, oldest first, each with its last error: read through the
+    /// Up to `limit` dead letters, oldest first (by [`enqueued_at`](InboxEntry::enqueued_at),
+    /// not by when they died), each with its last error: read through the
     /// dead letters' own index (a sorted set, an index by state), where [`list`](Self::list)
     /// with a dead filter pages through entries in key order.
     fn dead_letters(
@@ -241,7 +279,8 @@ pub trait InboxAdmin: InboxStore {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<DeadLetter>, StoreError>> + Send;
 
-    /// Queues a dead letter again, due now, its attempts reset; `false` if `key` is not dead.
+    /// Queues a dead letter again, due now, its attempts reset, and announces it as an enqueue
+    /// (idle workers take it at once); `false` if `key` is not dead.
     fn requeue(&self, key: &StoreKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Re-queues the dead letters matching `filter` (whatever state it names), reading at most
@@ -283,7 +322,7 @@ pub trait InboxAdmin: InboxStore {
     /// Pauses taking, in every process, until [`resume`](Self::resume).
     fn pause(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Resumes taking and wakes the idle workers.
+    /// Resumes taking and wakes the idle workers (announced, due now, as an enqueue is).
     fn resume(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Whether taking is paused.

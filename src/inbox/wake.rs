@@ -1,8 +1,9 @@
 //! Wake-ups: how an idle [`Worker`](super::Worker) learns, without polling the store, that an
 //! entry arrived.
 //!
-//! An inbox **announces** what arrives, an enqueue, a re-queue or a retry, with the time the
-//! entry is due; a worker **subscribes** before its first take and, when a take finds
+//! An inbox **announces** what a worker may take: an enqueue, a retry or a re-queue, with the
+//! time the entry is due, and, due now, an ordered entry that became a dead letter (its
+//! object's next may go) and a resume; a worker **subscribes** before its first take and, when a take finds
 //! nothing, waits for the next announcement instead of asking the store again and again.
 //! Announcements cross processes where the store can carry them (Redis `PUBLISH` from the
 //! enqueue script, PostgreSQL `NOTIFY` from the enqueue statement); in memory and on SQLite
@@ -41,8 +42,9 @@ const CAPACITY: usize = 256;
 /// time its entry is due. Cheap to clone (clones share the subscribers); announcing with no
 /// subscriber costs a lock and nothing else.
 ///
-/// The built-in inboxes hold one; a store of your own announces its enqueues, re-queues and
-/// retries through one and returns [`subscribe`](Self::subscribe) from
+/// The built-in inboxes hold one; a store of your own announces through one what a worker may
+/// take (each enqueue and retry at its due time, each re-queue, and now an ordered entry that
+/// became a dead letter and a resume) and returns [`subscribe`](Self::subscribe) from
 /// [`InboxStore::wakeups`](super::InboxStore::wakeups).
 #[derive(Clone)]
 pub struct Announcer {

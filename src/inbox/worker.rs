@@ -185,10 +185,13 @@ where
         let mut measured: Option<Instant> = None;
         // When the last take was asked: its leases end no earlier than a lease after it.
         let mut asked = tokio::time::Instant::now();
+        // Whether a take returned more entries than asked (said once a run).
+        let mut overfull = false;
         loop {
             while running.try_join_next().is_some() {}
             run.measure(&mut measured).await;
-            let free = run.settings.workers - running.len();
+            // More may run than `workers` after a store handed out more than asked.
+            let free = run.settings.workers.saturating_sub(running.len());
             let leases = match free {
                 0 => Vec::new(),
                 _ => {
@@ -196,7 +199,21 @@ where
                     asked = tokio::time::Instant::now();
                     let taken = run.take(free).await;
                     idle.took(taken.is_some());
-                    taken.unwrap_or_default()
+                    let taken = taken.unwrap_or_default();
+                    // A store that breaks `take`'s bound: its extra entries are leased to this
+                    // worker all the same, so they run too (dropped, each would wait for its
+                    // lease to run out); nothing more is taken until the running fall below
+                    // `workers`.
+                    if taken.len() > free && !overfull {
+                        overfull = true;
+                        tracing::warn!(
+                            asked = free,
+                            taken = taken.len(),
+                            "inbox: the store's take returned more entries than asked; \
+                             running them all"
+                        );
+                    }
+                    taken
                 }
             };
             if !leases.is_empty() {

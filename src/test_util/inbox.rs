@@ -89,10 +89,10 @@ pub(crate) async fn take_one<St: InboxStore>(store: &St, what: &str) -> crate::i
 
 /// A handler that says when it starts and waits for a permit of its gate.
 #[derive(Clone)]
-struct Gated {
+pub(crate) struct Gated {
     started: Arc<tokio::sync::Notify>,
     gate: Arc<tokio::sync::Semaphore>,
-    calls: Arc<AtomicU32>,
+    pub(crate) calls: Arc<AtomicU32>,
 }
 
 impl Default for Gated {
@@ -124,7 +124,7 @@ impl Gated {
         })
     }
 
-    async fn started(&self) {
+    pub(crate) async fn started(&self) {
         let started = self.started.notified();
         tokio::time::timeout(DEADLINE, started)
             .await
@@ -154,7 +154,10 @@ where
 }
 
 /// Stops a worker [`spawn`] started and waits until its `run` returns (within the deadline).
-async fn stop_worker(stop: tokio::sync::oneshot::Sender<()>, run: tokio::task::JoinHandle<()>) {
+pub(crate) async fn stop_worker(
+    stop: tokio::sync::oneshot::Sender<()>,
+    run: tokio::task::JoinHandle<()>,
+) {
     stop.send(()).unwrap();
     tokio::time::timeout(DEADLINE, run)
         .await
@@ -164,7 +167,7 @@ async fn stop_worker(stop: tokio::sync::oneshot::Sender<()>, run: tokio::task::J
 
 /// A worker on `store` whose handler passes its gate at once, idle (its fallback poll a
 /// minute, so that only a wake-up starts an entry soon) and subscribed when this returns.
-async fn idle_worker<St: InboxStore>(
+pub(crate) async fn idle_worker<St: InboxStore>(
     store: St,
 ) -> (
     Gated,
@@ -194,7 +197,8 @@ pub async fn enqueue_is_atomic_with_the_claim<St: InboxStore + Clone>(store: St)
         results.sort_by_key(|r| matches!(r, Enqueued::Duplicate(_)));
         assert_eq!(
             results,
-            [Enqueued::Queued, Enqueued::Duplicate(KeyState::Queued)]
+            [Enqueued::Queued, Enqueued::Duplicate(KeyState::Queued)],
+            "of two concurrent enqueues of one delivery, one is queued and one a duplicate"
         );
     }
     let taken = store.take(1_000, LONG).await.unwrap();
@@ -206,34 +210,43 @@ pub async fn duplicates_never_enqueue<St: InboxStore>(store: St) {
     let first = entry("duplicates");
     assert_eq!(
         store.enqueue(first.clone()).await.unwrap(),
-        Enqueued::Queued
+        Enqueued::Queued,
+        "a new key is queued"
     );
     assert_eq!(
         store.enqueue(first.clone()).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Queued)
+        Enqueued::Duplicate(KeyState::Queued),
+        "a queued key is a duplicate, answered queued"
     );
     let lease = take_one(&store, "the entry is due").await;
-    assert_eq!(lease.entry.attempts, 1);
+    assert_eq!(lease.entry.attempts, 1, "the first take counts attempt 1");
     assert_eq!(
         store.enqueue(first.clone()).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Running)
+        Enqueued::Duplicate(KeyState::Running),
+        "a taken key is a duplicate, answered running"
     );
     assert!(
         store
             .complete(&[(first.key.clone(), lease.token)], RETENTION)
             .await
-            .unwrap()[0]
+            .unwrap()[0],
+        "the lease's holder completes it"
     );
     assert_eq!(
         store.enqueue(first.clone()).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Done)
+        Enqueued::Duplicate(KeyState::Done),
+        "a completed key is a duplicate, answered done"
     );
     assert!(
         store.take(10, LONG).await.unwrap().is_empty(),
         "nothing was enqueued again"
     );
     let counts = store.counts().await.unwrap();
-    assert_eq!((counts.pending, counts.in_flight, counts.dead), (0, 0, 0));
+    assert_eq!(
+        (counts.pending, counts.in_flight, counts.dead),
+        (0, 0, 0),
+        "(pending, in flight, dead): the one entry is done, none counted"
+    );
 }
 
 /// A failing handler (an error, then a panic) is retried with growing delays, then applied.
@@ -308,7 +321,10 @@ pub async fn a_retry_waits_for_its_time<St: InboxStore>(store: St) {
         "not before its time"
     );
     take_within(&store, "the retry is due").await;
-    assert!(SystemTime::now() >= at);
+    assert!(
+        SystemTime::now() >= at,
+        "a retry is taken at its time, not before"
+    );
 }
 
 /// A worker that stopped renewing loses its entry after its lease, and can no longer renew,
@@ -327,24 +343,30 @@ pub async fn a_dead_workers_lease_is_taken_over<St: InboxStore>(store: St) {
         .pop()
         .unwrap();
     assert_eq!(next.entry.attempts, 2, "the dead worker's attempt counts");
-    assert!(!store.renew(&first.key, &dead.token, LONG).await.unwrap());
+    assert!(
+        !store.renew(&first.key, &dead.token, LONG).await.unwrap(),
+        "a lease taken over cannot be renewed"
+    );
     assert!(
         !store
             .complete(&[(first.key.clone(), dead.token)], RETENTION)
             .await
-            .unwrap()[0]
+            .unwrap()[0],
+        "a lease taken over cannot complete"
     );
     assert!(
         !store
             .fail(&first.key, &dead.token, Failure::Dead("late".into()))
             .await
-            .unwrap()
+            .unwrap(),
+        "a lease taken over cannot fail"
     );
     assert!(
         store
             .complete(&[(first.key.clone(), next.token)], RETENTION)
             .await
-            .unwrap()[0]
+            .unwrap()[0],
+        "the lease taking over completes it"
     );
 }
 
@@ -389,7 +411,7 @@ pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(stor
         "x2 waits behind failing x1"
     );
     let retried = take_within(&store, "x1 is retried").await;
-    assert_eq!(retried.len(), 1);
+    assert_eq!(retried.len(), 1, "x1 alone is due again");
     assert_eq!(retried[0].entry.key, x1.key, "x1 again, before x2");
     assert!(
         store
@@ -510,8 +532,15 @@ pub async fn complete_settles_each_lease_on_its_own<St: InboxStore>(store: St) {
     let wrong = (b.key.clone(), Token::from_bytes(forged));
     let batch = [lease(a), wrong, lease(c), lease(x5), lease(y7)];
     let flags = store.complete(&batch, RETENTION).await.unwrap();
-    assert_eq!(flags, [true, false, true, true, true]);
-    assert!(store.complete(&[], RETENTION).await.unwrap().is_empty());
+    assert_eq!(
+        flags,
+        [true, false, true, true, true],
+        "one flag per lease, in order: false for the forged token only"
+    );
+    assert!(
+        store.complete(&[], RETENTION).await.unwrap().is_empty(),
+        "no lease, no flag"
+    );
     let counts = store.counts().await.unwrap();
     assert_eq!(
         (counts.pending, counts.in_flight),
@@ -521,7 +550,8 @@ pub async fn complete_settles_each_lease_on_its_own<St: InboxStore>(store: St) {
     for done in [a, c, x5, y7] {
         assert_eq!(
             store.enqueue(done.clone()).await.unwrap(),
-            Enqueued::Duplicate(KeyState::Done)
+            Enqueued::Duplicate(KeyState::Done),
+            "each entry completed in the batch is done"
         );
     }
     // b again, due now: not stale, so the forged completion left z's watermark as it was.
@@ -591,11 +621,17 @@ pub async fn a_busy_worker_completes_every_entry_once<St: InboxStore + Clone>(st
     .await;
     stop_worker(stop, run).await;
     for entry in &entries {
-        assert_eq!(calls.lock().unwrap()[&entry.key], 1, "applied once");
+        assert_eq!(
+            calls.lock().unwrap()[&entry.key],
+            1,
+            "each entry applied once: {}",
+            entry.key
+        );
         assert_eq!(
             store.enqueue(entry.clone()).await.unwrap(),
             Enqueued::Duplicate(KeyState::Done),
-            "marked done before the worker returned"
+            "expected {} marked done (kept for the retention) once the worker returned",
+            entry.key
         );
     }
 }
@@ -619,16 +655,20 @@ pub async fn shutdown_finishes_what_runs<St: InboxStore + Clone>(store: St) {
         .await
         .expect("run returns")
         .unwrap();
-    assert_eq!(gated.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        gated.calls.load(Ordering::SeqCst),
+        1,
+        "only the entry running at shutdown ran"
+    );
     assert_eq!(
         store.enqueue(first).await.unwrap(),
         Enqueued::Duplicate(KeyState::Done),
-        "finished"
+        "the entry running at shutdown is finished and marked done"
     );
     assert_eq!(
         store.enqueue(second).await.unwrap(),
         Enqueued::Duplicate(KeyState::Queued),
-        "not taken"
+        "the entry enqueued after shutdown is not taken: still queued"
     );
 }
 
@@ -650,7 +690,8 @@ pub async fn a_running_entry_is_renewed<St: InboxStore + Clone>(store: St) {
     stop_worker(stop, run).await;
     assert_eq!(
         store.enqueue(first).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Done)
+        Enqueued::Duplicate(KeyState::Done),
+        "the entry renewed past two and a half leases is completed by the worker"
     );
 }
 
@@ -1320,6 +1361,282 @@ pub async fn an_enqueue_elsewhere_wakes_an_idle_worker<St: InboxStore + Clone>(
     stop_worker(stop, run).await;
 }
 
+/// `at` cut to whole milliseconds: every backend keeps an entry's times at least that finely
+/// (the SQL ones keep milliseconds).
+pub(crate) fn whole_ms(at: SystemTime) -> SystemTime {
+    let since = at.duration_since(SystemTime::UNIX_EPOCH).unwrap();
+    SystemTime::UNIX_EPOCH + Duration::from_millis(since.as_millis() as u64)
+}
+
+/// A retention short enough to wait past: long enough that a check made right away, and one
+/// made a second in, are well within it.
+pub(crate) const SHORT_RETENTION: Duration = Duration::from_secs(2);
+
+/// An entry comes back from `take` as it was enqueued: its body byte for byte, its kept
+/// headers, delivery id, route, object and position, correlation id and enqueue time (what the
+/// handler and the oldest entry's age read), its attempt counted.
+pub async fn take_returns_the_entry_as_enqueued<St: InboxStore>(store: St) {
+    let object = ObjectKey::new("inbox-contract", None, &fresh("contents"));
+    let mut sent = ordered(&object, 5).with_delivery("email", "evt_contents");
+    sent.body = Bytes::from_static(b"{\"event\":\"email.bounced\"}\n\xff\x00");
+    sent.headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    sent.headers.insert(
+        "x-event-type",
+        http::HeaderValue::from_static("email.bounced"),
+    );
+    // Three seconds ago, not now: a store that stamps its own time is seen.
+    let enqueued_at = whole_ms(SystemTime::now() - Duration::from_secs(3));
+    sent.enqueued_at = enqueued_at;
+    sent.next_attempt_at = enqueued_at;
+    assert_eq!(
+        store.enqueue(sent.clone()).await.unwrap(),
+        Enqueued::Queued,
+        "a new key is queued"
+    );
+    let lease = take_one(&store, "the entry is due").await;
+    let got = &lease.entry;
+    assert_eq!(got.key, sent.key, "the entry enqueued is the one taken");
+    assert_eq!(got.body, sent.body, "the body comes back byte for byte");
+    assert_eq!(got.headers, sent.headers, "the kept headers come back");
+    assert_eq!(
+        (got.id.as_str(), got.route.as_str()),
+        ("evt_contents", "email"),
+        "the delivery id and route come back"
+    );
+    assert_eq!(got.order, sent.order, "the object and position come back");
+    assert_eq!(
+        got.correlation_id, sent.correlation_id,
+        "the correlation id comes back"
+    );
+    assert_eq!(
+        got.enqueued_at, enqueued_at,
+        "the entry's own enqueue time is kept (to the millisecond), not the store's clock"
+    );
+    assert_eq!(got.attempts, 1, "the first attempt is counted by the take");
+    assert!(!lease.stale, "no watermark: not stale");
+}
+
+/// A dead letter (failed with `Failure::Dead`) is kept: never taken again, its key a
+/// duplicate (`Dead`) to a later delivery, which stores nothing, and counted as dead.
+pub async fn a_dead_letter_is_kept_and_never_taken_again<St: InboxStore>(store: St) {
+    let first = entry("dead-kept");
+    store.enqueue(first.clone()).await.unwrap();
+    let lease = take_one(&store, "the entry is due").await;
+    assert!(
+        store
+            .fail(&first.key, &lease.token, Failure::Dead("poison".into()))
+            .await
+            .unwrap(),
+        "the lease's holder settles it as dead"
+    );
+    assert!(
+        store.take(10, LONG).await.unwrap().is_empty(),
+        "a dead letter is not taken"
+    );
+    assert_eq!(
+        store.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Dead),
+        "a later delivery of a dead letter's key is a duplicate, answered dead"
+    );
+    assert!(
+        store.take(10, LONG).await.unwrap().is_empty(),
+        "the duplicate enqueued nothing, and the dead letter is still not taken"
+    );
+    let counts = store.counts().await.unwrap();
+    assert_eq!(
+        (counts.pending, counts.in_flight, counts.dead),
+        (0, 0, 1),
+        "(pending, in flight, dead): the dead letter is counted as dead and nothing else"
+    );
+}
+
+/// An ordered entry that becomes a dead letter leaves its object's queue: the object's next
+/// entry is taken (not stale: nothing of the object was applied), so a poison event does not
+/// hold its object for ever.
+pub async fn a_dead_letter_does_not_block_its_object<St: InboxStore>(store: St) {
+    let object = ObjectKey::new("inbox-contract", None, &fresh("poison"));
+    let (first, second) = (ordered(&object, 1), ordered(&object, 2));
+    for entry in [&first, &second] {
+        store.enqueue(entry.clone()).await.unwrap();
+    }
+    let taken = store.take(10, LONG).await.unwrap();
+    let keys: Vec<_> = taken.iter().map(|lease| &lease.entry.key).collect();
+    assert_eq!(keys, [&first.key], "the object's first position only");
+    assert!(
+        store
+            .fail(&first.key, &taken[0].token, Failure::Dead("poison".into()))
+            .await
+            .unwrap(),
+        "the lease's holder settles it as dead"
+    );
+    let next = take_one(&store, "the object's next entry, after its dead letter").await;
+    assert_eq!(
+        (next.entry.key.clone(), next.stale),
+        (second.key.clone(), false),
+        "the next position is taken, not stale, once the first is dead"
+    );
+    assert!(
+        store
+            .complete(&[(second.key.clone(), next.token)], RETENTION)
+            .await
+            .unwrap()[0],
+        "the next entry's holder completes it"
+    );
+}
+
+/// A done key is kept for its retention and forgotten after it: a delivery of it right away
+/// and a second in is a duplicate; one after the retention is queued again (a store does not
+/// keep every key it ever saw).
+pub async fn a_done_key_is_forgotten_after_its_retention<St: InboxStore>(store: St) {
+    let first = entry("done-expires");
+    store.enqueue(first.clone()).await.unwrap();
+    let lease = take_one(&store, "the entry is due").await;
+    let asked = Instant::now();
+    assert!(
+        store
+            .complete(&[(first.key.clone(), lease.token)], SHORT_RETENTION)
+            .await
+            .unwrap()[0],
+        "the lease's holder completes it"
+    );
+    let completed = Instant::now();
+    assert_eq!(
+        store.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done),
+        "a done key is a duplicate right after its completion"
+    );
+    tokio::time::sleep(Duration::from_secs(1).saturating_sub(asked.elapsed())).await;
+    assert_eq!(
+        store.enqueue(first.clone()).await.unwrap(),
+        Enqueued::Duplicate(KeyState::Done),
+        "a done key is still a duplicate a second into its {SHORT_RETENTION:?} retention"
+    );
+    // Past the retention, counted from after the completion returned.
+    let past = SHORT_RETENTION + Duration::from_millis(300);
+    tokio::time::sleep(past.saturating_sub(completed.elapsed())).await;
+    assert_eq!(
+        store.enqueue(first).await.unwrap(),
+        Enqueued::Queued,
+        "a done key is forgotten after its {SHORT_RETENTION:?} retention: a delivery is new again"
+    );
+}
+
+/// Many takes at once over a backlog never hand one entry out twice: every key is taken at
+/// most once (and each of them once in all), round after round.
+pub async fn concurrent_takes_never_hand_out_one_entry_twice<St: InboxStore + Clone>(store: St) {
+    for round in 0..10 {
+        let entries: Vec<_> = (0..12).map(|_| entry("race")).collect();
+        for entry in &entries {
+            store.enqueue(entry.clone()).await.unwrap();
+        }
+        let takers: Vec<_> = (0..8)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let mut keys = Vec::new();
+                    for _ in 0..3 {
+                        let taken = store.take(2, LONG).await.unwrap();
+                        keys.extend(taken.into_iter().map(|lease| lease.entry.key));
+                    }
+                    keys
+                })
+            })
+            .collect();
+        let mut seen = std::collections::HashMap::<StoreKey, u32>::new();
+        for taker in takers {
+            for key in taker.await.unwrap() {
+                *seen.entry(key).or_default() += 1;
+            }
+        }
+        let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(
+            twice.is_empty(),
+            "round {round}: every key is taken at most once, these more: {twice:?}"
+        );
+        for key in store.take(100, LONG).await.unwrap() {
+            *seen.entry(key.entry.key).or_default() += 1;
+        }
+        for entry in &entries {
+            assert_eq!(
+                seen.get(&entry.key),
+                Some(&1),
+                "round {round}: every entry is taken once in all: {}",
+                entry.key
+            );
+        }
+    }
+}
+
+/// An ordered entry that becomes a dead letter lets its object's next entry go: the store
+/// announces it, so a worker idle meanwhile (its fallback poll a minute) starts that next
+/// entry within a second or two, as it would a new enqueue.
+pub async fn an_ordered_dead_letter_wakes_an_idle_worker<St: InboxStore + Clone>(store: St) {
+    let object = ObjectKey::new("inbox-contract", None, &fresh("dead-wakes"));
+    let (first, second) = (ordered(&object, 1), ordered(&object, 2));
+    store.enqueue(first.clone()).await.unwrap();
+    let lease = take_one(&store, "the object's first entry").await;
+    assert_eq!(lease.entry.key, first.key, "the object's first entry");
+    store.enqueue(second.clone()).await.unwrap();
+    // Idle: the second waits behind the first, leased here.
+    let (gated, stop, run) = idle_worker(store.clone()).await;
+    assert_eq!(
+        gated.calls.load(Ordering::SeqCst),
+        0,
+        "the next entry waits while the first is in flight"
+    );
+    let buried = Instant::now();
+    assert!(
+        store
+            .fail(&first.key, &lease.token, Failure::Dead("poison".into()))
+            .await
+            .unwrap(),
+        "the lease's holder settles it as dead"
+    );
+    gated.started().await;
+    let woken = buried.elapsed();
+    assert!(
+        woken < Duration::from_secs(2),
+        "the idle worker started the object's next entry {woken:?} after its first became a \
+         dead letter (expected within 2 s: the dead letter is announced)"
+    );
+    stop_worker(stop, run).await;
+}
+
+/// A take hands out at most `max` entries, however many are due (a worker asks for as many as
+/// it has room to run); the rest are left for the next takes.
+pub async fn a_take_hands_out_at_most_max<St: InboxStore>(store: St) {
+    let entries: Vec<_> = (0..5).map(|_| entry("at-most")).collect();
+    for entry in &entries {
+        store.enqueue(entry.clone()).await.unwrap();
+    }
+    let mut taken = std::collections::HashSet::new();
+    for max in [2, 1, 2] {
+        let leases = store.take(max, LONG).await.unwrap();
+        assert!(
+            leases.len() <= max,
+            "a take of at most {max} handed out {}",
+            leases.len()
+        );
+        taken.extend(leases.into_iter().map(|lease| lease.entry.key));
+    }
+    taken.extend(
+        store
+            .take(10, LONG)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|lease| lease.entry.key),
+    );
+    assert_eq!(
+        taken.len(),
+        entries.len(),
+        "the entries left by a take are handed out by the next ones"
+    );
+}
+
 /// The inbox queue contract as `#[tokio::test]`s, one per case, in a module of the calling file
 /// (feature `test-util`; see [`test_util`](crate::test_util)).
 ///
@@ -1351,6 +1668,13 @@ macro_rules! inbox_contract {
             a_handler_is_cancelled_before_its_lease_can_be_taken_over,
             a_paused_handler_never_runs_a_step_past_its_lease,
             a_retry_is_announced,
+            take_returns_the_entry_as_enqueued,
+            a_dead_letter_is_kept_and_never_taken_again,
+            a_dead_letter_does_not_block_its_object,
+            a_done_key_is_forgotten_after_its_retention,
+            concurrent_takes_never_hand_out_one_entry_twice,
+            an_ordered_dead_letter_wakes_an_idle_worker,
+            a_take_hands_out_at_most_max,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

@@ -642,3 +642,105 @@ async fn a_memory_listing_never_repeats_an_entry() {
     let unique: std::collections::HashSet<_> = listed.iter().collect();
     assert_eq!((listed.len(), unique.len()), (25, 25));
 }
+
+/// A store whose `take` hands out more entries than asked (it breaks `InboxStore::take`'s
+/// bound): everything else goes to the memory inbox it wraps.
+#[derive(Clone)]
+struct Greedy(MemoryInbox);
+
+impl InboxStore for Greedy {
+    async fn enqueue(
+        &self,
+        entry: tower_idempotency::inbox::InboxEntry,
+    ) -> Result<tower_idempotency::inbox::Enqueued, tower_idempotency::store::StoreError> {
+        self.0.enqueue(entry).await
+    }
+    async fn take(
+        &self,
+        max: usize,
+        lease: std::time::Duration,
+    ) -> Result<Vec<tower_idempotency::inbox::Lease>, tower_idempotency::store::StoreError> {
+        self.0.take(max + 4, lease).await
+    }
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        token: &tower_idempotency::store::Token,
+        lease: std::time::Duration,
+    ) -> Result<bool, tower_idempotency::store::StoreError> {
+        self.0.renew(key, token, lease).await
+    }
+    async fn complete(
+        &self,
+        leases: &[(StoreKey, tower_idempotency::store::Token)],
+        retention: std::time::Duration,
+    ) -> Result<Vec<bool>, tower_idempotency::store::StoreError> {
+        self.0.complete(leases, retention).await
+    }
+    async fn fail(
+        &self,
+        key: &StoreKey,
+        token: &tower_idempotency::store::Token,
+        failure: tower_idempotency::inbox::Failure,
+    ) -> Result<bool, tower_idempotency::store::StoreError> {
+        self.0.fail(key, token, failure).await
+    }
+    async fn counts(
+        &self,
+    ) -> Result<tower_idempotency::inbox::InboxCounts, tower_idempotency::store::StoreError> {
+        self.0.counts().await
+    }
+    fn wakeups(&self) -> tower_idempotency::inbox::Wakeups {
+        self.0.wakeups()
+    }
+}
+
+/// A worker whose store's `take` returns more entries than asked neither panics nor loses
+/// them: it runs every entry it was handed, once, and its run returns at shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_returning_more_than_asked_runs_every_entry_once() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use tower_idempotency::inbox::{InboxRequest, Worker};
+
+    let inbox = MemoryInbox::default();
+    let entries: Vec<_> = (0..6)
+        .map(|n| {
+            let key = StoreKey::new("greedy", None, &n.to_string());
+            values::inbox_entry(key, Bytes::new(), "c")
+        })
+        .collect();
+    for entry in &entries {
+        inbox.enqueue(entry.clone()).await.unwrap();
+    }
+    let calls = Arc::new(Mutex::new(HashMap::<StoreKey, u32>::new()));
+    let seen = calls.clone();
+    let handler = tower::service_fn(move |request: InboxRequest| {
+        *seen
+            .lock()
+            .unwrap()
+            .entry(request.key().clone())
+            .or_default() += 1;
+        async { Ok::<_, std::convert::Infallible>(()) }
+    });
+    // One worker: its first take asks for one entry and gets five.
+    let worker = Worker::new(Greedy(inbox.clone()), handler)
+        .workers(1)
+        .poll_interval(Duration::from_millis(5));
+    let applied = async {
+        for entry in &entries {
+            until(&inbox, entry, KeyState::Done).await;
+        }
+    };
+    while_running(|stop| worker.run(stop), applied).await;
+    let calls = calls.lock().unwrap();
+    for entry in &entries {
+        assert_eq!(
+            calls.get(&entry.key),
+            Some(&1),
+            "every entry handed out runs once: {}",
+            entry.key
+        );
+    }
+}
