@@ -790,6 +790,42 @@ pub async fn an_entry_behind_the_watermark_is_stale_at_the_door<St: InboxStore>(
     );
 }
 
+/// Completing an entry that was handed out stale leaves its object's watermark where the
+/// newer entry put it: a stale completion never lowers it, so an entry between the two
+/// positions is still stale at the door.
+pub async fn a_stale_completion_leaves_the_watermark<St: InboxStore>(store: St) {
+    let object = ObjectKey::new("inbox-contract", None, &fresh("kept-mark"));
+    let (newer, older) = (ordered(&object, 5), ordered(&object, 3));
+    store.enqueue(newer.clone()).await.unwrap();
+    let held = take_one(&store, "the newer entry").await;
+    assert_eq!(
+        store.enqueue(older.clone()).await.unwrap(),
+        Enqueued::Queued,
+        "the older entry waits while the newer one runs"
+    );
+    assert!(
+        store
+            .complete(&[(newer.key.clone(), held.token)], RETENTION)
+            .await
+            .unwrap()[0]
+    );
+    let stale = take_one(&store, "the older entry").await;
+    assert_eq!(stale.entry.key, older.key);
+    assert!(stale.stale, "the older entry comes back stale");
+    assert!(
+        store
+            .complete(&[(older.key.clone(), stale.token)], RETENTION)
+            .await
+            .unwrap()[0]
+    );
+    let five = Position::from_integer_text("5").unwrap();
+    assert_eq!(
+        store.enqueue(ordered(&object, 4)).await.unwrap(),
+        Enqueued::Stale(five),
+        "the stale entry's completion left the watermark at 5"
+    );
+}
+
 /// Entries that wait while their object's watermark reaches their position are handed out
 /// stale only under the rule their route gave them: the one whose equal positions are stale is
 /// settled without the handler, the other is applied.
@@ -1658,6 +1694,7 @@ macro_rules! inbox_contract {
             a_worker_settles_a_stale_entry_without_the_handler,
             an_entry_behind_the_watermark_is_stale_at_the_door,
             an_entry_the_watermark_reaches_while_it_waits_keeps_its_rule,
+            a_stale_completion_leaves_the_watermark,
             a_watermark_lasts_for_the_retention,
             a_take_looks_past_the_entries_that_wait,
             complete_settles_each_lease_on_its_own,
