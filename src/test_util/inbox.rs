@@ -87,6 +87,19 @@ pub(crate) async fn take_one<St: InboxStore>(store: &St, what: &str) -> crate::i
     store.take(10, LONG).await.unwrap().pop().expect(what)
 }
 
+/// Asserts that the holder of `token` completes `key` alone, its key then done for
+/// `retention`; `what` says which completion it is.
+pub(crate) async fn completes<St: InboxStore>(
+    store: &St,
+    key: &StoreKey,
+    token: Token,
+    retention: Duration,
+    what: &str,
+) {
+    let done = store.complete(&[(key.clone(), token)], retention).await;
+    assert!(done.unwrap()[0], "{what}");
+}
+
 /// A handler that says when it starts and waits for a permit of its gate.
 #[derive(Clone)]
 pub(crate) struct Gated {
@@ -225,13 +238,14 @@ pub async fn duplicates_never_enqueue<St: InboxStore>(store: St) {
         Enqueued::Duplicate(KeyState::Running),
         "a taken key is a duplicate, answered running"
     );
-    assert!(
-        store
-            .complete(&[(first.key.clone(), lease.token)], RETENTION)
-            .await
-            .unwrap()[0],
-        "the lease's holder completes it"
-    );
+    completes(
+        &store,
+        &first.key,
+        lease.token,
+        RETENTION,
+        "the lease's holder completes it",
+    )
+    .await;
     assert_eq!(
         store.enqueue(first.clone()).await.unwrap(),
         Enqueued::Duplicate(KeyState::Done),
@@ -361,13 +375,14 @@ pub async fn a_dead_workers_lease_is_taken_over<St: InboxStore>(store: St) {
             .unwrap(),
         "a lease taken over cannot fail"
     );
-    assert!(
-        store
-            .complete(&[(first.key.clone(), next.token)], RETENTION)
-            .await
-            .unwrap()[0],
-        "the lease taking over completes it"
-    );
+    completes(
+        &store,
+        &first.key,
+        next.token,
+        RETENTION,
+        "the lease taking over completes it",
+    )
+    .await;
 }
 
 /// An object's entries run one at a time in position order; one behind a failing entry
@@ -424,12 +439,14 @@ pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(stor
         (next.entry.key.clone(), next.stale),
         (x2.key.clone(), false)
     );
-    assert!(
-        store
-            .complete(&[(x2.key.clone(), next.token)], RETENTION)
-            .await
-            .unwrap()[0]
-    );
+    completes(
+        &store,
+        &x2.key,
+        next.token,
+        RETENTION,
+        "the lease's holder completes it",
+    )
+    .await;
     let two = Position::from_integer_text("2").unwrap();
     assert_eq!(
         store.enqueue(ordered(&x, 0)).await.unwrap(),
@@ -490,12 +507,14 @@ pub async fn a_take_looks_past_the_entries_that_wait<St: InboxStore>(store: St) 
     let taken = store.take(1, LONG).await.unwrap();
     let keys: Vec<_> = taken.iter().map(|lease| lease.entry.key.clone()).collect();
     assert_eq!(keys, [free.key], "the thirty wait behind the running one");
-    assert!(
-        store
-            .complete(&[(first.entry.key.clone(), first.token)], RETENTION)
-            .await
-            .unwrap()[0]
-    );
+    completes(
+        &store,
+        &first.entry.key,
+        first.token,
+        RETENTION,
+        "the lease's holder completes it",
+    )
+    .await;
 }
 
 /// `complete` of several leases settles each on its own: one flag per lease, in order; a
@@ -561,12 +580,14 @@ pub async fn complete_settles_each_lease_on_its_own<St: InboxStore>(store: St) {
     let retried = take_one(&store, "b, due again").await;
     assert_eq!(retried.entry.key, b.key);
     assert!(!retried.stale, "z's watermark did not move");
-    assert!(
-        store
-            .complete(&[(b_key.clone(), retried.token)], RETENTION)
-            .await
-            .unwrap()[0]
-    );
+    completes(
+        &store,
+        &b_key,
+        retried.token,
+        RETENTION,
+        "the lease's holder completes it",
+    )
+    .await;
     // Each object's watermark moved: an older entry of x is stale (at the door), a newer one
     // of y is not.
     let five = Position::from_integer_text("5").unwrap();
@@ -579,12 +600,14 @@ pub async fn complete_settles_each_lease_on_its_own<St: InboxStore>(store: St) {
     let lease = take_one(&store, "the object's next entry").await;
     assert_eq!(lease.entry.key, next.key);
     assert!(!lease.stale);
-    assert!(
-        store
-            .complete(&[(next.key.clone(), lease.token)], RETENTION)
-            .await
-            .unwrap()[0]
-    );
+    completes(
+        &store,
+        &next.key,
+        lease.token,
+        RETENTION,
+        "the lease's holder completes it",
+    )
+    .await;
 }
 
 /// A worker running many entries at once applies each of them once and marks each done (its
@@ -743,12 +766,14 @@ pub async fn an_entry_behind_the_watermark_is_stale_at_the_door<St: InboxStore>(
     let newer = ordered(&object, 2);
     store.enqueue(newer.clone()).await.unwrap();
     let lease = take_one(&store, "the newer entry").await;
-    assert!(
-        store
-            .complete(&[(newer.key.clone(), lease.token)], RETENTION)
-            .await
-            .unwrap()[0]
-    );
+    completes(
+        &store,
+        &newer.key,
+        lease.token,
+        RETENTION,
+        "the lease's holder completes it",
+    )
+    .await;
     let two = Position::from_integer_text("2").unwrap();
     assert_eq!(
         store.enqueue(ordered(&object, 1)).await.unwrap(),
@@ -778,12 +803,14 @@ pub async fn an_entry_behind_the_watermark_is_stale_at_the_door<St: InboxStore>(
     let lease = take_one(&store, "the entry at the watermark").await;
     assert_eq!(lease.entry.key, equal.key);
     assert!(!lease.stale, "an entry at the watermark is new by default");
-    assert!(
-        store
-            .complete(&[(equal.key.clone(), lease.token)], RETENTION)
-            .await
-            .unwrap()[0]
-    );
+    completes(
+        &store,
+        &equal.key,
+        lease.token,
+        RETENTION,
+        "the lease's holder completes it",
+    )
+    .await;
     assert_eq!(
         store.enqueue(ordered(&object, 3)).await.unwrap(),
         Enqueued::Queued
@@ -803,21 +830,25 @@ pub async fn a_stale_completion_leaves_the_watermark<St: InboxStore>(store: St) 
         Enqueued::Queued,
         "the older entry waits while the newer one runs"
     );
-    assert!(
-        store
-            .complete(&[(newer.key.clone(), held.token)], RETENTION)
-            .await
-            .unwrap()[0]
-    );
+    completes(
+        &store,
+        &newer.key,
+        held.token,
+        RETENTION,
+        "the lease's holder completes it",
+    )
+    .await;
     let stale = take_one(&store, "the older entry").await;
     assert_eq!(stale.entry.key, older.key);
     assert!(stale.stale, "the older entry comes back stale");
-    assert!(
-        store
-            .complete(&[(older.key.clone(), stale.token)], RETENTION)
-            .await
-            .unwrap()[0]
-    );
+    completes(
+        &store,
+        &older.key,
+        stale.token,
+        RETENTION,
+        "the lease's holder completes it",
+    )
+    .await;
     let five = Position::from_integer_text("5").unwrap();
     assert_eq!(
         store.enqueue(ordered(&object, 4)).await.unwrap(),
@@ -844,12 +875,14 @@ pub async fn an_entry_the_watermark_reaches_while_it_waits_keeps_its_rule<St: In
             "the watermark is not at 5 yet"
         );
     }
-    assert!(
-        store
-            .complete(&[(first.key.clone(), held.token)], RETENTION)
-            .await
-            .unwrap()[0]
-    );
+    completes(
+        &store,
+        &first.key,
+        held.token,
+        RETENTION,
+        "the lease's holder completes it",
+    )
+    .await;
     let mut seen = Vec::new();
     for _ in 0..2 {
         let lease = take_one(&store, "an entry at the watermark").await;
@@ -867,12 +900,14 @@ pub async fn an_entry_the_watermark_reaches_while_it_waits_keeps_its_rule<St: In
             }),
             "a taken entry keeps its rule"
         );
-        assert!(
-            store
-                .complete(&[(lease.entry.key.clone(), lease.token)], RETENTION)
-                .await
-                .unwrap()[0]
-        );
+        completes(
+            &store,
+            &lease.entry.key,
+            lease.token,
+            RETENTION,
+            "the lease's holder completes it",
+        )
+        .await;
         seen.push(lease.entry.key);
     }
     seen.sort();
@@ -920,12 +955,14 @@ pub async fn a_newer_entry_in_flight_holds_back_an_older_one<St: InboxStore + Cl
         (next.entry.key.clone(), next.stale),
         (older.key.clone(), true)
     );
-    assert!(
-        store
-            .complete(&[(older.key.clone(), next.token)], RETENTION)
-            .await
-            .unwrap()[0]
-    );
+    completes(
+        &store,
+        &older.key,
+        next.token,
+        RETENTION,
+        "the lease's holder completes it",
+    )
+    .await;
 
     // The same through two workers racing for the older entry.
     let object = ObjectKey::new("inbox-contract", None, &fresh("in-flight-workers"));
@@ -1514,13 +1551,14 @@ pub async fn a_dead_letter_does_not_block_its_object<St: InboxStore>(store: St) 
         (second.key.clone(), false),
         "the next position is taken, not stale, once the first is dead"
     );
-    assert!(
-        store
-            .complete(&[(second.key.clone(), next.token)], RETENTION)
-            .await
-            .unwrap()[0],
-        "the next entry's holder completes it"
-    );
+    completes(
+        &store,
+        &second.key,
+        next.token,
+        RETENTION,
+        "the next entry's holder completes it",
+    )
+    .await;
 }
 
 /// A done key is kept for its retention and forgotten after it: a delivery of it right away
@@ -1531,32 +1569,44 @@ pub async fn a_done_key_is_forgotten_after_its_retention<St: InboxStore>(store: 
     store.enqueue(first.clone()).await.unwrap();
     let lease = take_one(&store, "the entry is due").await;
     let asked = Instant::now();
-    assert!(
-        store
-            .complete(&[(first.key.clone(), lease.token)], SHORT_RETENTION)
-            .await
-            .unwrap()[0],
-        "the lease's holder completes it"
-    );
-    let completed = Instant::now();
+    completes(
+        &store,
+        &first.key,
+        lease.token,
+        SHORT_RETENTION,
+        "the lease's holder completes it",
+    )
+    .await;
+    kept_for_its_retention(&store, &first, asked, Instant::now(), "completed").await;
+}
+
+/// Asserts what the key of `entry`, made done for [`SHORT_RETENTION`] by a call asked at
+/// `asked` that returned at `settled` (`how`: completed, discarded), answers: a duplicate at
+/// once and a second in, then, past the retention counted from `settled`, a new delivery.
+pub(crate) async fn kept_for_its_retention<St: InboxStore>(
+    store: &St,
+    entry: &InboxEntry,
+    asked: Instant,
+    settled: Instant,
+    how: &str,
+) {
     assert_eq!(
-        store.enqueue(first.clone()).await.unwrap(),
+        store.enqueue(entry.clone()).await.unwrap(),
         Enqueued::Duplicate(KeyState::Done),
-        "a done key is a duplicate right after its completion"
+        "a {how} key is a duplicate (done) right away"
     );
     tokio::time::sleep(Duration::from_secs(1).saturating_sub(asked.elapsed())).await;
     assert_eq!(
-        store.enqueue(first.clone()).await.unwrap(),
+        store.enqueue(entry.clone()).await.unwrap(),
         Enqueued::Duplicate(KeyState::Done),
-        "a done key is still a duplicate a second into its {SHORT_RETENTION:?} retention"
+        "a {how} key is still a duplicate a second into its {SHORT_RETENTION:?} retention"
     );
-    // Past the retention, counted from after the completion returned.
     let past = SHORT_RETENTION + Duration::from_millis(300);
-    tokio::time::sleep(past.saturating_sub(completed.elapsed())).await;
+    tokio::time::sleep(past.saturating_sub(settled.elapsed())).await;
     assert_eq!(
-        store.enqueue(first).await.unwrap(),
+        store.enqueue(entry.clone()).await.unwrap(),
         Enqueued::Queued,
-        "a done key is forgotten after its {SHORT_RETENTION:?} retention: a delivery is new again"
+        "a {how} key is forgotten after its {SHORT_RETENTION:?} retention: a delivery is new again"
     );
 }
 

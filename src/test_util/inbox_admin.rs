@@ -26,9 +26,22 @@ use bytes::Bytes;
 // The names, bounds and retention of the queue contract (`inbox_contract`, beside this
 // module in every file that runs both).
 use super::inbox::{
-    DEADLINE, LONG, RETENTION, SHORT_RETENTION, entry, fresh, idle_worker, stop_worker, take_one,
-    whole_ms,
+    DEADLINE, LONG, RETENTION, SHORT_RETENTION, completes, entry, fresh, idle_worker,
+    kept_for_its_retention, stop_worker, take_one, whole_ms,
 };
+
+/// `name`'s entry, enqueued, taken and failed as dead with `error`: a dead letter.
+async fn dead_letter<St: InboxAdmin>(store: &St, name: &str, error: &str) -> InboxEntry {
+    let entry = entry(name);
+    store.enqueue(entry.clone()).await.unwrap();
+    let lease = take_one(store, "the entry is due").await;
+    let failure = Failure::Dead(error.to_owned());
+    assert!(
+        store.fail(&entry.key, &lease.token, failure).await.unwrap(),
+        "the lease's holder settles it as dead"
+    );
+    entry
+}
 
 /// An entry of `route` whose delivery id is `id`, keyed as a route keys it.
 fn delivery(route: &str, id: &str) -> InboxEntry {
@@ -222,13 +235,14 @@ pub async fn find_tells_each_state_and_its_attempts<St: InboxAdmin>(store: St) {
         "a dead letter is re-queued"
     );
     let lease = take_key(&store, &key).await;
-    assert!(
-        store
-            .complete(&[(key.clone(), lease.token)], RETENTION)
-            .await
-            .unwrap()[0],
-        "the lease's holder completes the re-queued entry"
-    );
+    completes(
+        &store,
+        &key,
+        lease.token,
+        RETENTION,
+        "the lease's holder completes the re-queued entry",
+    )
+    .await;
     let done = find(&store, &key).await;
     assert_eq!(done.state, KeyState::Done, "found done once completed");
     assert_eq!(done.entry.id, "evt_1", "a done entry keeps its delivery id");
@@ -624,14 +638,7 @@ pub async fn a_worker_records_every_attempt<St: InboxAdmin + Clone>(store: St) {
 /// After the last attempt the entry is a dead letter with its last error; re-queued, it runs
 /// again from its first attempt.
 pub async fn dead_letters_and_requeue<St: InboxAdmin>(store: St) {
-    let first = entry("dead");
-    store.enqueue(first.clone()).await.unwrap();
-    let lease = take_one(&store, "the entry is due").await;
-    let failure = Failure::Dead("gateway said no".to_owned());
-    assert!(
-        store.fail(&first.key, &lease.token, failure).await.unwrap(),
-        "the lease's holder settles it as dead"
-    );
+    let first = dead_letter(&store, "dead", "gateway said no").await;
     assert!(
         store.take(10, LONG).await.unwrap().is_empty(),
         "a dead letter is not taken"
@@ -665,13 +672,14 @@ pub async fn dead_letters_and_requeue<St: InboxAdmin>(store: St) {
         again.entry.attempts, 1,
         "a re-queued dead letter counts its attempts from 1 again"
     );
-    assert!(
-        store
-            .complete(&[(first.key.clone(), again.token)], RETENTION)
-            .await
-            .unwrap()[0],
-        "the re-queued entry's holder completes it"
-    );
+    completes(
+        &store,
+        &first.key,
+        again.token,
+        RETENTION,
+        "the re-queued entry's holder completes it",
+    )
+    .await;
     assert!(
         store.dead_letters(10).await.unwrap().is_empty(),
         "a re-queued and completed entry is no dead letter"
@@ -681,14 +689,7 @@ pub async fn dead_letters_and_requeue<St: InboxAdmin>(store: St) {
 /// An operator's re-queue is announced as an enqueue is: a worker idle meanwhile (its fallback
 /// poll a minute) starts the re-queued dead letter within a second or two.
 pub async fn a_requeue_wakes_an_idle_worker<St: InboxAdmin + Clone>(store: St) {
-    let first = entry("requeue-wakes");
-    store.enqueue(first.clone()).await.unwrap();
-    let lease = take_one(&store, "the entry is due").await;
-    let failure = Failure::Dead("gateway said no".to_owned());
-    assert!(
-        store.fail(&first.key, &lease.token, failure).await.unwrap(),
-        "the lease's holder settles it as dead"
-    );
+    let first = dead_letter(&store, "requeue-wakes", "gateway said no").await;
     // Idle: the only entry is a dead letter.
     let (gated, stop, run) = idle_worker(store.clone()).await;
     assert_eq!(
@@ -720,13 +721,14 @@ pub async fn a_done_entry_keeps_no_body_or_headers<St: InboxAdmin>(store: St) {
         .insert("x-event-type", "email.bounced".parse().unwrap());
     store.enqueue(first.clone()).await.unwrap();
     let lease = take_key(&store, &first.key).await;
-    assert!(
-        store
-            .complete(&[(first.key.clone(), lease.token)], RETENTION)
-            .await
-            .unwrap()[0],
-        "the lease's holder completes it"
-    );
+    completes(
+        &store,
+        &first.key,
+        lease.token,
+        RETENTION,
+        "the lease's holder completes it",
+    )
+    .await;
     let done = find(&store, &first.key).await;
     assert_eq!(done.state, KeyState::Done, "found done");
     assert_eq!(
@@ -784,38 +786,13 @@ pub async fn dead_letters_come_oldest_first<St: InboxAdmin>(store: St) {
 /// A discarded dead letter's key is kept as done for the retention `discard` was given, and no
 /// longer: a delivery of it right away and a second in is a duplicate, one after it is queued.
 pub async fn a_discarded_key_is_kept_for_its_retention_only<St: InboxAdmin>(store: St) {
-    let first = entry("discarded-expires");
-    store.enqueue(first.clone()).await.unwrap();
-    let lease = take_one(&store, "the entry is due").await;
-    let failure = Failure::Dead("poison".to_owned());
-    assert!(
-        store.fail(&first.key, &lease.token, failure).await.unwrap(),
-        "the lease's holder settles it as dead"
-    );
+    let first = dead_letter(&store, "discarded-expires", "poison").await;
     let asked = Instant::now();
     assert!(
         store.discard(&first.key, SHORT_RETENTION).await.unwrap(),
         "a dead letter is discarded"
     );
-    let discarded = Instant::now();
-    assert_eq!(
-        store.enqueue(first.clone()).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Done),
-        "a discarded key is a duplicate (done) right away"
-    );
-    tokio::time::sleep(Duration::from_secs(1).saturating_sub(asked.elapsed())).await;
-    assert_eq!(
-        store.enqueue(first.clone()).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Done),
-        "a discarded key is still a duplicate a second into its {SHORT_RETENTION:?} retention"
-    );
-    let past = SHORT_RETENTION + Duration::from_millis(300);
-    tokio::time::sleep(past.saturating_sub(discarded.elapsed())).await;
-    assert_eq!(
-        store.enqueue(first).await.unwrap(),
-        Enqueued::Queued,
-        "a discarded key is forgotten after its {SHORT_RETENTION:?} retention"
-    );
+    kept_for_its_retention(&store, &first, asked, Instant::now(), "discarded").await;
 }
 
 /// An attempt whose lease ran out unsettled, and which another take took over, is marked
@@ -842,13 +819,14 @@ pub async fn a_taken_over_attempt_is_marked_lease_lost<St: InboxAdmin>(store: St
         [(1, AttemptOutcome::LeaseLost), (2, AttemptOutcome::Running)],
         "(number, outcome) of each attempt: the one taken over is marked lease lost"
     );
-    assert!(
-        store
-            .complete(&[(first.key.clone(), again.token)], RETENTION)
-            .await
-            .unwrap()[0],
-        "the attempt taking over completes it"
-    );
+    completes(
+        &store,
+        &first.key,
+        again.token,
+        RETENTION,
+        "the attempt taking over completes it",
+    )
+    .await;
 }
 
 /// `counts().oldest_age` is the age of the oldest entry that is not dead: a dead letter
