@@ -88,16 +88,15 @@ pub(crate) async fn take_one<St: InboxStore>(store: &St, what: &str) -> crate::i
 }
 
 /// Asserts that the holder of `token` completes `key` alone, its key then done for
-/// `retention`; `what` says which completion it is.
+/// `retention`.
 pub(crate) async fn completes<St: InboxStore>(
     store: &St,
     key: &StoreKey,
     token: Token,
     retention: Duration,
-    what: &str,
 ) {
     let done = store.complete(&[(key.clone(), token)], retention).await;
-    assert!(done.unwrap()[0], "{what}");
+    assert!(done.unwrap()[0], "the lease's holder completes {key}");
 }
 
 /// A handler that says when it starts and waits for a permit of its gate.
@@ -238,28 +237,33 @@ pub async fn duplicates_never_enqueue<St: InboxStore>(store: St) {
         Enqueued::Duplicate(KeyState::Running),
         "a taken key is a duplicate, answered running"
     );
-    completes(
-        &store,
-        &first.key,
-        lease.token,
-        RETENTION,
-        "the lease's holder completes it",
-    )
-    .await;
+    completes(&store, &first.key, lease.token, RETENTION).await;
+    a_redelivery_enqueues_nothing(&store, &first, KeyState::Done, 0).await;
+}
+
+/// Asserts that a delivery of `entry`'s key, now `state`, is a duplicate answered so, that it
+/// enqueued nothing (a take finds nothing), and that the inbox counts nothing pending or in
+/// flight and `dead` dead letters.
+async fn a_redelivery_enqueues_nothing<St: InboxStore>(
+    store: &St,
+    entry: &InboxEntry,
+    state: KeyState,
+    dead: u64,
+) {
     assert_eq!(
-        store.enqueue(first.clone()).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Done),
-        "a completed key is a duplicate, answered done"
+        store.enqueue(entry.clone()).await.unwrap(),
+        Enqueued::Duplicate(state),
+        "a delivery of a {state:?} key is a duplicate, answered {state:?}"
     );
     assert!(
         store.take(10, LONG).await.unwrap().is_empty(),
-        "nothing was enqueued again"
+        "a duplicate of a {state:?} key enqueued nothing"
     );
     let counts = store.counts().await.unwrap();
     assert_eq!(
         (counts.pending, counts.in_flight, counts.dead),
-        (0, 0, 0),
-        "(pending, in flight, dead): the one entry is done, none counted"
+        (0, 0, dead),
+        "(pending, in flight, dead) after a duplicate of a {state:?} key"
     );
 }
 
@@ -375,14 +379,7 @@ pub async fn a_dead_workers_lease_is_taken_over<St: InboxStore>(store: St) {
             .unwrap(),
         "a lease taken over cannot fail"
     );
-    completes(
-        &store,
-        &first.key,
-        next.token,
-        RETENTION,
-        "the lease taking over completes it",
-    )
-    .await;
+    completes(&store, &first.key, next.token, RETENTION).await;
 }
 
 /// An object's entries run one at a time in position order; one behind a failing entry
@@ -439,14 +436,7 @@ pub async fn order_per_object_with_a_failing_entry_in_front<St: InboxStore>(stor
         (next.entry.key.clone(), next.stale),
         (x2.key.clone(), false)
     );
-    completes(
-        &store,
-        &x2.key,
-        next.token,
-        RETENTION,
-        "the lease's holder completes it",
-    )
-    .await;
+    completes(&store, &x2.key, next.token, RETENTION).await;
     let two = Position::from_integer_text("2").unwrap();
     assert_eq!(
         store.enqueue(ordered(&x, 0)).await.unwrap(),
@@ -507,14 +497,7 @@ pub async fn a_take_looks_past_the_entries_that_wait<St: InboxStore>(store: St) 
     let taken = store.take(1, LONG).await.unwrap();
     let keys: Vec<_> = taken.iter().map(|lease| lease.entry.key.clone()).collect();
     assert_eq!(keys, [free.key], "the thirty wait behind the running one");
-    completes(
-        &store,
-        &first.entry.key,
-        first.token,
-        RETENTION,
-        "the lease's holder completes it",
-    )
-    .await;
+    completes(&store, &first.entry.key, first.token, RETENTION).await;
 }
 
 /// `complete` of several leases settles each on its own: one flag per lease, in order; a
@@ -580,14 +563,7 @@ pub async fn complete_settles_each_lease_on_its_own<St: InboxStore>(store: St) {
     let retried = take_one(&store, "b, due again").await;
     assert_eq!(retried.entry.key, b.key);
     assert!(!retried.stale, "z's watermark did not move");
-    completes(
-        &store,
-        &b_key,
-        retried.token,
-        RETENTION,
-        "the lease's holder completes it",
-    )
-    .await;
+    completes(&store, &b_key, retried.token, RETENTION).await;
     // Each object's watermark moved: an older entry of x is stale (at the door), a newer one
     // of y is not.
     let five = Position::from_integer_text("5").unwrap();
@@ -600,14 +576,7 @@ pub async fn complete_settles_each_lease_on_its_own<St: InboxStore>(store: St) {
     let lease = take_one(&store, "the object's next entry").await;
     assert_eq!(lease.entry.key, next.key);
     assert!(!lease.stale);
-    completes(
-        &store,
-        &next.key,
-        lease.token,
-        RETENTION,
-        "the lease's holder completes it",
-    )
-    .await;
+    completes(&store, &next.key, lease.token, RETENTION).await;
 }
 
 /// A worker running many entries at once applies each of them once and marks each done (its
@@ -766,14 +735,7 @@ pub async fn an_entry_behind_the_watermark_is_stale_at_the_door<St: InboxStore>(
     let newer = ordered(&object, 2);
     store.enqueue(newer.clone()).await.unwrap();
     let lease = take_one(&store, "the newer entry").await;
-    completes(
-        &store,
-        &newer.key,
-        lease.token,
-        RETENTION,
-        "the lease's holder completes it",
-    )
-    .await;
+    completes(&store, &newer.key, lease.token, RETENTION).await;
     let two = Position::from_integer_text("2").unwrap();
     assert_eq!(
         store.enqueue(ordered(&object, 1)).await.unwrap(),
@@ -803,14 +765,7 @@ pub async fn an_entry_behind_the_watermark_is_stale_at_the_door<St: InboxStore>(
     let lease = take_one(&store, "the entry at the watermark").await;
     assert_eq!(lease.entry.key, equal.key);
     assert!(!lease.stale, "an entry at the watermark is new by default");
-    completes(
-        &store,
-        &equal.key,
-        lease.token,
-        RETENTION,
-        "the lease's holder completes it",
-    )
-    .await;
+    completes(&store, &equal.key, lease.token, RETENTION).await;
     assert_eq!(
         store.enqueue(ordered(&object, 3)).await.unwrap(),
         Enqueued::Queued
@@ -830,25 +785,11 @@ pub async fn a_stale_completion_leaves_the_watermark<St: InboxStore>(store: St) 
         Enqueued::Queued,
         "the older entry waits while the newer one runs"
     );
-    completes(
-        &store,
-        &newer.key,
-        held.token,
-        RETENTION,
-        "the lease's holder completes it",
-    )
-    .await;
+    completes(&store, &newer.key, held.token, RETENTION).await;
     let stale = take_one(&store, "the older entry").await;
     assert_eq!(stale.entry.key, older.key);
     assert!(stale.stale, "the older entry comes back stale");
-    completes(
-        &store,
-        &older.key,
-        stale.token,
-        RETENTION,
-        "the lease's holder completes it",
-    )
-    .await;
+    completes(&store, &older.key, stale.token, RETENTION).await;
     let five = Position::from_integer_text("5").unwrap();
     assert_eq!(
         store.enqueue(ordered(&object, 4)).await.unwrap(),
@@ -875,14 +816,7 @@ pub async fn an_entry_the_watermark_reaches_while_it_waits_keeps_its_rule<St: In
             "the watermark is not at 5 yet"
         );
     }
-    completes(
-        &store,
-        &first.key,
-        held.token,
-        RETENTION,
-        "the lease's holder completes it",
-    )
-    .await;
+    completes(&store, &first.key, held.token, RETENTION).await;
     let mut seen = Vec::new();
     for _ in 0..2 {
         let lease = take_one(&store, "an entry at the watermark").await;
@@ -900,14 +834,7 @@ pub async fn an_entry_the_watermark_reaches_while_it_waits_keeps_its_rule<St: In
             }),
             "a taken entry keeps its rule"
         );
-        completes(
-            &store,
-            &lease.entry.key,
-            lease.token,
-            RETENTION,
-            "the lease's holder completes it",
-        )
-        .await;
+        completes(&store, &lease.entry.key, lease.token, RETENTION).await;
         seen.push(lease.entry.key);
     }
     seen.sort();
@@ -955,14 +882,7 @@ pub async fn a_newer_entry_in_flight_holds_back_an_older_one<St: InboxStore + Cl
         (next.entry.key.clone(), next.stale),
         (older.key.clone(), true)
     );
-    completes(
-        &store,
-        &older.key,
-        next.token,
-        RETENTION,
-        "the lease's holder completes it",
-    )
-    .await;
+    completes(&store, &older.key, next.token, RETENTION).await;
 
     // The same through two workers racing for the older entry.
     let object = ObjectKey::new("inbox-contract", None, &fresh("in-flight-workers"));
@@ -1509,21 +1429,7 @@ pub async fn a_dead_letter_is_kept_and_never_taken_again<St: InboxStore>(store: 
         store.take(10, LONG).await.unwrap().is_empty(),
         "a dead letter is not taken"
     );
-    assert_eq!(
-        store.enqueue(first.clone()).await.unwrap(),
-        Enqueued::Duplicate(KeyState::Dead),
-        "a later delivery of a dead letter's key is a duplicate, answered dead"
-    );
-    assert!(
-        store.take(10, LONG).await.unwrap().is_empty(),
-        "the duplicate enqueued nothing, and the dead letter is still not taken"
-    );
-    let counts = store.counts().await.unwrap();
-    assert_eq!(
-        (counts.pending, counts.in_flight, counts.dead),
-        (0, 0, 1),
-        "(pending, in flight, dead): the dead letter is counted as dead and nothing else"
-    );
+    a_redelivery_enqueues_nothing(&store, &first, KeyState::Dead, 1).await;
 }
 
 /// An ordered entry that becomes a dead letter leaves its object's queue: the object's next
@@ -1551,14 +1457,7 @@ pub async fn a_dead_letter_does_not_block_its_object<St: InboxStore>(store: St) 
         (second.key.clone(), false),
         "the next position is taken, not stale, once the first is dead"
     );
-    completes(
-        &store,
-        &second.key,
-        next.token,
-        RETENTION,
-        "the next entry's holder completes it",
-    )
-    .await;
+    completes(&store, &second.key, next.token, RETENTION).await;
 }
 
 /// A done key is kept for its retention and forgotten after it: a delivery of it right away
@@ -1569,14 +1468,7 @@ pub async fn a_done_key_is_forgotten_after_its_retention<St: InboxStore>(store: 
     store.enqueue(first.clone()).await.unwrap();
     let lease = take_one(&store, "the entry is due").await;
     let asked = Instant::now();
-    completes(
-        &store,
-        &first.key,
-        lease.token,
-        SHORT_RETENTION,
-        "the lease's holder completes it",
-    )
-    .await;
+    completes(&store, &first.key, lease.token, SHORT_RETENTION).await;
     kept_for_its_retention(&store, &first, asked, Instant::now(), "completed").await;
 }
 

@@ -235,14 +235,7 @@ pub async fn find_tells_each_state_and_its_attempts<St: InboxAdmin>(store: St) {
         "a dead letter is re-queued"
     );
     let lease = take_key(&store, &key).await;
-    completes(
-        &store,
-        &key,
-        lease.token,
-        RETENTION,
-        "the lease's holder completes the re-queued entry",
-    )
-    .await;
+    completes(&store, &key, lease.token, RETENTION).await;
     let done = find(&store, &key).await;
     assert_eq!(done.state, KeyState::Done, "found done once completed");
     assert_eq!(done.entry.id, "evt_1", "a done entry keeps its delivery id");
@@ -672,14 +665,7 @@ pub async fn dead_letters_and_requeue<St: InboxAdmin>(store: St) {
         again.entry.attempts, 1,
         "a re-queued dead letter counts its attempts from 1 again"
     );
-    completes(
-        &store,
-        &first.key,
-        again.token,
-        RETENTION,
-        "the re-queued entry's holder completes it",
-    )
-    .await;
+    completes(&store, &first.key, again.token, RETENTION).await;
     assert!(
         store.dead_letters(10).await.unwrap().is_empty(),
         "a re-queued and completed entry is no dead letter"
@@ -721,14 +707,7 @@ pub async fn a_done_entry_keeps_no_body_or_headers<St: InboxAdmin>(store: St) {
         .insert("x-event-type", "email.bounced".parse().unwrap());
     store.enqueue(first.clone()).await.unwrap();
     let lease = take_key(&store, &first.key).await;
-    completes(
-        &store,
-        &first.key,
-        lease.token,
-        RETENTION,
-        "the lease's holder completes it",
-    )
-    .await;
+    completes(&store, &first.key, lease.token, RETENTION).await;
     let done = find(&store, &first.key).await;
     assert_eq!(done.state, KeyState::Done, "found done");
     assert_eq!(
@@ -819,14 +798,7 @@ pub async fn a_taken_over_attempt_is_marked_lease_lost<St: InboxAdmin>(store: St
         [(1, AttemptOutcome::LeaseLost), (2, AttemptOutcome::Running)],
         "(number, outcome) of each attempt: the one taken over is marked lease lost"
     );
-    completes(
-        &store,
-        &first.key,
-        again.token,
-        RETENTION,
-        "the attempt taking over completes it",
-    )
-    .await;
+    completes(&store, &first.key, again.token, RETENTION).await;
 }
 
 /// `counts().oldest_age` is the age of the oldest entry that is not dead: a dead letter
