@@ -126,7 +126,7 @@ impl Row {
     /// default: none, 0, the enqueue time, empty, processed).
     pub(super) fn entry(&mut self, key: StoreKey, body: Bytes) -> Result<InboxEntry, StoreError> {
         let headers = decode_headers(&self.optional()?.unwrap_or_default())?;
-        let order = self.order()?;
+        let mut order = self.order()?;
         let correlation_id = self.text()?;
         let attempts = self.optional_int()?.unwrap_or(0);
         let attempts = u32::try_from(attempts).map_err(|_| corrupt("attempts"))?;
@@ -136,13 +136,10 @@ impl Row {
         let next_attempt_at = next_attempt_at.map_or(enqueued_at, from_micros);
         let id = self.optional_text()?;
         let route = self.optional_text()?;
-        let order = match (order, self.optional()?) {
-            (Some(order), Some(_)) => Some(EntryOrder {
-                equal: EqualPositions::Stale,
-                ..order
-            }),
-            (order, _) => order,
-        };
+        // `eq` is there when an equal position is stale (absent: processed, `order`'s default).
+        if let (Some(order), Some(_)) = (order.as_mut(), self.optional()?) {
+            order.equal = EqualPositions::Stale;
+        }
         Ok(InboxEntry {
             key,
             id,
